@@ -1,0 +1,109 @@
+// alltoallv_perf: nccl-tests style sweep of an all-to-all with variable
+// counts. Built twice from this file: against Zeppelin (alltoallv_perf, run
+// under zprun) and, with ZP_BENCH_MPI, against MPI (mpi_alltoallv_perf, run
+// under mpirun), so both measure exactly the same traffic the same way.
+//
+// Per size: warmup, a barrier, `iters` timed calls; time = the slowest rank's
+// mean per call. algbw = largest per-rank byte count (max over ranks of
+// max(bytes sent, bytes received)) / time; busbw = algbw * (n-1)/n.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#ifdef ZP_BENCH_MPI
+#include "mpi_comm.h"
+static const char* const kProg = "mpi_alltoallv_perf";
+#else
+#include "zp_comm.h"
+static const char* const kProg = "alltoallv_perf";
+#endif
+
+using namespace zpbench;
+
+int main(int argc, char** argv) {
+  const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/true);
+  BenchComm comm;
+  comm.init(&argc, &argv);
+  const int n = comm.nranks(), rank = comm.rank();
+  const TypeInfo& t = *opt.type;
+  const bool root = rank == 0;
+
+  // Every rank reads the file, so all fail (or not) together.
+  std::vector<double> fileWeights;
+  if (opt.pattern == "matrix") {
+    std::string err;
+    if (!readMatrixFile(opt.matrixFile, n, &fileWeights, &err)) {
+      if (root) fprintf(stderr, "%s: %s\n", kProg, err.c_str());
+      comm.finalize();
+      return 2;
+    }
+  }
+
+  if (root) {
+    const char* proto = getenv("ZP_SHM_PROTO");
+    printf("# %s: %s\n", kProg, comm.describe().c_str());
+    printf("# nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d",
+           n, opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
+           (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
+    printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
+    printf("#\n");
+    printTableHeader();
+  }
+
+  unsigned long long totalWrong = 0;
+  double busbwSum = 0;
+  int rows = 0;
+  for (size_t size : sizeSweep(opt)) {
+    const Matrix m = buildMatrix(opt, n, size, fileWeights);
+    const size_t elems = rowElems(size, n, t.size);
+    if (!BenchComm::fits(m)) {
+      if (root) printf("# %zu bytes skipped: %s\n", elems * t.size, BenchComm::limitNote());
+      continue;
+    }
+    const Layout sl = sendLayout(m, rank), rl = recvLayout(m, rank);
+    Buffer sendBuf(sl.totalElems * t.size);
+    Buffer recvBuf(rl.totalElems * t.size + kGuardBytes);
+    // Touch every page before timing so first-touch faults are not measured.
+    memset(sendBuf.data(), 0x11, sendBuf.size());
+    memset(recvBuf.data(), 0, recvBuf.size());
+
+    for (int i = 0; i < opt.warmup; ++i)
+      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    comm.barrier();
+    const double t0 = nowSeconds();
+    for (int i = 0; i < opt.iters; ++i)
+      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    const double mine = (nowSeconds() - t0) / opt.iters;
+    const double timeUs = comm.maxDouble(mine) * 1e6;
+
+    long long wrong = -1;
+    if (opt.check) {
+      const uint64_t seed = sizeSeed(opt.seed, size);
+      fillSend(sendBuf.data(), sl, t, seed, rank);
+      poisonRecv(recvBuf.data(), rl, t);
+      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+      std::string first;
+      const size_t local =
+          checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
+      if (local != 0)
+        fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local,
+                elems * t.size, first.c_str());
+      const unsigned long long all = comm.sumU64(local);
+      totalWrong += all;
+      wrong = (long long)all;
+    }
+
+    const double bytes = double(maxRankBytes(m, t.size));
+    const double algbw = timeUs > 0 ? bytes / (timeUs * 1e3) : 0.0;  // GB/s
+    const double busbw = algbw * double(n - 1) / double(n);
+    busbwSum += busbw;
+    ++rows;
+    if (root) printTableRow(elems * t.size, elems, t.name, timeUs, algbw, busbw, wrong);
+  }
+  if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
+  comm.finalize();
+  return totalWrong == 0 ? 0 : 1;
+}

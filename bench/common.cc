@@ -1,0 +1,559 @@
+// Shared helpers of the benchmark programs; see common.h.
+#include "common.h"
+
+#include <getopt.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "zeppelin.h"
+
+namespace zpbench {
+
+// ---------------------------------------------------------------- datatypes
+
+namespace {
+const TypeInfo kTypes[] = {
+    {"int8", zpInt8, 1, false},       {"uint8", zpUint8, 1, false},
+    {"int32", zpInt32, 4, false},     {"uint32", zpUint32, 4, false},
+    {"int64", zpInt64, 8, false},     {"uint64", zpUint64, 8, false},
+    {"half", zpFloat16, 2, true},     {"float", zpFloat32, 4, true},
+    {"double", zpFloat64, 8, true},   {"bfloat16", zpBfloat16, 2, true},
+};
+struct Alias {
+  const char* alias;
+  const char* name;
+};
+const Alias kAliases[] = {{"float16", "half"}, {"float32", "float"}, {"float64", "double"},
+                          {"bf16", "bfloat16"}, {"char", "int8"}, {"int", "int32"}};
+}  // namespace
+
+const TypeInfo* findType(const std::string& name) {
+  std::string canon = name;
+  for (const Alias& a : kAliases)
+    if (name == a.alias) canon = a.name;
+  for (const TypeInfo& t : kTypes)
+    if (canon == t.name) return &t;
+  return nullptr;
+}
+
+// ------------------------------------------------------------------ options
+
+bool parseBytes(const char* text, size_t* out) {
+  if (text == nullptr || *text == '\0' || *text == '-') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno != 0 || end == text) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; ++end; break;
+    case 'm': case 'M': shift = 20; ++end; break;
+    case 'g': case 'G': shift = 30; ++end; break;
+    default: return false;
+  }
+  if (*end == 'B' || *end == 'b') ++end;  // "1MB" reads as 1M too
+  if (*end != '\0') return false;
+  if (shift != 0 && v > (ULLONG_MAX >> shift)) return false;
+  v <<= shift;
+  if (v > SIZE_MAX) return false;
+  *out = size_t(v);
+  return true;
+}
+
+int launcherRank() {
+  for (const char* name : {"ZP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"}) {
+    const char* v = getenv(name);
+    if (v != nullptr && *v != '\0') return atoi(v);
+  }
+  return 0;
+}
+
+namespace {
+
+void printUsage(FILE* f, const char* prog, bool withPattern) {
+  fprintf(f,
+          "usage: %s [options]\n"
+          "  -b minbytes   smallest size, bytes per rank (K/M/G suffixes; default 32M)\n"
+          "  -e maxbytes   largest size (default 32M)\n"
+          "  -f factor     multiply the size by this each step (> 1)\n"
+          "  -i stepbytes  add this to the size each step when -f is 1 or not given (default 1M)\n"
+          "  -n iters      timed iterations per size (default 20)\n"
+          "  -w warmup     untimed iterations per size (default 5)\n"
+          "  -c 0|1        check every received byte after the timed loop (default 1)\n"
+          "  -d type       int8 uint8 int32 uint32 int64 uint64 half|float16 float|float32\n"
+          "                double|float64 bfloat16 (default float)\n",
+          prog);
+  if (withPattern)
+    fprintf(f,
+            "  -P pattern    uniform | random | zipf | matrix:FILE (default uniform)\n"
+            "  -s seed       seed of the random and zipf patterns (default 1)\n");
+  fprintf(f, "  -h            this help\n");
+}
+
+[[noreturn]] void badUsage(const char* prog, bool withPattern, const char* fmt, const char* arg) {
+  if (launcherRank() == 0) {
+    fprintf(stderr, "%s: ", prog);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    printUsage(stderr, prog, withPattern);
+  }
+  exit(2);
+}
+
+bool parseInt(const char* text, long lo, long hi, int* out) {
+  errno = 0;
+  char* end = nullptr;
+  long v = strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) return false;
+  *out = int(v);
+  return true;
+}
+
+}  // namespace
+
+Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) {
+  Options o;
+  o.type = findType("float");
+  bool factorGiven = false;
+  const char* optstring = withPattern ? ":b:e:f:i:n:w:c:d:P:s:h" : ":b:e:f:i:n:w:c:d:h";
+  opterr = 0;  // we print our own messages
+  int c;
+  while ((c = getopt(argc, argv, optstring)) != -1) {
+    switch (c) {
+      case 'b':
+        if (!parseBytes(optarg, &o.minBytes)) badUsage(prog, withPattern, "bad -b '%s'", optarg);
+        break;
+      case 'e':
+        if (!parseBytes(optarg, &o.maxBytes)) badUsage(prog, withPattern, "bad -e '%s'", optarg);
+        break;
+      case 'i':
+        if (!parseBytes(optarg, &o.stepBytes)) badUsage(prog, withPattern, "bad -i '%s'", optarg);
+        break;
+      case 'f': {
+        char* end = nullptr;
+        errno = 0;
+        o.stepFactor = strtod(optarg, &end);
+        if (errno != 0 || end == optarg || *end != '\0' || !(o.stepFactor >= 1.0) ||
+            !std::isfinite(o.stepFactor))
+          badUsage(prog, withPattern, "bad -f '%s': expected a number >= 1", optarg);
+        factorGiven = true;
+        break;
+      }
+      case 'n':
+        if (!parseInt(optarg, 1, INT_MAX, &o.iters))
+          badUsage(prog, withPattern, "bad -n '%s': expected an integer >= 1", optarg);
+        break;
+      case 'w':
+        if (!parseInt(optarg, 0, INT_MAX, &o.warmup))
+          badUsage(prog, withPattern, "bad -w '%s': expected an integer >= 0", optarg);
+        break;
+      case 'c':
+        if (!parseInt(optarg, 0, 1, &o.check))
+          badUsage(prog, withPattern, "bad -c '%s': expected 0 or 1", optarg);
+        break;
+      case 'd':
+        o.type = findType(optarg);
+        if (o.type == nullptr) badUsage(prog, withPattern, "unknown datatype '%s'", optarg);
+        break;
+      case 'P': {
+        std::string p = optarg;
+        if (p.compare(0, 7, "matrix:") == 0) {
+          o.pattern = "matrix";
+          o.matrixFile = p.substr(7);
+          if (o.matrixFile.empty()) badUsage(prog, withPattern, "-P '%s': no file name", optarg);
+        } else if (p == "uniform" || p == "random" || p == "zipf") {
+          o.pattern = p;
+        } else {
+          badUsage(prog, withPattern, "unknown pattern '%s'", optarg);
+        }
+        break;
+      }
+      case 's': {
+        char* end = nullptr;
+        errno = 0;
+        unsigned long long s = strtoull(optarg, &end, 0);
+        if (errno != 0 || end == optarg || *end != '\0' || optarg[0] == '-')
+          badUsage(prog, withPattern, "bad -s '%s': expected a non-negative integer", optarg);
+        o.seed = s;
+        break;
+      }
+      case 'h':
+        if (launcherRank() == 0) printUsage(stdout, prog, withPattern);
+        exit(0);
+      case ':':
+        badUsage(prog, withPattern, "option -%s needs a value",
+                 std::string(1, char(optopt)).c_str());
+      default:
+        badUsage(prog, withPattern, "unknown option -%s", std::string(1, char(optopt)).c_str());
+    }
+  }
+  if (optind < argc) badUsage(prog, withPattern, "unexpected argument '%s'", argv[optind]);
+  if (o.minBytes > o.maxBytes) badUsage(prog, withPattern, "%s", "-b is larger than -e");
+  // nccl-tests: a factor > 1 multiplies, otherwise -i adds.
+  if (!factorGiven) o.stepFactor = 1.0;
+  if (o.minBytes < o.maxBytes) {
+    if (o.stepFactor > 1.0 && o.minBytes == 0)
+      badUsage(prog, withPattern, "%s", "-f needs -b > 0 (0 times a factor stays 0)");
+    if (o.stepFactor == 1.0 && o.stepBytes == 0)
+      badUsage(prog, withPattern, "%s", "-i 0 with no -f > 1 never reaches -e");
+  }
+  return o;
+}
+
+std::vector<size_t> sizeSweep(const Options& o) {
+  std::vector<size_t> sizes;
+  size_t s = o.minBytes;
+  while (true) {
+    sizes.push_back(s);
+    if (s >= o.maxBytes) break;
+    // As nccl-tests: the sweep stops before the first size past -e.
+    double next = o.stepFactor > 1.0 ? double(s) * o.stepFactor : double(s) + double(o.stepBytes);
+    if (next > double(o.maxBytes)) break;
+    size_t n = size_t(next);
+    if (n <= s) n = s + 1;  // a factor close to 1 could round back to s
+    s = n;
+  }
+  return sizes;
+}
+
+// ----------------------------------------------------------------- patterns
+
+size_t rowElems(size_t sizeBytes, int n, size_t typeSize) {
+  return sizeBytes / (size_t(n) * typeSize) * size_t(n);
+}
+
+bool readMatrixFile(const std::string& path, int n, std::vector<double>* weights,
+                    std::string* err) {
+  std::ifstream in(path);
+  if (!in) {
+    *err = "cannot open matrix file '" + path + "': " + strerror(errno);
+    return false;
+  }
+  weights->clear();
+  std::string line;
+  int row = 0, lineNo = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    size_t hash = line.find('#');  // comments
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string tok;
+    int col = 0;
+    while (ls >> tok) {
+      char* end = nullptr;
+      errno = 0;
+      double v = strtod(tok.c_str(), &end);
+      if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
+        *err = path + ":" + std::to_string(lineNo) + ": '" + tok +
+               "' is not a non-negative number";
+        return false;
+      }
+      weights->push_back(v);
+      ++col;
+    }
+    if (col == 0) continue;  // blank or comment line
+    if (col != n) {
+      *err = path + ":" + std::to_string(lineNo) + ": " + std::to_string(col) +
+             " numbers, expected " + std::to_string(n) + " (one per rank)";
+      return false;
+    }
+    ++row;
+  }
+  if (row != n) {
+    *err = path + ": " + std::to_string(row) + " rows, expected " + std::to_string(n) +
+           " (one per rank)";
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// Splits total over a row in proportion to the weights w[0..n), exactly
+// summing to total. Plain IEEE double steps in a fixed order, so Python's
+// floats give the same counts.
+void scaleRow(const double* w, int n, size_t total, size_t* out) {
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += w[j];
+  for (int j = 0; j < n; ++j) out[j] = 0;
+  if (!(sum > 0) || total == 0) return;
+  size_t assigned = 0;
+  for (int j = 0; j < n; ++j) {
+    out[j] = size_t(std::floor(double(total) * (w[j] / sum)));
+    assigned += out[j];
+  }
+  // Rounding leaves a few elements over or under: settle them deterministically.
+  while (assigned > total) {
+    int big = 0;
+    for (int j = 1; j < n; ++j)
+      if (out[j] > out[big]) big = j;
+    --out[big];
+    --assigned;
+  }
+  for (int j = 0; assigned < total; j = (j + 1) % n)
+    if (w[j] > 0) {
+      ++out[j];
+      ++assigned;
+    }
+}
+
+}  // namespace
+
+Matrix buildMatrix(const Options& o, int n, size_t sizeBytes,
+                   const std::vector<double>& fileWeights) {
+  Matrix m;
+  m.n = n;
+  m.counts.assign(size_t(n) * size_t(n), 0);
+  const size_t total = rowElems(sizeBytes, n, o.type->size);
+  const size_t mean = total / size_t(n);
+  SplitMix64 rng(o.seed);
+  std::vector<double> w(static_cast<size_t>(n));
+  for (int src = 0; src < n; ++src) {
+    size_t* row = &m.counts[size_t(src) * size_t(n)];
+    if (o.pattern == "uniform") {
+      for (int dst = 0; dst < n; ++dst) row[dst] = mean;
+    } else if (o.pattern == "random") {
+      for (int dst = 0; dst < n; ++dst) row[dst] = size_t(rng.next() % (2 * uint64_t(mean) + 1));
+    } else if (o.pattern == "zipf") {
+      // Destination perm[k] gets weight 1/(k+1)^1.2; the permutation is a
+      // Fisher-Yates shuffle driven by the seeded PRNG.
+      std::vector<int> perm(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) perm[size_t(i)] = i;
+      for (int i = n - 1; i > 0; --i) {
+        int j = int(rng.next() % uint64_t(i + 1));
+        std::swap(perm[size_t(i)], perm[size_t(j)]);
+      }
+      for (int k = 0; k < n; ++k) w[size_t(perm[size_t(k)])] = 1.0 / std::pow(double(k + 1), 1.2);
+      scaleRow(w.data(), n, total, row);
+    } else {  // matrix
+      scaleRow(&fileWeights[size_t(src) * size_t(n)], n, total, row);
+    }
+  }
+  return m;
+}
+
+size_t maxRankBytes(const Matrix& m, size_t typeSize) {
+  size_t best = 0;
+  for (int r = 0; r < m.n; ++r) {
+    size_t sent = 0, recvd = 0;
+    for (int p = 0; p < m.n; ++p) {
+      sent += m.at(r, p);
+      recvd += m.at(p, r);
+    }
+    best = std::max(best, std::max(sent, recvd) * typeSize);
+  }
+  return best;
+}
+
+// ------------------------------------------------------------------ layouts
+
+namespace {
+size_t gapElems(int rank, int peer) { return size_t(rank + 2 * peer + 1) % 3; }
+
+Layout makeLayout(const Matrix& m, int rank, bool send) {
+  Layout l;
+  l.counts.resize(size_t(m.n));
+  l.displs.resize(size_t(m.n));
+  size_t pos = 0;
+  for (int p = 0; p < m.n; ++p) {
+    pos += gapElems(rank, p);
+    l.counts[size_t(p)] = send ? m.at(rank, p) : m.at(p, rank);
+    l.displs[size_t(p)] = pos;
+    pos += l.counts[size_t(p)];
+  }
+  l.totalElems = pos;
+  return l;
+}
+}  // namespace
+
+Layout sendLayout(const Matrix& m, int rank) { return makeLayout(m, rank, true); }
+Layout recvLayout(const Matrix& m, int rank) { return makeLayout(m, rank, false); }
+
+Layout singlePeerLayout(int n, int peer, size_t count) {
+  Layout l;
+  l.counts.assign(size_t(n), 0);
+  l.displs.assign(size_t(n), 0);
+  l.counts[size_t(peer)] = count;
+  // Empty blocks after the peer's start where it ends, keeping displs in order.
+  for (int p = peer + 1; p < n; ++p) l.displs[size_t(p)] = count;
+  l.totalElems = count;
+  return l;
+}
+
+// --------------------------------------------------------------------- data
+
+uint64_t sizeSeed(uint64_t seed, size_t sizeBytes) {
+  return mix64(seed + kGolden * (uint64_t(sizeBytes) + 1));
+}
+
+namespace {
+inline uint64_t blockBase(uint64_t seed, int src, int dst) {
+  return mix64(mix64(seed + uint64_t(src)) + uint64_t(dst));
+}
+// The bytes of element idx, little-endian low bytes of a hash. Float types
+// get the top exponent bit cleared, so no value is NaN or Inf: a backend that
+// moves floats through FP registers must still deliver the same bits.
+inline void elementBytes(uint64_t base, size_t idx, const TypeInfo& t, unsigned char* out) {
+  uint64_t v = mix64(base + (uint64_t(idx) + 1) * kGolden);
+  if (t.isFloat) v &= ~(uint64_t(1) << (8 * t.size - 2));  // the exponent's top bit
+  for (size_t b = 0; b < t.size; ++b) out[b] = (unsigned char)(v >> (8 * b));
+}
+}  // namespace
+
+void fillBlock(unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src,
+               int dst) {
+  const uint64_t base = blockBase(seed, src, dst);
+  for (size_t i = 0; i < count; ++i) elementBytes(base, i, t, p + i * t.size);
+}
+
+size_t checkBlock(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed,
+                  int src, int dst) {
+  const uint64_t base = blockBase(seed, src, dst);
+  size_t wrong = 0;
+  unsigned char want[8];
+  for (size_t i = 0; i < count; ++i) {
+    elementBytes(base, i, t, want);
+    const unsigned char* got = p + i * t.size;
+    if (memcmp(got, want, t.size) == 0) continue;
+    for (size_t b = 0; b < t.size; ++b) wrong += got[b] != want[b];
+  }
+  return wrong;
+}
+
+size_t countNotEqual(const unsigned char* p, size_t bytes, unsigned char value) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; ++i) wrong += p[i] != value;
+  return wrong;
+}
+
+void fillSend(unsigned char* buf, const Layout& s, const TypeInfo& t, uint64_t seed, int rank) {
+  // Gaps of the send buffer get the poison too; nobody reads them.
+  memset(buf, kPoison, s.totalElems * t.size);
+  for (size_t p = 0; p < s.counts.size(); ++p)
+    fillBlock(buf + s.displs[p] * t.size, s.counts[p], t, seed, rank, int(p));
+}
+
+void poisonRecv(unsigned char* buf, const Layout& r, const TypeInfo& t) {
+  memset(buf, kPoison, r.totalElems * t.size + kGuardBytes);
+}
+
+namespace {
+// Where the first wrong byte of a block is, for the error message.
+std::string firstBlockError(const unsigned char* p, size_t count, const TypeInfo& t,
+                            uint64_t seed, int src, int dst, const char* what) {
+  const uint64_t base = blockBase(seed, src, dst);
+  unsigned char want[8];
+  for (size_t i = 0; i < count; ++i) {
+    elementBytes(base, i, t, want);
+    for (size_t b = 0; b < t.size; ++b)
+      if (p[i * t.size + b] != want[b]) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s %d -> %d: element %zu of %zu, byte %zu is 0x%02x, expected 0x%02x",
+                 what, src, dst, i, count, b, p[i * t.size + b], want[b]);
+        return msg;
+      }
+  }
+  return "";
+}
+std::string firstPoisonError(const unsigned char* p, size_t bytes, size_t offset,
+                             const char* what) {
+  for (size_t i = 0; i < bytes; ++i)
+    if (p[i] != kPoison) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: byte %zu of the receive buffer changed to 0x%02x", what,
+               offset + i, p[i]);
+      return msg;
+    }
+  return "";
+}
+}  // namespace
+
+size_t checkRun(const unsigned char* sendBuf, const Layout& s, const unsigned char* recvBuf,
+                const Layout& r, const TypeInfo& t, uint64_t seed, int rank,
+                std::string* firstError) {
+  size_t wrong = 0;
+  auto note = [&](size_t w, const std::string& msg) {
+    if (w != 0 && firstError->empty()) *firstError = msg;
+    wrong += w;
+  };
+  size_t pos = 0;  // bytes of recvBuf checked so far
+  for (size_t p = 0; p < r.counts.size(); ++p) {
+    const size_t start = r.displs[p] * t.size;
+    size_t w = countNotEqual(recvBuf + pos, start - pos, kPoison);  // gap before the block
+    note(w, w ? firstPoisonError(recvBuf + pos, start - pos, pos, "write outside the receive ranges") : "");
+    w = checkBlock(recvBuf + start, r.counts[p], t, seed, int(p), rank);
+    note(w, w ? firstBlockError(recvBuf + start, r.counts[p], t, seed, int(p), rank, "received block")
+              : "");
+    pos = start + r.counts[p] * t.size;
+  }
+  const size_t tail = r.totalElems * t.size + kGuardBytes - pos;
+  size_t w = countNotEqual(recvBuf + pos, tail, kPoison);
+  note(w, w ? firstPoisonError(recvBuf + pos, tail, pos, "write into the guard after the last range") : "");
+  for (size_t p = 0; p < s.counts.size(); ++p) {
+    const unsigned char* blk = sendBuf + s.displs[p] * t.size;
+    w = checkBlock(blk, s.counts[p], t, seed, rank, int(p));
+    note(w, w ? firstBlockError(blk, s.counts[p], t, seed, rank, int(p), "send buffer modified, block") : "");
+  }
+  return wrong;
+}
+
+// ------------------------------------------------------------------- buffer
+
+Buffer::Buffer(size_t bytes) : n_(bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes == 0 ? 1 : bytes) != 0) {
+    fprintf(stderr, "out of memory allocating %zu bytes\n", bytes);
+    exit(1);
+  }
+  p_ = static_cast<unsigned char*>(p);
+}
+Buffer::~Buffer() { free(p_); }
+
+// ------------------------------------------------------------ time and table
+
+double nowSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void printTableHeader() {
+  printf("#%11s%14s%10s%9s%8s%8s%8s\n", "size", "count", "type", "time", "algbw", "busbw",
+         "#wrong");
+  printf("#%11s%14s%10s%9s%8s%8s%8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  fflush(stdout);
+}
+
+void printTableRow(size_t bytes, size_t count, const char* type, double timeUs, double algbw,
+                   double busbw, long long wrong) {
+  char w[32];
+  if (wrong < 0)
+    snprintf(w, sizeof w, "N/A");
+  else
+    snprintf(w, sizeof w, "%lld", wrong);
+  printf(" %11zu%14zu%10s%9.2f%8.2f%8.2f%8s\n", bytes, count, type, timeUs, algbw, busbw, w);
+  fflush(stdout);
+}
+
+void printTableFooter(unsigned long long totalWrong, bool checked, double busbwSum, int rows) {
+  if (checked)
+    printf("# Out of bounds values : %llu %s\n", totalWrong, totalWrong == 0 ? "OK" : "FAILED");
+  else
+    printf("# Out of bounds values : N/A (check disabled)\n");
+  printf("# Avg bus bandwidth    : %g\n", rows > 0 ? busbwSum / rows : 0.0);
+  printf("#\n");
+  fflush(stdout);
+}
+
+}  // namespace zpbench

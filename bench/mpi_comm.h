@@ -1,0 +1,120 @@
+// BenchComm over MPI: the same interface as zp_comm.h, so alltoallv_perf.cc
+// builds against either. MPI counts and displacements are int (in elements);
+// sizes that do not fit are skipped by the caller (see fits()).
+#pragma once
+
+// Only the C API is used: skip the deprecated C++ bindings (and their warnings).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "zeppelin.h"  // only for the zpDataType_t values in TypeInfo
+
+namespace zpbench {
+
+class BenchComm {
+ public:
+  // True if every rank's counts and displacements fit in int.
+  static bool fits(const Matrix& m) {
+    for (int r = 0; r < m.n; ++r)
+      if (sendLayout(m, r).totalElems > size_t(INT_MAX) ||
+          recvLayout(m, r).totalElems > size_t(INT_MAX))
+        return false;
+    return true;
+  }
+  static const char* limitNote() { return "MPI int counts/displacements overflow"; }
+
+  void init(int* argc, char*** argv) {
+    check(MPI_Init(argc, argv), "MPI_Init");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // so check() can report
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(MPI_COMM_WORLD, &nranks_), "MPI_Comm_size");
+  }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  std::string describe() const {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    std::string s(v, size_t(len));
+    size_t cut = s.find_first_of(",\n");  // the first clause is enough
+    if (cut != std::string::npos) s.resize(cut);
+    return s + " (MPI_Alltoallv)";
+  }
+
+  void alltoallv(const void* sendBuf, const Layout& s, void* recvBuf, const Layout& r,
+                 const TypeInfo& t) {
+    toInt(s.counts, &sc_);
+    toInt(s.displs, &sd_);
+    toInt(r.counts, &rc_);
+    toInt(r.displs, &rd_);
+    MPI_Datatype dt = mpiType(t);
+    check(MPI_Alltoallv(sendBuf, sc_.data(), sd_.data(), dt, recvBuf, rc_.data(), rd_.data(), dt,
+                        MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+  }
+
+  void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+  double maxDouble(double v) {
+    double out = 0;
+    check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    return out;
+  }
+
+  unsigned long long sumU64(unsigned long long v) {
+    unsigned long long out = 0;
+    check(MPI_Allreduce(&v, &out, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD),
+          "MPI_Allreduce");
+    return out;
+  }
+
+  void finalize() { check(MPI_Finalize(), "MPI_Finalize"); }
+
+ private:
+  // MPI has no 16-bit float types; the bytes move the same as uint16.
+  static MPI_Datatype mpiType(const TypeInfo& t) {
+    switch (t.zpType) {
+      case zpInt8: return MPI_INT8_T;
+      case zpUint8: return MPI_UINT8_T;
+      case zpInt32: return MPI_INT32_T;
+      case zpUint32: return MPI_UINT32_T;
+      case zpInt64: return MPI_INT64_T;
+      case zpUint64: return MPI_UINT64_T;
+      case zpFloat32: return MPI_FLOAT;
+      case zpFloat64: return MPI_DOUBLE;
+      default: return MPI_UINT16_T;  // half, bfloat16
+    }
+  }
+
+  // Callers only pass layouts that passed fits().
+  static void toInt(const std::vector<size_t>& in, std::vector<int>* out) {
+    out->resize(in.size());
+    for (size_t i = 0; i < in.size(); ++i) (*out)[i] = int(in[i]);
+  }
+
+  void check(int err, const char* what) {
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    fprintf(stderr, "rank %d: %s failed: %.*s\n", rank_, what, len, msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+  }
+
+  int rank_ = -1;
+  int nranks_ = 0;
+  std::vector<int> sc_, sd_, rc_, rd_;
+};
+
+}  // namespace zpbench

@@ -1,0 +1,83 @@
+// sendrecv_perf: nccl-tests style sweep of a ring shift. Every rank sends
+// `size` bytes to (rank+1)%n and receives as many from (rank-1+n)%n, both in
+// one zpGroupStart / zpGroupEnd. algbw = busbw = size / time, where time is
+// the slowest rank's mean time per iteration.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common.h"
+#include "zp_comm.h"
+
+using namespace zpbench;
+
+static const char* const kProg = "sendrecv_perf";
+
+int main(int argc, char** argv) {
+  const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/false);
+  BenchComm comm;
+  comm.init(&argc, &argv);
+  const int n = comm.nranks(), rank = comm.rank();
+  const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+  const TypeInfo& t = *opt.type;
+  const bool root = rank == 0;
+
+  if (root) {
+    const char* proto = getenv("ZP_SHM_PROTO");
+    printf("# %s: %s\n", kProg, comm.describe().c_str());
+    printf("# nranks %d  ring send to rank+1, receive from rank-1  iters %d  warmup %d  "
+           "datatype %s  check %d",
+           n, opt.iters, opt.warmup, t.name, opt.check);
+    printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
+    printf("#\n");
+    printTableHeader();
+  }
+
+  unsigned long long totalWrong = 0;
+  double busbwSum = 0;
+  int rows = 0;
+  for (size_t size : sizeSweep(opt)) {
+    const size_t count = size / t.size;
+    const size_t bytes = count * t.size;
+    const Layout sl = singlePeerLayout(n, next, count), rl = singlePeerLayout(n, prev, count);
+    Buffer sendBuf(bytes);
+    Buffer recvBuf(bytes + kGuardBytes);
+    memset(sendBuf.data(), 0x11, sendBuf.size());  // touch pages before timing
+    memset(recvBuf.data(), 0, recvBuf.size());
+
+    for (int i = 0; i < opt.warmup; ++i)
+      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+    comm.barrier();
+    const double t0 = nowSeconds();
+    for (int i = 0; i < opt.iters; ++i)
+      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+    const double mine = (nowSeconds() - t0) / opt.iters;
+    const double timeUs = comm.maxDouble(mine) * 1e6;
+
+    long long wrong = -1;
+    if (opt.check) {
+      const uint64_t seed = sizeSeed(opt.seed, size);
+      fillSend(sendBuf.data(), sl, t, seed, rank);
+      poisonRecv(recvBuf.data(), rl, t);
+      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+      std::string first;
+      const size_t local =
+          checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
+      if (local != 0)
+        fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local, bytes,
+                first.c_str());
+      const unsigned long long all = comm.sumU64(local);
+      totalWrong += all;
+      wrong = (long long)all;
+    }
+
+    const double algbw = timeUs > 0 ? double(bytes) / (timeUs * 1e3) : 0.0;  // GB/s
+    busbwSum += algbw;
+    ++rows;
+    if (root) printTableRow(bytes, count, t.name, timeUs, algbw, algbw, wrong);
+  }
+  if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
+  comm.finalize();
+  return totalWrong == 0 ? 0 : 1;
+}

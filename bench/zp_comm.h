@@ -1,0 +1,109 @@
+// BenchComm over Zeppelin: the few operations the benchmarks need. Any failed
+// call prints the result code and the library's message, aborts the
+// communicator (so the other ranks fail at once instead of waiting for the
+// timeout) and exits with status 1. mpi_comm.h has the same interface over MPI.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "zeppelin.h"
+
+namespace zpbench {
+
+class BenchComm {
+ public:
+  // Counts and displacements are size_t: every size fits.
+  static bool fits(const Matrix&) { return true; }
+  static const char* limitNote() { return ""; }
+
+  void init(int*, char***) {
+    check(zpCommInitFromEnv(&comm_, nullptr), "zpCommInitFromEnv");
+    check(zpCommUserRank(comm_, &rank_), "zpCommUserRank");
+    check(zpCommCount(comm_, &nranks_), "zpCommCount");
+  }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  std::string describe() const {
+    int v = 0;
+    zpGetVersion(&v);
+    char buf[96];
+    snprintf(buf, sizeof buf, "Zeppelin %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    return buf;
+  }
+
+  void alltoallv(const void* sendBuf, const Layout& s, void* recvBuf, const Layout& r,
+                 const TypeInfo& t) {
+    check(zpAlltoallv(sendBuf, s.counts.data(), s.displs.data(), recvBuf, r.counts.data(),
+                      r.displs.data(), zpDataType_t(t.zpType), comm_, nullptr),
+          "zpAlltoallv");
+  }
+
+  // Sends count elements to peer `to` and receives count from `from`, as one group.
+  void sendrecv(const void* sendBuf, int to, void* recvBuf, int from, size_t count,
+                const TypeInfo& t) {
+    check(zpGroupStart(), "zpGroupStart");
+    check(zpSend(sendBuf, count, zpDataType_t(t.zpType), to, comm_, nullptr), "zpSend");
+    check(zpRecv(recvBuf, count, zpDataType_t(t.zpType), from, comm_, nullptr), "zpRecv");
+    check(zpGroupEnd(), "zpGroupEnd");
+  }
+
+  // One byte to and from every rank: nobody leaves before all have arrived.
+  // (A zero-count alltoallv would do if the library always synchronizes on
+  // it; a byte each way makes the barrier independent of that choice.)
+  void barrier() {
+    std::vector<unsigned char> s(size_t(nranks_), 1), r(static_cast<size_t>(nranks_));
+    exchange(s.data(), r.data(), zpUint8);
+  }
+
+  // The maximum of v over all ranks (an alltoallv of one double each way).
+  double maxDouble(double v) {
+    std::vector<double> s(size_t(nranks_), v), r(static_cast<size_t>(nranks_));
+    exchange(s.data(), r.data(), zpFloat64);
+    double m = r[0];
+    for (double x : r) m = x > m ? x : m;
+    return m;
+  }
+
+  unsigned long long sumU64(unsigned long long v) {
+    std::vector<uint64_t> s(size_t(nranks_), v), r(static_cast<size_t>(nranks_));
+    exchange(s.data(), r.data(), zpUint64);
+    unsigned long long sum = 0;
+    for (uint64_t x : r) sum += x;
+    return sum;
+  }
+
+  void finalize() {
+    check(zpCommDestroy(comm_), "zpCommDestroy");
+    comm_ = nullptr;
+  }
+
+ private:
+  // Element i of s goes to rank i; element i of r comes from rank i.
+  void exchange(const void* s, void* r, zpDataType_t type) {
+    std::vector<size_t> counts(size_t(nranks_), 1), displs(static_cast<size_t>(nranks_));
+    for (int i = 0; i < nranks_; ++i) displs[size_t(i)] = size_t(i);
+    check(zpAlltoallv(s, counts.data(), displs.data(), r, counts.data(), displs.data(), type,
+                      comm_, nullptr),
+          "zpAlltoallv (control)");
+  }
+
+  void check(zpResult_t res, const char* what) {
+    if (res == zpSuccess) return;
+    fprintf(stderr, "rank %d: %s failed: %s: %s\n", rank_, what, zpGetErrorString(res),
+            zpGetLastError(comm_));
+    fflush(stderr);
+    if (comm_ != nullptr) zpCommAbort(comm_);
+    exit(1);
+  }
+
+  zpComm_t comm_ = nullptr;
+  int rank_ = -1;
+  int nranks_ = 0;
+};
+
+}  // namespace zpbench

@@ -1,0 +1,31 @@
+// Collectives and point-to-point calls: each turns a call into Ops (and, for
+// collectives, an agreement on the outcome) and hands them to the executor.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include "include/zeppelin.h"
+#include "src/core/comm.h"
+
+namespace zp {
+
+// Bytes in one call are capped far below what size_t holds, so that counts
+// that came from negative ints are caught instead of wrapping around.
+constexpr size_t kMaxCallBytes = size_t(1) << 48;
+
+zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype);
+
+// Groups (thread-local, as in NCCL).
+zpResult_t groupStart();
+zpResult_t groupEnd();
+bool groupOpen();
+// Queues a send or receive (runs it at once outside a group).
+zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer);
+// Queues a collective (runs it at once outside a group).
+zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run);
+// True if the calling thread's open group has calls queued on comm.
+bool groupUses(Comm* comm);
+
+}  // namespace zp

@@ -1,0 +1,115 @@
+// Point-to-point calls and groups. Outside a group each call runs at once;
+// inside, calls queue until the outermost zpGroupEnd, where all sends and
+// receives of the group progress together (so exchanges cannot deadlock) and
+// then the group's collectives run in call order.
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "collectives/collectives.h"
+#include "src/core/log.h"
+
+namespace zp {
+
+namespace {
+
+struct Group {
+  int depth = 0;
+  std::deque<std::pair<Comm*, Op>> p2p;  // deque: Op addresses stay put
+  std::vector<std::pair<Comm*, std::function<zpResult_t()>>> collectives;
+};
+thread_local Group tlsGroup;
+
+Op makeOp(bool isSend, void* buf, size_t bytes, size_t ts, int peer) {
+  Op op;
+  op.isSend = isSend;
+  op.buf = buf;
+  op.bytes = bytes;
+  op.typeSize = ts;
+  op.peer = peer;
+  op.kind = OpKind::kP2P;
+  return op;
+}
+
+}  // namespace
+
+bool groupOpen() { return tlsGroup.depth > 0; }
+
+bool groupUses(Comm* comm) {
+  for (auto& e : tlsGroup.p2p)
+    if (e.first == comm) return true;
+  for (auto& e : tlsGroup.collectives)
+    if (e.first == comm) return true;
+  return false;
+}
+
+zpResult_t groupStart() {
+  tlsGroup.depth++;
+  return zpSuccess;
+}
+
+zpResult_t groupEnd() {
+  Group& g = tlsGroup;
+  if (g.depth == 0) return fail(zpInvalidUsage, "zpGroupEnd called without a matching zpGroupStart");
+  if (--g.depth > 0) return zpSuccess;
+  std::deque<std::pair<Comm*, Op>> p2p;
+  std::vector<std::pair<Comm*, std::function<zpResult_t()>>> colls;
+  p2p.swap(g.p2p);
+  colls.swap(g.collectives);
+
+  zpResult_t res = zpSuccess;
+  if (!p2p.empty()) {
+    std::vector<CommOps> work;
+    for (auto& e : p2p) {
+      auto it = std::find_if(work.begin(), work.end(), [&](const CommOps& w) { return w.comm == e.first; });
+      if (it == work.end()) {
+        work.push_back({e.first, {}});
+        it = work.end() - 1;
+      }
+      it->ops.push_back(&e.second);
+    }
+    // Lock in address order so that two threads' groups cannot deadlock.
+    std::vector<Comm*> comms;
+    for (auto& w : work) comms.push_back(w.comm);
+    std::sort(comms.begin(), comms.end());
+    for (Comm* c : comms) c->mu.lock();
+    res = runOps(work);
+    for (Comm* c : comms) c->mu.unlock();
+  }
+  for (auto& e : colls) {
+    std::lock_guard<std::mutex> lock(e.first->mu);
+    zpResult_t r = e.second();
+    if (res == zpSuccess) res = r;
+  }
+  return res;
+}
+
+zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer) {
+  size_t ts = zpTypeSize(dtype);
+  const char* fn = isSend ? "zpSend" : "zpRecv";
+  if (peer < 0 || peer >= comm->nranks)
+    return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d)", fn, peer, comm->nranks - 1);
+  if (count > kMaxCallBytes / ts)
+    return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
+  if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
+  Op op = makeOp(isSend, buf, count * ts, ts, peer);
+  if (tlsGroup.depth > 0) {
+    tlsGroup.p2p.emplace_back(comm, op);
+    return zpSuccess;
+  }
+  std::lock_guard<std::mutex> lock(comm->mu);
+  std::vector<Op*> ops{&op};
+  return runOps(comm, ops);
+}
+
+zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run) {
+  if (tlsGroup.depth > 0) {
+    tlsGroup.collectives.emplace_back(comm, std::move(run));
+    return zpSuccess;
+  }
+  std::lock_guard<std::mutex> lock(comm->mu);
+  return run();
+}
+
+}  // namespace zp

@@ -1,0 +1,177 @@
+/*
+ * zeppelin.h: the public C API of Zeppelin, a communication library for
+ * training large models on batches of variable-length sequences.
+ *
+ * Conventions follow NCCL: every call returns a zpResult_t, communicators are
+ * created from a zpUniqueId shared out of band, point-to-point calls can be
+ * grouped with zpGroupStart / zpGroupEnd, and every data call takes a stream.
+ * A NULL stream means host buffers and synchronous completion: the call
+ * returns when this rank's part of the operation is finished and its buffers
+ * may be reused.
+ *
+ * This header compiles as C99 and as C++.
+ *
+ * Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef ZEPPELIN_H_
+#define ZEPPELIN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZP_MAJOR 0
+#define ZP_MINOR 1
+#define ZP_PATCH 0
+#define ZP_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define ZP_VERSION_CODE ZP_VERSION(ZP_MAJOR, ZP_MINOR, ZP_PATCH)
+
+/* Result codes: the same meanings and values as NCCL's. */
+typedef enum {
+  zpSuccess = 0,
+  zpUnhandledCudaError = 1, /* a CUDA call failed */
+  zpSystemError = 2,        /* a system call failed (socket, shm, ...) */
+  zpInternalError = 3,      /* a bug in Zeppelin */
+  zpInvalidArgument = 4,    /* a bad argument: NULL pointer, bad count, bad peer, ... */
+  zpInvalidUsage = 5,       /* arguments fine, but the ranks disagree or the call order is wrong */
+  zpRemoteError = 6,        /* a peer died, aborted or stopped answering within the timeout */
+  zpInProgress = 7,         /* not an error: an operation is still running */
+  zpNumResults = 8
+} zpResult_t;
+
+/* Element types. Values match NCCL's, so a cast between the two is safe. */
+typedef enum {
+  zpInt8 = 0, zpChar = 0,
+  zpUint8 = 1,
+  zpInt32 = 2, zpInt = 2,
+  zpUint32 = 3,
+  zpInt64 = 4,
+  zpUint64 = 5,
+  zpFloat16 = 6, zpHalf = 6,
+  zpFloat32 = 7, zpFloat = 7,
+  zpFloat64 = 8, zpDouble = 8,
+  zpBfloat16 = 9,
+  zpNumTypes = 10
+} zpDataType_t;
+
+/* The same type as cudaStream_t, so a CUDA stream passes without a cast.
+ * NULL means host memory and synchronous completion. */
+typedef struct CUstream_st* zpStream_t;
+
+/* An opaque communicator handle. */
+typedef struct zpComm* zpComm_t;
+
+#define ZP_UNIQUE_ID_BYTES 128
+/* Created by zpGetUniqueId on one rank and passed to all others (by MPI_Bcast,
+ * a file, the environment, ...). It holds the rendezvous address and a random
+ * secret: treat it as a password for joining the communicator. */
+typedef struct {
+  char internal[ZP_UNIQUE_ID_BYTES];
+} zpUniqueId;
+
+/* Routing modes for inter-node traffic (see zpConfig_t.routing). */
+typedef enum {
+  zpRoutingDefault = -1, /* ZP_ROUTING, else balanced */
+  zpRoutingOff = 0,
+  zpRoutingRail = 1,
+  zpRoutingBalanced = 2
+} zpRouting_t;
+
+#define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define ZP_CONFIG_MAGIC 0x7a70636eu /* "zpcn" */
+
+/* Settings for zpCommInitRankConfig. Always start from ZP_CONFIG_INITIALIZER:
+ * size, magic and version let later versions add fields without breaking
+ * programs built against this one. A field left undefined (ZP_CONFIG_UNDEF_INT
+ * or NULL) takes its value from the environment variable named beside it, or
+ * from the default. */
+typedef struct {
+  size_t size;           /* sizeof(zpConfig_t) */
+  unsigned int magic;    /* ZP_CONFIG_MAGIC */
+  unsigned int version;  /* ZP_VERSION_CODE */
+  int timeoutMs;         /* ZP_TIMEOUT (seconds): how long to wait for a silent peer; default 300 s */
+  int routing;           /* ZP_ROUTING: a zpRouting_t */
+  const char* nodeId;    /* ZP_NODE_ID: ranks with the same node id share memory; default hostname + boot id */
+  const char* netDevices;/* ZP_NET_DEVICES: comma-separated NIC names this rank may use */
+} zpConfig_t;
+
+#define ZP_CONFIG_INITIALIZER                                               \
+  {                                                                         \
+    sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZP_VERSION_CODE,                   \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, NULL                \
+  }
+
+/* ---- Errors and version ---- */
+const char* zpGetErrorString(zpResult_t result);
+/* The message of the last error this thread saw (in any communicator if
+ * comm is NULL): what was wrong, with the ranks and values involved. */
+const char* zpGetLastError(zpComm_t comm);
+zpResult_t zpGetVersion(int* version);
+
+/* ---- Communicators ---- */
+/* Creates a new id and starts, in this process, the rendezvous service that
+ * the ranks of one communicator meet at (a thread that ends once they have). */
+zpResult_t zpGetUniqueId(zpUniqueId* uniqueId);
+/* Collective over nranks processes sharing one id. Blocks until all have
+ * joined or the timeout expires. */
+zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank);
+zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank,
+                                zpConfig_t* config);
+/* Creates the communicator a launcher describes in the environment:
+ * zprun (ZP_RANK, ZP_NRANKS, ZP_UNIQUE_ID), torchrun (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT; rank 0 hosts the rendezvous), or Open MPI's
+ * mpirun (OMPI_COMM_WORLD_RANK / _SIZE, with MASTER_ADDR / MASTER_PORT, or on
+ * a single node with no address given, a rendezvous file in /dev/shm).
+ * config may be NULL. */
+zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config);
+/* Frees the communicator. Local: peers that later wait on this rank get
+ * zpRemoteError. The handle is invalid afterwards (calls with it return
+ * zpInvalidArgument). */
+zpResult_t zpCommDestroy(zpComm_t comm);
+/* Like zpCommDestroy, and tells every peer to fail its pending and future
+ * operations with this communicator at once. */
+zpResult_t zpCommAbort(zpComm_t comm);
+/* zpSuccess, or the error that broke the communicator (a dead peer, ...). */
+zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
+zpResult_t zpCommCount(const zpComm_t comm, int* count);
+zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
+
+/* ---- Groups ---- */
+/* Calls between zpGroupStart and zpGroupEnd are queued and run together at
+ * zpGroupEnd (so a rank can send to and receive from many peers without
+ * deadlock). Groups nest; the outermost zpGroupEnd runs them. */
+zpResult_t zpGroupStart(void);
+zpResult_t zpGroupEnd(void);
+
+/* ---- Point to point ----
+ * Sends and receives between a pair of ranks are matched in the order they
+ * are called. count is in elements of datatype. A receive whose count differs
+ * from the matching send's fails with zpInvalidUsage and writes nothing. */
+zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer,
+                  zpComm_t comm, zpStream_t stream);
+zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+                  zpStream_t stream);
+
+/* ---- All-to-all with variable counts ----
+ * Rank r sends sendcounts[p] elements starting at element sdispls[p] of
+ * sendbuff to rank p, which receives them into recvbuff at element
+ * rdispls[r]. Counts and displacements are in elements. sendcounts[p] on
+ * rank r must equal recvcounts[r] on rank p; if any pair disagrees, every
+ * rank returns zpInvalidUsage with a message naming the ranks and counts,
+ * and no byte outside the given receive ranges is written. Receive ranges
+ * must not overlap each other or the send ranges. */
+zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                       void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                       zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
+
+/* Size in bytes of one element of datatype, or 0 for an invalid type. */
+size_t zpTypeSize(zpDataType_t datatype);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZEPPELIN_H_ */

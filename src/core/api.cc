@@ -1,0 +1,295 @@
+// The C API: argument checks, handles, and the calls into the core.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
+#include "collectives/collectives.h"
+#include "include/zeppelin.h"
+#include "src/core/bootstrap.h"
+#include "src/core/comm.h"
+#include "src/core/config.h"
+#include "src/core/log.h"
+#include "src/core/socket.h"
+
+#define ZP_API extern "C" __attribute__((visibility("default")))
+
+// A handle outlives its communicator: after zpCommDestroy it stays, marked
+// dead, so that a late call gets an error instead of touching freed memory.
+struct zpComm {
+  std::unique_ptr<zp::Comm> impl;
+};
+
+namespace {
+
+std::mutex gHandlesMu;
+std::unordered_set<zpComm*> gHandles;  // every handle ever returned
+
+// Resolves a handle without dereferencing pointers we never handed out.
+zpResult_t lookup(zpComm_t handle, const char* fn, zp::Comm** out) {
+  if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
+  std::lock_guard<std::mutex> lock(gHandlesMu);
+  if (!gHandles.count(handle)) return zp::fail(zpInvalidArgument, "%s: %p is not a communicator", fn, (void*)handle);
+  if (!handle->impl) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
+  *out = handle->impl.get();
+  return zpSuccess;
+}
+
+zpResult_t checkDataCall(const char* fn, zpDataType_t dtype, zpStream_t stream) {
+  if (zpTypeSize(dtype) == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)dtype);
+  if (stream)
+    return zp::fail(zpInvalidArgument,
+                    "%s: a non-NULL stream means device buffers, which this build does not support; pass NULL "
+                    "for host buffers",
+                    fn);
+  return zpSuccess;
+}
+
+bool parseInt(const std::string& s, long lo, long hi, long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(s.c_str(), &end, 10);
+  if (errno || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+ZP_API const char* zpGetErrorString(zpResult_t r) {
+  switch (r) {
+    case zpSuccess: return "no error";
+    case zpUnhandledCudaError: return "unhandled cuda error";
+    case zpSystemError: return "unhandled system error";
+    case zpInternalError: return "internal error - please report this issue";
+    case zpInvalidArgument: return "invalid argument";
+    case zpInvalidUsage: return "invalid usage";
+    case zpRemoteError: return "remote process exited or there was a network error";
+    case zpInProgress: return "operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+ZP_API const char* zpGetLastError(zpComm_t) { return zp::lastError(); }
+
+ZP_API zpResult_t zpGetVersion(int* version) {
+  if (!version) return zp::fail(zpInvalidArgument, "zpGetVersion: version is NULL");
+  *version = ZP_VERSION_CODE;
+  return zpSuccess;
+}
+
+ZP_API size_t zpTypeSize(zpDataType_t t) {
+  switch (t) {
+    case zpInt8: case zpUint8: return 1;
+    case zpFloat16: case zpBfloat16: return 2;
+    case zpInt32: case zpUint32: case zpFloat32: return 4;
+    case zpInt64: case zpUint64: case zpFloat64: return 8;
+    default: return 0;
+  }
+}
+
+ZP_API zpResult_t zpGetUniqueId(zpUniqueId* id) {
+  if (!id) return zp::fail(zpInvalidArgument, "zpGetUniqueId: uniqueId is NULL");
+  return zp::startRoot(id);
+}
+
+ZP_API zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) {
+  if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitRank: comm is NULL");
+  *comm = nullptr;
+  if (nranks <= 0) return zp::fail(zpInvalidArgument, "zpCommInitRank: nranks=%d must be positive", nranks);
+  if (rank < 0 || rank >= nranks)
+    return zp::fail(zpInvalidArgument, "zpCommInitRank: rank %d is not in [0, %d)", rank, nranks);
+  zp::Config cfg;
+  ZP_CHECK(zp::resolveConfig(config, &cfg));
+  std::unique_ptr<zp::Comm> impl;
+  ZP_CHECK(zp::commCreate(nranks, id, rank, cfg, &impl));
+  zpComm* h = new zpComm;
+  h->impl = std::move(impl);
+  std::lock_guard<std::mutex> lock(gHandlesMu);
+  gHandles.insert(h);
+  *comm = h;
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId id, int rank) {
+  return zpCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+// Single-node mpirun without an address: rank 0 makes an id and leaves it in
+// a file named after the job, the others read it.
+static zpResult_t mpirunFileId(int rank, const std::string& job, int timeoutMs, zpUniqueId* id, std::string* path) {
+  *path = "/dev/shm/zeppelin-mpirun-" + job + ".id";
+  if (rank == 0) {
+    ZP_CHECK(zpGetUniqueId(id));
+    std::string tmp = *path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (!f) return zp::fail(zpSystemError, "cannot write %s: %s", tmp.c_str(), strerror(errno));
+    fprintf(f, "%s\n", zp::idToHex(*id).c_str());
+    fclose(f);
+    if (rename(tmp.c_str(), path->c_str()) != 0)
+      return zp::fail(zpSystemError, "cannot rename %s: %s", tmp.c_str(), strerror(errno));
+    return zpSuccess;
+  }
+  uint64_t deadline = zp::nowMs() + timeoutMs;
+  for (;;) {
+    std::ifstream in(*path);
+    std::string hex;
+    if (in >> hex && zp::idFromHex(hex, id)) return zpSuccess;
+    if (zp::nowMs() > deadline)
+      return zp::fail(zpRemoteError, "mpirun rank %d: rank 0 never wrote %s (for several nodes set MASTER_ADDR "
+                      "and MASTER_PORT)", rank, path->c_str());
+    usleep(2000);
+  }
+}
+
+ZP_API zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
+  if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitFromEnv: comm is NULL");
+  *comm = nullptr;
+  auto env = [](const char* n) { return zp::envString(n); };
+  long rank = -1, nranks = -1;
+  zpUniqueId id;
+  std::string idFile;
+  const char* how = nullptr;
+  auto fromMaster = [&](const char* launcher) -> zpResult_t {
+    long port = 0;
+    std::string zpPort = env("ZP_MASTER_PORT");
+    if (!zpPort.empty()) {
+      if (!parseInt(zpPort, 1, 65535, &port)) return zp::fail(zpInvalidArgument, "ZP_MASTER_PORT='%s' is not a port", zpPort.c_str());
+    } else {
+      // MASTER_PORT itself belongs to the launcher's own store (torchrun), so use the next one.
+      if (!parseInt(env("MASTER_PORT"), 1, 65534, &port))
+        return zp::fail(zpInvalidArgument, "MASTER_PORT='%s' is not a port", env("MASTER_PORT").c_str());
+      port += 1;
+    }
+    how = launcher;
+    std::string seed = env("MASTER_ADDR") + ":" + std::to_string(port) + ":" + std::to_string(nranks) + ":" +
+                       env("TORCHELASTIC_RUN_ID") + env("OMPI_MCA_ess_base_jobid");
+    return zp::makeRank0Id(env("MASTER_ADDR"), (int)port, seed, &id);
+  };
+  zp::Config cfg;
+  ZP_CHECK(zp::resolveConfig(config, &cfg));
+
+  if (!env("ZP_UNIQUE_ID").empty()) {
+    how = "zprun";
+    if (!parseInt(env("ZP_RANK"), 0, 1 << 24, &rank) || !parseInt(env("ZP_NRANKS"), 1, 1 << 24, &nranks))
+      return zp::fail(zpInvalidArgument, "ZP_RANK='%s' / ZP_NRANKS='%s' are not valid", env("ZP_RANK").c_str(),
+                      env("ZP_NRANKS").c_str());
+    if (!zp::idFromHex(env("ZP_UNIQUE_ID"), &id))
+      return zp::fail(zpInvalidArgument, "ZP_UNIQUE_ID is not a hex-encoded zpUniqueId");
+  } else if (!env("OMPI_COMM_WORLD_RANK").empty()) {
+    if (!parseInt(env("OMPI_COMM_WORLD_RANK"), 0, 1 << 24, &rank) ||
+        !parseInt(env("OMPI_COMM_WORLD_SIZE"), 1, 1 << 24, &nranks))
+      return zp::fail(zpInvalidArgument, "OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE are not valid");
+    if (!env("MASTER_ADDR").empty() && !env("MASTER_PORT").empty()) {
+      ZP_CHECK(fromMaster("mpirun"));
+    } else {
+      std::string job = env("OMPI_MCA_ess_base_jobid");
+      if (job.empty()) job = env("PMIX_NAMESPACE");
+      if (job.empty()) return zp::fail(zpInvalidUsage, "mpirun: no job id in the environment; set MASTER_ADDR and MASTER_PORT");
+      for (char& ch : job)
+        if (!isalnum((unsigned char)ch)) ch = '_';
+      how = "mpirun";
+      ZP_CHECK(mpirunFileId((int)rank, job, cfg.timeoutMs, &id, &idFile));
+    }
+  } else if (!env("RANK").empty() && !env("WORLD_SIZE").empty()) {
+    if (!parseInt(env("RANK"), 0, 1 << 24, &rank) || !parseInt(env("WORLD_SIZE"), 1, 1 << 24, &nranks))
+      return zp::fail(zpInvalidArgument, "RANK='%s' / WORLD_SIZE='%s' are not valid", env("RANK").c_str(),
+                      env("WORLD_SIZE").c_str());
+    if (env("MASTER_ADDR").empty() || env("MASTER_PORT").empty())
+      return zp::fail(zpInvalidUsage, "RANK and WORLD_SIZE are set but MASTER_ADDR / MASTER_PORT are not");
+    ZP_CHECK(fromMaster("torchrun"));
+  } else {
+    return zp::fail(zpInvalidUsage,
+                    "zpCommInitFromEnv: no launcher environment: start the program with zprun, torchrun or mpirun "
+                    "(or set ZP_RANK, ZP_NRANKS and ZP_UNIQUE_ID)");
+  }
+  if (rank >= nranks) return zp::fail(zpInvalidArgument, "%s: rank %ld is not below the world size %ld", how, rank, nranks);
+  ZP_INFO(zp::kSubInit, "rank %ld of %ld from the %s environment", rank, nranks, how);
+  zpResult_t r = zpCommInitRankConfig(comm, (int)nranks, id, (int)rank, config);
+  if (rank == 0 && !idFile.empty()) unlink(idFile.c_str());
+  return r;
+}
+
+static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, fn, &c));
+  if (zp::groupOpen() && zp::groupUses(c))
+    return zp::fail(zpInvalidUsage, "%s: the communicator has calls queued in an open group", fn);
+  std::unique_ptr<zp::Comm> impl;
+  {
+    std::lock_guard<std::mutex> lock(gHandlesMu);
+    impl = std::move(comm->impl);
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl->mu);
+    zp::commLeave(impl.get(), abort);
+  }
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpCommDestroy(zpComm_t comm) { return destroy(comm, false, "zpCommDestroy"); }
+ZP_API zpResult_t zpCommAbort(zpComm_t comm) { return destroy(comm, true, "zpCommAbort"); }
+
+ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpCommGetAsyncError", &c));
+  if (!asyncError) return zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL");
+  *asyncError = c->asyncError;
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpCommCount(const zpComm_t comm, int* count) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpCommCount", &c));
+  if (!count) return zp::fail(zpInvalidArgument, "zpCommCount: count is NULL");
+  *count = c->nranks;
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpCommUserRank", &c));
+  if (!rank) return zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL");
+  *rank = c->rank;
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpGroupStart(void) { return zp::groupStart(); }
+ZP_API zpResult_t zpGroupEnd(void) { return zp::groupEnd(); }
+
+ZP_API zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+                         zpStream_t stream) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpSend", &c));
+  ZP_CHECK(checkDataCall("zpSend", datatype, stream));
+  return zp::enqueueP2P(c, true, const_cast<void*>(sendbuff), count, datatype, peer);
+}
+
+ZP_API zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+                         zpStream_t stream) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpRecv", &c));
+  ZP_CHECK(checkDataCall("zpRecv", datatype, stream));
+  return zp::enqueueP2P(c, false, recvbuff, count, datatype, peer);
+}
+
+ZP_API zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                              void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                              zpDataType_t datatype, zpComm_t comm, zpStream_t stream) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
+  ZP_CHECK(checkDataCall("zpAlltoallv", datatype, stream));
+  return zp::enqueueCollective(c, [=] {
+    return zp::alltoallv(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  });
+}

@@ -1,0 +1,78 @@
+// Bootstrap: the rendezvous that turns a zpUniqueId into a table of every
+// rank's identity. The root (started by zpGetUniqueId, or by rank 0 for
+// torchrun-style ids) accepts one TCP connection per rank, checks each
+// connection's secret, and once all nranks have joined sends every rank the
+// whole table. Connections that present a wrong secret, a wrong header or
+// garbage are logged and dropped; they never block or join the exchange.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+
+namespace zp {
+
+constexpr uint32_t kIdMagic = 0x5a504944;  // "ZPID"
+constexpr uint8_t kIdVersion = 1;
+constexpr uint8_t kIdFlagRootAtRank0 = 1;  // rank 0 hosts the root (torchrun / MASTER_ADDR ids)
+
+// The layout inside zpUniqueId.internal. Plain bytes so it can travel through
+// any channel (MPI_Bcast, environment as hex, a file).
+struct IdLayout {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t flags;
+  uint16_t reserved;
+  sockaddr_in6 addr;      // where the root listens (IPv4 kept as sockaddr_in in the same bytes)
+  uint8_t secret[16];     // random; every joining rank must present it
+};
+static_assert(sizeof(IdLayout) <= sizeof(zpUniqueId), "id layout too large");
+
+// What each rank tells the others at init. Fixed size so the wire format is
+// trivial to validate.
+struct RankInfo {
+  int32_t rank;
+  int32_t pid;
+  char nodeId[128];    // ranks with equal nodeId share memory
+  char hostname[64];
+  uint64_t shmProbeAddr;  // address of a known word, for testing single-copy reads
+};
+
+sockaddr_storage idAddress(const IdLayout& id);
+void setIdAddress(IdLayout* id, const sockaddr_storage& addr);
+
+// Decodes an id; false if it is not a valid zpUniqueId.
+bool decodeId(const zpUniqueId& id, IdLayout* out);
+zpUniqueId encodeId(const IdLayout& layout);
+std::string idToHex(const zpUniqueId& id);
+bool idFromHex(const std::string& hex, zpUniqueId* id);
+
+// Opens a listening socket and starts the root service thread for one
+// communicator. Fills *id. Used by zpGetUniqueId.
+zpResult_t startRoot(zpUniqueId* id);
+// Starts the root on an address given by the id (kIdFlagRootAtRank0).
+zpResult_t startRootAt(const IdLayout& layout);
+// Builds an id whose root rank 0 hosts at host:port, with a secret derived
+// from seedText (every rank derives the same one).
+zpResult_t makeRank0Id(const std::string& host, int port, const std::string& seedText,
+                       zpUniqueId* id);
+
+// Joins: sends this rank's info to the root, waits for all ranks' infos.
+zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& mine,
+                             int timeoutMs, std::vector<RankInfo>* all);
+
+// Wire header a rank sends to the root.
+struct JoinHeader {
+  uint32_t magic;  // kIdMagic
+  uint8_t secret[16];
+  int32_t nranks;
+  int32_t timeoutMs;
+  RankInfo info;
+};
+
+}  // namespace zp

@@ -1,0 +1,229 @@
+#include "src/core/comm.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "src/core/log.h"
+#include "src/core/socket.h"
+#include "transport/shm/shm_transport.h"
+
+namespace zp {
+
+const char* opKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kP2P: return "send/recv";
+    case OpKind::kAlltoallv: return "alltoallv";
+  }
+  return "unknown operation";
+}
+
+Comm::Comm() = default;
+Comm::~Comm() = default;
+
+bool Comm::isLocal(int peer) const {
+  return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
+}
+
+void Comm::setAsyncError(zpResult_t code, const std::string& msg) {
+  if (asyncError != zpSuccess) return;
+  asyncError = code;
+  asyncMsg = msg;
+}
+
+void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
+  statuses[{peer, seq}] = {status, std::move(text)};
+}
+
+zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config& cfg,
+                      std::unique_ptr<Comm>* out) {
+  auto c = std::make_unique<Comm>();
+  c->rank = rank;
+  c->nranks = nranks;
+  c->cfg = cfg;
+  if (!decodeId(uid, &c->id))
+    return fail(zpInvalidArgument, "the zpUniqueId is not valid (not made by zpGetUniqueId, or corrupted)");
+  if ((c->id.flags & kIdFlagRootAtRank0) && rank == 0) ZP_CHECK(startRootAt(c->id));
+
+  RankInfo mine;
+  memset(&mine, 0, sizeof(mine));
+  mine.rank = rank;
+  mine.pid = getpid();
+  snprintf(mine.nodeId, sizeof(mine.nodeId), "%s", cfg.nodeId.c_str());
+  gethostname(mine.hostname, sizeof(mine.hostname) - 1);
+  ZP_CHECK(bootstrapExchange(c->id, nranks, mine, cfg.timeoutMs, &c->ranks));
+  for (int r = 0; r < nranks; r++)
+    if (!c->isLocal(r))
+      return fail(zpInvalidUsage,
+                  "rank %d is on node '%s', rank %d on node '%s': this build reaches other nodes only "
+                  "through a network transport, which is not built yet (all ranks must share ZP_NODE_ID)",
+                  r, c->ranks[r].nodeId, rank, c->ranks[rank].nodeId);
+  c->sendSeq.assign(nranks, 0);
+  c->recvSeq.assign(nranks, 0);
+  ZP_CHECK(ShmTransport::create(c.get(), &c->shm));
+  ZP_INFO(kSubInit, "rank %d/%d on node '%s' (pid %d): communicator ready", rank, nranks, cfg.nodeId.c_str(),
+          (int)getpid());
+  *out = std::move(c);
+  return zpSuccess;
+}
+
+void commLeave(Comm* comm, bool abort) {
+  if (comm->shm) comm->shm->leave(abort);
+}
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < 16; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 16) s += ", ...";
+  return s;
+}
+
+// Drives the comms' transports until done() holds, a comm breaks, or nothing
+// moves for the timeout. `waitingOn` names the ranks still owed something.
+zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
+                         const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
+  uint64_t lastMove = nowMs();
+  for (;;) {
+    uint32_t token = comms.size() == 1 ? comms[0]->shm->waitToken() : 0;
+    bool moved = false;
+    for (Comm* c : comms) moved |= c->shm->progress();
+    for (Comm* c : comms)
+      if (c->asyncError != zpSuccess) {
+        c->shm->dropOps(c->asyncError, c->asyncMsg);
+        return fail(c->asyncError, "rank %d: %s failed: %s", c->rank, what, c->asyncMsg.c_str());
+      }
+    if (done()) return zpSuccess;
+    uint64_t now = nowMs();
+    if (moved) {
+      lastMove = now;
+      continue;
+    }
+    int timeoutMs = comms[0]->cfg.timeoutMs;
+    if (now - lastMove >= (uint64_t)timeoutMs) {
+      for (Comm* c : comms) {
+        std::vector<int> peers = waitingOn(c);
+        if (peers.empty()) continue;
+        std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
+                          " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
+        c->setAsyncError(zpRemoteError, msg);
+        c->shm->dropOps(zpRemoteError, msg);
+        return fail(zpRemoteError, "rank %d: %s", c->rank, msg.c_str());
+      }
+      lastMove = now;
+    }
+    if (comms.size() == 1) {
+      int sliceMs = (int)std::min<uint64_t>(100, timeoutMs - (now - lastMove) + 1);
+      comms[0]->shm->wait(token, std::max(sliceMs, 1));
+    } else {
+      // Several communicators: no single doorbell to sleep on, so nap briefly.
+      usleep(50);
+      static thread_local uint64_t lastCheck = 0;
+      if (now - lastCheck >= 100) {
+        lastCheck = now;
+        for (Comm* c : comms) c->shm->checkAlive();
+      }
+    }
+  }
+}
+
+// Sends and receives with this same rank pair up locally, in call order.
+void runSelfOps(Comm* comm, std::vector<Op*>& sends, std::vector<Op*>& recvs) {
+  size_t n = std::min(sends.size(), recvs.size());
+  for (size_t i = 0; i < n; i++) {
+    Op* s = sends[i];
+    Op* r = recvs[i];
+    if (s->bytes != r->bytes) {
+      std::string why = std::string(opKindName(s->kind)) + ": rank " + std::to_string(comm->rank) + " sends " +
+                        std::to_string(s->bytes / s->typeSize) + " elements to itself but expects " +
+                        std::to_string(r->bytes / r->typeSize);
+      s->finish(zpInvalidUsage, why);
+      r->finish(zpInvalidUsage, why);
+      continue;
+    }
+    if (s->bytes) memmove(r->buf, s->buf, s->bytes);
+    s->finish(zpSuccess);
+    r->finish(zpSuccess);
+  }
+  const char* why = "a send to self needs a matching receive from self in the same group (and vice versa)";
+  for (size_t i = n; i < sends.size(); i++) sends[i]->finish(zpInvalidUsage, why);
+  for (size_t i = n; i < recvs.size(); i++) recvs[i]->finish(zpInvalidUsage, why);
+}
+
+}  // namespace
+
+zpResult_t runOps(std::vector<CommOps>& work) {
+  std::vector<Comm*> comms;
+  for (CommOps& w : work) {
+    Comm* c = w.comm;
+    if (c->asyncError != zpSuccess)
+      return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
+    comms.push_back(c);
+  }
+  for (CommOps& w : work) {
+    Comm* c = w.comm;
+    std::vector<Op*> selfSends, selfRecvs;
+    for (Op* op : w.ops) {
+      if (op->peer == c->rank) {
+        (op->isSend ? selfSends : selfRecvs).push_back(op);
+        continue;
+      }
+      op->seq = op->isSend ? c->sendSeq[op->peer]++ : c->recvSeq[op->peer]++;
+      c->shm->post(op);
+    }
+    runSelfOps(c, selfSends, selfRecvs);
+  }
+  auto allDone = [&] {
+    for (CommOps& w : work)
+      for (Op* op : w.ops)
+        if (!op->done) return false;
+    return true;
+  };
+  ZP_CHECK(progressUntil(comms, allDone, [](Comm* c) { return c->shm->busyPeers(); }, "send/recv"));
+  for (CommOps& w : work)
+    for (Op* op : w.ops)
+      if (op->status != zpSuccess) return fail(op->status, "rank %d: %s", w.comm->rank, op->error.c_str());
+  return zpSuccess;
+}
+
+zpResult_t runOps(Comm* comm, std::vector<Op*>& ops) {
+  std::vector<CommOps> work{{comm, ops}};
+  return runOps(work);
+}
+
+zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::string& myMsg) {
+  if (c->asyncError != zpSuccess)
+    return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
+  for (int p = 0; p < c->nranks; p++)
+    if (p != c->rank) c->shm->sendStatus(p, seq, mine, myMsg);
+  auto missing = [&](Comm*) {
+    std::vector<int> out;
+    for (int p = 0; p < c->nranks; p++)
+      if (p != c->rank && !c->statuses.count({p, seq})) out.push_back(p);
+    return out;
+  };
+  ZP_CHECK(progressUntil({c}, [&] { return missing(c).empty(); }, missing, "collective status exchange"));
+  zpResult_t first = zpSuccess;
+  std::string firstMsg;
+  for (int p = 0; p < c->nranks; p++) {
+    zpResult_t st = mine;
+    std::string msg = myMsg;
+    if (p != c->rank) {
+      auto it = c->statuses.find({p, seq});
+      st = it->second.first;
+      msg = it->second.second;
+      c->statuses.erase(it);
+    }
+    if (st != zpSuccess && first == zpSuccess) {
+      first = st;
+      firstMsg = msg;
+    }
+  }
+  if (first != zpSuccess) return fail(first, "rank %d: %s", c->rank, firstMsg.c_str());
+  return zpSuccess;
+}
+
+}  // namespace zp

@@ -1,0 +1,94 @@
+// The communicator and its executor. A collective or a group of
+// point-to-point calls becomes a list of Ops (one per send or receive with one
+// peer); the executor posts them to the transport that reaches each peer and
+// drives progress until all are done, a peer fails, or the timeout expires.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/bootstrap.h"
+#include "src/core/config.h"
+
+namespace zp {
+
+class ShmTransport;
+
+// Which call an Op belongs to; carried in every message so that a rank that
+// calls operations in a different order than its peer gets an error, not a hang.
+enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1 };
+const char* opKindName(OpKind kind);
+
+struct Op {
+  bool isSend = false;
+  int peer = -1;
+  OpKind kind = OpKind::kP2P;
+  void* buf = nullptr;  // for sends, read only
+  size_t bytes = 0;
+  size_t typeSize = 1;  // to report mismatches in elements
+  uint64_t seq = 0;     // position among this pair's messages, set when posted
+  bool done = false;
+  zpResult_t status = zpSuccess;
+  std::string error;
+  size_t progressed = 0;  // bytes moved so far
+
+  void finish(zpResult_t st, std::string err = {}) {
+    done = true;
+    status = st;
+    if (st != zpSuccess && error.empty()) error = std::move(err);
+  }
+};
+
+struct Comm {
+  int rank = 0;
+  int nranks = 0;
+  Config cfg;
+  IdLayout id;
+  std::vector<RankInfo> ranks;
+  std::unique_ptr<ShmTransport> shm;
+  std::mutex mu;  // one call at a time per communicator
+
+  // Per peer, how many messages each way so far: the k-th send to a peer
+  // matches the peer's k-th receive from this rank.
+  std::vector<uint64_t> sendSeq, recvSeq;
+  uint64_t collSeq = 0;
+  // Status reports of collectives, by (peer, collective sequence).
+  std::map<std::pair<int, uint64_t>, std::pair<zpResult_t, std::string>> statuses;
+
+  // A failure that breaks the communicator: a dead or aborted peer, a timeout.
+  zpResult_t asyncError = zpSuccess;
+  std::string asyncMsg;
+
+  Comm();
+  ~Comm();
+
+  bool isLocal(int peer) const;
+  void setAsyncError(zpResult_t code, const std::string& msg);
+  void onStatus(int peer, uint64_t collSeq, zpResult_t status, std::string text);
+};
+
+zpResult_t commCreate(int nranks, const zpUniqueId& id, int rank, const Config& cfg,
+                      std::unique_ptr<Comm>* out);
+// Tells peers this rank is leaving (abort: and that they must fail at once).
+void commLeave(Comm* comm, bool abort);
+
+// Runs ops on several communicators together (a group may span them).
+struct CommOps {
+  Comm* comm;
+  std::vector<Op*> ops;
+};
+zpResult_t runOps(std::vector<CommOps>& work);
+zpResult_t runOps(Comm* comm, std::vector<Op*>& ops);
+
+// Every rank reports its result of collective number collSeq; every rank
+// returns the first failure (in rank order) with its message, so all ranks
+// agree on the outcome.
+zpResult_t agreeOnResult(Comm* comm, uint64_t collSeq, zpResult_t mine, const std::string& myMsg);
+
+}  // namespace zp

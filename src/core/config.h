@@ -1,0 +1,35 @@
+// Settings of one communicator, resolved once at init from zpConfig_t, the
+// environment and defaults (in that order of precedence).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "include/zeppelin.h"
+
+namespace zp {
+
+enum class ShmProto { kAuto, kCma, kCopy };
+
+struct Config {
+  int timeoutMs = 300 * 1000;    // ZP_TIMEOUT (seconds)
+  int routing = zpRoutingBalanced;  // ZP_ROUTING
+  std::string nodeId;            // ZP_NODE_ID, else hostname + boot id
+  std::string netDevices;        // ZP_NET_DEVICES
+  std::string socketIfname;      // ZP_SOCKET_IFNAME: interface for bootstrap sockets
+  ShmProto shmProto = ShmProto::kAuto;  // ZP_SHM_PROTO=auto|cma|copy
+  size_t shmEagerBytes = 32 << 10;      // ZP_SHM_EAGER: below this, copy through the ring
+  size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
+  int shmSpinUs = 20;                   // ZP_SHM_SPIN_US: poll this long before sleeping
+};
+
+zpResult_t resolveConfig(const zpConfig_t* user, Config* out);
+
+// Environment helpers: the raw value, or the default when unset/empty.
+std::string envString(const char* name, const std::string& dflt = "");
+// Parses sizes with K/M/G suffixes (powers of 2). False on garbage.
+bool parseSize(const std::string& text, size_t* out);
+// This host's identity: hostname plus boot id, as NCCL does.
+std::string defaultNodeId();
+
+}  // namespace zp

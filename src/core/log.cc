@@ -1,0 +1,122 @@
+#include "src/core/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace zp {
+namespace {
+
+struct LogState {
+  int level = kLogWarn;
+  unsigned subsys = kSubAll;
+  FILE* out = stderr;
+  char host[64] = {0};
+};
+
+unsigned parseSubsys(const char* s) {
+  static const struct { const char* name; unsigned bit; } kNames[] = {
+      {"INIT", kSubInit}, {"BOOTSTRAP", kSubBootstrap}, {"SHM", kSubShm},
+      {"COLL", kSubColl}, {"P2P", kSubP2P},             {"NET", kSubNet},
+      {"ALL", kSubAll}};
+  bool invert = (*s == '^');
+  if (invert) s++;
+  unsigned mask = 0;
+  std::string list(s);
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string tok = list.substr(pos, end - pos);
+    for (auto& n : kNames)
+      if (strcasecmp(tok.c_str(), n.name) == 0) mask |= n.bit;
+    pos = end + 1;
+  }
+  return invert ? ~mask : mask;
+}
+
+LogState& state() {
+  static LogState st;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    gethostname(st.host, sizeof(st.host) - 1);
+    if (const char* lv = getenv("ZP_DEBUG")) {
+      if (!strcasecmp(lv, "VERSION") || !strcasecmp(lv, "NONE") || !strcmp(lv, "0")) st.level = kLogNone;
+      else if (!strcasecmp(lv, "WARN")) st.level = kLogWarn;
+      else if (!strcasecmp(lv, "INFO")) st.level = kLogInfo;
+      else if (!strcasecmp(lv, "TRACE")) st.level = kLogTrace;
+    }
+    if (const char* ss = getenv("ZP_DEBUG_SUBSYS")) st.subsys = parseSubsys(ss);
+    if (const char* file = getenv("ZP_DEBUG_FILE")) {
+      std::string path;
+      for (const char* p = file; *p; p++) {
+        if (p[0] == '%' && p[1] == 'h') { path += st.host; p++; }
+        else if (p[0] == '%' && p[1] == 'p') { path += std::to_string(getpid()); p++; }
+        else path += *p;
+      }
+      if (FILE* f = fopen(path.c_str(), "a")) { setvbuf(f, nullptr, _IOLBF, 0); st.out = f; }
+    }
+  });
+  return st;
+}
+
+thread_local std::string tlsLastError;
+
+const char* levelName(LogLevel l) {
+  switch (l) {
+    case kLogWarn: return "WARN";
+    case kLogInfo: return "INFO";
+    case kLogTrace: return "TRACE";
+    default: return "";
+  }
+}
+
+void vlog(LogLevel level, const char* fmt, va_list ap) {
+  LogState& st = state();
+  char body[1024];
+  vsnprintf(body, sizeof(body), fmt, ap);
+  // One fprintf per line keeps lines from different threads whole.
+  fprintf(st.out, "%s:%d:%ld ZP %s %s\n", st.host, getpid(), (long)syscall(SYS_gettid),
+          levelName(level), body);
+}
+
+}  // namespace
+
+bool logEnabled(LogLevel level, unsigned subsys) {
+  const LogState& st = state();
+  return level <= st.level && (st.subsys & subsys);
+}
+
+void logMessage(LogLevel level, unsigned /*subsys*/, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, fmt, ap);
+  va_end(ap);
+}
+
+zpResult_t failv(zpResult_t code, const char* fmt, va_list ap) {
+  char buf[1024];
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  tlsLastError = buf;
+  if (logEnabled(kLogWarn, kSubAll))
+    logMessage(kLogWarn, kSubAll, "%s (%s)", buf, zpGetErrorString(code));
+  return code;
+}
+
+zpResult_t fail(zpResult_t code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  zpResult_t r = failv(code, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+const char* lastError() { return tlsLastError.c_str(); }
+void clearLastError() { tlsLastError.clear(); }
+
+}  // namespace zp

@@ -1,0 +1,1076 @@
+// zprun: starts the ranks of a Zeppelin job on this machine, like mpirun.
+//
+//   zprun -n 4 [options] [--] PROGRAM [ARGS...]
+//
+// zprun hosts the job's rendezvous (zpGetUniqueId starts its root thread in
+// this process), forks one process per rank with the job described in the
+// environment (read by zpCommInitFromEnv), optionally prefixes the ranks'
+// output with their rank, and supervises them: when one rank fails, the
+// others get a grace period to notice the dead peer and exit with an error,
+// then SIGTERM, then SIGKILL. No rank outlives zprun.
+//
+// The file has three parts that do not know about each other's internals:
+//   1. options: the command line, parsed into Options;
+//   2. layout: Options turned into nodes and ranks (JobLayout). There is one
+//      node today; multi-node emulation (network namespaces) adds nodes here
+//      and a per-node way to enter them in the child;
+//   3. the Job: spawning the ranks of a layout and supervising them.
+//
+// Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/bootstrap.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr int kMaxRanks = 1024;
+constexpr double kDefaultGraceSec = 10.0;
+constexpr double kTermToKillSec = 2.0;  // SIGTERM, then SIGKILL this much later
+// After the last rank exited, how long to keep reading its output pipes. They
+// normally close at once; a descendant that left the rank's process group could
+// hold them open forever.
+constexpr double kDrainSec = 2.0;
+// A line longer than this is emitted in pieces, so one rank printing without
+// newlines cannot make zprun buffer without bound.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+// Ranks failing on their own are reported one by one up to this many; the
+// rest are counted, so a 1024-rank job that loses one peer does not print
+// a thousand lines.
+constexpr int kMaxFailureReports = 8;
+
+constexpr int kExitLaunchError = 1;  // fork / pipe / rendezvous failed
+constexpr int kExitUsage = 2;
+constexpr int kExitTimeout = 124;  // as timeout(1)
+constexpr int kExitCannotExec = 127;  // as the shell
+
+// Variables zprun sets for every rank; -x may not override them, since a rank
+// with a wrong ZP_RANK would join the job in another rank's place.
+const char* const kReservedVars[] = {"ZP_RANK",         "ZP_NRANKS",    "ZP_LOCAL_RANK",
+                                     "ZP_LOCAL_NRANKS", "ZP_UNIQUE_ID", "ZP_LAUNCHER"};
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+
+double nowSec() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+std::string signalName(int sig) {
+  // Our own table: strsignal gives prose ("Killed"), and sigabbrev_np is
+  // glibc-only and recent.
+  static const struct {
+    int sig;
+    const char* name;
+  } kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
+      {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"},
+      {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"}, {SIGWINCH, "SIGWINCH"}, {SIGSYS, "SIGSYS"},
+  };
+  for (const auto& n : kNames)
+    if (n.sig == sig) return n.name;
+  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
+  return "signal " + std::to_string(sig);
+}
+
+// Formats seconds the way the user wrote them in most cases: "10", "0.5".
+std::string formatSec(double sec) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%g", sec);
+  return buf;
+}
+
+// Writes all of data; false if the fd is gone (EPIPE, closed).
+bool writeAll(int fd, const char* data, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, data, len);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // Our stdout may be a non-blocking fd we inherited; wait until it drains.
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, -1);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void setNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+// ---------------------------------------------------------------------------
+// 1. Options
+// ---------------------------------------------------------------------------
+
+struct Options {
+  int nranks = 0;
+  bool prefix = false;
+  std::vector<std::string> extraEnv;  // "VAR=VALUE", in command-line order
+  double timeoutSec = 0;              // 0: no timeout
+  double graceSec = kDefaultGraceSec;
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+
+void printUsage(FILE* out) {
+  fprintf(out,
+          "Usage: zprun -n N [options] [--] PROGRAM [ARGS...]\n"
+          "\n"
+          "Starts N ranks of PROGRAM on this machine and hosts the rendezvous they\n"
+          "meet at. Each rank finds its place in the environment, where\n"
+          "zpCommInitFromEnv reads it: ZP_RANK, ZP_NRANKS, ZP_LOCAL_RANK,\n"
+          "ZP_LOCAL_NRANKS, ZP_UNIQUE_ID, ZP_LAUNCHER=zprun.\n"
+          "\n"
+          "Options:\n"
+          "  -n, -np N        number of ranks, 1..%d (required)\n"
+          "  -p, --prefix     prefix every line of output with \"[RANK] \"\n"
+          "  -x VAR=VALUE     set VAR in the ranks' environment (repeatable);\n"
+          "                   -x VAR passes zprun's own value of VAR\n"
+          "  --timeout SEC    terminate the job after SEC seconds (exit code %d)\n"
+          "  --grace SEC      when a rank fails, how long the others may take to\n"
+          "                   exit on their own before SIGTERM (default %g);\n"
+          "                   SIGKILL follows %g s after SIGTERM\n"
+          "  -h, --help       show this help\n"
+          "  --               end of options\n"
+          "\n"
+          "Rank 0 reads zprun's stdin; the other ranks read /dev/null. SIGINT,\n"
+          "SIGTERM and SIGHUP are forwarded to every rank; a second one kills them.\n"
+          "\n"
+          "Exit status: 0 if every rank exited 0; otherwise the exit code of the\n"
+          "first rank that failed (128+N for a rank killed by signal N), %d on\n"
+          "timeout, %d if PROGRAM cannot be executed, %d for bad usage.\n",
+          kMaxRanks, kExitTimeout, kDefaultGraceSec, kTermToKillSec, kExitTimeout,
+          kExitCannotExec, kExitUsage);
+}
+
+bool parseRankCount(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  int n = std::stoi(text);
+  if (n < 1 || n > kMaxRanks) return false;
+  *out = n;
+  return true;
+}
+
+bool parseSeconds(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  double v = strtod(text.c_str(), &end);
+  // A year is far longer than any job; the bound keeps deadline arithmetic sane.
+  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0 || v > 365.0 * 86400) return false;
+  *out = v;
+  return true;
+}
+
+bool isValidVarName(const std::string& name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (char c : name)
+    if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+      return false;
+  return true;
+}
+
+enum class ParseResult { kRun, kHelp, kError };
+
+// Parses argv into *opts. Options end at "--" or at the first argument that
+// is not an option (PROGRAM), so PROGRAM's own options are never ours.
+ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* error) {
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // PROGRAM
+
+    // "--name=value" carries its value inline; everything else takes the next argument.
+    std::string name = arg, value;
+    bool inlineValue = false;
+    if (arg.compare(0, 2, "--") == 0 && arg.find('=') != std::string::npos) {
+      name = arg.substr(0, arg.find('='));
+      value = arg.substr(arg.find('=') + 1);
+      inlineValue = true;
+    }
+    auto takeValue = [&]() {
+      if (inlineValue) return true;
+      if (i + 1 >= argc) {
+        *error = name + " needs a value";
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+
+    if (name == "-h" || name == "--help") {
+      return ParseResult::kHelp;
+    } else if (name == "-n" || name == "-np" || name == "--np" ||
+               (name.compare(0, 2, "-n") == 0 && name.size() > 2 &&
+                isdigit(static_cast<unsigned char>(name[2])))) {
+      if (name.size() > 2 && isdigit(static_cast<unsigned char>(name[2]))) {
+        value = name.substr(2);  // "-n4"
+      } else if (!takeValue()) {
+        return ParseResult::kError;
+      }
+      if (!parseRankCount(value, &opts->nranks)) {
+        *error = "bad rank count '" + value + "' (expected 1.." + std::to_string(kMaxRanks) + ")";
+        return ParseResult::kError;
+      }
+    } else if (name == "-p" || name == "--prefix") {
+      if (inlineValue) {
+        *error = name + " takes no value";
+        return ParseResult::kError;
+      }
+      opts->prefix = true;
+    } else if (name == "-x") {
+      if (!takeValue()) return ParseResult::kError;
+      size_t eq = value.find('=');
+      std::string var = value.substr(0, eq);
+      if (!isValidVarName(var)) {
+        *error = "-x " + value + ": '" + var + "' is not a variable name";
+        return ParseResult::kError;
+      }
+      for (const char* reserved : kReservedVars) {
+        if (var == reserved) {
+          *error = "-x " + value + ": " + var + " is set by zprun for each rank";
+          return ParseResult::kError;
+        }
+      }
+      if (eq == std::string::npos) {
+        // mpirun's "-x VAR": export our own value.
+        const char* own = getenv(var.c_str());
+        if (own == nullptr) {
+          *error = "-x " + var + ": " + var + " is not set";
+          return ParseResult::kError;
+        }
+        value = var + "=" + own;
+      }
+      opts->extraEnv.push_back(value);
+    } else if (name == "--timeout") {
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseSeconds(value, &opts->timeoutSec) || opts->timeoutSec <= 0) {
+        *error = "bad --timeout '" + value + "' (expected seconds > 0)";
+        return ParseResult::kError;
+      }
+    } else if (name == "--grace") {
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseSeconds(value, &opts->graceSec)) {
+        *error = "bad --grace '" + value + "' (expected seconds >= 0)";
+        return ParseResult::kError;
+      }
+    } else {
+      *error = "unknown option " + arg;
+      return ParseResult::kError;
+    }
+  }
+
+  for (; i < argc; ++i) opts->command.push_back(argv[i]);
+  if (opts->nranks == 0) {
+    *error = "the number of ranks is required (-n N)";
+    return ParseResult::kError;
+  }
+  if (opts->command.empty()) {
+    *error = "no program given";
+    return ParseResult::kError;
+  }
+  return ParseResult::kRun;
+}
+
+// ---------------------------------------------------------------------------
+// 2. Layout: which ranks run where
+// ---------------------------------------------------------------------------
+
+// A node is a set of ranks that share memory. With one node (today) the ranks
+// simply run here; emulated nodes will add how to enter the node (a network
+// namespace) and an identity (ZP_NODE_ID).
+struct NodeSpec {
+  int index = 0;
+  std::string nodeId;  // empty: the library derives it (hostname + boot id)
+};
+
+struct RankSpec {
+  int rank = 0;
+  int node = 0;  // index into JobLayout::nodes
+  int localRank = 0;
+  int localNranks = 0;
+};
+
+struct JobLayout {
+  std::vector<NodeSpec> nodes;
+  std::vector<RankSpec> ranks;  // indexed by rank
+};
+
+JobLayout planLayout(const Options& opts) {
+  JobLayout layout;
+  layout.nodes.push_back(NodeSpec{});
+  for (int r = 0; r < opts.nranks; ++r) layout.ranks.push_back(RankSpec{r, 0, r, opts.nranks});
+  return layout;
+}
+
+// The full environment of one rank: zprun's own, then -x, then the job's
+// variables (later entries replace earlier ones of the same name).
+std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& layout,
+                                         const RankSpec& spec, const std::string& idHex) {
+  std::vector<std::string> set = opts.extraEnv;
+  const NodeSpec& node = layout.nodes[spec.node];
+  set.push_back("ZP_RANK=" + std::to_string(spec.rank));
+  set.push_back("ZP_NRANKS=" + std::to_string(layout.ranks.size()));
+  set.push_back("ZP_LOCAL_RANK=" + std::to_string(spec.localRank));
+  set.push_back("ZP_LOCAL_NRANKS=" + std::to_string(spec.localNranks));
+  set.push_back("ZP_UNIQUE_ID=" + idHex);
+  set.push_back("ZP_LAUNCHER=zprun");
+  if (!node.nodeId.empty()) set.push_back("ZP_NODE_ID=" + node.nodeId);
+
+  auto nameOf = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  auto overridden = [&](const std::string& name, size_t from) {
+    for (size_t k = from; k < set.size(); ++k)
+      if (nameOf(set[k]) == name) return true;
+    return false;
+  };
+
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!overridden(nameOf(*e), 0)) env.push_back(*e);
+  for (size_t k = 0; k < set.size(); ++k)
+    if (!overridden(nameOf(set[k]), k + 1)) env.push_back(set[k]);
+  return env;
+}
+
+// ---------------------------------------------------------------------------
+// Signals: handlers only write the signal number to a self-pipe, which the
+// supervision loop polls along with the ranks' output.
+// ---------------------------------------------------------------------------
+
+int g_signalPipe[2] = {-1, -1};
+volatile sig_atomic_t g_stopRequested = 0;  // INT/TERM/HUP seen: start no more ranks
+
+void onSignal(int sig) {
+  int savedErrno = errno;
+  if (sig != SIGCHLD) g_stopRequested = 1;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  // Non-blocking: if the pipe is full, a wakeup is already pending.
+  ssize_t ignored = write(g_signalPipe[1], &byte, 1);
+  (void)ignored;
+  errno = savedErrno;
+}
+
+const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+bool installSignalHandlers() {
+  if (pipe2(g_signalPipe, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  // SA_RESTART so blocking calls elsewhere (pipe reads, writes to stdout) are
+  // not cut short; poll() still wakes up through the self-pipe.
+  sa.sa_flags = SA_RESTART;
+  for (int sig : kForwardedSignals) sigaction(sig, &sa, nullptr);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, nullptr);
+  // A closed stdout (zprun ... | head) must not kill the supervisor and leave
+  // ranks unattended: writes fail with EPIPE instead.
+  signal(SIGPIPE, SIG_IGN);
+  // Reading a terminal from a background job then fails with EIO instead of
+  // stopping zprun (see the stdin forwarding below).
+  signal(SIGTTIN, SIG_IGN);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// 3. The job: spawning and supervising the ranks
+// ---------------------------------------------------------------------------
+
+// Everything the child needs between fork and exec, prepared by the parent:
+// zprun has threads (the rendezvous root), so the child may only make
+// async-signal-safe calls: no allocation, no locks, no stdio.
+struct ChildSetup {
+  pid_t parentPid;
+  int stdinFd;   // dup2'ed to 0 unless it is 0
+  int stdoutFd;  // dup2'ed to 1, or -1 to inherit
+  int stderrFd;  // dup2'ed to 2, or -1 to inherit
+  int reportFd;  // close-on-exec pipe: receives an ExecReport if exec fails
+  const char* file;
+  char* const* argv;
+  char* const* envp;
+  bool restoreNofile;
+  rlimit nofile;  // the descriptor limit zprun started with
+};
+
+// What a child sends back when it cannot run PROGRAM.
+struct ExecReport {
+  int stage;  // kStageSetup or kStageExec
+  int error;  // errno
+};
+constexpr int kStageSetup = 1;
+constexpr int kStageExec = 2;
+
+[[noreturn]] void childFail(int reportFd, int stage) {
+  ExecReport report{stage, errno};
+  ssize_t ignored = write(reportFd, &report, sizeof report);  // one write: atomic on a pipe
+  (void)ignored;
+  _exit(kExitCannotExec);
+}
+
+[[noreturn]] void runChild(const ChildSetup& s) {
+  // Our own process group: a Ctrl-C at the terminal reaches only zprun, which
+  // forwards it, so every rank sees exactly one signal whatever the shell
+  // does; and zprun can signal a rank together with its own children.
+  setpgid(0, 0);
+  // If zprun dies (even by SIGKILL), the rank dies too. getppid() closes the
+  // race with a parent that died before prctl.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != s.parentPid) _exit(kExitLaunchError);
+
+  // Ignored dispositions and the signal mask survive exec; give PROGRAM the
+  // defaults it expects, not zprun's choices.
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  const int kReset[] = {SIGPIPE, SIGTTIN, SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  for (int sig : kReset) sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (s.restoreNofile) setrlimit(RLIMIT_NOFILE, &s.nofile);
+
+  if (s.stdinFd != 0 && dup2(s.stdinFd, 0) < 0) childFail(s.reportFd, kStageSetup);
+  if (s.stdoutFd >= 0 && dup2(s.stdoutFd, 1) < 0) childFail(s.reportFd, kStageSetup);
+  if (s.stderrFd >= 0 && dup2(s.stderrFd, 2) < 0) childFail(s.reportFd, kStageSetup);
+#ifdef SYS_close_range
+  // Descriptors zprun got from its own parent or the library must not leak
+  // into the ranks. Best effort: older kernels lack close_range.
+  syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+#endif
+  execvpe(s.file, s.argv, s.envp);
+  childFail(s.reportFd, kStageExec);
+}
+
+// One output pipe of a rank in --prefix mode.
+struct OutputStream {
+  int fd = -1;      // our read end, or -1 when closed
+  int target = -1;  // 1 or 2
+  std::string partial;  // bytes after the last newline
+};
+
+struct Rank {
+  RankSpec spec;
+  pid_t pid = -1;
+  bool running = false;
+  OutputStream out, err;
+};
+
+class Job {
+ public:
+  Job(const Options& opts, JobLayout layout, std::string idHex)
+      : opts_(opts), layout_(std::move(layout)), idHex_(std::move(idHex)) {}
+
+  // Starts every rank and supervises them until all have exited; returns
+  // zprun's exit code.
+  int run();
+
+ private:
+  enum class Phase {
+    kRunning,      // all well, or ranks exiting normally
+    kGrace,        // a rank failed or we forwarded a signal: others may exit on their own
+    kTerminating,  // SIGTERM sent; SIGKILL at killAt_
+    kKilled,       // SIGKILL sent; waiting for the exits
+  };
+
+  bool setUpStdin();
+  bool spawn(Rank& rank);
+  void supervise();
+  void handleSignalPipe();
+  void reapChildren();
+  void onRankExit(Rank& rank, int status);
+  void checkDeadlines();
+  void startGrace();
+  void signalRanks(int sig);
+  int runningCount() const;
+  void readOutput(Rank& rank, OutputStream& stream);
+  void emit(const Rank& rank, OutputStream& stream, const char* data, size_t len, bool atEof);
+  void pumpStdin(short inEvents, short outEvents);
+  void closeStdinForwarding();
+  int exitCode() const;
+
+  const Options& opts_;
+  JobLayout layout_;
+  std::string idHex_;
+  std::vector<Rank> ranks_;
+  rlimit originalNofile_{};
+  bool nofileRaised_ = false;
+
+  int devNull_ = -1;
+  int rank0Stdin_ = 0;  // what rank 0 gets as stdin
+
+  // When stdin is a terminal, rank 0 (in its own process group) could not read
+  // it without being stopped by SIGTTIN, so zprun reads it and forwards it
+  // through a pipe, as mpirun does.
+  bool forwardStdin_ = false;
+  int stdinWriteFd_ = -1;
+  std::string stdinBuffer_;
+
+  Phase phase_ = Phase::kRunning;
+  double timeoutAt_ = 0;  // 0: none
+  double termAt_ = 0;     // phase kGrace: when to send SIGTERM
+  double killAt_ = 0;     // phase kTerminating: when to send SIGKILL
+  double drainUntil_ = 0;
+  bool intervened_ = false;  // zprun has signalled the ranks
+  int userSignals_ = 0;
+  int firstUserSignal_ = 0;
+  bool timedOut_ = false;
+  bool launchFailed_ = false;  // fork/pipe failure
+  bool execFailed_ = false;
+  int firstOwnFailure_ = 0;  // exit code of the first rank that failed before we intervened
+  int firstAnyFailure_ = 0;  // exit code of the first rank that failed at all
+  int failureReports_ = 0;
+  int unreportedFailures_ = 0;
+};
+
+int Job::runningCount() const {
+  int n = 0;
+  for (const Rank& r : ranks_) n += r.running;
+  return n;
+}
+
+bool Job::setUpStdin() {
+  devNull_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devNull_ < 0) {
+    fprintf(stderr, "zprun: cannot open /dev/null: %s\n", strerror(errno));
+    return false;
+  }
+  if (!isatty(0)) return true;  // a file or pipe: rank 0 reads it directly
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    fprintf(stderr, "zprun: pipe: %s\n", strerror(errno));
+    return false;
+  }
+  rank0Stdin_ = fds[0];
+  stdinWriteFd_ = fds[1];
+  setNonBlocking(stdinWriteFd_);
+  forwardStdin_ = true;
+  return true;
+}
+
+bool Job::spawn(Rank& rank) {
+  const int r = rank.spec.rank;
+  int report[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  // O_CLOEXEC everywhere: each child must hold only its own pipe ends, or a
+  // rank's output pipe would stay open (no EOF) as long as any rank lives.
+  bool ok = pipe2(report, O_CLOEXEC) == 0;
+  if (ok && opts_.prefix) ok = pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0;
+  if (!ok) {
+    fprintf(stderr, "zprun: cannot create pipes for rank %d: %s\n", r, strerror(errno));
+    for (int fd : {report[0], report[1], out[0], out[1], err[0], err[1]})
+      if (fd >= 0) close(fd);
+    launchFailed_ = true;
+    return false;
+  }
+
+  // Built before fork: the child may not allocate.
+  std::vector<std::string> env = rankEnvironment(opts_, layout_, rank.spec, idHex_);
+  std::vector<char*> envp, argv;
+  for (std::string& e : env) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
+  std::vector<std::string> command = opts_.command;
+  for (std::string& a : command) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+
+  ChildSetup setup{getpid(), r == 0 ? rank0Stdin_ : devNull_, out[1], err[1], report[1],
+                   command[0].c_str(), argv.data(), envp.data(), nofileRaised_, originalNofile_};
+
+  pid_t pid = fork();
+  if (pid == 0) runChild(setup);
+  int forkErrno = errno;
+  for (int fd : {report[1], out[1], err[1]})
+    if (fd >= 0) close(fd);
+  if (pid < 0) {
+    fprintf(stderr, "zprun: cannot start rank %d: fork: %s\n", r, strerror(forkErrno));
+    for (int fd : {report[0], out[0], err[0]})
+      if (fd >= 0) close(fd);
+    launchFailed_ = true;
+    return false;
+  }
+  // Also here, so the group exists before we might signal it (the child may
+  // not have run yet). Fails harmlessly once the child has exec'd.
+  setpgid(pid, pid);
+  rank.pid = pid;
+  rank.running = true;
+  if (opts_.prefix) {
+    rank.out.fd = out[0];
+    rank.out.target = 1;
+    rank.err.fd = err[0];
+    rank.err.target = 2;
+    setNonBlocking(out[0]);
+    setNonBlocking(err[0]);
+  }
+
+  // Wait for exec: the report pipe closes on success, or carries the reason.
+  ExecReport rep{};
+  ssize_t n;
+  do {
+    n = read(report[0], &rep, sizeof rep);
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n != static_cast<ssize_t>(sizeof rep)) return true;
+
+  // The child exits 127 by itself; it is reaped by the supervision loop.
+  if (rep.stage == kStageExec)
+    fprintf(stderr, "zprun: cannot execute %s: %s\n", opts_.command[0].c_str(),
+            strerror(rep.error));
+  else
+    fprintf(stderr, "zprun: cannot set up rank %d: %s\n", r, strerror(rep.error));
+  execFailed_ = true;
+  return false;
+}
+
+int Job::run() {
+  // A rank count near 1024 needs more descriptors than the usual soft limit of
+  // 1024: the rendezvous root in this process holds one socket per rank and
+  // --prefix two pipes per rank. Ranks get the original limit back.
+  if (getrlimit(RLIMIT_NOFILE, &originalNofile_) == 0 &&
+      originalNofile_.rlim_cur < originalNofile_.rlim_max) {
+    rlimit raised = originalNofile_;
+    raised.rlim_cur = raised.rlim_max;
+    nofileRaised_ = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+
+  if (!setUpStdin()) return kExitLaunchError;
+  if (opts_.timeoutSec > 0) timeoutAt_ = nowSec() + opts_.timeoutSec;
+
+  ranks_.resize(layout_.ranks.size());
+  for (size_t i = 0; i < ranks_.size(); ++i) ranks_[i].spec = layout_.ranks[i];
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    // A signal during start-up stops the launch; the supervision loop
+    // forwards it to the ranks already running.
+    if (g_stopRequested) break;
+    if (!spawn(ranks_[i])) {
+      // The ranks already started cannot complete without the missing one:
+      // no grace, terminate them now.
+      if (runningCount() > 0) {
+        intervened_ = true;
+        signalRanks(SIGTERM);
+        phase_ = Phase::kTerminating;
+        killAt_ = nowSec() + kTermToKillSec;
+      }
+      break;
+    }
+  }
+  if (rank0Stdin_ > 0) close(rank0Stdin_);  // rank 0 has its copy
+  if (!forwardStdin_ || !ranks_[0].running) closeStdinForwarding();
+
+  supervise();
+
+  if (unreportedFailures_ > 0)
+    fprintf(stderr, "zprun: %d more rank%s failed\n", unreportedFailures_,
+            unreportedFailures_ == 1 ? "" : "s");
+  return exitCode();
+}
+
+int Job::exitCode() const {
+  if (execFailed_) return kExitCannotExec;
+  if (launchFailed_) return kExitLaunchError;
+  // A rank that failed by itself is the root cause, even if a timeout or a
+  // signal came later.
+  if (firstOwnFailure_ != 0) return firstOwnFailure_;
+  if (timedOut_) return kExitTimeout;
+  if (firstAnyFailure_ != 0) return firstAnyFailure_;
+  // Interrupted, but every rank handled the signal and exited 0: still not a
+  // successful run.
+  if (firstUserSignal_ != 0) return 128 + firstUserSignal_;
+  return 0;
+}
+
+void Job::supervise() {
+  std::vector<pollfd> fds;
+  // What each pollfd entry is: a rank's stream, or one of the fixed fds.
+  std::vector<OutputStream*> streams;
+  std::vector<Rank*> owners;
+  bool drainStarted = false;
+
+  for (;;) {
+    reapChildren();
+    checkDeadlines();
+
+    bool anyOpen = false;
+    for (const Rank& r : ranks_) anyOpen |= r.out.fd >= 0 || r.err.fd >= 0;
+    if (runningCount() == 0) {
+      closeStdinForwarding();
+      if (!anyOpen) break;
+      if (!drainStarted) {
+        drainStarted = true;
+        drainUntil_ = nowSec() + kDrainSec;
+      } else if (nowSec() >= drainUntil_) {
+        break;
+      }
+    }
+
+    fds.clear();
+    streams.clear();
+    owners.clear();
+    fds.push_back({g_signalPipe[0], POLLIN, 0});
+    int stdinIn = -1, stdinOut = -1;
+    if (stdinWriteFd_ >= 0) {
+      if (stdinBuffer_.empty()) {
+        stdinIn = static_cast<int>(fds.size());
+        fds.push_back({0, POLLIN, 0});
+      } else {
+        stdinOut = static_cast<int>(fds.size());
+        fds.push_back({stdinWriteFd_, POLLOUT, 0});
+      }
+    }
+    const size_t firstStream = fds.size();
+    for (Rank& r : ranks_) {
+      for (OutputStream* s : {&r.out, &r.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+        owners.push_back(&r);
+      }
+    }
+
+    // Sleep until the next deadline at most.
+    double now = nowSec(), next = 0;
+    auto consider = [&](double t) {
+      if (t > 0 && (next == 0 || t < next)) next = t;
+    };
+    if (phase_ == Phase::kRunning || phase_ == Phase::kGrace) consider(timeoutAt_);
+    if (phase_ == Phase::kGrace) consider(termAt_);
+    if (phase_ == Phase::kTerminating) consider(killAt_);
+    if (drainStarted) consider(drainUntil_);
+    int timeoutMs = -1;
+    if (next > 0) timeoutMs = static_cast<int>(std::ceil(std::min(std::max(next - now, 0.0), 3600.0) * 1000));
+
+    int n = poll(fds.data(), fds.size(), timeoutMs);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "zprun: poll: %s\n", strerror(errno));
+      // Cannot supervise any more: do not leave the ranks behind.
+      signalRanks(SIGKILL);
+      phase_ = Phase::kKilled;
+      launchFailed_ = true;
+      for (Rank& r : ranks_) {
+        if (r.running) waitpid(r.pid, nullptr, 0);
+        r.running = false;
+      }
+      return;
+    }
+    if (fds[0].revents) handleSignalPipe();
+    if (stdinIn >= 0 || stdinOut >= 0)
+      pumpStdin(stdinIn >= 0 ? fds[stdinIn].revents : 0, stdinOut >= 0 ? fds[stdinOut].revents : 0);
+    for (size_t k = firstStream; k < fds.size(); ++k)
+      if (fds[k].revents) readOutput(*owners[k - firstStream], *streams[k - firstStream]);
+  }
+
+  // Pipes a stray descendant still holds: flush what we have and let go.
+  for (Rank& r : ranks_) {
+    for (OutputStream* s : {&r.out, &r.err}) {
+      if (s->fd < 0) continue;
+      emit(r, *s, nullptr, 0, true);
+      close(s->fd);
+      s->fd = -1;
+    }
+  }
+}
+
+void Job::handleSignalPipe() {
+  unsigned char buf[64];
+  ssize_t n;
+  while ((n = read(g_signalPipe[0], buf, sizeof buf)) > 0) {
+    for (ssize_t k = 0; k < n; ++k) {
+      int sig = buf[k];
+      if (sig == SIGCHLD) continue;  // the loop reaps on every wakeup
+      // Recorded even with no rank running (a signal during start-up): an
+      // interrupted job never exits 0.
+      if (firstUserSignal_ == 0) firstUserSignal_ = sig;
+      if (runningCount() == 0) continue;
+      ++userSignals_;
+      intervened_ = true;
+      if (userSignals_ == 1) {
+        fprintf(stderr, "zprun: received %s, forwarding it to %d rank%s\n",
+                signalName(sig).c_str(), runningCount(), runningCount() == 1 ? "" : "s");
+        signalRanks(sig);
+        startGrace();
+      } else if (phase_ != Phase::kKilled) {
+        // The user insists: no more waiting.
+        fprintf(stderr, "zprun: received %s again, killing %d rank%s\n",
+                signalName(sig).c_str(), runningCount(), runningCount() == 1 ? "" : "s");
+        signalRanks(SIGKILL);
+        phase_ = Phase::kKilled;
+      }
+    }
+  }
+}
+
+void Job::reapChildren() {
+  for (;;) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    // WNOWAIT: look before reaping. While the rank's zombie exists its process
+    // group id cannot be reused, so killing the group (leftover children of
+    // the rank, e.g. background jobs of a shell) cannot hit a stranger.
+    if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+    pid_t pid = info.si_pid;
+    Rank* rank = nullptr;
+    for (Rank& r : ranks_)
+      if (r.running && r.pid == pid) rank = &r;
+    if (rank != nullptr) kill(-pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (rank != nullptr) onRankExit(*rank, status);
+  }
+}
+
+void Job::onRankExit(Rank& rank, int status) {
+  rank.running = false;
+  if (rank.spec.rank == 0) closeStdinForwarding();
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (firstAnyFailure_ == 0) firstAnyFailure_ = code;
+  // After zprun signalled the ranks, their deaths are its own doing, and an
+  // exec failure was already reported: report only failures of the ranks'
+  // own making.
+  if (intervened_ || execFailed_ || launchFailed_) return;
+  if (firstOwnFailure_ == 0) firstOwnFailure_ = code;
+
+  if (failureReports_ < kMaxFailureReports) {
+    ++failureReports_;
+    if (WIFEXITED(status))
+      fprintf(stderr, "zprun: rank %d exited with code %d\n", rank.spec.rank, code);
+    else
+      fprintf(stderr, "zprun: rank %d killed by signal %s%s\n", rank.spec.rank,
+              signalName(WTERMSIG(status)).c_str(), WCOREDUMP(status) ? " (core dumped)" : "");
+  } else {
+    ++unreportedFailures_;
+  }
+  if (phase_ == Phase::kRunning) {
+    int others = runningCount();
+    if (others > 0)
+      fprintf(stderr, "zprun: waiting up to %s s for the other %d rank%s to exit\n",
+              formatSec(opts_.graceSec).c_str(), others, others == 1 ? "" : "s");
+    startGrace();
+  }
+}
+
+void Job::startGrace() {
+  if (phase_ != Phase::kRunning) return;
+  phase_ = Phase::kGrace;
+  termAt_ = nowSec() + opts_.graceSec;
+}
+
+void Job::checkDeadlines() {
+  if (runningCount() == 0) return;
+  double now = nowSec();
+  if (timeoutAt_ > 0 && now >= timeoutAt_ &&
+      (phase_ == Phase::kRunning || phase_ == Phase::kGrace)) {
+    timedOut_ = true;
+    intervened_ = true;
+    fprintf(stderr, "zprun: timeout: job still running after %s s, terminating %d rank%s\n",
+            formatSec(opts_.timeoutSec).c_str(), runningCount(), runningCount() == 1 ? "" : "s");
+    signalRanks(SIGTERM);
+    phase_ = Phase::kTerminating;
+    killAt_ = now + kTermToKillSec;
+  }
+  if (phase_ == Phase::kGrace && now >= termAt_) {
+    intervened_ = true;
+    fprintf(stderr, "zprun: sending SIGTERM to %d rank%s still running after the grace period\n",
+            runningCount(), runningCount() == 1 ? "" : "s");
+    signalRanks(SIGTERM);
+    phase_ = Phase::kTerminating;
+    killAt_ = now + kTermToKillSec;
+  }
+  if (phase_ == Phase::kTerminating && now >= killAt_) {
+    fprintf(stderr, "zprun: sending SIGKILL to %d rank%s still running after SIGTERM\n",
+            runningCount(), runningCount() == 1 ? "" : "s");
+    signalRanks(SIGKILL);
+    phase_ = Phase::kKilled;
+  }
+}
+
+void Job::signalRanks(int sig) {
+  for (const Rank& r : ranks_) {
+    if (!r.running) continue;
+    // The whole group, like a terminal would: a rank that is a shell script
+    // takes its children with it.
+    if (kill(-r.pid, sig) != 0) kill(r.pid, sig);
+  }
+}
+
+void Job::readOutput(Rank& rank, OutputStream& stream) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(stream.fd, buf, sizeof buf);
+    if (n > 0) {
+      // One read per wakeup, so a rank that floods its output cannot starve
+      // the others or the signal pipe.
+      emit(rank, stream, buf, static_cast<size_t>(n), false);
+      return;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // EOF (the rank and all its children closed it) or an error: done.
+    emit(rank, stream, nullptr, 0, true);
+    close(stream.fd);
+    stream.fd = -1;
+    return;
+  }
+}
+
+// Appends data to the stream's partial line and writes every complete line,
+// prefixed, in one write. At EOF a partial last line is completed with a
+// newline so the next rank's prefix starts a line of its own.
+void Job::emit(const Rank& rank, OutputStream& stream, const char* data, size_t len, bool atEof) {
+  const std::string prefix = "[" + std::to_string(rank.spec.rank) + "] ";
+  std::string outText;
+  stream.partial.append(data != nullptr ? data : "", len);
+  size_t start = 0;
+  for (;;) {
+    size_t nl = stream.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    outText += prefix;
+    outText.append(stream.partial, start, nl + 1 - start);
+    start = nl + 1;
+  }
+  stream.partial.erase(0, start);
+  while (stream.partial.size() >= kMaxLineBytes) {
+    outText += prefix;
+    outText.append(stream.partial, 0, kMaxLineBytes);
+    outText += '\n';
+    stream.partial.erase(0, kMaxLineBytes);
+  }
+  if (atEof && !stream.partial.empty()) {
+    outText += prefix + stream.partial + "\n";
+    stream.partial.clear();
+  }
+  // A failed write (a closed stdout) drops the output; the ranks still run to
+  // completion and zprun still reports their status.
+  if (!outText.empty()) writeAll(stream.target, outText.data(), outText.size());
+}
+
+void Job::pumpStdin(short inEvents, short outEvents) {
+  if (inEvents != 0) {
+    char buf[4096];
+    ssize_t n = read(0, buf, sizeof buf);
+    if (n > 0) {
+      stdinBuffer_.assign(buf, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      // EOF, or EIO from a terminal we may not read (zprun in the background):
+      // rank 0 sees end of input.
+      closeStdinForwarding();
+      return;
+    }
+  }
+  if (outEvents != 0 || !stdinBuffer_.empty()) {
+    ssize_t n = write(stdinWriteFd_, stdinBuffer_.data(), stdinBuffer_.size());
+    if (n > 0) {
+      stdinBuffer_.erase(0, static_cast<size_t>(n));
+    } else if (n < 0 && errno != EINTR && errno != EAGAIN) {
+      closeStdinForwarding();  // rank 0 closed its stdin
+    }
+  }
+}
+
+void Job::closeStdinForwarding() {
+  if (stdinWriteFd_ >= 0) close(stdinWriteFd_);
+  stdinWriteFd_ = -1;
+  stdinBuffer_.clear();
+}
+
+// Processes started without 0, 1 or 2 open would see our pipes land there.
+void ensureStandardFds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) < 0) {
+      int nullFd = open("/dev/null", O_RDWR);
+      if (nullFd >= 0 && nullFd != fd) close(nullFd);  // fd was taken meanwhile
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensureStandardFds();
+
+  Options opts;
+  std::string error;
+  switch (parseOptions(argc, argv, &opts, &error)) {
+    case ParseResult::kHelp:
+      printUsage(stdout);
+      return 0;
+    case ParseResult::kError:
+      fprintf(stderr, "zprun: %s\n\n", error.c_str());
+      printUsage(stderr);
+      return kExitUsage;
+    case ParseResult::kRun:
+      break;
+  }
+
+  if (!installSignalHandlers()) {
+    fprintf(stderr, "zprun: cannot create signal pipe: %s\n", strerror(errno));
+    return kExitLaunchError;
+  }
+
+  // The rendezvous root thread inherits the signal mask of the thread that
+  // creates it. Blocking our signals meanwhile keeps them on the main thread,
+  // so the library's blocking calls never see EINTR from zprun's handlers.
+  sigset_t ours, previous;
+  sigemptyset(&ours);
+  for (int sig : kForwardedSignals) sigaddset(&ours, sig);
+  sigaddset(&ours, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &ours, &previous);
+  zpUniqueId id;
+  zpResult_t res = zpGetUniqueId(&id);
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (res != zpSuccess) {
+    fprintf(stderr, "zprun: cannot start the rendezvous: %s (%s)\n", zpGetErrorString(res),
+            zpGetLastError(nullptr));
+    return kExitLaunchError;
+  }
+
+  Job job(opts, planLayout(opts), zp::idToHex(id));
+  int code = job.run();
+  fflush(stdout);
+  fflush(stderr);
+  // _exit, not exit: the rendezvous thread may still be blocked in accept()
+  // (ranks that died before joining), and running static destructors under it
+  // would be a race for nothing.
+  _exit(code);
+}

@@ -1,0 +1,624 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "src/core/log.h"
+#include "src/core/socket.h"
+
+namespace zp {
+
+constexpr uint64_t kSegMagic = 0x5a50534547000001ull;
+constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
+constexpr int kMaxLocal = 256;
+constexpr uint64_t kCtrlRingBytes = 64 << 10;
+constexpr uint64_t kRecord = 64;  // records are multiples of this
+
+struct alignas(64) RingCtl {
+  alignas(64) std::atomic<uint64_t> head;  // written by the producer
+  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer
+  alignas(64) std::atomic<uint32_t> producerWaiting;
+};
+
+struct SegHeader {
+  uint64_t magic;
+  uint32_t nlocal;
+  std::atomic<uint32_t> ready;
+  uint64_t ringBytes;
+  uint64_t ownerBase;  // where the owner mapped this segment (for the cma probe)
+  uint64_t probe;
+  alignas(64) std::atomic<uint32_t> doorbell;
+  alignas(64) std::atomic<uint32_t> sleeping;
+  alignas(64) std::atomic<uint32_t> mapped;  // local peers that mapped this segment
+  uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
+};
+
+enum MsgType : uint32_t { kPad = 1, kData, kRts, kFin, kStatus, kBye, kAbort };
+
+struct MsgHdr {
+  uint32_t type;
+  uint32_t len;     // payload bytes after the header (pad: bytes to skip, header included)
+  uint64_t seq;     // the op's position among this pair's messages
+  uint64_t total;   // the whole message's bytes
+  uint64_t offset;  // data: where this fragment goes
+  uint64_t addr;    // rts: the sender's buffer
+  int32_t status;   // fin / status: a zpResult_t
+  uint32_t kind;    // OpKind
+  uint64_t collSeq;
+};
+static_assert(sizeof(MsgHdr) <= kRecord, "header must fit one record");
+
+namespace {
+
+uint64_t roundRecord(uint64_t n) { return (n + kRecord - 1) & ~(kRecord - 1); }
+
+size_t segmentBytes(uint32_t nlocal, uint64_t ringBytes) {
+  size_t hdr = roundRecord(sizeof(SegHeader));
+  return hdr + nlocal * (2 * sizeof(RingCtl) + ringBytes + kCtrlRingBytes);
+}
+
+// Rings for writer slot `slot` inside a segment mapped at base.
+void locateRings(void* base, uint32_t nlocal, uint64_t ringBytes, int slot, Ring* data, Ring* ctrl) {
+  char* p = (char*)base + roundRecord(sizeof(SegHeader));
+  RingCtl* ctls = (RingCtl*)p;
+  char* bufs = p + nlocal * 2 * sizeof(RingCtl);
+  data->ctl = &ctls[2 * slot];
+  ctrl->ctl = &ctls[2 * slot + 1];
+  data->buf = bufs + slot * (ringBytes + kCtrlRingBytes);
+  data->cap = ringBytes;
+  ctrl->buf = data->buf + ringBytes;
+  ctrl->cap = kCtrlRingBytes;
+}
+
+// Producer: room for a record of `bytes` (a multiple of kRecord, at most
+// cap/2), contiguous; records never wrap, a pad fills the end instead.
+MsgHdr* ringClaim(Ring& r, uint64_t bytes) {
+  uint64_t head = r.ctl->head.load(std::memory_order_relaxed);
+  uint64_t tail = r.ctl->tail.load(std::memory_order_acquire);
+  uint64_t pos = head & (r.cap - 1);
+  uint64_t pad = (r.cap - pos < bytes) ? r.cap - pos : 0;
+  if (pad + bytes > r.cap - (head - tail)) return nullptr;
+  if (pad) {
+    MsgHdr* h = (MsgHdr*)(r.buf + pos);
+    h->type = kPad;
+    h->len = (uint32_t)pad;
+    head += pad;
+    pos = 0;
+  }
+  r.pendingHead = head + bytes;
+  return (MsgHdr*)(r.buf + pos);
+}
+
+void ringPublish(Ring& r) { r.ctl->head.store(r.pendingHead, std::memory_order_release); }
+
+// Consumer: the next record, or null.
+MsgHdr* ringPeek(Ring& r) {
+  for (;;) {
+    uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
+    uint64_t head = r.ctl->head.load(std::memory_order_acquire);
+    if (head == tail) return nullptr;
+    MsgHdr* h = (MsgHdr*)(r.buf + (tail & (r.cap - 1)));
+    if (h->type != kPad) return h;
+    r.ctl->tail.store(tail + h->len, std::memory_order_release);
+  }
+}
+
+// Consumer: frees the record; true if the producer is waiting for room.
+bool ringPop(Ring& r, const MsgHdr* h) {
+  uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
+  r.ctl->tail.store(tail + kRecord + roundRecord(h->len), std::memory_order_release);
+  if (r.ctl->producerWaiting.load(std::memory_order_acquire)) {
+    r.ctl->producerWaiting.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, (uint32_t*)addr, op, val, ts, nullptr, 0);
+}
+
+int pidfdOpen(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
+                             const std::string& text = {}) {
+  size_t len = std::min<size_t>(text.size(), 512);
+  std::vector<char> rec(kRecord + roundRecord(len), 0);
+  MsgHdr* h = (MsgHdr*)rec.data();
+  h->type = type;
+  h->len = (uint32_t)len;
+  h->seq = seq;
+  h->status = status;
+  h->collSeq = collSeq;
+  memcpy(rec.data() + kRecord, text.data(), len);
+  return rec;
+}
+
+}  // namespace
+
+zpResult_t ShmTransport::create(Comm* comm, std::unique_ptr<ShmTransport>* out) {
+  std::unique_ptr<ShmTransport> t(new ShmTransport(comm));
+  ZP_CHECK(t->init());
+  *out = std::move(t);
+  return zpSuccess;
+}
+
+zpResult_t ShmTransport::init() {
+  const Comm& c = *comm_;
+  std::vector<int> local;
+  for (int r = 0; r < c.nranks; r++)
+    if (c.isLocal(r)) local.push_back(r);
+  if ((int)local.size() > kMaxLocal)
+    return fail(zpInvalidUsage, "%zu ranks on node '%s': at most %d are supported", local.size(),
+                c.cfg.nodeId.c_str(), kMaxLocal);
+  uint32_t nlocal = (uint32_t)local.size();
+  myLocalIdx_ = (int)(std::find(local.begin(), local.end(), c.rank) - local.begin());
+  peerIndex_.assign(c.nranks, -1);
+  uint64_t ringBytes = c.cfg.shmRingBytes;
+  fragMax_ = std::min<size_t>(ringBytes / 4, 256 << 10);
+  if (nlocal == 1) return zpSuccess;
+
+  auto segName = [&](int rank) {
+    char buf[96];
+    snprintf(buf, sizeof(buf), "/zp-%02x%02x%02x%02x%02x%02x%02x%02x-r%d", c.id.secret[0],
+             c.id.secret[1], c.id.secret[2], c.id.secret[3], c.id.secret[4], c.id.secret[5],
+             c.id.secret[6], c.id.secret[7], rank);
+    return std::string(buf);
+  };
+
+  // This rank's segment.
+  name_ = segName(c.rank);
+  segBytes_ = segmentBytes(nlocal, ringBytes);
+  int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    return fail(zpSystemError, "shm_open(%s): %s (is this unique id used twice?)", name_.c_str(), strerror(errno));
+  if (ftruncate(fd, segBytes_) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name_.c_str());
+    return fail(zpSystemError, "cannot size shared memory %s to %zu bytes: %s", name_.c_str(), segBytes_, strerror(e));
+  }
+  void* base = mmap(nullptr, segBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name_.c_str());
+    return fail(zpSystemError, "mmap of %zu bytes failed: %s", segBytes_, strerror(errno));
+  }
+  mine_ = (SegHeader*)base;
+  mine_->magic = kSegMagic;
+  mine_->nlocal = nlocal;
+  mine_->ringBytes = ringBytes;
+  mine_->ownerBase = (uint64_t)(uintptr_t)base;
+  mine_->probe = kProbeValue;
+  mine_->ready.store(1, std::memory_order_release);
+
+  uint64_t deadline = nowMs() + c.cfg.timeoutMs;
+  zpResult_t res = zpSuccess;
+  for (uint32_t i = 0; i < nlocal && res == zpSuccess; i++) {
+    if ((int)i == myLocalIdx_) continue;
+    Peer p;
+    p.rank = local[i];
+    p.localIdx = (int)i;
+    p.pid = c.ranks[p.rank].pid;
+    p.pidfd = pidfdOpen(p.pid);
+    // Map the peer's segment once it exists and is initialized.
+    std::string pname = segName(p.rank);
+    for (;;) {
+      int pfd = shm_open(pname.c_str(), O_RDWR, 0);
+      struct stat st;
+      if (pfd >= 0 && fstat(pfd, &st) == 0 && (size_t)st.st_size == segBytes_) {
+        void* pb = mmap(nullptr, segBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+        close(pfd);
+        if (pb == MAP_FAILED) { res = fail(zpSystemError, "mmap of %s failed: %s", pname.c_str(), strerror(errno)); break; }
+        SegHeader* s = (SegHeader*)pb;
+        if (s->ready.load(std::memory_order_acquire) == 1 && s->magic == kSegMagic) {
+          p.seg = s;
+          p.segBytes = segBytes_;
+          break;
+        }
+        munmap(pb, segBytes_);
+      } else if (pfd >= 0) {
+        close(pfd);
+      }
+      if (p.pidfd >= 0) {
+        pollfd pf = {p.pidfd, POLLIN, 0};
+        if (poll(&pf, 1, 0) > 0) { res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid); break; }
+      }
+      if (nowMs() > deadline) {
+        res = fail(zpRemoteError, "rank %d: local rank %d never created its shared memory %s", c.rank, p.rank, pname.c_str());
+        break;
+      }
+      usleep(200);
+    }
+    if (res != zpSuccess) { if (p.pidfd >= 0) close(p.pidfd); break; }
+    locateRings(p.seg, nlocal, ringBytes, myLocalIdx_, &p.outData, &p.outCtrl);
+    locateRings(mine_, nlocal, ringBytes, p.localIdx, &p.inData, &p.inCtrl);
+    // Can this process read the peer's memory (single copy)? Test it on the
+    // peer's probe word, then publish the answer in this rank's segment.
+    uint64_t got = 0;
+    iovec liov = {&got, sizeof(got)};
+    iovec riov = {(void*)(uintptr_t)(p.seg->ownerBase + offsetof(SegHeader, probe)), sizeof(got)};
+    bool canRead = process_vm_readv(p.pid, &liov, 1, &riov, 1, 0) == (ssize_t)sizeof(got) && got == kProbeValue;
+    if (!canRead)
+      ZP_INFO(kSubShm, "rank %d cannot read rank %d's memory (%s): large messages from it use the copy protocol",
+              c.rank, p.rank, strerror(errno));
+    mine_->cmaOkFrom[p.localIdx] = canRead ? 1 : 0;
+    p.seg->mapped.fetch_add(1, std::memory_order_acq_rel);
+    peerIndex_[p.rank] = (int)peers_.size();
+    peers_.push_back(std::move(p));
+  }
+  // Wait until every local peer has mapped this segment; then its name can go,
+  // so that nothing is left in /dev/shm however the processes end.
+  while (res == zpSuccess && mine_->mapped.load(std::memory_order_acquire) < nlocal - 1) {
+    for (Peer& p : peers_) {
+      pollfd pf = {p.pidfd, POLLIN, 0};
+      if (p.pidfd >= 0 && poll(&pf, 1, 0) > 0)
+        res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
+    }
+    if (res == zpSuccess && nowMs() > deadline)
+      res = fail(zpRemoteError, "rank %d: timed out waiting for local ranks to map shared memory", c.rank);
+    usleep(200);
+  }
+  shm_unlink(name_.c_str());
+  if (res != zpSuccess) return res;
+
+  for (Peer& p : peers_) {
+    bool peerCanRead = p.seg->cmaOkFrom[myLocalIdx_] != 0;
+    p.cma = c.cfg.shmProto != ShmProto::kCopy && peerCanRead;
+    if (c.cfg.shmProto == ShmProto::kCma && !peerCanRead)
+      ZP_WARN(kSubShm, "ZP_SHM_PROTO=cma, but rank %d cannot read rank %d's memory; using copy", p.rank, c.rank);
+    ZP_INFO(kSubShm | kSubInit, "rank %d -> rank %d: SHM/%s (eager below %zu bytes, ring %zu bytes)", c.rank,
+            p.rank, p.cma ? "CMA" : "copy", c.cfg.shmEagerBytes, (size_t)ringBytes);
+  }
+  return zpSuccess;
+}
+
+ShmTransport::~ShmTransport() {
+  for (Peer& p : peers_) {
+    if (p.seg) munmap(p.seg, p.segBytes);
+    if (p.pidfd >= 0) close(p.pidfd);
+  }
+  if (mine_) {
+    munmap(mine_, segBytes_);
+    shm_unlink(name_.c_str());  // in case init failed before unlinking
+  }
+}
+
+ShmTransport::Peer* ShmTransport::peer(int rank) {
+  int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
+  return i < 0 ? nullptr : &peers_[i];
+}
+
+const char* ShmTransport::protocolTo(int rank) const {
+  int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
+  if (i < 0) return "none";
+  return peers_[i].cma ? "SHM/CMA" : "SHM/copy";
+}
+
+void ShmTransport::post(Op* op) {
+  Peer* p = peer(op->peer);
+  if (!p) {
+    op->finish(zpInternalError, "no shared-memory path to rank " + std::to_string(op->peer));
+    return;
+  }
+  if (p->gone) {
+    op->finish(p->goneCode, p->goneWhy);
+    return;
+  }
+  (op->isSend ? p->sendq : p->recvq).push_back(op);
+}
+
+void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, const std::string& text) {
+  if (Peer* p = peer(rank))
+    if (!p->gone) pushCtrl(*p, makeRecord(kStatus, 0, status, collSeq, text));
+}
+
+bool ShmTransport::pushCtrl(Peer& p, std::vector<char> record) {
+  if (p.ctrlBacklog.empty()) {
+    if (MsgHdr* h = ringClaim(p.outCtrl, record.size())) {
+      memcpy(h, record.data(), record.size());
+      ringPublish(p.outCtrl);
+      p.dirty = true;
+      return true;
+    }
+  }
+  p.ctrlBacklog.push_back(std::move(record));
+  return false;
+}
+
+void ShmTransport::notify(Peer& p) {
+  p.dirty = false;
+  p.seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (p.seg->sleeping.load(std::memory_order_seq_cst))
+    futex(&p.seg->doorbell, FUTEX_WAKE, 1, nullptr);
+}
+
+uint32_t ShmTransport::waitToken() const {
+  return mine_ ? mine_->doorbell.load(std::memory_order_seq_cst) : 0;
+}
+
+void ShmTransport::wait(uint32_t token, int ms) {
+  if (!mine_) return;
+  // A short poll first: a reply often arrives within microseconds, and a
+  // futex sleep plus wake-up costs more than that.
+  auto nowUs = [] {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+  };
+  uint64_t spinUntil = nowUs() + comm_->cfg.shmSpinUs;
+  for (int i = 0; comm_->cfg.shmSpinUs > 0; i++) {
+    if (mine_->doorbell.load(std::memory_order_acquire) != token) return;
+    if ((i & 63) == 63 && nowUs() > spinUntil) break;
+    __builtin_ia32_pause();
+  }
+  mine_->sleeping.store(1, std::memory_order_seq_cst);
+  timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  long rc = futex(&mine_->doorbell, FUTEX_WAIT, token, &ts);
+  mine_->sleeping.store(0, std::memory_order_relaxed);
+  if (rc != 0 && errno == ETIMEDOUT) checkAlive();
+}
+
+void ShmTransport::checkAlive() {
+  for (Peer& p : peers_) {
+    if (p.gone || p.pidfd < 0) continue;
+    pollfd pf = {p.pidfd, POLLIN, 0};
+    if (poll(&pf, 1, 0) > 0)
+      peerGone(p, zpRemoteError, "rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) + ") died",
+               true);
+  }
+}
+
+void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm) {
+  if (p.gone) return;
+  p.gone = true;
+  p.goneCode = code;
+  p.goneWhy = why;
+  ZP_INFO(kSubShm, "rank %d: %s", comm_->rank, why.c_str());
+  for (Op* op : p.sendq) op->finish(code, why);
+  for (Op* op : p.recvq) op->finish(code, why);
+  for (auto& kv : p.finWait) kv.second->finish(code, why);
+  p.sendq.clear();
+  p.recvq.clear();
+  p.finWait.clear();
+  if (breaksComm) comm_->setAsyncError(code, why);
+}
+
+void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
+  for (Peer& p : peers_) {
+    for (Op* op : p.sendq) op->finish(status, why);
+    for (Op* op : p.recvq) op->finish(status, why);
+    for (auto& kv : p.finWait) kv.second->finish(status, why);
+    p.sendq.clear();
+    p.recvq.clear();
+    p.finWait.clear();
+  }
+}
+
+void ShmTransport::leave(bool abort) {
+  for (Peer& p : peers_) {
+    if (p.gone) continue;
+    std::string why = abort ? "rank " + std::to_string(comm_->rank) + " aborted the communicator"
+                            : "rank " + std::to_string(comm_->rank) + " destroyed the communicator";
+    std::vector<char> rec = makeRecord(abort ? kAbort : kBye, 0, zpRemoteError, 0, why);
+    if (MsgHdr* h = ringClaim(p.outCtrl, rec.size())) {
+      memcpy(h, rec.data(), rec.size());
+      ringPublish(p.outCtrl);
+    }
+    notify(p);
+  }
+}
+
+std::vector<int> ShmTransport::busyPeers() const {
+  std::vector<int> out;
+  for (const Peer& p : peers_)
+    if (!p.sendq.empty() || !p.recvq.empty() || !p.finWait.empty()) out.push_back(p.rank);
+  return out;
+}
+
+bool ShmTransport::progress() {
+  bool did = false;
+  for (Peer& p : peers_) {
+    if (!p.gone) did |= progressPeer(p);
+    if (p.dirty) notify(p);
+  }
+  return did;
+}
+
+bool ShmTransport::progressPeer(Peer& p) {
+  bool did = drainCtrl(p);
+  if (p.gone) return did;
+  did |= progressRecv(p);
+  did |= progressSend(p);
+  return did;
+}
+
+bool ShmTransport::drainCtrl(Peer& p) {
+  bool did = false;
+  while (!p.ctrlBacklog.empty()) {
+    std::vector<char>& rec = p.ctrlBacklog.front();
+    MsgHdr* h = ringClaim(p.outCtrl, rec.size());
+    if (!h) break;
+    memcpy(h, rec.data(), rec.size());
+    ringPublish(p.outCtrl);
+    p.ctrlBacklog.pop_front();
+    p.dirty = did = true;
+  }
+  while (MsgHdr* h = ringPeek(p.inCtrl)) {
+    did = true;
+    std::string text(((const char*)h) + kRecord, std::min<uint32_t>(h->len, 512));
+    switch (h->type) {
+      case kFin: {
+        auto it = p.finWait.find(h->seq);
+        if (it != p.finWait.end()) {
+          Op* op = it->second;
+          p.finWait.erase(it);
+          op->progressed = op->bytes;
+          op->finish((zpResult_t)h->status, text);
+        }
+        break;
+      }
+      case kStatus:
+        comm_->onStatus(p.rank, h->collSeq, (zpResult_t)h->status, text);
+        break;
+      case kBye:
+        // Only operations with this peer fail; the rest of the communicator works on.
+        ringPop(p.inCtrl, h);
+        peerGone(p, zpRemoteError, text, false);
+        return true;
+      case kAbort:
+        ringPop(p.inCtrl, h);
+        peerGone(p, zpRemoteError, text, true);
+        return true;
+      default:
+        break;
+    }
+    if (ringPop(p.inCtrl, h)) p.dirty = true;
+  }
+  return did;
+}
+
+bool ShmTransport::progressRecv(Peer& p) {
+  bool did = false;
+  while (MsgHdr* h = ringPeek(p.inData)) {
+    if (p.discarding) {
+      // Fragments of a message whose receive was refused: skip them.
+      p.discardLeft -= std::min<uint64_t>(p.discardLeft, h->len);
+      if (p.discardLeft == 0) p.discarding = false;
+      if (ringPop(p.inData, h)) p.dirty = true;
+      did = true;
+      continue;
+    }
+    if (p.recvq.empty()) break;  // not asked for yet: it waits in the ring
+    Op* op = p.recvq.front();
+    did = true;
+    if (h->seq != op->seq || h->kind != (uint32_t)op->kind) {
+      std::string why = "rank " + std::to_string(p.rank) + " sent its message #" + std::to_string(h->seq) + " (" +
+                        opKindName((OpKind)h->kind) + ") while rank " + std::to_string(comm_->rank) +
+                        " expected message #" + std::to_string(op->seq) + " (" + opKindName(op->kind) +
+                        "): the ranks called operations in different orders";
+      // The pair's message streams no longer line up: nothing later can be matched.
+      peerGone(p, zpInvalidUsage, why, true);
+      return true;
+    }
+    if (op->progressed == 0 && h->total != op->bytes) {
+      std::string why = std::string(opKindName(op->kind)) + ": rank " + std::to_string(p.rank) + " sends " +
+                        std::to_string(h->total / op->typeSize) + " elements to rank " +
+                        std::to_string(comm_->rank) + " but rank " + std::to_string(comm_->rank) +
+                        " expects " + std::to_string(op->bytes / op->typeSize);
+      if (h->type == kRts) {
+        pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why));
+      } else {
+        uint64_t left = h->total - h->len;
+        if (left) { p.discarding = true; p.discardSeq = h->seq; p.discardLeft = left; }
+      }
+      if (ringPop(p.inData, h)) p.dirty = true;
+      p.recvq.pop_front();
+      op->finish(zpInvalidUsage, why);
+      continue;
+    }
+    if (h->type == kRts) {
+      // Single copy: pull the sender's bytes straight into the receive buffer.
+      size_t done = 0;
+      int err = 0;
+      while (done < op->bytes) {
+        iovec liov = {(char*)op->buf + done, op->bytes - done};
+        iovec riov = {(void*)(uintptr_t)(h->addr + done), op->bytes - done};
+        ssize_t n = process_vm_readv(p.pid, &liov, 1, &riov, 1, 0);
+        if (n <= 0) { err = n < 0 ? errno : EIO; break; }
+        done += n;
+      }
+      uint64_t seq = h->seq;
+      if (ringPop(p.inData, h)) p.dirty = true;
+      p.recvq.pop_front();
+      if (err) {
+        std::string why = "reading " + std::to_string(op->bytes) + " bytes from rank " + std::to_string(p.rank) +
+                          " failed: " + strerror(err);
+        pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why));
+        op->finish(err == ESRCH ? zpRemoteError : zpSystemError, why);
+      } else {
+        pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0));
+        op->progressed = op->bytes;
+        op->finish(zpSuccess);
+      }
+      continue;
+    }
+    // A data fragment: bounds were fixed by the matching receive.
+    if (h->offset != op->progressed || h->offset + h->len > op->bytes) {
+      peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
+      return true;
+    }
+    memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);
+    op->progressed += h->len;
+    if (ringPop(p.inData, h)) p.dirty = true;
+    if (op->progressed == op->bytes) {
+      p.recvq.pop_front();
+      op->finish(zpSuccess);
+    }
+  }
+  return did;
+}
+
+bool ShmTransport::progressSend(Peer& p) {
+  bool did = false;
+  uint64_t need = 0;
+  while (!p.sendq.empty()) {
+    Op* op = p.sendq.front();
+    bool rendezvous = p.cma && op->bytes >= comm_->cfg.shmEagerBytes;
+    if (rendezvous) {
+      need = kRecord;
+      MsgHdr* h = ringClaim(p.outData, need);
+      if (!h) goto full;
+      memset(h, 0, sizeof(MsgHdr));
+      h->type = kRts;
+      h->seq = op->seq;
+      h->total = op->bytes;
+      h->addr = (uint64_t)(uintptr_t)op->buf;
+      h->kind = (uint32_t)op->kind;
+      ringPublish(p.outData);
+      p.finWait[op->seq] = op;
+      p.sendq.pop_front();
+      p.dirty = did = true;
+      continue;
+    }
+    // Fragments through the ring; a zero-byte message is one empty fragment.
+    do {
+      size_t len = std::min(op->bytes - op->progressed, fragMax_);
+      need = kRecord + roundRecord(len);
+      MsgHdr* h = ringClaim(p.outData, need);
+      if (!h) goto full;
+      h->type = kData;
+      h->len = (uint32_t)len;
+      h->seq = op->seq;
+      h->total = op->bytes;
+      h->offset = op->progressed;
+      h->kind = (uint32_t)op->kind;
+      memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
+      ringPublish(p.outData);
+      op->progressed += len;
+      p.dirty = did = true;
+    } while (op->progressed < op->bytes);
+    p.sendq.pop_front();
+    op->finish(zpSuccess);
+  }
+  return did;
+full:
+  // Ask the receiver to ring when it frees room, then look once more in case
+  // it did so before seeing the flag.
+  p.outData.ctl->producerWaiting.store(1, std::memory_order_seq_cst);
+  if (ringClaim(p.outData, need)) did = true;
+  return did;
+}
+
+}  // namespace zp

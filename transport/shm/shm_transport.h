@@ -1,0 +1,114 @@
+// Shared-memory transport between ranks of one node (host buffers).
+//
+// Each rank owns one segment in /dev/shm holding, for every local peer, two
+// single-producer rings written by that peer: a data ring (eager messages and
+// pipelined fragments, matched in order to receives) and a control ring
+// (completions, collective status, goodbyes), which is always drained so a
+// completion is never stuck behind data nobody has asked for yet.
+//
+// Protocols, chosen per message by the sender:
+//  - eager / copy: fragments through the data ring (two copies, pipelined);
+//  - cma: the sender posts its buffer's address, the receiver pulls the bytes
+//    with process_vm_readv straight into its buffer (one copy) and answers
+//    with a FIN. Used above ZP_SHM_EAGER when the receiver could read this
+//    process's memory at init (ptrace rules allow it).
+//
+// Waiting: a rank sleeps on a futex in its segment ("doorbell") that every
+// writer bumps; so idle ranks use no CPU, even with more ranks than cores.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/comm.h"
+
+namespace zp {
+
+struct SegHeader;
+struct RingCtl;
+
+struct Ring {
+  RingCtl* ctl = nullptr;
+  char* buf = nullptr;
+  uint64_t cap = 0;
+  uint64_t pendingHead = 0;  // producer: head after the claimed record
+};
+
+class ShmTransport {
+ public:
+  // Collective among the ranks of this node: creates this rank's segment,
+  // maps every local peer's, and returns once all have mapped each other.
+  static zpResult_t create(Comm* comm, std::unique_ptr<ShmTransport>* out);
+  ~ShmTransport();
+
+  void post(Op* op);
+  void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
+  // Non-blocking; true if anything moved.
+  bool progress();
+  // A token that changes whenever a peer signals this rank.
+  uint32_t waitToken() const;
+  // Sleeps until the token differs from `token` or ms pass; then checks that
+  // local peers are still alive.
+  void wait(uint32_t token, int ms);
+  // Fails and forgets every posted op (the communicator is broken).
+  void dropOps(zpResult_t status, const std::string& why);
+  // Says goodbye to every peer (abort: asks them to fail everything).
+  void leave(bool abort);
+  // Ranks with unfinished ops, for timeout messages.
+  std::vector<int> busyPeers() const;
+  const char* protocolTo(int peer) const;
+  // Fails everything pending with a local peer whose process has exited.
+  void checkAlive();
+
+ private:
+  struct Peer {
+    int rank = -1;
+    int localIdx = -1;
+    pid_t pid = 0;
+    int pidfd = -1;
+    SegHeader* seg = nullptr;  // the peer's segment, mapped here
+    size_t segBytes = 0;
+    Ring outData, outCtrl;     // rings in the peer's segment that this rank writes
+    Ring inData, inCtrl;       // rings in this rank's segment that the peer writes
+    bool cma = false;          // the peer reads large messages from this rank directly
+    bool dirty = false;        // wrote to the peer since the last doorbell
+    bool gone = false;
+    zpResult_t goneCode = zpSuccess;
+    std::string goneWhy;
+    std::deque<Op*> sendq, recvq;
+    std::map<uint64_t, Op*> finWait;  // cma sends waiting for the receiver's FIN, by seq
+    std::deque<std::vector<char>> ctrlBacklog;  // control records waiting for ring space
+    // A mismatched message being skipped: its seq and bytes still to skip.
+    bool discarding = false;
+    uint64_t discardSeq = 0;
+    uint64_t discardLeft = 0;
+  };
+
+  ShmTransport(Comm* comm) : comm_(comm) {}
+  zpResult_t init();
+  Peer* peer(int rank);
+  bool progressPeer(Peer& p);
+  bool drainCtrl(Peer& p);
+  bool progressRecv(Peer& p);
+  bool progressSend(Peer& p);
+  bool pushCtrl(Peer& p, std::vector<char> record);
+  void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm);
+  void notify(Peer& p);
+
+  Comm* comm_;
+  std::string name_;
+  SegHeader* mine_ = nullptr;
+  size_t segBytes_ = 0;
+  int myLocalIdx_ = -1;
+  std::vector<Peer> peers_;
+  std::vector<int> peerIndex_;  // by global rank, -1 if not local
+  size_t fragMax_ = 0;
+};
+
+}  // namespace zp
