@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "include/zeppelin.h"
@@ -401,7 +402,13 @@ bool installSignalHandlers() {
   // SA_RESTART so blocking calls elsewhere (pipe reads, writes to stdout) are
   // not cut short; poll() still wakes up through the self-pipe.
   sa.sa_flags = SA_RESTART;
-  for (int sig : kForwardedSignals) sigaction(sig, &sa, nullptr);
+  for (int sig : kForwardedSignals) {
+    // A signal ignored from the start stays ignored (nohup zprun ..., or a
+    // background job of a non-interactive shell), as for any other program.
+    struct sigaction old;
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaction(sig, &sa, nullptr);
+  }
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigaction(SIGCHLD, &sa, nullptr);
   // A closed stdout (zprun ... | head) must not kill the supervisor and leave
@@ -596,7 +603,8 @@ bool Job::spawn(Rank& rank) {
   bool ok = pipe2(report, O_CLOEXEC) == 0;
   if (ok && opts_.prefix) ok = pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0;
   if (!ok) {
-    fprintf(stderr, "zprun: cannot create pipes for rank %d: %s\n", r, strerror(errno));
+    fprintf(stderr, "zprun: cannot create pipes for rank %d: %s%s\n", r, strerror(errno),
+            errno == EMFILE ? " (raise the limit with ulimit -n)" : "");
     for (int fd : {report[0], report[1], out[0], out[1], err[0], err[1]})
       if (fd >= 0) close(fd);
     launchFailed_ = true;
@@ -725,6 +733,7 @@ void Job::supervise() {
   bool drainStarted = false;
 
   for (;;) {
+    handleSignalPipe();  // non-blocking: also catches signals from before the loop
     reapChildren();
     checkDeadlines();
 
@@ -744,7 +753,7 @@ void Job::supervise() {
     fds.clear();
     streams.clear();
     owners.clear();
-    fds.push_back({g_signalPipe[0], POLLIN, 0});
+    fds.push_back({g_signalPipe[0], POLLIN, 0});  // read at the top of the loop
     int stdinIn = -1, stdinOut = -1;
     if (stdinWriteFd_ >= 0) {
       if (stdinBuffer_.empty()) {
@@ -791,7 +800,6 @@ void Job::supervise() {
       }
       return;
     }
-    if (fds[0].revents) handleSignalPipe();
     if (stdinIn >= 0 || stdinOut >= 0)
       pumpStdin(stdinIn >= 0 ? fds[stdinIn].revents : 0, stdinOut >= 0 ? fds[stdinOut].revents : 0);
     for (size_t k = firstStream; k < fds.size(); ++k)

@@ -312,8 +312,8 @@ void ShmTransport::post(Op* op) {
     op->finish(zpInternalError, "no shared-memory path to rank " + std::to_string(op->peer));
     return;
   }
-  if (p->gone) {
-    op->finish(p->goneCode, p->goneWhy);
+  if (p->gone || (p->bye && op->isSend)) {
+    op->finish(zpRemoteError, p->goneWhy);
     return;
   }
   (op->isSend ? p->sendq : p->recvq).push_back(op);
@@ -372,9 +372,12 @@ void ShmTransport::wait(uint32_t token, int ms) {
 
 void ShmTransport::checkAlive() {
   for (Peer& p : peers_) {
-    if (p.gone || p.pidfd < 0) continue;
+    if (p.gone || p.bye || p.pidfd < 0) continue;
     pollfd pf = {p.pidfd, POLLIN, 0};
-    if (poll(&pf, 1, 0) > 0)
+    if (poll(&pf, 1, 0) <= 0) continue;
+    // A peer that said goodbye before exiting left cleanly.
+    drainCtrl(p);
+    if (!p.bye)
       peerGone(p, zpRemoteError, "rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) + ") died",
                true);
   }
@@ -441,6 +444,10 @@ bool ShmTransport::progressPeer(Peer& p) {
   if (p.gone) return did;
   did |= progressRecv(p);
   did |= progressSend(p);
+  if (p.bye && !p.recvq.empty() && !ringPeek(p.inData)) {
+    for (Op* op : p.recvq) op->finish(zpRemoteError, p.goneWhy);
+    p.recvq.clear();
+  }
   return did;
 }
 
@@ -472,11 +479,17 @@ bool ShmTransport::drainCtrl(Peer& p) {
       case kStatus:
         comm_->onStatus(p.rank, h->collSeq, (zpResult_t)h->status, text);
         break;
-      case kBye:
-        // Only operations with this peer fail; the rest of the communicator works on.
-        ringPop(p.inCtrl, h);
-        peerGone(p, zpRemoteError, text, false);
-        return true;
+      case kBye: {
+        // Only operations with this peer fail, and receives only once the
+        // messages it sent before leaving are used up.
+        p.bye = true;
+        p.goneWhy = text;
+        for (Op* op : p.sendq) op->finish(zpRemoteError, text);
+        for (auto& kv : p.finWait) kv.second->finish(zpRemoteError, text);
+        p.sendq.clear();
+        p.finWait.clear();
+        break;
+      }
       case kAbort:
         ringPop(p.inCtrl, h);
         peerGone(p, zpRemoteError, text, true);

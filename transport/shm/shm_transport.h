@@ -79,6 +79,7 @@ class ShmTransport {
     bool cma = false;          // the peer reads large messages from this rank directly
     bool dirty = false;        // wrote to the peer since the last doorbell
     bool gone = false;
+    bool bye = false;  // the peer left: what it sent before is still in the ring
     zpResult_t goneCode = zpSuccess;
     std::string goneWhy;
     std::deque<Op*> sendq, recvq;

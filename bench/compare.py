@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""compare.py: Zeppelin's alltoallv against its peers and the machine, in one run.
+
+Runs, one after another on this machine:
+  1. memcpy_limit -r N                      the copy bandwidth limit per rank
+  2. zprun -n N alltoallv_perf ...          Zeppelin
+  3. mpirun -np N mpi_alltoallv_perf ...    Open MPI's MPI_Alltoallv (same source, same traffic)
+  4. gloo_alltoallv.py -N N ...             PyTorch's Gloo all_to_all_single (if torch imports)
+and prints one table of bus bandwidths and ratios per size. A peer that is
+missing or fails shows "n/a" with a note; nothing is estimated. Exits non-zero
+if the Zeppelin run fails or reports wrong bytes.
+
+    python3 bench/compare.py --build build --nranks 4 -b 1M -e 64M -f 2 -P random
+
+Standard library only.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_table(text):
+    """Rows of an nccl-tests style table: {size: dict(time, algbw, busbw, wrong)}."""
+    rows = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        f = line.split()
+        if len(f) != 7:  # size count type time algbw busbw #wrong
+            continue
+        try:
+            size = int(f[0])
+            rows[size] = {
+                "time": float(f[3]), "algbw": float(f[4]), "busbw": float(f[5]),
+                "wrong": None if f[6] == "N/A" else int(f[6]),
+            }
+        except ValueError:
+            continue
+    return rows
+
+
+def run(name, cmd, env, timeout, log):
+    """Runs cmd; returns (returncode or None on timeout / missing binary, stdout, stderr)."""
+    print(f"## {name}: {' '.join(cmd)}", flush=True)
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, f"timed out after {timeout} s"
+    except OSError as e:
+        return None, "", str(e)
+    if log:
+        sys.stdout.write(p.stdout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def tail(text, lines=8):
+    return "\n".join("    " + l for l in text.strip().splitlines()[-lines:])
+
+
+def find_torch_python():
+    """A python that can import torch.distributed with Gloo, or None."""
+    candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3"]
+    seen = set()
+    for py in candidates:
+        if not py or py in seen or not os.path.exists(py):
+            continue
+        seen.add(py)
+        r = subprocess.run([py, "-c", "import torch, numpy, torch.distributed as d;"
+                            "import sys; sys.exit(0 if d.is_gloo_available() else 1)"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return py
+    return None
+
+
+def fmt(x, spec="8.2f"):
+    return format(x, spec) if x is not None else "n/a"
+
+
+def ratio(a, b):
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="Zeppelin alltoallv vs MPI, Gloo and memcpy")
+    ap.add_argument("--nranks", "-N", type=int, default=4)
+    ap.add_argument("-b", default="1M", help="smallest size, bytes per rank (default 1M)")
+    ap.add_argument("-e", default="64M", help="largest size (default 64M)")
+    ap.add_argument("-f", default="2", help="step factor (default 2)")
+    ap.add_argument("-P", default="uniform", help="uniform | random | zipf | matrix:FILE")
+    ap.add_argument("-s", default="1", help="pattern seed (default 1)")
+    ap.add_argument("-n", default="20", help="timed iterations (default 20)")
+    ap.add_argument("-w", default="5", help="warmup iterations (default 5)")
+    ap.add_argument("-d", default="float", help="datatype (default float)")
+    ap.add_argument("--build", default="build", help="build directory (default build/)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per program")
+    ap.add_argument("--no-gloo", action="store_true", help="skip the Gloo run")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the MPI run")
+    ap.add_argument("--show", action="store_true", help="also print each program's output")
+    a = ap.parse_args(argv)
+    if a.nranks < 1:
+        ap.error("--nranks must be >= 1")
+
+    build = os.path.abspath(a.build)
+    bench = os.path.join(build, "bench")
+    zprun = os.path.join(build, "zprun")
+    zp_prog = os.path.join(bench, "alltoallv_perf")
+    for path in (zprun, zp_prog):
+        if not os.access(path, os.X_OK):
+            print(f"compare.py: {path} not found: build first (cmake --build {a.build})",
+                  file=sys.stderr)
+            return 2
+    sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-P", a.P, "-s", a.s, "-n", a.n, "-w", a.w,
+             "-d", a.d, "-c", "1"]
+    env = dict(os.environ)
+    notes = []
+    N = a.nranks
+
+    # 1. The machine's limit.
+    limit = None
+    mc = os.path.join(bench, "memcpy_limit")
+    rc, out, err = run("memcpy_limit", [mc, "-r", str(N)], env, a.timeout, a.show)
+    if rc == 0:
+        for line in out.splitlines():
+            if line.startswith("copy_limit_per_rank_GBps="):
+                limit = float(line.split("=", 1)[1])
+            if line.startswith("copy_limit_GBps="):
+                notes.append(f"memcpy_limit: {line.split('=', 1)[1]} GB/s aggregate over all cores")
+    else:
+        notes.append(f"memcpy_limit failed (rc {rc}): limit n/a\n{tail(err)}")
+
+    # 2. Zeppelin: required.
+    rc, out, err = run("zeppelin", [zprun, "-n", str(N), zp_prog] + sweep, env, a.timeout, a.show)
+    zp = parse_table(out)
+    zp_failed = rc != 0 or not zp
+    if zp_failed:
+        print(f"compare.py: the Zeppelin run failed (rc {rc}):\n{tail(out)}\n{tail(err)}",
+              file=sys.stderr)
+    zp_wrong = sum(r["wrong"] or 0 for r in zp.values())
+    for line in out.splitlines():
+        if line.startswith("# nranks"):
+            notes.append("zeppelin " + line[2:])
+
+    # 3. Open MPI: same program, same traffic. Shared memory (vader) only, and
+    # the runtime's own sockets on loopback.
+    mpi = {}
+    mpi_prog = os.path.join(bench, "mpi_alltoallv_perf")
+    mpirun = shutil.which("mpirun")
+    if a.no_mpi:
+        notes.append("mpi: skipped (--no-mpi)")
+    elif not os.access(mpi_prog, os.X_OK) or mpirun is None:
+        notes.append("mpi: n/a: " + ("mpirun not on PATH" if mpirun is None else
+                                      f"{mpi_prog} not built (MPI not found by CMake)"))
+    else:
+        menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-np", str(N),
+               "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
+               "--mca", "oob_tcp_if_include", "lo", mpi_prog] + sweep
+        rc, out, err = run("mpi", cmd, menv, a.timeout, a.show)
+        mpi = parse_table(out)
+        if rc != 0 or not mpi:
+            notes.append(f"mpi: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
+            mpi = {}
+        for line in out.splitlines():
+            if line.startswith("# ") and "skipped" in line:
+                notes.append("mpi: " + line[2:])
+
+    # 4. Gloo through PyTorch, if a python with torch is here.
+    gloo = {}
+    if a.no_gloo:
+        notes.append("gloo: skipped (--no-gloo)")
+    else:
+        py = find_torch_python()
+        if py is None:
+            notes.append("gloo: n/a: no python3 here imports torch + numpy with Gloo")
+        else:
+            cmd = [py, os.path.join(HERE, "gloo_alltoallv.py"), "-N", str(N)] + sweep
+            rc, out, err = run("gloo", cmd, env, a.timeout, a.show)
+            gloo = parse_table(out)
+            if rc != 0 or not gloo:
+                notes.append(f"gloo: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
+                gloo = {}
+
+    # The side by side table.
+    print()
+    print(f"# alltoallv, {N} ranks, pattern {a.P}, seed {a.s}, datatype {a.d}, "
+          f"iters {a.n}, warmup {a.w}")
+    print("# busbw = algbw*(n-1)/n, algbw = largest per-rank byte count / time (GB/s);"
+          " limit = aggregate memcpy bandwidth / nranks")
+    hdr = ("size(B)", "zp_busbw", "mpi_busbw", "zp/mpi", "gloo_busbw", "zp/gloo",
+           "zp_algbw", "limit/rk", "algbw/lim", "zp_wrong")
+    print("%12s %9s %9s %7s %10s %7s %9s %9s %9s %8s" % hdr)
+    for size in sorted(zp):
+        z = zp[size]
+        m = mpi.get(size)
+        g = gloo.get(size)
+        mb = m["busbw"] if m else None
+        gb = g["busbw"] if g else None
+        print("%12d %9s %9s %7s %10s %7s %9s %9s %9s %8s" % (
+            size, fmt(z["busbw"]), fmt(mb), fmt(ratio(z["busbw"], mb), ".2f"),
+            fmt(gb), fmt(ratio(z["busbw"], gb), ".2f"), fmt(z["algbw"]), fmt(limit),
+            fmt(ratio(z["algbw"], limit), ".2f"),
+            "N/A" if z["wrong"] is None else str(z["wrong"])))
+    for n in notes:
+        print("# " + n.replace("\n", "\n# "))
+    if zp_failed:
+        print("# zeppelin: FAILED (see above)")
+        return 1
+    if zp_wrong:
+        print(f"# zeppelin: {zp_wrong} wrong bytes: FAILED")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
