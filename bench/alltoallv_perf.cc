@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
   if (root) {
     const char* proto = getenv("ZP_SHM_PROTO");
     printf("# %s: %s\n", kProg, comm.describe().c_str());
-    printf("# nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d",
-           n, opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
+    printf("# nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d", n,
+           opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
            (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
     printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
     printf("#\n");
@@ -70,12 +70,10 @@ int main(int argc, char** argv) {
     memset(sendBuf.data(), 0x11, sendBuf.size());
     memset(recvBuf.data(), 0, recvBuf.size());
 
-    for (int i = 0; i < opt.warmup; ++i)
-      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    for (int i = 0; i < opt.warmup; ++i) comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
     comm.barrier();
     const double t0 = nowSeconds();
-    for (int i = 0; i < opt.iters; ++i)
-      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    for (int i = 0; i < opt.iters; ++i) comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
     const double mine = (nowSeconds() - t0) / opt.iters;
     const double timeUs = comm.maxDouble(mine) * 1e6;
 
@@ -86,8 +84,7 @@ int main(int argc, char** argv) {
       poisonRecv(recvBuf.data(), rl, t);
       comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
       std::string first;
-      const size_t local =
-          checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
+      const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
       if (local != 0)
         fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local,
                 elems * t.size, first.c_str());

@@ -23,18 +23,18 @@ namespace zpbench {
 
 namespace {
 const TypeInfo kTypes[] = {
-    {"int8", zpInt8, 1, false},       {"uint8", zpUint8, 1, false},
-    {"int32", zpInt32, 4, false},     {"uint32", zpUint32, 4, false},
-    {"int64", zpInt64, 8, false},     {"uint64", zpUint64, 8, false},
-    {"half", zpFloat16, 2, true},     {"float", zpFloat32, 4, true},
-    {"double", zpFloat64, 8, true},   {"bfloat16", zpBfloat16, 2, true},
+    {"int8", zpInt8, 1, false},     {"uint8", zpUint8, 1, false},
+    {"int32", zpInt32, 4, false},   {"uint32", zpUint32, 4, false},
+    {"int64", zpInt64, 8, false},   {"uint64", zpUint64, 8, false},
+    {"half", zpFloat16, 2, true},   {"float", zpFloat32, 4, true},
+    {"double", zpFloat64, 8, true}, {"bfloat16", zpBfloat16, 2, true},
 };
 struct Alias {
   const char* alias;
   const char* name;
 };
-const Alias kAliases[] = {{"float16", "half"}, {"float32", "float"}, {"float64", "double"},
-                          {"bf16", "bfloat16"}, {"char", "int8"}, {"int", "int32"}};
+const Alias kAliases[] = {{"float16", "half"},  {"float32", "float"}, {"float64", "double"},
+                          {"bf16", "bfloat16"}, {"char", "int8"},     {"int", "int32"}};
 }  // namespace
 
 const TypeInfo* findType(const std::string& name) {
@@ -49,18 +49,33 @@ const TypeInfo* findType(const std::string& name) {
 // ------------------------------------------------------------------ options
 
 bool parseBytes(const char* text, size_t* out) {
-  if (text == nullptr || *text == '\0' || *text == '-') return false;
+  // Digits first: strtoull alone would accept " 12" and wrap "-1".
+  if (text == nullptr || *text < '0' || *text > '9') return false;
   errno = 0;
   char* end = nullptr;
   unsigned long long v = strtoull(text, &end, 10);
   if (errno != 0 || end == text) return false;
   unsigned shift = 0;
   switch (*end) {
-    case '\0': break;
-    case 'k': case 'K': shift = 10; ++end; break;
-    case 'm': case 'M': shift = 20; ++end; break;
-    case 'g': case 'G': shift = 30; ++end; break;
-    default: return false;
+    case '\0':
+      break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      ++end;
+      break;
+    default:
+      return false;
   }
   if (*end == 'B' || *end == 'b') ++end;  // "1MB" reads as 1M too
   if (*end != '\0') return false;
@@ -255,8 +270,7 @@ bool readMatrixFile(const std::string& path, int n, std::vector<double>* weights
       errno = 0;
       double v = strtod(tok.c_str(), &end);
       if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
-        *err = path + ":" + std::to_string(lineNo) + ": '" + tok +
-               "' is not a non-negative number";
+        *err = path + ":" + std::to_string(lineNo) + ": '" + tok + "' is not a non-negative number";
         return false;
       }
       weights->push_back(v);
@@ -411,14 +425,13 @@ inline void elementBytes(uint64_t base, size_t idx, const TypeInfo& t, unsigned 
 }
 }  // namespace
 
-void fillBlock(unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src,
-               int dst) {
+void fillBlock(unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src, int dst) {
   const uint64_t base = blockBase(seed, src, dst);
   for (size_t i = 0; i < count; ++i) elementBytes(base, i, t, p + i * t.size);
 }
 
-size_t checkBlock(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed,
-                  int src, int dst) {
+size_t checkBlock(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src,
+                  int dst) {
   const uint64_t base = blockBase(seed, src, dst);
   size_t wrong = 0;
   unsigned char want[8];
@@ -450,8 +463,8 @@ void poisonRecv(unsigned char* buf, const Layout& r, const TypeInfo& t) {
 
 namespace {
 // Where the first wrong byte of a block is, for the error message.
-std::string firstBlockError(const unsigned char* p, size_t count, const TypeInfo& t,
-                            uint64_t seed, int src, int dst, const char* what) {
+std::string firstBlockError(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed,
+                            int src, int dst, const char* what) {
   const uint64_t base = blockBase(seed, src, dst);
   unsigned char want[8];
   for (size_t i = 0; i < count; ++i) {
@@ -459,8 +472,9 @@ std::string firstBlockError(const unsigned char* p, size_t count, const TypeInfo
     for (size_t b = 0; b < t.size; ++b)
       if (p[i * t.size + b] != want[b]) {
         char msg[200];
-        snprintf(msg, sizeof msg, "%s %d -> %d: element %zu of %zu, byte %zu is 0x%02x, expected 0x%02x",
-                 what, src, dst, i, count, b, p[i * t.size + b], want[b]);
+        snprintf(msg, sizeof msg,
+                 "%s %d -> %d: element %zu of %zu, byte %zu is 0x%02x, expected 0x%02x", what, src,
+                 dst, i, count, b, p[i * t.size + b], want[b]);
         return msg;
       }
   }
@@ -483,27 +497,34 @@ size_t checkRun(const unsigned char* sendBuf, const Layout& s, const unsigned ch
                 const Layout& r, const TypeInfo& t, uint64_t seed, int rank,
                 std::string* firstError) {
   size_t wrong = 0;
-  auto note = [&](size_t w, const std::string& msg) {
-    if (w != 0 && firstError->empty()) *firstError = msg;
+  // Adds w wrong bytes; the first time any are found, describe() says where.
+  auto note = [&](size_t w, auto describe) {
+    if (w != 0 && firstError->empty()) *firstError = describe();
     wrong += w;
   };
   size_t pos = 0;  // bytes of recvBuf checked so far
   for (size_t p = 0; p < r.counts.size(); ++p) {
     const size_t start = r.displs[p] * t.size;
-    size_t w = countNotEqual(recvBuf + pos, start - pos, kPoison);  // gap before the block
-    note(w, w ? firstPoisonError(recvBuf + pos, start - pos, pos, "write outside the receive ranges") : "");
-    w = checkBlock(recvBuf + start, r.counts[p], t, seed, int(p), rank);
-    note(w, w ? firstBlockError(recvBuf + start, r.counts[p], t, seed, int(p), rank, "received block")
-              : "");
+    const unsigned char* gap = recvBuf + pos;
+    const size_t gapBytes = start - pos, gapPos = pos;
+    note(countNotEqual(gap, gapBytes, kPoison), [&] {
+      return firstPoisonError(gap, gapBytes, gapPos, "write outside the receive ranges");
+    });
+    const unsigned char* blk = recvBuf + start;
+    note(checkBlock(blk, r.counts[p], t, seed, int(p), rank), [&] {
+      return firstBlockError(blk, r.counts[p], t, seed, int(p), rank, "received block");
+    });
     pos = start + r.counts[p] * t.size;
   }
   const size_t tail = r.totalElems * t.size + kGuardBytes - pos;
-  size_t w = countNotEqual(recvBuf + pos, tail, kPoison);
-  note(w, w ? firstPoisonError(recvBuf + pos, tail, pos, "write into the guard after the last range") : "");
+  note(countNotEqual(recvBuf + pos, tail, kPoison), [&] {
+    return firstPoisonError(recvBuf + pos, tail, pos, "write into the guard after the last range");
+  });
   for (size_t p = 0; p < s.counts.size(); ++p) {
     const unsigned char* blk = sendBuf + s.displs[p] * t.size;
-    w = checkBlock(blk, s.counts[p], t, seed, rank, int(p));
-    note(w, w ? firstBlockError(blk, s.counts[p], t, seed, rank, int(p), "send buffer modified, block") : "");
+    note(checkBlock(blk, s.counts[p], t, seed, rank, int(p)), [&] {
+      return firstBlockError(blk, s.counts[p], t, seed, rank, int(p), "send buffer changed, block");
+    });
   }
   return wrong;
 }

@@ -42,14 +42,14 @@ const TypeInfo* findType(const std::string& name);
 
 // ---- Options (nccl-tests flags) ----
 struct Options {
-  size_t minBytes = 32u << 20;  // -b
-  size_t maxBytes = 32u << 20;  // -e
-  size_t stepBytes = 1u << 20;  // -i: used when the step factor is 1 / not given
-  double stepFactor = 1.0;      // -f
-  int iters = 20;               // -n
-  int warmup = 5;               // -w
-  int check = 1;                // -c
-  const TypeInfo* type = nullptr;  // -d (default float)
+  size_t minBytes = 32u << 20;      // -b
+  size_t maxBytes = 32u << 20;      // -e
+  size_t stepBytes = 1u << 20;      // -i: used when the step factor is 1 / not given
+  double stepFactor = 1.0;          // -f
+  int iters = 20;                   // -n
+  int warmup = 5;                   // -w
+  int check = 1;                    // -c
+  const TypeInfo* type = nullptr;   // -d (default float)
   std::string pattern = "uniform";  // -P uniform|random|zipf|matrix (alltoallv only)
   std::string matrixFile;           // the FILE of -P matrix:FILE
   uint64_t seed = 1;                // -s
@@ -76,8 +76,7 @@ struct Matrix {
 // n so that the uniform pattern divides evenly (as nccl-tests does).
 size_t rowElems(size_t sizeBytes, int n, size_t typeSize);
 // Reads the weights of -P matrix:FILE: n rows of n non-negative numbers.
-bool readMatrixFile(const std::string& path, int n, std::vector<double>* weights,
-                    std::string* err);
+bool readMatrixFile(const std::string& path, int n, std::vector<double>* weights, std::string* err);
 // The pattern's matrix for one size. fileWeights is used only for "matrix".
 Matrix buildMatrix(const Options& opt, int n, size_t sizeBytes,
                    const std::vector<double>& fileWeights);
@@ -105,11 +104,10 @@ constexpr size_t kGuardBytes = 4096;     // poisoned bytes after the last receiv
 // A seed for one size's check data, different from any other size's.
 uint64_t sizeSeed(uint64_t seed, size_t sizeBytes);
 // Writes the value of elements [0, count) of the block src sends to dst.
-void fillBlock(unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src,
-               int dst);
+void fillBlock(unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src, int dst);
 // Number of bytes of the block that differ from what fillBlock writes.
-size_t checkBlock(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed,
-                  int src, int dst);
+size_t checkBlock(const unsigned char* p, size_t count, const TypeInfo& t, uint64_t seed, int src,
+                  int dst);
 // Number of bytes in [p, p + bytes) that are not equal to value.
 size_t countNotEqual(const unsigned char* p, size_t bytes, unsigned char value);
 

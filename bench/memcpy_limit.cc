@@ -81,8 +81,11 @@ int main(int argc, char** argv) {
           bad("-T", optarg);
         break;
       }
-      case 'h': usage(stdout); return 0;
-      case ':': bad("option, needs a value:", argv[optind - 1]);
+      case 'h':
+        usage(stdout);
+        return 0;
+      case ':':
+        bad("option, needs a value:", argv[optind - 1]);
       default: {
         char opt[3] = {'-', char(optopt), '\0'};
         bad("option", opt);
@@ -133,8 +136,7 @@ int main(int argc, char** argv) {
     aggregate += gbps;
   }
   printf("aggregate copy bandwidth: %.2f GB/s (bytes copied, counted once)\n", aggregate);
-  if (nranks > 0)
-    printf("per-rank limit (%d ranks): %.2f GB/s\n", nranks, aggregate / nranks);
+  if (nranks > 0) printf("per-rank limit (%d ranks): %.2f GB/s\n", nranks, aggregate / nranks);
   printf("copy_limit_GBps=%.3f\n", aggregate);
   if (nranks > 0) printf("copy_limit_per_rank_GBps=%.3f\n", aggregate / nranks);
   printf("threads=%d\n", threads);

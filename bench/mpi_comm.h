@@ -83,15 +83,24 @@ class BenchComm {
   // MPI has no 16-bit float types; the bytes move the same as uint16.
   static MPI_Datatype mpiType(const TypeInfo& t) {
     switch (t.zpType) {
-      case zpInt8: return MPI_INT8_T;
-      case zpUint8: return MPI_UINT8_T;
-      case zpInt32: return MPI_INT32_T;
-      case zpUint32: return MPI_UINT32_T;
-      case zpInt64: return MPI_INT64_T;
-      case zpUint64: return MPI_UINT64_T;
-      case zpFloat32: return MPI_FLOAT;
-      case zpFloat64: return MPI_DOUBLE;
-      default: return MPI_UINT16_T;  // half, bfloat16
+      case zpInt8:
+        return MPI_INT8_T;
+      case zpUint8:
+        return MPI_UINT8_T;
+      case zpInt32:
+        return MPI_INT32_T;
+      case zpUint32:
+        return MPI_UINT32_T;
+      case zpInt64:
+        return MPI_INT64_T;
+      case zpUint64:
+        return MPI_UINT64_T;
+      case zpFloat32:
+        return MPI_FLOAT;
+      case zpFloat64:
+        return MPI_DOUBLE;
+      default:
+        return MPI_UINT16_T;  // half, bfloat16
     }
   }
 

@@ -26,9 +26,10 @@ int main(int argc, char** argv) {
   if (root) {
     const char* proto = getenv("ZP_SHM_PROTO");
     printf("# %s: %s\n", kProg, comm.describe().c_str());
-    printf("# nranks %d  ring send to rank+1, receive from rank-1  iters %d  warmup %d  "
-           "datatype %s  check %d",
-           n, opt.iters, opt.warmup, t.name, opt.check);
+    printf(
+        "# nranks %d  ring send to rank+1, receive from rank-1  iters %d  warmup %d  "
+        "datatype %s  check %d",
+        n, opt.iters, opt.warmup, t.name, opt.check);
     printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
     printf("#\n");
     printTableHeader();
@@ -62,8 +63,7 @@ int main(int argc, char** argv) {
       poisonRecv(recvBuf.data(), rl, t);
       comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
       std::string first;
-      const size_t local =
-          checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
+      const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
       if (local != 0)
         fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local, bytes,
                 first.c_str());

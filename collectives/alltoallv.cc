@@ -10,6 +10,9 @@ namespace zp {
 
 namespace {
 
+// Communicators up to this size send counts along with the data (16 n bytes a message).
+constexpr int kCountsInBand = 64;
+
 struct Range {
   uintptr_t begin, end;
   int peer;
@@ -68,6 +71,21 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
 
   uint64_t seq = c->collSeq++;
+  // Up to kCountsInBand ranks, every message carries its sender's counts
+  // (both rows), so every rank can check every pair itself: a mismatch is
+  // caught by all ranks without a second round of messages. Larger
+  // communicators exchange a status after the data instead.
+  const bool inBand = n <= kCountsInBand;
+  std::vector<uint64_t> rows;  // [rank][sendcounts..., recvcounts...] as received
+  if (inBand) {
+    rows.assign((size_t)n * 2 * n, 0);
+    for (int p = 0; p < n; p++) {
+      rows[(size_t)c->rank * 2 * n + p] = sendcounts[p];
+      rows[(size_t)c->rank * 2 * n + n + p] = recvcounts[p];
+    }
+  }
+  const uint32_t rowBytes = (uint32_t)(2 * n * sizeof(uint64_t));
+
   // Rank r sends to r+1, r+2, ... and receives from r-1, r-2, ..., so that no
   // rank is everybody's first target.
   std::vector<Op> ops(2 * n);
@@ -87,11 +105,28 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     r.buf = (char*)recvbuff + rdispls[from] * ts;
     r.bytes = recvcounts[from] * ts;
     r.typeSize = ts;
+    if (inBand && i > 0) {
+      s.meta = &rows[(size_t)c->rank * 2 * n];
+      s.metaBytes = rowBytes;
+      r.meta = &rows[(size_t)from * 2 * n];
+      r.metaBytes = rowBytes;
+    }
     ptrs.push_back(&s);
     ptrs.push_back(&r);
   }
   zpResult_t res = runOps(c, ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
+  if (c->asyncError != zpSuccess) return res;
+  if (inBand) {
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) {
+        uint64_t sent = rows[(size_t)i * 2 * n + j], expected = rows[(size_t)j * 2 * n + n + i];
+        if (sent != expected)
+          return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
+                      c->rank, i, (unsigned long long)sent, j, j, (unsigned long long)expected);
+      }
+    return res;
+  }
   // A count mismatch is seen by the receiving rank only: share it, so every
   // rank returns the same error.
   std::string msg;

@@ -2,23 +2,32 @@
 // real job. The parent makes the unique id (its rendezvous thread serves the
 // children), forks nranks children that each run the body, and collects how
 // each ended. A child reports failed expectations through its exit code.
+//
+// Also here: shared memory for coordinating ranks (Shared<T>), error
+// expectations (ZP_EXPECT_ERROR), environment helpers for children, and
+// GoogleTest wrappers around the data checks of tests/checks.h.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/core/log.h"  // zp::clearLastError: each error check sees only its own message
+#include "tests/checks.h"
 
 namespace zptest {
 
@@ -29,14 +38,20 @@ struct RankExit {
   bool ok() const { return exited && code == 0; }
 };
 
-// Runs body(rank, nranks, id) in nranks processes; returns their exits.
-// Kills every rank still running after timeoutSec (the test then fails).
-inline std::vector<RankExit> runRanks(int nranks, const std::function<void(int, int, const zpUniqueId&)>& body,
-                                      int timeoutSec = 120) {
-  zpUniqueId id;
-  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+using RankBody = std::function<void(int rank, int nranks, const zpUniqueId& id)>;
+
+struct RunOptions {
+  int timeoutSec = 120;  // then every rank still running is killed and the test fails
+  // Runs in the parent once every rank has been started (the ranks run on).
+  std::function<void()> afterFork;
+};
+
+// Runs body(rank, nranks, id) in nranks processes with the given id; returns their exits.
+inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, const RankBody& body,
+                                            const RunOptions& opts = RunOptions()) {
   fflush(stdout);
   fflush(stderr);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.timeoutSec);
   std::vector<pid_t> pids(nranks, -1);
   for (int r = 0; r < nranks; r++) {
     pid_t pid = fork();
@@ -48,8 +63,8 @@ inline std::vector<RankExit> runRanks(int nranks, const std::function<void(int, 
     }
     pids[r] = pid;
   }
+  if (opts.afterFork) opts.afterFork();
   std::vector<RankExit> exits(nranks);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSec);
   int left = nranks;
   while (left > 0) {
     for (int r = 0; r < nranks; r++) {
@@ -63,7 +78,7 @@ inline std::vector<RankExit> runRanks(int nranks, const std::function<void(int, 
       }
     }
     if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      ADD_FAILURE() << "ranks still running after " << timeoutSec << " s: killing them (a hang)";
+      ADD_FAILURE() << "ranks still running after " << opts.timeoutSec << " s: killing them (a hang)";
       for (pid_t p : pids)
         if (p > 0) kill(p, SIGKILL);
       deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
@@ -73,6 +88,16 @@ inline std::vector<RankExit> runRanks(int nranks, const std::function<void(int, 
   return exits;
 }
 
+// Runs body(rank, nranks, id) in nranks processes; returns their exits.
+// Kills every rank still running after timeoutSec (the test then fails).
+inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, int timeoutSec = 120) {
+  zpUniqueId id;
+  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  RunOptions opts;
+  opts.timeoutSec = timeoutSec;
+  return runRanksWithId(id, nranks, body, opts);
+}
+
 // Expects every rank to have exited 0.
 inline void expectAllOk(const std::vector<RankExit>& exits) {
   for (size_t r = 0; r < exits.size(); r++)
@@ -80,16 +105,40 @@ inline void expectAllOk(const std::vector<RankExit>& exits) {
                                << exits[r].code;
 }
 
-// Initializes a communicator in a child; aborts the child on failure.
+// Initializes a communicator in a child; ends the child on failure.
 inline zpComm_t initComm(int rank, int nranks, const zpUniqueId& id) {
   zpComm_t comm = nullptr;
   zpResult_t r = zpCommInitRank(&comm, nranks, id, rank);
   if (r != zpSuccess) {
     ADD_FAILURE() << "rank " << rank << ": zpCommInitRank: " << zpGetErrorString(r) << ": " << zpGetLastError(nullptr);
-    fflush(stderr);
+    fflush(stdout);
     _exit(1);
   }
   return comm;
+}
+
+// Rank 0 makes `count` new ids and sends them to every rank over `base`; then
+// every rank initializes one communicator per id, in order.
+inline std::vector<zpComm_t> makeMoreComms(zpComm_t base, int rank, int nranks, int count) {
+  std::vector<zpUniqueId> ids(count);
+  if (rank == 0)
+    for (auto& id : ids) EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  EXPECT_EQ(zpGroupStart(), zpSuccess);
+  if (rank == 0) {
+    for (int p = 1; p < nranks; p++)
+      for (auto& id : ids) EXPECT_EQ(zpSend(&id, sizeof(id), zpUint8, p, base, nullptr), zpSuccess);
+  } else {
+    for (auto& id : ids) EXPECT_EQ(zpRecv(&id, sizeof(id), zpUint8, 0, base, nullptr), zpSuccess);
+  }
+  zpResult_t r = zpGroupEnd();
+  if (r != zpSuccess) {
+    ADD_FAILURE() << "rank " << rank << ": sharing ids failed: " << zpGetLastError(nullptr);
+    fflush(stdout);
+    _exit(1);
+  }
+  std::vector<zpComm_t> comms;
+  for (auto& id : ids) comms.push_back(initComm(rank, nranks, id));
+  return comms;
 }
 
 // A fresh seed per run, printed so that a failure can be replayed with ZP_TEST_SEED.
@@ -103,15 +152,94 @@ inline uint64_t testSeed() {
   return seed;
 }
 
-// The byte that element byte `i` of the message from src to dst carries.
-inline uint8_t patternByte(uint64_t seed, int src, int dst, size_t i) {
-  uint64_t x = seed ^ ((uint64_t)src << 48) ^ ((uint64_t)dst << 32) ^ (i * 0x9E3779B97F4A7C15ull);
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return (uint8_t)x;
+// A seed for one test: the run's seed mixed with the test's name, so tests
+// differ from each other and a replay with ZP_TEST_SEED gives the same inputs.
+inline uint64_t testCaseSeed() {
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  uint64_t h = testSeed();
+  for (const char* s : {t->test_suite_name(), t->name()})
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+  return h;
 }
 
-constexpr uint8_t kPoison = 0xA5;
+// One rank's checked alltoallv (see AlltoallvRun): fails the test unless it
+// succeeds with every byte right and nothing outside the receive ranges written.
+inline void checkedAlltoallv(zpComm_t comm, int rank, const CountMatrix& counts, zpDataType_t dt, uint64_t seed) {
+  EXPECT_EQ(alltoallvError(comm, rank, counts, dt, seed), "");
+}
+
+// An object in memory shared by the parent and every rank forked after it
+// was made: for flags and counters that coordinate ranks (use atomics).
+template <class T>
+class Shared {
+ public:
+  Shared() {
+    void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) abort();
+    obj_ = new (p) T();
+  }
+  ~Shared() {
+    obj_->~T();
+    munmap(obj_, sizeof(T));
+  }
+  Shared(const Shared&) = delete;
+  Shared& operator=(const Shared&) = delete;
+  T* operator->() { return obj_; }
+  T& operator*() { return *obj_; }
+
+ private:
+  T* obj_;
+};
+
+// Polls pred until it holds (true) or timeoutSec pass (false).
+inline bool waitFor(const std::function<bool()>& pred, double timeoutSec) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSec);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+inline double secondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// ---- Environment of a rank (call in the child, before init) ----
+
+inline void setTimeoutSeconds(double seconds) { setenv("ZP_TIMEOUT", std::to_string(seconds).c_str(), 1); }
+// ZP_SHM_PROTO: "auto" (single copy above the eager size where allowed) or "copy".
+inline void setShmProto(const char* proto) { setenv("ZP_SHM_PROTO", proto, 1); }
+// Removes every variable by which a launcher describes a job.
+inline void clearLauncherEnv() {
+  for (const char* v : {"ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "ZP_LOCAL_RANK", "ZP_LOCAL_NRANKS", "ZP_LAUNCHER",
+                        "ZP_MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
+    unsetenv(v);
+}
 
 }  // namespace zptest
+
+// Expects `call` to return `code` and to explain itself in zpGetLastError.
+#define ZP_EXPECT_ERROR(code, call)                                                           \
+  do {                                                                                        \
+    ::zp::clearLastError();                                                                   \
+    zpResult_t zp_got_ = (call);                                                              \
+    EXPECT_EQ(zp_got_, (code)) << #call << ": " << zpGetLastError(nullptr);                   \
+    EXPECT_STRNE(zpGetLastError(nullptr), "") << #call << " left no message in zpGetLastError"; \
+  } while (0)
+
+#define ZP_EXPECT_OK(call)                                                                        \
+  do {                                                                                            \
+    zpResult_t zp_got_ = (call);                                                                  \
+    EXPECT_EQ(zp_got_, zpSuccess) << #call << ": " << zpGetErrorString(zp_got_) << ": "           \
+                                  << zpGetLastError(nullptr);                                     \
+  } while (0)
+
+#define ZP_ASSERT_OK(call)                                                                        \
+  do {                                                                                            \
+    zpResult_t zp_got_ = (call);                                                                  \
+    ASSERT_EQ(zp_got_, zpSuccess) << #call << ": " << zpGetErrorString(zp_got_) << ": "           \
+                                  << zpGetLastError(nullptr);                                     \
+  } while (0)

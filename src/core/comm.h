@@ -37,6 +37,11 @@ struct Op {
   zpResult_t status = zpSuccess;
   std::string error;
   size_t progressed = 0;  // bytes moved so far
+  // Optional metadata sent ahead of the data (a send's `meta`, copied into
+  // the matching receive's `meta`): alltoallv ships each rank's counts so
+  // every rank can check every pair without another round of messages.
+  void* meta = nullptr;
+  uint32_t metaBytes = 0;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;

@@ -20,7 +20,7 @@ struct Config {
   ShmProto shmProto = ShmProto::kAuto;  // ZP_SHM_PROTO=auto|cma|copy
   size_t shmEagerBytes = 32 << 10;      // ZP_SHM_EAGER: below this, copy through the ring
   size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
-  int shmSpinUs = 20;                   // ZP_SHM_SPIN_US: poll this long before sleeping
+  int shmSpinUs = 1000;  // ZP_SHM_SPIN_US: poll (yielding the core) this long before sleeping
 };
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -44,7 +45,7 @@ struct SegHeader {
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
 };
 
-enum MsgType : uint32_t { kPad = 1, kData, kRts, kFin, kStatus, kBye, kAbort };
+enum MsgType : uint32_t { kPad = 1, kData, kRts, kMeta, kFin, kStatus, kBye, kAbort };
 
 struct MsgHdr {
   uint32_t type;
@@ -167,6 +168,7 @@ zpResult_t ShmTransport::init() {
   peerIndex_.assign(c.nranks, -1);
   uint64_t ringBytes = c.cfg.shmRingBytes;
   fragMax_ = std::min<size_t>(ringBytes / 4, 256 << 10);
+  spinUs_ = c.cfg.shmSpinUs;
   if (nlocal == 1) return zpSuccess;
 
   auto segName = [&](int rank) {
@@ -350,18 +352,19 @@ uint32_t ShmTransport::waitToken() const {
 
 void ShmTransport::wait(uint32_t token, int ms) {
   if (!mine_) return;
-  // A short poll first: a reply often arrives within microseconds, and a
-  // futex sleep plus wake-up costs more than that.
+  // Poll first: within a call the answer usually comes sooner than a futex
+  // sleep and wake-up (tens of microseconds here). Each poll yields the core,
+  // so with more ranks than cores the peer that has to answer gets to run.
   auto nowUs = [] {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
   };
-  uint64_t spinUntil = nowUs() + comm_->cfg.shmSpinUs;
-  for (int i = 0; comm_->cfg.shmSpinUs > 0; i++) {
+  uint64_t spinUntil = nowUs() + spinUs_;
+  for (int i = 0; spinUs_ > 0; i++) {
     if (mine_->doorbell.load(std::memory_order_acquire) != token) return;
-    if ((i & 63) == 63 && nowUs() > spinUntil) break;
-    __builtin_ia32_pause();
+    if ((i & 15) == 15 && nowUs() > spinUntil) break;
+    sched_yield();
   }
   mine_->sleeping.store(1, std::memory_order_seq_cst);
   timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
@@ -432,21 +435,23 @@ std::vector<int> ShmTransport::busyPeers() const {
 
 bool ShmTransport::progress() {
   bool did = false;
+  // Sends first, to every peer, and their doorbells rung at once: a receive
+  // may be a long single-copy read, and peers should not wait for it to learn
+  // what this rank offers them.
   for (Peer& p : peers_) {
-    if (!p.gone) did |= progressPeer(p);
+    if (p.gone) continue;
+    did |= drainCtrl(p);
+    if (!p.gone) did |= progressSend(p);
     if (p.dirty) notify(p);
   }
-  return did;
-}
-
-bool ShmTransport::progressPeer(Peer& p) {
-  bool did = drainCtrl(p);
-  if (p.gone) return did;
-  did |= progressRecv(p);
-  did |= progressSend(p);
-  if (p.bye && !p.recvq.empty() && !ringPeek(p.inData)) {
-    for (Op* op : p.recvq) op->finish(zpRemoteError, p.goneWhy);
-    p.recvq.clear();
+  for (Peer& p : peers_) {
+    if (p.gone) continue;
+    did |= progressRecv(p);
+    if (p.bye && !p.recvq.empty() && !ringPeek(p.inData)) {
+      for (Op* op : p.recvq) op->finish(zpRemoteError, p.goneWhy);
+      p.recvq.clear();
+    }
+    if (p.dirty) notify(p);
   }
   return did;
 }
@@ -525,6 +530,11 @@ bool ShmTransport::progressRecv(Peer& p) {
       peerGone(p, zpInvalidUsage, why, true);
       return true;
     }
+    if (h->type == kMeta) {
+      memcpy(op->meta, (const char*)h + kRecord, std::min<uint32_t>(h->len, op->metaBytes));
+      if (ringPop(p.inData, h)) p.dirty = true;
+      continue;
+    }
     if (op->progressed == 0 && h->total != op->bytes) {
       std::string why = std::string(opKindName(op->kind)) + ": rank " + std::to_string(p.rank) + " sends " +
                         std::to_string(h->total / op->typeSize) + " elements to rank " +
@@ -588,6 +598,20 @@ bool ShmTransport::progressSend(Peer& p) {
   uint64_t need = 0;
   while (!p.sendq.empty()) {
     Op* op = p.sendq.front();
+    if (op->metaBytes) {
+      need = kRecord + roundRecord(op->metaBytes);
+      MsgHdr* h = ringClaim(p.outData, need);
+      if (!h) goto full;
+      memset(h, 0, sizeof(MsgHdr));
+      h->type = kMeta;
+      h->len = op->metaBytes;
+      h->seq = op->seq;
+      h->kind = (uint32_t)op->kind;
+      memcpy((char*)h + kRecord, op->meta, op->metaBytes);
+      ringPublish(p.outData);
+      op->metaBytes = 0;  // sent
+      p.dirty = did = true;
+    }
     bool rendezvous = p.cma && op->bytes >= comm_->cfg.shmEagerBytes;
     if (rendezvous) {
       need = kRecord;

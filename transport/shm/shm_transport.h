@@ -94,7 +94,6 @@ class ShmTransport {
   ShmTransport(Comm* comm) : comm_(comm) {}
   zpResult_t init();
   Peer* peer(int rank);
-  bool progressPeer(Peer& p);
   bool drainCtrl(Peer& p);
   bool progressRecv(Peer& p);
   bool progressSend(Peer& p);
@@ -110,6 +109,7 @@ class ShmTransport {
   std::vector<Peer> peers_;
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
+  int spinUs_ = 0;
 };
 
 }  // namespace zp

@@ -1,0 +1,380 @@
+// zpSend / zpRecv across real processes: grouped exchanges (ring, all pairs,
+// several messages per pair, to self), ungrouped pairs in both orders, sizes
+// around the eager threshold up to 64 MiB, unaligned buffers, every datatype,
+// long streams of messages. Each case runs with both shared-memory protocols
+// (ZP_SHM_PROTO=auto: single copy above 32 KiB where allowed; copy: through
+// the ring). Every received byte is checked, receive buffers are poisoned and
+// guarded, send buffers must not change.
+#include <algorithm>
+#include <memory>
+
+#include "tests/harness.h"
+
+namespace {
+
+using zptest::GuardedBuffer;
+
+// One message of an exchange; every rank builds the same list.
+struct Msg {
+  int src, dst;
+  size_t count;
+  zpDataType_t dt;
+  uint64_t seed;  // of its pattern (distinct per message)
+  size_t bytes() const { return count * zpTypeSize(dt); }
+};
+
+std::string describe(const Msg& m) {
+  return "message " + std::to_string(m.src) + "->" + std::to_string(m.dst) + " of " + std::to_string(m.count) +
+         " x type " + std::to_string((int)m.dt);
+}
+
+// Posts this rank's sends and receives of msgs, in list order, inside one
+// group (or each on its own with grouped=false), and checks every byte.
+void exchange(zpComm_t comm, int rank, const std::vector<Msg>& msgs, bool grouped = true) {
+  std::vector<std::unique_ptr<GuardedBuffer>> sendBufs(msgs.size()), recvBufs(msgs.size());
+  if (grouped) ZP_ASSERT_OK(zpGroupStart());
+  for (size_t i = 0; i < msgs.size(); i++) {
+    const Msg& m = msgs[i];
+    if (m.src == rank) {
+      sendBufs[i].reset(new GuardedBuffer(m.bytes(), m.seed % 8));
+      sendBufs[i]->fill(m.seed, m.src, m.dst);
+      ZP_EXPECT_OK(zpSend(sendBufs[i]->data(), m.count, m.dt, m.dst, comm, nullptr));
+    }
+    if (m.dst == rank) {
+      recvBufs[i].reset(new GuardedBuffer(m.bytes(), (m.seed >> 8) % 8));
+      ZP_EXPECT_OK(zpRecv(recvBufs[i]->data(), m.count, m.dt, m.src, comm, nullptr));
+    }
+  }
+  if (grouped) ZP_ASSERT_OK(zpGroupEnd());
+  for (size_t i = 0; i < msgs.size(); i++) {
+    const Msg& m = msgs[i];
+    if (recvBufs[i]) {
+      EXPECT_EQ(recvBufs[i]->wrongBytes(m.seed, m.src, m.dst), 0u) << "rank " << rank << ": " << describe(m);
+      EXPECT_EQ(recvBufs[i]->guardBytesWritten(), 0u) << "rank " << rank << ": " << describe(m);
+    }
+    if (sendBufs[i]) {
+      EXPECT_EQ(sendBufs[i]->wrongBytes(m.seed, m.src, m.dst), 0u) << "send buffer changed: " << describe(m);
+      EXPECT_EQ(sendBufs[i]->guardBytesWritten(), 0u) << "send guard written: " << describe(m);
+    }
+  }
+}
+
+// Byte sizes that matter: empty, tiny, odd, around the 32 KiB eager
+// threshold, around the 256 KiB fragment, beyond the 2 MiB ring.
+const std::vector<size_t> kSizes = {0,         1,         2,         7,         4095,          32767,
+                                    32768,     32769,     65535,     262143,    262145,        (2u << 20) + 1,
+                                    5u << 20};
+
+uint64_t mix(uint64_t a, uint64_t b) { return (a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2))) * 0xff51afd7ed558ccdull; }
+
+// ---- Any number of ranks, both protocols ----
+
+struct P2PParam {
+  int nranks;
+  const char* proto;
+};
+
+class P2P : public ::testing::TestWithParam<P2PParam> {
+ protected:
+  // Runs body on every rank with a communicator using the parameter's protocol.
+  void run(const std::function<void(zpComm_t, int rank, int n)>& body) {
+    const char* proto = GetParam().proto;
+    auto exits = zptest::runRanks(GetParam().nranks, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setShmProto(proto);
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      body(comm, rank, n);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    zptest::expectAllOk(exits);
+  }
+};
+
+TEST_P(P2P, RingExchangeInOneGroup) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    for (size_t it = 0; it < kSizes.size(); it++) {
+      // Every rank sends a different size: rank r's comes from kSizes[it + r].
+      std::vector<Msg> msgs;
+      for (int r = 0; r < n; r++) {
+        size_t bytes = kSizes[(it + r) % kSizes.size()];
+        msgs.push_back({r, (r + 1) % n, bytes, zpUint8, mix(seed, it * 64 + r)});
+      }
+      exchange(comm, rank, msgs);
+    }
+  });
+}
+
+TEST_P(P2P, AllPairsInOneGroupRandomSizes) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    const size_t maxCounts[] = {100, 40000, 400000};
+    for (int round = 0; round < 3; round++) {
+      std::mt19937_64 rng(mix(seed, round));
+      zpDataType_t dt = (zpDataType_t)(rng() % zpNumTypes);
+      size_t maxCount = maxCounts[round] / zpTypeSize(dt);
+      std::vector<Msg> msgs;
+      for (int s = 0; s < n; s++)
+        for (int d = 0; d < n; d++) {  // self included
+          size_t count = rng() % 5 == 0 ? 0 : rng() % (maxCount + 1);
+          msgs.push_back({s, d, count, dt, rng()});
+        }
+      std::shuffle(msgs.begin(), msgs.end(), rng);  // the call order within the group is arbitrary
+      exchange(comm, rank, msgs);
+    }
+  });
+}
+
+TEST_P(P2P, SeveralSendsToOnePeerInOneGroupMatchInOrder) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    // Different sizes per message, eager and single-copy mixed: a receive
+    // matched out of order fails on its count or on its bytes.
+    const size_t sizes[] = {5, 40000, 0, 1, 70001, 13, 32768};
+    std::vector<Msg> msgs;
+    for (int k = 0; k < 7; k++)
+      for (int s = 0; s < n; s++)
+        for (int d = 0; d < n; d++)
+          if (s != d) msgs.push_back({s, d, sizes[(k + s + 2 * d) % 7], zpUint8, mix(seed, k * 4096 + s * 64 + d)});
+    exchange(comm, rank, msgs);
+  });
+}
+
+TEST_P(P2P, SendToSelfAndReceiveFromSelfInOneGroup) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    for (size_t bytes : {(size_t)0, (size_t)1, (size_t)33, (size_t)40000, (size_t)1 << 20}) {
+      // To self, twice (matched in order), with a ring exchange in the same group.
+      std::vector<Msg> msgs;
+      for (int r = 0; r < n; r++) {
+        msgs.push_back({r, r, bytes, zpUint8, mix(seed, bytes + 3 * r)});
+        msgs.push_back({r, (r + 1) % n, bytes / 2 + 1, zpUint8, mix(seed, bytes + 3 * r + 1)});
+        msgs.push_back({r, r, bytes / 3 + 7, zpUint8, mix(seed, bytes + 3 * r + 2)});
+      }
+      exchange(comm, rank, msgs);
+    }
+  });
+}
+
+TEST_P(P2P, GroupSpanningTwoCommunicators) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    std::vector<zpComm_t> more = zptest::makeMoreComms(comm, rank, n, 1);
+    zpComm_t other = more[0];
+    // Forward ring on one communicator, backward ring on the other, one group.
+    const size_t bytes = 50000 + 2 * rank;
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    GuardedBuffer sendA(bytes, 1), sendB(bytes, 2), recvA(50000 + 2 * prev, 3), recvB(50000 + 2 * next, 5);
+    sendA.fill(seed, rank, next);
+    sendB.fill(seed + 1, rank, prev);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(sendA.data(), bytes, zpUint8, next, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(recvB.data(), recvB.size(), zpUint8, next, other, nullptr));
+    ZP_EXPECT_OK(zpSend(sendB.data(), bytes, zpUint8, prev, other, nullptr));
+    ZP_EXPECT_OK(zpRecv(recvA.data(), recvA.size(), zpUint8, prev, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recvA.wrongBytes(seed, prev, rank), 0u);
+    EXPECT_EQ(recvB.wrongBytes(seed + 1, next, rank), 0u);
+    EXPECT_EQ(recvA.guardBytesWritten() + recvB.guardBytesWritten(), 0u);
+    ZP_EXPECT_OK(zpCommDestroy(other));
+  });
+}
+
+TEST_P(P2P, ManyMessagesPerPairInOneGroup) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    std::mt19937_64 rng(seed);
+    std::vector<Msg> msgs;
+    int perPair = n <= 4 ? 200 : 60;
+    for (int k = 0; k < perPair; k++)
+      for (int s = 0; s < n; s++)
+        for (int d = 0; d < n; d++)
+          if (s != d) msgs.push_back({s, d, rng() % 700, zpUint8, rng()});
+    exchange(comm, rank, msgs);
+  });
+}
+
+std::string p2pName(const ::testing::TestParamInfo<P2PParam>& i) {
+  return std::to_string(i.param.nranks) + "ranks_" + i.param.proto;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, P2P,
+                         ::testing::Values(P2PParam{2, "auto"}, P2PParam{3, "auto"}, P2PParam{4, "auto"},
+                                           P2PParam{8, "auto"}, P2PParam{2, "copy"}, P2PParam{3, "copy"},
+                                           P2PParam{4, "copy"}, P2PParam{8, "copy"}),
+                         p2pName);
+
+// ---- Two ranks: ungrouped calls, orders, long streams ----
+
+// How the shared-memory transport is set up: the protocol, and a ring small
+// enough that long messages wrap it many times.
+struct ShmSetup {
+  const char* name;
+  const char* proto;
+  const char* ringBytes;  // nullptr: the default
+};
+
+class P2PTwoRanks : public ::testing::TestWithParam<ShmSetup> {
+ protected:
+  void run(const std::function<void(zpComm_t, int rank)>& body, int timeoutSec = 120) {
+    ShmSetup setup = GetParam();
+    auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setShmProto(setup.proto);
+      if (setup.ringBytes) setenv("ZP_SHM_RING_BYTES", setup.ringBytes, 1);
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      body(comm, rank);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }, timeoutSec);
+    zptest::expectAllOk(exits);
+  }
+};
+
+// An ungrouped send of m by its source, or receive by its destination, checked.
+void sendOne(zpComm_t comm, const Msg& m) {
+  GuardedBuffer buf(m.bytes(), m.seed % 8);
+  buf.fill(m.seed, m.src, m.dst);
+  ZP_EXPECT_OK(zpSend(buf.data(), m.count, m.dt, m.dst, comm, nullptr));
+  EXPECT_EQ(buf.wrongBytes(m.seed, m.src, m.dst), 0u) << "send buffer changed: " << describe(m);
+}
+
+void recvOne(zpComm_t comm, const Msg& m) {
+  GuardedBuffer buf(m.bytes(), (m.seed >> 8) % 8);
+  ZP_EXPECT_OK(zpRecv(buf.data(), m.count, m.dt, m.src, comm, nullptr));
+  EXPECT_EQ(buf.wrongBytes(m.seed, m.src, m.dst), 0u) << describe(m);
+  EXPECT_EQ(buf.guardBytesWritten(), 0u) << describe(m);
+}
+
+TEST_P(P2PTwoRanks, UngroupedPingPongAllSizesUpTo64MiB) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank) {
+    std::vector<size_t> sizes = kSizes;
+    sizes.push_back(64u << 20);
+    for (size_t i = 0; i < sizes.size(); i++) {
+      // 0 sends then receives; 1 receives then sends.
+      Msg there{0, 1, sizes[i], zpUint8, mix(seed, 2 * i)};
+      Msg back{1, 0, sizes[sizes.size() - 1 - i], zpUint8, mix(seed, 2 * i + 1)};
+      if (rank == 0) {
+        sendOne(comm, there);
+        recvOne(comm, back);
+      } else {
+        recvOne(comm, there);
+        sendOne(comm, back);
+      }
+    }
+  });
+}
+
+struct Order {
+  std::atomic<int> started{0};  // the rank that must call first is about to
+};
+
+TEST_P(P2PTwoRanks, UngroupedReceiverCallsFirst) {
+  uint64_t seed = zptest::testCaseSeed();
+  zptest::Shared<Order> order;
+  run([&](zpComm_t comm, int rank) {
+    int i = 0;
+    for (size_t bytes : {(size_t)17, (size_t)32768, (size_t)3 << 20}) {
+      Msg m{0, 1, bytes, zpUint8, mix(seed, i)};
+      if (rank == 1) {
+        order->started = ++i;
+        recvOne(comm, m);
+      } else {
+        ++i;
+        ASSERT_TRUE(zptest::waitFor([&] { return order->started >= i; }, 60));
+        usleep(20000);  // most likely the receive is waiting by now (either way is correct)
+        sendOne(comm, m);
+      }
+    }
+  });
+}
+
+TEST_P(P2PTwoRanks, UngroupedSenderCallsFirst) {
+  uint64_t seed = zptest::testCaseSeed();
+  zptest::Shared<Order> order;
+  run([&](zpComm_t comm, int rank) {
+    int i = 0;
+    for (size_t bytes : {(size_t)17, (size_t)32768, (size_t)3 << 20}) {
+      Msg m{0, 1, bytes, zpUint8, mix(seed, i)};
+      if (rank == 0) {
+        order->started = ++i;
+        sendOne(comm, m);
+      } else {
+        ++i;
+        ASSERT_TRUE(zptest::waitFor([&] { return order->started >= i; }, 60));
+        usleep(20000);  // most likely the send is under way by now (either way is correct)
+        recvOne(comm, m);
+      }
+    }
+  });
+}
+
+TEST_P(P2PTwoRanks, ThousandsOfUngroupedMessagesBackToBack) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank) {
+    std::mt19937_64 rng(seed);
+    // Small ones (they pile up in the ring), then some single-copy sized ones.
+    for (int k = 0; k < 3000; k++) {
+      Msg m{0, 1, k < 2980 ? rng() % 300 : 33000 + rng() % 100000, zpUint8, rng()};
+      rank == 0 ? sendOne(comm, m) : recvOne(comm, m);
+    }
+    // The other way, in one group per side.
+    std::vector<Msg> msgs;
+    for (int k = 0; k < 1000; k++) msgs.push_back({1, 0, rng() % 1000, zpUint8, rng()});
+    exchange(comm, rank, msgs);
+  });
+}
+
+TEST_P(P2PTwoRanks, EveryDatatypeBothWays) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank) {
+    for (int t = 0; t < zpNumTypes; t++) {
+      zpDataType_t dt = (zpDataType_t)t;
+      // Counts are in elements: an odd count, and one above the eager size.
+      std::vector<Msg> msgs = {{0, 1, 1001 + (size_t)t, dt, mix(seed, 4 * t)},
+                               {1, 0, 999, dt, mix(seed, 4 * t + 1)},
+                               {0, 1, 40001, dt, mix(seed, 4 * t + 2)},
+                               {1, 0, 40003, dt, mix(seed, 4 * t + 3)}};
+      exchange(comm, rank, msgs);
+    }
+  });
+}
+
+TEST_P(P2PTwoRanks, NestedGroupsRunAtTheOutermostEnd) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank) {
+    int peer = 1 - rank;
+    GuardedBuffer send(5000, 3), recv(5000, 1);
+    send.fill(seed, rank, peer);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send.data(), 5000, zpUint8, peer, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(recv.data(), 5000, zpUint8, peer, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recv.writtenBytes(), 0u) << "the inner zpGroupEnd already ran the calls";
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recv.wrongBytes(seed, peer, rank), 0u);
+    EXPECT_EQ(recv.guardBytesWritten(), 0u);
+  });
+}
+
+TEST_P(P2PTwoRanks, ZeroCountWithNullBuffers) {
+  run([&](zpComm_t comm, int rank) {
+    int peer = 1 - rank;
+    // Ungrouped, rank 0 first.
+    if (rank == 0) ZP_EXPECT_OK(zpSend(nullptr, 0, zpFloat32, peer, comm, nullptr));
+    else ZP_EXPECT_OK(zpRecv(nullptr, 0, zpFloat32, peer, comm, nullptr));
+    // Grouped, both ways and to self.
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(nullptr, 0, zpInt64, peer, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(nullptr, 0, zpInt64, peer, comm, nullptr));
+    ZP_EXPECT_OK(zpSend(nullptr, 0, zpInt8, rank, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(nullptr, 0, zpInt8, rank, comm, nullptr));
+    ZP_EXPECT_OK(zpGroupEnd());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, P2PTwoRanks,
+                         ::testing::Values(ShmSetup{"auto", "auto", nullptr}, ShmSetup{"copy", "copy", nullptr},
+                                           ShmSetup{"copy_ring64K", "copy", "65536"}),
+                         [](const ::testing::TestParamInfo<ShmSetup>& i) { return std::string(i.param.name); });
+
+}  // namespace
