@@ -79,6 +79,17 @@ def find_torch_python():
     return None
 
 
+def median_table(runs):
+    """Per size, the run with the median time (the row is kept whole)."""
+    out = {}
+    for size in set().union(*runs) if runs else ():
+        rows = sorted((r[size] for r in runs if size in r), key=lambda row: row["time"])
+        row = dict(rows[len(rows) // 2])
+        row["wrong"] = sum(r["wrong"] or 0 for r in rows) if any(r["wrong"] is not None for r in rows) else None
+        out[size] = row
+    return out
+
+
 def fmt(x, spec="8.2f"):
     return format(x, spec) if x is not None else "n/a"
 
@@ -103,9 +114,13 @@ def main(argv):
     ap.add_argument("--no-gloo", action="store_true", help="skip the Gloo run")
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPI run")
     ap.add_argument("--show", action="store_true", help="also print each program's output")
+    ap.add_argument("--repeat", "-R", type=int, default=3,
+                    help="runs of each program, interleaved; the table shows each size's median (default 3)")
     a = ap.parse_args(argv)
     if a.nranks < 1:
         ap.error("--nranks must be >= 1")
+    if a.repeat < 1:
+        ap.error("--repeat must be >= 1")
 
     build = os.path.abspath(a.build)
     bench = os.path.join(build, "bench")
@@ -135,44 +150,23 @@ def main(argv):
     else:
         notes.append(f"memcpy_limit failed (rc {rc}): limit n/a\n{tail(err)}")
 
-    # 2. Zeppelin: required.
-    rc, out, err = run("zeppelin", [zprun, "-n", str(N), zp_prog] + sweep, env, a.timeout, a.show)
-    zp = parse_table(out)
-    zp_failed = rc != 0 or not zp
-    if zp_failed:
-        print(f"compare.py: the Zeppelin run failed (rc {rc}):\n{tail(out)}\n{tail(err)}",
-              file=sys.stderr)
-    zp_wrong = sum(r["wrong"] or 0 for r in zp.values())
-    for line in out.splitlines():
-        if line.startswith("# nranks"):
-            notes.append("zeppelin " + line[2:])
-
-    # 3. Open MPI: same program, same traffic. Shared memory (vader) only, and
-    # the runtime's own sockets on loopback.
-    mpi = {}
+    # 2-4. Zeppelin (required), Open MPI and Gloo, one after another, R times
+    # over: interleaving spreads the machine's slow moments over all of them.
     mpi_prog = os.path.join(bench, "mpi_alltoallv_perf")
     mpirun = shutil.which("mpirun")
+    mpi_cmd = None
     if a.no_mpi:
         notes.append("mpi: skipped (--no-mpi)")
     elif not os.access(mpi_prog, os.X_OK) or mpirun is None:
         notes.append("mpi: n/a: " + ("mpirun not on PATH" if mpirun is None else
                                       f"{mpi_prog} not built (MPI not found by CMake)"))
     else:
-        menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-np", str(N),
-               "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
-               "--mca", "oob_tcp_if_include", "lo", mpi_prog] + sweep
-        rc, out, err = run("mpi", cmd, menv, a.timeout, a.show)
-        mpi = parse_table(out)
-        if rc != 0 or not mpi:
-            notes.append(f"mpi: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
-            mpi = {}
-        for line in out.splitlines():
-            if line.startswith("# ") and "skipped" in line:
-                notes.append("mpi: " + line[2:])
-
-    # 4. Gloo through PyTorch, if a python with torch is here.
-    gloo = {}
+        # Shared memory (vader) only, and the runtime's own sockets on loopback.
+        mpi_cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "-np", str(N),
+                   "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
+                   "--mca", "oob_tcp_if_include", "lo", mpi_prog] + sweep
+    menv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    gloo_cmd = None
     if a.no_gloo:
         notes.append("gloo: skipped (--no-gloo)")
     else:
@@ -180,17 +174,56 @@ def main(argv):
         if py is None:
             notes.append("gloo: n/a: no python3 here imports torch + numpy with Gloo")
         else:
-            cmd = [py, os.path.join(HERE, "gloo_alltoallv.py"), "-N", str(N)] + sweep
-            rc, out, err = run("gloo", cmd, env, a.timeout, a.show)
-            gloo = parse_table(out)
-            if rc != 0 or not gloo:
+            gloo_cmd = [py, os.path.join(HERE, "gloo_alltoallv.py"), "-N", str(N)] + sweep
+
+    zp_runs, mpi_runs, gloo_runs = [], [], []
+    zp_failed, zp_wrong, zp_table = False, 0, ""
+    for rep in range(a.repeat):
+        rc, out, err = run(f"zeppelin (run {rep + 1})", [zprun, "-n", str(N), zp_prog] + sweep,
+                           env, a.timeout, a.show)
+        t = parse_table(out)
+        if rc != 0 or not t:
+            zp_failed = True
+            print(f"compare.py: the Zeppelin run failed (rc {rc}):\n{tail(out)}\n{tail(err)}",
+                  file=sys.stderr)
+            break
+        zp_runs.append(t)
+        zp_wrong += sum(r["wrong"] or 0 for r in t.values())
+        if rep == 0:
+            zp_table = out
+            for line in out.splitlines():
+                if line.startswith("# nranks"):
+                    notes.append("zeppelin " + line[2:])
+        if mpi_cmd:
+            rc, out, err = run(f"mpi (run {rep + 1})", mpi_cmd, menv, a.timeout, a.show)
+            t = parse_table(out)
+            if rc != 0 or not t:
+                notes.append(f"mpi: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
+                mpi_cmd, mpi_runs = None, []
+            else:
+                mpi_runs.append(t)
+                if rep == 0:
+                    for line in out.splitlines():
+                        if line.startswith("# ") and "skipped" in line:
+                            notes.append("mpi: " + line[2:])
+        if gloo_cmd:
+            rc, out, err = run(f"gloo (run {rep + 1})", gloo_cmd, env, a.timeout, a.show)
+            t = parse_table(out)
+            if rc != 0 or not t:
                 notes.append(f"gloo: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
-                gloo = {}
+                gloo_cmd, gloo_runs = None, []
+            else:
+                gloo_runs.append(t)
+    zp, mpi, gloo = median_table(zp_runs), median_table(mpi_runs), median_table(gloo_runs)
+    if zp_table:
+        print()
+        print("# Zeppelin's own table, first run:")
+        sys.stdout.write(zp_table)
 
     # The side by side table.
     print()
     print(f"# alltoallv, {N} ranks, pattern {a.P}, seed {a.s}, datatype {a.d}, "
-          f"iters {a.n}, warmup {a.w}")
+          f"iters {a.n}, warmup {a.w}; each figure the median of {a.repeat} interleaved runs")
     print("# busbw = algbw*(n-1)/n, algbw = largest per-rank byte count / time (GB/s);"
           " limit = aggregate memcpy bandwidth / nranks")
     hdr = ("size(B)", "zp_busbw", "mpi_busbw", "zp/mpi", "gloo_busbw", "zp/gloo",
