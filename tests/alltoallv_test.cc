@@ -53,6 +53,22 @@ TEST_P(AlltoallvRanks, EveryDatatype) {
   zptest::expectAllOk(exits);
 }
 
+// The same through the ring only (ZP_SHM_PROTO=copy), no single-copy reads.
+TEST_P(AlltoallvRanks, CopyProtocolRandomCounts) {
+  int n = GetParam();
+  uint64_t seed = zptest::testSeed() + 300 + n;
+  auto exits = zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setShmProto("copy");
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    for (int iter = 0; iter < 3; iter++) {
+      size_t maxCount = iter == 0 ? 17 : iter == 1 ? 3000 : 300000;
+      checkedAlltoallv(comm, rank, randomCounts(nranks, seed * 31 + iter, maxCount, 0.25), zpFloat32, seed + iter);
+    }
+    EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AlltoallvRanks, ::testing::Values(2, 3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "ranks"; });
 

@@ -88,6 +88,16 @@ inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, co
   return exits;
 }
 
+// Runs fn in one child process (so that a crash, an environment change or a
+// leak stays there); returns how it ended.
+inline RankExit runInChild(const std::function<void()>& fn, int timeoutSec = 120) {
+  zpUniqueId unused;
+  memset(&unused, 0, sizeof(unused));
+  RunOptions opts;
+  opts.timeoutSec = timeoutSec;
+  return runRanksWithId(unused, 1, [&](int, int, const zpUniqueId&) { fn(); }, opts)[0];
+}
+
 // Runs body(rank, nranks, id) in nranks processes; returns their exits.
 // Kills every rank still running after timeoutSec (the test then fails).
 inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, int timeoutSec = 120) {

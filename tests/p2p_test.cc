@@ -73,6 +73,7 @@ struct P2PParam {
   int nranks;
   const char* proto;
 };
+void PrintTo(const P2PParam& p, std::ostream* os) { *os << p.nranks << " ranks, ZP_SHM_PROTO=" << p.proto; }
 
 class P2P : public ::testing::TestWithParam<P2PParam> {
  protected:
@@ -179,6 +180,25 @@ TEST_P(P2P, GroupSpanningTwoCommunicators) {
   });
 }
 
+// A group may hold collectives too: sends, receives and an alltoallv queued
+// together, all complete at zpGroupEnd.
+TEST_P(P2P, GroupWithSendRecvAndAlltoallv) {
+  uint64_t seed = zptest::testCaseSeed();
+  run([&](zpComm_t comm, int rank, int n) {
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    GuardedBuffer send(40000, 1), recv(40000, 2);
+    send.fill(seed, rank, next);
+    zptest::AlltoallvRun a2a(rank, zptest::randomCounts(n, seed + 1, 20000, 0.2), zpFloat16, seed + 1);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send.data(), 40000, zpUint8, next, comm, nullptr));
+    ZP_EXPECT_OK(a2a.run(comm));
+    ZP_EXPECT_OK(zpRecv(recv.data(), 40000, zpUint8, prev, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recv.wrongBytes(seed, prev, rank), 0u);
+    EXPECT_EQ(a2a.check(), "");
+  });
+}
+
 TEST_P(P2P, ManyMessagesPerPairInOneGroup) {
   uint64_t seed = zptest::testCaseSeed();
   run([&](zpComm_t comm, int rank, int n) {
@@ -205,13 +225,16 @@ INSTANTIATE_TEST_SUITE_P(Ranks, P2P,
 
 // ---- Two ranks: ungrouped calls, orders, long streams ----
 
-// How the shared-memory transport is set up: the protocol, and a ring small
-// enough that long messages wrap it many times.
+// How the shared-memory transport is set up: the protocol, a ring small
+// enough that long messages wrap it many times, the eager threshold at its
+// extremes.
 struct ShmSetup {
   const char* name;
   const char* proto;
   const char* ringBytes;  // nullptr: the default
+  const char* eagerBytes = nullptr;  // ZP_SHM_EAGER (0: every message single copy); nullptr: the default
 };
+void PrintTo(const ShmSetup& s, std::ostream* os) { *os << s.name; }
 
 class P2PTwoRanks : public ::testing::TestWithParam<ShmSetup> {
  protected:
@@ -220,6 +243,7 @@ class P2PTwoRanks : public ::testing::TestWithParam<ShmSetup> {
     auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
       zptest::setShmProto(setup.proto);
       if (setup.ringBytes) setenv("ZP_SHM_RING_BYTES", setup.ringBytes, 1);
+      if (setup.eagerBytes) setenv("ZP_SHM_EAGER", setup.eagerBytes, 1);
       zpComm_t comm = zptest::initComm(rank, n, id);
       body(comm, rank);
       ZP_EXPECT_OK(zpCommDestroy(comm));
@@ -374,7 +398,9 @@ TEST_P(P2PTwoRanks, ZeroCountWithNullBuffers) {
 
 INSTANTIATE_TEST_SUITE_P(Shm, P2PTwoRanks,
                          ::testing::Values(ShmSetup{"auto", "auto", nullptr}, ShmSetup{"copy", "copy", nullptr},
-                                           ShmSetup{"copy_ring64K", "copy", "65536"}),
+                                           ShmSetup{"copy_ring64K", "copy", "65536"},
+                                           ShmSetup{"auto_eager0", "auto", nullptr, "0"},
+                                           ShmSetup{"auto_eager1G", "auto", nullptr, "1G"}),
                          [](const ::testing::TestParamInfo<ShmSetup>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -32,6 +32,9 @@ struct Pending {
   std::string peer;
 };
 
+// Limit on one rank's transport address (second round).
+constexpr uint32_t kMaxBlob = 64 << 10;
+
 // A connection that hands over less than a header within this time is dropped:
 // a real rank sends its header right after connecting.
 constexpr int kHeaderTimeoutMs = 10000;
@@ -54,6 +57,7 @@ void rootMain(int listenFd, IdLayout id) {
   std::vector<RankInfo> table;
   int nranks = -1, joined = 0;
   uint64_t joinDeadline = UINT64_MAX;  // set by the first rank, from its timeout
+  int rankTimeoutMs = 0;
   std::string failure;
 
   auto dropPending = [&](size_t i, const char* why) {
@@ -129,6 +133,7 @@ void rootMain(int listenFd, IdLayout id) {
         joined++;
         // The ranks give up after their timeout; so does the root.
         if (joinDeadline == UINT64_MAX) joinDeadline = now + (uint64_t)std::max(h.timeoutMs, 1000);
+        rankTimeoutMs = std::max(rankTimeoutMs, (int)h.timeoutMs);
         ZP_TRACE(kSubBootstrap, "bootstrap root: rank %d/%d joined from %s", r, nranks, p.peer.c_str());
         pending.erase(pending.begin() + i);
         continue;
@@ -154,16 +159,45 @@ void rootMain(int listenFd, IdLayout id) {
     }
   }
 
+  for (auto& p : pending) close(p.fd);
+  close(listenFd);
   uint64_t replyDeadline = nowMs() + 30000;
   for (int r = 0; r < (int)rankFd.size(); r++) {
     if (rankFd[r] < 0) continue;
     if (failure.empty()) sendReply(rankFd[r], zpSuccess, "", &table, replyDeadline);
     else sendReply(rankFd[r], zpRemoteError, failure, nullptr, replyDeadline);
-    close(rankFd[r]);
   }
+  if (failure.empty()) {
+    // Second round: every rank's transport address (UCX worker address),
+    // which a rank only creates once the table says it has remote peers.
+    std::vector<std::string> blobs(rankFd.size());
+    uint64_t roundDeadline = nowMs() + (uint64_t)std::max(rankTimeoutMs, 1000);
+    for (int r = 0; r < (int)rankFd.size() && failure.empty(); r++) {
+      uint32_t len = 0;
+      if (recvAll(rankFd[r], &len, sizeof(len), roundDeadline) != zpSuccess || len > kMaxBlob) {
+        failure = "rank " + std::to_string(r) + " left during the address exchange";
+        break;
+      }
+      blobs[r].resize(len);
+      if (len && recvAll(rankFd[r], &blobs[r][0], len, roundDeadline) != zpSuccess)
+        failure = "rank " + std::to_string(r) + " left during the address exchange";
+    }
+    std::string all;
+    if (failure.empty())
+      for (auto& b : blobs) {
+        uint32_t len = (uint32_t)b.size();
+        all.append((const char*)&len, sizeof(len));
+        all += b;
+      }
+    for (int r = 0; r < (int)rankFd.size(); r++) {
+      int32_t ok = failure.empty() ? 1 : 0;
+      if (sendAll(rankFd[r], &ok, sizeof(ok), replyDeadline) == zpSuccess && ok)
+        sendAll(rankFd[r], all.data(), all.size(), replyDeadline);
+    }
+  }
+  for (int fd : rankFd)
+    if (fd >= 0) close(fd);
   if (!failure.empty()) ZP_WARN(kSubBootstrap, "bootstrap root: %s", failure.c_str());
-  for (auto& p : pending) close(p.fd);
-  close(listenFd);
 }
 
 }  // namespace
@@ -270,7 +304,7 @@ zpResult_t makeRank0Id(const std::string& host, int port, const std::string& see
 }
 
 zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& mine, int timeoutMs,
-                             std::vector<RankInfo>* all) {
+                             std::vector<RankInfo>* all, int* rootFd) {
   uint64_t deadline = nowMs() + timeoutMs;
   int fd = -1;
   sockaddr_storage rootAddr = idAddress(id);
@@ -304,12 +338,39 @@ zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& min
   }
   all->resize(nranks);
   r = recvAll(fd, all->data(), nranks * sizeof(RankInfo), deadline);
-  close(fd);
-  if (r != zpSuccess) return fail(zpRemoteError, "rank %d: bootstrap table lost: %s", mine.rank, lastError());
+  if (r != zpSuccess) {
+    close(fd);
+    return fail(zpRemoteError, "rank %d: bootstrap table lost: %s", mine.rank, lastError());
+  }
+  *rootFd = fd;
   for (int i = 0; i < nranks; i++) {
     (*all)[i].nodeId[sizeof((*all)[i].nodeId) - 1] = 0;
     (*all)[i].hostname[sizeof((*all)[i].hostname) - 1] = 0;
-    if ((*all)[i].rank != i) return fail(zpInternalError, "bootstrap table out of order at %d", i);
+    if ((*all)[i].rank != i) {
+      close(fd);
+      *rootFd = -1;
+      return fail(zpInternalError, "bootstrap table out of order at %d", i);
+    }
+  }
+  return zpSuccess;
+}
+
+zpResult_t bootstrapAllgather(int rootFd, int rank, const std::string& mine, int timeoutMs,
+                              std::vector<std::string>* all) {
+  uint64_t deadline = nowMs() + timeoutMs;
+  uint32_t len = (uint32_t)mine.size();
+  int32_t ok = 0;
+  zpResult_t r = sendAll(rootFd, &len, sizeof(len), deadline);
+  if (r == zpSuccess && len) r = sendAll(rootFd, mine.data(), len, deadline);
+  if (r == zpSuccess) r = recvAll(rootFd, &ok, sizeof(ok), deadline);
+  if (r != zpSuccess || !ok)
+    return fail(zpRemoteError, "rank %d: the address exchange failed (a rank left during init)", rank);
+  for (std::string& b : *all) {
+    if (recvAll(rootFd, &len, sizeof(len), deadline) != zpSuccess || len > kMaxBlob)
+      return fail(zpRemoteError, "rank %d: the address exchange was cut off", rank);
+    b.resize(len);
+    if (len && recvAll(rootFd, &b[0], len, deadline) != zpSuccess)
+      return fail(zpRemoteError, "rank %d: the address exchange was cut off", rank);
   }
   return zpSuccess;
 }

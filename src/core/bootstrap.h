@@ -63,8 +63,13 @@ zpResult_t makeRank0Id(const std::string& host, int port, const std::string& see
                        zpUniqueId* id);
 
 // Joins: sends this rank's info to the root, waits for all ranks' infos.
+// The connection to the root stays open (*rootFd) for bootstrapAllgather.
 zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& mine,
-                             int timeoutMs, std::vector<RankInfo>* all);
+                             int timeoutMs, std::vector<RankInfo>* all, int* rootFd);
+// Second and last round: every rank gives a blob (a transport address, or
+// nothing) and gets every rank's; all->size() must be nranks.
+zpResult_t bootstrapAllgather(int rootFd, int rank, const std::string& mine, int timeoutMs,
+                              std::vector<std::string>* all);
 
 // Wire header a rank sends to the root.
 struct JoinHeader {

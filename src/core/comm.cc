@@ -9,6 +9,7 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace zp {
 
@@ -27,14 +28,39 @@ bool Comm::isLocal(int peer) const {
   return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
 }
 
-void Comm::setAsyncError(zpResult_t code, const std::string& msg) {
+void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
   if (asyncError != zpSuccess) return;
   asyncError = code;
   asyncMsg = msg;
+  asyncFromPeer = fromPeer;
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
   statuses[{peer, seq}] = {status, std::move(text)};
+}
+
+// Shared memory within the node; UCX to other nodes, whose worker addresses
+// travel in the bootstrap's second round.
+static zpResult_t initTransports(Comm* c, int rootFd) {
+  c->sendSeq.assign(c->nranks, 0);
+  c->recvSeq.assign(c->nranks, 0);
+  bool remote = false;
+  for (int r = 0; r < c->nranks; r++) remote |= !c->isLocal(r);
+  std::string address;
+  zpResult_t res = remote ? UcxTransport::create(c, &c->net, &address) : zpSuccess;
+  // Every rank takes part in the second round, even to say it failed (an
+  // empty address), so that nobody waits for it.
+  std::vector<std::string> addresses(c->nranks);
+  zpResult_t ex = bootstrapAllgather(rootFd, c->rank, res == zpSuccess ? address : std::string(), c->cfg.timeoutMs,
+                                     &addresses);
+  ZP_CHECK(res);
+  ZP_CHECK(ex);
+  if (c->net) ZP_CHECK(c->net->connect(addresses));
+  ZP_CHECK(ShmTransport::create(c, &c->shm));
+  c->route.resize(c->nranks);
+  for (int r = 0; r < c->nranks; r++)
+    c->route[r] = c->isLocal(r) ? (Transport*)c->shm.get() : (Transport*)c->net.get();
+  return zpSuccess;
 }
 
 zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config& cfg,
@@ -53,16 +79,11 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
   mine.pid = getpid();
   snprintf(mine.nodeId, sizeof(mine.nodeId), "%s", cfg.nodeId.c_str());
   gethostname(mine.hostname, sizeof(mine.hostname) - 1);
-  ZP_CHECK(bootstrapExchange(c->id, nranks, mine, cfg.timeoutMs, &c->ranks));
-  for (int r = 0; r < nranks; r++)
-    if (!c->isLocal(r))
-      return fail(zpInvalidUsage,
-                  "rank %d is on node '%s', rank %d on node '%s': this build reaches other nodes only "
-                  "through a network transport, which is not built yet (all ranks must share ZP_NODE_ID)",
-                  r, c->ranks[r].nodeId, rank, c->ranks[rank].nodeId);
-  c->sendSeq.assign(nranks, 0);
-  c->recvSeq.assign(nranks, 0);
-  ZP_CHECK(ShmTransport::create(c.get(), &c->shm));
+  int rootFd = -1;
+  ZP_CHECK(bootstrapExchange(c->id, nranks, mine, cfg.timeoutMs, &c->ranks, &rootFd));
+  zpResult_t res = initTransports(c.get(), rootFd);
+  close(rootFd);
+  ZP_CHECK(res);
   ZP_INFO(kSubInit, "rank %d/%d on node '%s' (pid %d): communicator ready", rank, nranks, cfg.nodeId.c_str(),
           (int)getpid());
   *out = std::move(c);
@@ -70,7 +91,49 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
 }
 
 void commLeave(Comm* comm, bool abort) {
-  if (comm->shm) comm->shm->leave(abort);
+  std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
+  for (Transport* t : comm->transports()) {
+    if (abort) t->abortPeers(zpRemoteError, why);
+    t->leave();
+  }
+}
+
+std::vector<Transport*> Comm::transports() const {
+  std::vector<Transport*> out;
+  if (shm) out.push_back(shm.get());
+  if (net) out.push_back(net.get());
+  return out;
+}
+
+bool Comm::progress() {
+  bool moved = false;
+  for (Transport* t : transports()) moved |= t->progress();
+  return moved;
+}
+
+uint32_t Comm::waitToken() const { return shm ? shm->waitToken() : 0; }
+
+void Comm::wait(uint32_t token, int ms) {
+  // The network's events come through a file descriptor, shared memory's
+  // through a futex: sleep on the one with work, and nap briefly when both have.
+  bool shmBusy = shm && shm->busy();
+  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : ms);
+  if (shmBusy || !net) shm->wait(token, net ? std::min(ms, 1) : ms);
+}
+
+void Comm::dropOps(zpResult_t status, const std::string& why) {
+  for (Transport* t : transports()) t->dropOps(status, why);
+}
+
+std::vector<int> Comm::busyPeers() const {
+  std::vector<int> out;
+  for (Transport* t : transports())
+    for (int p : t->busyPeers()) out.push_back(p);
+  return out;
+}
+
+void Comm::checkAlive() {
+  for (Transport* t : transports()) t->checkAlive();
 }
 
 namespace {
@@ -88,12 +151,16 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
                          const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
   uint64_t lastMove = nowMs();
   for (;;) {
-    uint32_t token = comms.size() == 1 ? comms[0]->shm->waitToken() : 0;
+    uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
-    for (Comm* c : comms) moved |= c->shm->progress();
+    for (Comm* c : comms) moved |= c->progress();
     for (Comm* c : comms)
       if (c->asyncError != zpSuccess) {
-        c->shm->dropOps(c->asyncError, c->asyncMsg);
+        c->dropOps(c->asyncError, c->asyncMsg);
+        if (!c->asyncFromPeer && !c->faultSent) {
+          c->faultSent = true;
+          for (Transport* t : c->transports()) t->abortPeers(c->asyncError, c->asyncMsg);
+        }
         return fail(c->asyncError, "rank %d: %s failed: %s", c->rank, what, c->asyncMsg.c_str());
       }
     if (done()) return zpSuccess;
@@ -110,21 +177,23 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
         std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
                           " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
         c->setAsyncError(zpRemoteError, msg);
-        c->shm->dropOps(zpRemoteError, msg);
+        c->dropOps(zpRemoteError, msg);
+        c->faultSent = true;
+        for (Transport* t : c->transports()) t->abortPeers(zpRemoteError, "rank " + std::to_string(c->rank) + ": " + msg);
         return fail(zpRemoteError, "rank %d: %s", c->rank, msg.c_str());
       }
       lastMove = now;
     }
     if (comms.size() == 1) {
       int sliceMs = (int)std::min<uint64_t>(100, timeoutMs - (now - lastMove) + 1);
-      comms[0]->shm->wait(token, std::max(sliceMs, 1));
+      comms[0]->wait(token, std::max(sliceMs, 1));
     } else {
       // Several communicators: no single doorbell to sleep on, so nap briefly.
       usleep(50);
       static thread_local uint64_t lastCheck = 0;
       if (now - lastCheck >= 100) {
         lastCheck = now;
-        for (Comm* c : comms) c->shm->checkAlive();
+        for (Comm* c : comms) c->checkAlive();
       }
     }
   }
@@ -172,7 +241,7 @@ zpResult_t runOps(std::vector<CommOps>& work) {
         continue;
       }
       op->seq = op->isSend ? c->sendSeq[op->peer]++ : c->recvSeq[op->peer]++;
-      c->shm->post(op);
+      c->route[op->peer]->post(op);
     }
     runSelfOps(c, selfSends, selfRecvs);
   }
@@ -182,7 +251,7 @@ zpResult_t runOps(std::vector<CommOps>& work) {
         if (!op->done) return false;
     return true;
   };
-  ZP_CHECK(progressUntil(comms, allDone, [](Comm* c) { return c->shm->busyPeers(); }, "send/recv"));
+  ZP_CHECK(progressUntil(comms, allDone, [](Comm* c) { return c->busyPeers(); }, "send/recv"));
   for (CommOps& w : work)
     for (Op* op : w.ops)
       if (op->status != zpSuccess) return fail(op->status, "rank %d: %s", w.comm->rank, op->error.c_str());
@@ -198,7 +267,7 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
   if (c->asyncError != zpSuccess)
     return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
   for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank) c->shm->sendStatus(p, seq, mine, myMsg);
+    if (p != c->rank) c->route[p]->sendStatus(p, seq, mine, myMsg);
   auto missing = [&](Comm*) {
     std::vector<int> out;
     for (int p = 0; p < c->nranks; p++)

@@ -19,6 +19,8 @@
 namespace zp {
 
 class ShmTransport;
+class Transport;
+class UcxTransport;
 
 // Which call an Op belongs to; carried in every message so that a rank that
 // calls operations in a different order than its peer gets an error, not a hang.
@@ -56,7 +58,9 @@ struct Comm {
   Config cfg;
   IdLayout id;
   std::vector<RankInfo> ranks;
-  std::unique_ptr<ShmTransport> shm;
+  std::unique_ptr<ShmTransport> shm;  // ranks of this node
+  std::unique_ptr<UcxTransport> net;  // ranks of other nodes (none on a single node)
+  std::vector<Transport*> route;      // by peer: the transport that reaches it
   std::mutex mu;  // one call at a time per communicator
 
   // Per peer, how many messages each way so far: the k-th send to a peer
@@ -69,12 +73,25 @@ struct Comm {
   // A failure that breaks the communicator: a dead or aborted peer, a timeout.
   zpResult_t asyncError = zpSuccess;
   std::string asyncMsg;
+  bool asyncFromPeer = false;  // a peer told us; else we found it and tell the peers
+  bool faultSent = false;
 
   Comm();
   ~Comm();
 
   bool isLocal(int peer) const;
-  void setAsyncError(zpResult_t code, const std::string& msg);
+  std::vector<Transport*> transports() const;
+  // Moves every transport forward; true if anything moved.
+  bool progress();
+  // Sleeps until a transport may have news, at most ms.
+  uint32_t waitToken() const;
+  void wait(uint32_t token, int ms);
+  void dropOps(zpResult_t status, const std::string& why);
+  std::vector<int> busyPeers() const;
+  void checkAlive();
+  // Breaks the communicator. An error found here is passed on to every peer
+  // (fromPeer: it came from one), so that all ranks fail, not just the first.
+  void setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer = false);
   void onStatus(int peer, uint64_t collSeq, zpResult_t status, std::string text);
 };
 

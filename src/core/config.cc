@@ -68,8 +68,9 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   if (!t.empty()) {
     char* end = nullptr;
     double s = strtod(t.c_str(), &end);
-    if (*end || !(s > 0) || s > 1e7)
-      return fail(zpInvalidArgument, "ZP_TIMEOUT='%s' is not a positive number of seconds", t.c_str());
+    // Kept in milliseconds in an int.
+    if (*end || !(s > 0) || s > 2147483)
+      return fail(zpInvalidArgument, "ZP_TIMEOUT='%s' is not a number of seconds in (0, 2147483]", t.c_str());
     c.timeoutMs = (int)std::ceil(s * 1000);
   }
   if (has(offsetof(zpConfig_t, timeoutMs), sizeof(int)) && user->timeoutMs != ZP_CONFIG_UNDEF_INT) {

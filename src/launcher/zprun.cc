@@ -1,6 +1,7 @@
 // zprun: starts the ranks of a Zeppelin job on this machine, like mpirun.
 //
 //   zprun -n 4 [options] [--] PROGRAM [ARGS...]
+//   zprun --nodes 2 --ranks-per-node 4 --nics-per-node 2 --nic-rate 1gbit PROGRAM ...
 //
 // zprun hosts the job's rendezvous (zpGetUniqueId starts its root thread in
 // this process), forks one process per rank with the job described in the
@@ -9,11 +10,17 @@
 // others get a grace period to notice the dead peer and exit with an error,
 // then SIGTERM, then SIGKILL. No rank outlives zprun.
 //
+// With --nodes, zprun first builds an emulated cluster on this machine (a
+// network namespace per node, veth NICs on one bridge per rail, tbf rate
+// limits: cluster.h), runs each rank inside its node, and removes the cluster
+// when the job ends, however it ends (but SIGKILL: then `zprun --cleanup`).
+// The rendezvous then runs in rank 0, on node 0's first NIC, since ranks in
+// node namespaces cannot reach zprun's loopback.
+//
 // The file has three parts that do not know about each other's internals:
 //   1. options: the command line, parsed into Options;
-//   2. layout: Options turned into nodes and ranks (JobLayout). There is one
-//      node today; multi-node emulation (network namespaces) adds nodes here
-//      and a per-node way to enter them in the child;
+//   2. layout: Options turned into nodes and ranks (JobLayout): one node
+//      here, or the nodes of an emulated cluster with the way to enter them;
 //   3. the Job: spawning the ranks of a layout and supervising them.
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
@@ -22,6 +29,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -41,6 +49,7 @@
 
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
+#include "src/launcher/cluster.h"
 
 extern char** environ;
 
@@ -70,6 +79,10 @@ constexpr int kExitCannotExec = 127;  // as the shell
 // with a wrong ZP_RANK would join the job in another rank's place.
 const char* const kReservedVars[] = {"ZP_RANK",         "ZP_NRANKS",    "ZP_LOCAL_RANK",
                                      "ZP_LOCAL_NRANKS", "ZP_UNIQUE_ID", "ZP_LAUNCHER"};
+// And in an emulated cluster (ZP_NET_DEVICES and ZP_SOCKET_IFNAME are set too,
+// but -x may choose other NICs of the node).
+const char* const kReservedClusterVars[] = {"ZP_NODE_RANK", "ZP_NNODES", "ZP_NIC_RATE_BPS",
+                                            "ZP_NICS_PER_NODE", "ZP_NODE_ID"};
 
 // ---------------------------------------------------------------------------
 // Small helpers
@@ -145,11 +158,21 @@ struct Options {
   double timeoutSec = 0;              // 0: no timeout
   double graceSec = kDefaultGraceSec;
   std::vector<std::string> command;  // PROGRAM ARGS...
+
+  // The emulated cluster (--nodes); cluster.nodes == 0 without one.
+  zprun::ClusterSpec cluster;
+  std::string rateText;  // --nic-rate as given
+  bool clusterOptionSeen = false;  // one of the options below --nodes was given
+  bool dryRun = false;
+  bool cleanup = false;
 };
 
 void printUsage(FILE* out) {
   fprintf(out,
           "Usage: zprun -n N [options] [--] PROGRAM [ARGS...]\n"
+          "       zprun --nodes N [--ranks-per-node R] [--nics-per-node K] [--nic-rate RATE]\n"
+          "             [--mtu BYTES] [options] [--] PROGRAM [ARGS...]\n"
+          "       zprun --cleanup\n"
           "\n"
           "Starts N ranks of PROGRAM on this machine and hosts the rendezvous they\n"
           "meet at. Each rank finds its place in the environment, where\n"
@@ -157,7 +180,7 @@ void printUsage(FILE* out) {
           "ZP_LOCAL_NRANKS, ZP_UNIQUE_ID, ZP_LAUNCHER=zprun.\n"
           "\n"
           "Options:\n"
-          "  -n, -np N        number of ranks, 1..%d (required)\n"
+          "  -n, -np N        number of ranks, 1..%d (required without --nodes)\n"
           "  -p, --prefix     prefix every line of output with \"[RANK] \"\n"
           "  -x VAR=VALUE     set VAR in the ranks' environment (repeatable);\n"
           "                   -x VAR passes zprun's own value of VAR\n"
@@ -168,14 +191,35 @@ void printUsage(FILE* out) {
           "  -h, --help       show this help\n"
           "  --               end of options\n"
           "\n"
+          "Emulated cluster (needs root: CAP_SYS_ADMIN and CAP_NET_ADMIN):\n"
+          "  --nodes N           build N nodes on this machine (network namespaces,\n"
+          "                      1..%d) and run R ranks in each; rank = node*R + local\n"
+          "  --ranks-per-node R  ranks per node (default 1); -n, if given, must be N*R\n"
+          "  --nics-per-node K   NICs per node, zpnic0..zpnic{K-1} (default 1, at most %d)\n"
+          "  --nic-rate RATE     rate of every NIC in each direction, in tc's syntax\n"
+          "                      (1gbit, 500mbit, 100mbps; default: not limited)\n"
+          "  --mtu BYTES         MTU of the NICs (default %d)\n"
+          "  --dry-run           print the commands that would build and remove the\n"
+          "                      cluster and where each rank would run; run nothing\n"
+          "  --cleanup           remove the namespaces left by zprun processes that\n"
+          "                      died (SIGKILL) before removing their cluster, then exit\n"
+          "NIC k of node i is 10.77.k.(i+1)/24; rail k (NIC k of every node) is one\n"
+          "bridge. Each rank gets a hostname and boot id of its node, so ranks of a node\n"
+          "share memory and other nodes are reached over the NICs, and also ZP_NODE_RANK,\n"
+          "ZP_NNODES, ZP_NET_DEVICES and ZP_SOCKET_IFNAME (its NIC: zpnic<local rank %% K>),\n"
+          "ZP_NIC_RATE_BPS (bits/s, 0: not limited) and ZP_NICS_PER_NODE. Rank 0 hosts the\n"
+          "rendezvous on 10.77.0.1. The cluster is removed when the job ends.\n"
+          "\n"
           "Rank 0 reads zprun's stdin; the other ranks read /dev/null. SIGINT,\n"
           "SIGTERM and SIGHUP are forwarded to every rank; a second one kills them.\n"
           "\n"
           "Exit status: 0 if every rank exited 0; otherwise the exit code of the\n"
           "first rank that failed (128+N for a rank killed by signal N), %d on\n"
-          "timeout, %d if PROGRAM cannot be executed, %d for bad usage.\n",
-          kMaxRanks, kExitTimeout, kDefaultGraceSec, kTermToKillSec, kExitTimeout,
-          kExitCannotExec, kExitUsage);
+          "timeout, %d if PROGRAM cannot be executed, %d for bad usage, %d if a cluster\n"
+          "cannot be built for lack of privileges or tools, %d for other launch failures.\n",
+          kMaxRanks, kExitTimeout, kDefaultGraceSec, kTermToKillSec, zprun::kMaxNodes,
+          zprun::kMaxNicsPerNode, zprun::kDefaultMtu, kExitTimeout, kExitCannotExec, kExitUsage,
+          zprun::kExitNoPrivilege, kExitLaunchError);
 }
 
 bool parseRankCount(const std::string& text, int* out) {
@@ -184,6 +228,17 @@ bool parseRankCount(const std::string& text, int* out) {
     if (c < '0' || c > '9') return false;
   int n = std::stoi(text);
   if (n < 1 || n > kMaxRanks) return false;
+  *out = n;
+  return true;
+}
+
+// A positive count up to max.
+bool parseCount(const std::string& text, int max, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  int n = std::stoi(text);
+  if (n < 1 || n > max) return false;
   *out = n;
   return true;
 }
@@ -295,6 +350,58 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
         *error = "bad --grace '" + value + "' (expected seconds >= 0)";
         return ParseResult::kError;
       }
+    } else if (name == "--nodes") {
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseCount(value, zprun::kMaxNodes, &opts->cluster.nodes)) {
+        *error = "bad --nodes '" + value + "' (expected 1.." + std::to_string(zprun::kMaxNodes) + ")";
+        return ParseResult::kError;
+      }
+    } else if (name == "--ranks-per-node") {
+      opts->clusterOptionSeen = true;
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseCount(value, kMaxRanks, &opts->cluster.ranksPerNode)) {
+        *error = "bad --ranks-per-node '" + value + "' (expected 1.." + std::to_string(kMaxRanks) + ")";
+        return ParseResult::kError;
+      }
+    } else if (name == "--nics-per-node") {
+      opts->clusterOptionSeen = true;
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseCount(value, zprun::kMaxNicsPerNode, &opts->cluster.nicsPerNode)) {
+        *error = "bad --nics-per-node '" + value + "' (expected 1.." +
+                 std::to_string(zprun::kMaxNicsPerNode) + ")";
+        return ParseResult::kError;
+      }
+    } else if (name == "--nic-rate") {
+      opts->clusterOptionSeen = true;
+      if (!takeValue()) return ParseResult::kError;
+      // At least 100kbit: below that, tc cannot express the bucket zprun uses.
+      if (!zprun::parseRate(value, &opts->cluster.rateBps) || opts->cluster.rateBps < 100000 ||
+          opts->cluster.rateBps > 1000000000000000ull) {
+        *error = "bad --nic-rate '" + value +
+                 "' (expected a rate in tc's syntax from 100kbit to 1000tbit, e.g. 1gbit, 500mbit)";
+        return ParseResult::kError;
+      }
+      opts->rateText = value;
+    } else if (name == "--mtu") {
+      opts->clusterOptionSeen = true;
+      if (!takeValue()) return ParseResult::kError;
+      if (!parseCount(value, 65535, &opts->cluster.mtu) || opts->cluster.mtu < 576) {
+        *error = "bad --mtu '" + value + "' (expected 576..65535)";
+        return ParseResult::kError;
+      }
+    } else if (name == "--dry-run") {
+      opts->clusterOptionSeen = true;
+      if (inlineValue) {
+        *error = name + " takes no value";
+        return ParseResult::kError;
+      }
+      opts->dryRun = true;
+    } else if (name == "--cleanup") {
+      if (inlineValue) {
+        *error = name + " takes no value";
+        return ParseResult::kError;
+      }
+      opts->cleanup = true;
     } else {
       *error = "unknown option " + arg;
       return ParseResult::kError;
@@ -302,8 +409,44 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
   }
 
   for (; i < argc; ++i) opts->command.push_back(argv[i]);
+  if (opts->cleanup) {
+    if (argc != 2) {
+      *error = "--cleanup takes no other options and no program";
+      return ParseResult::kError;
+    }
+    return ParseResult::kRun;
+  }
+  const zprun::ClusterSpec& cl = opts->cluster;
+  if (cl.nodes == 0 && opts->clusterOptionSeen) {
+    *error = "--ranks-per-node, --nics-per-node, --nic-rate, --mtu and --dry-run need --nodes";
+    return ParseResult::kError;
+  }
+  if (cl.nodes > 0) {
+    long total = static_cast<long>(cl.nodes) * cl.ranksPerNode;
+    if (total > kMaxRanks) {
+      *error = std::to_string(cl.nodes) + " nodes of " + std::to_string(cl.ranksPerNode) +
+               " ranks make " + std::to_string(total) + " ranks, more than " +
+               std::to_string(kMaxRanks);
+      return ParseResult::kError;
+    }
+    if (opts->nranks != 0 && opts->nranks != total) {
+      *error = "-n " + std::to_string(opts->nranks) + " does not match --nodes " +
+               std::to_string(cl.nodes) + " x --ranks-per-node " + std::to_string(cl.ranksPerNode);
+      return ParseResult::kError;
+    }
+    opts->nranks = static_cast<int>(total);
+    for (const std::string& entry : opts->extraEnv) {
+      std::string var = entry.substr(0, entry.find('='));
+      for (const char* reserved : kReservedClusterVars) {
+        if (var == reserved) {
+          *error = "-x " + entry + ": " + var + " is set by zprun for each rank of a cluster";
+          return ParseResult::kError;
+        }
+      }
+    }
+  }
   if (opts->nranks == 0) {
-    *error = "the number of ranks is required (-n N)";
+    *error = "the number of ranks is required (-n N, or --nodes N)";
     return ParseResult::kError;
   }
   if (opts->command.empty()) {
@@ -317,12 +460,13 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
 // 2. Layout: which ranks run where
 // ---------------------------------------------------------------------------
 
-// A node is a set of ranks that share memory. With one node (today) the ranks
-// simply run here; emulated nodes will add how to enter the node (a network
-// namespace) and an identity (ZP_NODE_ID).
+// A node is a set of ranks that share memory. Without a cluster there is one
+// node and the ranks simply run here; a node of an emulated cluster says how
+// a rank enters it (its network namespace, hostname and boot id).
 struct NodeSpec {
   int index = 0;
   std::string nodeId;  // empty: the library derives it (hostname + boot id)
+  zprun::NodeEntry entry;  // entry.nsFd < 0: no namespace, run here
 };
 
 struct RankSpec {
@@ -330,25 +474,44 @@ struct RankSpec {
   int node = 0;  // index into JobLayout::nodes
   int localRank = 0;
   int localNranks = 0;
+  int nic = -1;  // in a cluster: the node's NIC this rank uses
 };
 
 struct JobLayout {
   std::vector<NodeSpec> nodes;
   std::vector<RankSpec> ranks;  // indexed by rank
+  const zprun::Cluster* cluster = nullptr;
 };
 
-JobLayout planLayout(const Options& opts) {
+// cluster: the emulated cluster the ranks run in, or nullptr. Rank r runs on
+// node r / R as local rank r % R and uses NIC (r % R) % K, so the ranks of a
+// node spread evenly over its NICs.
+JobLayout planLayout(const Options& opts, const zprun::Cluster* cluster) {
   JobLayout layout;
-  layout.nodes.push_back(NodeSpec{});
-  for (int r = 0; r < opts.nranks; ++r) layout.ranks.push_back(RankSpec{r, 0, r, opts.nranks});
+  layout.cluster = cluster;
+  if (cluster == nullptr) {
+    layout.nodes.push_back(NodeSpec{});
+    for (int r = 0; r < opts.nranks; ++r) layout.ranks.push_back(RankSpec{r, 0, r, opts.nranks, -1});
+    return layout;
+  }
+  const zprun::ClusterSpec& spec = cluster->spec();
+  for (int i = 0; i < spec.nodes; ++i) {
+    NodeSpec node;
+    node.index = i;
+    node.entry = cluster->nodeEntry(i);
+    layout.nodes.push_back(node);
+  }
+  for (int i = 0; i < spec.nodes; ++i)
+    for (int local = 0; local < spec.ranksPerNode; ++local)
+      layout.ranks.push_back(RankSpec{i * spec.ranksPerNode + local, i, local, spec.ranksPerNode,
+                                      local % spec.nicsPerNode});
   return layout;
 }
 
-// The full environment of one rank: zprun's own, then -x, then the job's
-// variables (later entries replace earlier ones of the same name).
-std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& layout,
-                                         const RankSpec& spec, const std::string& idHex) {
-  std::vector<std::string> set = opts.extraEnv;
+// The variables zprun sets for one rank.
+std::vector<std::string> jobVariables(const JobLayout& layout, const RankSpec& spec,
+                                      const std::string& idHex) {
+  std::vector<std::string> set;
   const NodeSpec& node = layout.nodes[spec.node];
   set.push_back("ZP_RANK=" + std::to_string(spec.rank));
   set.push_back("ZP_NRANKS=" + std::to_string(layout.ranks.size()));
@@ -357,6 +520,28 @@ std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& l
   set.push_back("ZP_UNIQUE_ID=" + idHex);
   set.push_back("ZP_LAUNCHER=zprun");
   if (!node.nodeId.empty()) set.push_back("ZP_NODE_ID=" + node.nodeId);
+  if (layout.cluster != nullptr) {
+    const zprun::ClusterSpec& c = layout.cluster->spec();
+    set.push_back("ZP_NODE_RANK=" + std::to_string(spec.node));
+    set.push_back("ZP_NNODES=" + std::to_string(c.nodes));
+    set.push_back("ZP_NICS_PER_NODE=" + std::to_string(c.nicsPerNode));
+    set.push_back("ZP_NIC_RATE_BPS=" + std::to_string(c.rateBps));
+  }
+  return set;
+}
+
+// The full environment of one rank: zprun's own, then -x, then the job's
+// variables (later entries replace earlier ones of the same name).
+std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& layout,
+                                         const RankSpec& spec, const std::string& idHex) {
+  std::vector<std::string> set;
+  if (layout.cluster != nullptr) {
+    // The rank's NIC; -x may name others (all of the node's, say).
+    set.push_back("ZP_NET_DEVICES=" + zprun::nicName(spec.nic));
+    set.push_back("ZP_SOCKET_IFNAME=" + zprun::nicName(spec.nic));
+  }
+  set.insert(set.end(), opts.extraEnv.begin(), opts.extraEnv.end());
+  for (std::string& v : jobVariables(layout, spec, idHex)) set.push_back(v);
 
   auto nameOf = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   auto overridden = [&](const std::string& name, size_t from) {
@@ -366,8 +551,11 @@ std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& l
   };
 
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e)
+  for (char** e = environ; *e != nullptr; ++e) {
+    // zprun's own ZP_NODE_ID would make all nodes of a cluster one.
+    if (layout.cluster != nullptr && nameOf(*e) == "ZP_NODE_ID") continue;
     if (!overridden(nameOf(*e), 0)) env.push_back(*e);
+  }
   for (size_t k = 0; k < set.size(); ++k)
     if (!overridden(nameOf(set[k]), k + 1)) env.push_back(set[k]);
   return env;
@@ -380,10 +568,14 @@ std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& l
 
 int g_signalPipe[2] = {-1, -1};
 volatile sig_atomic_t g_stopRequested = 0;  // INT/TERM/HUP seen: start no more ranks
+volatile sig_atomic_t g_firstStopSignal = 0;  // which one came first
 
 void onSignal(int sig) {
   int savedErrno = errno;
-  if (sig != SIGCHLD) g_stopRequested = 1;
+  if (sig != SIGCHLD) {
+    if (g_firstStopSignal == 0) g_firstStopSignal = sig;
+    g_stopRequested = 1;
+  }
   unsigned char byte = static_cast<unsigned char>(sig);
   // Non-blocking: if the pipe is full, a wakeup is already pending.
   ssize_t ignored = write(g_signalPipe[1], &byte, 1);
@@ -438,18 +630,25 @@ struct ChildSetup {
   char* const* envp;
   bool restoreNofile;
   rlimit nofile;  // the descriptor limit zprun started with
+  zprun::NodeEntry node;  // node.nsFd >= 0: enter this node of the cluster first
 };
 
 // What a child sends back when it cannot run PROGRAM.
 struct ExecReport {
   int stage;  // kStageSetup or kStageExec
   int error;  // errno
+  char step[160];  // kStageSetup: what failed, if known
 };
 constexpr int kStageSetup = 1;
 constexpr int kStageExec = 2;
 
-[[noreturn]] void childFail(int reportFd, int stage) {
-  ExecReport report{stage, errno};
+[[noreturn]] void childFail(int reportFd, int stage, const char* step = nullptr) {
+  ExecReport report;
+  memset(&report, 0, sizeof report);
+  report.stage = stage;
+  report.error = errno;
+  for (size_t k = 0; step != nullptr && step[k] != '\0' && k + 1 < sizeof report.step; ++k)
+    report.step[k] = step[k];
   ssize_t ignored = write(reportFd, &report, sizeof report);  // one write: atomic on a pipe
   (void)ignored;
   _exit(kExitCannotExec);
@@ -480,6 +679,10 @@ constexpr int kStageExec = 2;
   if (s.stdinFd != 0 && dup2(s.stdinFd, 0) < 0) childFail(s.reportFd, kStageSetup);
   if (s.stdoutFd >= 0 && dup2(s.stdoutFd, 1) < 0) childFail(s.reportFd, kStageSetup);
   if (s.stderrFd >= 0 && dup2(s.stderrFd, 2) < 0) childFail(s.reportFd, kStageSetup);
+  if (s.node.nsFd >= 0) {
+    const char* step = nullptr;
+    if (!zprun::enterNode(s.node, &step)) childFail(s.reportFd, kStageSetup, step);
+  }
 #ifdef SYS_close_range
   // Descriptors zprun got from its own parent or the library must not leak
   // into the ranks. Best effort: older kernels lack close_range.
@@ -620,8 +823,12 @@ bool Job::spawn(Rank& rank) {
   for (std::string& a : command) argv.push_back(&a[0]);
   argv.push_back(nullptr);
 
-  ChildSetup setup{getpid(), r == 0 ? rank0Stdin_ : devNull_, out[1], err[1], report[1],
-                   command[0].c_str(), argv.data(), envp.data(), nofileRaised_, originalNofile_};
+  ChildSetup setup{getpid(),      r == 0 ? rank0Stdin_ : devNull_,
+                   out[1],        err[1],
+                   report[1],     command[0].c_str(),
+                   argv.data(),   envp.data(),
+                   nofileRaised_, originalNofile_,
+                   layout_.nodes[rank.spec.node].entry};
 
   pid_t pid = fork();
   if (pid == 0) runChild(setup);
@@ -662,6 +869,8 @@ bool Job::spawn(Rank& rank) {
   if (rep.stage == kStageExec)
     fprintf(stderr, "zprun: cannot execute %s: %s\n", opts_.command[0].c_str(),
             strerror(rep.error));
+  else if (rep.step[0] != '\0')
+    fprintf(stderr, "zprun: cannot set up rank %d: %s: %s\n", r, rep.step, strerror(rep.error));
   else
     fprintf(stderr, "zprun: cannot set up rank %d: %s\n", r, strerror(rep.error));
   execFailed_ = true;
@@ -1032,6 +1241,100 @@ void ensureStandardFds() {
   }
 }
 
+// zprun --dry-run: what a cluster run would do, without doing it.
+void printDryRun(const Options& opts, const zprun::Cluster& cluster, const JobLayout& layout,
+                 const std::string& idHex) {
+  auto print = [](const std::vector<std::vector<std::string>>& cmds) {
+    for (const auto& c : cmds) {
+      std::string line;
+      for (const std::string& a : c) line += (line.empty() ? "" : " ") + zprun::quoteArg(a);
+      printf("  %s\n", line.c_str());
+    }
+  };
+  const zprun::ClusterSpec& spec = cluster.spec();
+  printf("# cluster %s: %d node%s x %d rank%s, %d NIC%s per node, rate %s, MTU %d\n",
+         cluster.tag().c_str(), spec.nodes, spec.nodes == 1 ? "" : "s", spec.ranksPerNode,
+         spec.ranksPerNode == 1 ? "" : "s", spec.nicsPerNode, spec.nicsPerNode == 1 ? "" : "s",
+         spec.rateBps > 0 ? (std::to_string(spec.rateBps) + " bit/s").c_str() : "not limited",
+         spec.mtu);
+  printf("# build (state in %s: lock, node<i>.boot_id)\n", cluster.stateDir().c_str());
+  print(cluster.setupCommands());
+  printf("# ranks: each joins its node's namespace (setns), unshares UTS and mount\n"
+         "# namespaces, sets the hostname, bind-mounts the node's boot id, mounts sysfs\n");
+  std::string command;
+  for (const std::string& a : opts.command) command += " " + zprun::quoteArg(a);
+  for (const RankSpec& r : layout.ranks) {
+    std::string vars;
+    for (const std::string& v : jobVariables(layout, r, idHex))
+      if (v.compare(0, 13, "ZP_UNIQUE_ID=") != 0 && v.compare(0, 12, "ZP_LAUNCHER=") != 0)
+        vars += " " + v;
+    printf("  rank %d: node %s, hostname %s, ZP_NET_DEVICES=%s ZP_SOCKET_IFNAME=%s%s%s\n", r.rank,
+           cluster.nodeNamespace(r.node).c_str(), cluster.hostname(r.node).c_str(),
+           zprun::nicName(r.nic).c_str(), zprun::nicName(r.nic).c_str(), vars.c_str(),
+           command.c_str());
+  }
+  printf("# rendezvous: rank 0 hosts it on %s:%d\n", zprun::nicAddress(0, 0).c_str(),
+         zprun::kRootPort);
+  printf("# remove (after ending what still runs in the node namespaces)\n");
+  print(cluster.teardownCommands());
+}
+
+// The unique id of a cluster job: rank 0 hosts the root on node 0's first
+// NIC. The secret comes from a random seed, so no one can guess it.
+bool makeClusterId(std::string* idHex) {
+  unsigned char seed[32];
+  size_t got = 0;
+  while (got < sizeof seed) {
+    ssize_t n = getrandom(seed + got, sizeof seed - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fprintf(stderr, "zprun: getrandom: %s\n", strerror(errno));
+      return false;
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string seedText;
+  for (unsigned char c : seed) {
+    seedText += kHex[c >> 4];
+    seedText += kHex[c & 15];
+  }
+  zpUniqueId id;
+  zpResult_t res = zp::makeRank0Id(zprun::nicAddress(0, 0), zprun::kRootPort, seedText, &id);
+  if (res != zpSuccess) {
+    fprintf(stderr, "zprun: cannot make the unique id: %s (%s)\n", zpGetErrorString(res),
+            zpGetLastError(nullptr));
+    return false;
+  }
+  *idHex = zp::idToHex(id);
+  return true;
+}
+
+// Runs the job in an emulated cluster; returns zprun's exit code. The cluster
+// is removed before this returns, whatever happened.
+int runInCluster(const Options& opts) {
+  zprun::Cluster cluster(opts.cluster, getpid());
+  std::string idHex;
+  if (!makeClusterId(&idHex)) return kExitLaunchError;
+  if (opts.dryRun) {
+    printDryRun(opts, cluster, planLayout(opts, &cluster), idHex);
+    return 0;
+  }
+  if (!zprun::checkClusterPrerequisites(opts.cluster.rateBps > 0)) return zprun::kExitNoPrivilege;
+
+  int code = cluster.create(&g_stopRequested);
+  if (code != 0) return g_firstStopSignal != 0 ? 128 + g_firstStopSignal : code;
+  {
+    Job job(opts, planLayout(opts, &cluster), idHex);
+    code = job.run();
+  }
+  // Signals from here on (a second Ctrl-C) are recorded, not obeyed: the
+  // cluster must go. ip and tc run in their own process groups, so a Ctrl-C
+  // at the terminal does not reach them.
+  if (!cluster.destroy() && code == 0) code = kExitLaunchError;
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1056,6 +1359,19 @@ int main(int argc, char** argv) {
     return kExitLaunchError;
   }
 
+  if (opts.cleanup) {
+    int code = zprun::cleanupStale();
+    fflush(stdout);
+    return code;
+  }
+  if (opts.cluster.nodes > 0) {
+    // No thread in this mode: the rendezvous runs in rank 0.
+    int code = runInCluster(opts);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(code);
+  }
+
   // The rendezvous root thread inherits the signal mask of the thread that
   // creates it. Blocking our signals meanwhile keeps them on the main thread,
   // so the library's blocking calls never see EINTR from zprun's handlers.
@@ -1073,7 +1389,7 @@ int main(int argc, char** argv) {
     return kExitLaunchError;
   }
 
-  Job job(opts, planLayout(opts), zp::idToHex(id));
+  Job job(opts, planLayout(opts, nullptr), zp::idToHex(id));
   int code = job.run();
   fflush(stdout);
   fflush(stderr);

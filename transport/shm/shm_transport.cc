@@ -302,10 +302,20 @@ ShmTransport::Peer* ShmTransport::peer(int rank) {
   return i < 0 ? nullptr : &peers_[i];
 }
 
-const char* ShmTransport::protocolTo(int rank) const {
+std::string ShmTransport::describe(int rank) const {
   int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
   if (i < 0) return "none";
   return peers_[i].cma ? "SHM/CMA" : "SHM/copy";
+}
+
+bool ShmTransport::hasWork(const Peer& p) {
+  return !p.sendq.empty() || !p.recvq.empty() || !p.finWait.empty();
+}
+
+bool ShmTransport::busy() const {
+  for (const Peer& p : peers_)
+    if (hasWork(p)) return true;
+  return false;
 }
 
 void ShmTransport::post(Op* op) {
@@ -386,7 +396,7 @@ void ShmTransport::checkAlive() {
   }
 }
 
-void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm) {
+void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer) {
   if (p.gone) return;
   p.gone = true;
   p.goneCode = code;
@@ -398,7 +408,7 @@ void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bo
   p.sendq.clear();
   p.recvq.clear();
   p.finWait.clear();
-  if (breaksComm) comm_->setAsyncError(code, why);
+  if (breaksComm) comm_->setAsyncError(code, why, fromPeer);
 }
 
 void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
@@ -412,12 +422,11 @@ void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
   }
 }
 
-void ShmTransport::leave(bool abort) {
+void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {
   for (Peer& p : peers_) {
     if (p.gone) continue;
-    std::string why = abort ? "rank " + std::to_string(comm_->rank) + " aborted the communicator"
-                            : "rank " + std::to_string(comm_->rank) + " destroyed the communicator";
-    std::vector<char> rec = makeRecord(abort ? kAbort : kBye, 0, zpRemoteError, 0, why);
+    // Straight into the ring, or not at all: a rank on its way out cannot wait for room.
+    std::vector<char> rec = makeRecord(type, 0, code, 0, why);
     if (MsgHdr* h = ringClaim(p.outCtrl, rec.size())) {
       memcpy(h, rec.data(), rec.size());
       ringPublish(p.outCtrl);
@@ -426,10 +435,16 @@ void ShmTransport::leave(bool abort) {
   }
 }
 
+void ShmTransport::abortPeers(zpResult_t code, const std::string& why) { sendToAll(kAbort, code, why); }
+
+void ShmTransport::leave() {
+  sendToAll(kBye, zpRemoteError, "rank " + std::to_string(comm_->rank) + " destroyed the communicator");
+}
+
 std::vector<int> ShmTransport::busyPeers() const {
   std::vector<int> out;
   for (const Peer& p : peers_)
-    if (!p.sendq.empty() || !p.recvq.empty() || !p.finWait.empty()) out.push_back(p.rank);
+    if (hasWork(p)) out.push_back(p.rank);
   return out;
 }
 
@@ -495,10 +510,12 @@ bool ShmTransport::drainCtrl(Peer& p) {
         p.finWait.clear();
         break;
       }
-      case kAbort:
+      case kAbort: {
+        zpResult_t code = (zpResult_t)h->status;
         ringPop(p.inCtrl, h);
-        peerGone(p, zpRemoteError, text, true);
+        peerGone(p, code, text, true, true);
         return true;
+      }
       default:
         break;
     }

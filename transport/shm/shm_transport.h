@@ -27,6 +27,7 @@
 
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
+#include "src/core/transport.h"
 
 namespace zp {
 
@@ -40,31 +41,29 @@ struct Ring {
   uint64_t pendingHead = 0;  // producer: head after the claimed record
 };
 
-class ShmTransport {
+class ShmTransport : public Transport {
  public:
   // Collective among the ranks of this node: creates this rank's segment,
   // maps every local peer's, and returns once all have mapped each other.
   static zpResult_t create(Comm* comm, std::unique_ptr<ShmTransport>* out);
   ~ShmTransport();
 
-  void post(Op* op);
-  void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
-  // Non-blocking; true if anything moved.
-  bool progress();
+  void post(Op* op) override;
+  void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
+  bool progress() override;
+  bool busy() const override;
   // A token that changes whenever a peer signals this rank.
   uint32_t waitToken() const;
   // Sleeps until the token differs from `token` or ms pass; then checks that
   // local peers are still alive.
   void wait(uint32_t token, int ms);
-  // Fails and forgets every posted op (the communicator is broken).
-  void dropOps(zpResult_t status, const std::string& why);
-  // Says goodbye to every peer (abort: asks them to fail everything).
-  void leave(bool abort);
-  // Ranks with unfinished ops, for timeout messages.
-  std::vector<int> busyPeers() const;
-  const char* protocolTo(int peer) const;
+  void dropOps(zpResult_t status, const std::string& why) override;
+  void abortPeers(zpResult_t code, const std::string& why) override;
+  void leave() override;
+  std::vector<int> busyPeers() const override;
   // Fails everything pending with a local peer whose process has exited.
-  void checkAlive();
+  void checkAlive() override;
+  std::string describe(int peer) const override;
 
  private:
   struct Peer {
@@ -91,6 +90,7 @@ class ShmTransport {
     uint64_t discardLeft = 0;
   };
 
+  static bool hasWork(const Peer& p);
   ShmTransport(Comm* comm) : comm_(comm) {}
   zpResult_t init();
   Peer* peer(int rank);
@@ -98,7 +98,8 @@ class ShmTransport {
   bool progressRecv(Peer& p);
   bool progressSend(Peer& p);
   bool pushCtrl(Peer& p, std::vector<char> record);
-  void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm);
+  void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer = false);
+  void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
   void notify(Peer& p);
 
   Comm* comm_;

@@ -1,0 +1,148 @@
+// An emulated multi-node cluster on one machine, for zprun --nodes.
+//
+// Each node is a network namespace; each NIC a veth pair whose node end
+// (zpnic0 .. zpnic{K-1}) sits in the node's namespace and whose other end is
+// a port of one Linux bridge per rail (rail k joins NIC k of every node). The
+// bridges live in a namespace of their own, so nothing of a cluster is ever
+// visible in the machine's own network namespace. With a rate, both ends of
+// every veth get a tbf qdisc: the node end shapes what the node sends, the
+// bridge end what it receives.
+//
+// Names (one run never collides with another, and --cleanup can tell whose
+// leftovers it sees):
+//   tag                 zp<zprun pid>-<4 random hex digits>, e.g. zp4242-9f3a
+//   node namespace      <tag>-node<i>        (also the node's hostname)
+//   bridge namespace    <tag>-rails
+//   bridge of rail k    rail<k>              (inside <tag>-rails)
+//   NIC k of node i     zpnic<k>             (inside <tag>-node<i>)
+//   its bridge port     node<i>nic<k>        (inside <tag>-rails)
+//   state directory     /run/zprun/<tag>/    lock (held by the live zprun),
+//                                            node<i>.boot_id (fresh UUIDs)
+// Addresses: NIC k of node i is 10.77.k.(i+1)/24, so rail k is the subnet
+// 10.77.k.0/24 and nodes 0..249, rails 0..31 fit. Rails are separate layer-2
+// networks: a NIC reaches the same rail of other nodes only (rail-only
+// fabric). These addresses exist only inside the run's namespaces.
+//
+// The ip and tc commands (iproute2) do the work; zprun runs them with
+// fork/exec, never through a shell, and checks each one.
+//
+// Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zprun {
+
+constexpr int kExitNoPrivilege = 3;  // --nodes without the rights (or tools) to build a cluster
+
+constexpr int kMaxNodes = 250;
+constexpr int kMaxNicsPerNode = 32;
+constexpr int kDefaultMtu = 1500;
+constexpr int kRootPort = 29500;  // rank 0's bootstrap root, inside node 0's namespace
+
+struct ClusterSpec {
+  int nodes = 0;  // 0: no cluster (zprun runs the ranks here)
+  int ranksPerNode = 1;
+  int nicsPerNode = 1;
+  uint64_t rateBps = 0;  // bits per second per NIC and direction; 0: not limited
+  int mtu = kDefaultMtu;
+};
+
+// Parses a rate in tc's syntax: a number with an optional unit, bit (also a
+// bare number), kbit, mbit, gbit, tbit, kibit .. tibit, bps (bytes/s), kbps,
+// mbps, gbps, tbps, kibps .. tibps. False if it is not one, or zero.
+bool parseRate(const std::string& text, uint64_t* bitsPerSec);
+
+// The tbf qdisc parameters zprun uses for a rate: a bucket of 1 ms at the
+// rate (at least 64 KiB plus an MTU, so a whole GSO packet fits and tbf does
+// not have to split it), and a queue of the bucket plus 5 ms at the rate (at
+// least 192 KiB), which lets one TCP flow keep the link busy.
+struct TbfParams {
+  uint64_t burstBytes;
+  uint64_t limitBytes;
+};
+TbfParams tbfParams(uint64_t rateBps, int mtu);
+
+std::string nicName(int nic);                  // zpnic<k>
+std::string nicAddress(int node, int nic);     // 10.77.<nic>.<node+1>
+int nicPrefixLength();                         // 24
+
+// What a rank's child process needs to enter its node; filled by the parent,
+// used between fork and exec (async-signal-safe calls only).
+struct NodeEntry {
+  int nsFd = -1;  // the node's network namespace (open on /run/netns/NAME)
+  const char* hostname = nullptr;
+  const char* bootIdPath = nullptr;  // bind-mounted over /proc/sys/kernel/random/boot_id
+};
+
+// Enters the node in the calling (child) process: joins its network
+// namespace, unshares the UTS and mount namespaces, makes mounts private,
+// sets the hostname, bind-mounts the node's boot id, and mounts a sysfs of the
+// node's namespace on /sys (as `ip netns exec` does, so /sys/class/net lists
+// the node's NICs; /sys/fs/cgroup is kept). On failure returns false with
+// errno set and *step naming what failed.
+bool enterNode(const NodeEntry& entry, const char** step);
+
+class Cluster {
+ public:
+  Cluster(const ClusterSpec& spec, pid_t owner);
+  ~Cluster();
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  const ClusterSpec& spec() const { return spec_; }
+  const std::string& tag() const { return tag_; }
+  std::string nodeNamespace(int node) const;
+  std::string railsNamespace() const;
+  std::string hostname(int node) const { return nodeNamespace(node); }
+  std::string stateDir() const;
+
+  // The ip / tc commands that build the cluster and those that remove it, in
+  // order (for --dry-run; create() runs the same ones).
+  std::vector<std::vector<std::string>> setupCommands() const;
+  std::vector<std::vector<std::string>> teardownCommands() const;
+
+  // Builds the cluster. Checks every step; on failure (or when *stop becomes
+  // non-zero: a signal arrived) removes whatever it made, prints why, and
+  // returns zprun's exit code: kExitNoPrivilege when the machine does not let
+  // us make namespaces, 1 for other failures, 128+signal when stopped.
+  // Returns 0 on success.
+  int create(const volatile sig_atomic_t* stop);
+
+  // Removes the cluster: ends stray processes still inside the node
+  // namespaces, deletes the namespaces (with them every veth and bridge) and
+  // the state directory. Safe to call more than once. False (after printing
+  // why) if something could not be removed.
+  bool destroy();
+
+  NodeEntry nodeEntry(int node) const;
+
+ private:
+  ClusterSpec spec_;
+  std::string tag_;
+  bool created_ = false;  // something may exist that destroy() must remove
+  int lockFd_ = -1;
+  std::vector<int> nodeFds_;
+  std::vector<std::string> hostnames_, bootIdPaths_;
+};
+
+// zprun --cleanup: removes namespaces and state directories that zprun runs
+// left behind when they died without cleaning up (SIGKILL, a crash). A run is
+// dead when nobody holds its lock file, or, without one, when its pid is gone.
+// Returns zprun's exit code.
+int cleanupStale();
+
+// Checks that this process may build a cluster (CAP_SYS_ADMIN and
+// CAP_NET_ADMIN, the ip command, and tc when needTc). Prints what is missing
+// and returns false otherwise.
+bool checkClusterPrerequisites(bool needTc);
+
+// Shell-style quoting of one argument, for printing commands.
+std::string quoteArg(const std::string& arg);
+
+}  // namespace zprun

@@ -1,0 +1,473 @@
+// Failures: ranks that die, abort or leave; strangers at the bootstrap port;
+// ranks that never join. Every surviving rank must get an error (a dead or
+// aborted peer: zpRemoteError) within the timeout, never a hang or a crash,
+// and a stranger must not stop a communicator from forming.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <climits>
+#include <cstring>
+
+#include "src/core/bootstrap.h"
+#include "tests/harness.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- A rank dies in the middle of an alltoallv loop ----
+
+enum class DeathWay { kSigkill, kExit };
+enum class DeathTime { kBeforeCall, kDuringCall };
+
+struct KillCase {
+  int nranks;
+  DeathWay way;
+  DeathTime when;
+};
+void PrintTo(const KillCase& c, std::ostream* os) {
+  *os << c.nranks << " ranks, " << (c.way == DeathWay::kSigkill ? "SIGKILL" : "_exit") << ", "
+      << (c.when == DeathTime::kBeforeCall ? "before a call" : "during a call");
+}
+std::string killName(const ::testing::TestParamInfo<KillCase>& i) {
+  return std::to_string(i.param.nranks) + "ranks_" + (i.param.way == DeathWay::kSigkill ? "sigkill" : "exit") +
+         (i.param.when == DeathTime::kBeforeCall ? "_beforeCall" : "_duringCall");
+}
+
+class KilledRank : public ::testing::TestWithParam<KillCase> {};
+
+constexpr double kDeathTimeoutSec = 20;
+
+[[noreturn]] void die(DeathWay way) {
+  if (way == DeathWay::kSigkill) kill(getpid(), SIGKILL);
+  _exit(0);  // leaves without zpCommDestroy, as a crashed program would
+}
+
+// The victim dies at iteration dieAt (before its call, or a few ms into it
+// from another thread). Every other rank must get zpRemoteError from the
+// call that needs the victim, sooner than the timeout (the death is noticed,
+// not waited out), with zpCommGetAsyncError saying the same afterwards.
+TEST_P(KilledRank, EverySurvivorGetsRemoteErrorBeforeTheTimeout) {
+  KillCase c = GetParam();
+  uint64_t seed = zptest::testCaseSeed();
+  int victim = 1 + (int)(seed % (c.nranks - 1));
+  int dieAt = 2 + (int)((seed >> 8) % 4);
+  auto exits = zptest::runRanks(c.nranks, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(kDeathTimeoutSec);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    const size_t maxCounts[] = {17, 3000, 300000};
+    // Ranks loop until the failure: the victim is sure to die, so it comes.
+    for (int it = 0;; it++) {
+      if (rank == victim && it == dieAt) {
+        if (c.when == DeathTime::kBeforeCall) die(c.way);
+        useconds_t delay = 1000 * (useconds_t)((seed >> 16) % 15);
+        DeathWay way = c.way;
+        std::thread([delay, way] {
+          usleep(delay);
+          die(way);
+        }).detach();
+      }
+      zptest::AlltoallvRun run(rank, zptest::randomCounts(n, seed + it, maxCounts[it % 3], 0.2), zpFloat32,
+                               seed + it);
+      auto start = Clock::now();
+      zpResult_t r = run.run(comm);
+      double took = zptest::secondsSince(start);
+      if (r == zpSuccess) {
+        EXPECT_EQ(run.check(), "") << "iteration " << it;
+        continue;
+      }
+      ASSERT_NE(rank, victim) << "the victim itself failed: " << zpGetLastError(comm);
+      EXPECT_EQ(r, zpRemoteError) << "rank " << rank << ", iteration " << it << ": " << zpGetLastError(comm);
+      EXPECT_STRNE(zpGetLastError(comm), "");
+      EXPECT_GE(it, dieAt) << "failed before the victim died: " << zpGetLastError(comm);
+      EXPECT_LT(took, kDeathTimeoutSec) << "the death of rank " << victim << " was not noticed: " << zpGetLastError(comm);
+      break;
+    }
+    zpResult_t async = zpSuccess;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpRemoteError);
+    // The communicator stays broken: the next call fails at once, the same way.
+    zptest::AlltoallvRun again(rank, zptest::uniformCounts(n, 5), zpFloat32, seed);
+    EXPECT_EQ(again.run(comm), zpRemoteError);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  for (int r = 0; r < c.nranks; r++) {
+    if (r != victim) {
+      EXPECT_TRUE(exits[r].ok()) << "rank " << r << (exits[r].exited ? " exited with code " : " killed by signal ")
+                                 << exits[r].code;
+    } else if (c.way == DeathWay::kSigkill) {
+      EXPECT_TRUE(!exits[r].exited && exits[r].code == SIGKILL) << "the victim should have died of SIGKILL";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Deaths, KilledRank,
+                         ::testing::Values(KillCase{3, DeathWay::kSigkill, DeathTime::kBeforeCall},
+                                           KillCase{4, DeathWay::kExit, DeathTime::kBeforeCall},
+                                           KillCase{4, DeathWay::kSigkill, DeathTime::kDuringCall},
+                                           KillCase{3, DeathWay::kExit, DeathTime::kDuringCall},
+                                           KillCase{8, DeathWay::kSigkill, DeathTime::kDuringCall}),
+                         killName);
+
+// ---- zpCommAbort and zpCommDestroy ----
+
+struct Progress {
+  std::atomic<int> waiting{0};   // ranks about to call into the communicator
+  std::atomic<int> left{0};      // the rank that leaves has done so
+  std::atomic<int> finished{0};  // ranks done checking
+};
+
+constexpr double kLongTimeoutSec = 60;
+
+// Rank 0 aborts while the others wait on it in an alltoallv. They must fail
+// with zpRemoteError at once (rank 0 stays alive, so it is the abort they
+// see, not a death), and their later calls fail too, even between themselves.
+TEST(Abort, PeersWaitingOnTheAbortingRankGetRemoteError) {
+  for (int nranks : {3, 4}) {
+    SCOPED_TRACE(std::to_string(nranks) + " ranks");
+    zptest::Shared<Progress> progress;
+    auto exits = zptest::runRanks(nranks, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setTimeoutSeconds(kLongTimeoutSec);
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      if (rank == 0) {
+        ASSERT_TRUE(zptest::waitFor([&] { return progress->waiting == n - 1; }, 60));
+        usleep(100 * 1000);  // most likely they are waiting inside the call now (either way they must fail)
+        ZP_EXPECT_OK(zpCommAbort(comm));
+        progress->left = 1;
+        EXPECT_TRUE(zptest::waitFor([&] { return progress->finished == n - 1; }, 100));
+        return;
+      }
+      progress->waiting++;
+      zptest::AlltoallvRun run(rank, zptest::uniformCounts(n, 1000), zpFloat32, 1);
+      auto start = Clock::now();
+      zpResult_t r = run.run(comm);
+      EXPECT_EQ(r, zpRemoteError) << "rank " << rank << ": " << zpGetLastError(comm);
+      EXPECT_STRNE(zpGetLastError(comm), "");
+      EXPECT_LT(zptest::secondsSince(start), kLongTimeoutSec) << "the abort was not noticed";
+      zpResult_t async = zpSuccess;
+      ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+      EXPECT_EQ(async, zpRemoteError);
+      // Between the remaining ranks too, everything fails now.
+      int other = rank == 1 ? 2 : 1;
+      float x[4] = {0};
+      ZP_EXPECT_ERROR(zpRemoteError, zpSend(x, 4, zpFloat32, other, comm, nullptr));
+      progress->finished++;
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    zptest::expectAllOk(exits);
+  }
+}
+
+// Rank 2 sends rank 0 a message and destroys its communicator. Rank 0 still
+// gets that message; then calls that need rank 2 fail with zpRemoteError
+// (not after the timeout), while ranks 0 and 1 go on talking.
+TEST(Destroy, PeersOfADestroyedRankFailOnlyWhatNeedsIt) {
+  uint64_t seed = zptest::testCaseSeed();
+  zptest::Shared<Progress> progress;
+  auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(kLongTimeoutSec);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    zptest::GuardedBuffer msg(1000, 1);
+    if (rank == 2) {
+      msg.fill(seed, 2, 0);
+      ZP_EXPECT_OK(zpSend(msg.data(), 1000, zpUint8, 0, comm, nullptr));
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+      progress->left = 1;
+      EXPECT_TRUE(zptest::waitFor([&] { return progress->finished == 2; }, 100));
+      return;
+    }
+    ASSERT_TRUE(zptest::waitFor([&] { return progress->left == 1; }, 60));
+    auto start = Clock::now();
+    if (rank == 0) {
+      ZP_EXPECT_OK(zpRecv(msg.data(), 1000, zpUint8, 2, comm, nullptr));
+      EXPECT_EQ(msg.wrongBytes(seed, 2, 0), 0u) << "the message sent before zpCommDestroy was lost";
+      ZP_EXPECT_ERROR(zpRemoteError, zpRecv(msg.data(), 1000, zpUint8, 2, comm, nullptr));
+    } else {
+      ZP_EXPECT_ERROR(zpRemoteError, zpSend(msg.data(), 1000, zpUint8, 2, comm, nullptr));
+    }
+    EXPECT_LT(zptest::secondsSince(start), kLongTimeoutSec) << "the destroyed peer was waited out, not noticed";
+    // Ranks 0 and 1 still talk.
+    int peer = 1 - rank;
+    zptest::GuardedBuffer send(50000, 2), recv(50000, 3);
+    send.fill(seed + 1, rank, peer);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send.data(), 50000, zpUint8, peer, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(recv.data(), 50000, zpUint8, peer, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recv.wrongBytes(seed + 1, peer, rank), 0u);
+    // A collective that needs rank 2 fails.
+    zptest::AlltoallvRun run(rank, zptest::uniformCounts(n, 10), zpFloat32, seed);
+    EXPECT_EQ(run.run(comm), zpRemoteError) << zpGetLastError(comm);
+    progress->finished++;
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
+// Rank 1 sends rank 0 a message too large to leave in the ring (single copy:
+// it waits for the reader; copy: it waits for ring space). Rank 0 destroys
+// its communicator instead of receiving: the send fails with zpRemoteError,
+// without waiting for the timeout.
+TEST(Destroy, LargeSendToARankThatDestroysFails) {
+  for (const char* proto : {"auto", "copy"}) {
+    SCOPED_TRACE(std::string("ZP_SHM_PROTO=") + proto);
+    zptest::Shared<Progress> progress;
+    auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setShmProto(proto);
+      zptest::setTimeoutSeconds(kLongTimeoutSec);
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      if (rank == 0) {
+        ASSERT_TRUE(zptest::waitFor([&] { return progress->waiting == 1; }, 60));
+        usleep(50 * 1000);  // most likely the send is waiting by now (either way it must fail)
+        ZP_EXPECT_OK(zpCommDestroy(comm));
+        EXPECT_TRUE(zptest::waitFor([&] { return progress->finished == 1; }, 100));
+        return;
+      }
+      std::vector<uint8_t> big(8 << 20, 7);
+      progress->waiting = 1;
+      auto start = Clock::now();
+      ZP_EXPECT_ERROR(zpRemoteError, zpSend(big.data(), big.size(), zpUint8, 0, comm, nullptr));
+      EXPECT_LT(zptest::secondsSince(start), kLongTimeoutSec) << "the destroyed peer was waited out, not noticed";
+      progress->finished = 1;
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    zptest::expectAllOk(exits);
+  }
+}
+
+// A rank dies while the communicator forms (before, during or after its
+// rendezvous, depending on timing): the others get an error from init, or
+// from their first call, never a hang.
+TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
+  uint64_t seed = zptest::testCaseSeed();
+  for (int round = 0; round < 4; round++) {
+    useconds_t delay = (useconds_t)(((seed >> (8 * round)) % 8) * 1000 * round);
+    SCOPED_TRACE("death after " + std::to_string(delay) + " us");
+    auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+      if (rank == 2) {
+        std::thread([delay] {
+          usleep(delay);
+          kill(getpid(), SIGKILL);
+        }).detach();
+      }
+      zpComm_t comm = nullptr;
+      zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+      cfg.timeoutMs = 5000;  // if the victim never joins, the others wait this long
+      zpResult_t r = zpCommInitRankConfig(&comm, n, id, rank, &cfg);
+      if (rank == 2) pause();  // the victim waits for its death
+      if (r != zpSuccess) {
+        EXPECT_STRNE(zpGetLastError(nullptr), "");
+        return;
+      }
+      zptest::AlltoallvRun run(rank, zptest::uniformCounts(n, 100), zpFloat32, seed);
+      EXPECT_EQ(run.run(comm), zpRemoteError) << zpGetLastError(comm);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    EXPECT_TRUE(exits[0].ok() && exits[1].ok());
+    EXPECT_FALSE(exits[2].exited);
+  }
+}
+
+// ---- Strangers at the bootstrap port ----
+
+int connectTo(const sockaddr_storage& addr) {
+  int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (connect(fd, (const sockaddr*)&addr, len) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void sendBytes(int fd, const void* p, size_t n) {
+  ssize_t sent = send(fd, p, n, MSG_NOSIGNAL);
+  EXPECT_EQ(sent, (ssize_t)n) << strerror(errno);
+}
+
+// Makes one connection of each kind to the root; returns those it keeps open.
+std::vector<int> strangers(const zp::IdLayout& id, uint64_t seed) {
+  sockaddr_storage addr = zp::idAddress(id);
+  std::vector<int> open;
+  std::mt19937_64 rng(seed);
+  auto connectOrFail = [&](const char* what) {
+    int fd = connectTo(addr);
+    EXPECT_GE(fd, 0) << what << ": cannot connect to the root: " << strerror(errno);
+    return fd;
+  };
+  // (a) garbage
+  if (int fd = connectOrFail("garbage"); fd >= 0) {
+    std::vector<char> junk(300);
+    for (char& ch : junk) ch = (char)rng();
+    junk[0] = 'G';
+    sendBytes(fd, junk.data(), junk.size());
+    open.push_back(fd);
+  }
+  // (b) a well-formed header with a wrong secret
+  if (int fd = connectOrFail("wrong secret"); fd >= 0) {
+    zp::JoinHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = zp::kIdMagic;
+    memcpy(h.secret, id.secret, sizeof(h.secret));
+    h.secret[5] ^= 0x40;
+    h.nranks = 4;
+    h.timeoutMs = 1000;
+    h.info.rank = 0;
+    sendBytes(fd, &h, sizeof(h));
+    open.push_back(fd);
+  }
+  // (c) connects and says nothing
+  if (int fd = connectOrFail("silent"); fd >= 0) open.push_back(fd);
+  // (d) connects and closes at once
+  if (int fd = connectOrFail("connect and close"); fd >= 0) close(fd);
+  // (e) the right magic and secret, then silence in the middle of the header
+  if (int fd = connectOrFail("half a header"); fd >= 0) {
+    zp::JoinHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = zp::kIdMagic;
+    memcpy(h.secret, id.secret, sizeof(h.secret));
+    sendBytes(fd, &h, offsetof(zp::JoinHeader, nranks) + 2);
+    open.push_back(fd);
+  }
+  // (f) the right secret with nonsense in the header
+  if (int fd = connectOrFail("bad nranks"); fd >= 0) {
+    zp::JoinHeader h;
+    memset(&h, 0, sizeof(h));
+    h.magic = zp::kIdMagic;
+    memcpy(h.secret, id.secret, sizeof(h.secret));
+    h.nranks = -7;
+    h.info.rank = 3;
+    sendBytes(fd, &h, sizeof(h));
+    open.push_back(fd);
+  }
+  return open;
+}
+
+// True once the other end has closed fd (end of file or reset), within timeoutSec.
+bool closedByPeer(int fd, double timeoutSec) {
+  auto end = Clock::now() + std::chrono::duration<double>(timeoutSec);
+  char buf[4096];
+  while (Clock::now() < end) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+    if (n < 0 && errno != EINTR && errno != EAGAIN) return true;
+  }
+  return false;
+}
+
+struct Gate {
+  std::atomic<int> open{0};  // 1: ranks 0 and 1 may init; 2: all may
+  std::atomic<int> joining{0};
+};
+
+// Strangers connect before any rank joins and again while some have joined
+// and others not yet: the communicator still forms and works, and the root
+// closes every stranger's connection.
+TEST(Bootstrap, StrangersAtTheRootPortAreDroppedAndTheCommunicatorForms) {
+  uint64_t seed = zptest::testCaseSeed();
+  zpUniqueId uid;
+  ASSERT_EQ(zpGetUniqueId(&uid), zpSuccess);
+  zp::IdLayout layout;
+  ASSERT_TRUE(zp::decodeId(uid, &layout));
+  zptest::Shared<Gate> gate;
+  std::vector<int> open;
+  zptest::RunOptions opts;
+  // In the parent, after the fork, so that no rank inherits these sockets.
+  opts.afterFork = [&] {
+    open = strangers(layout, seed);
+    gate->open = 1;
+    zptest::waitFor([&] { return gate->joining == 2; }, 60);
+    usleep(100 * 1000);  // most likely ranks 0 and 1 are in the rendezvous by now
+    std::vector<int> more = strangers(layout, seed + 1);
+    open.insert(open.end(), more.begin(), more.end());
+    gate->open = 2;
+  };
+  auto exits = zptest::runRanksWithId(uid, 4, [&](int rank, int n, const zpUniqueId& id) {
+    ASSERT_TRUE(zptest::waitFor([&] { return gate->open >= (rank < 2 ? 1 : 2); }, 60));
+    gate->joining++;
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    zptest::checkedAlltoallv(comm, rank, zptest::randomCounts(n, seed, 20000, 0.1), zpInt32, seed);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, opts);
+  zptest::expectAllOk(exits);
+  EXPECT_EQ(open.size(), 10u);
+  for (size_t i = 0; i < open.size(); i++) {
+    EXPECT_TRUE(closedByPeer(open[i], 30)) << "stranger connection " << i << " was never closed by the root";
+    close(open[i]);
+  }
+}
+
+// ---- Ranks that never join, or join wrongly ----
+
+// Init with this timeout; returns its result.
+zpResult_t initWithTimeout(zpComm_t* comm, int nranks, const zpUniqueId& id, int rank, int timeoutMs) {
+  zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+  cfg.timeoutMs = timeoutMs;
+  return zpCommInitRankConfig(comm, nranks, id, rank, &cfg);
+}
+
+constexpr int kShortTimeoutMs = 3000;
+
+TEST(Bootstrap, RankThatNeverJoinsFailsTheOthersInit) {
+  auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    if (rank == 2) return;  // never joins
+    zpComm_t comm = nullptr;
+    auto start = Clock::now();
+    zpResult_t r = initWithTimeout(&comm, n, id, rank, kShortTimeoutMs);
+    EXPECT_NE(r, zpSuccess);
+    EXPECT_STRNE(zpGetLastError(nullptr), "");
+    EXPECT_LT(zptest::secondsSince(start), 60) << "init waited far longer than its timeout";
+  });
+  zptest::expectAllOk(exits);
+}
+
+TEST(Bootstrap, RanksDisagreeingOnNranksFailInit) {
+  auto exits = zptest::runRanks(2, [&](int rank, int, const zpUniqueId& id) {
+    zpComm_t comm = nullptr;
+    zp::clearLastError();
+    zpResult_t r = initWithTimeout(&comm, rank == 0 ? 2 : 3, id, rank, kShortTimeoutMs);
+    EXPECT_NE(r, zpSuccess);
+    EXPECT_STRNE(zpGetLastError(nullptr), "");
+  });
+  zptest::expectAllOk(exits);
+}
+
+TEST(Bootstrap, TwoProcessesClaimingOneRankFailInit) {
+  auto exits = zptest::runRanks(2, [&](int, int, const zpUniqueId& id) {
+    zpComm_t comm = nullptr;
+    zp::clearLastError();
+    EXPECT_NE(initWithTimeout(&comm, 2, id, 0, kShortTimeoutMs), zpSuccess);
+    EXPECT_STRNE(zpGetLastError(nullptr), "");
+  });
+  zptest::expectAllOk(exits);
+}
+
+TEST(Bootstrap, UnreachableRootFailsInitWithRemoteError) {
+  zptest::expectAllOk({zptest::runInChild([] {
+    zpUniqueId id;
+    ZP_ASSERT_OK(zpGetUniqueId(&id));
+    zp::IdLayout layout;
+    ASSERT_TRUE(zp::decodeId(id, &layout));
+    // Point the id at a loopback port nobody listens on.
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(fd, (sockaddr*)&a, sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd, (sockaddr*)&a, &len);
+    close(fd);
+    sockaddr_storage s = {};
+    memcpy(&s, &a, sizeof(a));
+    zp::setIdAddress(&layout, s);
+    zpComm_t comm = nullptr;
+    ZP_EXPECT_ERROR(zpRemoteError, initWithTimeout(&comm, 2, zp::encodeId(layout), 1, kShortTimeoutMs));
+  })});
+}
+
+}  // namespace

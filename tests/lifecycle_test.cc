@@ -1,0 +1,344 @@
+// Communicator lifecycle: several communicators at once, init/destroy in a
+// loop without leaking file descriptors, threads or shared memory, the
+// single-rank communicator, zpCommCount / zpCommUserRank, and
+// zpCommInitFromEnv with zprun-, torchrun- and mpirun-style environments.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/core/bootstrap.h"
+#include "tests/harness.h"
+
+namespace {
+
+using zptest::checkedAlltoallv;
+using zptest::randomCounts;
+
+void expectCountAndRank(zpComm_t comm, int nranks, int rank) {
+  int count = -1, me = -1;
+  ZP_EXPECT_OK(zpCommCount(comm, &count));
+  ZP_EXPECT_OK(zpCommUserRank(comm, &me));
+  EXPECT_EQ(count, nranks);
+  EXPECT_EQ(me, rank);
+}
+
+TEST(Lifecycle, CountAndUserRankMatchInit) {
+  for (int n : {1, 3, 8}) {
+    auto exits = zptest::runRanks(n, [](int rank, int nranks, const zpUniqueId& id) {
+      zpComm_t comm = zptest::initComm(rank, nranks, id);
+      expectCountAndRank(comm, nranks, rank);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    zptest::expectAllOk(exits);
+  }
+}
+
+TEST(Lifecycle, SingleRankCommunicatorTalksToItself) {
+  uint64_t seed = zptest::testCaseSeed();
+  auto exits = zptest::runRanks(1, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    for (size_t maxCount : {(size_t)10, (size_t)100000})
+      checkedAlltoallv(comm, rank, randomCounts(1, seed + maxCount, maxCount, 0), zpFloat64, seed + maxCount);
+    zptest::GuardedBuffer send(70000, 1), recv(70000, 2);
+    send.fill(seed, 0, 0);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send.data(), 70000, zpUint8, 0, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(recv.data(), 70000, zpUint8, 0, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(recv.wrongBytes(seed, 0, 0), 0u);
+    EXPECT_EQ(recv.guardBytesWritten(), 0u);
+    // Alone, an ungrouped send to self has no receive to meet.
+    EXPECT_NE(zpSend(send.data(), 10, zpUint8, 0, comm, nullptr), zpSuccess);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
+// Rank 0 makes three more ids and hands them out over the first
+// communicator; all four communicators work side by side, calls interleaved.
+TEST(Lifecycle, FourCommunicatorsAtOnceInterleaved) {
+  uint64_t seed = zptest::testCaseSeed();
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    auto exits = zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+      zpComm_t first = zptest::initComm(rank, nranks, id);
+      std::vector<zpComm_t> comms = zptest::makeMoreComms(first, rank, nranks, 3);
+      comms.insert(comms.begin(), first);
+      for (zpComm_t c : comms) expectCountAndRank(c, nranks, rank);
+      std::mt19937_64 rng(seed + n);  // the same order on every rank
+      std::vector<int> order = {0, 1, 2, 3};
+      for (int it = 0; it < 4; it++) {
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int k : order) {
+          uint64_t s = rng();
+          checkedAlltoallv(comms[k], rank, randomCounts(nranks, s, it % 2 ? 40000 : 300, 0.2), zpInt32, s);
+        }
+      }
+      // One group with a ring exchange on each communicator.
+      int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+      std::vector<std::unique_ptr<zptest::GuardedBuffer>> sends, recvs;
+      ZP_ASSERT_OK(zpGroupStart());
+      for (size_t k = 0; k < comms.size(); k++) {
+        sends.emplace_back(new zptest::GuardedBuffer(1000 + 20000 * k, k));
+        recvs.emplace_back(new zptest::GuardedBuffer(1000 + 20000 * k, k + 1));
+        sends[k]->fill(seed + k, rank, next);
+        ZP_EXPECT_OK(zpSend(sends[k]->data(), sends[k]->size(), zpUint8, next, comms[k], nullptr));
+        ZP_EXPECT_OK(zpRecv(recvs[k]->data(), recvs[k]->size(), zpUint8, prev, comms[k], nullptr));
+      }
+      ZP_ASSERT_OK(zpGroupEnd());
+      for (size_t k = 0; k < comms.size(); k++) EXPECT_EQ(recvs[k]->wrongBytes(seed + k, prev, rank), 0u) << k;
+      // Destroyed in another order than made; the rest keep working.
+      ZP_EXPECT_OK(zpCommDestroy(comms[2]));
+      ZP_EXPECT_OK(zpCommDestroy(comms[0]));
+      checkedAlltoallv(comms[3], rank, randomCounts(nranks, seed, 1000, 0.1), zpInt8, seed);
+      ZP_EXPECT_OK(zpCommDestroy(comms[3]));
+      checkedAlltoallv(comms[1], rank, randomCounts(nranks, seed, 1000, 0.1), zpInt8, seed);
+      ZP_EXPECT_OK(zpCommDestroy(comms[1]));
+    });
+    zptest::expectAllOk(exits);
+  }
+}
+
+// Two threads per process, each with its own communicator (as NCCL allows):
+// they initialize and run at the same time, and each thread's
+// zpGetLastError is its own.
+TEST(Lifecycle, TwoThreadsEachWithItsOwnCommunicator) {
+  uint64_t seed = zptest::testCaseSeed();
+  zpUniqueId second;
+  ASSERT_EQ(zpGetUniqueId(&second), zpSuccess);
+  auto exits = zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& first) {
+    std::atomic<int> erred{0};
+    auto work = [&](int k) {
+      zpComm_t comm = zptest::initComm(rank, nranks, k == 0 ? first : second);
+      for (int it = 0; it < 10; it++) {
+        uint64_t s = seed + 100 * k + it;
+        checkedAlltoallv(comm, rank, randomCounts(nranks, s, it % 2 ? 50000 : 500, 0.2), zpInt32, s);
+      }
+      if (k == 1) {
+        float x = 0;
+        EXPECT_EQ(zpSend(&x, 1, (zpDataType_t)42, 0, comm, nullptr), zpInvalidArgument);
+        erred = 1;
+      } else {
+        zptest::waitFor([&] { return erred == 1; }, 60);
+        EXPECT_STREQ(zpGetLastError(nullptr), "") << "thread 0 sees thread 1's error";
+      }
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    };
+    zp::clearLastError();
+    std::thread t1(work, 1);
+    work(0);
+    t1.join();
+  });
+  zptest::expectAllOk(exits);
+}
+
+// ---- Leaks ----
+
+size_t dirEntries(const char* path) {
+  size_t n = 0;
+  if (DIR* d = opendir(path)) {
+    while (dirent* e = readdir(d))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+  }
+  return n;
+}
+size_t openFds() { return dirEntries("/proc/self/fd"); }
+size_t threads() { return dirEntries("/proc/self/task"); }
+
+// /dev/shm entries of the communicator made from id (named after its secret).
+std::vector<std::string> shmEntriesOf(const zpUniqueId& id) {
+  zp::IdLayout layout;
+  if (!zp::decodeId(id, &layout)) return {};
+  char prefix[32];
+  snprintf(prefix, sizeof(prefix), "zp-%02x%02x%02x%02x%02x%02x%02x%02x", layout.secret[0], layout.secret[1],
+           layout.secret[2], layout.secret[3], layout.secret[4], layout.secret[5], layout.secret[6], layout.secret[7]);
+  std::vector<std::string> found;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found.push_back(e->d_name);
+    closedir(d);
+  }
+  return found;
+}
+
+// One new communicator from an id rank 0 makes and sends over `base`.
+zpComm_t freshComm(zpComm_t base, int rank, int nranks, zpUniqueId* idOut) {
+  zpUniqueId id;
+  if (rank == 0) EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  EXPECT_EQ(zpGroupStart(), zpSuccess);
+  for (int p = 1; p < nranks && rank == 0; p++) ZP_EXPECT_OK(zpSend(&id, sizeof(id), zpUint8, p, base, nullptr));
+  if (rank != 0) ZP_EXPECT_OK(zpRecv(&id, sizeof(id), zpUint8, 0, base, nullptr));
+  EXPECT_EQ(zpGroupEnd(), zpSuccess);
+  *idOut = id;
+  return zptest::initComm(rank, nranks, id);
+}
+
+TEST(Lifecycle, InitDestroyLoopLeaksNoFdsThreadsOrSharedMemory) {
+  const int kIterations = 50;
+  uint64_t seed = zptest::testCaseSeed();
+  auto exits = zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t base = zptest::initComm(rank, nranks, id);
+    zpUniqueId each;
+    // One round first, so that whatever is made once per process exists.
+    zpComm_t warm = freshComm(base, rank, nranks, &each);
+    ZP_EXPECT_OK(zpCommDestroy(warm));
+    auto settled = [&](size_t fds, size_t thr) {
+      return zptest::waitFor([&] { return openFds() <= fds && threads() <= thr; }, 10);
+    };
+    // Gives the warm-up's rendezvous thread (on rank 0) time to end.
+    zptest::waitFor([&] { return threads() <= 1; }, 10);
+    size_t fds0 = openFds(), threads0 = threads();
+    std::vector<zpUniqueId> ids;
+    for (int it = 0; it < kIterations; it++) {
+      zpComm_t c = freshComm(base, rank, nranks, &each);
+      ids.push_back(each);
+      size_t maxCount = it % 10 == 9 ? 100000 : 100;
+      checkedAlltoallv(c, rank, randomCounts(nranks, seed + it, maxCount, 0.2), zpUint8, seed + it);
+      ZP_EXPECT_OK(zpCommDestroy(c));
+      if (::testing::Test::HasFailure()) break;
+    }
+    // Rendezvous threads end, and fds close, shortly after the last init.
+    EXPECT_TRUE(settled(fds0, threads0)) << "rank " << rank << ": " << openFds() << " fds open (" << fds0
+                                         << " before), " << threads() << " threads (" << threads0 << " before)";
+    for (const zpUniqueId& i : ids) {
+      std::vector<std::string> left = shmEntriesOf(i);
+      EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left[0];
+    }
+    ZP_EXPECT_OK(zpCommDestroy(base));
+  });
+  zptest::expectAllOk(exits);
+}
+
+// ---- zpCommInitFromEnv ----
+
+// Runs a small checked job on a communicator made by zpCommInitFromEnv after
+// setEnv(rank, nranks) has described the job in the environment.
+void jobFromEnv(int nranks, const std::function<void(int rank, int nranks)>& setEnv, uint64_t seed,
+                int timeoutSec = 120) {
+  zpUniqueId unused;
+  memset(&unused, 0, sizeof(unused));
+  zptest::RunOptions opts;
+  opts.timeoutSec = timeoutSec;
+  auto exits = zptest::runRanksWithId(unused, nranks, [&](int rank, int n, const zpUniqueId&) {
+    zptest::clearLauncherEnv();
+    setEnv(rank, n);
+    zpComm_t comm = nullptr;
+    ZP_ASSERT_OK(zpCommInitFromEnv(&comm, nullptr));
+    expectCountAndRank(comm, n, rank);
+    checkedAlltoallv(comm, rank, randomCounts(n, seed, 50000, 0.2), zpFloat16, seed);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, opts);
+  zptest::expectAllOk(exits);
+}
+
+TEST(InitFromEnv, ZprunVariables) {
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::string hex = zp::idToHex(id);
+  jobFromEnv(3, [&](int rank, int n) {
+    setenv("ZP_RANK", std::to_string(rank).c_str(), 1);
+    setenv("ZP_NRANKS", std::to_string(n).c_str(), 1);
+    setenv("ZP_UNIQUE_ID", hex.c_str(), 1);
+  }, zptest::testCaseSeed());
+}
+
+// A loopback port that is free now, with the next one free too (the library
+// listens on MASTER_PORT + 1, leaving MASTER_PORT to torchrun's own store).
+int freePortPair() {
+  for (int attempt = 0; attempt < 100; attempt++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(fd, (sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (sockaddr*)&a, &len) != 0) {
+      close(fd);
+      continue;
+    }
+    int port = ntohs(a.sin_port);
+    int fd2 = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in b = a;
+    b.sin_port = htons(port + 1);
+    bool nextFree = port < 65535 && bind(fd2, (sockaddr*)&b, sizeof(b)) == 0;
+    close(fd2);
+    close(fd);
+    if (nextFree) return port;
+  }
+  return -1;
+}
+
+TEST(InitFromEnv, TorchrunVariablesTwiceOnOnePort) {
+  int port = freePortPair();
+  ASSERT_GT(port, 0) << "no free loopback port pair";
+  // The second job reuses the address right after the first (a restart).
+  for (int job = 0; job < 2; job++) {
+    SCOPED_TRACE("job " + std::to_string(job));
+    jobFromEnv(3, [&](int rank, int n) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    }, zptest::testCaseSeed() + job);
+  }
+}
+
+TEST(InitFromEnv, MpirunVariablesOnOneNodeUseAFileThatIsRemovedAfterInit) {
+  uint64_t seed = zptest::testCaseSeed();
+  std::string job = "zptest" + std::to_string(getpid()) + "x" + std::to_string(seed % 1000000);
+  jobFromEnv(3, [&](int rank, int n) {
+    setenv("OMPI_COMM_WORLD_RANK", std::to_string(rank).c_str(), 1);
+    setenv("OMPI_COMM_WORLD_SIZE", std::to_string(n).c_str(), 1);
+    setenv("OMPI_MCA_ess_base_jobid", job.c_str(), 1);
+  }, seed);
+  size_t left = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) left += strstr(e->d_name, job.c_str()) != nullptr;
+    closedir(d);
+  }
+  EXPECT_EQ(left, 0u) << "the rendezvous file of job " << job << " was left in /dev/shm";
+}
+
+TEST(InitFromEnv, MissingOrBadEnvironmentIsRefused) {
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::string hex = zp::idToHex(id);
+  struct Case {
+    std::vector<std::pair<const char*, std::string>> env;
+    zpResult_t expected;
+  };
+  const std::vector<Case> cases = {
+      {{}, zpInvalidUsage},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, zpInvalidUsage},  // no MASTER_ADDR / MASTER_PORT
+      {{{"ZP_RANK", "0"}, {"ZP_NRANKS", "2"}, {"ZP_UNIQUE_ID", "not-hex"}}, zpInvalidArgument},
+      {{{"ZP_RANK", "0"}, {"ZP_NRANKS", "2"}, {"ZP_UNIQUE_ID", hex.substr(2)}}, zpInvalidArgument},
+      {{{"ZP_RANK", "2"}, {"ZP_NRANKS", "2"}, {"ZP_UNIQUE_ID", hex}}, zpInvalidArgument},
+      {{{"ZP_RANK", "-1"}, {"ZP_NRANKS", "2"}, {"ZP_UNIQUE_ID", hex}}, zpInvalidArgument},
+      {{{"ZP_RANK", "0"}, {"ZP_NRANKS", "zero"}, {"ZP_UNIQUE_ID", hex}}, zpInvalidArgument},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "http"}},
+       zpInvalidArgument},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "70000"}},
+       zpInvalidArgument},
+      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "x"}}, zpInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    std::string desc;
+    for (auto& kv : c.env) desc += std::string(kv.first) + "=" + kv.second + " ";
+    SCOPED_TRACE("environment: " + (desc.empty() ? std::string("(none)") : desc));
+    zptest::expectAllOk({zptest::runInChild([&] {
+      zptest::clearLauncherEnv();
+      zptest::setTimeoutSeconds(10);  // an init that wrongly goes ahead fails instead of hanging
+      for (auto& kv : c.env) setenv(kv.first, kv.second.c_str(), 1);
+      zpComm_t comm = nullptr;
+      ZP_EXPECT_ERROR(c.expected, zpCommInitFromEnv(&comm, nullptr));
+    })});
+  }
+  zptest::expectAllOk({zptest::runInChild([] { ZP_EXPECT_ERROR(zpInvalidArgument, zpCommInitFromEnv(nullptr, nullptr)); })});
+}
+
+}  // namespace

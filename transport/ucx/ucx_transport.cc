@@ -1,0 +1,468 @@
+#include "transport/ucx/ucx_transport.h"
+
+#include <poll.h>
+
+#include <cstring>
+
+#include "src/core/log.h"
+#include "src/core/socket.h"
+
+namespace zp {
+
+namespace {
+
+enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2 };
+enum CtrlType : uint32_t { kCtrlStatus = 1, kCtrlBye = 2, kCtrlAbort = 3 };
+constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = 36;
+constexpr uint64_t kSeqMask = (1ull << kSrcShift) - 1;
+constexpr uint64_t kSrcMask = (1ull << 20) - 1;
+constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
+constexpr ucp_tag_t kMatchType = 3ull << kTypeShift;
+constexpr size_t kCtrlMax = 1024;
+
+ucp_tag_t makeTag(uint64_t type, uint64_t kind, uint64_t src, uint64_t seq) {
+  return type << kTypeShift | (kind & 0x3F) << kKindShift | (src & kSrcMask) << kSrcShift | (seq & kSeqMask);
+}
+uint32_t tagKind(ucp_tag_t t) { return (uint32_t)((t >> kKindShift) & 0x3F); }
+int tagSrc(ucp_tag_t t) { return (int)((t >> kSrcShift) & kSrcMask); }
+
+}  // namespace
+
+struct UcxTransport::Request {
+  Request(UcxTransport* t_, Op* op_, bool meta_, int peer_) : t(t_), op(op_), meta(meta_), peer(peer_) {}
+  UcxTransport* t;
+  Op* op;  // null for control messages
+  bool meta;
+  int peer;
+  void* ucx = nullptr;
+  std::string payload;  // a control send owns its bytes
+  // UCX may call the callback before the posting call returns; the
+  // completion is then kept here and handled once the call has returned.
+  bool early = false;
+  ucs_status_t earlyStatus = UCS_OK;
+  size_t earlyLength = 0;
+  ucp_tag_t earlyTag = 0;
+};
+
+namespace {
+// Records a failure; the op completes once every UCP request of it has.
+void fault(Op* op, zpResult_t st, const std::string& err) {
+  if (op->status != zpSuccess) return;
+  op->status = st;
+  op->error = err;
+}
+}  // namespace
+
+zpResult_t UcxTransport::create(Comm* comm, std::unique_ptr<UcxTransport>* out, std::string* address) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(comm));
+  ZP_CHECK(t->init(address));
+  *out = std::move(t);
+  return zpSuccess;
+}
+
+zpResult_t UcxTransport::init(std::string* address) {
+  const Config& cfg = comm_->cfg;
+  device_ = !cfg.netDevices.empty() ? cfg.netDevices : cfg.socketIfname;
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return fail(zpSystemError, "UCX: cannot read its configuration: %s", ucs_status_string(st));
+  if (!device_.empty()) {
+    st = ucp_config_modify(config, "NET_DEVICES", device_.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return fail(zpInvalidArgument, "UCX: NET_DEVICES=%s refused: %s", device_.c_str(), ucs_status_string(st));
+    }
+  }
+  ucp_params_t params;
+  memset(&params, 0, sizeof(params));
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK)
+    return fail(zpSystemError, "UCX: ucp_init failed (NET_DEVICES=%s): %s", device_.empty() ? "all" : device_.c_str(),
+                ucs_status_string(st));
+  ucp_worker_params_t wp;
+  memset(&wp, 0, sizeof(wp));
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // one call at a time per communicator, any thread
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) return fail(zpSystemError, "UCX: cannot create a worker: %s", ucs_status_string(st));
+  st = ucp_worker_get_efd(worker_, &efd_);
+  if (st != UCS_OK) return fail(zpSystemError, "UCX: no wake-up fd: %s", ucs_status_string(st));
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &len);
+  if (st != UCS_OK) return fail(zpSystemError, "UCX: no worker address: %s", ucs_status_string(st));
+  address->assign((const char*)addr, len);
+  ucp_worker_release_address(worker_, addr);
+  peers_.resize(comm_->nranks);
+  ctrlBuf_.resize(kCtrlMax);
+  return zpSuccess;
+}
+
+zpResult_t UcxTransport::connect(const std::vector<std::string>& addresses) {
+  for (int r = 0; r < comm_->nranks; r++) {
+    if (comm_->isLocal(r)) continue;
+    if (addresses[r].empty())
+      return fail(zpInternalError, "rank %d has no network address, but rank %d is on another node", r, comm_->rank);
+    auto arg = std::make_unique<EpArg>(EpArg{this, r});
+    ucp_ep_params_t ep;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = (const ucp_address_t*)addresses[r].data();
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = epErrorCb;
+    ep.err_handler.arg = arg.get();
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &peers_[r].ep);
+    if (st != UCS_OK)
+      return fail(zpSystemError, "UCX: cannot create an endpoint to rank %d: %s", r, ucs_status_string(st));
+    epArgs_.push_back(std::move(arg));
+    ZP_INFO(kSubNet | kSubInit, "rank %d -> rank %d (node '%s'): %s", comm_->rank, r, comm_->ranks[r].nodeId,
+            describe(r).c_str());
+  }
+  postCtrlRecv();
+  return zpSuccess;
+}
+
+UcxTransport::~UcxTransport() {
+  if (worker_) {
+    // Close in flush mode: an eager send is complete for its sender before
+    // its bytes have left, and a forced close would drop them. A peer that
+    // no longer answers gets a forced close after a grace period.
+    std::vector<ucs_status_ptr_t> closing;
+    for (auto& p : peers_) {
+      if (!p.ep) continue;
+      ucp_request_param_t prm;
+      memset(&prm, 0, sizeof(prm));
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = p.failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      closing.push_back(ucp_ep_close_nbx(p.ep, &prm));
+      p.ep = nullptr;
+    }
+    uint64_t deadline = nowMs() + 3000;
+    for (ucs_status_ptr_t& r : closing) {
+      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS && nowMs() < deadline)
+        ucp_worker_progress(worker_);
+      if (UCS_PTR_IS_PTR(r)) {
+        if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+        ucp_request_free(r);
+      }
+    }
+    if (ctrlRecv_ && ctrlRecv_->ucx) ucp_request_cancel(worker_, ctrlRecv_->ucx);
+    for (int i = 0; i < 100 && ucp_worker_progress(worker_); i++) {
+    }
+    // Goodbyes of peers that left at the same time: take them, so UCX has
+    // no unmatched messages to complain about.
+    ucp_tag_recv_info_t info;
+    while (ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, makeTag(kTagCtrl, 0, 0, 0), kMatchType, 1, &info)) {
+      ucp_request_param_t prm;
+      memset(&prm, 0, sizeof(prm));
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, ctrlBuf_.data(), ctrlBuf_.size(), msg, &prm);
+      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    }
+    ucp_worker_destroy(worker_);
+  }
+  if (context_) ucp_cleanup(context_);
+  delete ctrlRecv_;
+  for (Request* r : ctrlReqs_) delete r;
+}
+
+std::string UcxTransport::describe(int) const {
+  return "UCX" + (device_.empty() ? std::string() : " (NIC " + device_ + ")");
+}
+
+void UcxTransport::post(Op* op) {
+  Peer& p = peers_[op->peer];
+  if (p.failed || (p.bye && op->isSend) || !p.ep) {
+    op->finish(zpRemoteError, p.why.empty() ? "no network path to rank " + std::to_string(op->peer) : p.why);
+    return;
+  }
+  // One part held while posting, so that a part completing inside the
+  // posting call cannot finish the op early.
+  ops_[op].parts++;
+  if (op->metaBytes) submit(op, true);
+  submit(op, false);
+  releasePart(op);
+}
+
+void UcxTransport::releasePart(Op* op) {
+  auto it = ops_.find(op);
+  if (--it->second.parts > 0) return;
+  ops_.erase(it);
+  op->finish(op->status, op->error);
+}
+
+// Hands a posted request its UCX handle, and runs a completion that came early.
+void UcxTransport::attach(Request* r, ucs_status_ptr_t handle) {
+  r->ucx = handle;
+  if (r->early) complete(r, r->earlyStatus, r->earlyLength, r->earlyTag);
+}
+
+void UcxTransport::onCallback(Request* r, ucs_status_t status, size_t length, ucp_tag_t tag) {
+  if (!r->ucx) {
+    r->early = true;
+    r->earlyStatus = status;
+    r->earlyLength = length;
+    r->earlyTag = tag;
+    return;
+  }
+  complete(r, status, length, tag);
+}
+
+void UcxTransport::submit(Op* op, bool meta) {
+  Request* r = new Request(this, op, meta, op->peer);
+  ucp_request_param_t prm;
+  memset(&prm, 0, sizeof(prm));
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.user_data = r;
+  void* buf = meta ? op->meta : op->buf;
+  size_t len = meta ? op->metaBytes : op->bytes;
+  OpState& s = ops_[op];
+  s.parts++;
+  s.reqs.push_back(r);
+  ucs_status_ptr_t st;
+  if (op->isSend) {
+    prm.cb.send = sendCb;
+    st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len,
+                          makeTag(meta ? kTagMeta : kTagData, (uint64_t)op->kind, comm_->rank, op->seq), &prm);
+  } else {
+    prm.cb.recv = recvCb;
+    st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(meta ? kTagMeta : kTagData, 0, op->peer, op->seq),
+                          kMatchAllButKind, &prm);
+  }
+  ZP_TRACE(kSubNet, "rank %d: posted %s %s #%llu with rank %d, %zu bytes", comm_->rank, op->isSend ? "send" : "recv",
+           meta ? "meta" : "data", (unsigned long long)op->seq, op->peer, len);
+  if (UCS_PTR_IS_ERR(st)) {
+    s.reqs.pop_back();
+    delete r;
+    fault(op, zpRemoteError, std::string("UCX: cannot post a message with rank ") + std::to_string(op->peer) + ": " +
+                                 ucs_status_string(UCS_PTR_STATUS(st)));
+    releasePart(op);
+    return;
+  }
+  attach(r, st);
+}
+
+void UcxTransport::sendCb(void*, ucs_status_t status, void* user) {
+  Request* r = (Request*)user;
+  r->t->onCallback(r, status, 0, 0);
+}
+
+void UcxTransport::recvCb(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  Request* r = (Request*)user;
+  r->t->onCallback(r, status, info ? info->length : 0, info ? info->sender_tag : 0);
+}
+
+void UcxTransport::epErrorCb(void* arg, ucp_ep_h, ucs_status_t status) {
+  EpArg* a = (EpArg*)arg;
+  a->t->epErrors_.push_back({a->peer, ucs_status_string(status)});
+}
+
+void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_tag_t tag) {
+  ucp_request_free(r->ucx);
+  if (r == ctrlRecv_) {
+    // A control message; the receive is posted again from progress().
+    ctrlRecv_ = nullptr;
+    if (status == UCS_OK && length >= sizeof(int32_t)) {
+      int32_t st;
+      memcpy(&st, ctrlBuf_.data(), sizeof(st));
+      onCtrl(tagSrc(tag), tagKind(tag), tag & kSeqMask, st,
+             std::string(ctrlBuf_.data() + sizeof(st), length - sizeof(st)));
+    }
+    delete r;
+    return;
+  }
+  if (!r->op) {  // a control send
+    ctrlReqs_.erase(r);
+    delete r;
+    return;
+  }
+  Op* op = r->op;
+  bool meta = r->meta;
+  ZP_TRACE(kSubNet, "rank %d: completed %s %s #%llu with rank %d: %s, %zu bytes", comm_->rank,
+           op->isSend ? "send" : "recv", meta ? "meta" : "data", (unsigned long long)op->seq, op->peer,
+           ucs_status_string(status), length);
+  OpState& s = ops_.at(op);
+  for (size_t i = 0; i < s.reqs.size(); i++)
+    if (s.reqs[i] == r) {
+      s.reqs.erase(s.reqs.begin() + i);
+      break;
+    }
+  delete r;
+  const int me = comm_->rank, peer = op->peer;
+  if (status == UCS_ERR_CANCELED) {
+    // The op was failed on purpose (dead peer, broken communicator); its error is already set.
+  } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    fault(op, zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(peer) +
+                                  " sends more than the " + std::to_string(op->bytes / op->typeSize) +
+                                  " elements rank " + std::to_string(me) + " expects");
+  } else if (status != UCS_OK) {
+    fault(op, zpRemoteError, "network error with rank " + std::to_string(peer) + ": " + ucs_status_string(status));
+  } else if (!op->isSend && !meta) {
+    if (tagKind(tag) != (uint32_t)op->kind) {
+      std::string why = "rank " + std::to_string(peer) + " sent a " + opKindName((OpKind)tagKind(tag)) +
+                        " message while rank " + std::to_string(me) + " expected " + opKindName(op->kind) +
+                        ": the ranks called operations in different orders";
+      fault(op, zpInvalidUsage, why);
+      comm_->setAsyncError(zpInvalidUsage, why);
+    } else if (length != op->bytes) {
+      fault(op, zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(peer) + " sends " +
+                                    std::to_string(length / op->typeSize) + " elements to rank " +
+                                    std::to_string(me) + " but rank " + std::to_string(me) + " expects " +
+                                    std::to_string(op->bytes / op->typeSize));
+    } else {
+      op->progressed = length;
+    }
+  } else if (op->isSend && !meta) {
+    op->progressed = op->bytes;
+  }
+  releasePart(op);
+}
+
+void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
+  // The op is done once UCX has let go of its buffers: cancel what is left.
+  fault(op, st, err);
+  auto it = ops_.find(op);
+  if (it == ops_.end()) return;
+  for (Request* r : it->second.reqs) ucp_request_cancel(worker_, r->ucx);
+}
+
+void UcxTransport::postCtrlRecv() {
+  if (ctrlRecv_ || !worker_) return;
+  Request* r = new Request(this, nullptr, false, -1);
+  ucp_request_param_t prm;
+  memset(&prm, 0, sizeof(prm));
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.user_data = r;
+  prm.cb.recv = recvCb;
+  ctrlRecv_ = r;
+  ucs_status_ptr_t st = ucp_tag_recv_nbx(worker_, ctrlBuf_.data(), ctrlBuf_.size(), makeTag(kTagCtrl, 0, 0, 0),
+                                         kMatchType, &prm);
+  if (UCS_PTR_IS_ERR(st)) {
+    ctrlRecv_ = nullptr;
+    delete r;
+    comm_->setAsyncError(zpSystemError, std::string("UCX: cannot post the control receive: ") +
+                                            ucs_status_string(UCS_PTR_STATUS(st)));
+    return;
+  }
+  attach(r, st);
+}
+
+void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text) {
+  Peer& p = peers_[peer];
+  if (!p.ep || p.failed) return;
+  Request* r = new Request(this, nullptr, false, peer);
+  r->payload.assign((const char*)&status, sizeof(status));
+  r->payload += text.substr(0, kCtrlMax - sizeof(status));
+  ucp_request_param_t prm;
+  memset(&prm, 0, sizeof(prm));
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.user_data = r;
+  prm.cb.send = sendCb;
+  ucs_status_ptr_t st =
+      ucp_tag_send_nbx(p.ep, r->payload.data(), r->payload.size(), makeTag(kTagCtrl, type, comm_->rank, seq), &prm);
+  if (UCS_PTR_IS_ERR(st)) {
+    delete r;
+    return;
+  }
+  ctrlReqs_.insert(r);
+  attach(r, st);
+}
+
+void UcxTransport::sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) {
+  sendCtrl(peer, kCtrlStatus, collSeq, status, text);
+}
+
+void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text) {
+  if (peer < 0 || peer >= comm_->nranks) return;
+  switch (type) {
+    case kCtrlStatus:
+      comm_->onStatus(peer, seq, (zpResult_t)status, std::move(text));
+      break;
+    case kCtrlBye:
+    case kCtrlAbort: {
+      Peer& p = peers_[peer];
+      p.bye = true;
+      p.why = text;
+      if (type == kCtrlAbort) comm_->setAsyncError((zpResult_t)status, text, true);
+      // Everything this peer sent before leaving has arrived (one endpoint
+      // keeps order); whatever is still expected from it never will.
+      for (auto& kv : ops_)
+        if (kv.first->peer == peer) finishOp(kv.first, zpRemoteError, text);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void UcxTransport::peerFailed(int peer, const std::string& status) {
+  Peer& p = peers_[peer];
+  if (p.failed) return;
+  p.failed = true;
+  if (p.why.empty())
+    p.why = "rank " + std::to_string(peer) + " on node '" + comm_->ranks[peer].nodeId + "' is unreachable (" + status +
+            "): it died or its network failed";
+  ZP_INFO(kSubNet, "rank %d: %s", comm_->rank, p.why.c_str());
+  if (!p.bye) comm_->setAsyncError(zpRemoteError, p.why);
+  for (auto& kv : ops_)
+    if (kv.first->peer == peer) finishOp(kv.first, zpRemoteError, p.why);
+}
+
+bool UcxTransport::progress() {
+  bool did = false;
+  postCtrlRecv();
+  size_t before = ops_.size();
+  while (ucp_worker_progress(worker_)) did = true;
+  auto errors = std::move(epErrors_);
+  epErrors_.clear();
+  for (auto& e : errors) peerFailed(e.first, e.second);
+  return did || ops_.size() != before || !errors.empty();
+}
+
+bool UcxTransport::busy() const { return !ops_.empty(); }
+
+std::vector<int> UcxTransport::busyPeers() const {
+  std::vector<int> out;
+  for (auto& kv : ops_) out.push_back(kv.first->peer);
+  return out;
+}
+
+void UcxTransport::wait(int ms) {
+  // Arming fails with BUSY when events are already waiting: then do not sleep.
+  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  pollfd p = {efd_, POLLIN, 0};
+  poll(&p, 1, ms);
+}
+
+void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
+  std::vector<Op*> ops;
+  for (auto& kv : ops_) ops.push_back(kv.first);
+  for (Op* op : ops) finishOp(op, status, why);
+  // Callers free their buffers when we return: wait until UCX let go of them.
+  uint64_t deadline = nowMs() + 5000;
+  while (!ops_.empty() && nowMs() < deadline) ucp_worker_progress(worker_);
+  for (auto& kv : ops_) kv.first->finish(kv.first->status, kv.first->error);
+  if (!ops_.empty()) ZP_WARN(kSubNet, "UCX: %zu operations did not release their buffers", ops_.size());
+  ops_.clear();
+}
+
+void UcxTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {
+  for (int r = 0; r < (int)peers_.size(); r++)
+    if (peers_[r].ep) sendCtrl(r, type, 0, code, why);
+  // Bounded: a peer that is gone cannot hold this rank up.
+  uint64_t deadline = nowMs() + 2000;
+  while (!ctrlReqs_.empty() && nowMs() < deadline) ucp_worker_progress(worker_);
+}
+
+void UcxTransport::abortPeers(zpResult_t code, const std::string& why) { sendToAll(kCtrlAbort, code, why); }
+
+void UcxTransport::leave() {
+  sendToAll(kCtrlBye, zpRemoteError, "rank " + std::to_string(comm_->rank) + " destroyed the communicator");
+}
+
+}  // namespace zp

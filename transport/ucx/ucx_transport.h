@@ -1,0 +1,98 @@
+// Network transport over UCX (UCP tag matching) for ranks on other nodes,
+// host buffers. UCX picks the wire (TCP here, InfiniBand / RoCE in a cluster)
+// and pipelines large messages itself (rendezvous); many messages are in
+// flight at once since every posted Op is one UCP request.
+//
+// Tags: [type 2 bits | op kind 6 bits | source rank 20 bits | sequence 36 bits].
+// A receive matches on everything but the kind, then checks the kind, so
+// ranks that call operations in different orders get an error, not a hang.
+//
+// Each rank's context is bound to its NIC (ZP_NET_DEVICES, or
+// ZP_SOCKET_IFNAME): UCX 1.13 can hang setting up connections when a context
+// sees several NICs. Waiting sleeps on the worker's event fd.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/core/comm.h"
+#include "src/core/transport.h"
+
+namespace zp {
+
+class UcxTransport : public Transport {
+ public:
+  // Creates the context and worker; *address is what peers need to connect.
+  static zpResult_t create(Comm* comm, std::unique_ptr<UcxTransport>* out, std::string* address);
+  // Creates endpoints to every remote peer from their addresses (indexed by rank).
+  zpResult_t connect(const std::vector<std::string>& addresses);
+  ~UcxTransport() override;
+
+  void post(Op* op) override;
+  void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
+  bool progress() override;
+  bool busy() const override;
+  void dropOps(zpResult_t status, const std::string& why) override;
+  void abortPeers(zpResult_t code, const std::string& why) override;
+  void leave() override;
+  std::vector<int> busyPeers() const override;
+  void checkAlive() override {}  // UCX reports dead peers through the endpoint error handler
+  std::string describe(int peer) const override;
+  // Sleeps on the worker's event fd until something arrives or ms pass.
+  void wait(int ms);
+
+  struct Request;  // one UCP request and what it completes
+
+ private:
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    bool bye = false;
+    std::string why;
+  };
+  struct EpArg {  // what the endpoint error handler is told
+    UcxTransport* t;
+    int peer;
+  };
+  struct OpState {
+    int parts = 0;  // UCP requests still running for this op
+    std::vector<Request*> reqs;
+  };
+
+  explicit UcxTransport(Comm* comm) : comm_(comm) {}
+  zpResult_t init(std::string* address);
+  void submit(Op* op, bool meta);
+  void releasePart(Op* op);
+  void attach(Request* r, ucs_status_ptr_t handle);
+  void onCallback(Request* r, ucs_status_t status, size_t length, ucp_tag_t senderTag);
+  void complete(Request* r, ucs_status_t status, size_t length, ucp_tag_t senderTag);
+  void postCtrlRecv();
+  void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
+  void sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text);
+  void onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text);
+  void peerFailed(int peer, const std::string& why);
+  void finishOp(Op* op, zpResult_t st, const std::string& err);
+  static void sendCb(void* request, ucs_status_t status, void* user);
+  static void recvCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void epErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  Comm* comm_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::string device_;
+  std::vector<Peer> peers_;  // by rank; only remote ranks have endpoints
+  std::map<Op*, OpState> ops_;
+  std::set<Request*> ctrlReqs_;  // control sends in flight, and the posted control receive
+  Request* ctrlRecv_ = nullptr;
+  std::vector<char> ctrlBuf_;
+  std::vector<std::pair<int, std::string>> epErrors_;  // reported inside ucp_worker_progress
+  std::vector<std::unique_ptr<EpArg>> epArgs_;
+};
+
+}  // namespace zp
