@@ -6,6 +6,7 @@
 // Per size: warmup, a barrier, `iters` timed calls; time = the slowest rank's
 // mean per call. algbw = largest per-rank byte count (max over ranks of
 // max(bytes sent, bytes received)) / time; busbw = algbw * (n-1)/n.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   const int n = comm.nranks(), rank = comm.rank();
   const TypeInfo& t = *opt.type;
   const bool root = rank == 0;
+  const NicInfo nic = nicInfo();
 
   // Every rank reads the file, so all fail (or not) together.
   std::vector<double> fileWeights;
@@ -50,7 +52,10 @@ int main(int argc, char** argv) {
            (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
     printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
     printf("#\n");
-    printTableHeader();
+    if (nic.bitsPerSec > 0)
+      printf("# %%nic: the busiest rank's cross-node bytes per second over its NIC's rate (%.3g bit/s),\n"
+             "# times the %d rank(s) sharing each NIC\n", nic.bitsPerSec, nic.ranksPerNic);
+    printTableHeader(nic.bitsPerSec > 0);
   }
 
   unsigned long long totalWrong = 0;
@@ -98,7 +103,22 @@ int main(int argc, char** argv) {
     const double busbw = algbw * double(n - 1) / double(n);
     busbwSum += busbw;
     ++rows;
-    if (root) printTableRow(elems * t.size, elems, t.name, timeUs, algbw, busbw, wrong);
+    double pct = -1;
+    if (nic.bitsPerSec > 0) {
+      // The busiest rank's bytes to and from other nodes.
+      double cross = 0;
+      for (int r = 0; r < n; r++) {
+        double out = 0, in = 0;
+        for (int p = 0; p < n; p++)
+          if (nic.nodeOf(p) != nic.nodeOf(r)) {
+            out += double(m.at(r, p)) * double(t.size);
+            in += double(m.at(p, r)) * double(t.size);
+          }
+        cross = std::max(cross, std::max(out, in));
+      }
+      pct = nicPercent(nic, cross, timeUs);
+    }
+    if (root) printTableRow(elems * t.size, elems, t.name, timeUs, algbw, busbw, wrong, pct);
   }
   if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
   comm.finalize();

@@ -113,6 +113,8 @@ void printUsage(FILE* f, const char* prog, bool withPattern) {
     fprintf(f,
             "  -P pattern    uniform | random | zipf | matrix:FILE (default uniform)\n"
             "  -s seed       seed of the random and zipf patterns (default 1)\n");
+  else
+    fprintf(f, "  -S shift      send to rank+shift, receive from rank-shift (default 1)\n");
   fprintf(f, "  -h            this help\n");
 }
 
@@ -141,7 +143,7 @@ Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) 
   Options o;
   o.type = findType("float");
   bool factorGiven = false;
-  const char* optstring = withPattern ? ":b:e:f:i:n:w:c:d:P:s:h" : ":b:e:f:i:n:w:c:d:h";
+  const char* optstring = withPattern ? ":b:e:f:i:n:w:c:d:P:s:h" : ":b:e:f:i:n:w:c:d:S:h";
   opterr = 0;  // we print our own messages
   int c;
   while ((c = getopt(argc, argv, optstring)) != -1) {
@@ -176,6 +178,10 @@ Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) 
       case 'c':
         if (!parseInt(optarg, 0, 1, &o.check))
           badUsage(prog, withPattern, "bad -c '%s': expected 0 or 1", optarg);
+        break;
+      case 'S':
+        if (!parseInt(optarg, 1, INT_MAX, &o.shift))
+          badUsage(prog, withPattern, "bad -S '%s': expected an integer >= 1", optarg);
         break;
       case 'd':
         o.type = findType(optarg);
@@ -549,21 +555,37 @@ double nowSeconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-void printTableHeader() {
-  printf("#%11s%14s%10s%9s%8s%8s%8s\n", "size", "count", "type", "time", "algbw", "busbw",
-         "#wrong");
+NicInfo nicInfo() {
+  NicInfo n;
+  auto env = [](const char* name) { const char* v = getenv(name); return v ? atof(v) : 0.0; };
+  n.bitsPerSec = env("ZP_NIC_RATE_BPS");
+  n.ranksPerNode = std::max(1, (int)env("ZP_LOCAL_NRANKS"));
+  int nics = std::max(1, (int)env("ZP_NICS_PER_NODE"));
+  n.ranksPerNic = std::max(1, n.ranksPerNode / nics);
+  return n;
+}
+
+double nicPercent(const NicInfo& nic, double bytes, double timeUs) {
+  if (nic.bitsPerSec <= 0 || timeUs <= 0) return -1;
+  return 100.0 * bytes * 8 * nic.ranksPerNic / (timeUs * 1e-6) / nic.bitsPerSec;
+}
+
+void printTableHeader(bool nicColumn) {
+  printf("#%11s%14s%10s%9s%8s%8s%8s%s\n", "size", "count", "type", "time", "algbw", "busbw",
+         "#wrong", nicColumn ? "    %nic" : "");
   printf("#%11s%14s%10s%9s%8s%8s%8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
   fflush(stdout);
 }
 
 void printTableRow(size_t bytes, size_t count, const char* type, double timeUs, double algbw,
-                   double busbw, long long wrong) {
-  char w[32];
+                   double busbw, long long wrong, double nicPct) {
+  char w[32], nic[32] = "";
   if (wrong < 0)
     snprintf(w, sizeof w, "N/A");
   else
     snprintf(w, sizeof w, "%lld", wrong);
-  printf(" %11zu%14zu%10s%9.2f%8.2f%8.2f%8s\n", bytes, count, type, timeUs, algbw, busbw, w);
+  if (nicPct >= 0) snprintf(nic, sizeof nic, "%8.1f", nicPct);
+  printf(" %11zu%14zu%10s%9.2f%8.2f%8.2f%8s%s\n", bytes, count, type, timeUs, algbw, busbw, w, nic);
   fflush(stdout);
 }
 

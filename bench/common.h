@@ -53,6 +53,7 @@ struct Options {
   std::string pattern = "uniform";  // -P uniform|random|zipf|matrix (alltoallv only)
   std::string matrixFile;           // the FILE of -P matrix:FILE
   uint64_t seed = 1;                // -s
+  int shift = 1;                    // -S: sendrecv partner distance (rank+S, rank-S)
 };
 // Parses argv. On a bad flag prints what was wrong and the usage (once, on
 // the launcher's rank 0) and exits with status 2. withPattern enables -P / -s.
@@ -138,12 +139,25 @@ class Buffer {
   size_t n_ = 0;
 };
 
+// ---- The emulated cluster's NICs (zprun --nodes ... sets these) ----
+struct NicInfo {
+  double bitsPerSec = 0;  // ZP_NIC_RATE_BPS; 0: not known, no NIC column
+  int ranksPerNode = 1;   // ZP_LOCAL_NRANKS; ranks are laid out node by node
+  int ranksPerNic = 1;    // ranks per node / ZP_NICS_PER_NODE, at least 1
+  int nodeOf(int rank) const { return rank / ranksPerNode; }
+};
+NicInfo nicInfo();
+// Percent of one NIC's rate that a rank moving `bytes` across nodes in
+// `timeUs` uses, counting the ranks that share its NIC.
+double nicPercent(const NicInfo& nic, double bytes, double timeUs);
+
 // ---- Timing and the result table ----
 double nowSeconds();  // CLOCK_MONOTONIC
-void printTableHeader();
-// wrong < 0 prints "N/A" (check disabled).
+// nicColumn: add "%nic" (percent of a NIC's rate, see nicPercent).
+void printTableHeader(bool nicColumn = false);
+// wrong < 0 prints "N/A" (check disabled); nicPct < 0 prints no NIC column.
 void printTableRow(size_t bytes, size_t count, const char* type, double timeUs, double algbw,
-                   double busbw, long long wrong);
+                   double busbw, long long wrong, double nicPct = -1);
 void printTableFooter(unsigned long long totalWrong, bool checked, double busbwSum, int rows);
 
 }  // namespace zpbench

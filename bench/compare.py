@@ -31,7 +31,7 @@ def parse_table(text):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         f = line.split()
-        if len(f) != 7:  # size count type time algbw busbw #wrong
+        if len(f) < 7:  # size count type time algbw busbw #wrong [%nic]
             continue
         try:
             size = int(f[0])

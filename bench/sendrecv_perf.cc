@@ -19,20 +19,25 @@ int main(int argc, char** argv) {
   BenchComm comm;
   comm.init(&argc, &argv);
   const int n = comm.nranks(), rank = comm.rank();
-  const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+  const int shift = opt.shift % n;
+  const int next = (rank + shift) % n, prev = (rank - shift + n) % n;
+  const NicInfo nic = nicInfo();
+  // Only traffic that leaves the node counts against a NIC.
+  const bool crossNode = nic.nodeOf(next) != nic.nodeOf(rank);
   const TypeInfo& t = *opt.type;
   const bool root = rank == 0;
 
   if (root) {
     const char* proto = getenv("ZP_SHM_PROTO");
     printf("# %s: %s\n", kProg, comm.describe().c_str());
-    printf(
-        "# nranks %d  ring send to rank+1, receive from rank-1  iters %d  warmup %d  "
-        "datatype %s  check %d",
-        n, opt.iters, opt.warmup, t.name, opt.check);
+    printf("# nranks %d  send to rank+%d, receive from rank-%d  iters %d  warmup %d  datatype %s  check %d",
+           n, shift, shift, opt.iters, opt.warmup, t.name, opt.check);
     printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
     printf("#\n");
-    printTableHeader();
+    if (nic.bitsPerSec > 0)
+      printf("# %%nic: a rank's cross-node bytes per second over its NIC's rate (%.3g bit/s),\n"
+             "# times the %d rank(s) sharing each NIC\n", nic.bitsPerSec, nic.ranksPerNic);
+    printTableHeader(nic.bitsPerSec > 0);
   }
 
   unsigned long long totalWrong = 0;
@@ -75,7 +80,10 @@ int main(int argc, char** argv) {
     const double algbw = timeUs > 0 ? double(bytes) / (timeUs * 1e3) : 0.0;  // GB/s
     busbwSum += algbw;
     ++rows;
-    if (root) printTableRow(bytes, count, t.name, timeUs, algbw, algbw, wrong);
+    // Collective: every rank takes part even when only some cross nodes.
+    double pct = comm.maxDouble(crossNode ? nicPercent(nic, double(bytes), timeUs) : -1);
+    if (nic.bitsPerSec > 0 && pct < 0) pct = 0;
+    if (root) printTableRow(bytes, count, t.name, timeUs, algbw, algbw, wrong, pct);
   }
   if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
   comm.finalize();
