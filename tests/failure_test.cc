@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <climits>
 #include <cstring>
@@ -267,6 +268,41 @@ TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
     });
     EXPECT_TRUE(exits[0].ok() && exits[1].ok());
     EXPECT_FALSE(exits[2].exited);
+  }
+}
+
+// ---- Signals ----
+
+void onAlarm(int) {}
+
+// A program with a fast interval timer (a handler without SA_RESTART, so
+// every blocking system call can return EINTR) still initializes and moves
+// every byte right.
+TEST(Signals, InterruptedSystemCallsDoNotBreakCalls) {
+  uint64_t seed = zptest::testCaseSeed();
+  for (const char* proto : {"auto", "copy"}) {
+    SCOPED_TRACE(std::string("ZP_SHM_PROTO=") + proto);
+    auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setShmProto(proto);
+      struct sigaction sa;
+      memset(&sa, 0, sizeof(sa));
+      sa.sa_handler = onAlarm;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = 0;
+      ASSERT_EQ(sigaction(SIGALRM, &sa, nullptr), 0);
+      itimerval every = {{0, 300}, {0, 300}};
+      ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
+      if (rank == 1) usleep(50 * 1000);  // the others wait for it in the rendezvous, interrupted
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      const size_t maxCounts[] = {30, 5000, 400000};
+      for (int it = 0; it < 9; it++)
+        zptest::checkedAlltoallv(comm, rank, zptest::randomCounts(n, seed + it, maxCounts[it % 3], 0.2), zpBfloat16,
+                                 seed + it);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+      itimerval off = {};
+      setitimer(ITIMER_REAL, &off, nullptr);
+    });
+    zptest::expectAllOk(exits);
   }
 }
 

@@ -151,6 +151,17 @@ inline std::vector<zpComm_t> makeMoreComms(zpComm_t base, int rank, int nranks, 
   return comms;
 }
 
+// Returns once every rank of comm has called it (an alltoallv of one byte
+// each): so that no rank leaves while others still need it.
+inline void barrier(zpComm_t comm, int nranks) {
+  std::vector<uint8_t> send(nranks), recv(nranks);
+  std::vector<size_t> counts(nranks, 1), displs(nranks);
+  for (int p = 0; p < nranks; p++) displs[p] = p;
+  zpResult_t r = zpAlltoallv(send.data(), counts.data(), displs.data(), recv.data(), counts.data(), displs.data(),
+                             zpUint8, comm, nullptr);
+  EXPECT_EQ(r, zpSuccess) << "barrier: " << zpGetLastError(comm);
+}
+
 // A fresh seed per run, printed so that a failure can be replayed with ZP_TEST_SEED.
 inline uint64_t testSeed() {
   static uint64_t seed = [] {

@@ -238,6 +238,22 @@ TEST(Zprun, StartsAllRanksWithTheirEnvironment) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST(Zprun, WithoutNodesNoClusterVariablesAndTheMachinesIdentity) {
+  // Cluster mode's variables, hostname and boot id are its own: a plain run
+  // keeps the machine's.
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::ifstream bootFile("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  bootFile >> boot;
+  Result r = run({"-n", "2", "sh", "-c",
+                  "echo \"${ZP_NODE_RANK-no}${ZP_NNODES-no}${ZP_NET_DEVICES-no}"
+                  "${ZP_NIC_RATE_BPS-no} $(hostname) $(cat /proc/sys/kernel/random/boot_id)\""});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  std::string want = "nononono " + std::string(host) + " " + boot;
+  EXPECT_EQ(lines(r.out), (std::vector<std::string>{want, want}));
+}
+
 TEST(Zprun, AllRanksGetTheSameHexUniqueId) {
   Result r = run({"-n", "4", "sh", "-c", "echo $ZP_UNIQUE_ID"});
   ASSERT_EQ(r.exitCode, 0) << r.err;

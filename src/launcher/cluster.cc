@@ -519,7 +519,9 @@ int Cluster::create(const volatile sig_atomic_t* stop) {
     destroy();
     return code;
   };
-  const char* kNeedRoot = " (building a cluster needs root: CAP_SYS_ADMIN and CAP_NET_ADMIN)";
+  const char* kNeedRoot =
+      " (building a cluster needs root: CAP_SYS_ADMIN and CAP_NET_ADMIN over the machine's own "
+      "namespaces, not those of a user namespace)";
 
   // The state directory first: the lock in it tells --cleanup that this run
   // is alive before any namespace of it exists.
@@ -557,7 +559,12 @@ int Cluster::create(const volatile sig_atomic_t* stop) {
     std::string message = "cannot create the cluster: `" + joinCommand(cmds[c]) + "` " + r.describe();
     // The first namespace is where a machine that does not let us build
     // clusters says so.
-    if (c == 0) return failWith(kExitNoPrivilege, message + kNeedRoot);
+    if (c == 0) {
+      bool denied = r.output.find("not permitted") != std::string::npos ||
+                    r.output.find("ermission denied") != std::string::npos ||
+                    r.output.find("Read-only") != std::string::npos;
+      return failWith(kExitNoPrivilege, message + (denied ? kNeedRoot : ""));
+    }
     if (cmds[c][0] == "tc" && r.output.find("tbf") != std::string::npos)
       message += " (is the sch_tbf kernel module available?)";
     return failWith(kExitFailure, message);
@@ -614,16 +621,17 @@ NodeEntry Cluster::nodeEntry(int node) const {
 
 // ---------------------------------------------------------------------------
 
-bool checkClusterPrerequisites(bool needTc) {
+bool checkClusterPrerequisites(bool needTc, bool forCleanup) {
   uint64_t caps = effectiveCapabilities();
   std::string missing;
   if (!(caps & (1ull << kCapSysAdmin))) missing += "CAP_SYS_ADMIN";
   if (!(caps & (1ull << kCapNetAdmin))) missing += std::string(missing.empty() ? "" : " and ") + "CAP_NET_ADMIN";
   if (!missing.empty()) {
     fprintf(stderr,
-            "zprun: --nodes builds network namespaces, which needs root (CAP_SYS_ADMIN and "
-            "CAP_NET_ADMIN); this process lacks %s. Run zprun as root, or without --nodes.\n",
-            missing.c_str());
+            "zprun: %s network namespaces, which needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN); "
+            "this process lacks %s. %s\n",
+            forCleanup ? "--cleanup removes" : "--nodes builds", missing.c_str(),
+            forCleanup ? "Run it as root." : "Run zprun as root, or without --nodes.");
     return false;
   }
   std::vector<std::string> tools = {"ip"};
@@ -689,7 +697,7 @@ std::vector<std::string> listDir(const char* dir) {
 }  // namespace
 
 int cleanupStale() {
-  if (!checkClusterPrerequisites(false)) return kExitNoPrivilege;
+  if (!checkClusterPrerequisites(false, true)) return kExitNoPrivilege;
   std::map<std::string, std::vector<std::string>> namespaces;  // tag -> its namespaces
   std::map<std::string, pid_t> pids;
   for (const std::string& n : listDir(kNetnsDir)) {

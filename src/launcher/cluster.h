@@ -137,10 +137,10 @@ class Cluster {
 // Returns zprun's exit code.
 int cleanupStale();
 
-// Checks that this process may build a cluster (CAP_SYS_ADMIN and
-// CAP_NET_ADMIN, the ip command, and tc when needTc). Prints what is missing
-// and returns false otherwise.
-bool checkClusterPrerequisites(bool needTc);
+// Checks that this process may build (or, forCleanup, remove) a cluster:
+// CAP_SYS_ADMIN and CAP_NET_ADMIN, the ip command, and tc when needTc. Prints
+// what is missing and returns false otherwise.
+bool checkClusterPrerequisites(bool needTc, bool forCleanup = false);
 
 // Shell-style quoting of one argument, for printing commands.
 std::string quoteArg(const std::string& arg);
