@@ -571,9 +571,9 @@ double nicPercent(const NicInfo& nic, double bytes, double timeUs) {
 }
 
 void printTableHeader(bool nicColumn) {
-  printf("#%11s%14s%10s%9s%8s%8s%8s%s\n", "size", "count", "type", "time", "algbw", "busbw",
+  printf("#%11s%14s%10s%12s%8s%8s%8s%s\n", "size", "count", "type", "time", "algbw", "busbw",
          "#wrong", nicColumn ? "    %nic" : "");
-  printf("#%11s%14s%10s%9s%8s%8s%8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  printf("#%11s%14s%10s%12s%8s%8s%8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
   fflush(stdout);
 }
 
@@ -585,7 +585,7 @@ void printTableRow(size_t bytes, size_t count, const char* type, double timeUs, 
   else
     snprintf(w, sizeof w, "%lld", wrong);
   if (nicPct >= 0) snprintf(nic, sizeof nic, "%8.1f", nicPct);
-  printf(" %11zu%14zu%10s%9.2f%8.2f%8.2f%8s%s\n", bytes, count, type, timeUs, algbw, busbw, w, nic);
+  printf(" %11zu%14zu%10s%12.2f%8.2f%8.2f%8s%s\n", bytes, count, type, timeUs, algbw, busbw, w, nic);
   fflush(stdout);
 }
 

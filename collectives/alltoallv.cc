@@ -10,7 +10,7 @@ namespace zp {
 
 namespace {
 
-// Communicators up to this size send counts along with the data (16 n bytes a message).
+// Communicators up to this size send counts along with the data (16 n + 8 bytes a message).
 constexpr int kCountsInBand = 64;
 
 struct Range {
@@ -76,15 +76,18 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   // caught by all ranks without a second round of messages. Larger
   // communicators exchange a status after the data instead.
   const bool inBand = n <= kCountsInBand;
-  std::vector<uint64_t> rows;  // [rank][sendcounts..., recvcounts...] as received
+  // [rank][sendcounts..., recvcounts..., element size] as received
+  const size_t rowLen = 2 * (size_t)n + 1;
+  std::vector<uint64_t> rows;
   if (inBand) {
-    rows.assign((size_t)n * 2 * n, 0);
+    rows.assign((size_t)n * rowLen, 0);
     for (int p = 0; p < n; p++) {
-      rows[(size_t)c->rank * 2 * n + p] = sendcounts[p];
-      rows[(size_t)c->rank * 2 * n + n + p] = recvcounts[p];
+      rows[(size_t)c->rank * rowLen + p] = sendcounts[p];
+      rows[(size_t)c->rank * rowLen + n + p] = recvcounts[p];
     }
+    rows[(size_t)c->rank * rowLen + 2 * n] = ts;
   }
-  const uint32_t rowBytes = (uint32_t)(2 * n * sizeof(uint64_t));
+  const uint32_t rowBytes = (uint32_t)(rowLen * sizeof(uint64_t));
 
   // Rank r sends to r+1, r+2, ... and receives from r-1, r-2, ..., so that no
   // rank is everybody's first target.
@@ -106,9 +109,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     r.bytes = recvcounts[from] * ts;
     r.typeSize = ts;
     if (inBand && i > 0) {
-      s.meta = &rows[(size_t)c->rank * 2 * n];
+      s.meta = &rows[(size_t)c->rank * rowLen];
       s.metaBytes = rowBytes;
-      r.meta = &rows[(size_t)from * 2 * n];
+      r.meta = &rows[(size_t)from * rowLen];
       r.metaBytes = rowBytes;
     }
     ptrs.push_back(&s);
@@ -118,9 +121,13 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError != zpSuccess) return res;
   if (inBand) {
+    for (int i = 1; i < n; i++)
+      if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
+        return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
+                    c->rank, (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
     for (int i = 0; i < n; i++)
       for (int j = 0; j < n; j++) {
-        uint64_t sent = rows[(size_t)i * 2 * n + j], expected = rows[(size_t)j * 2 * n + n + i];
+        uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
         if (sent != expected)
           return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
                       c->rank, i, (unsigned long long)sent, j, j, (unsigned long long)expected);

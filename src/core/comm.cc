@@ -113,11 +113,16 @@ bool Comm::progress() {
 
 uint32_t Comm::waitToken() const { return shm ? shm->waitToken() : 0; }
 
+static int netSliceMs() {
+  static int v = getenv("ZP_NET_SLICE_MS") ? atoi(getenv("ZP_NET_SLICE_MS")) : 100;
+  return v;
+}
+
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
   // through a futex: sleep on the one with work, and nap briefly when both have.
   bool shmBusy = shm && shm->busy();
-  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : ms);
+  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : std::min(ms, netSliceMs()));
   if (shmBusy || !net) shm->wait(token, net ? std::min(ms, 1) : ms);
 }
 

@@ -293,6 +293,12 @@ struct HwlocTopo {
       topo = nullptr;
       return false;
     }
+    // Components we do not need: GPU runtimes (CUDA, NVML, OpenCL, ROCm,
+    // Level Zero: slow to start, and GPUs are found by PCI class anyway), GL
+    // (opens X displays), and libpciaccess, whose work Linux's own sysfs I/O
+    // discovery does (and which leaks on every load). Unknown names are fine.
+    for (const char* c : {"cuda", "nvml", "opencl", "rsmi", "levelzero", "gl", "pci"})
+      hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, c);
     if (hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL) != 0 ||
         hwloc_topology_load(topo) != 0) {
       hwloc_topology_destroy(topo);
@@ -658,6 +664,9 @@ class JsonReader {
       case 'n': return literal("null", v, JValue::kNull, false);
       default:
         if (c == '-' || (c >= '0' && c <= '9')) return number(v);
+        if (isalpha((unsigned char)c))
+          return err_->at(pos_, "expected a value, found %s (JSON's words are true, false and null; strings take double quotes)",
+                          found().c_str());
         return err_->at(pos_, "expected a value (object, array, string, number, true, false or null), found %s",
                         found().c_str());
     }

@@ -41,7 +41,7 @@ struct SegHeader {
   uint64_t probe;
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleeping;
-  alignas(64) std::atomic<uint32_t> mapped;  // local peers that mapped this segment
+  alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
 };
 
@@ -256,20 +256,28 @@ zpResult_t ShmTransport::init() {
       ZP_INFO(kSubShm, "rank %d cannot read rank %d's memory (%s): large messages from it use the copy protocol",
               c.rank, p.rank, strerror(errno));
     mine_->cmaOkFrom[p.localIdx] = canRead ? 1 : 0;
-    p.seg->mapped.fetch_add(1, std::memory_order_acq_rel);
+    p.seg->mappedBy[myLocalIdx_].store(1, std::memory_order_release);
     peerIndex_[p.rank] = (int)peers_.size();
     peers_.push_back(std::move(p));
   }
   // Wait until every local peer has mapped this segment; then its name can go,
   // so that nothing is left in /dev/shm however the processes end.
-  while (res == zpSuccess && mine_->mapped.load(std::memory_order_acquire) < nlocal - 1) {
+  // Only a peer that has not mapped it yet can hold this up; one that has may
+  // already have finished its init and left.
+  for (;;) {
+    bool all = true;
     for (Peer& p : peers_) {
+      if (mine_->mappedBy[p.localIdx].load(std::memory_order_acquire)) continue;
+      all = false;
       pollfd pf = {p.pidfd, POLLIN, 0};
       if (p.pidfd >= 0 && poll(&pf, 1, 0) > 0)
         res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
     }
-    if (res == zpSuccess && nowMs() > deadline)
+    if (all || res != zpSuccess) break;
+    if (nowMs() > deadline) {
       res = fail(zpRemoteError, "rank %d: timed out waiting for local ranks to map shared memory", c.rank);
+      break;
+    }
     usleep(200);
   }
   shm_unlink(name_.c_str());
