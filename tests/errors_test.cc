@@ -86,7 +86,9 @@ void expectEveryCallFails(zpComm_t comm, zpResult_t code, const char* mustMentio
     EXPECT_EQ(c.second(), code) << c.first;
     std::string msg = zpGetLastError(nullptr);
     EXPECT_NE(msg, "") << c.first << " left no message";
-    if (mustMention) EXPECT_TRUE(contains(lowercase(msg), mustMention)) << c.first << ": '" << msg << "'";
+    if (mustMention) {
+      EXPECT_TRUE(contains(lowercase(msg), mustMention)) << c.first << ": '" << msg << "'";
+    }
   }
   // Inside a group the call is refused at once, and the group stays usable.
   ZP_EXPECT_OK(zpGroupStart());

@@ -131,8 +131,9 @@ inline zpComm_t initComm(int rank, int nranks, const zpUniqueId& id) {
 // every rank initializes one communicator per id, in order.
 inline std::vector<zpComm_t> makeMoreComms(zpComm_t base, int rank, int nranks, int count) {
   std::vector<zpUniqueId> ids(count);
-  if (rank == 0)
+  if (rank == 0) {
     for (auto& id : ids) EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  }
   EXPECT_EQ(zpGroupStart(), zpSuccess);
   if (rank == 0) {
     for (int p = 1; p < nranks; p++)

@@ -185,7 +185,9 @@ std::vector<std::string> shmEntriesOf(const zpUniqueId& id) {
 // One new communicator from an id rank 0 makes and sends over `base`.
 zpComm_t freshComm(zpComm_t base, int rank, int nranks, zpUniqueId* idOut) {
   zpUniqueId id;
-  if (rank == 0) EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  if (rank == 0) {
+    EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  }
   EXPECT_EQ(zpGroupStart(), zpSuccess);
   for (int p = 1; p < nranks && rank == 0; p++) ZP_EXPECT_OK(zpSend(&id, sizeof(id), zpUint8, p, base, nullptr));
   if (rank != 0) ZP_EXPECT_OK(zpRecv(&id, sizeof(id), zpUint8, 0, base, nullptr));

@@ -38,7 +38,7 @@ constexpr long kMaxNodes = 1 << 16;
 constexpr long kMaxRanks = 1 << 22;
 constexpr long kMaxRanksPerNode = 1 << 16;
 constexpr long kMaxNicsPerNode = 1024;
-constexpr long kMaxNicsTotal = 1 << 22;
+constexpr long kMaxNicsTotal = 1 << 20;
 constexpr long kMaxNuma = 1024;
 constexpr long kMaxGpus = 1024;
 constexpr size_t kMaxFileBytes = 64u << 20;
@@ -130,12 +130,25 @@ bool parseBitsPerSec(const std::string& text, double* bitsPerSec) {
     double factor;
   };
   static const Unit kUnits[] = {
-      {"", 1},           {"bit", 1},         {"kbit", 1e3},          {"mbit", 1e6},
-      {"gbit", 1e9},     {"tbit", 1e12},     {"kibit", 1024.0},      {"mibit", 1048576.0},
-      {"gibit", 1073741824.0},               {"tibit", 1099511627776.0},
-      {"bps", 8},        {"kbps", 8e3},      {"mbps", 8e6},          {"gbps", 8e9},
-      {"tbps", 8e12},    {"kibps", 8 * 1024.0},                      {"mibps", 8 * 1048576.0},
-      {"gibps", 8 * 1073741824.0},           {"tibps", 8 * 1099511627776.0},
+      {"", 1},
+      {"bit", 1},
+      {"kbit", 1e3},
+      {"mbit", 1e6},
+      {"gbit", 1e9},
+      {"tbit", 1e12},
+      {"kibit", 1024.0},
+      {"mibit", 1048576.0},
+      {"gibit", 1073741824.0},
+      {"tibit", 1099511627776.0},
+      {"bps", 8},
+      {"kbps", 8e3},
+      {"mbps", 8e6},
+      {"gbps", 8e9},
+      {"tbps", 8e12},
+      {"kibps", 8 * 1024.0},
+      {"mibps", 8 * 1048576.0},
+      {"gibps", 8 * 1073741824.0},
+      {"tibps", 8 * 1099511627776.0},
   };
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
@@ -310,9 +323,8 @@ struct HwlocTopo {
 };
 
 std::string pciBusIdOf(hwloc_obj_t pci) {
-  return strprintf("%04x:%02x:%02x.%x", (unsigned)pci->attr->pcidev.domain,
-                   (unsigned)pci->attr->pcidev.bus, (unsigned)pci->attr->pcidev.dev,
-                   (unsigned)pci->attr->pcidev.func);
+  return strprintf("%04x:%02x:%02x.%x", (unsigned)pci->attr->pcidev.domain, (unsigned)pci->attr->pcidev.bus,
+                   (unsigned)pci->attr->pcidev.dev, (unsigned)pci->attr->pcidev.func);
 }
 
 hwloc_obj_t pciAncestor(hwloc_obj_t o) {
@@ -462,9 +474,9 @@ std::vector<int> assignNics(const NodeTopology& node, int localRanks, const std:
         }
         dist.push_back({{pen, hops}, c});
       }
-      auto best = std::min_element(dist.begin(), dist.end(),
-                                   [](const auto& a, const auto& b) { return a.first < b.first; })
-                      ->first;
+      auto best = std::min_element(dist.begin(), dist.end(), [](const auto& a, const auto& b) {
+                    return a.first < b.first;
+                  })->first;
       std::vector<int> set;
       for (const auto& d : dist)
         if (d.first == best) set.push_back(d.second);
@@ -564,12 +576,18 @@ const JValue* JValue::get(const char* key) const {
 
 const char* kindName(JValue::Kind k) {
   switch (k) {
-    case JValue::kNull: return "null";
-    case JValue::kBool: return "a boolean";
-    case JValue::kNumber: return "a number";
-    case JValue::kString: return "a string";
-    case JValue::kArray: return "an array";
-    case JValue::kObject: return "an object";
+    case JValue::kNull:
+      return "null";
+    case JValue::kBool:
+      return "a boolean";
+    case JValue::kNumber:
+      return "a number";
+    case JValue::kString:
+      return "a string";
+    case JValue::kArray:
+      return "an array";
+    case JValue::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -629,8 +647,7 @@ class JsonReader {
   size_t pos_ = 0;
 
   void ws() {
-    while (pos_ < s_.size() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
       pos_++;
   }
 
@@ -654,20 +671,28 @@ class JsonReader {
     if (pos_ >= s_.size()) return err_->at(pos_, "expected a value, found the end of the file");
     char c = s_[pos_];
     switch (c) {
-      case '{': return object(v, depth);
-      case '[': return array(v, depth);
+      case '{':
+        return object(v, depth);
+      case '[':
+        return array(v, depth);
       case '"':
         v->kind = JValue::kString;
         return string(&v->str);
-      case 't': return literal("true", v, JValue::kBool, true);
-      case 'f': return literal("false", v, JValue::kBool, false);
-      case 'n': return literal("null", v, JValue::kNull, false);
+      case 't':
+        return literal("true", v, JValue::kBool, true);
+      case 'f':
+        return literal("false", v, JValue::kBool, false);
+      case 'n':
+        return literal("null", v, JValue::kNull, false);
       default:
         if (c == '-' || (c >= '0' && c <= '9')) return number(v);
         if (isalpha((unsigned char)c))
-          return err_->at(pos_, "expected a value, found %s (JSON's words are true, false and null; strings take double quotes)",
+          return err_->at(pos_,
+                          "expected a value, found %s (JSON's words are true, false and null; strings take "
+                          "double quotes)",
                           found().c_str());
-        return err_->at(pos_, "expected a value (object, array, string, number, true, false or null), found %s",
+        return err_->at(pos_,
+                        "expected a value (object, array, string, number, true, false or null), found %s",
                         found().c_str());
     }
   }
@@ -676,8 +701,10 @@ class JsonReader {
     size_t n = strlen(word);
     if (s_.compare(pos_, n, word) != 0 ||
         (pos_ + n < s_.size() && (isalnum((unsigned char)s_[pos_ + n]) || s_[pos_ + n] == '_')))
-      return err_->at(pos_, "expected a value, found %s (JSON's words are true, false and null; strings take double quotes)",
-                      found().c_str());
+      return err_->at(
+          pos_,
+          "expected a value, found %s (JSON's words are true, false and null; strings take double quotes)",
+          found().c_str());
     pos_ += n;
     v->kind = kind;
     v->boolean = b;
@@ -738,10 +765,14 @@ class JsonReader {
     for (size_t i = at; i < at + 4; i++) {
       char c = s_[i];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
-      else return false;
+      if (c >= '0' && c <= '9')
+        v |= (unsigned)(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= (unsigned)(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= (unsigned)(c - 'A' + 10);
+      else
+        return false;
     }
     *out = v;
     return true;
@@ -752,10 +783,17 @@ class JsonReader {
     unsigned char c = (unsigned char)s_[i];
     size_t n;
     unsigned cp;
-    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
-    else return 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 4;
+      cp = c & 0x07;
+    } else
+      return 0;
     if (i + n > s_.size()) return 0;
     for (size_t k = 1; k < n; k++) {
       unsigned char cc = (unsigned char)s_[i + k];
@@ -803,7 +841,8 @@ class JsonReader {
         if (cp >= 0xD800 && cp <= 0xDBFF) {
           unsigned lo;
           if (s_.compare(pos_, 2, "\\u") != 0 || !hex4(pos_ + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
-            return err_->at(escAt, "bad escape: the high surrogate \\u%04x must be followed by a low one", cp);
+            return err_->at(escAt, "bad escape: the high surrogate \\u%04x must be followed by a low one",
+                            cp);
           pos_ += 6;
           cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
@@ -902,8 +941,8 @@ class TopoReader {
   bool read(const JValue& root, ClusterTopology* out) {
     if (root.kind != JValue::kObject)
       return err_->at(root.at, "the document must be an object, not %s", kindName(root.kind));
-    if (!keysOk(root, "the top level", {"version", "comment", "nodes", "ranksPerNode", "nics",
-                                        "numaNodes", "gpus", "affinity"}))
+    if (!keysOk(root, "the top level",
+                {"version", "comment", "nodes", "ranksPerNode", "nics", "numaNodes", "gpus", "affinity"}))
       return false;
     top_ = &root;
     if (const JValue* v = root.get("version")) {
@@ -911,8 +950,7 @@ class TopoReader {
         return err_->at(v->at, "\"version\" must be 1 (the only version of this format)");
     }
     const JValue* nodes = root.get("nodes");
-    if (!nodes)
-      return err_->at(root.at, "missing \"nodes\": a node count, or an array of node objects");
+    if (!nodes) return err_->at(root.at, "missing \"nodes\": a node count, or an array of node objects");
     if (const JValue* v = root.get("ranksPerNode")) {
       if (!integer(*v, "\"ranksPerNode\"", 1, kMaxRanksPerNode, &ranksPerNode_)) return false;
     }
@@ -948,7 +986,8 @@ class TopoReader {
       node.name = "node" + std::to_string(i);
       std::string where = "node " + std::to_string(i);
       if (obj) {
-        if (!keysOk(*obj, where.c_str(), {"comment", "name", "ranks", "nics", "numaNodes", "gpus", "affinity"}))
+        if (!keysOk(*obj, where.c_str(),
+                    {"comment", "name", "ranks", "nics", "numaNodes", "gpus", "affinity"}))
           return false;
         if (const JValue* v = obj->get("name")) {
           if (v->kind != JValue::kString || v->str.empty())
@@ -965,16 +1004,20 @@ class TopoReader {
         listForm = form;
         formNode = i;
       } else if (form != listForm) {
-        return err_->at(ranks ? ranks->at : obj ? obj->at : nodes->at,
+        return err_->at(ranks ? ranks->at
+                        : obj ? obj->at
+                              : nodes->at,
                         "%s gives its ranks as %s but node %zu as %s: use one form for all nodes",
-                        where.c_str(), form ? "a list" : "a count", formNode, listForm ? "a list" : "a count");
+                        where.c_str(), form ? "a list" : "a count", formNode,
+                        listForm ? "a list" : "a count");
       }
       std::vector<long> list;
       std::vector<size_t> at;
       if (ranks && ranks->kind == JValue::kArray) {
         if (ranks->items.empty()) return err_->at(ranks->at, "\"ranks\" of %s is empty", where.c_str());
         if ((long)ranks->items.size() > kMaxRanksPerNode)
-          return err_->at(ranks->at, "\"ranks\" of %s lists more than %ld ranks", where.c_str(), kMaxRanksPerNode);
+          return err_->at(ranks->at, "\"ranks\" of %s lists more than %ld ranks", where.c_str(),
+                          kMaxRanksPerNode);
         for (const JValue& r : ranks->items) {
           long g = 0;
           if (!integer(r, ("a rank in \"ranks\" of " + where).c_str(), 0, kMaxRanks - 1, &g)) return false;
@@ -1037,10 +1080,12 @@ class TopoReader {
       for (size_t l = 0; l < topo.nodeRanks[i].size(); l++) {
         long g = listForm == 1 ? lists[i][l] : next++;
         if (g >= totalRanks)
-          return err_->at(listAt[i][l], "rank %ld in node %zu is out of range: the cluster has %ld ranks (0..%ld)",
-                          g, i, totalRanks, totalRanks - 1);
+          return err_->at(listAt[i][l],
+                          "rank %ld in node %zu is out of range: the cluster has %ld ranks (0..%ld)", g, i,
+                          totalRanks, totalRanks - 1);
         if (topo.rankNode[(size_t)g] >= 0)
-          return err_->at(listAt[i][l], "rank %ld appears twice (also in node %d)", g, topo.rankNode[(size_t)g]);
+          return err_->at(listAt[i][l], "rank %ld appears twice (also in node %d)", g,
+                          topo.rankNode[(size_t)g]);
         topo.nodeRanks[i][l] = (int)g;
         topo.rankNode[(size_t)g] = (int)i;
         topo.rankLocal[(size_t)g] = (int)l;
@@ -1072,7 +1117,8 @@ class TopoReader {
       if (!ok) {
         std::string list;
         for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-        return err_->at(m.keyAt, "unknown key \"%s\" in %s (known keys: %s)", m.key.c_str(), what, list.c_str());
+        return err_->at(m.keyAt, "unknown key \"%s\" in %s (known keys: %s)", m.key.c_str(), what,
+                        list.c_str());
       }
       if (m.key == "comment") {
         bool good = m.value.kind == JValue::kString;
@@ -1080,8 +1126,7 @@ class TopoReader {
           good = true;
           for (const JValue& c : m.value.items) good = good && c.kind == JValue::kString;
         }
-        if (!good)
-          return err_->at(m.value.at, "\"comment\" must be a string or an array of strings");
+        if (!good) return err_->at(m.value.at, "\"comment\" must be a string or an array of strings");
       }
     }
     return true;
@@ -1120,7 +1165,8 @@ class TopoReader {
           return err_->at(name->at, "%s has two NICs named '%s'", where.c_str(), nic.name.c_str());
       const JValue* bw = o.get("bandwidth");
       if (!bw)
-        return err_->at(o.at, "NIC '%s' of %s has no \"bandwidth\" (bits/s, e.g. 1e9 or \"1gbit\"; null: unknown)",
+        return err_->at(o.at,
+                        "NIC '%s' of %s has no \"bandwidth\" (bits/s, e.g. 1e9 or \"1gbit\"; null: unknown)",
                         nic.name.c_str(), where.c_str());
       if (bw->kind == JValue::kNumber) {
         if (!(bw->number > 0))
@@ -1141,8 +1187,8 @@ class TopoReader {
       }
       if (const JValue* v = o.get("numa")) {
         long numa = -1;
-        if (!integer(*v, ("\"numa\" of NIC '" + nic.name + "' of " + where).c_str(), -1,
-                     node->numaNodes - 1, &numa))
+        if (!integer(*v, ("\"numa\" of NIC '" + nic.name + "' of " + where).c_str(), -1, node->numaNodes - 1,
+                     &numa))
           return false;
         nic.numa = (int)numa;
       }
@@ -1160,8 +1206,8 @@ class TopoReader {
   bool readAffinity(const JValue& a, const std::string& where, const NodeTopology& node, long ranks,
                     std::vector<int>* out) {
     if (a.kind != JValue::kArray)
-      return err_->at(a.at, "\"affinity\" of %s must be an array of NIC names or indexes, not %s", where.c_str(),
-                      kindName(a.kind));
+      return err_->at(a.at, "\"affinity\" of %s must be an array of NIC names or indexes, not %s",
+                      where.c_str(), kindName(a.kind));
     if ((long)a.items.size() != ranks)
       return err_->at(a.at, "\"affinity\" of %s has %zu entries for %ld ranks: give one NIC per local rank",
                       where.c_str(), a.items.size(), ranks);
@@ -1177,11 +1223,13 @@ class TopoReader {
         if (node.nics.empty())
           return err_->at(e.at, "\"affinity\" of %s names a NIC, but the node has none", where.c_str());
         long k = 0;
-        if (!integer(e, ("a NIC index in \"affinity\" of " + where).c_str(), 0, (long)node.nics.size() - 1, &k))
+        if (!integer(e, ("a NIC index in \"affinity\" of " + where).c_str(), 0, (long)node.nics.size() - 1,
+                     &k))
           return false;
         nic = (int)k;
       } else {
-        return err_->at(e.at, "each entry of \"affinity\" must be a NIC name or index, not %s", kindName(e.kind));
+        return err_->at(e.at, "each entry of \"affinity\" must be a NIC name or index, not %s",
+                        kindName(e.kind));
       }
       out->push_back(nic);
     }
@@ -1245,12 +1293,18 @@ namespace {
 std::string jsonString(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
-    if (c == '"') o += "\\\"";
-    else if (c == '\\') o += "\\\\";
-    else if (c == '\n') o += "\\n";
-    else if (c == '\t') o += "\\t";
-    else if (c < 0x20 || c == 0x7f) o += strprintf("\\u%04x", c);
-    else o += (char)c;
+    if (c == '"')
+      o += "\\\"";
+    else if (c == '\\')
+      o += "\\\\";
+    else if (c == '\n')
+      o += "\\n";
+    else if (c == '\t')
+      o += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      o += strprintf("\\u%04x", c);
+    else
+      o += (char)c;
   }
   return o + "\"";
 }
@@ -1261,8 +1315,8 @@ std::string jsonNumber(double v) {
 }
 
 std::string nicJson(const Nic& n) {
-  std::string s = "{\"name\": " + jsonString(n.name) + ", \"bandwidth\": " +
-                  (n.bitsPerSec > 0 ? jsonNumber(n.bitsPerSec) : std::string("null"));
+  std::string s = "{\"name\": " + jsonString(n.name) +
+                  ", \"bandwidth\": " + (n.bitsPerSec > 0 ? jsonNumber(n.bitsPerSec) : std::string("null"));
   if (n.numa >= 0) s += ", \"numa\": " + std::to_string(n.numa);
   if (!n.pciBusId.empty()) s += ", \"pci\": " + jsonString(n.pciBusId);
   return s + "}";
@@ -1295,8 +1349,8 @@ std::string nodeMembers(const NodeTopology& node, const std::vector<int>& nicOfR
 }  // namespace
 
 std::string toJson(const NodeTopology& node, int localRanks, const std::vector<int>& nicOfRank) {
-  std::string s = "{\n  \"name\": " + jsonString(node.name) + ",\n  \"ranks\": " +
-                  std::to_string(std::max(1, localRanks)) + ",\n";
+  std::string s = "{\n  \"name\": " + jsonString(node.name) +
+                  ",\n  \"ranks\": " + std::to_string(std::max(1, localRanks)) + ",\n";
   std::vector<int> aff = (int)nicOfRank.size() == localRanks ? nicOfRank : std::vector<int>();
   return s + nodeMembers(node, aff, "  ") + "}\n";
 }
@@ -1323,14 +1377,15 @@ std::string toJson(const ClusterTopology& topo) {
   }
   std::string s = "{\n  \"version\": 1,\n";
   if (uniform) {
-    s += "  \"nodes\": " + std::to_string(n) + ",\n  \"ranksPerNode\": " + std::to_string(topo.ranksPerNode()) +
-         ",\n";
+    s += "  \"nodes\": " + std::to_string(n) +
+         ",\n  \"ranksPerNode\": " + std::to_string(topo.ranksPerNode()) + ",\n";
     return s + nodeMembers(topo.node[0], nicsOf(0), "  ") + "}\n";
   }
   s += "  \"nodes\": [";
   for (int i = 0; i < n; i++) {
     const NodeTopology& node = topo.node[(size_t)i];
-    s += std::string(i ? ",\n" : "\n") + "    {\n      \"name\": " + jsonString(node.name) + ",\n      \"ranks\": ";
+    s += std::string(i ? ",\n" : "\n") + "    {\n      \"name\": " + jsonString(node.name) +
+         ",\n      \"ranks\": ";
     if (consecutive) {
       s += std::to_string(topo.nodeRanks[(size_t)i].size());
     } else {
@@ -1350,13 +1405,15 @@ std::string describe(const NodeTopology& node) {
   };
   std::string s = "node " + (node.name.empty() ? std::string("?") : node.name) + ": " +
                   plural((size_t)node.numaNodes, "NUMA node", "NUMA nodes") + ", " +
-                  plural(node.gpus.size(), "GPU", "GPUs") + ", " + plural(node.nics.size(), "NIC", "NICs") + "\n";
+                  plural(node.gpus.size(), "GPU", "GPUs") + ", " + plural(node.nics.size(), "NIC", "NICs") +
+                  "\n";
   size_t w = 4;
   for (const Nic& n : node.nics) w = std::max(w, n.name.size());
   for (size_t k = 0; k < node.nics.size(); k++) {
     const Nic& n = node.nics[k];
-    s += strprintf("  nic %zu: %-*s  %-12s  numa %s", k, (int)w, n.name.c_str(),
-                   formatBitsPerSec(n.bitsPerSec).c_str(), n.numa >= 0 ? std::to_string(n.numa).c_str() : "?");
+    s +=
+        strprintf("  nic %zu: %-*s  %-12s  numa %s", k, (int)w, n.name.c_str(),
+                  formatBitsPerSec(n.bitsPerSec).c_str(), n.numa >= 0 ? std::to_string(n.numa).c_str() : "?");
     if (!n.pciBusId.empty()) s += "  pci " + n.pciBusId;
     if (n.isVirtual) s += "  (virtual)";
     s += "\n";

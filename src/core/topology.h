@@ -28,10 +28,11 @@
 // particular. The candidates are the node's NICs, or with ZP_NET_DEVICES the
 // NICs it names, in its order (every name must be a NIC of the node). The
 // distance from a place to a NIC is (1 if the NIC is on another NUMA node than
-// the place, both known, else 0; then the PCI hops from the GPU when hwloc
-// knows them), compared in that order. Each rank takes the set S of candidates
-// closest to its place; ranks with the same set share it round robin: the j-th
-// such rank (counting in local rank order) gets S[j % |S|]. When every NIC is
+// the place, both known, else 0; then the PCI hops from the GPU, unknown hops
+// counting as farther than any known), compared in that order. Each rank
+// takes the set S of candidates closest to its place; ranks with the same set
+// share it round robin: the j-th such rank (counting in local rank order) gets
+// S[j % |S|]. When every NIC is
 // equally close (no NUMA or GPU information, as in an emulated cluster) this is
 // rank i -> candidate i % K, which is also what zprun's ZP_NET_DEVICES sets
 // and keeps rank i of every node on rail i % K; each NIC then serves
@@ -79,8 +80,10 @@
 //   "numa"          integer in [-1, numaNodes), default -1 (unknown).
 //   "pci"           string, PCI bus id ("0000:17:00.0"), default none.
 // Affinity: an array with one entry per local rank of the node, each a NIC
-// name or a NIC index into the node's "nics".
-// Limits: 65536 nodes, 2^22 ranks, 1024 NICs per node, 2^22 NICs in all.
+// name or a NIC index into the node's "nics". The file's affinity (given or
+// by the rule) is final: ZP_NET_DEVICES does not apply to a topology file.
+// Limits: 65536 nodes, 65536 ranks per node and 2^22 in all, 1024 NICs per
+// node and 2^20 in all, 1024 NUMA nodes and 1024 GPUs per node.
 // tests/data/topo_2x4x4.json is a documented example.
 //
 // Errors (a bad file, a bad ZP_NIC_RATE_BPS) are zpInvalidArgument with a

@@ -143,9 +143,11 @@ int main(int argc, char** argv) {
       printf("{\n  \"nodeId\": %s,\n  \"nodeIdFrom\": %s,\n  \"hostname\": %s,\n  \"topoFile\": %s,\n",
              jstr(nodeId).c_str(), jstr(nodeIdFrom).c_str(), jstr(host).c_str(), jstr(topoFile).c_str());
       if (rank >= 0) {
-        printf("  \"rank\": %ld,\n  \"node\": %d,\n  \"localRank\": %d,\n  \"localRanks\": %zu,\n  \"nic\": %s,\n",
-               rank, node, topo.rankLocal[(size_t)rank], topo.nodeRanks[(size_t)node].size(),
-               nic >= 0 ? jstr(nicName).c_str() : "null");
+        printf(
+            "  \"rank\": %ld,\n  \"node\": %d,\n  \"localRank\": %d,\n  \"localRanks\": %zu,\n  \"nic\": "
+            "%s,\n",
+            rank, node, topo.rankLocal[(size_t)rank], topo.nodeRanks[(size_t)node].size(),
+            nic >= 0 ? jstr(nicName).c_str() : "null");
       } else {
         printf("  \"rank\": null,\n");
       }
@@ -156,9 +158,9 @@ int main(int argc, char** argv) {
     printf("topology file:  %s (replaces discovery)\n", topoFile.c_str());
     if (rank >= 0)
       printf("%-16snode %d (%s), local rank %d of %zu, nic %s\n",
-             ("rank " + std::to_string(rank) + ":").c_str(), node,
-             topo.node[(size_t)node].name.c_str(), topo.rankLocal[(size_t)rank],
-             topo.nodeRanks[(size_t)node].size(), nic >= 0 ? nicName.c_str() : "none");
+             ("rank " + std::to_string(rank) + ":").c_str(), node, topo.node[(size_t)node].name.c_str(),
+             topo.rankLocal[(size_t)rank], topo.nodeRanks[(size_t)node].size(),
+             nic >= 0 ? nicName.c_str() : "none");
     printf("%s", zp::describe(topo).c_str());
     return 0;
   }
@@ -184,8 +186,10 @@ int main(int argc, char** argv) {
            jstr(nodeIdFrom).c_str(), jstr(host).c_str());
     printf("  \"localRank\": %ld,\n  \"localRanks\": %ld,\n  \"netDevices\": %s,\n", localRank, localRanks,
            netDevices.empty() ? "null" : jstr(netDevices).c_str());
-    if (nic >= 0) printf("  \"nic\": %s,\n", jstr(node.nics[(size_t)nic].name).c_str());
-    else printf("  \"nic\": null,\n  \"nicError\": %s,\n", jstr(why).c_str());
+    if (nic >= 0)
+      printf("  \"nic\": %s,\n", jstr(node.nics[(size_t)nic].name).c_str());
+    else
+      printf("  \"nic\": null,\n  \"nicError\": %s,\n", jstr(why).c_str());
     std::string virt;
     for (const zp::Nic& n : node.nics)
       if (n.isVirtual) virt += (virt.empty() ? "" : ", ") + jstr(n.name);
@@ -195,8 +199,8 @@ int main(int argc, char** argv) {
       const zp::Gpu& gpu = node.gpus[g];
       std::string hops;
       for (int h : gpu.nicHops) hops += (hops.empty() ? "" : ", ") + (h >= 0 ? std::to_string(h) : "null");
-      printf("%s\n    {\"pci\": %s, \"numa\": %d, \"nicHops\": [%s]}", g ? "," : "", jstr(gpu.pciBusId).c_str(),
-             gpu.numa, hops.c_str());
+      printf("%s\n    {\"pci\": %s, \"numa\": %d, \"nicHops\": [%s]}", g ? "," : "",
+             jstr(gpu.pciBusId).c_str(), gpu.numa, hops.c_str());
     }
     printf("%s],\n", node.gpus.empty() ? "" : "\n  ");
     printf("  \"node\": %s\n}\n", nest(zp::toJson(node, (int)localRanks, all)).c_str());

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "src/core/log.h"
@@ -154,13 +155,16 @@ UcxTransport::~UcxTransport() {
     if (ctrlRecv_ && ctrlRecv_->ucx) ucp_request_cancel(worker_, ctrlRecv_->ucx);
     for (int i = 0; i < 100 && ucp_worker_progress(worker_); i++) {
     }
-    // Goodbyes of peers that left at the same time: take them, so UCX has
-    // no unmatched messages to complain about.
+    // Messages nobody will receive any more (goodbyes of peers that left at
+    // the same time, data of a call that failed): take them, so UCX has no
+    // unmatched messages to complain about.
     ucp_tag_recv_info_t info;
-    while (ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, makeTag(kTagCtrl, 0, 0, 0), kMatchType, 1, &info)) {
+    std::vector<char> sink;
+    while (ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info)) {
+      sink.resize(std::max<size_t>(info.length, 1));
       ucp_request_param_t prm;
       memset(&prm, 0, sizeof(prm));
-      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, ctrlBuf_.data(), ctrlBuf_.size(), msg, &prm);
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, msg, &prm);
       while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
       if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
     }
@@ -328,7 +332,17 @@ void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
   fault(op, st, err);
   auto it = ops_.find(op);
   if (it == ops_.end()) return;
-  for (Request* r : it->second.reqs) ucp_request_cancel(worker_, r->ucx);
+  // A cancel may complete the request at once, which edits the op's list (and
+  // may finish the op): walk a copy.
+  std::vector<Request*> reqs = it->second.reqs;
+  for (Request* r : reqs) ucp_request_cancel(worker_, r->ucx);
+}
+
+void UcxTransport::failPeerOps(int peer, const std::string& why) {
+  std::vector<Op*> victims;
+  for (auto& kv : ops_)
+    if (kv.first->peer == peer) victims.push_back(kv.first);
+  for (Op* op : victims) finishOp(op, zpRemoteError, why);
 }
 
 void UcxTransport::postCtrlRecv() {
@@ -391,8 +405,7 @@ void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status,
       if (type == kCtrlAbort) comm_->setAsyncError((zpResult_t)status, text, true);
       // Everything this peer sent before leaving has arrived (one endpoint
       // keeps order); whatever is still expected from it never will.
-      for (auto& kv : ops_)
-        if (kv.first->peer == peer) finishOp(kv.first, zpRemoteError, text);
+      failPeerOps(peer, text);
       break;
     }
     default:
@@ -409,8 +422,7 @@ void UcxTransport::peerFailed(int peer, const std::string& status) {
             "): it died or its network failed";
   ZP_INFO(kSubNet, "rank %d: %s", comm_->rank, p.why.c_str());
   if (!p.bye) comm_->setAsyncError(zpRemoteError, p.why);
-  for (auto& kv : ops_)
-    if (kv.first->peer == peer) finishOp(kv.first, zpRemoteError, p.why);
+  failPeerOps(peer, p.why);
 }
 
 bool UcxTransport::progress() {

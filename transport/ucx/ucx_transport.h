@@ -77,6 +77,7 @@ class UcxTransport : public Transport {
   void onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text);
   void peerFailed(int peer, const std::string& why);
   void finishOp(Op* op, zpResult_t st, const std::string& err);
+  void failPeerOps(int peer, const std::string& why);
   static void sendCb(void* request, ucs_status_t status, void* user);
   static void recvCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void epErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status);

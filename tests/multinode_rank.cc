@@ -1,0 +1,144 @@
+// zp_multinode_rank: one rank of a job that zprun runs on an emulated
+// cluster (zprun --nodes ...). ZP_TEST_MODE picks what it does:
+//   check    (default) alltoallv with random counts and grouped send/recv to
+//            partners on this and other nodes, every byte checked;
+//   kill     rank ZP_TEST_VICTIM kills itself in the middle of a loop of
+//            alltoallv calls; every other rank must get zpRemoteError;
+//   foreign  before init, the last rank connects to the rendezvous port from
+//            its node and sends garbage, a wrong secret, and nothing; the
+//            communicator must still form and work.
+// Prints one line per rank and exits 0 when its part went as expected.
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "src/core/bootstrap.h"
+#include "tests/checks.h"
+
+namespace {
+
+int envInt(const char* name, int dflt) {
+  const char* v = getenv(name);
+  return v ? atoi(v) : dflt;
+}
+
+// Grouped exchange with the ranks `shift` away, random sizes; "" if all bytes are right.
+std::string sendRecvError(zpComm_t comm, int rank, int n, int shift, uint64_t seed) {
+  int to = (rank + shift) % n, from = (rank - shift + n) % n;
+  std::mt19937_64 sizes(seed);
+  size_t sizeTo = 0, sizeFrom = 0;
+  for (int r = 0; r < n; r++) {  // every rank draws the sizes of all pairs alike
+    size_t s = sizes() % (3u << 20);
+    if (r == rank) sizeTo = s;
+    if (r == from) sizeFrom = s;
+  }
+  zptest::GuardedBuffer send(sizeTo, 1), recv(sizeFrom, 3);
+  send.fill(seed, rank, to);
+  zpGroupStart();
+  zpSend(send.data(), sizeTo, zpUint8, to, comm, nullptr);
+  zpRecv(recv.data(), sizeFrom, zpUint8, from, comm, nullptr);
+  zpResult_t r = zpGroupEnd();
+  if (r != zpSuccess) return std::string("send/recv: ") + zpGetErrorString(r) + ": " + zpGetLastError(comm);
+  if (size_t w = recv.wrongBytes(seed, from, rank)) return "send/recv: " + std::to_string(w) + " wrong bytes";
+  if (size_t g = recv.guardBytesWritten()) return "send/recv: " + std::to_string(g) + " guard bytes written";
+  return "";
+}
+
+// Foreign connections to the rendezvous: they must be dropped, never joined.
+void connectAsStranger(const zpUniqueId& id) {
+  zp::IdLayout layout;
+  if (!zp::decodeId(id, &layout)) return;
+  sockaddr_storage addr = zp::idAddress(layout);
+  for (int kind = 0; kind < 3; kind++) {
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, (sockaddr*)&addr, sizeof(sockaddr_in)) != 0) {
+      close(fd);
+      continue;
+    }
+    if (kind == 0) {
+      const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+      send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);
+    } else if (kind == 1) {
+      zp::JoinHeader h;
+      memset(&h, 0, sizeof(h));
+      h.magic = zp::kIdMagic;  // right magic, wrong (zero) secret
+      h.nranks = 1;
+      send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+    }
+    // kind 2 sends nothing; all three stay open while the ranks join.
+  }
+}
+
+}  // namespace
+
+int main() {
+  const std::string mode = getenv("ZP_TEST_MODE") ? getenv("ZP_TEST_MODE") : "check";
+  const int envRank = envInt("ZP_RANK", -1), envN = envInt("ZP_NRANKS", 0);
+  if (mode == "foreign" && envRank == envN - 1) {
+    zpUniqueId id;
+    const char* hex = getenv("ZP_UNIQUE_ID");
+    if (hex && zp::idFromHex(hex, &id)) connectAsStranger(id);
+  }
+  zpComm_t comm = nullptr;
+  zpResult_t r = zpCommInitFromEnv(&comm, nullptr);
+  if (r != zpSuccess) {
+    fprintf(stderr, "zp_multinode_rank: init: %s: %s\n", zpGetErrorString(r), zpGetLastError(nullptr));
+    return 1;
+  }
+  int rank = -1, n = 0;
+  zpCommUserRank(comm, &rank);
+  zpCommCount(comm, &n);
+  // Rank 0 draws the seed: fresh inputs every run.
+  uint64_t seed = rank == 0 ? (std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}()) : 0;
+  zpGroupStart();
+  for (int p = 1; p < n && rank == 0; p++) zpSend(&seed, 1, zpUint64, p, comm, nullptr);
+  if (rank != 0) zpRecv(&seed, 1, zpUint64, 0, comm, nullptr);
+  if ((r = zpGroupEnd()) != zpSuccess) {
+    fprintf(stderr, "rank %d: sharing the seed: %s\n", rank, zpGetLastError(comm));
+    return 1;
+  }
+
+  if (mode == "kill") {
+    const int victim = envInt("ZP_TEST_VICTIM", n - 1);
+    auto start = std::chrono::steady_clock::now();
+    for (int it = 0; it < 1000; it++) {
+      if (rank == victim && it == 3) raise(SIGKILL);
+      std::string err = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed + it, 20000, 0.1), zpUint8,
+                                               seed + it);
+      if (err.empty()) continue;
+      zpResult_t async = zpSuccess;
+      zpCommGetAsyncError(comm, &async);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      bool ok = async == zpRemoteError && err.find("remote process") != std::string::npos;
+      printf("rank %d: %s after %d calls, %.0f ms: %s\n", rank, ok ? "remote error as expected" : "WRONG ERROR", it,
+             ms, err.c_str());
+      zpCommAbort(comm);
+      return ok ? 0 : 1;
+    }
+    printf("rank %d: no error although rank %d died\n", rank, victim);
+    return 1;
+  }
+
+  int failures = 0;
+  const size_t maxCounts[] = {0, 30, 4000, 300000};
+  for (int it = 0; it < 8; it++) {
+    zpDataType_t dt = (zpDataType_t)((seed + it) % zpNumTypes);
+    std::string err = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed + it, maxCounts[it % 4], 0.2),
+                                             dt, seed * 7 + it);
+    if (err.empty()) err = sendRecvError(comm, rank, n, 1 + it % (n - 1 > 0 ? n - 1 : 1), seed * 13 + it);
+    if (!err.empty()) {
+      fprintf(stderr, "rank %d of %d, iteration %d: %s\n", rank, n, it, err.c_str());
+      failures++;
+      break;
+    }
+  }
+  if ((r = zpCommDestroy(comm)) != zpSuccess) failures++;
+  if (failures) return 1;
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}

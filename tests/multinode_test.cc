@@ -1,0 +1,101 @@
+// Zeppelin across nodes: zprun builds an emulated cluster (network
+// namespaces, rate-limited NICs) and runs zp_multinode_rank in it. Needs
+// root (CI has it); without, the tests skip and say why.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct CommandResult {
+  int status = -1;
+  std::string output;
+};
+
+CommandResult run(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
+  r.status = pclose(p);
+  return r;
+}
+
+// Namespaces whose names zprun's runs use; none may outlive a run.
+std::string zpNamespaces() {
+  std::string out;
+  for (const std::string& line : {run("ip netns list").output})
+    for (size_t pos = 0; (pos = line.find("zp", pos)) != std::string::npos; pos++)
+      if (pos == 0 || line[pos - 1] == '\n') out += line.substr(pos, line.find('\n', pos) - pos) + " ";
+  return out;
+}
+
+size_t countLines(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size()) n++;
+  return n;
+}
+
+class Multinode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (CI runs as root)";
+    before_ = zpNamespaces();
+  }
+  void TearDown() override {
+    if (geteuid() == 0) EXPECT_EQ(zpNamespaces(), before_) << "a namespace of the emulated cluster was left behind";
+  }
+  CommandResult zprun(int nodes, int rpn, int nics, const std::string& env) {
+    std::string cmd = env + " " ZPRUN_PATH " --timeout 240 --nodes " + std::to_string(nodes) + " --ranks-per-node " +
+                      std::to_string(rpn) + " --nics-per-node " + std::to_string(nics) + " --nic-rate 1gbit " +
+                      ZP_MULTINODE_RANK_PATH;
+    return run(cmd);
+  }
+  std::string before_;
+};
+
+struct Shape {
+  int nodes, rpn, nics;
+};
+
+class MultinodeShapes : public Multinode, public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
+  Shape s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
+TEST_P(MultinodeShapes, ForeignConnectionsAreDroppedAndTheCommunicatorWorks) {
+  Shape s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=foreign");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+  EXPECT_NE(r.output.find("dropped connection"), std::string::npos) << "the root should log what it dropped\n"
+                                                                     << r.output;
+}
+
+TEST_P(MultinodeShapes, KilledRankOnAnotherNodeGivesRemoteErrorEverywhere) {
+  Shape s = GetParam();
+  int n = s.nodes * s.rpn;
+  // The victim is on the last node; every other rank must see zpRemoteError
+  // within the timeout (death is noticed well before it).
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=kill ZP_TEST_VICTIM=" + std::to_string(n - 1) + " ZP_TIMEOUT=60");
+  EXPECT_NE(r.status, 0) << "zprun must report the killed rank\n" << r.output;
+  EXPECT_NE(r.output.find("killed by signal"), std::string::npos) << r.output;
+  EXPECT_EQ(countLines(r.output, "remote error as expected"), (size_t)(n - 1)) << r.output;
+  EXPECT_EQ(countLines(r.output, "WRONG ERROR"), 0u) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Clusters, MultinodeShapes,
+                         ::testing::Values(Shape{2, 2, 2}, Shape{2, 4, 4}, Shape{3, 2, 2}),
+                         [](const ::testing::TestParamInfo<Shape>& i) {
+                           return std::to_string(i.param.nodes) + "x" + std::to_string(i.param.rpn) + "x" +
+                                  std::to_string(i.param.nics);
+                         });
+
+}  // namespace
