@@ -271,6 +271,50 @@ TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
   }
 }
 
+// ---- A peer that is alive but silent ----
+
+constexpr double kSilenceTimeoutSec = 3;
+
+// Rank 1 stays alive but never answers (until rank 0 has its result): rank
+// 0's call must fail with zpRemoteError once nothing moved for the timeout,
+// and not much sooner.
+void silentPeer(const std::function<zpResult_t(zpComm_t, int n)>& waitOnRank1) {
+  zptest::Shared<Progress> progress;
+  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(kSilenceTimeoutSec);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    if (rank == 1) {
+      EXPECT_TRUE(zptest::waitFor([&] { return progress->finished == 1; }, 100));
+    } else {
+      auto start = Clock::now();
+      zp::clearLastError();
+      EXPECT_EQ(waitOnRank1(comm, n), zpRemoteError) << zpGetLastError(comm);
+      EXPECT_STRNE(zpGetLastError(comm), "");
+      EXPECT_GE(zptest::secondsSince(start), 0.9 * kSilenceTimeoutSec) << "gave up before the timeout";
+      zpResult_t async = zpSuccess;
+      ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+      EXPECT_EQ(async, zpRemoteError);
+      progress->finished = 1;
+    }
+    zpCommDestroy(comm);
+  });
+  zptest::expectAllOk(exits);
+}
+
+TEST(Timeout, ReceiveFromASilentPeerFailsAfterTheTimeout) {
+  silentPeer([](zpComm_t comm, int) {
+    float x[16];
+    return zpRecv(x, 16, zpFloat32, 1, comm, nullptr);
+  });
+}
+
+TEST(Timeout, AlltoallvWithASilentPeerFailsAfterTheTimeout) {
+  silentPeer([](zpComm_t comm, int n) {
+    zptest::AlltoallvRun run(0, zptest::uniformCounts(n, 100), zpFloat32, 1);
+    return run.run(comm);
+  });
+}
+
 // ---- Signals ----
 
 void onAlarm(int) {}

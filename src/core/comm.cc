@@ -1,5 +1,6 @@
 #include "src/core/comm.h"
 
+#include <net/if.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "transport/shm/shm_transport.h"
+#include "src/core/topology.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace zp {
@@ -41,13 +43,50 @@ void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text)
 
 // Shared memory within the node; UCX to other nodes, whose worker addresses
 // travel in the bootstrap's second round.
+// The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
+// the node (hwloc, sysfs) and picked by locality, restricted to ZP_NET_DEVICES.
+static zpResult_t chooseNic(Comm* c, std::string* nic) {
+  int localRank = 0, localRanks = 0;
+  for (int r = 0; r < c->nranks; r++)
+    if (c->isLocal(r)) (r < c->rank ? localRank : localRanks)++;
+  localRanks += localRank;
+  std::string file = envString("ZP_TOPO_FILE");
+  if (!file.empty()) {
+    ClusterTopology topo;
+    ZP_CHECK(loadTopoFile(file, &topo));
+    if (topo.nranks() != c->nranks)
+      return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
+                  topo.nranks(), c->nranks);
+    int idx = topo.rankNic[c->rank];
+    if (idx >= 0) *nic = topo.node[topo.rankNode[c->rank]].nics[idx].name;
+  } else {
+    NodeTopology node;
+    ZP_CHECK(discoverNode(&node));
+    std::string why;
+    int idx = pickNic(node, localRank, localRanks, c->cfg.netDevices, &why);
+    if (idx >= 0) {
+      *nic = node.nics[idx].name;
+    } else if (c->cfg.netDevices.find(',') == std::string::npos && if_nametoindex(c->cfg.netDevices.c_str())) {
+      *nic = c->cfg.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
+    } else if (!c->cfg.netDevices.empty()) {
+      return fail(zpInvalidArgument, "rank %d: ZP_NET_DEVICES=%s: %s", c->rank, c->cfg.netDevices.c_str(), why.c_str());
+    } else {
+      *nic = c->cfg.socketIfname;  // no NIC found: the bootstrap's interface, or UCX's choice
+    }
+  }
+  ZP_INFO(kSubNet | kSubInit, "rank %d (local rank %d of %d): NIC %s", c->rank, localRank, localRanks,
+          nic->empty() ? "chosen by UCX" : nic->c_str());
+  return zpSuccess;
+}
+
 static zpResult_t initTransports(Comm* c, int rootFd) {
   c->sendSeq.assign(c->nranks, 0);
   c->recvSeq.assign(c->nranks, 0);
   bool remote = false;
   for (int r = 0; r < c->nranks; r++) remote |= !c->isLocal(r);
-  std::string address;
-  zpResult_t res = remote ? UcxTransport::create(c, &c->net, &address) : zpSuccess;
+  std::string address, nic;
+  zpResult_t res = remote ? chooseNic(c, &nic) : zpSuccess;
+  if (res == zpSuccess && remote) res = UcxTransport::create(c, nic, &c->net, &address);
   // Every rank takes part in the second round, even to say it failed (an
   // empty address), so that nobody waits for it.
   std::vector<std::string> addresses(c->nranks);

@@ -129,27 +129,16 @@ bool parseBitsPerSec(const std::string& text, double* bitsPerSec) {
     const char* name;
     double factor;
   };
+  // clang-format off
   static const Unit kUnits[] = {
-      {"", 1},
-      {"bit", 1},
-      {"kbit", 1e3},
-      {"mbit", 1e6},
-      {"gbit", 1e9},
-      {"tbit", 1e12},
-      {"kibit", 1024.0},
-      {"mibit", 1048576.0},
-      {"gibit", 1073741824.0},
-      {"tibit", 1099511627776.0},
-      {"bps", 8},
-      {"kbps", 8e3},
-      {"mbps", 8e6},
-      {"gbps", 8e9},
-      {"tbps", 8e12},
-      {"kibps", 8 * 1024.0},
-      {"mibps", 8 * 1048576.0},
-      {"gibps", 8 * 1073741824.0},
-      {"tibps", 8 * 1099511627776.0},
+      {"", 1},           {"bit", 1},         {"kbit", 1e3},          {"mbit", 1e6},
+      {"gbit", 1e9},     {"tbit", 1e12},     {"kibit", 1024.0},      {"mibit", 1048576.0},
+      {"gibit", 1073741824.0},               {"tibit", 1099511627776.0},
+      {"bps", 8},        {"kbps", 8e3},      {"mbps", 8e6},          {"gbps", 8e9},
+      {"tbps", 8e12},    {"kibps", 8 * 1024.0},                      {"mibps", 8 * 1048576.0},
+      {"gibps", 8 * 1073741824.0},           {"tibps", 8 * 1099511627776.0},
   };
+  // clang-format on
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
       double bits = v * u.factor;
@@ -576,18 +565,12 @@ const JValue* JValue::get(const char* key) const {
 
 const char* kindName(JValue::Kind k) {
   switch (k) {
-    case JValue::kNull:
-      return "null";
-    case JValue::kBool:
-      return "a boolean";
-    case JValue::kNumber:
-      return "a number";
-    case JValue::kString:
-      return "a string";
-    case JValue::kArray:
-      return "an array";
-    case JValue::kObject:
-      return "an object";
+    case JValue::kNull: return "null";
+    case JValue::kBool: return "a boolean";
+    case JValue::kNumber: return "a number";
+    case JValue::kString: return "a string";
+    case JValue::kArray: return "an array";
+    case JValue::kObject: return "an object";
   }
   return "?";
 }
@@ -671,19 +654,15 @@ class JsonReader {
     if (pos_ >= s_.size()) return err_->at(pos_, "expected a value, found the end of the file");
     char c = s_[pos_];
     switch (c) {
-      case '{':
-        return object(v, depth);
-      case '[':
-        return array(v, depth);
-      case '"':
+      case '{': return object(v, depth);
+      case '[': return array(v, depth);
+      case '"': {
         v->kind = JValue::kString;
         return string(&v->str);
-      case 't':
-        return literal("true", v, JValue::kBool, true);
-      case 'f':
-        return literal("false", v, JValue::kBool, false);
-      case 'n':
-        return literal("null", v, JValue::kNull, false);
+      }
+      case 't': return literal("true", v, JValue::kBool, true);
+      case 'f': return literal("false", v, JValue::kBool, false);
+      case 'n': return literal("null", v, JValue::kNull, false);
       default:
         if (c == '-' || (c >= '0' && c <= '9')) return number(v);
         if (isalpha((unsigned char)c))
@@ -792,8 +771,9 @@ class JsonReader {
     } else if (c >= 0xF0 && c <= 0xF4) {
       n = 4;
       cp = c & 0x07;
-    } else
+    } else {
       return 0;
+    }
     if (i + n > s_.size()) return 0;
     for (size_t k = 1; k < n; k++) {
       unsigned char cc = (unsigned char)s_[i + k];
@@ -999,14 +979,13 @@ class TopoReader {
       // Ranks: a count or a list.
       long count = 0;
       const JValue* ranks = obj ? obj->get("ranks") : nullptr;
+      const size_t nodeAt = obj ? obj->at : nodes->at;  // where to point at for this node
       int form = (ranks && ranks->kind == JValue::kArray) ? 1 : 0;
       if (listForm < 0) {
         listForm = form;
         formNode = i;
       } else if (form != listForm) {
-        return err_->at(ranks ? ranks->at
-                        : obj ? obj->at
-                              : nodes->at,
+        return err_->at(ranks ? ranks->at : nodeAt,
                         "%s gives its ranks as %s but node %zu as %s: use one form for all nodes",
                         where.c_str(), form ? "a list" : "a count", formNode,
                         listForm ? "a list" : "a count");
@@ -1030,12 +1009,11 @@ class TopoReader {
       } else if (ranksPerNode_ > 0) {
         count = ranksPerNode_;
       } else {
-        return err_->at(obj ? obj->at : nodes->at,
-                        "%s has no \"ranks\", and there is no top-level \"ranksPerNode\"", where.c_str());
+        return err_->at(nodeAt, "%s has no \"ranks\", and there is no top-level \"ranksPerNode\"",
+                        where.c_str());
       }
       totalRanks += count;
-      if (totalRanks > kMaxRanks)
-        return err_->at(obj ? obj->at : nodes->at, "the cluster has more than %ld ranks", kMaxRanks);
+      if (totalRanks > kMaxRanks) return err_->at(nodeAt, "the cluster has more than %ld ranks", kMaxRanks);
 
       long numa = 1, gpus = 0;
       if (const JValue* v = pick(obj, "numaNodes"))

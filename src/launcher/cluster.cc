@@ -39,6 +39,7 @@ namespace {
 constexpr const char* kNetnsDir = "/run/netns";  // where `ip netns` keeps its names
 constexpr const char* kStateRoot = "/run/zprun";
 constexpr const char* kBootIdFile = "/proc/sys/kernel/random/boot_id";
+constexpr const char* kHostsFile = "/etc/hosts";
 constexpr double kCommandTimeoutSec = 60;  // one ip / tc command; they take milliseconds
 
 constexpr int kExitFailure = 1;
@@ -408,6 +409,10 @@ bool enterNode(const NodeEntry& e, const char** step) {
   if (mount(e.bootIdPath, kBootIdFile, nullptr, MS_BIND, nullptr) != 0) return false;
   // Read-only, as the real one; best effort.
   mount(nullptr, kBootIdFile, nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr);
+  if (e.hostsPath != nullptr && e.hostsPath[0] != '\0') {
+    *step = "bind-mount the cluster's hosts file over /etc/hosts";
+    if (mount(e.hostsPath, kHostsFile, nullptr, MS_BIND, nullptr) != 0) return false;
+  }
 
   // A sysfs mounted from inside the node's namespace shows the node's network
   // devices. It goes on top of the old /sys; the cgroup tree under it is
@@ -448,6 +453,7 @@ Cluster::Cluster(const ClusterSpec& spec, pid_t owner) : spec_(spec) {
     hostnames_.push_back(hostname(i));
     bootIdPaths_.push_back(stateDir() + "/node" + std::to_string(i) + ".boot_id");
   }
+  hostsPath_ = stateDir() + "/hosts";
   nodeFds_.assign(static_cast<size_t>(spec_.nodes), -1);
 }
 
@@ -550,6 +556,12 @@ int Cluster::create(const volatile sig_atomic_t* stop) {
     if (!writeFile(bootIdPaths_[i], uuid + "\n", 0644))
       return failWith(kExitFailure, "cannot write " + bootIdPaths_[i] + ": " + strerror(errno));
   }
+  // Names resolve inside the cluster from this file alone (never through the
+  // machine's resolver), for the processes that get it over /etc/hosts.
+  std::string hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+  for (int i = 0; i < spec_.nodes; ++i) hosts += nicAddress(i, 0) + "\t" + hostnames_[i] + "\n";
+  if (!writeFile(hostsPath(), hosts, 0644))
+    return failWith(kExitFailure, "cannot write " + hostsPath() + ": " + strerror(errno));
 
   auto cmds = setupCommands();
   for (size_t c = 0; c < cmds.size(); ++c) {
@@ -611,11 +623,12 @@ bool Cluster::destroy() {
   return ok;
 }
 
-NodeEntry Cluster::nodeEntry(int node) const {
+NodeEntry Cluster::nodeEntry(int node, bool withHosts) const {
   NodeEntry e;
   e.nsFd = nodeFds_[node];
   e.hostname = hostnames_[node].c_str();
   e.bootIdPath = bootIdPaths_[node].c_str();
+  if (withHosts) e.hostsPath = hostsPath_.c_str();
   return e;
 }
 
@@ -695,6 +708,36 @@ std::vector<std::string> listDir(const char* dir) {
 }
 
 }  // namespace
+
+bool openLiveNode(const std::string& tag, const std::string& host, LiveNode* node, std::string* error) {
+  std::string hostTag;
+  pid_t pid;
+  if (!parseTag(host, &hostTag, &pid) || hostTag != tag || host.compare(tag.size(), 5, "-node") != 0) {
+    *error = "'" + host + "' is not a node of cluster " + tag;
+    return false;
+  }
+  if (!runIsAlive(tag, pid)) {
+    *error = "cluster " + tag + " is not running";
+    return false;
+  }
+  const std::string dir = std::string(kStateRoot) + "/" + tag;
+  node->hostname = host;
+  node->bootIdPath = dir + "/" + host.substr(tag.size() + 1) + ".boot_id";
+  node->hostsPath = dir + "/hosts";
+  for (const std::string& p : {node->bootIdPath, node->hostsPath}) {
+    if (!pathExists(p)) {
+      *error = "'" + host + "' is not a node of cluster " + tag + " (no " + p + ")";
+      return false;
+    }
+  }
+  const std::string ns = std::string(kNetnsDir) + "/" + host;
+  node->nsFd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+  if (node->nsFd < 0) {
+    *error = "cannot open " + ns + ": " + strerror(errno);
+    return false;
+  }
+  return true;
+}
 
 int cleanupStale() {
   if (!checkClusterPrerequisites(false, true)) return kExitNoPrivilege;

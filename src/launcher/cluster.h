@@ -17,7 +17,10 @@
 //   NIC k of node i     zpnic<k>             (inside <tag>-node<i>)
 //   its bridge port     node<i>nic<k>        (inside <tag>-rails)
 //   state directory     /run/zprun/<tag>/    lock (held by the live zprun),
-//                                            node<i>.boot_id (fresh UUIDs)
+//                                            node<i>.boot_id (fresh UUIDs),
+//                                            hosts (the nodes' names and rail-0
+//                                            addresses, an /etc/hosts for
+//                                            zprun --mpirun)
 // Addresses: NIC k of node i is 10.77.k.(i+1)/24, so rail k is the subnet
 // 10.77.k.0/24 and nodes 0..249, rails 0..31 fit. Rails are separate layer-2
 // networks: a NIC reaches the same rail of other nodes only (rail-only
@@ -78,15 +81,28 @@ struct NodeEntry {
   int nsFd = -1;  // the node's network namespace (open on /run/netns/NAME)
   const char* hostname = nullptr;
   const char* bootIdPath = nullptr;  // bind-mounted over /proc/sys/kernel/random/boot_id
+  const char* hostsPath = nullptr;   // if set, bind-mounted over /etc/hosts
 };
 
 // Enters the node in the calling (child) process: joins its network
 // namespace, unshares the UTS and mount namespaces, makes mounts private,
 // sets the hostname, bind-mounts the node's boot id, and mounts a sysfs of the
 // node's namespace on /sys (as `ip netns exec` does, so /sys/class/net lists
-// the node's NICs; /sys/fs/cgroup is kept). On failure returns false with
-// errno set and *step naming what failed.
+// the node's NICs; /sys/fs/cgroup is kept), and with entry.hostsPath, puts
+// that file over /etc/hosts. On failure returns false with errno set and
+// *step naming what failed.
 bool enterNode(const NodeEntry& entry, const char** step);
+
+// A node of a cluster that another zprun process owns, for zprun
+// --mpirun-agent (mpirun's remote shell, started by mpirun inside node 0):
+// opened by its hostname, <tag>-node<i>, while that zprun still runs.
+struct LiveNode {
+  int nsFd = -1;
+  std::string hostname, bootIdPath, hostsPath;
+  NodeEntry entry() const { return NodeEntry{nsFd, hostname.c_str(), bootIdPath.c_str(), hostsPath.c_str()}; }
+};
+// False with *error saying why if host is not a node of the live cluster tag.
+bool openLiveNode(const std::string& tag, const std::string& host, LiveNode* node, std::string* error);
 
 class Cluster {
  public:
@@ -101,6 +117,8 @@ class Cluster {
   std::string railsNamespace() const;
   std::string hostname(int node) const { return nodeNamespace(node); }
   std::string stateDir() const;
+  // <stateDir>/hosts: localhost and "10.77.0.<i+1> <hostname of node i>" lines.
+  const std::string& hostsPath() const { return hostsPath_; }
 
   // The ip / tc commands that build the cluster and those that remove it, in
   // order (for --dry-run; create() runs the same ones).
@@ -120,7 +138,8 @@ class Cluster {
   // why) if something could not be removed.
   bool destroy();
 
-  NodeEntry nodeEntry(int node) const;
+  // withHosts: the node's processes also get hostsPath() as /etc/hosts.
+  NodeEntry nodeEntry(int node, bool withHosts = false) const;
 
  private:
   ClusterSpec spec_;
@@ -129,6 +148,7 @@ class Cluster {
   int lockFd_ = -1;
   std::vector<int> nodeFds_;
   std::vector<std::string> hostnames_, bootIdPaths_;
+  std::string hostsPath_;
 };
 
 // zprun --cleanup: removes namespaces and state directories that zprun runs

@@ -17,6 +17,14 @@
 // The rendezvous then runs in rank 0, on node 0's first NIC, since ranks in
 // node namespaces cannot reach zprun's loopback.
 //
+// With --mpirun, zprun runs Open MPI's mpirun in node 0 instead of the ranks,
+// so that MPI programs can be measured on the same cluster. mpirun reads a
+// hostfile of the nodes (in the state directory) and starts its daemons
+// through its remote shell (plm_rsh_agent), which is zprun again, in a hidden
+// mode: `zprun --mpirun-agent TAG HOST COMMAND...` enters node HOST of the
+// cluster TAG as a rank would and runs COMMAND with the shell, like ssh. Its
+// runtime and its TCP transport use the zpnic interfaces only.
+//
 // The file has three parts that do not know about each other's internals:
 //   1. options: the command line, parsed into Options;
 //   2. layout: Options turned into nodes and ranks (JobLayout): one node
@@ -27,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -165,6 +174,9 @@ struct Options {
   bool clusterOptionSeen = false;  // one of the options below --nodes was given
   bool dryRun = false;
   bool cleanup = false;
+  // --mpirun: run Open MPI's mpirun in node 0, with these extra arguments.
+  bool mpirun = false;
+  std::vector<std::string> mpirunArgs;
 };
 
 void printUsage(FILE* out) {
@@ -172,6 +184,8 @@ void printUsage(FILE* out) {
           "Usage: zprun -n N [options] [--] PROGRAM [ARGS...]\n"
           "       zprun --nodes N [--ranks-per-node R] [--nics-per-node K] [--nic-rate RATE]\n"
           "             [--mtu BYTES] [options] [--] PROGRAM [ARGS...]\n"
+          "       zprun --nodes N [cluster options] [options] --mpirun [MPIRUN-ARGS...] --\n"
+          "             PROGRAM [ARGS...]\n"
           "       zprun --cleanup\n"
           "\n"
           "Starts N ranks of PROGRAM on this machine and hosts the rendezvous they\n"
@@ -203,6 +217,15 @@ void printUsage(FILE* out) {
           "                      cluster and where each rank would run; run nothing\n"
           "  --cleanup           remove the namespaces left by zprun processes that\n"
           "                      died (SIGKILL) before removing their cluster, then exit\n"
+          "  --mpirun [ARGS] --  run PROGRAM with Open MPI's mpirun (from PATH) instead:\n"
+          "                      mpirun runs in node 0, its daemons in the other nodes\n"
+          "                      (zprun is its remote shell), N*R ranks, node by node;\n"
+          "                      the runtime and the tcp BTL use the zpnic interfaces\n"
+          "                      only; the ranks get ZP_LOCAL_NRANKS, ZP_NNODES,\n"
+          "                      ZP_NICS_PER_NODE, ZP_NIC_RATE_BPS and zprun's -x\n"
+          "                      variables. ARGS up to -- are added to mpirun's options\n"
+          "                      (e.g. --mca btl_tcp_links 2); -p is not available\n"
+          "                      (mpirun's --tag-output is). Exit status: mpirun's.\n"
           "NIC k of node i is 10.77.k.(i+1)/24; rail k (NIC k of every node) is one\n"
           "bridge. Each rank gets a hostname and boot id of its node, so ranks of a node\n"
           "share memory and other nodes are reached over the NICs, and also ZP_NODE_RANK,\n"
@@ -403,6 +426,21 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
         return ParseResult::kError;
       }
       opts->cleanup = true;
+    } else if (name == "--mpirun") {
+      if (inlineValue) {
+        *error = name + " takes no value";
+        return ParseResult::kError;
+      }
+      // Everything up to "--" is mpirun's; the program follows.
+      opts->mpirun = true;
+      int k = i + 1;
+      while (k < argc && strcmp(argv[k], "--") != 0) opts->mpirunArgs.push_back(argv[k++]);
+      if (k >= argc) {
+        *error = "--mpirun: end mpirun's arguments (if any) with --, then give the program";
+        return ParseResult::kError;
+      }
+      i = k + 1;
+      break;
     } else {
       *error = "unknown option " + arg;
       return ParseResult::kError;
@@ -418,6 +456,14 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
     return ParseResult::kRun;
   }
   const zprun::ClusterSpec& cl = opts->cluster;
+  if (opts->mpirun && cl.nodes == 0) {
+    *error = "--mpirun needs --nodes";
+    return ParseResult::kError;
+  }
+  if (opts->mpirun && opts->prefix) {
+    *error = "-p does not apply to --mpirun; give mpirun --tag-output instead (--mpirun --tag-output --)";
+    return ParseResult::kError;
+  }
   if (cl.nodes == 0 && opts->clusterOptionSeen) {
     *error = "--ranks-per-node, --nics-per-node, --nic-rate, --mtu and --dry-run need --nodes";
     return ParseResult::kError;
@@ -482,6 +528,8 @@ struct JobLayout {
   std::vector<NodeSpec> nodes;
   std::vector<RankSpec> ranks;  // indexed by rank
   const zprun::Cluster* cluster = nullptr;
+  // --mpirun: the one "rank" is mpirun in node 0, which starts the real ones.
+  bool mpirun = false;
 };
 
 // cluster: the emulated cluster the ranks run in, or nullptr. Rank r runs on
@@ -499,8 +547,14 @@ JobLayout planLayout(const Options& opts, const zprun::Cluster* cluster) {
   for (int i = 0; i < spec.nodes; ++i) {
     NodeSpec node;
     node.index = i;
-    node.entry = cluster->nodeEntry(i);
+    // mpirun and its daemons find the nodes by name.
+    node.entry = cluster->nodeEntry(i, opts.mpirun);
     layout.nodes.push_back(node);
+  }
+  if (opts.mpirun) {
+    layout.mpirun = true;
+    layout.ranks.push_back(RankSpec{0, 0, 0, 1, 0});
+    return layout;
   }
   for (int i = 0; i < spec.nodes; ++i)
     for (int local = 0; local < spec.ranksPerNode; ++local)
@@ -531,18 +585,33 @@ std::vector<std::string> jobVariables(const JobLayout& layout, const RankSpec& s
   return set;
 }
 
+// What zprun --mpirun tells every MPI rank about the cluster (through
+// mpirun's -x): the same for all, unlike a rank's place.
+std::vector<std::string> mpirunVariables(const zprun::ClusterSpec& c) {
+  return {"ZP_LOCAL_NRANKS=" + std::to_string(c.ranksPerNode), "ZP_NNODES=" + std::to_string(c.nodes),
+          "ZP_NICS_PER_NODE=" + std::to_string(c.nicsPerNode),
+          "ZP_NIC_RATE_BPS=" + std::to_string(c.rateBps)};
+}
+
 // The full environment of one rank: zprun's own, then -x, then the job's
-// variables (later entries replace earlier ones of the same name).
+// variables (later entries replace earlier ones of the same name). For
+// mpirun, which passes its environment on to the ranks here, zprun's own
+// rank variables (from an outer launcher) are left out.
 std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& layout,
                                          const RankSpec& spec, const std::string& idHex) {
   std::vector<std::string> set;
-  if (layout.cluster != nullptr) {
+  if (layout.mpirun) {
+    set = opts.extraEnv;
+    for (std::string& v : mpirunVariables(layout.cluster->spec())) set.push_back(v);
+  } else if (layout.cluster != nullptr) {
     // The rank's NIC; -x may name others (all of the node's, say).
     set.push_back("ZP_NET_DEVICES=" + zprun::nicName(spec.nic));
     set.push_back("ZP_SOCKET_IFNAME=" + zprun::nicName(spec.nic));
   }
-  set.insert(set.end(), opts.extraEnv.begin(), opts.extraEnv.end());
-  for (std::string& v : jobVariables(layout, spec, idHex)) set.push_back(v);
+  if (!layout.mpirun) {
+    set.insert(set.end(), opts.extraEnv.begin(), opts.extraEnv.end());
+    for (std::string& v : jobVariables(layout, spec, idHex)) set.push_back(v);
+  }
 
   auto nameOf = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   auto overridden = [&](const std::string& name, size_t from) {
@@ -555,6 +624,11 @@ std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& l
   for (char** e = environ; *e != nullptr; ++e) {
     // zprun's own ZP_NODE_ID would make all nodes of a cluster one.
     if (layout.cluster != nullptr && nameOf(*e) == "ZP_NODE_ID") continue;
+    auto isNamed = [&](const char* v) { return nameOf(*e) == v; };
+    if (layout.mpirun && (std::any_of(std::begin(kReservedVars), std::end(kReservedVars), isNamed) ||
+                          std::any_of(std::begin(kReservedClusterVars),
+                                      std::end(kReservedClusterVars), isNamed)))
+      continue;
     if (!overridden(nameOf(*e), 0)) env.push_back(*e);
   }
   for (size_t k = 0; k < set.size(); ++k)
@@ -739,6 +813,7 @@ class Job {
   void pumpStdin(short inEvents, short outEvents);
   void closeStdinForwarding();
   int exitCode() const;
+  std::string nameOf(const Rank& rank) const;  // "rank 3", or "mpirun"
 
   const Options& opts_;
   JobLayout layout_;
@@ -773,6 +848,10 @@ class Job {
   int failureReports_ = 0;
   int unreportedFailures_ = 0;
 };
+
+std::string Job::nameOf(const Rank& rank) const {
+  return layout_.mpirun ? "mpirun" : "rank " + std::to_string(rank.spec.rank);
+}
 
 int Job::runningCount() const {
   int n = 0;
@@ -871,9 +950,10 @@ bool Job::spawn(Rank& rank) {
     fprintf(stderr, "zprun: cannot execute %s: %s\n", opts_.command[0].c_str(),
             strerror(rep.error));
   else if (rep.step[0] != '\0')
-    fprintf(stderr, "zprun: cannot set up rank %d: %s: %s\n", r, rep.step, strerror(rep.error));
+    fprintf(stderr, "zprun: cannot set up %s: %s: %s\n", nameOf(rank).c_str(), rep.step,
+            strerror(rep.error));
   else
-    fprintf(stderr, "zprun: cannot set up rank %d: %s\n", r, strerror(rep.error));
+    fprintf(stderr, "zprun: cannot set up %s: %s\n", nameOf(rank).c_str(), strerror(rep.error));
   execFailed_ = true;
   return false;
 }
@@ -1092,9 +1172,9 @@ void Job::onRankExit(Rank& rank, int status) {
   if (failureReports_ < kMaxFailureReports) {
     ++failureReports_;
     if (WIFEXITED(status))
-      fprintf(stderr, "zprun: rank %d exited with code %d\n", rank.spec.rank, code);
+      fprintf(stderr, "zprun: %s exited with code %d\n", nameOf(rank).c_str(), code);
     else
-      fprintf(stderr, "zprun: rank %d killed by signal %s%s\n", rank.spec.rank,
+      fprintf(stderr, "zprun: %s killed by signal %s%s\n", nameOf(rank).c_str(),
               signalName(WTERMSIG(status)).c_str(), WCOREDUMP(status) ? " (core dumped)" : "");
   } else {
     ++unreportedFailures_;
@@ -1258,24 +1338,37 @@ void printDryRun(const Options& opts, const zprun::Cluster& cluster, const JobLa
          spec.ranksPerNode == 1 ? "" : "s", spec.nicsPerNode, spec.nicsPerNode == 1 ? "" : "s",
          spec.rateBps > 0 ? (std::to_string(spec.rateBps) + " bit/s").c_str() : "not limited",
          spec.mtu);
-  printf("# build (state in %s: lock, node<i>.boot_id)\n", cluster.stateDir().c_str());
+  printf("# build (state in %s: lock, node<i>.boot_id, hosts%s)\n", cluster.stateDir().c_str(),
+         layout.mpirun ? ", hostfile" : "");
   print(cluster.setupCommands());
-  printf("# ranks: each joins its node's namespace (setns), unshares UTS and mount\n"
-         "# namespaces, sets the hostname, bind-mounts the node's boot id, mounts sysfs\n");
-  std::string command;
-  for (const std::string& a : opts.command) command += " " + zprun::quoteArg(a);
-  for (const RankSpec& r : layout.ranks) {
-    std::string vars;
-    for (const std::string& v : jobVariables(layout, r, idHex))
-      if (v.compare(0, 13, "ZP_UNIQUE_ID=") != 0 && v.compare(0, 12, "ZP_LAUNCHER=") != 0)
-        vars += " " + v;
-    printf("  rank %d: node %s, hostname %s, ZP_NET_DEVICES=%s ZP_SOCKET_IFNAME=%s%s%s\n", r.rank,
-           cluster.nodeNamespace(r.node).c_str(), cluster.hostname(r.node).c_str(),
-           zprun::nicName(r.nic).c_str(), zprun::nicName(r.nic).c_str(), vars.c_str(),
-           command.c_str());
+  if (layout.mpirun) {
+    std::string command, vars;
+    for (const std::string& a : opts.command) command += (command.empty() ? "" : " ") + zprun::quoteArg(a);
+    for (const std::string& v : mpirunVariables(spec)) vars += v + " ";
+    printf("# mpirun: in node %s, entered as a rank would be, and /etc/hosts\n"
+           "# from %s (the nodes at their rail-0 addresses); the hostfile\n"
+           "# gives each node %d slot%s; mpirun's daemons enter the other nodes the same way\n",
+           cluster.nodeNamespace(0).c_str(), cluster.hostsPath().c_str(), spec.ranksPerNode,
+           spec.ranksPerNode == 1 ? "" : "s");
+    printf("  %s%s\n", vars.c_str(), command.c_str());
+  } else {
+    printf("# ranks: each joins its node's namespace (setns), unshares UTS and mount\n"
+           "# namespaces, sets the hostname, bind-mounts the node's boot id, mounts sysfs\n");
+    std::string command;
+    for (const std::string& a : opts.command) command += " " + zprun::quoteArg(a);
+    for (const RankSpec& r : layout.ranks) {
+      std::string vars;
+      for (const std::string& v : jobVariables(layout, r, idHex))
+        if (v.compare(0, 13, "ZP_UNIQUE_ID=") != 0 && v.compare(0, 12, "ZP_LAUNCHER=") != 0)
+          vars += " " + v;
+      printf("  rank %d: node %s, hostname %s, ZP_NET_DEVICES=%s ZP_SOCKET_IFNAME=%s%s%s\n", r.rank,
+             cluster.nodeNamespace(r.node).c_str(), cluster.hostname(r.node).c_str(),
+             zprun::nicName(r.nic).c_str(), zprun::nicName(r.nic).c_str(), vars.c_str(),
+             command.c_str());
+    }
+    printf("# rendezvous: rank 0 hosts it on %s:%d\n", zprun::nicAddress(0, 0).c_str(),
+           zprun::kRootPort);
   }
-  printf("# rendezvous: rank 0 hosts it on %s:%d\n", zprun::nicAddress(0, 0).c_str(),
-         zprun::kRootPort);
   printf("# remove (after ending what still runs in the node namespaces)\n");
   print(cluster.teardownCommands());
 }
@@ -1311,22 +1404,113 @@ bool makeClusterId(std::string* idHex) {
   return true;
 }
 
+// ---------------------------------------------------------------------------
+// --mpirun
+// ---------------------------------------------------------------------------
+
+std::string hostfilePath(const zprun::Cluster& cluster) { return cluster.stateDir() + "/hostfile"; }
+
+// The mpirun command line of zprun --mpirun: every node of the cluster with R
+// slots, ranks node by node (as zprun places them), daemons started through
+// zprun --mpirun-agent, the runtime on zpnic0 and the tcp BTL on all the
+// node's NICs, the cluster's variables exported to the ranks; then the
+// user's mpirun arguments and the program. False (after saying why) if
+// mpirun could not call zprun back.
+bool mpirunCommand(const Options& opts, const zprun::Cluster& cluster, std::vector<std::string>* cmd) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    fprintf(stderr, "zprun: cannot find zprun's own path for mpirun: %s\n", strerror(errno));
+    return false;
+  }
+  self[n] = '\0';
+  // mpirun splits its agent at spaces, and a list of agents at ':'.
+  if (strpbrk(self, " \t\n:") != nullptr) {
+    fprintf(stderr, "zprun: --mpirun: zprun's path '%s' has a space or ':', which mpirun's "
+            "plm_rsh_agent cannot take\n", self);
+    return false;
+  }
+  const zprun::ClusterSpec& spec = cluster.spec();
+  std::string nics;
+  for (int k = 0; k < spec.nicsPerNode; ++k) nics += (k ? "," : "") + zprun::nicName(k);
+  *cmd = {"mpirun", "--allow-run-as-root", "--oversubscribe",
+          "-np", std::to_string(spec.nodes * spec.ranksPerNode),
+          "--hostfile", hostfilePath(cluster),
+          "--map-by", "slot", "--rank-by", "slot", "--bind-to", "none",
+          "--mca", "plm", "rsh",
+          "--mca", "plm_rsh_agent", std::string(self) + " --mpirun-agent " + cluster.tag(),
+          "--mca", "plm_rsh_no_tree_spawn", "1",
+          "--mca", "oob_tcp_if_include", zprun::nicName(0),
+          "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
+          "--mca", "btl_tcp_if_include", nics};
+  for (const std::string& v : mpirunVariables(spec)) cmd->insert(cmd->end(), {"-x", v});
+  for (const std::string& v : opts.extraEnv) cmd->insert(cmd->end(), {"-x", v});
+  cmd->insert(cmd->end(), opts.mpirunArgs.begin(), opts.mpirunArgs.end());
+  cmd->insert(cmd->end(), opts.command.begin(), opts.command.end());
+  return true;
+}
+
+bool writeHostfile(const zprun::Cluster& cluster) {
+  const std::string path = hostfilePath(cluster);
+  FILE* f = fopen(path.c_str(), "we");
+  bool ok = f != nullptr;
+  for (int i = 0; ok && i < cluster.spec().nodes; ++i)
+    ok = fprintf(f, "%s slots=%d\n", cluster.hostname(i).c_str(), cluster.spec().ranksPerNode) > 0;
+  if (f != nullptr) ok = fclose(f) == 0 && ok;
+  if (!ok) fprintf(stderr, "zprun: cannot write %s: %s\n", path.c_str(), strerror(errno));
+  return ok;
+}
+
+// zprun --mpirun-agent TAG HOST COMMAND...: mpirun's remote shell. Like ssh,
+// runs COMMAND (its words joined by spaces) with the user's login shell, but
+// in node HOST of the running cluster TAG, entered as zprun's ranks enter it.
+// Exit status: the shell's, or 255 if the node cannot be entered (as ssh).
+int runMpirunAgent(int argc, char** argv) {
+  if (argc < 5) {
+    fprintf(stderr, "zprun: usage: zprun --mpirun-agent TAG HOST COMMAND... (used by zprun --mpirun)\n");
+    return kExitUsage;
+  }
+  zprun::LiveNode node;
+  std::string error;
+  if (!zprun::openLiveNode(argv[2], argv[3], &node, &error)) {
+    fprintf(stderr, "zprun --mpirun-agent: %s\n", error.c_str());
+    return 255;
+  }
+  std::string command;
+  for (int i = 4; i < argc; ++i) command += (i > 4 ? " " : "") + std::string(argv[i]);
+  const passwd* pw = getpwuid(getuid());
+  std::string shell = pw != nullptr && pw->pw_shell != nullptr && pw->pw_shell[0] == '/' ? pw->pw_shell : "/bin/sh";
+  const char* step = nullptr;
+  if (!zprun::enterNode(node.entry(), &step)) {
+    fprintf(stderr, "zprun --mpirun-agent: cannot enter %s: %s: %s\n", argv[3], step, strerror(errno));
+    return 255;
+  }
+  execl(shell.c_str(), shell.c_str(), "-c", command.c_str(), static_cast<char*>(nullptr));
+  fprintf(stderr, "zprun --mpirun-agent: cannot execute %s: %s\n", shell.c_str(), strerror(errno));
+  return kExitCannotExec;
+}
+
 // Runs the job in an emulated cluster; returns zprun's exit code. The cluster
 // is removed before this returns, whatever happened.
 int runInCluster(const Options& opts) {
   zprun::Cluster cluster(opts.cluster, getpid());
   std::string idHex;
   if (!makeClusterId(&idHex)) return kExitLaunchError;
+  // With --mpirun, the one process zprun starts is mpirun.
+  Options launch = opts;
+  if (opts.mpirun && !mpirunCommand(opts, cluster, &launch.command)) return kExitLaunchError;
   if (opts.dryRun) {
-    printDryRun(opts, cluster, planLayout(opts, &cluster), idHex);
+    printDryRun(launch, cluster, planLayout(launch, &cluster), idHex);
     return 0;
   }
   if (!zprun::checkClusterPrerequisites(opts.cluster.rateBps > 0)) return zprun::kExitNoPrivilege;
 
   int code = cluster.create(&g_stopRequested);
   if (code != 0) return g_firstStopSignal != 0 ? 128 + g_firstStopSignal : code;
-  {
-    Job job(opts, planLayout(opts, &cluster), idHex);
+  if (opts.mpirun && !writeHostfile(cluster)) {
+    code = kExitLaunchError;
+  } else {
+    Job job(launch, planLayout(launch, &cluster), idHex);
     code = job.run();
   }
   // Signals from here on (a second Ctrl-C) are recorded, not obeyed: the
@@ -1340,6 +1524,7 @@ int runInCluster(const Options& opts) {
 
 int main(int argc, char** argv) {
   ensureStandardFds();
+  if (argc > 1 && strcmp(argv[1], "--mpirun-agent") == 0) return runMpirunAgent(argc, argv);
 
   Options opts;
   std::string error;

@@ -143,11 +143,10 @@ int main(int argc, char** argv) {
       printf("{\n  \"nodeId\": %s,\n  \"nodeIdFrom\": %s,\n  \"hostname\": %s,\n  \"topoFile\": %s,\n",
              jstr(nodeId).c_str(), jstr(nodeIdFrom).c_str(), jstr(host).c_str(), jstr(topoFile).c_str());
       if (rank >= 0) {
-        printf(
-            "  \"rank\": %ld,\n  \"node\": %d,\n  \"localRank\": %d,\n  \"localRanks\": %zu,\n  \"nic\": "
-            "%s,\n",
-            rank, node, topo.rankLocal[(size_t)rank], topo.nodeRanks[(size_t)node].size(),
-            nic >= 0 ? jstr(nicName).c_str() : "null");
+        printf("  \"rank\": %ld,\n  \"node\": %d,\n", rank, node);
+        printf("  \"localRank\": %d,\n  \"localRanks\": %zu,\n", topo.rankLocal[(size_t)rank],
+               topo.nodeRanks[(size_t)node].size());
+        printf("  \"nic\": %s,\n", nic >= 0 ? jstr(nicName).c_str() : "null");
       } else {
         printf("  \"rank\": null,\n");
       }

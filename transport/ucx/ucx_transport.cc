@@ -54,16 +54,15 @@ void fault(Op* op, zpResult_t st, const std::string& err) {
 }
 }  // namespace
 
-zpResult_t UcxTransport::create(Comm* comm, std::unique_ptr<UcxTransport>* out, std::string* address) {
-  std::unique_ptr<UcxTransport> t(new UcxTransport(comm));
+zpResult_t UcxTransport::create(Comm* comm, const std::string& nic, std::unique_ptr<UcxTransport>* out,
+                                std::string* address) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(comm, nic));
   ZP_CHECK(t->init(address));
   *out = std::move(t);
   return zpSuccess;
 }
 
 zpResult_t UcxTransport::init(std::string* address) {
-  const Config& cfg = comm_->cfg;
-  device_ = !cfg.netDevices.empty() ? cfg.netDevices : cfg.socketIfname;
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return fail(zpSystemError, "UCX: cannot read its configuration: %s", ucs_status_string(st));

@@ -28,7 +28,9 @@ namespace zp {
 class UcxTransport : public Transport {
  public:
   // Creates the context and worker; *address is what peers need to connect.
-  static zpResult_t create(Comm* comm, std::unique_ptr<UcxTransport>* out, std::string* address);
+  // nic: the one network device this rank uses (empty: UCX picks).
+  static zpResult_t create(Comm* comm, const std::string& nic, std::unique_ptr<UcxTransport>* out,
+                           std::string* address);
   // Creates endpoints to every remote peer from their addresses (indexed by rank).
   zpResult_t connect(const std::vector<std::string>& addresses);
   ~UcxTransport() override;
@@ -64,7 +66,7 @@ class UcxTransport : public Transport {
     std::vector<Request*> reqs;
   };
 
-  explicit UcxTransport(Comm* comm) : comm_(comm) {}
+  UcxTransport(Comm* comm, const std::string& nic) : comm_(comm), device_(nic) {}
   zpResult_t init(std::string* address);
   void submit(Op* op, bool meta);
   void releasePart(Op* op);
