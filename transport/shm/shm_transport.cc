@@ -410,24 +410,21 @@ void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bo
   p.goneCode = code;
   p.goneWhy = why;
   ZP_INFO(kSubShm, "rank %d: %s", comm_->rank, why.c_str());
+  failOps(p, code, why);
+  if (breaksComm) comm_->setAsyncError(code, why, fromPeer);
+}
+
+void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
   for (Op* op : p.sendq) op->finish(code, why);
   for (Op* op : p.recvq) op->finish(code, why);
   for (auto& kv : p.finWait) kv.second->finish(code, why);
   p.sendq.clear();
   p.recvq.clear();
   p.finWait.clear();
-  if (breaksComm) comm_->setAsyncError(code, why, fromPeer);
 }
 
 void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
-  for (Peer& p : peers_) {
-    for (Op* op : p.sendq) op->finish(status, why);
-    for (Op* op : p.recvq) op->finish(status, why);
-    for (auto& kv : p.finWait) kv.second->finish(status, why);
-    p.sendq.clear();
-    p.recvq.clear();
-    p.finWait.clear();
-  }
+  for (Peer& p : peers_) failOps(p, status, why);
 }
 
 void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {

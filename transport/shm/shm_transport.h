@@ -100,6 +100,8 @@ class ShmTransport : public Transport {
   bool pushCtrl(Peer& p, std::vector<char> record);
   void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer = false);
   void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
+  // Fails and forgets every op queued with one peer.
+  void failOps(Peer& p, zpResult_t code, const std::string& why);
   void notify(Peer& p);
 
   Comm* comm_;
