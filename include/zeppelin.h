@@ -134,7 +134,9 @@ zpResult_t zpCommDestroy(zpComm_t comm);
 /* Like zpCommDestroy, and tells every peer to fail its pending and future
  * operations with this communicator at once. */
 zpResult_t zpCommAbort(zpComm_t comm);
-/* zpSuccess, or the error that broke the communicator (a dead peer, ...). */
+/* zpSuccess, or the error that broke the communicator (a dead peer, a peer
+ * that aborted or found the ranks out of step, ...). Polling it also moves
+ * pending work forward, so a rank between calls learns of such errors. */
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);

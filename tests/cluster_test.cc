@@ -780,6 +780,80 @@ TEST(Cluster, ZeppelinJobOnOneEmulatedNode) {
 #endif
 }
 
+TEST(Cluster, MpirunRunsOpenMpiRanksInTheNodes) {
+  // zprun --mpirun: the usage, the command line (--dry-run needs no rights),
+  // then a real mpirun whose ranks report where they run.
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"-n", "2", "--mpirun", "--", "true"},           // no --nodes
+           {"--nodes", "2", "--mpirun", "true"},            // no -- before the program
+           {"--nodes", "2", "-p", "--mpirun", "--", "true"},  // -p is mpirun's --tag-output
+           {"--nodes", "2", "--mpirun", "--"},              // no program
+       }) {
+    Result r = run(args);
+    EXPECT_EQ(r.exitCode, 2) << args[args.size() - 1] << "\n" << r.err;
+    EXPECT_NE(r.err.find("Usage:"), std::string::npos) << r.err;
+  }
+  Result dry = run({"--nodes", "2", "--ranks-per-node", "3", "--nics-per-node", "2", "--dry-run",
+                    "-x", "FOO=bar", "--mpirun", "--mca", "btl_tcp_links", "2", "--", "prog", "arg"});
+  EXPECT_EQ(dry.exitCode, 0) << dry.err;
+  for (const char* want : {" mpirun --allow-run-as-root ", " -np 6 ", " --map-by slot ",
+                           " --mca oob_tcp_if_include zpnic0 ", " --mca btl self,vader,tcp ",
+                           " --mca btl_tcp_if_include zpnic0,zpnic1 ", "--mpirun-agent zp",
+                           " -x ZP_LOCAL_NRANKS=3 ", " -x ZP_NICS_PER_NODE=2 ", " -x FOO=bar ",
+                           " --mca btl_tcp_links 2 prog arg\n"})
+    EXPECT_NE(dry.out.find(want), std::string::npos) << want << "\n" << dry.out;
+
+  REQUIRE_ROOT();
+  int code = 0;
+  capture({"sh", "-c", "command -v mpirun"}, &code);
+  if (code != 0) GTEST_SKIP() << "mpirun (Open MPI) is not installed";
+  const std::string script =
+      "echo \"host $(hostname)\"; echo \"boot $(cat /proc/sys/kernel/random/boot_id)\"; "
+      "env | grep '^ZP_' | sort; for d in /sys/class/net/*; do echo \"sysnet ${d##*/}\"; done; "
+      "echo \"resolve $(getent hosts $(hostname | sed 's/-node[0-9]*$/-node1/'))\"";
+  Result r = run({"--nodes", "2", "--ranks-per-node", "2", "--nics-per-node", "2", "--nic-rate",
+                  "500mbit", "--timeout", "120", "--mpirun", "--tag-output", "--", "sh", "-c", script});
+  ASSERT_EQ(r.exitCode, 0) << r.err << r.out;
+  // "[1,RANK]<stdout>:TEXT" lines.
+  std::map<int, std::vector<std::string>> ranks;
+  for (const std::string& l : lines(r.out)) {
+    size_t comma = l.find(','), end = l.find("]<stdout>:");
+    if (l.compare(0, 1, "[") != 0 || comma == std::string::npos || end == std::string::npos) continue;
+    ranks[atoi(l.substr(comma + 1, end - comma - 1).c_str())].push_back(l.substr(end + 10));
+  }
+  ASSERT_EQ(ranks.size(), 4u) << r.out;
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto& ls = ranks[rank];
+    const int node = rank / 2;  // node by node, as zprun places its own ranks
+    const std::string host = field(ls, "host ");
+    EXPECT_EQ(host.substr(0, host.find('-') + 1), "zp" + std::to_string(r.pid) + "-");
+    EXPECT_EQ(host.substr(host.rfind('-')), "-node" + std::to_string(node));
+    EXPECT_EQ(host, field(ranks[node * 2], "host "));
+    EXPECT_EQ(field(ls, "boot "), field(ranks[node * 2], "boot "));
+    EXPECT_EQ(withPrefix(ls, "sysnet "), (std::vector<std::string>{"lo", "zpnic0", "zpnic1"}));
+    EXPECT_EQ(field(ls, "ZP_LOCAL_NRANKS="), "2");
+    EXPECT_EQ(field(ls, "ZP_NNODES="), "2");
+    EXPECT_EQ(field(ls, "ZP_NICS_PER_NODE="), "2");
+    EXPECT_EQ(field(ls, "ZP_NIC_RATE_BPS="), "500000000");
+    EXPECT_EQ(field(ls, "ZP_RANK="), "");  // the rank is MPI's
+    // Node names resolve to rail-0 addresses from the cluster's own hosts file.
+    std::istringstream resolved(field(ls, "resolve "));
+    std::string addr, name;
+    resolved >> addr >> name;
+    EXPECT_EQ(addr, "10.77.0.2");
+    EXPECT_EQ(name, host.substr(0, host.rfind('-')) + "-node1");
+  }
+  EXPECT_NE(field(ranks[0], "boot "), field(ranks[2], "boot "));
+  EXPECT_NOTHING_LEFT(r.pid);
+  // Nor any of mpirun's daemons (their command line names the agent).
+  const std::string agent = "--mpirun-agent zp" + std::to_string(r.pid) + "-";
+  std::string daemons;
+  for (const std::string& l : lines(capture({"ps", "-eo", "pid,args"})))
+    if (l.find(agent) != std::string::npos) daemons += l + "\n";
+  EXPECT_EQ(daemons, "");
+}
+
 TEST(Cluster, FailingRankGivesItsExitCodeAndTheClusterIsRemoved) {
   REQUIRE_ROOT();
   Result r = run({"--nodes", "2", "--ranks-per-node", "2", "--grace", "1", "sh", "-c",

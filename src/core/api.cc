@@ -244,6 +244,13 @@ ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   zp::Comm* c = nullptr;
   ZP_CHECK(lookup(comm, "zpCommGetAsyncError", &c));
   if (!asyncError) return zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL");
+  // There is no background thread: polling here is what lets a waiting
+  // caller learn of a peer's failure between calls.
+  if (c->mu.try_lock()) {
+    c->progress();
+    c->checkAlive();
+    c->mu.unlock();
+  }
   *asyncError = c->asyncError;
   return zpSuccess;
 }

@@ -264,7 +264,8 @@ bool deleteNamespace(const std::string& name, std::string* error) {
   return false;
 }
 
-// Removes a state directory: its files, then itself.
+// Removes a state directory: its files and directories (Open MPI's session
+// directories under zprun --mpirun), then itself.
 bool removeStateDir(const std::string& dir, std::string* error) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) {
@@ -278,7 +279,16 @@ bool removeStateDir(const std::string& dir, std::string* error) {
     if (n != "." && n != "..") names.push_back(n);
   }
   closedir(d);
-  for (const std::string& n : names) unlink((dir + "/" + n).c_str());
+  for (const std::string& n : names) {
+    const std::string path = dir + "/" + n;
+    struct stat st;
+    if (lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      std::string ignored;  // the rmdir below reports what is left
+      removeStateDir(path, &ignored);
+    } else {
+      unlink(path.c_str());
+    }
+  }
   if (rmdir(dir.c_str()) != 0 && errno != ENOENT) {
     *error = "cannot remove " + dir + ": " + strerror(errno);
     return false;

@@ -67,6 +67,8 @@ namespace {
 constexpr int kMaxRanks = 1024;
 constexpr double kDefaultGraceSec = 10.0;
 constexpr double kTermToKillSec = 2.0;  // SIGTERM, then SIGKILL this much later
+// ... for mpirun, which first stops the ranks and daemons on every node.
+constexpr double kMpirunTermToKillSec = 10.0;
 // After the last rank exited, how long to keep reading its output pipes. They
 // normally close at once; a descendant that left the rank's process group could
 // hold them open forever.
@@ -593,6 +595,21 @@ std::vector<std::string> mpirunVariables(const zprun::ClusterSpec& c) {
           "ZP_NIC_RATE_BPS=" + std::to_string(c.rateBps)};
 }
 
+// What zprun --mpirun sets for mpirun itself: the variables above (which -x
+// then exports), and, when the cluster has more ranks than the machine has
+// cores, Open MPI's idle yielding, as mpirun does by itself for more ranks
+// than slots on one machine (the hostfile's slots hide that the emulated
+// nodes share the machine's cores). Lower in precedence than --mca, so
+// `--mpirun --mca mpi_yield_when_idle 0 --` turns it off.
+std::vector<std::string> mpirunEnvironment(const zprun::ClusterSpec& c) {
+  std::vector<std::string> set = mpirunVariables(c);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && static_cast<long>(c.nodes) * c.ranksPerNode > cores &&
+      getenv("OMPI_MCA_mpi_yield_when_idle") == nullptr)
+    set.push_back("OMPI_MCA_mpi_yield_when_idle=1");
+  return set;
+}
+
 // The full environment of one rank: zprun's own, then -x, then the job's
 // variables (later entries replace earlier ones of the same name). For
 // mpirun, which passes its environment on to the ranks here, zprun's own
@@ -602,7 +619,7 @@ std::vector<std::string> rankEnvironment(const Options& opts, const JobLayout& l
   std::vector<std::string> set;
   if (layout.mpirun) {
     set = opts.extraEnv;
-    for (std::string& v : mpirunVariables(layout.cluster->spec())) set.push_back(v);
+    for (std::string& v : mpirunEnvironment(layout.cluster->spec())) set.push_back(v);
   } else if (layout.cluster != nullptr) {
     // The rank's NIC; -x may name others (all of the node's, say).
     set.push_back("ZP_NET_DEVICES=" + zprun::nicName(spec.nic));
@@ -814,6 +831,7 @@ class Job {
   void closeStdinForwarding();
   int exitCode() const;
   std::string nameOf(const Rank& rank) const;  // "rank 3", or "mpirun"
+  double termToKillSec() const { return layout_.mpirun ? kMpirunTermToKillSec : kTermToKillSec; }
 
   const Options& opts_;
   JobLayout layout_;
@@ -985,7 +1003,7 @@ int Job::run() {
         intervened_ = true;
         signalRanks(SIGTERM);
         phase_ = Phase::kTerminating;
-        killAt_ = nowSec() + kTermToKillSec;
+        killAt_ = nowSec() + termToKillSec();
       }
       break;
     }
@@ -1205,7 +1223,7 @@ void Job::checkDeadlines() {
             formatSec(opts_.timeoutSec).c_str(), runningCount(), runningCount() == 1 ? "" : "s");
     signalRanks(SIGTERM);
     phase_ = Phase::kTerminating;
-    killAt_ = now + kTermToKillSec;
+    killAt_ = now + termToKillSec();
   }
   if (phase_ == Phase::kGrace && now >= termAt_) {
     intervened_ = true;
@@ -1213,7 +1231,7 @@ void Job::checkDeadlines() {
             runningCount(), runningCount() == 1 ? "" : "s");
     signalRanks(SIGTERM);
     phase_ = Phase::kTerminating;
-    killAt_ = now + kTermToKillSec;
+    killAt_ = now + termToKillSec();
   }
   if (phase_ == Phase::kTerminating && now >= killAt_) {
     fprintf(stderr, "zprun: sending SIGKILL to %d rank%s still running after SIGTERM\n",
@@ -1344,7 +1362,7 @@ void printDryRun(const Options& opts, const zprun::Cluster& cluster, const JobLa
   if (layout.mpirun) {
     std::string command, vars;
     for (const std::string& a : opts.command) command += (command.empty() ? "" : " ") + zprun::quoteArg(a);
-    for (const std::string& v : mpirunVariables(spec)) vars += v + " ";
+    for (const std::string& v : mpirunEnvironment(spec)) vars += v + " ";
     printf("# mpirun: in node %s, entered as a rank would be, and /etc/hosts\n"
            "# from %s (the nodes at their rail-0 addresses); the hostfile\n"
            "# gives each node %d slot%s; mpirun's daemons enter the other nodes the same way\n",
@@ -1440,6 +1458,8 @@ bool mpirunCommand(const Options& opts, const zprun::Cluster& cluster, std::vect
           "--mca", "plm", "rsh",
           "--mca", "plm_rsh_agent", std::string(self) + " --mpirun-agent " + cluster.tag(),
           "--mca", "plm_rsh_no_tree_spawn", "1",
+          // Session directories in the state directory go with the cluster.
+          "--mca", "orte_tmpdir_base", cluster.stateDir(),
           "--mca", "oob_tcp_if_include", zprun::nicName(0),
           "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
           "--mca", "btl_tcp_if_include", nics};

@@ -428,8 +428,9 @@ void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
 }
 
 void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {
+  // Every peer, also those this rank gave up on (they may still be alive and
+  // waiting): the rings stay mapped, so a write to a dead peer's is harmless.
   for (Peer& p : peers_) {
-    if (p.gone) continue;
     // Straight into the ring, or not at all: a rank on its way out cannot wait for room.
     std::vector<char> rec = makeRecord(type, 0, code, 0, why);
     if (MsgHdr* h = ringClaim(p.outCtrl, rec.size())) {
