@@ -66,7 +66,7 @@ def run(name, cmd, timeout, show):
         return None, out, err + f"\ntimed out after {timeout} s"
     except KeyboardInterrupt:
         p.send_signal(signal.SIGINT)  # in case the terminal did not
-        p.wait()
+        p.communicate()  # keeps reading, so zprun never blocks on a full pipe
         raise
     if show:
         sys.stdout.write(out)
@@ -171,7 +171,8 @@ def main(argv):
           f"{', MTU ' + a.mtu if a.mtu else ''}; pattern {a.P}, seed {a.s}, datatype {a.d}, "
           f"iters {a.n}, warmup {a.w}; each figure the median of {a.repeat} interleaved runs")
     print("# busbw = algbw*(n-1)/n, algbw = largest per-rank byte count / time (GB/s); "
-          "%nic = the busiest rank's cross-node bytes/s over its share of its NIC's rate")
+          "zp/mpi = mpi time / zp time (the busbw ratio, unrounded);\n"
+          "# %nic = the busiest rank's cross-node bytes/s over its share of its NIC's rate")
     hdr = ("size(B)", "zp_busbw", "mpi_busbw", "zp/mpi", "zp_%nic", "mpi_%nic", "zp_wrong", "mpi_wrong")
     print("%12s %9s %9s %7s %8s %8s %8s %9s" % hdr)
 
@@ -182,7 +183,7 @@ def main(argv):
         z, m = zp[size], mpi.get(size)
         mb = m["busbw"] if m else None
         print("%12d %9s %9s %7s %8s %8s %8s %9s" % (
-            size, fmt(z["busbw"]), fmt(mb), fmt(ratio(z["busbw"], mb), ".2f"),
+            size, fmt(z["busbw"]), fmt(mb), fmt(ratio(m["time"] if m else None, z["time"]), ".2f"),
             fmt(z.get("nic"), ".1f"), fmt(m.get("nic") if m else None, ".1f"),
             wrong(z), wrong(m)))
     for note in notes:
@@ -197,4 +198,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("compare_cluster.py: interrupted", file=sys.stderr)
+        sys.exit(130)

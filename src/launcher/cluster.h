@@ -99,7 +99,9 @@ bool enterNode(const NodeEntry& entry, const char** step);
 struct LiveNode {
   int nsFd = -1;
   std::string hostname, bootIdPath, hostsPath;
-  NodeEntry entry() const { return NodeEntry{nsFd, hostname.c_str(), bootIdPath.c_str(), hostsPath.c_str()}; }
+  NodeEntry entry() const {
+    return NodeEntry{nsFd, hostname.c_str(), bootIdPath.c_str(), hostsPath.c_str()};
+  }
 };
 // False with *error saying why if host is not a node of the live cluster tag.
 bool openLiveNode(const std::string& tag, const std::string& host, LiveNode* node, std::string* error);

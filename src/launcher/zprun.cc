@@ -225,9 +225,12 @@ void printUsage(FILE* out) {
           "                      the runtime and the tcp BTL use the zpnic interfaces\n"
           "                      only; the ranks get ZP_LOCAL_NRANKS, ZP_NNODES,\n"
           "                      ZP_NICS_PER_NODE, ZP_NIC_RATE_BPS and zprun's -x\n"
-          "                      variables. ARGS up to -- are added to mpirun's options\n"
-          "                      (e.g. --mca btl_tcp_links 2); -p is not available\n"
-          "                      (mpirun's --tag-output is). Exit status: mpirun's.\n"
+          "                      variables; with more ranks than cores, Open MPI yields\n"
+          "                      when idle. ARGS up to -- are added to mpirun's options\n"
+          "                      (e.g. --mca btl_tcp_links 2; not an --mca that zprun\n"
+          "                      sets, see --dry-run). -p is not available (mpirun's\n"
+          "                      --tag-output is). SIGKILL follows SIGTERM after 10 s.\n"
+          "                      Exit status: mpirun's.\n"
           "NIC k of node i is 10.77.k.(i+1)/24; rail k (NIC k of every node) is one\n"
           "bridge. Each rank gets a hostname and boot id of its node, so ranks of a node\n"
           "share memory and other nodes are reached over the NICs, and also ZP_NODE_RANK,\n"
@@ -463,7 +466,7 @@ ParseResult parseOptions(int argc, char** argv, Options* opts, std::string* erro
     return ParseResult::kError;
   }
   if (opts->mpirun && opts->prefix) {
-    *error = "-p does not apply to --mpirun; give mpirun --tag-output instead (--mpirun --tag-output --)";
+    *error = "-p does not apply to --mpirun; mpirun's --tag-output does (--mpirun --tag-output --)";
     return ParseResult::kError;
   }
   if (cl.nodes == 0 && opts->clusterOptionSeen) {
@@ -1361,7 +1364,8 @@ void printDryRun(const Options& opts, const zprun::Cluster& cluster, const JobLa
   print(cluster.setupCommands());
   if (layout.mpirun) {
     std::string command, vars;
-    for (const std::string& a : opts.command) command += (command.empty() ? "" : " ") + zprun::quoteArg(a);
+    for (const std::string& a : opts.command)
+      command += (command.empty() ? "" : " ") + zprun::quoteArg(a);
     for (const std::string& v : mpirunEnvironment(spec)) vars += v + " ";
     printf("# mpirun: in node %s, entered as a rank would be, and /etc/hosts\n"
            "# from %s (the nodes at their rail-0 addresses); the hostfile\n"
@@ -1499,7 +1503,8 @@ int runMpirunAgent(int argc, char** argv) {
   std::string command;
   for (int i = 4; i < argc; ++i) command += (i > 4 ? " " : "") + std::string(argv[i]);
   const passwd* pw = getpwuid(getuid());
-  std::string shell = pw != nullptr && pw->pw_shell != nullptr && pw->pw_shell[0] == '/' ? pw->pw_shell : "/bin/sh";
+  std::string shell = "/bin/sh";
+  if (pw != nullptr && pw->pw_shell != nullptr && pw->pw_shell[0] == '/') shell = pw->pw_shell;
   const char* step = nullptr;
   if (!zprun::enterNode(node.entry(), &step)) {
     fprintf(stderr, "zprun --mpirun-agent: cannot enter %s: %s: %s\n", argv[3], step, strerror(errno));
