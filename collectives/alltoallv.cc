@@ -1,10 +1,12 @@
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "collectives/collectives.h"
 #include "src/core/log.h"
+#include "src/core/socket.h"
 
 namespace zp {
 
@@ -42,6 +44,175 @@ zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], c
   return zpSuccess;
 }
 
+
+// ---- Rail routing (ZP_ROUTING=rail or balanced, several nodes and rails) ----
+// NIC k of every node forms rail k, and a NIC reaches only its own rail. A
+// block from s to a rank d on another node goes through the proxy on s's node
+// that owns a NIC of d's rail: s hands it over shared memory, the proxy sends
+// every block it holds for d as one message on d's rail. Each NIC then carries
+// the traffic to its own rail's ranks, and every network connection stays on
+// one rail. (The router of the routing issue will balance finer; this is its
+// rail mode.)
+
+// The rank of s's node that forwards s's blocks for d.
+int railProxy(const Comm* c, int s, int d) {
+  if (c->rail[s] == c->rail[d]) return s;
+  std::vector<int> candidates;
+  for (int r = 0; r < c->nranks; r++)
+    if (c->nodeOf[r] == c->nodeOf[s] && c->rail[r] == c->rail[d]) candidates.push_back(r);
+  if (candidates.empty()) return s;  // the node has no NIC on that rail: send directly
+  return candidates[c->localIndex[d] % candidates.size()];
+}
+
+bool useRailRouting(const Comm* c) {
+  if (c->cfg.routing == zpRoutingOff || c->nnodes < 2) return false;
+  for (int r = 1; r < c->nranks; r++)
+    if (c->rail[r] != c->rail[0]) return true;
+  return false;
+}
+
+Op makeOp(bool isSend, int peer, void* buf, size_t bytes, size_t ts) {
+  Op op;
+  op.isSend = isSend;
+  op.peer = peer;
+  op.kind = OpKind::kAlltoallv;
+  op.buf = buf;
+  op.bytes = bytes;
+  op.typeSize = ts;
+  return op;
+}
+
+zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
+  std::vector<Op*> ptrs;
+  for (Op& op : ops) ptrs.push_back(&op);
+  zpResult_t res = runOps(c, ptrs);
+  ops.clear();
+  return res;
+}
+
+zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+                         const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                         size_t ts) {
+  const int n = c->nranks, me = c->rank;
+  auto local = [&](int r) { return c->nodeOf[r] == c->nodeOf[me]; };
+  const char* sbuf = (const char*)sendbuff;
+  char* rbuf = (char*)recvbuff;
+  std::deque<Op> ops;  // deque: ops keep their addresses
+
+  // 1. The node's ranks share their send counts, so a proxy knows the size of
+  //    every block it forwards.
+  std::vector<std::vector<uint64_t>> rows(n);
+  rows[me].assign(sendcounts, sendcounts + n);
+  for (int q = 0; q < n; q++) {
+    if (q == me || !local(q)) continue;
+    rows[q].assign(n, 0);
+    ops.push_back(makeOp(true, q, rows[me].data(), n * sizeof(uint64_t), 1));
+    ops.push_back(makeOp(false, q, rows[q].data(), n * sizeof(uint64_t), 1));
+  }
+  zpResult_t res = runAll(c, ops);
+  if (res != zpSuccess) return res;
+
+  // 2. Over shared memory: blocks to local ranks, and blocks for other nodes
+  //    to their proxies. As a proxy, gather per remote destination d the
+  //    blocks of every local source s in rank order, with their counts.
+  std::vector<std::vector<char>> staging(n);
+  std::vector<std::vector<uint64_t>> stagedCounts(n);
+  std::vector<std::vector<size_t>> slot(n);  // staging offset of source s's block for d
+  for (int d = 0; d < n; d++) {
+    if (local(d)) continue;
+    size_t bytes = 0;
+    slot[d].assign(n, 0);
+    for (int s = 0; s < n; s++)
+      if (local(s) && railProxy(c, s, d) == me) {
+        slot[d][s] = bytes;
+        bytes += rows[s][d] * ts;
+        stagedCounts[d].push_back(rows[s][d]);
+      }
+    staging[d].resize(bytes);
+  }
+  for (int i = 0; i < n; i++) {
+    // Per pair the same order on both sides: the direct block, then the
+    // blocks forwarded for remote destinations in rank order.
+    int to = (me + i) % n, from = (me - i + n) % n;
+    if (local(to)) {
+      if (to != me) ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
+      for (int d = 0; d < n; d++)
+        if (!local(d) && railProxy(c, me, d) == to) {
+          if (to == me) memcpy(staging[d].data() + slot[d][me], sbuf + sdispls[d] * ts, sendcounts[d] * ts);
+          else ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
+        }
+    }
+    if (local(from) && from != me) {
+      ops.push_back(makeOp(false, from, rbuf + rdispls[from] * ts, recvcounts[from] * ts, ts));
+      for (int d = 0; d < n; d++)
+        if (!local(d) && railProxy(c, from, d) == me)
+          ops.push_back(makeOp(false, from, staging[d].data() + slot[d][from], rows[from][d] * ts, ts));
+    }
+  }
+  if (sendcounts[me] != recvcounts[me])
+    res = fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %zu elements to itself but expects %zu", me, me,
+               sendcounts[me], recvcounts[me]);
+  else if (sendcounts[me])
+    memmove(rbuf + rdispls[me] * ts, sbuf + sdispls[me] * ts, sendcounts[me] * ts);
+  uint64_t t2 = nowMs();
+  zpResult_t r = runAll(c, ops);
+  if (res == zpSuccess) res = r;
+  if (res != zpSuccess && res != zpInvalidUsage) return res;
+  uint64_t t3 = nowMs();
+
+  // 3. Over the network: one message per (proxy, destination) on their rail,
+  //    its block counts ahead of it.
+  std::vector<std::vector<char>> incoming(n);       // by proxy
+  std::vector<std::vector<uint64_t>> incomingCounts(n);
+  std::vector<std::vector<int>> sourcesVia(n);      // by proxy: remote sources in rank order
+  for (int s = 0; s < n; s++)
+    if (!local(s)) sourcesVia[railProxy(c, s, me)].push_back(s);
+  for (int i = 0; i < n; i++) {
+    int to = (me + i) % n, from = (me - i + n) % n;
+    if (!local(to) && !stagedCounts[to].empty()) {
+      Op op = makeOp(true, to, staging[to].data(), staging[to].size(), ts);
+      op.meta = stagedCounts[to].data();
+      op.metaBytes = (uint32_t)(stagedCounts[to].size() * sizeof(uint64_t));
+      ops.push_back(op);
+    }
+    if (!local(from) && !sourcesVia[from].empty()) {
+      size_t bytes = 0;
+      for (int s : sourcesVia[from]) bytes += recvcounts[s] * ts;
+      incoming[from].resize(bytes);
+      incomingCounts[from].assign(sourcesVia[from].size(), 0);
+      Op op = makeOp(false, from, incoming[from].data(), bytes, ts);
+      op.meta = incomingCounts[from].data();
+      op.metaBytes = (uint32_t)(incomingCounts[from].size() * sizeof(uint64_t));
+      ops.push_back(op);
+    }
+  }
+  r = runAll(c, ops);
+  if (res == zpSuccess) res = r;
+  if (res != zpSuccess && res != zpInvalidUsage) return res;
+  uint64_t t4 = nowMs();
+  ZP_TRACE(kSubColl, "rank %d: routed alltoallv: shared memory %llu ms, network %llu ms", me,
+           (unsigned long long)(t3 - t2), (unsigned long long)(t4 - t3));
+
+  // 4. Unpack, after checking each block's count against this rank's.
+  std::string msg = res == zpSuccess ? "" : lastError();
+  for (int p = 0; p < n && res == zpSuccess; p++) {
+    size_t off = 0;
+    for (size_t k = 0; k < sourcesVia[p].size(); k++) {
+      int s = sourcesVia[p][k];
+      if (incomingCounts[p][k] != recvcounts[s]) {
+        res = fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %zu",
+                   me, s, (unsigned long long)incomingCounts[p][k], me, me, recvcounts[s]);
+        msg = lastError();
+        break;
+      }
+      memcpy(rbuf + rdispls[s] * ts, incoming[p].data() + off, recvcounts[s] * ts);
+      off += recvcounts[s] * ts;
+    }
+  }
+  // Some ranks may have seen a mismatch that others could not: agree.
+  return agreeOnResult(c, seq, res, msg);
+}
+
 }  // namespace
 
 zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
@@ -71,6 +242,8 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
 
   uint64_t seq = c->collSeq++;
+  if (useRailRouting(c))
+    return railAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is
   // caught by all ranks without a second round of messages. Larger

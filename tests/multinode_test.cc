@@ -70,6 +70,14 @@ TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+TEST_P(MultinodeShapes, WithRoutingOffEveryByteChecked) {
+  // Each rank straight to its peers over the network, no relays through the node's rails.
+  Shape s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_ROUTING=off");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
 TEST_P(MultinodeShapes, ForeignConnectionsAreDroppedAndTheCommunicatorWorks) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=foreign");

@@ -41,11 +41,11 @@ void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text)
   statuses[{peer, seq}] = {status, std::move(text)};
 }
 
-// Shared memory within the node; UCX to other nodes, whose worker addresses
-// travel in the bootstrap's second round.
 // The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
 // the node (hwloc, sysfs) and picked by locality, restricted to ZP_NET_DEVICES.
-static zpResult_t chooseNic(Comm* c, std::string* nic) {
+// *rail is its index among the node's NICs (NIC k of every node forms rail k).
+static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail) {
+  *rail = 0;
   int localRank = 0, localRanks = 0;
   for (int r = 0; r < c->nranks; r++)
     if (c->isLocal(r)) (r < c->rank ? localRank : localRanks)++;
@@ -58,7 +58,10 @@ static zpResult_t chooseNic(Comm* c, std::string* nic) {
       return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
                   topo.nranks(), c->nranks);
     int idx = topo.rankNic[c->rank];
-    if (idx >= 0) *nic = topo.node[topo.rankNode[c->rank]].nics[idx].name;
+    if (idx >= 0) {
+      *nic = topo.node[topo.rankNode[c->rank]].nics[idx].name;
+      *rail = idx;
+    }
   } else {
     NodeTopology node;
     ZP_CHECK(discoverNode(&node));
@@ -66,6 +69,7 @@ static zpResult_t chooseNic(Comm* c, std::string* nic) {
     int idx = pickNic(node, localRank, localRanks, c->cfg.netDevices, &why);
     if (idx >= 0) {
       *nic = node.nics[idx].name;
+      *rail = idx;
     } else if (c->cfg.netDevices.find(',') == std::string::npos && if_nametoindex(c->cfg.netDevices.c_str())) {
       *nic = c->cfg.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
     } else if (!c->cfg.netDevices.empty()) {
@@ -79,21 +83,44 @@ static zpResult_t chooseNic(Comm* c, std::string* nic) {
   return zpSuccess;
 }
 
+// Shared memory within the node; UCX to other nodes. The second bootstrap
+// round carries each rank's rail and UCX worker address.
 static zpResult_t initTransports(Comm* c, int rootFd) {
   c->sendSeq.assign(c->nranks, 0);
   c->recvSeq.assign(c->nranks, 0);
-  bool remote = false;
-  for (int r = 0; r < c->nranks; r++) remote |= !c->isLocal(r);
+  c->nodeOf.assign(c->nranks, -1);
+  c->localIndex.assign(c->nranks, 0);
+  std::vector<int> nodeSize;
+  for (int r = 0; r < c->nranks; r++) {
+    for (int q = 0; q < r && c->nodeOf[r] < 0; q++)
+      if (!strncmp(c->ranks[q].nodeId, c->ranks[r].nodeId, sizeof(c->ranks[r].nodeId))) c->nodeOf[r] = c->nodeOf[q];
+    if (c->nodeOf[r] < 0) {
+      c->nodeOf[r] = (int)nodeSize.size();
+      nodeSize.push_back(0);
+    }
+    c->localIndex[r] = nodeSize[c->nodeOf[r]]++;
+  }
+  c->nnodes = (int)nodeSize.size();
+  bool remote = c->nnodes > 1;
   std::string address, nic;
-  zpResult_t res = remote ? chooseNic(c, &nic) : zpSuccess;
+  int32_t rail = 0;
+  zpResult_t res = remote ? chooseNic(c, &nic, &rail) : zpSuccess;
   if (res == zpSuccess && remote) res = UcxTransport::create(c, nic, &c->net, &address);
   // Every rank takes part in the second round, even to say it failed (an
-  // empty address), so that nobody waits for it.
-  std::vector<std::string> addresses(c->nranks);
-  zpResult_t ex = bootstrapAllgather(rootFd, c->rank, res == zpSuccess ? address : std::string(), c->cfg.timeoutMs,
-                                     &addresses);
+  // empty blob), so that nobody waits for it.
+  std::string blob;
+  if (res == zpSuccess) blob = std::string((const char*)&rail, sizeof(rail)) + address;
+  std::vector<std::string> blobs(c->nranks);
+  zpResult_t ex = bootstrapAllgather(rootFd, c->rank, blob, c->cfg.timeoutMs, &blobs);
   ZP_CHECK(res);
   ZP_CHECK(ex);
+  c->rail.assign(c->nranks, 0);
+  std::vector<std::string> addresses(c->nranks);
+  for (int r = 0; r < c->nranks; r++) {
+    if (blobs[r].size() < sizeof(int32_t)) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
+    memcpy(&c->rail[r], blobs[r].data(), sizeof(int32_t));
+    addresses[r] = blobs[r].substr(sizeof(int32_t));
+  }
   if (c->net) ZP_CHECK(c->net->connect(addresses));
   ZP_CHECK(ShmTransport::create(c, &c->shm));
   c->route.resize(c->nranks);

@@ -61,6 +61,10 @@ struct Comm {
   std::unique_ptr<ShmTransport> shm;  // ranks of this node
   std::unique_ptr<UcxTransport> net;  // ranks of other nodes (none on a single node)
   std::vector<Transport*> route;      // by peer: the transport that reaches it
+  // The layout, by rank: its node (0..nnodes-1, in order of first rank), its
+  // index among its node's ranks, and its rail (the index of its NIC).
+  int nnodes = 1;
+  std::vector<int> nodeOf, localIndex, rail;
   std::mutex mu;  // one call at a time per communicator
 
   // Per peer, how many messages each way so far: the k-th send to a peer

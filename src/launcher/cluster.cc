@@ -394,7 +394,7 @@ bool parseRate(const std::string& text, uint64_t* bitsPerSec) {
 TbfParams tbfParams(uint64_t rateBps, int mtu) {
   uint64_t bytesPerSec = rateBps / 8;
   uint64_t burst = std::max<uint64_t>(bytesPerSec / 1000, 65536 + 2 * static_cast<uint64_t>(mtu));
-  uint64_t limit = burst + std::max<uint64_t>(bytesPerSec / 20, 3 * 65536);
+  uint64_t limit = burst + std::max<uint64_t>(bytesPerSec / 100, 3 * 65536);
   return {burst, limit};
 }
 
