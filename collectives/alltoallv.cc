@@ -112,41 +112,46 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
   zpResult_t res = runAll(c, ops);
   if (res != zpSuccess) return res;
 
-  // 2. Over shared memory: blocks to local ranks, and blocks for other nodes
-  //    to their proxies. As a proxy, gather per remote destination d the
-  //    blocks of every local source s in rank order, with their counts.
-  std::vector<std::vector<char>> staging(n);
-  std::vector<std::vector<uint64_t>> stagedCounts(n);
-  std::vector<std::vector<size_t>> slot(n);  // staging offset of source s's block for d
+  // What this rank forwards: per remote destination d, the blocks of the
+  // local sources (rank order) whose proxy it is, with their counts. Blocks
+  // of other sources are staged in the communicator's scratch memory (kept
+  // between calls: fresh pages would cost a fault each); its own block is
+  // sent from the send buffer.
+  std::vector<std::vector<int>> forwardFrom(n);
+  std::vector<std::vector<uint64_t>> forwardCounts(n);
+  std::vector<std::vector<size_t>> slot(n);  // scratch offset of source s's block for d
+  size_t scratchBytes = 0;
   for (int d = 0; d < n; d++) {
     if (local(d)) continue;
-    size_t bytes = 0;
     slot[d].assign(n, 0);
     for (int s = 0; s < n; s++)
       if (local(s) && railProxy(c, s, d) == me) {
-        slot[d][s] = bytes;
-        bytes += rows[s][d] * ts;
-        stagedCounts[d].push_back(rows[s][d]);
+        forwardFrom[d].push_back(s);
+        forwardCounts[d].push_back(rows[s][d]);
+        if (s == me) continue;
+        slot[d][s] = scratchBytes;
+        scratchBytes += rows[s][d] * ts;
       }
-    staging[d].resize(bytes);
   }
+  char* scratch = c->scratch(scratchBytes);
+
+  // 2. Over shared memory: blocks to local ranks, and blocks for other nodes
+  //    to their proxies.
   for (int i = 0; i < n; i++) {
     // Per pair the same order on both sides: the direct block, then the
     // blocks forwarded for remote destinations in rank order.
     int to = (me + i) % n, from = (me - i + n) % n;
-    if (local(to)) {
-      if (to != me) ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
+    if (local(to) && to != me) {
+      ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
       for (int d = 0; d < n; d++)
-        if (!local(d) && railProxy(c, me, d) == to) {
-          if (to == me) memcpy(staging[d].data() + slot[d][me], sbuf + sdispls[d] * ts, sendcounts[d] * ts);
-          else ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
-        }
+        if (!local(d) && railProxy(c, me, d) == to)
+          ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
     }
     if (local(from) && from != me) {
       ops.push_back(makeOp(false, from, rbuf + rdispls[from] * ts, recvcounts[from] * ts, ts));
       for (int d = 0; d < n; d++)
         if (!local(d) && railProxy(c, from, d) == me)
-          ops.push_back(makeOp(false, from, staging[d].data() + slot[d][from], rows[from][d] * ts, ts));
+          ops.push_back(makeOp(false, from, scratch + slot[d][from], rows[from][d] * ts, ts));
     }
   }
   if (sendcounts[me] != recvcounts[me])
@@ -160,30 +165,38 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
   if (res != zpSuccess && res != zpInvalidUsage) return res;
   uint64_t t3 = nowMs();
 
-  // 3. Over the network: one message per (proxy, destination) on their rail,
-  //    its block counts ahead of it.
-  std::vector<std::vector<char>> incoming(n);       // by proxy
+  // 3. Over the network, on the destination's rail: each forwarded block
+  //    lands straight in its receive range; the first block of each (proxy,
+  //    destination) pair carries the counts of all of them.
+  std::vector<std::vector<int>> sourcesVia(n);  // by proxy: remote sources in rank order
   std::vector<std::vector<uint64_t>> incomingCounts(n);
-  std::vector<std::vector<int>> sourcesVia(n);      // by proxy: remote sources in rank order
   for (int s = 0; s < n; s++)
     if (!local(s)) sourcesVia[railProxy(c, s, me)].push_back(s);
   for (int i = 0; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
-    if (!local(to) && !stagedCounts[to].empty()) {
-      Op op = makeOp(true, to, staging[to].data(), staging[to].size(), ts);
-      op.meta = stagedCounts[to].data();
-      op.metaBytes = (uint32_t)(stagedCounts[to].size() * sizeof(uint64_t));
-      ops.push_back(op);
+    if (!local(to)) {
+      for (size_t k = 0; k < forwardFrom[to].size(); k++) {
+        int s = forwardFrom[to][k];
+        const char* block = s == me ? sbuf + sdispls[to] * ts : scratch + slot[to][s];
+        Op op = makeOp(true, to, (void*)block, rows[s][to] * ts, ts);
+        if (k == 0) {
+          op.meta = forwardCounts[to].data();
+          op.metaBytes = (uint32_t)(forwardCounts[to].size() * sizeof(uint64_t));
+        }
+        ops.push_back(op);
+      }
     }
-    if (!local(from) && !sourcesVia[from].empty()) {
-      size_t bytes = 0;
-      for (int s : sourcesVia[from]) bytes += recvcounts[s] * ts;
-      incoming[from].resize(bytes);
+    if (!local(from)) {
       incomingCounts[from].assign(sourcesVia[from].size(), 0);
-      Op op = makeOp(false, from, incoming[from].data(), bytes, ts);
-      op.meta = incomingCounts[from].data();
-      op.metaBytes = (uint32_t)(incomingCounts[from].size() * sizeof(uint64_t));
-      ops.push_back(op);
+      for (size_t k = 0; k < sourcesVia[from].size(); k++) {
+        int s = sourcesVia[from][k];
+        Op op = makeOp(false, from, rbuf + rdispls[s] * ts, recvcounts[s] * ts, ts);
+        if (k == 0) {
+          op.meta = incomingCounts[from].data();
+          op.metaBytes = (uint32_t)(incomingCounts[from].size() * sizeof(uint64_t));
+        }
+        ops.push_back(op);
+      }
     }
   }
   r = runAll(c, ops);
@@ -193,10 +206,9 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
   ZP_TRACE(kSubColl, "rank %d: routed alltoallv: shared memory %llu ms, network %llu ms", me,
            (unsigned long long)(t3 - t2), (unsigned long long)(t4 - t3));
 
-  // 4. Unpack, after checking each block's count against this rank's.
+  // 4. Each block's count, as its source gave it, against this rank's.
   std::string msg = res == zpSuccess ? "" : lastError();
-  for (int p = 0; p < n && res == zpSuccess; p++) {
-    size_t off = 0;
+  for (int p = 0; p < n && res == zpSuccess; p++)
     for (size_t k = 0; k < sourcesVia[p].size(); k++) {
       int s = sourcesVia[p][k];
       if (incomingCounts[p][k] != recvcounts[s]) {
@@ -205,10 +217,7 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
         msg = lastError();
         break;
       }
-      memcpy(rbuf + rdispls[s] * ts, incoming[p].data() + off, recvcounts[s] * ts);
-      off += recvcounts[s] * ts;
     }
-  }
   // Some ranks may have seen a mismatch that others could not: agree.
   return agreeOnResult(c, seq, res, msg);
 }

@@ -30,6 +30,14 @@ bool Comm::isLocal(int peer) const {
   return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
 }
 
+char* Comm::scratch(size_t bytes) {
+  if (bytes > scratchBytes_) {
+    scratch_.reset(new char[bytes]);  // not value-initialized: no page is touched here
+    scratchBytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
 void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
   if (asyncError != zpSuccess) return;
   asyncError = code;

@@ -74,6 +74,9 @@ struct Comm {
   // Status reports of collectives, by (peer, collective sequence).
   std::map<std::pair<int, uint64_t>, std::pair<zpResult_t, std::string>> statuses;
 
+  std::unique_ptr<char[]> scratch_;
+  size_t scratchBytes_ = 0;
+
   // A failure that breaks the communicator: a dead or aborted peer, a timeout.
   zpResult_t asyncError = zpSuccess;
   std::string asyncMsg;
@@ -84,6 +87,8 @@ struct Comm {
   ~Comm();
 
   bool isLocal(int peer) const;
+  // Memory for staging, kept between calls (it only grows).
+  char* scratch(size_t bytes);
   std::vector<Transport*> transports() const;
   // Moves every transport forward; true if anything moved.
   bool progress();
