@@ -131,6 +131,8 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   }
   if (c->net) ZP_CHECK(c->net->connect(addresses));
   ZP_CHECK(ShmTransport::create(c, &c->shm));
+  c->transports = {c->shm.get()};
+  if (c->net) c->transports.push_back(c->net.get());
   c->route.resize(c->nranks);
   for (int r = 0; r < c->nranks; r++)
     c->route[r] = c->isLocal(r) ? (Transport*)c->shm.get() : (Transport*)c->net.get();
@@ -166,53 +168,42 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
 
 void commLeave(Comm* comm, bool abort) {
   std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
-  for (Transport* t : comm->transports()) {
+  for (Transport* t : comm->transports) {
     if (abort) t->abortPeers(zpRemoteError, why);
     t->leave();
   }
 }
 
-std::vector<Transport*> Comm::transports() const {
-  std::vector<Transport*> out;
-  if (shm) out.push_back(shm.get());
-  if (net) out.push_back(net.get());
-  return out;
-}
 
 bool Comm::progress() {
   bool moved = false;
-  for (Transport* t : transports()) moved |= t->progress();
+  for (Transport* t : transports) moved |= t->progress();
   return moved;
 }
 
 uint32_t Comm::waitToken() const { return shm ? shm->waitToken() : 0; }
 
-static int netSliceMs() {
-  static int v = getenv("ZP_NET_SLICE_MS") ? atoi(getenv("ZP_NET_SLICE_MS")) : 100;
-  return v;
-}
-
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
   // through a futex: sleep on the one with work, and nap briefly when both have.
   bool shmBusy = shm && shm->busy();
-  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : std::min(ms, netSliceMs()));
+  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : ms);
   if (shmBusy || !net) shm->wait(token, net ? std::min(ms, 1) : ms);
 }
 
 void Comm::dropOps(zpResult_t status, const std::string& why) {
-  for (Transport* t : transports()) t->dropOps(status, why);
+  for (Transport* t : transports) t->dropOps(status, why);
 }
 
 std::vector<int> Comm::busyPeers() const {
   std::vector<int> out;
-  for (Transport* t : transports())
+  for (Transport* t : transports)
     for (int p : t->busyPeers()) out.push_back(p);
   return out;
 }
 
 void Comm::checkAlive() {
-  for (Transport* t : transports()) t->checkAlive();
+  for (Transport* t : transports) t->checkAlive();
 }
 
 namespace {
@@ -238,7 +229,7 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
         c->dropOps(c->asyncError, c->asyncMsg);
         if (!c->asyncFromPeer && !c->faultSent) {
           c->faultSent = true;
-          for (Transport* t : c->transports()) t->abortPeers(c->asyncError, c->asyncMsg);
+          for (Transport* t : c->transports) t->abortPeers(c->asyncError, c->asyncMsg);
         }
         return fail(c->asyncError, "rank %d: %s failed: %s", c->rank, what, c->asyncMsg.c_str());
       }
@@ -258,7 +249,7 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
         c->setAsyncError(zpRemoteError, msg);
         c->dropOps(zpRemoteError, msg);
         c->faultSent = true;
-        for (Transport* t : c->transports()) t->abortPeers(zpRemoteError, "rank " + std::to_string(c->rank) + ": " + msg);
+        for (Transport* t : c->transports) t->abortPeers(zpRemoteError, "rank " + std::to_string(c->rank) + ": " + msg);
         return fail(zpRemoteError, "rank %d: %s", c->rank, msg.c_str());
       }
       lastMove = now;

@@ -60,6 +60,7 @@ struct Comm {
   std::vector<RankInfo> ranks;
   std::unique_ptr<ShmTransport> shm;  // ranks of this node
   std::unique_ptr<UcxTransport> net;  // ranks of other nodes (none on a single node)
+  std::vector<Transport*> transports;  // shm, then net if there is one
   std::vector<Transport*> route;      // by peer: the transport that reaches it
   // The layout, by rank: its node (0..nnodes-1, in order of first rank), its
   // index among its node's ranks, and its rail (the index of its NIC).
@@ -89,7 +90,7 @@ struct Comm {
   bool isLocal(int peer) const;
   // Memory for staging, kept between calls (it only grows).
   char* scratch(size_t bytes);
-  std::vector<Transport*> transports() const;
+
   // Moves every transport forward; true if anything moved.
   bool progress();
   // Sleeps until a transport may have news, at most ms.
