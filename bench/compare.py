@@ -98,24 +98,115 @@ def ratio(a, b):
     return a / b if a is not None and b is not None and b > 0 else None
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description="Zeppelin alltoallv vs MPI, Gloo and memcpy")
-    ap.add_argument("--nranks", "-N", type=int, default=4)
+def add_sweep_options(ap, factor):
+    """The sizes, pattern and iterations of the perf programs' sweep (-b ... -d)."""
     ap.add_argument("-b", default="1M", help="smallest size, bytes per rank (default 1M)")
     ap.add_argument("-e", default="64M", help="largest size (default 64M)")
-    ap.add_argument("-f", default="2", help="step factor (default 2)")
+    ap.add_argument("-f", default=factor, help=f"step factor (default {factor})")
     ap.add_argument("-P", default="uniform", help="uniform | random | zipf | matrix:FILE")
     ap.add_argument("-s", default="1", help="pattern seed (default 1)")
     ap.add_argument("-n", default="20", help="timed iterations (default 20)")
     ap.add_argument("-w", default="5", help="warmup iterations (default 5)")
     ap.add_argument("-d", default="float", help="datatype (default float)")
+
+
+def add_output_options(ap):
+    """--show and --repeat."""
+    ap.add_argument("--show", action="store_true", help="also print each program's output")
+    ap.add_argument("--repeat", "-R", type=int, default=3,
+                    help="runs of each program, interleaved; the table shows each size's median (default 3)")
+
+
+def sweep_args(a):
+    """The perf programs' arguments for the sweep of add_sweep_options."""
+    return ["-b", a.b, "-e", a.e, "-f", a.f, "-P", a.P, "-s", a.s, "-n", a.n, "-w", a.w,
+            "-d", a.d, "-c", "1"]
+
+
+def missing_program(script, build_arg, paths):
+    """Says which of paths is not built, if one is; True then."""
+    for path in paths:
+        if not os.access(path, os.X_OK):
+            print(f"{script}: {path} not found: build first (cmake --build {build_arg})",
+                  file=sys.stderr)
+            return True
+    return False
+
+
+class Program:
+    """One program of a comparison: its command (None: not run), how to run it
+    (run(name, cmd) -> (returncode, stdout, stderr)) and read its table
+    (parse(stdout) -> rows), which lines of its first run's output become notes
+    (keep_note(line)), and the tables of its runs so far."""
+
+    def __init__(self, name, cmd, run, parse=parse_table, keep_note=lambda line: False):
+        self.name, self.cmd, self.run, self.parse, self.keep_note = name, cmd, run, parse, keep_note
+        self.runs = []
+        self.first_output = ""
+
+
+def run_rounds(script, repeat, zp, peers, notes):
+    """Zeppelin (required), then each peer, one after another, repeat times over:
+    interleaving spreads the machine's slow moments over all of them.
+
+    A failing Zeppelin run is reported on stderr and ends the rounds; a failing
+    peer gets a note and is dropped (no runs, no command). Returns
+    (Zeppelin failed, Zeppelin's wrong bytes).
+    """
+    zp_wrong = 0
+    for rep in range(repeat):
+        rc, out, err = zp.run(f"{zp.name} (run {rep + 1})", zp.cmd)
+        t = zp.parse(out)
+        if rc != 0 or not t:
+            print(f"{script}: the Zeppelin run failed (rc {rc}):\n{tail(out)}\n{tail(err)}",
+                  file=sys.stderr)
+            return True, zp_wrong
+        zp.runs.append(t)
+        zp_wrong += sum(r["wrong"] or 0 for r in t.values())
+        if rep == 0:
+            zp.first_output = out
+            for line in out.splitlines():
+                if line.startswith("# nranks"):
+                    notes.append("zeppelin " + line[2:])
+        for p in peers:
+            if not p.cmd:
+                continue
+            rc, out, err = p.run(f"{p.name} (run {rep + 1})", p.cmd)
+            t = p.parse(out)
+            if rc != 0 or not t:
+                notes.append(f"{p.name}: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
+                p.cmd, p.runs = None, []
+            else:
+                p.runs.append(t)
+                if rep == 0:
+                    for line in out.splitlines():
+                        if p.keep_note(line):
+                            notes.append(f"{p.name}: " + line[2:])
+    return False, zp_wrong
+
+
+def report(notes, zp_failed, zp_wrong):
+    """Prints the notes and the verdict under the table; the exit code."""
+    for n in notes:
+        print("# " + n.replace("\n", "\n# "))
+    if zp_failed:
+        print("# zeppelin: FAILED (see above)")
+        return 1
+    if zp_wrong:
+        print(f"# zeppelin: {zp_wrong} wrong bytes: FAILED")
+        return 1
+    return 0
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="Zeppelin alltoallv vs MPI, Gloo and memcpy")
+    ap.add_argument("--nranks", "-N", type=int, default=4)
+    add_sweep_options(ap, "2")
     ap.add_argument("--build", default="build", help="build directory (default build/)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per program")
     ap.add_argument("--no-gloo", action="store_true", help="skip the Gloo run")
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPI run")
-    ap.add_argument("--show", action="store_true", help="also print each program's output")
-    ap.add_argument("--repeat", "-R", type=int, default=3,
-                    help="runs of each program, interleaved; the table shows each size's median (default 3)")
+    add_output_options(ap)
     a = ap.parse_args(argv)
     if a.nranks < 1:
         ap.error("--nranks must be >= 1")
@@ -126,13 +217,9 @@ def main(argv):
     bench = os.path.join(build, "bench")
     zprun = os.path.join(build, "zprun")
     zp_prog = os.path.join(bench, "alltoallv_perf")
-    for path in (zprun, zp_prog):
-        if not os.access(path, os.X_OK):
-            print(f"compare.py: {path} not found: build first (cmake --build {a.build})",
-                  file=sys.stderr)
-            return 2
-    sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-P", a.P, "-s", a.s, "-n", a.n, "-w", a.w,
-             "-d", a.d, "-c", "1"]
+    if missing_program("compare.py", a.build, (zprun, zp_prog)):
+        return 2
+    sweep = sweep_args(a)
     env = dict(os.environ)
     notes = []
     N = a.nranks
@@ -176,45 +263,16 @@ def main(argv):
         else:
             gloo_cmd = [py, os.path.join(HERE, "gloo_alltoallv.py"), "-N", str(N)] + sweep
 
-    zp_runs, mpi_runs, gloo_runs = [], [], []
-    zp_failed, zp_wrong, zp_table = False, 0, ""
-    for rep in range(a.repeat):
-        rc, out, err = run(f"zeppelin (run {rep + 1})", [zprun, "-n", str(N), zp_prog] + sweep,
-                           env, a.timeout, a.show)
-        t = parse_table(out)
-        if rc != 0 or not t:
-            zp_failed = True
-            print(f"compare.py: the Zeppelin run failed (rc {rc}):\n{tail(out)}\n{tail(err)}",
-                  file=sys.stderr)
-            break
-        zp_runs.append(t)
-        zp_wrong += sum(r["wrong"] or 0 for r in t.values())
-        if rep == 0:
-            zp_table = out
-            for line in out.splitlines():
-                if line.startswith("# nranks"):
-                    notes.append("zeppelin " + line[2:])
-        if mpi_cmd:
-            rc, out, err = run(f"mpi (run {rep + 1})", mpi_cmd, menv, a.timeout, a.show)
-            t = parse_table(out)
-            if rc != 0 or not t:
-                notes.append(f"mpi: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
-                mpi_cmd, mpi_runs = None, []
-            else:
-                mpi_runs.append(t)
-                if rep == 0:
-                    for line in out.splitlines():
-                        if line.startswith("# ") and "skipped" in line:
-                            notes.append("mpi: " + line[2:])
-        if gloo_cmd:
-            rc, out, err = run(f"gloo (run {rep + 1})", gloo_cmd, env, a.timeout, a.show)
-            t = parse_table(out)
-            if rc != 0 or not t:
-                notes.append(f"gloo: failed (rc {rc}); its numbers are n/a\n{tail(out + err)}")
-                gloo_cmd, gloo_runs = None, []
-            else:
-                gloo_runs.append(t)
-    zp, mpi, gloo = median_table(zp_runs), median_table(mpi_runs), median_table(gloo_runs)
+    def runner(run_env):
+        return lambda name, cmd: run(name, cmd, run_env, a.timeout, a.show)
+
+    zeppelin = Program("zeppelin", [zprun, "-n", str(N), zp_prog] + sweep, runner(env))
+    mpi_peer = Program("mpi", mpi_cmd, runner(menv),
+                       keep_note=lambda line: line.startswith("# ") and "skipped" in line)
+    gloo_peer = Program("gloo", gloo_cmd, runner(env))
+    zp_failed, zp_wrong = run_rounds("compare.py", a.repeat, zeppelin, [mpi_peer, gloo_peer], notes)
+    zp, mpi, gloo = (median_table(p.runs) for p in (zeppelin, mpi_peer, gloo_peer))
+    zp_table = zeppelin.first_output
     if zp_table:
         print()
         print("# Zeppelin's own table, first run:")
@@ -240,15 +298,7 @@ def main(argv):
             fmt(gb), fmt(ratio(z["busbw"], gb), ".2f"), fmt(z["algbw"]), fmt(limit),
             fmt(ratio(z["algbw"], limit), ".2f"),
             "N/A" if z["wrong"] is None else str(z["wrong"])))
-    for n in notes:
-        print("# " + n.replace("\n", "\n# "))
-    if zp_failed:
-        print("# zeppelin: FAILED (see above)")
-        return 1
-    if zp_wrong:
-        print(f"# zeppelin: {zp_wrong} wrong bytes: FAILED")
-        return 1
-    return 0
+    return report(notes, zp_failed, zp_wrong)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Needs root (zprun builds the clusters).
     python3 bench/compare_cluster.py --build build --nodes 2 --ranks-per-node 4 \\
         --nics-per-node 4 --nic-rate 1gbit -b 1M -e 64M -f 4
 
-Standard library only; the table parsing is compare.py's.
+Standard library only; the option sweep, the interleaved runs, the tables'
+parsing and medians and the verdict are compare.py's.
 """
 
 import argparse
@@ -28,7 +29,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402  (parse_table, median_table, fmt, ratio, tail)
+import compare  # noqa: E402
 
 
 def add_nic_column(text, rows):
@@ -83,19 +84,10 @@ def main(argv):
     ap.add_argument("--nic-rate", default="1gbit",
                     help="rate of each NIC, tc syntax, or 'unlimited' (default 1gbit)")
     ap.add_argument("--mtu", default=None, help="MTU of the NICs (default zprun's)")
-    ap.add_argument("-b", default="1M", help="smallest size, bytes per rank (default 1M)")
-    ap.add_argument("-e", default="64M", help="largest size (default 64M)")
-    ap.add_argument("-f", default="4", help="step factor (default 4)")
-    ap.add_argument("-P", default="uniform", help="uniform | random | zipf | matrix:FILE")
-    ap.add_argument("-s", default="1", help="pattern seed (default 1)")
-    ap.add_argument("-n", default="20", help="timed iterations (default 20)")
-    ap.add_argument("-w", default="5", help="warmup iterations (default 5)")
-    ap.add_argument("-d", default="float", help="datatype (default float)")
+    compare.add_sweep_options(ap, "4")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run (default 1800)")
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPI runs")
-    ap.add_argument("--show", action="store_true", help="also print each program's output")
-    ap.add_argument("--repeat", "-R", type=int, default=3,
-                    help="runs of each program, interleaved; the table shows each size's median (default 3)")
+    compare.add_output_options(ap)
     a = ap.parse_args(argv)
     for opt in ("nodes", "ranks_per_node", "nics_per_node", "repeat", "timeout"):
         if getattr(a, opt) < 1:
@@ -105,19 +97,15 @@ def main(argv):
     zprun = os.path.join(build, "zprun")
     zp_prog = os.path.join(build, "bench", "alltoallv_perf")
     mpi_prog = os.path.join(build, "bench", "mpi_alltoallv_perf")
-    for path in (zprun, zp_prog):
-        if not os.access(path, os.X_OK):
-            print(f"compare_cluster.py: {path} not found: build first (cmake --build {a.build})",
-                  file=sys.stderr)
-            return 2
+    if compare.missing_program("compare_cluster.py", a.build, (zprun, zp_prog)):
+        return 2
     cluster = [zprun, "--nodes", str(a.nodes), "--ranks-per-node", str(a.ranks_per_node),
                "--nics-per-node", str(a.nics_per_node), "--timeout", str(a.timeout)]
     if a.nic_rate != "unlimited":
         cluster += ["--nic-rate", a.nic_rate]
     if a.mtu:
         cluster += ["--mtu", a.mtu]
-    sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-P", a.P, "-s", a.s, "-n", a.n, "-w", a.w,
-             "-d", a.d, "-c", "1"]
+    sweep = compare.sweep_args(a)
     notes = []
 
     mpi_cmd = None
@@ -131,37 +119,20 @@ def main(argv):
         mpi_cmd = cluster + ["--mpirun", "--", mpi_prog] + sweep
     zp_cmd = cluster + [zp_prog] + sweep
 
-    zp_runs, mpi_runs = [], []
-    zp_failed, zp_wrong = False, 0
-    for rep in range(a.repeat):
-        rc, out, err = run(f"zeppelin (run {rep + 1})", zp_cmd, a.timeout, a.show)
-        t = add_nic_column(out, compare.parse_table(out))
-        if rc != 0 or not t:
-            zp_failed = True
-            print(f"compare_cluster.py: the Zeppelin run failed (rc {rc}):\n"
-                  f"{compare.tail(out)}\n{compare.tail(err)}", file=sys.stderr)
-            break
-        zp_runs.append(t)
-        zp_wrong += sum(r["wrong"] or 0 for r in t.values())
-        if rep == 0:
-            for line in out.splitlines():
-                if line.startswith("# nranks"):
-                    notes.append("zeppelin " + line[2:])
-        if mpi_cmd:
-            rc, out, err = run(f"mpi (run {rep + 1})", mpi_cmd, a.timeout, a.show)
-            t = add_nic_column(out, compare.parse_table(out))
-            if rc != 0 or not t:
-                notes.append(f"mpi: failed (rc {rc}); its numbers are n/a\n"
-                             f"{compare.tail(out + err)}")
-                mpi_cmd, mpi_runs = None, []
-            else:
-                mpi_runs.append(t)
-                if rep == 0:
-                    for line in out.splitlines():
-                        if line.startswith("# mpi_alltoallv_perf:") or (
-                                line.startswith("# ") and "skipped" in line):
-                            notes.append("mpi: " + line[2:])
-    zp, mpi = compare.median_table(zp_runs), compare.median_table(mpi_runs)
+    def run_zprun(name, cmd):
+        return run(name, cmd, a.timeout, a.show)
+
+    def parse(out):
+        return add_nic_column(out, compare.parse_table(out))
+
+    zeppelin = compare.Program("zeppelin", zp_cmd, run_zprun, parse)
+    mpi_peer = compare.Program(
+        "mpi", mpi_cmd, run_zprun, parse,
+        keep_note=lambda line: line.startswith("# mpi_alltoallv_perf:") or (
+            line.startswith("# ") and "skipped" in line))
+    zp_failed, zp_wrong = compare.run_rounds("compare_cluster.py", a.repeat, zeppelin, [mpi_peer],
+                                             notes)
+    zp, mpi = compare.median_table(zeppelin.runs), compare.median_table(mpi_peer.runs)
 
     fmt, ratio = compare.fmt, compare.ratio
     n = a.nodes * a.ranks_per_node
@@ -186,15 +157,7 @@ def main(argv):
             size, fmt(z["busbw"]), fmt(mb), fmt(ratio(m["time"] if m else None, z["time"]), ".2f"),
             fmt(z.get("nic"), ".1f"), fmt(m.get("nic") if m else None, ".1f"),
             wrong(z), wrong(m)))
-    for note in notes:
-        print("# " + note.replace("\n", "\n# "))
-    if zp_failed:
-        print("# zeppelin: FAILED (see above)")
-        return 1
-    if zp_wrong:
-        print(f"# zeppelin: {zp_wrong} wrong bytes: FAILED")
-        return 1
-    return 0
+    return compare.report(notes, zp_failed, zp_wrong)
 
 
 if __name__ == "__main__":

@@ -47,25 +47,11 @@
 
 #include <gtest/gtest.h>
 
-#ifndef ZPRUN_PATH
-#error "build with -DZPRUN_PATH=\"/path/to/zprun\""
-#endif
+#include "tests/process_util.h"
 
 namespace {
 
-#define CLUSTER_TEST_STR2(x) #x
-#define CLUSTER_TEST_STR(x) CLUSTER_TEST_STR2(x)
-std::string unquoted(std::string p) {
-  if (p.size() >= 2 && p.front() == '"' && p.back() == '"') p = p.substr(1, p.size() - 2);
-  return p;
-}
-std::string zprunPath() { return unquoted(CLUSTER_TEST_STR(ZPRUN_PATH)); }
-
-double nowSec() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+using namespace zptest;
 
 // ===========================================================================
 // Helper modes: what the ranks run
@@ -298,148 +284,21 @@ std::string helper(const std::string& spec) {
 // Running zprun
 // ===========================================================================
 
-struct Result {
-  int exitCode = -1;   // -1 if zprun was killed by a signal
-  int termSignal = 0;  // the signal that killed zprun, if any
-  std::string out, err;
-  double seconds = 0;
-  pid_t pid = -1;  // zprun's pid: its cluster's names carry it
-};
-
 // One zprun process (or a wrapper that execs it) with its output captured.
-class Launch {
+class Launch : public Child {
  public:
-  explicit Launch(const std::vector<std::string>& args, const std::vector<std::string>& wrapper = {}) {
-    start_ = nowSec();
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) abort();
-    std::vector<std::string> argvStrings = wrapper;
-    argvStrings.push_back(zprunPath());
-    argvStrings.insert(argvStrings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& s : argvStrings) argv.push_back(&s[0]);
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      int in = open("/dev/null", O_RDONLY);
-      dup2(in, 0);
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      execvp(argv[0], argv.data());
-      _exit(99);
-    }
-    close(out[1]);
-    close(err[1]);
-    outFd_ = out[0];
-    errFd_ = err[0];
-  }
-
-  ~Launch() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (outFd_ >= 0) close(outFd_);
-    if (errFd_ >= 0) close(errFd_);
-  }
-
-  pid_t pid() const { return pid_; }
+  explicit Launch(const std::vector<std::string>& args, const std::vector<std::string>& wrapper = {})
+      : Child(zprunCommand(args, wrapper)) {}
 
   // Reads the output until zprun closes it, then reaps zprun. A zprun that
   // runs longer than limitSec gets SIGTERM (so it still removes its
   // cluster), then SIGKILL 15 s later.
-  Result finish(double limitSec = 90) {
-    Result r;
-    r.pid = pid_;
-    double deadline = nowSec() + limitSec;
-    bool terminated = false;
-    while (outFd_ >= 0 || errFd_ >= 0) {
-      pollfd fds[2];
-      int n = 0;
-      if (outFd_ >= 0) fds[n++] = {outFd_, POLLIN, 0};
-      if (errFd_ >= 0) fds[n++] = {errFd_, POLLIN, 0};
-      int left = static_cast<int>((deadline - nowSec()) * 1000);
-      if (left <= 0 || poll(fds, n, left) == 0) {
-        if (terminated) {
-          kill(pid_, SIGKILL);
-          break;
-        }
-        kill(pid_, SIGTERM);
-        terminated = true;
-        deadline = nowSec() + 15;
-        continue;
-      }
-      for (int k = 0; k < n; ++k) {
-        if (!fds[k].revents) continue;
-        int* fd = fds[k].fd == outFd_ ? &outFd_ : &errFd_;
-        std::string* text = fds[k].fd == outFd_ ? &r.out : &r.err;
-        char buf[4096];
-        ssize_t got = read(*fd, buf, sizeof buf);
-        if (got > 0) {
-          text->append(buf, got);
-        } else if (got == 0 || errno != EINTR) {
-          close(*fd);
-          *fd = -1;
-        }
-      }
-    }
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    if (WIFEXITED(status)) r.exitCode = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.termSignal = WTERMSIG(status);
-    r.seconds = nowSec() - start_;
-    return r;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int outFd_ = -1, errFd_ = -1;
-  double start_ = 0;
+  Result finish(double limitSec = 90) { return Child::finish(limitSec, 15); }
 };
 
 Result run(const std::vector<std::string>& args, double limitSec = 90) {
   Launch launch(args);
   return launch.finish(limitSec);
-}
-
-// Runs a command (no shell) and returns its stdout; exit code in *code.
-std::string capture(const std::vector<std::string>& argv, int* code = nullptr) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) abort();
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargv;
-  for (std::string& s : args) cargv.push_back(&s[0]);
-  cargv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int devNull = open("/dev/null", O_RDWR);
-    dup2(devNull, 0);
-    dup2(out[1], 1);
-    dup2(devNull, 2);
-    execvp(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    text.append(buf, n);
-  }
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (code != nullptr) *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return text;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> v;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) v.push_back(l);
-  return v;
 }
 
 std::string findTool(const std::string& name) {
@@ -769,7 +628,7 @@ TEST(Cluster, ZeppelinJobOnOneEmulatedNode) {
   // The library's own rendezvous, hosted by rank 0 on 10.77.0.1, and shared
   // memory among the ranks of the node.
   Result r = run({"--nodes", "1", "--ranks-per-node", "3", "--timeout", "120",
-                  unquoted(CLUSTER_TEST_STR(ZP_ENV_RANK_PATH))});
+                  unquoted(ZPTEST_STR(ZP_ENV_RANK_PATH))});
   EXPECT_EQ(r.exitCode, 0) << r.err << r.out;
   std::multiset<std::string> got;
   for (const auto& l : lines(r.out)) got.insert(l);
@@ -880,53 +739,14 @@ TEST(Cluster, TimeoutRemovesTheCluster) {
   EXPECT_NOTHING_LEFT(r.pid);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/cluster_test_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { capture({"rm", "-rf", path_}); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// A fresh directory /tmp/cluster_test_* for files the ranks write.
+struct TempDir : zptest::TempDir {
+  TempDir() : zptest::TempDir("cluster_test") {}
 };
 
-std::vector<pid_t> waitForPidFiles(const std::string& dir, int count, double limitSec = 30) {
-  std::vector<pid_t> pids;
-  double deadline = nowSec() + limitSec;
-  while (nowSec() < deadline) {
-    pids.clear();
-    for (int r = 0; r < count; ++r) {
-      std::ifstream f(dir + "/pid" + std::to_string(r));
-      long pid = 0;
-      if (f >> pid && pid > 0) pids.push_back(static_cast<pid_t>(pid));
-    }
-    if (static_cast<int>(pids.size()) == count) return pids;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pids;
-}
-
-bool isDead(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t paren = all.rfind(')');
-  return paren == std::string::npos || (paren + 2 < all.size() && all[paren + 2] == 'Z');
-}
-
-bool allDeadWithin(const std::vector<pid_t>& pids, double limitSec) {
-  double deadline = nowSec() + limitSec;
-  for (;;) {
-    bool all = true;
-    for (pid_t p : pids) all = all && isDead(p);
-    if (all) return true;
-    if (nowSec() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
+// How long the ranks may take to write their pid files (building the
+// cluster comes first).
+constexpr double kRanksStartSec = 30;
 
 TEST(Cluster, SigintEndsTheJobAndRemovesTheCluster) {
   REQUIRE_ROOT();
@@ -934,7 +754,7 @@ TEST(Cluster, SigintEndsTheJobAndRemovesTheCluster) {
   Launch launch({"--nodes", "2", "--ranks-per-node", "2", "sh", "-c",
                  "trap 'echo got INT $ZP_RANK; exit 9' INT; echo $$ > " + dir.path() +
                      "/pid$ZP_RANK; sleep 60 & wait"});
-  auto pids = waitForPidFiles(dir.path(), 4);
+  auto pids = waitForPidFiles(dir.path(), 4, kRanksStartSec);
   ASSERT_EQ(pids.size(), 4u);
   // The cluster exists while the job runs.
   EXPECT_FALSE(leftoversOf(launch.pid()).empty());
@@ -954,7 +774,7 @@ TEST(Cluster, SigtermKillsStraysInsideTheNodes) {
   Launch launch({"--nodes", "2", "sh", "-c",
                  "setsid sleep 120 < /dev/null > /dev/null 2>&1 & echo $! > " + dir.path() +
                      "/stray$ZP_RANK; echo $$ > " + dir.path() + "/pid$ZP_RANK; exec sleep 60"});
-  auto pids = waitForPidFiles(dir.path(), 2);
+  auto pids = waitForPidFiles(dir.path(), 2, kRanksStartSec);
   ASSERT_EQ(pids.size(), 2u);
   std::vector<pid_t> strays;
   for (int rank = 0; rank < 2; ++rank) {
@@ -996,8 +816,8 @@ TEST(Cluster, CleanupRemovesWhatAKilledZprunLeftButNotLiveClusters) {
   Launch a({"--nodes", "2", "sh", "-c", "echo $$ > " + dirA.path() + "/pid$ZP_RANK; exec sleep 60"});
   // B: alive while --cleanup runs.
   Launch b({"--nodes", "2", "sh", "-c", "echo $$ > " + dirB.path() + "/pid$ZP_RANK; exec sleep 60"});
-  auto pidsA = waitForPidFiles(dirA.path(), 2);
-  auto pidsB = waitForPidFiles(dirB.path(), 2);
+  auto pidsA = waitForPidFiles(dirA.path(), 2, kRanksStartSec);
+  auto pidsB = waitForPidFiles(dirB.path(), 2, kRanksStartSec);
   ASSERT_EQ(pidsA.size(), 2u);
   ASSERT_EQ(pidsB.size(), 2u);
   pid_t zprunA = a.pid(), zprunB = b.pid();

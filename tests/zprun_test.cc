@@ -6,160 +6,41 @@
 //   target_compile_definitions(zprun_test PRIVATE ZPRUN_PATH="$<TARGET_FILE:zprun>")
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#ifndef ZPRUN_PATH
-#error "build with -DZPRUN_PATH=\"/path/to/zprun\""
-#endif
+#include "tests/process_util.h"
 
 namespace {
 
-// Accepts ZPRUN_PATH with or without quotes.
-#define ZPRUN_STR2(x) #x
-#define ZPRUN_STR(x) ZPRUN_STR2(x)
-std::string zprunPath() {
-  std::string p = ZPRUN_STR(ZPRUN_PATH);
-  if (p.size() >= 2 && p.front() == '"' && p.back() == '"') p = p.substr(1, p.size() - 2);
-  return p;
-}
+using namespace zptest;
 
-double nowSec() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-struct Result {
-  int exitCode = -1;    // -1 if zprun was killed by a signal
-  int termSignal = 0;   // the signal that killed zprun, if any
-  std::string out, err;
-  double seconds = 0;
-};
-
-// One zprun process with its stdout and stderr captured.
-class Launch {
+// One zprun process with its stdout and stderr captured. stdinData: written
+// to zprun's stdin, which is then closed; nullptr gives zprun /dev/null.
+class Launch : public Child {
  public:
-  // stdinData: written to zprun's stdin, which is then closed; nullptr gives
-  // zprun /dev/null.
-  explicit Launch(const std::vector<std::string>& args, const char* stdinData = nullptr) {
-    start_ = nowSec();
-    int out[2], err[2], in[2] = {-1, -1};
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) abort();
-    if (stdinData != nullptr && pipe2(in, O_CLOEXEC) != 0) abort();
-    std::vector<std::string> argvStrings = args;
-    argvStrings.insert(argvStrings.begin(), zprunPath());
-    std::vector<char*> argv;
-    for (std::string& a : argvStrings) argv.push_back(&a[0]);
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      int inFd = stdinData != nullptr ? in[0] : open("/dev/null", O_RDONLY);
-      dup2(inFd, 0);
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      execv(argv[0], argv.data());
-      _exit(99);
-    }
-    close(out[1]);
-    close(err[1]);
-    outFd_ = out[0];
-    errFd_ = err[0];
-    if (stdinData != nullptr) {
-      close(in[0]);
-      // Small inputs only: fits in the pipe, so this cannot block.
-      ssize_t n = write(in[1], stdinData, strlen(stdinData));
-      (void)n;
-      close(in[1]);
-    }
-  }
-
-  ~Launch() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (outFd_ >= 0) close(outFd_);
-    if (errFd_ >= 0) close(errFd_);
-  }
-
-  pid_t pid() const { return pid_; }
+  explicit Launch(const std::vector<std::string>& args, const char* stdinData = nullptr)
+      : Child(zprunCommand(args), stdinData) {}
 
   // Reads the output until zprun closes it, then reaps zprun. A zprun that
   // runs longer than limitSec is killed (the result shows it).
-  Result finish(double limitSec = 60) {
-    Result r;
-    double deadline = nowSec() + limitSec;
-    while (outFd_ >= 0 || errFd_ >= 0) {
-      pollfd fds[2];
-      int n = 0;
-      if (outFd_ >= 0) fds[n++] = {outFd_, POLLIN, 0};
-      if (errFd_ >= 0) fds[n++] = {errFd_, POLLIN, 0};
-      int left = static_cast<int>((deadline - nowSec()) * 1000);
-      if (left <= 0 || poll(fds, n, left) == 0) {
-        kill(pid_, SIGKILL);
-        break;
-      }
-      for (int k = 0; k < n; ++k) {
-        if (!fds[k].revents) continue;
-        int* fd = fds[k].fd == outFd_ ? &outFd_ : &errFd_;
-        std::string* text = fds[k].fd == outFd_ ? &r.out : &r.err;
-        char buf[4096];
-        ssize_t got = read(*fd, buf, sizeof buf);
-        if (got > 0) {
-          text->append(buf, got);
-        } else if (got == 0 || errno != EINTR) {
-          close(*fd);
-          *fd = -1;
-        }
-      }
-    }
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    if (WIFEXITED(status)) r.exitCode = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.termSignal = WTERMSIG(status);
-    r.seconds = nowSec() - start_;
-    return r;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int outFd_ = -1, errFd_ = -1;
-  double start_ = 0;
+  Result finish(double limitSec = 60) { return Child::finish(limitSec); }
 };
 
 Result run(const std::vector<std::string>& args, const char* stdinData = nullptr,
            double limitSec = 60) {
   Launch launch(args, stdinData);
   return launch.finish(limitSec);
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> v;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) v.push_back(l);
-  return v;
 }
 
 std::multiset<std::string> lineSet(const std::string& text) {
@@ -173,57 +54,13 @@ int countOf(const std::string& text, const std::string& needle) {
   return n;
 }
 
-// A fresh directory for files the ranks write.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/zprun_test_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// A fresh directory /tmp/zprun_test_* for files the ranks write.
+struct TempDir : zptest::TempDir {
+  TempDir() : zptest::TempDir("zprun_test") {}
 };
 
-// Waits until count files pid0..pid{count-1} exist in dir and returns the pids
-// they hold (written by ranks as `echo $$ > dir/pid$ZP_RANK`).
-std::vector<pid_t> waitForPidFiles(const std::string& dir, int count, double limitSec = 20) {
-  std::vector<pid_t> pids;
-  double deadline = nowSec() + limitSec;
-  while (nowSec() < deadline) {
-    pids.clear();
-    for (int r = 0; r < count; ++r) {
-      std::ifstream f(dir + "/pid" + std::to_string(r));
-      long pid = 0;
-      if (f >> pid && pid > 0) pids.push_back(static_cast<pid_t>(pid));
-    }
-    if (static_cast<int>(pids.size()) == count) return pids;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pids;
-}
-
-// True if pid is gone or a zombie (dead, waiting for a reaper that is not us).
-bool isDead(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t paren = all.rfind(')');
-  return paren == std::string::npos || (paren + 2 < all.size() && all[paren + 2] == 'Z');
-}
-
-bool allDeadWithin(const std::vector<pid_t>& pids, double limitSec) {
-  double deadline = nowSec() + limitSec;
-  for (;;) {
-    bool all = true;
-    for (pid_t p : pids) all = all && isDead(p);
-    if (all) return true;
-    if (nowSec() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
+// How long the ranks may take to write their pid files.
+constexpr double kRanksStartSec = 20;
 
 // ---------------------------------------------------------------------------
 
@@ -450,7 +287,7 @@ TEST(Zprun, SigintIsForwardedToAllRanks) {
   Launch launch({"-n", "3", "sh", "-c",
                  "trap 'echo got INT $ZP_RANK; exit 9' INT; echo $$ > " + dir.path() +
                      "/pid$ZP_RANK; sleep 60 & wait"});
-  auto pids = waitForPidFiles(dir.path(), 3);
+  auto pids = waitForPidFiles(dir.path(), 3, kRanksStartSec);
   ASSERT_EQ(pids.size(), 3u);
   kill(launch.pid(), SIGINT);
   Result r = launch.finish();
@@ -464,7 +301,7 @@ TEST(Zprun, SigintIsForwardedToAllRanks) {
 TEST(Zprun, SigtermEndsTheJobNonZero) {
   TempDir dir;
   Launch launch({"-n", "2", "sh", "-c", "echo $$ > " + dir.path() + "/pid$ZP_RANK; exec sleep 60"});
-  auto pids = waitForPidFiles(dir.path(), 2);
+  auto pids = waitForPidFiles(dir.path(), 2, kRanksStartSec);
   ASSERT_EQ(pids.size(), 2u);
   kill(launch.pid(), SIGTERM);
   Result r = launch.finish();
@@ -478,7 +315,7 @@ TEST(Zprun, InterruptedJobIsNeverSuccessful) {
   TempDir dir;
   Launch launch({"-n", "2", "sh", "-c",
                  "trap 'exit 0' INT; echo $$ > " + dir.path() + "/pid$ZP_RANK; sleep 60 & wait"});
-  ASSERT_EQ(waitForPidFiles(dir.path(), 2).size(), 2u);
+  ASSERT_EQ(waitForPidFiles(dir.path(), 2, kRanksStartSec).size(), 2u);
   kill(launch.pid(), SIGINT);
   Result r = launch.finish();
   EXPECT_EQ(r.exitCode, 128 + SIGINT) << r.err;
@@ -488,7 +325,7 @@ TEST(Zprun, SecondSignalKillsAtOnce) {
   TempDir dir;
   Launch launch({"-n", "2", "--grace", "30", "sh", "-c",
                  "trap '' INT TERM; echo $$ > " + dir.path() + "/pid$ZP_RANK; sleep 60"});
-  ASSERT_EQ(waitForPidFiles(dir.path(), 2).size(), 2u);
+  ASSERT_EQ(waitForPidFiles(dir.path(), 2, kRanksStartSec).size(), 2u);
   kill(launch.pid(), SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(launch.pid(), SIGINT);
@@ -502,7 +339,7 @@ TEST(Zprun, RanksDieWithZprun) {
   // Even SIGKILL, which zprun cannot catch, takes the ranks with it.
   TempDir dir;
   Launch launch({"-n", "3", "sh", "-c", "echo $$ > " + dir.path() + "/pid$ZP_RANK; exec sleep 60"});
-  auto pids = waitForPidFiles(dir.path(), 3);
+  auto pids = waitForPidFiles(dir.path(), 3, kRanksStartSec);
   ASSERT_EQ(pids.size(), 3u);
   kill(launch.pid(), SIGKILL);
   Result r = launch.finish();
