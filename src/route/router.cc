@@ -17,7 +17,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
-#include <deque>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -287,15 +287,21 @@ zpResult_t classify(const Net& net, const RouteParams& p, RouteMode mode, std::v
     if (p.railOnly) routable = anyUsableRail(net, t.a, t.b);
     else routable = anyOwned(net, t.a) && anyOwned(net, t.b);
     bool wantDirect = mode == RouteMode::kOff || t.bytes < p.directBelow || !routable;
+    auto noDirect = [&] {
+      if (t.rd < 0) return strf("rank %d has no NIC", t.dst);
+      if (!p.railOnly && t.rs < 0) return strf("rank %d has no NIC", t.src);
+      return strf("node %d has no NIC %d, the NIC of rank %d", t.a, t.rd, t.dst);
+    };
     if (mode == RouteMode::kOff && !t.hasDirect)
-      return bad(why, strf("router: %d (node %d) -> %d (node %d): no direct path (node %d has no "
-                           "NIC %d, the NIC of rank %d) and routing is off",
-                           t.src, t.a, t.dst, t.b, t.a, t.rd, t.dst));
+      return bad(why, strf("router: %d (node %d) -> %d (node %d): no direct path (%s) and routing "
+                           "is off", t.src, t.a, t.dst, t.b, noDirect().c_str()));
     if (wantDirect && t.hasDirect) {
       t.direct = true;
     } else if (!routable) {
-      return bad(why, strf("router: %d (node %d) -> %d (node %d): no path (no direct path and no "
-                           "rail with an owner on both nodes)", t.src, t.a, t.dst, t.b));
+      return bad(why, strf("router: %d (node %d) -> %d (node %d): no path: no direct path (%s), and "
+                           "%s", t.src, t.a, t.dst, t.b, noDirect().c_str(),
+                           p.railOnly ? "no rail has an owner on both nodes"
+                                      : "one of the nodes has no NIC with an owner"));
     }
   }
   return zpSuccess;
@@ -396,64 +402,98 @@ double boundOf(const Net& net, const RouteParams& p, const std::vector<RT>& rts)
 
 // ---------------------------------------------------------------------------
 // Water-filling of n unit items over rails. Rail i's level after x items is
-// max(A_i + x u_i, B_i + x v_i) + pen_i; each item goes where the level after
-// it is lowest (lowest index on ties). Bulk: a binary search on the level,
-// then the last few items one by one.
+// max(A_i + x u_i, B_i + x v_i) + pen_i. Each item goes where the level after
+// it is lowest (lowest index on ties): first among the rails below their cap
+// (cap_i items; no caps if cap is empty), then, for what is left, among all.
+// Bulk: a binary search on the level, then the last few items one by one.
 
 struct Fill {
   std::vector<double> A, B, u, v, pen;
+  std::vector<i64> cap;
   double level(size_t i, double x) const { return std::max(A[i] + x * u[i], B[i] + x * v[i]) + pen[i]; }
-  // How many items rail i takes below or at level L.
-  i64 take(size_t i, double L, i64 cap) const {
+  // Items rail i holds at or below level L, at most lim.
+  i64 take(size_t i, double L, i64 lim) const {
     double xa = (L - pen[i] - A[i]) / u[i], xb = (L - pen[i] - B[i]) / v[i];
     double x = std::floor(std::min(xa, xb));
     if (!(x > 0)) return 0;
-    if (x >= (double)cap) return cap;
+    if (x >= (double)lim) return lim;
     return (i64)x;
   }
   void run(i64 n, std::vector<i64>* cnt) const {
-    size_t m = A.size();
-    cnt->assign(m, 0);
-    if (n <= 0 || m == 0) return;
+    cnt->assign(A.size(), 0);
+    if (n <= 0 || A.empty()) return;
     i64 left = n;
-    if (n > (i64)(64 * m)) {
+    if (!cap.empty()) {
+      i64 room = 0;
+      for (i64 c : cap) room += std::min(std::max<i64>(c, 0), n);
+      left -= place(std::min(n, room), cnt, true);
+    }
+    place(left, cnt, false);
+  }
+  // Places up to n more items on top of cnt; returns how many it placed.
+  i64 place(i64 n, std::vector<i64>* cnt, bool capped) const {
+    size_t m = A.size();
+    if (n <= 0) return 0;
+    auto lim = [&](size_t i) { return capped ? std::max<i64>(cap[i], 0) : (*cnt)[i] + n; };
+    auto added = [&](size_t i, double L) { return std::max<i64>(0, take(i, L, lim(i)) - (*cnt)[i]); };
+    i64 left = n;
+    if (n > 64) {
       double lo = std::numeric_limits<double>::infinity(), hi = 0;
       for (size_t i = 0; i < m; i++) {
-        lo = std::min(lo, level(i, 1) - 1e-300);
-        hi = std::max(hi, level(i, (double)n));
+        if ((*cnt)[i] < lim(i)) lo = std::min(lo, level(i, (double)((*cnt)[i] + 1)));
+        hi = std::max(hi, level(i, (double)std::max<i64>(lim(i), 1)));
       }
-      lo = std::min(lo, hi);
-      for (int it = 0; it < 200 && lo < hi; it++) {
+      lo = std::nextafter(std::min(lo, hi), -std::numeric_limits<double>::infinity());
+      for (int it = 0; it < 128 && lo < hi; it++) {
         double mid = lo + (hi - lo) / 2;
         if (mid <= lo || mid >= hi) break;
         i64 s = 0;
-        for (size_t i = 0; i < m && s < n; i++) s += take(i, mid, n);
+        for (size_t i = 0; i < m && s < n; i++) s += added(i, mid);
         if (s >= n) hi = mid;
         else lo = mid;
       }
+      std::vector<i64> add(m);
       i64 s = 0;
-      for (size_t i = 0; i < m; i++) {
-        (*cnt)[i] = take(i, lo, n);
-        s += (*cnt)[i];
+      for (size_t i = 0; i < m; i++) s += (add[i] = added(i, lo));
+      if (s < n) {  // below n by construction
+        for (size_t i = 0; i < m; i++) (*cnt)[i] += add[i];
+        left = n - s;
       }
-      if (s > n) {  // cannot happen with an exact search; be safe
-        for (size_t i = 0; i < m; i++) (*cnt)[i] = 0;
-        s = 0;
-      }
-      left = n - s;
     }
-    for (; left > 0; left--) {
-      size_t best = 0;
-      double bl = level(0, (double)((*cnt)[0] + 1));
-      for (size_t i = 1; i < m; i++) {
-        double l = level(i, (double)((*cnt)[i] + 1));
-        if (l < bl) {
-          bl = l;
-          best = i;
+    if (m <= 8) {
+      for (; left > 0; left--) {
+        size_t best = m;
+        double bl = 0;
+        for (size_t i = 0; i < m; i++) {
+          if (capped && (*cnt)[i] >= lim(i)) continue;
+          double l = level(i, (double)((*cnt)[i] + 1));
+          if (best == m || l < bl) {
+            bl = l;
+            best = i;
+          }
         }
+        if (best == m) break;
+        (*cnt)[best]++;
       }
-      (*cnt)[best]++;
+      return n - left;
     }
+    // Many rails: a heap of (level after the next item, rail).
+    std::vector<std::pair<double, size_t>> heap;
+    for (size_t i = 0; i < m; i++)
+      if (!capped || (*cnt)[i] < lim(i)) heap.push_back({level(i, (double)((*cnt)[i] + 1)), i});
+    auto cmp = std::greater<std::pair<double, size_t>>();
+    std::make_heap(heap.begin(), heap.end(), cmp);
+    for (; left > 0 && !heap.empty(); left--) {
+      std::pop_heap(heap.begin(), heap.end(), cmp);
+      size_t i = heap.back().second;
+      heap.pop_back();
+      (*cnt)[i]++;
+      if (!capped || (*cnt)[i] < lim(i)) {
+        heap.push_back({level(i, (double)((*cnt)[i] + 1)), i});
+        std::push_heap(heap.begin(), heap.end(), cmp);
+      }
+    }
+    return n - left;
   }
 };
 
@@ -462,12 +502,15 @@ struct Fill {
 
 class RailBalancer {
  public:
-  RailBalancer(const Net& net, const RouteParams& p, std::vector<RT>& rts)
-      : net_(net), p_(p), rts_(rts), C_((i64)p.chunkBytes), N_(net.N), T_(net.totalNics) {}
+  // bound: the lower bound (seconds); every NIC is kept within one chunk of
+  // it where that is possible.
+  RailBalancer(const Net& net, const RouteParams& p, std::vector<RT>& rts, double bound)
+      : net_(net), p_(p), rts_(rts), C_((i64)p.chunkBytes), N_(net.N), T_(net.totalNics), bound_(bound) {}
 
-  // Per routed transfer: its full chunks by rail, and the rail of its tail.
-  std::vector<std::vector<std::pair<int, u64>>> railChunks;
-  std::vector<int> tailRail;
+  // Routed transfer i: its full chunks by rail are chunks[chunkBegin[i] ..
+  // chunkEnd[i]) as (rail, count), its tail goes on rail tailRail[i].
+  std::vector<std::pair<int, u64>> chunks;
+  std::vector<int> chunkBegin, chunkEnd, tailRail;
 
   void run() {
     build();
@@ -477,20 +520,20 @@ class RailBalancer {
   }
 
  private:
+  // Routed transfers of one node pair (a, b) with the same own rails (rs, rd).
   struct Group {
     int pair, rs, rd;
-    i64 nFull = 0;
-    std::vector<i64> y;    // by rail < kab
-    std::vector<int> rts;  // transfer indices, by (src, dst)
+    i64 nFull;
+    int yOff;            // its full chunks by rail: gy_[yOff + rail]
+    int rtBegin, rtEnd;  // its transfers: order_[rtBegin .. rtEnd)
   };
   struct PairS {
     int a, b, kab;
-    std::vector<char> usable;
-    std::vector<int> rails;  // usable rails, ascending
-    std::vector<i64> Y;      // full chunks by rail
-    std::vector<int> groups;
-    std::vector<int> tails;  // transfers with a tail
-    u64 bytes = 0;
+    int off;                 // usable_[off + rail], Y_[off + rail]
+    int railBegin, railEnd;  // rails_[railBegin .. railEnd): usable rails, ascending
+    int gBegin, gEnd;        // groups_
+    int rtBegin, rtEnd;      // order_
+    u64 bytes;
   };
 
   const Net& net_;
@@ -498,22 +541,43 @@ class RailBalancer {
   std::vector<RT>& rts_;
   const i64 C_;
   const int N_, T_;
+  const double bound_;
+  std::vector<int> order_;     // routed transfers by (a, b, rs, rd, index)
   std::vector<PairS> pairs_;
   std::vector<Group> groups_;
-  std::vector<std::vector<int>> adj_;  // by vertex (send a: a, recv b: N + b): pairs
-  std::vector<i64> L_;                 // by load index: send (a,k) = g(a,k), recv = T + g(b,k)
-  std::vector<i64> F_;                 // full chunks, same index
-  std::vector<double> w_;              // potential weight, same index
-  std::vector<double> bwL_;            // bandwidth, same index
-  std::vector<int> stamp_, parentV_, parentP_;
+  std::vector<char> usable_;
+  std::vector<i64> Y_;         // full chunks of a pair on a rail
+  std::vector<int> rails_;
+  std::vector<i64> gy_;        // full chunks of a group on a rail
+  std::vector<int> pairOfRt_;  // by transfer
+  std::vector<std::vector<int>> adj_;  // by vertex (send a: a, receive b: N + b): its pairs
+  std::vector<i64> L_;         // bytes by load index: send (a,k) = g(a,k), receive T + g(b,k)
+  std::vector<i64> F_;         // full chunks, same index
+  std::vector<double> w_;      // potential weight, same index
+  std::vector<double> bwL_;    // bandwidth, same index
+  std::vector<double> inv_;    // 1 / bandwidth, same index
+  std::vector<double> capB_;   // bound x bandwidth + one chunk, bytes, same index
+  std::vector<int> stamp_, parentV_, parentP_, queue_;
+  std::vector<std::pair<int, int>> cand_;
   int stampNow_ = 0;
   double lambda_ = 0, eps_ = 0;
 
-  int h(const Group& g, int k) const { return (k != g.rs) + (k != g.rd); }
+  i64& Y(const PairS& P, int k) { return Y_[(size_t)(P.off + k)]; }
+  bool usable(const PairS& P, int k) const { return k < P.kab && usable_[(size_t)(P.off + k)]; }
+  i64& gy(const Group& G, int k) { return gy_[(size_t)(G.yOff + k)]; }
+  int h(int rs, int rd, int k) const { return (k != rs) + (k != rd); }
   int vnode(int v) const { return v < N_ ? v : v - N_; }
   int li(int v, int k) const { return v < N_ ? net_.g(v, k) : T_ + net_.g(v - N_, k); }
-  double time(int idx) const { return (double)L_[(size_t)idx] / bwL_[(size_t)idx]; }
-  // Change of the potential when idx gain receives x bytes that idx lose gives.
+  double time(int idx) const { return (double)L_[(size_t)idx] * inv_[(size_t)idx]; }
+  // Past the bound: worth relieving.
+  bool hot(int idx) const { return (double)L_[(size_t)idx] + (double)C_ > capB_[(size_t)idx]; }
+  bool overCap(int idx) const { return (double)L_[(size_t)idx] > capB_[(size_t)idx]; }
+  // Whether NIC idx may take x more bytes: at most its cap, unless the move
+  // relieves a NIC over its cap (then the caller's time limit rules alone).
+  bool fits(int idx, double x, bool relief) const {
+    return relief || (double)L_[(size_t)idx] + x <= capB_[(size_t)idx];
+  }
+  // Change of the potential sum(w L^2) when idx gain takes x bytes from idx lose.
   double dPhi(int gain, int lose, double x) const {
     double lg = (double)L_[(size_t)gain], ll = (double)L_[(size_t)lose];
     return w_[(size_t)gain] * (2 * lg * x + x * x) + w_[(size_t)lose] * (x * x - 2 * ll * x);
@@ -525,72 +589,87 @@ class RailBalancer {
     F_.assign(nl, 0);
     w_.resize(nl);
     bwL_.resize(nl);
+    inv_.resize(nl);
+    capB_.resize(nl);
     for (int side = 0; side < 2; side++)
       for (int gi = 0; gi < T_; gi++) {
         size_t idx = (size_t)(side * T_ + gi);
-        int n = net_.nicNode[(size_t)gi];
         bwL_[idx] = net_.bw[(size_t)gi];
-        w_[idx] = net_.nodeMeanBw[(size_t)n] / net_.bw[(size_t)gi];
+        inv_[idx] = 1 / net_.bw[(size_t)gi];
+        capB_[idx] = (bound_ * net_.bw[(size_t)gi] + (double)C_) * (1 + 1e-12);
+        w_[idx] = net_.nodeMeanBw[(size_t)net_.nicNode[(size_t)gi]] / net_.bw[(size_t)gi];
       }
     adj_.assign((size_t)N_ * 2, {});
-    railChunks.assign(rts_.size(), {});
+    chunkBegin.assign(rts_.size(), 0);
+    chunkEnd.assign(rts_.size(), 0);
     tailRail.assign(rts_.size(), -1);
-    // Direct transfers are fixed loads.
-    std::vector<int> order;
+    pairOfRt_.assign(rts_.size(), -1);
     for (size_t i = 0; i < rts_.size(); i++) {
       const RT& t = rts_[i];
-      if (t.direct) {
+      if (t.direct) {  // fixed loads
         L_[(size_t)li(t.a, t.dSend)] += (i64)t.bytes;
         L_[(size_t)li(N_ + t.b, t.dRecv)] += (i64)t.bytes;
       } else {
-        order.push_back((int)i);
+        order_.push_back((int)i);
       }
     }
-    std::sort(order.begin(), order.end(), [&](int x, int y) {
-      const RT& s = rts_[(size_t)x];
-      const RT& t = rts_[(size_t)y];
-      if (s.a != t.a) return s.a < t.a;
-      if (s.b != t.b) return s.b < t.b;
-      if (s.rs != t.rs) return s.rs < t.rs;
-      if (s.rd != t.rd) return s.rd < t.rd;
-      return x < y;  // rts are by (src, dst)
-    });
-    for (size_t oi = 0; oi < order.size(); oi++) {
-      int i = order[oi];
+    {
+      struct Key {
+        int a, b, rs, rd, i;
+        bool operator<(const Key& o) const {
+          if (a != o.a) return a < o.a;
+          if (b != o.b) return b < o.b;
+          if (rs != o.rs) return rs < o.rs;
+          if (rd != o.rd) return rd < o.rd;
+          return i < o.i;
+        }
+      };
+      std::vector<Key> keys;
+      keys.reserve(order_.size());
+      for (int i : order_) {
+        const RT& t = rts_[(size_t)i];
+        keys.push_back({t.a, t.b, t.rs, t.rd, i});
+      }
+      std::sort(keys.begin(), keys.end());
+      for (size_t x = 0; x < keys.size(); x++) order_[x] = keys[x].i;
+    }
+    for (int pos = 0; pos < (int)order_.size(); pos++) {
+      int i = order_[(size_t)pos];
       const RT& t = rts_[(size_t)i];
       if (pairs_.empty() || pairs_.back().a != t.a || pairs_.back().b != t.b) {
         PairS P;
         P.a = t.a;
         P.b = t.b;
         P.kab = std::min(net_.K[(size_t)t.a], net_.K[(size_t)t.b]);
-        P.usable.assign((size_t)P.kab, 0);
-        P.Y.assign((size_t)P.kab, 0);
-        for (int k = 0; k < P.kab; k++)
-          if (net_.usable(t.a, t.b, k)) {
-            P.usable[(size_t)k] = 1;
-            P.rails.push_back(k);
-          }
-        pairs_.push_back(std::move(P));
+        P.off = (int)usable_.size();
+        P.railBegin = (int)rails_.size();
+        for (int k = 0; k < P.kab; k++) {
+          bool u = net_.usable(t.a, t.b, k);
+          usable_.push_back(u);
+          Y_.push_back(0);
+          if (u) rails_.push_back(k);
+        }
+        P.railEnd = (int)rails_.size();
+        P.gBegin = P.gEnd = (int)groups_.size();
+        P.rtBegin = pos;
+        P.bytes = 0;
+        pairs_.push_back(P);
         adj_[(size_t)t.a].push_back((int)pairs_.size() - 1);
         adj_[(size_t)(N_ + t.b)].push_back((int)pairs_.size() - 1);
       }
-      int pi = (int)pairs_.size() - 1;
       PairS& P = pairs_.back();
-      P.bytes += t.bytes;
-      if (t.tail) P.tails.push_back(i);
-      if (P.groups.empty() || groups_[(size_t)P.groups.back()].rs != t.rs ||
-          groups_[(size_t)P.groups.back()].rd != t.rd) {
-        Group G;
-        G.pair = pi;
-        G.rs = t.rs;
-        G.rd = t.rd;
-        G.y.assign((size_t)P.kab, 0);
-        groups_.push_back(std::move(G));
-        P.groups.push_back((int)groups_.size() - 1);
+      int pi = (int)pairs_.size() - 1;
+      if (P.gEnd == P.gBegin || groups_.back().rs != t.rs || groups_.back().rd != t.rd) {
+        groups_.push_back({pi, t.rs, t.rd, 0, (int)gy_.size(), pos, pos});
+        gy_.resize(gy_.size() + (size_t)P.kab, 0);
+        P.gEnd = (int)groups_.size();
       }
       Group& G = groups_.back();
       G.nFull += (i64)t.nFull;
-      G.rts.push_back(i);
+      G.rtEnd = pos + 1;
+      P.rtEnd = pos + 1;
+      P.bytes += t.bytes;
+      pairOfRt_[(size_t)i] = pi;
     }
     stamp_.assign((size_t)N_ * 2, 0);
     parentV_.assign((size_t)N_ * 2, -1);
@@ -602,8 +681,8 @@ class RailBalancer {
 
   void addChunks(int pi, int gi, int k, i64 x) {
     PairS& P = pairs_[(size_t)pi];
-    groups_[(size_t)gi].y[(size_t)k] += x;
-    P.Y[(size_t)k] += x;
+    gy(groups_[(size_t)gi], k) += x;
+    Y(P, k) += x;
     int s = li(P.a, k), r = li(N_ + P.b, k);
     L_[(size_t)s] += x * C_;
     L_[(size_t)r] += x * C_;
@@ -611,8 +690,10 @@ class RailBalancer {
     F_[(size_t)r] += x;
   }
 
+  // Pairs largest first; in each, each group's chunks water-filled over the
+  // pair's rails (relay hops charged); then the tails, largest first.
   void greedy() {
-    std::vector<int> order((size_t)pairs_.size());
+    std::vector<int> order(pairs_.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = (int)i;
     std::sort(order.begin(), order.end(), [&](int x, int y) {
       u64 bx = pairs_[(size_t)x].bytes, by = pairs_[(size_t)y].bytes;
@@ -623,85 +704,83 @@ class RailBalancer {
     Fill f;
     std::vector<i64> cnt;
     for (int pi : order) {
-      PairS& P = pairs_[(size_t)pi];
-      for (int gi : P.groups) {
+      const PairS& P = pairs_[(size_t)pi];
+      size_t m = (size_t)(P.railEnd - P.railBegin);
+      f.A.resize(m);
+      f.B.resize(m);
+      f.u.resize(m);
+      f.v.resize(m);
+      f.pen.resize(m);
+      f.cap.resize(m);
+      for (int gi = P.gBegin; gi < P.gEnd; gi++) {
         const Group& G = groups_[(size_t)gi];
         if (!G.nFull) continue;
-        size_t m = P.rails.size();
-        f.A.resize(m);
-        f.B.resize(m);
-        f.u.resize(m);
-        f.v.resize(m);
-        f.pen.resize(m);
         for (size_t i = 0; i < m; i++) {
-          int k = P.rails[i];
+          int k = rails_[(size_t)P.railBegin + i];
           int s = li(P.a, k), r = li(N_ + P.b, k);
+          double room = std::min(capB_[(size_t)s] - (double)L_[(size_t)s], capB_[(size_t)r] - (double)L_[(size_t)r]);
+          f.cap[i] = room <= 0 ? 0 : room >= 4e18 ? (i64)4e18 : (i64)(room / C);
           f.A[i] = time(s);
           f.B[i] = time(r);
-          f.u[i] = C / bwL_[(size_t)s];
-          f.v[i] = C / bwL_[(size_t)r];
-          f.pen[i] = p_.shmCost * h(G, k) * 0.5 * (f.u[i] + f.v[i]);
+          f.u[i] = C * inv_[(size_t)s];
+          f.v[i] = C * inv_[(size_t)r];
+          f.pen[i] = p_.shmCost * h(G.rs, G.rd, k) * 0.5 * (f.u[i] + f.v[i]);
         }
         f.run(G.nFull, &cnt);
         for (size_t i = 0; i < m; i++)
-          if (cnt[i]) addChunks(pi, gi, P.rails[i], cnt[i]);
+          if (cnt[i]) addChunks(pi, gi, rails_[(size_t)P.railBegin + i], cnt[i]);
       }
     }
-    // Tails, largest first.
-    std::vector<int> tails;
-    for (const PairS& P : pairs_)
-      for (int i : P.tails) tails.push_back(i);
-    std::sort(tails.begin(), tails.end(), [&](int x, int y) {
-      u64 tx = rts_[(size_t)x].tail, ty = rts_[(size_t)y].tail;
-      if (tx != ty) return tx > ty;
-      return x < y;
-    });
-    for (int i : tails) {
+    struct Tail {  // all the loop needs, so that it reads no transfer
+      u64 bytes;
+      int i, pair, rs, rd;
+      bool operator<(const Tail& o) const { return bytes != o.bytes ? bytes > o.bytes : i < o.i; }
+    };
+    std::vector<Tail> tails;
+    for (int i : order_) {
       const RT& t = rts_[(size_t)i];
-      const PairS& P = pairs_[(size_t)pairOf(i)];
-      double x = (double)t.tail;
+      if (t.tail) tails.push_back({t.tail, i, pairOfRt_[(size_t)i], t.rs, t.rd});
+    }
+    std::sort(tails.begin(), tails.end());
+    for (const Tail& t : tails) {
+      int i = t.i;
+      const PairS& P = pairs_[(size_t)t.pair];
+      double x = (double)t.bytes;
       int best = -1;
+      bool bestFits = false;
       double bl = 0;
-      for (int k : P.rails) {
+      for (int ri = P.railBegin; ri < P.railEnd; ri++) {
+        int k = rails_[(size_t)ri];
         int s = li(P.a, k), r = li(N_ + P.b, k);
-        double us = x / bwL_[(size_t)s], ur = x / bwL_[(size_t)r];
-        int hops = (k != t.rs) + (k != t.rd);
-        double l = std::max(time(s) + us, time(r) + ur) + p_.shmCost * hops * 0.5 * (us + ur);
-        if (best < 0 || l < bl) {
+        double us = x * inv_[(size_t)s], ur = x * inv_[(size_t)r];
+        double l = std::max(time(s) + us, time(r) + ur) + p_.shmCost * h(t.rs, t.rd, k) * 0.5 * (us + ur);
+        bool ok = fits(s, x, false) && fits(r, x, false);  // within the caps first
+        if (best < 0 || (ok && !bestFits) || (ok == bestFits && l < bl)) {
           bl = l;
           best = k;
+          bestFits = ok;
         }
       }
       tailRail[(size_t)i] = best;
-      L_[(size_t)li(P.a, best)] += (i64)t.tail;
-      L_[(size_t)li(N_ + P.b, best)] += (i64)t.tail;
+      L_[(size_t)li(P.a, best)] += (i64)t.bytes;
+      L_[(size_t)li(N_ + P.b, best)] += (i64)t.bytes;
     }
   }
 
-  std::vector<int> pairOfRt_;
-  int pairOf(int rt) {
-    if (pairOfRt_.empty()) {
-      pairOfRt_.assign(rts_.size(), -1);
-      for (const Group& G : groups_)
-        for (int i : G.rts) pairOfRt_[(size_t)i] = G.pair;
-    }
-    return pairOfRt_[(size_t)rt];
-  }
-
-  // Moves of x chunks of pair pi from rail p to rail q, through the groups
-  // that gain the fewest relay hops; returns the change in hops x chunks.
-  i64 planFlip(int pi, int p, int q, i64 x, std::vector<std::pair<int, i64>>* takes) const {
+  // Plans moving x full chunks of pair pi from rail p to rail q through the
+  // groups that gain the fewest relay hops; returns the change in chunk-hops.
+  i64 planFlip(int pi, int p, int q, i64 x, std::vector<std::pair<int, i64>>* takes) {
     const PairS& P = pairs_[(size_t)pi];
-    std::vector<std::pair<int, int>> cand;  // (delta hops, group)
-    for (int gi : P.groups) {
+    cand_.clear();
+    for (int gi = P.gBegin; gi < P.gEnd; gi++) {
       const Group& G = groups_[(size_t)gi];
-      if (G.y[(size_t)p] > 0) cand.push_back({h(G, q) - h(G, p), gi});
+      if (gy(G, p) > 0) cand_.push_back({h(G.rs, G.rd, q) - h(G.rs, G.rd, p), gi});
     }
-    std::sort(cand.begin(), cand.end());
+    std::sort(cand_.begin(), cand_.end());
     i64 dh = 0;
-    for (const auto& c : cand) {
+    for (const auto& c : cand_) {
       if (!x) break;
-      i64 y = std::min(x, groups_[(size_t)c.second].y[(size_t)p]);
+      i64 y = std::min(x, gy(groups_[(size_t)c.second], p));
       if (takes) takes->push_back({c.second, y});
       dh += y * c.first;
       x -= y;
@@ -709,49 +788,51 @@ class RailBalancer {
     return dh;
   }
 
-  // One alternating-path move that takes full chunks off rail k of vertex v
-  // onto rail j; true if it improved the potential.
+  // An alternating path from vertex v: v gives full chunks of rail k to rail
+  // j, each vertex on the way gives back what it got on the other rail, the
+  // last one keeps the change. Breadth first; the first end vertex that makes
+  // the potential (plus relay charges) drop, without any NIC passing v's
+  // time on rail k, is taken. True if a move was made.
   bool tryChain(int v, int k, int j) {
     int vk = li(v, k), vj = li(v, j);
     double C = (double)C_;
     double Tcap = time(vk) * (1 + 1e-12);
-    if ((double)(L_[(size_t)vj] + C_) / bwL_[(size_t)vj] > Tcap) return false;
+    bool relief = overCap(vk);
+    if ((double)(L_[(size_t)vj] + C_) / bwL_[(size_t)vj] > Tcap || !fits(vj, C, relief)) return false;
     double dv = dPhi(vj, vk, C);
     if (!(dv < 0)) return false;
     int vside = v < N_ ? 0 : 1;
     stampNow_++;
-    std::deque<int> queue;
-    queue.push_back(v);
+    queue_.clear();
+    queue_.push_back(v);
     stamp_[(size_t)v] = stampNow_;
     parentV_[(size_t)v] = -1;
-    while (!queue.empty()) {
-      int u = queue.front();
-      queue.pop_front();
+    for (size_t qi = 0; qi < queue_.size(); qi++) {
+      int u = queue_[qi];
       int shed = ((u < N_ ? 0 : 1) == vside) ? k : j;
       int gain = shed == k ? j : k;
       for (int pi : adj_[(size_t)u]) {
-        const PairS& P = pairs_[(size_t)pi];
-        if (std::max(k, j) >= P.kab || !P.usable[(size_t)gain] || P.Y[(size_t)shed] == 0) continue;
+        PairS& P = pairs_[(size_t)pi];
+        if (!usable(P, gain) || !usable(P, shed) || Y(P, shed) == 0) continue;
         int w = u < N_ ? N_ + P.b : P.a;
         if (stamp_[(size_t)w] == stampNow_) continue;
         stamp_[(size_t)w] = stampNow_;
         parentV_[(size_t)w] = u;
         parentP_[(size_t)w] = pi;
         int wq = li(w, gain), wp = li(w, shed);
-        if ((double)(L_[(size_t)wq] + C_) / bwL_[(size_t)wq] <= Tcap) {
+        if ((double)(L_[(size_t)wq] + C_) / bwL_[(size_t)wq] <= Tcap && fits(wq, C, relief)) {
           double dw = dPhi(wq, wp, C);
-          if (dv + dw < -eps_ && applyPath(v, k, j, w, gain, shed, Tcap)) return true;
+          if (dv + dw < -eps_ && applyPath(v, k, j, w, gain, shed, Tcap, relief)) return true;
         }
-        queue.push_back(w);
+        queue_.push_back(w);
       }
     }
     return false;
   }
 
-  bool applyPath(int v, int k, int j, int w, int wq, int wp, double Tcap) {
-    // The edges, from w back to v: (pair, shed rail, gained rail).
+  bool applyPath(int v, int k, int j, int w, int wq, int wp, double Tcap, bool relief) {
     struct Edge {
-      int pi, p, q;
+      int pi, p, q;  // pair, rail it gives up, rail it gains
     };
     std::vector<Edge> path;
     int vside = v < N_ ? 0 : 1;
@@ -761,31 +842,33 @@ class RailBalancer {
       path.push_back({parentP_[(size_t)x], shed, shed == k ? j : k});
     }
     i64 qmax = std::numeric_limits<i64>::max();
-    for (const Edge& e : path) qmax = std::min(qmax, pairs_[(size_t)e.pi].Y[(size_t)e.p]);
+    for (const Edge& e : path) qmax = std::min(qmax, Y(pairs_[(size_t)e.pi], e.p));
     int ivk = li(v, k), ivj = li(v, j), iwq = li(w, wq), iwp = li(w, wp);
     double C = (double)C_;
-    // Potential change for x bytes: alpha x + beta x^2.
+    // Potential change for x bytes moved: alpha x + beta x^2; its best x.
     double alpha = 2 * (w_[(size_t)ivj] * (double)L_[(size_t)ivj] - w_[(size_t)ivk] * (double)L_[(size_t)ivk]) +
                    2 * (w_[(size_t)iwq] * (double)L_[(size_t)iwq] - w_[(size_t)iwp] * (double)L_[(size_t)iwp]);
     double beta = w_[(size_t)ivj] + w_[(size_t)ivk] + w_[(size_t)iwq] + w_[(size_t)iwp];
     double xs = -alpha / (2 * beta) / C;
     i64 q = xs >= (double)qmax ? qmax : (i64)std::llround(std::max(1.0, xs));
     q = std::max<i64>(1, std::min(q, qmax));
-    for (int idx : {ivj, iwq}) {
-      double room = std::floor((Tcap * bwL_[(size_t)idx] - (double)L_[(size_t)idx]) / C);
-      if (room < (double)q) q = std::max<i64>(1, (i64)std::max(1.0, room));
+    for (int idx : {ivj, iwq}) {  // nothing past v's time on rail k, nor a cap
+      double lim = Tcap * bwL_[(size_t)idx];
+      if (!relief) lim = std::min(lim, capB_[(size_t)idx]);
+      double room = std::floor((lim - (double)L_[(size_t)idx]) / C);
+      if (room < (double)q) q = (i64)std::max(1.0, room);
     }
     for (;;) {
       double x = (double)q * C;
-      double dphi = alpha * x + beta * x * x;
       i64 dh = 0;
       for (const Edge& e : path) dh += planFlip(e.pi, e.p, e.q, q, nullptr);
-      if (dphi + lambda_ * C * (double)dh < -eps_) break;
+      if (alpha * x + beta * x * x + lambda_ * C * (double)dh < -eps_) break;
       if (q == 1) return false;
       q = 1;
     }
+    std::vector<std::pair<int, i64>> takes;
     for (const Edge& e : path) {
-      std::vector<std::pair<int, i64>> takes;
+      takes.clear();
       planFlip(e.pi, e.p, e.q, q, &takes);
       for (const auto& t : takes) {
         addChunks(e.pi, t.first, e.p, -t.second);
@@ -795,25 +878,29 @@ class RailBalancer {
     return true;
   }
 
-  // Moves one tail to a better rail; true if it did.
+  // Moves one tail to the rail that lowers the potential most (no NIC
+  // passing the larger of its current two times); true if it did.
   bool tryTail(int i) {
     const RT& t = rts_[(size_t)i];
-    const PairS& P = pairs_[(size_t)pairOf(i)];
+    const PairS& P = pairs_[(size_t)pairOfRt_[(size_t)i]];
     int k = tailRail[(size_t)i];
     double x = (double)t.tail;
     int ak = li(P.a, k), bk = li(N_ + P.b, k);
+    if (!hot(ak) && !hot(bk)) return false;  // leave NICs below the bound alone
     double cap = std::max(time(ak), time(bk)) * (1 + 1e-12);
-    int hk = (k != t.rs) + (k != t.rd);
+    bool relief = overCap(ak) || overCap(bk);
+    int hk = h(t.rs, t.rd, k);
     int best = -1;
     double bd = -eps_;
-    for (int j : P.rails) {
+    for (int ri = P.railBegin; ri < P.railEnd; ri++) {
+      int j = rails_[(size_t)ri];
       if (j == k) continue;
       int aj = li(P.a, j), bj = li(N_ + P.b, j);
       if ((double)(L_[(size_t)aj] + (i64)t.tail) / bwL_[(size_t)aj] > cap ||
-          (double)(L_[(size_t)bj] + (i64)t.tail) / bwL_[(size_t)bj] > cap)
+          (double)(L_[(size_t)bj] + (i64)t.tail) / bwL_[(size_t)bj] > cap || !fits(aj, x, relief) ||
+          !fits(bj, x, relief))
         continue;
-      int hj = (j != t.rs) + (j != t.rd);
-      double d = dPhi(aj, ak, x) + dPhi(bj, bk, x) + lambda_ * x * (hj - hk);
+      double d = dPhi(aj, ak, x) + dPhi(bj, bk, x) + lambda_ * x * (h(t.rs, t.rd, j) - hk);
       if (d < bd) {
         bd = d;
         best = j;
@@ -828,11 +915,16 @@ class RailBalancer {
     return true;
   }
 
+  // Local search: at every vertex, chunks off its most loaded rail (that has
+  // full chunks) by alternating paths, then tail moves, until nothing moves.
   void descend() {
-    // Bounded work: planning must stay fast on big clusters.
-    i64 budget = 64 * (i64)(pairs_.size() + rts_.size()) + 100000;
+    i64 budget = 64 * (i64)(pairs_.size() + order_.size()) + 100000;  // bounded work
     std::vector<std::pair<double, int>> js;
     for (int sweep = 0; sweep < 1000 && budget > 0; sweep++) {
+      // Done when every NIC is within one chunk of the bound.
+      bool over = false;
+      for (size_t idx = 0; idx < L_.size() && !over; idx++) over = overCap((int)idx);
+      if (!over) break;
       i64 moves = 0;
       for (int v = 0; v < 2 * N_ && budget > 0; v++) {
         int n = vnode(v), K = net_.K[(size_t)n];
@@ -849,6 +941,7 @@ class RailBalancer {
           for (int r = 0; r < K; r++)
             if (r != k && net_.owned(n, r) && time(li(v, r)) < tk) js.push_back({time(li(v, r)), r});
           std::sort(js.begin(), js.end());
+          if (js.size() > 8) js.resize(8);  // the lightest rails are the likely ones
           bool ok = false;
           for (const auto& jj : js)
             if ((ok = tryChain(v, k, jj.second))) break;
@@ -856,136 +949,149 @@ class RailBalancer {
           moves++;
         }
       }
-      for (const PairS& P : pairs_)
-        for (int i : P.tails)
-          if (budget > 0 && tryTail(i)) {
-            moves++;
-            budget--;
-          }
+      for (int i : order_)
+        if (rts_[(size_t)i].tail && budget > 0 && tryTail(i)) {
+          moves++;
+          budget--;
+        }
       if (!moves) break;
     }
   }
 
-  // Per pair: the rails' chunks to groups with the fewest relay hops (hops
-  // 0 first, then a max flow for hops 1, then the rest), then to transfers.
+  // Per pair: the rails' chunks go to groups with the fewest relay hops
+  // (no hop first, then a max flow for one hop, then the rest), and each
+  // group's chunks to its transfers in order.
   void distribute() {
+    std::vector<i64> dem, sup;
+    chunks.reserve(order_.size());
     for (size_t pi = 0; pi < pairs_.size(); pi++) {
       PairS& P = pairs_[pi];
-      std::vector<i64> dem = P.Y;
-      std::vector<i64> sup;
-      for (int gi : P.groups) {
+      dem.assign(Y_.begin() + P.off, Y_.begin() + P.off + P.kab);
+      sup.clear();
+      for (int gi = P.gBegin; gi < P.gEnd; gi++) {
         Group& G = groups_[(size_t)gi];
-        std::fill(G.y.begin(), G.y.end(), 0);
+        std::fill(gy_.begin() + G.yOff, gy_.begin() + G.yOff + P.kab, 0);
         sup.push_back(G.nFull);
       }
-      size_t ng = P.groups.size();
-      auto give = [&](size_t gl, int k, i64 x) {
-        groups_[(size_t)P.groups[gl]].y[(size_t)k] += x;
-        sup[gl] -= x;
+      auto give = [&](int gl, int k, i64 x) {
+        gy(groups_[(size_t)(P.gBegin + gl)], k) += x;
+        sup[(size_t)gl] -= x;
         dem[(size_t)k] -= x;
       };
-      for (size_t gl = 0; gl < ng; gl++) {
-        const Group& G = groups_[(size_t)P.groups[gl]];
-        if (G.rs == G.rd && G.rs >= 0 && G.rs < P.kab && P.usable[(size_t)G.rs])
-          give(gl, G.rs, std::min(sup[gl], dem[(size_t)G.rs]));
+      int ng = P.gEnd - P.gBegin;
+      for (int gl = 0; gl < ng; gl++) {
+        const Group& G = groups_[(size_t)(P.gBegin + gl)];
+        if (G.rs == G.rd && G.rs >= 0 && usable(P, G.rs))
+          give(gl, G.rs, std::min(sup[(size_t)gl], dem[(size_t)G.rs]));
       }
       hopOneFlow(P, &sup, &dem, give);
-      for (size_t gl = 0; gl < ng; gl++)
-        for (int k : P.rails) {
-          if (!sup[gl]) break;
-          i64 x = std::min(sup[gl], dem[(size_t)k]);
+      for (int gl = 0; gl < ng; gl++)
+        for (int ri = P.railBegin; ri < P.railEnd && sup[(size_t)gl]; ri++) {
+          int k = rails_[(size_t)ri];
+          i64 x = std::min(sup[(size_t)gl], dem[(size_t)k]);
           if (x) give(gl, k, x);
         }
-      // Hand each group's chunks to its transfers in order.
-      for (int gi : P.groups) {
+      for (int gi = P.gBegin; gi < P.gEnd; gi++) {
         Group& G = groups_[(size_t)gi];
-        std::vector<i64> left = G.y;
-        size_t ri = 0;
-        for (int i : G.rts) {
+        int ri = P.railBegin;
+        for (int pos = G.rtBegin; pos < G.rtEnd; pos++) {
+          int i = order_[(size_t)pos];
+          chunkBegin[(size_t)i] = (int)chunks.size();
           i64 need = (i64)rts_[(size_t)i].nFull;
-          for (; need > 0 && ri < P.rails.size();) {
-            int k = P.rails[ri];
-            i64 x = std::min(need, left[(size_t)k]);
+          while (need > 0 && ri < P.railEnd) {
+            int k = rails_[(size_t)ri];
+            i64 x = std::min(need, gy(G, k));
             if (x) {
-              railChunks[(size_t)i].push_back({k, (u64)x});
-              left[(size_t)k] -= x;
+              chunks.push_back({k, (u64)x});
+              gy(G, k) -= x;
               need -= x;
             }
-            if (!left[(size_t)k]) ri++;
+            if (!gy(G, k)) ri++;
           }
+          chunkEnd[(size_t)i] = (int)chunks.size();
         }
       }
     }
   }
 
-  // Max flow from groups with one relay hop on a rail (rs or rd) to the
-  // rails' remaining chunks (Edmonds-Karp on a small graph).
+  // Max flow from the groups whose own rails differ (one relay hop on either
+  // of them) to the rails' remaining chunks: greedy pushes, then augmenting
+  // paths (Edmonds-Karp) on the small residual graph.
+  struct FlowEdge {
+    int to;
+    i64 cap;
+  };
+  std::vector<FlowEdge> fe_;
+  std::vector<std::vector<int>> fg_;
+  std::vector<int> prevE_, fq_;
   template <class Give>
   void hopOneFlow(const PairS& P, std::vector<i64>* sup, std::vector<i64>* dem, Give give) {
-    size_t ng = P.groups.size();
-    // Nodes: 0 source, 1..ng groups, ng+1..ng+kab rails, ng+kab+1 sink.
-    int S = 0, nR = P.kab, Tn = (int)ng + nR + 1, nn = Tn + 1;
-    struct E {
-      int to;
-      i64 cap;
-    };
-    std::vector<E> es;
-    std::vector<std::vector<int>> g((size_t)nn);
+    int ng = P.gEnd - P.gBegin;
+    int S = 0, Tn = ng + P.kab + 1, nn = Tn + 1;  // source, groups, rails, sink
+    fe_.clear();
+    if ((int)fg_.size() < nn) fg_.resize((size_t)nn);
+    for (int x = 0; x < nn; x++) fg_[(size_t)x].clear();
     auto add = [&](int u, int v, i64 c) {
-      g[(size_t)u].push_back((int)es.size());
-      es.push_back({v, c});
-      g[(size_t)v].push_back((int)es.size());
-      es.push_back({u, 0});
+      fg_[(size_t)u].push_back((int)fe_.size());
+      fe_.push_back({v, c});
+      fg_[(size_t)v].push_back((int)fe_.size());
+      fe_.push_back({u, 0});
+      return (int)fe_.size() - 2;
     };
-    std::vector<std::pair<int, int>> gEdges;  // (edge id, rail) per group edge
-    std::vector<int> gEdgeGroup;
-    bool any = false;
-    for (size_t gl = 0; gl < ng; gl++) {
-      const Group& G = groups_[(size_t)P.groups[gl]];
-      if (!(*sup)[gl] || G.rs == G.rd) continue;
-      bool has = false;
+    auto push = [&](int e, i64 f) {
+      fe_[(size_t)e].cap -= f;
+      fe_[(size_t)(e ^ 1)].cap += f;
+    };
+    std::vector<int> railEdge((size_t)P.kab, -1);
+    struct GE {
+      int gl, k, edge, srcEdge;
+    };
+    std::vector<GE> ges;
+    for (int gl = 0; gl < ng; gl++) {
+      const Group& G = groups_[(size_t)(P.gBegin + gl)];
+      if (!(*sup)[(size_t)gl] || G.rs == G.rd) continue;
+      int se = -1;
       for (int k : {G.rs, G.rd}) {
-        if (k < 0 || k >= P.kab || !P.usable[(size_t)k] || !(*dem)[(size_t)k]) continue;
-        if (!has) add(S, 1 + (int)gl, (*sup)[gl]);
-        has = true;
-        gEdges.push_back({(int)es.size(), k});
-        gEdgeGroup.push_back((int)gl);
-        add(1 + (int)gl, 1 + (int)ng + k, (*sup)[gl]);
+        if (k < 0 || !usable(P, k) || !(*dem)[(size_t)k]) continue;
+        if (se < 0) se = add(S, 1 + gl, (*sup)[(size_t)gl]);
+        if (railEdge[(size_t)k] < 0) railEdge[(size_t)k] = add(1 + ng + k, Tn, (*dem)[(size_t)k]);
+        ges.push_back({gl, k, add(1 + gl, 1 + ng + k, (*sup)[(size_t)gl]), se});
       }
-      any |= has;
     }
-    if (!any) return;
-    for (int k = 0; k < nR; k++)
-      if ((*dem)[(size_t)k]) add(1 + (int)ng + k, Tn, (*dem)[(size_t)k]);
-    std::vector<int> prevE((size_t)nn);
+    if (ges.empty()) return;
+    for (const GE& e : ges) {
+      i64 f = std::min(fe_[(size_t)e.srcEdge].cap, fe_[(size_t)railEdge[(size_t)e.k]].cap);
+      if (f > 0) {
+        push(e.srcEdge, f);
+        push(e.edge, f);
+        push(railEdge[(size_t)e.k], f);
+      }
+    }
+    prevE_.assign((size_t)nn, -1);
     for (;;) {
-      std::fill(prevE.begin(), prevE.end(), -1);
-      std::deque<int> q;
-      q.push_back(S);
-      prevE[(size_t)S] = -2;
-      while (!q.empty() && prevE[(size_t)Tn] == -1) {
-        int u = q.front();
-        q.pop_front();
-        for (int ei : g[(size_t)u]) {
-          const E& e = es[(size_t)ei];
-          if (e.cap > 0 && prevE[(size_t)e.to] == -1) {
-            prevE[(size_t)e.to] = ei;
-            q.push_back(e.to);
+      std::fill(prevE_.begin(), prevE_.end(), -1);
+      fq_.clear();
+      fq_.push_back(S);
+      prevE_[(size_t)S] = -2;
+      for (size_t qi = 0; qi < fq_.size() && prevE_[(size_t)Tn] == -1; qi++) {
+        int u = fq_[qi];
+        for (int ei : fg_[(size_t)u]) {
+          const FlowEdge& e = fe_[(size_t)ei];
+          if (e.cap > 0 && prevE_[(size_t)e.to] == -1) {
+            prevE_[(size_t)e.to] = ei;
+            fq_.push_back(e.to);
           }
         }
       }
-      if (prevE[(size_t)Tn] == -1) break;
+      if (prevE_[(size_t)Tn] == -1) break;
       i64 f = std::numeric_limits<i64>::max();
-      for (int x = Tn; x != S; x = es[(size_t)(prevE[(size_t)x] ^ 1)].to)
-        f = std::min(f, es[(size_t)prevE[(size_t)x]].cap);
-      for (int x = Tn; x != S; x = es[(size_t)(prevE[(size_t)x] ^ 1)].to) {
-        es[(size_t)prevE[(size_t)x]].cap -= f;
-        es[(size_t)(prevE[(size_t)x] ^ 1)].cap += f;
-      }
+      for (int x = Tn; x != S; x = fe_[(size_t)(prevE_[(size_t)x] ^ 1)].to)
+        f = std::min(f, fe_[(size_t)prevE_[(size_t)x]].cap);
+      for (int x = Tn; x != S; x = fe_[(size_t)(prevE_[(size_t)x] ^ 1)].to) push(prevE_[(size_t)x], f);
     }
-    for (size_t i = 0; i < gEdges.size(); i++) {
-      i64 flow = es[(size_t)(gEdges[i].first ^ 1)].cap;
-      if (flow > 0) give((size_t)gEdgeGroup[i], gEdges[i].second, flow);
+    for (const GE& e : ges) {
+      i64 flow = fe_[(size_t)(e.edge ^ 1)].cap;
+      if (flow > 0) give(e.gl, e.k, flow);
     }
   }
 };
@@ -995,8 +1101,8 @@ class RailBalancer {
 
 class FabricBalancer {
  public:
-  FabricBalancer(const Net& net, const RouteParams& p, std::vector<RT>& rts)
-      : net_(net), p_(p), rts_(rts) {}
+  FabricBalancer(const Net& net, const RouteParams& p, std::vector<RT>& rts, double bound)
+      : net_(net), p_(p), rts_(rts), bound_(bound) {}
 
   // Per routed transfer and side (0 send, 1 receive): full chunks by NIC,
   // and the NIC of the tail.
@@ -1031,7 +1137,13 @@ class FabricBalancer {
   const Net& net_;
   const RouteParams& p_;
   std::vector<RT>& rts_;
+  const double bound_;
 
+  // One node's send (side 0) or receive (side 1) side: the chunks of its
+  // routed transfers over its owned NICs. Counts per NIC by water-filling
+  // (each NIC at most one chunk past the bound where possible); every NIC may
+  // then keep its owners' chunks up to the level reached, and the rest fills
+  // the others; tails last, largest first.
   void balanceSide(int side, int n, const std::vector<int>& items, const std::vector<i64>& fixed) {
     int K = net_.K[(size_t)n];
     i64 C = (i64)p_.chunkBytes;
@@ -1040,14 +1152,18 @@ class FabricBalancer {
       if (net_.owned(n, k)) nics.push_back(k);
     size_t m = nics.size();
     std::vector<i64> L((size_t)K);
-    std::vector<double> bw((size_t)K);
+    std::vector<double> bw((size_t)K), capB((size_t)K);
     for (int k = 0; k < K; k++) {
       L[(size_t)k] = fixed[(size_t)net_.g(n, k)];
       bw[(size_t)k] = net_.bw[(size_t)net_.g(n, k)];
+      capB[(size_t)k] = (bound_ * bw[(size_t)k] + (double)C) * (1 + 1e-12);
     }
+    auto capCount = [&](int k, i64 base) {
+      double room = capB[(size_t)k] - (double)base;
+      return room <= 0 ? i64(0) : room >= 4e18 ? (i64)4e18 : (i64)(room / (double)C);
+    };
     auto own = [&](int i) { return side ? rts_[(size_t)i].rd : rts_[(size_t)i].rs; };
-    // Items by own NIC (unowned or -1: no preference), then by transfer.
-    std::vector<int> order = items;
+    std::vector<int> order = items;  // by own NIC, then transfer
     std::sort(order.begin(), order.end(), [&](int x, int y) {
       int ox = own(x), oy = own(y);
       if (ox != oy) return ox < oy;
@@ -1060,56 +1176,44 @@ class FabricBalancer {
       int o = own(i);
       if (o >= 0 && net_.owned(n, o)) ownChunks[(size_t)o] += (i64)rts_[(size_t)i].nFull;
     }
-    // Quotas: the counts the greedy water-filling reaches (no preference).
-    Fill f;
-    f.A.resize(m);
-    f.u.resize(m);
-    f.pen.assign(m, 0);
+    auto fill = [&](const std::vector<i64>& base, const std::vector<i64>& caps, i64 count, std::vector<i64>* cnt) {
+      Fill f;
+      f.A.resize(m);
+      f.u.resize(m);
+      f.pen.assign(m, 0);
+      f.cap = caps;
+      for (size_t i = 0; i < m; i++) {
+        int k = nics[i];
+        f.A[i] = (double)base[i] / bw[(size_t)k];
+        f.u[i] = (double)C / bw[(size_t)k];
+      }
+      f.B = f.A;
+      f.v = f.u;
+      f.run(count, cnt);
+      return f;
+    };
+    std::vector<i64> base(m), caps(m), quota;
     for (size_t i = 0; i < m; i++) {
-      int k = nics[i];
-      f.A[i] = (double)L[(size_t)k] / bw[(size_t)k];
-      f.u[i] = (double)C / bw[(size_t)k];
+      base[i] = L[(size_t)nics[i]];
+      caps[i] = capCount(nics[i], base[i]);
     }
-    f.B = f.A;
-    f.v = f.u;
-    std::vector<i64> quota;
-    f.run(total, &quota);
-    // The level those quotas reach; every NIC may fill up to it, own chunks first.
+    Fill f = fill(base, caps, total, &quota);
     double level = 0;
     for (size_t i = 0; i < m; i++)
       if (quota[i]) level = std::max(level, f.level(i, (double)quota[i]));
-    std::vector<i64> cap((size_t)K, 0), keep((size_t)K, 0);
+    std::vector<i64> allow(m), keep((size_t)K, 0), extra((size_t)K, 0);
+    i64 excess = total;
     for (size_t i = 0; i < m; i++) {
       int k = nics[i];
-      cap[(size_t)k] = std::max(quota[i], f.take(i, level * (1 + 1e-12), total));
-      keep[(size_t)k] = std::min(ownChunks[(size_t)k], cap[(size_t)k]);
+      allow[i] = std::max(quota[i], std::min(f.take(i, level * (1 + 1e-12), total), caps[i]));
+      keep[(size_t)k] = std::min(ownChunks[(size_t)k], allow[i]);
+      excess -= keep[(size_t)k];
+      base[i] += keep[(size_t)k] * C;
+      caps[i] = allow[i] - keep[(size_t)k];
     }
-    // The excess of over-full own NICs (and items without an owned NIC) fills
-    // the others' spare room, lowest resulting time first.
-    i64 excess = total;
-    for (int k : nics) excess -= keep[(size_t)k];
-    std::vector<i64> extra((size_t)K, 0);
-    {
-      Fill e;
-      std::vector<size_t> idx;
-      for (size_t i = 0; i < m; i++) {
-        int k = nics[i];
-        if (cap[(size_t)k] > keep[(size_t)k]) idx.push_back(i);
-      }
-      e.A.resize(idx.size());
-      e.u.resize(idx.size());
-      e.pen.assign(idx.size(), 0);
-      for (size_t x = 0; x < idx.size(); x++) {
-        int k = nics[idx[x]];
-        e.A[x] = (double)(L[(size_t)k] + keep[(size_t)k] * C) / bw[(size_t)k];
-        e.u[x] = (double)C / bw[(size_t)k];
-      }
-      e.B = e.A;
-      e.v = e.u;
-      std::vector<i64> cnt;
-      e.run(excess, &cnt);
-      for (size_t x = 0; x < idx.size(); x++) extra[(size_t)nics[idx[x]]] = cnt[x];
-    }
+    std::vector<i64> cnt;
+    fill(base, caps, excess, &cnt);
+    for (size_t i = 0; i < m; i++) extra[(size_t)nics[i]] = cnt[i];
     // Hand out: each item takes its own NIC's kept chunks first, then extras.
     std::vector<i64> keepLeft = keep, extraLeft = extra;
     size_t ei = 0;
@@ -1142,7 +1246,8 @@ class FabricBalancer {
       std::sort(out.begin(), out.end());
     }
     for (int k = 0; k < K; k++) L[(size_t)k] += (keep[(size_t)k] + extra[(size_t)k]) * C;
-    // Tails, largest first, where they finish first (relay hops charged).
+    // Tails, largest first, where they finish first (relay hops charged),
+    // within the caps first.
     std::vector<int> tails;
     for (int i : items)
       if (rts_[(size_t)i].tail) tails.push_back(i);
@@ -1154,13 +1259,16 @@ class FabricBalancer {
     for (int i : tails) {
       u64 t = rts_[(size_t)i].tail;
       int best = -1;
+      bool bestFits = false;
       double bl = 0;
       for (int k : nics) {
         double l = (double)(L[(size_t)k] + (i64)t) / bw[(size_t)k] +
                    p_.shmCost * (k != own(i)) * (double)t / bw[(size_t)k];
-        if (best < 0 || l < bl) {
+        bool ok = (double)(L[(size_t)k] + (i64)t) <= capB[(size_t)k];
+        if (best < 0 || (ok && !bestFits) || (ok == bestFits && l < bl)) {
           bl = l;
           best = k;
+          bestFits = ok;
         }
       }
       tailNic[side][(size_t)i] = best;
@@ -1268,7 +1376,7 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
   };
 
   if (params.mode == RouteMode::kBalanced && params.railOnly) {
-    RailBalancer rb(net, params, rts);
+    RailBalancer rb(net, params, rts, bound);
     rb.run();
     for (size_t i = 0; i < rts.size(); i++) {
       const RT& r = rts[i];
@@ -1276,7 +1384,7 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
       if (r.direct) {
         segs.push_back(directSeg(r));
       } else {
-        std::vector<std::pair<int, u64>> rc = rb.railChunks[i];
+        std::vector<std::pair<int, u64>> rc(rb.chunks.begin() + rb.chunkBegin[i], rb.chunks.begin() + rb.chunkEnd[i]);
         int tr = r.tail ? rb.tailRail[i] : -1;
         if (tr >= 0 && std::none_of(rc.begin(), rc.end(), [&](const std::pair<int, u64>& x) { return x.first == tr; }))
           rc.push_back({tr, 0});
@@ -1292,7 +1400,7 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
       addPieces(&plan.transfers[i], segs, C);
     }
   } else if (params.mode == RouteMode::kBalanced) {
-    FabricBalancer fb(net, params, rts);
+    FabricBalancer fb(net, params, rts, bound);
     fb.run();
     for (size_t i = 0; i < rts.size(); i++) {
       const RT& r = rts[i];
@@ -1381,9 +1489,9 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
         if (rk < 0)
           for (int k = 0; rk < 0 && k < net.K[(size_t)r.b]; k++)
             if (net.owned(r.b, k)) rk = k;
-        int sp = net.nic(r.src) == sk ? r.src : pickProxy(net, r.a, sk, r.src, shmLoad);
+        int sp = pickProxy(net, r.a, sk, r.src, shmLoad);
         relay(sp, r.src, r.bytes);
-        int dp = net.nic(r.dst) == rk ? r.dst : pickProxy(net, r.b, rk, r.dst, shmLoad);
+        int dp = pickProxy(net, r.b, rk, r.dst, shmLoad);
         relay(dp, r.dst, r.bytes);
         segs.push_back({sk, rk, sp, dp, r.nFull, r.tail != 0});
       }

@@ -1,6 +1,6 @@
 // The router's planning part (idea 2 of DESIGN.md): it maps every inter-node
 // transfer of a collective call onto NIC paths, as plain data. Nothing here
-// does I/O, logs or allocates anything but the result; every rank computes the
+// does I/O or logs (errors come back as a message); every rank computes the
 // same plan from the same input (see "Determinism" below).
 //
 // ---- The cluster model ----
@@ -22,6 +22,7 @@
 // bytes[src][dst] between ranks, or a sparse list of TransferDemand. Entries
 // between ranks of one node stay on shared memory: they are not routed, and
 // count only in the shared-memory term of the cost (Plan::rankShmBytes).
+// Entries with src == dst (local copies) and with 0 bytes are ignored.
 //
 // ---- Routes ----
 // The route of an inter-node transfer s -> d (s on node a, d on node b) is a
@@ -34,10 +35,12 @@
 // With railOnly, sendNic == recvNic (the rail). A piece is a run of whole
 // chunks of RouteParams::chunkBytes C: its offset is a multiple of C and its
 // length too, except the piece that ends the transfer. The pieces of a
-// transfer cover [0, bytes) exactly once, in offset order. A relayed side
-// (srcProxy != s, dstProxy != d) always goes through a proxy that owns the NIC;
-// relays are spread over the ranks that share a NIC (the least loaded one, in
-// relayed plus intra-node bytes, lowest local rank on ties).
+// transfer cover [0, bytes) exactly once, in offset order. In a routed (not
+// direct, below) transfer, srcProxy owns sendNic and dstProxy owns recvNic,
+// so a relayed side (srcProxy != s, dstProxy != d) always goes through an
+// owner of the NIC; relays are spread over the ranks that share a NIC (the
+// least loaded one, in relayed plus intra-node bytes, lowest local rank on
+// ties). Only a direct transfer may have s drive a NIC it does not own.
 //
 // A transfer is "direct" when it takes the path a transfer takes without any
 // routing: s itself sends and d itself receives, one piece. With railOnly
@@ -52,19 +55,50 @@
 //           rankNic[d] (s itself when it owns it) and is received by d on its
 //           own NIC: a dispatch hop only, never a combine hop. Where node a
 //           has no owner of that NIC, the direct path; where node a has no NIC
-//           with that index (railOnly, uneven NIC counts), the rail of s if
-//           node b owns it (a combine hop at b), else the lowest usable rail.
+//           with that index (railOnly, uneven NIC counts) or d has no NIC,
+//           the rail of s if node b owns it (a combine hop at b), else the
+//           lowest usable rail. Full fabric: the owner of NIC index
+//           rankNic[d] on node a (else s itself), to d's NIC.
 // balanced  (default) each transfer's chunks are split over the rails (with
 //           full fabric: over send NICs and receive NICs independently) and
 //           their proxies so that the most loaded NIC direction carries as
-//           little as possible, counting send and receive directions
-//           separately and NIC loads in time (bytes / bandwidth). Only NICs
-//           with an owner on their node carry routed traffic. Relay hops are
-//           charged: a chunk is moved off a path that needs fewer hops only
-//           when that closes a load gap larger than one chunk plus shmCost
-//           chunk-times per extra hop, so relaying is used only where it pays;
-//           and among the ways to reach the same NIC loads, the one with the
-//           fewest relayed bytes is taken.
+//           little as possible: send and receive directions count
+//           separately, NIC loads in time (bytes / bandwidth). Only NICs with
+//           an owner on their node carry routed traffic. Every NIC is kept at
+//           most one chunk past the lower bound where the planner can (its
+//           cap: bound x bandwidth + C bytes). Relay hops are charged shmCost
+//           chunk-times each: among placements within the caps, a chunk goes
+//           on a rail that needs more hops only if that rail finishes earlier
+//           by more than the charge, so relaying is used where it pays; and
+//           of the ways to reach the same NIC loads, the one with the fewest
+//           relayed bytes is taken. The caps come first: a chunk that would
+//           take a NIC past its cap goes elsewhere even if that needs relay
+//           hops (so with shmCost near 1 or more, relaying can cost more than
+//           it saves; the charge is meant to be small). How (railOnly):
+//             1. node pairs, largest first: each group of a pair's transfers
+//                with the same own rails (rankNic of s and d) water-fills its
+//                chunks over the pair's usable rails (an owner on both
+//                nodes), each chunk where the later of its two NICs finishes
+//                first, charged as above; then every transfer's last short
+//                piece, largest first;
+//             2. a local search over alternating paths: node a moves chunks
+//                of one of its pairs from its most loaded rail k to rail j;
+//                the far node of that pair gives back chunks of another pair
+//                from j to k, and so on; a move is made when the sum over NIC
+//                directions of weight x bytes^2 (weight: the node's mean rate
+//                / the NIC's rate) plus 2 shmCost C per relayed byte-hop
+//                falls and no NIC passes the time of the one relieved (nor its
+//                cap, bound + one chunk, unless that one is over its own);
+//                short pieces move alone by the same rule, off NICs past the
+//                bound; the search ends when no NIC is over its cap, or when
+//                nothing moves (or after a work budget on huge inputs);
+//             3. per node pair, each rail's chunks go to the transfers that
+//                need no relay hop on it, then (a max flow) to those that
+//                need one, then to the rest.
+//           Full fabric: each node's sides on their own: counts per NIC by
+//           water-filling, owners' chunks kept on their own NIC up to the
+//           level reached, the rest spread; the two sides' chunk sequences of
+//           a transfer are zipped into pieces.
 // In rail and balanced modes, transfers of fewer than directBelow bytes take
 // the direct path (a relay would cost more than it saves; the threshold is to
 // be measured by bench/route_perf). A pair of nodes with no usable rail in
@@ -94,11 +128,12 @@
 //     the fastest path it may take (the best usable rail, both ends counted).
 // For balanced plans with railOnly, when each rail has the same share of its
 // node's bandwidth on every node and no transfer is forced direct, the bound
-// is reachable up to chunk granularity, and the planner stays within one
-// chunk of it on every NIC (time <= bound + C / bw of that NIC; this is what
-// tests/router_test.cc checks). Rail coupling can make the bound unreachable
-// otherwise: e.g. direct transfers that load NIC 0 of one node's receive side
-// and NIC 1 of the sender's send side push a pair's traffic in opposite
+// is reachable up to chunk granularity; the planner then keeps every NIC
+// within one chunk of it (time <= bound + C / bw of that NIC), which
+// tests/router_test.cc checks on random and adversarial demands (it is not
+// proven for every input). Rail coupling can make the bound unreachable
+// otherwise: e.g. direct transfers that load NIC 0 on one node's receive side
+// and NIC 1 on the sender's send side push a pair's traffic in opposite
 // directions.
 //
 // ---- Point to point (pickPath) ----
@@ -127,6 +162,7 @@
 
 namespace zp {
 
+// The values are zpRouting_t's (zpConfig_t.routing, ZP_ROUTING).
 enum class RouteMode : int {
   kOff = zpRoutingOff,
   kRail = zpRoutingRail,
@@ -174,7 +210,10 @@ struct Transfer {
   int src = -1, dst = -1;          // global ranks
   int srcNode = -1, dstNode = -1;
   uint64_t bytes = 0;
-  bool direct = false;             // on the direct path (see the top of this file)
+  // On the direct path because of the mode, its size (directBelow) or a
+  // missing rail. (A routed transfer may also need no relay, e.g. in rail
+  // mode when s owns d's rail; it is not marked direct.)
+  bool direct = false;
   std::vector<Piece> pieces;       // by offset, covering [0, bytes) once
 
   bool operator==(const Transfer& o) const {

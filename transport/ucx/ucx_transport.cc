@@ -429,6 +429,15 @@ bool UcxTransport::progress() {
   postCtrlRecv();
   size_t before = ops_.size();
   while (ucp_worker_progress(worker_)) did = true;
+  if (!epErrors_.empty()) {
+    // A peer that leaves says goodbye, then closes: its goodbye may still be
+    // waiting, unmatched, behind the control message just taken. Take all
+    // control messages first, so that a clean exit is not mistaken for a death.
+    for (int i = 0; i < 64; i++) {
+      postCtrlRecv();
+      if (!ucp_worker_progress(worker_) && ctrlRecv_) break;
+    }
+  }
   auto errors = std::move(epErrors_);
   epErrors_.clear();
   for (auto& e : errors) peerFailed(e.first, e.second);
