@@ -45,17 +45,11 @@ int main(int argc, char** argv) {
   }
 
   if (root) {
-    const char* proto = getenv("ZP_SHM_PROTO");
-    printf("# %s: %s\n", kProg, comm.describe().c_str());
-    printf("# nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d", n,
-           opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
-           (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
-    printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
-    printf("#\n");
-    if (nic.bitsPerSec > 0)
-      printf("# %%nic: the busiest rank's cross-node bytes per second over its NIC's rate (%.3g bit/s),\n"
-             "# times the %d rank(s) sharing each NIC\n", nic.bitsPerSec, nic.ranksPerNic);
-    printTableHeader(nic.bitsPerSec > 0);
+    char params[512];
+    snprintf(params, sizeof params, "nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d", n,
+             opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
+             (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
+    printRunHeader(kProg, comm.describe(), params, nic);
   }
 
   unsigned long long totalWrong = 0;

@@ -570,6 +570,16 @@ double nicPercent(const NicInfo& nic, double bytes, double timeUs) {
   return 100.0 * bytes * 8 * nic.ranksPerNic / (timeUs * 1e-6) / nic.bitsPerSec;
 }
 
+void printRunHeader(const char* prog, const std::string& library, const std::string& params, const NicInfo& nic) {
+  const char* proto = getenv("ZP_SHM_PROTO");
+  printf("# %s: %s\n", prog, library.c_str());
+  printf("# %s  ZP_SHM_PROTO %s\n#\n", params.c_str(), proto ? proto : "(unset)");
+  if (nic.bitsPerSec > 0)
+    printf("# %%nic: the busiest rank's cross-node bytes per second over its NIC's rate (%.3g bit/s),\n"
+           "# times the %d rank(s) sharing each NIC\n", nic.bitsPerSec, nic.ranksPerNic);
+  printTableHeader(nic.bitsPerSec > 0);
+}
+
 void printTableHeader(bool nicColumn) {
   printf("#%11s%14s%10s%12s%8s%8s%8s%s\n", "size", "count", "type", "time", "algbw", "busbw",
          "#wrong", nicColumn ? "    %nic" : "");

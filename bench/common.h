@@ -151,6 +151,10 @@ NicInfo nicInfo();
 // `timeUs` uses, counting the ranks that share its NIC.
 double nicPercent(const NicInfo& nic, double bytes, double timeUs);
 
+// The lines every benchmark prints before its table: the library, the run's
+// parameters (`params`), the shared-memory protocol, the %nic legend.
+void printRunHeader(const char* prog, const std::string& library, const std::string& params, const NicInfo& nic);
+
 // ---- Timing and the result table ----
 double nowSeconds();  // CLOCK_MONOTONIC
 // nicColumn: add "%nic" (percent of a NIC's rate, see nicPercent).

@@ -28,16 +28,10 @@ int main(int argc, char** argv) {
   const bool root = rank == 0;
 
   if (root) {
-    const char* proto = getenv("ZP_SHM_PROTO");
-    printf("# %s: %s\n", kProg, comm.describe().c_str());
-    printf("# nranks %d  send to rank+%d, receive from rank-%d  iters %d  warmup %d  datatype %s  check %d",
-           n, shift, shift, opt.iters, opt.warmup, t.name, opt.check);
-    printf("  ZP_SHM_PROTO %s\n", proto ? proto : "(unset)");
-    printf("#\n");
-    if (nic.bitsPerSec > 0)
-      printf("# %%nic: a rank's cross-node bytes per second over its NIC's rate (%.3g bit/s),\n"
-             "# times the %d rank(s) sharing each NIC\n", nic.bitsPerSec, nic.ranksPerNic);
-    printTableHeader(nic.bitsPerSec > 0);
+    char params[256];
+    snprintf(params, sizeof params, "nranks %d  send to rank+%d, receive from rank-%d  iters %d  warmup %d  datatype %s  check %d",
+             n, shift, shift, opt.iters, opt.warmup, t.name, opt.check);
+    printRunHeader(kProg, comm.describe(), params, nic);
   }
 
   unsigned long long totalWrong = 0;

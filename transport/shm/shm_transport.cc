@@ -103,6 +103,18 @@ MsgHdr* ringClaim(Ring& r, uint64_t bytes) {
 
 void ringPublish(Ring& r) { r.ctl->head.store(r.pendingHead, std::memory_order_release); }
 
+// Claims a record of `bytes` and fills the header fields every op's record has.
+MsgHdr* claimOpRecord(Ring& r, uint64_t bytes, uint32_t type, const Op* op) {
+  MsgHdr* h = ringClaim(r, bytes);
+  if (!h) return nullptr;
+  memset(h, 0, sizeof(MsgHdr));
+  h->type = type;
+  h->seq = op->seq;
+  h->total = op->bytes;
+  h->kind = (uint32_t)op->kind;
+  return h;
+}
+
 // Consumer: the next record, or null.
 MsgHdr* ringPeek(Ring& r) {
   for (;;) {
@@ -623,13 +635,9 @@ bool ShmTransport::progressSend(Peer& p) {
     Op* op = p.sendq.front();
     if (op->metaBytes) {
       need = kRecord + roundRecord(op->metaBytes);
-      MsgHdr* h = ringClaim(p.outData, need);
+      MsgHdr* h = claimOpRecord(p.outData, need, kMeta, op);
       if (!h) goto full;
-      memset(h, 0, sizeof(MsgHdr));
-      h->type = kMeta;
       h->len = op->metaBytes;
-      h->seq = op->seq;
-      h->kind = (uint32_t)op->kind;
       memcpy((char*)h + kRecord, op->meta, op->metaBytes);
       ringPublish(p.outData);
       op->metaBytes = 0;  // sent
@@ -638,14 +646,9 @@ bool ShmTransport::progressSend(Peer& p) {
     bool rendezvous = p.cma && op->bytes >= comm_->cfg.shmEagerBytes;
     if (rendezvous) {
       need = kRecord;
-      MsgHdr* h = ringClaim(p.outData, need);
+      MsgHdr* h = claimOpRecord(p.outData, need, kRts, op);
       if (!h) goto full;
-      memset(h, 0, sizeof(MsgHdr));
-      h->type = kRts;
-      h->seq = op->seq;
-      h->total = op->bytes;
       h->addr = (uint64_t)(uintptr_t)op->buf;
-      h->kind = (uint32_t)op->kind;
       ringPublish(p.outData);
       p.finWait[op->seq] = op;
       p.sendq.pop_front();
@@ -656,14 +659,10 @@ bool ShmTransport::progressSend(Peer& p) {
     do {
       size_t len = std::min(op->bytes - op->progressed, fragMax_);
       need = kRecord + roundRecord(len);
-      MsgHdr* h = ringClaim(p.outData, need);
+      MsgHdr* h = claimOpRecord(p.outData, need, kData, op);
       if (!h) goto full;
-      h->type = kData;
       h->len = (uint32_t)len;
-      h->seq = op->seq;
-      h->total = op->bytes;
       h->offset = op->progressed;
-      h->kind = (uint32_t)op->kind;
       memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
       ringPublish(p.outData);
       op->progressed += len;
