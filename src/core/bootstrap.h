@@ -40,7 +40,6 @@ struct RankInfo {
   int32_t pid;
   char nodeId[128];    // ranks with equal nodeId share memory
   char hostname[64];
-  uint64_t shmProbeAddr;  // address of a known word, for testing single-copy reads
 };
 
 sockaddr_storage idAddress(const IdLayout& id);

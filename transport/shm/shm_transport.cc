@@ -345,7 +345,7 @@ void ShmTransport::post(Op* op) {
     return;
   }
   if (p->gone || (p->bye && op->isSend)) {
-    op->finish(zpRemoteError, p->goneWhy);
+    op->finish(p->gone ? p->goneCode : zpRemoteError, p->goneWhy);
     return;
   }
   (op->isSend ? p->sendq : p->recvq).push_back(op);
@@ -579,7 +579,10 @@ bool ShmTransport::progressRecv(Peer& p) {
         pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why));
       } else {
         uint64_t left = h->total - h->len;
-        if (left) { p.discarding = true; p.discardSeq = h->seq; p.discardLeft = left; }
+        if (left) {
+          p.discarding = true;
+          p.discardLeft = left;
+        }
       }
       if (ringPop(p.inData, h)) p.dirty = true;
       p.recvq.pop_front();

@@ -84,9 +84,8 @@ class ShmTransport : public Transport {
     std::deque<Op*> sendq, recvq;
     std::map<uint64_t, Op*> finWait;  // cma sends waiting for the receiver's FIN, by seq
     std::deque<std::vector<char>> ctrlBacklog;  // control records waiting for ring space
-    // A mismatched message being skipped: its seq and bytes still to skip.
+    // A mismatched message being skipped: the bytes still to skip.
     bool discarding = false;
-    uint64_t discardSeq = 0;
     uint64_t discardLeft = 0;
   };
 
