@@ -247,7 +247,12 @@ zpResult_t ShmTransport::init() {
       }
       if (p.pidfd >= 0) {
         pollfd pf = {p.pidfd, POLLIN, 0};
-        if (poll(&pf, 1, 0) > 0) { res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid); break; }
+        if (poll(&pf, 1, 0) > 0) {
+          // It cannot remove its segment any more: do it for it.
+          shm_unlink(pname.c_str());
+          res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
+          break;
+        }
       }
       if (nowMs() > deadline) {
         res = fail(zpRemoteError, "rank %d: local rank %d never created its shared memory %s", c.rank, p.rank, pname.c_str());
@@ -282,8 +287,10 @@ zpResult_t ShmTransport::init() {
       if (mine_->mappedBy[p.localIdx].load(std::memory_order_acquire)) continue;
       all = false;
       pollfd pf = {p.pidfd, POLLIN, 0};
-      if (p.pidfd >= 0 && poll(&pf, 1, 0) > 0)
+      if (p.pidfd >= 0 && poll(&pf, 1, 0) > 0) {
+        shm_unlink(segName(p.rank).c_str());  // it cannot remove its segment any more
         res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
+      }
     }
     if (all || res != zpSuccess) break;
     if (nowMs() > deadline) {
