@@ -242,7 +242,7 @@ struct ShmSetup {
 void PrintTo(const ShmSetup& s, std::ostream* os) { *os << s.name; }
 
 class P2PTwoRanks : public ::testing::TestWithParam<ShmSetup> {
- protected:
+ public:
   void run(const std::function<void(zpComm_t, int rank)>& body, int timeoutSec = 120) {
     ShmSetup setup = GetParam();
     auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
@@ -296,45 +296,31 @@ struct Order {
   std::atomic<int> started{0};  // the rank that must call first is about to
 };
 
-TEST_P(P2PTwoRanks, UngroupedReceiverCallsFirst) {
+// Rank 0 sends and rank 1 receives three sizes without a group; `first`
+// calls first and the other waits until then (and a little longer).
+void ungroupedInOrder(P2PTwoRanks* t, int first) {
   uint64_t seed = zptest::testCaseSeed();
   zptest::Shared<Order> order;
-  run([&](zpComm_t comm, int rank) {
+  t->run([&](zpComm_t comm, int rank) {
     int i = 0;
     for (size_t bytes : {(size_t)17, (size_t)32768, (size_t)3 << 20}) {
       Msg m{0, 1, bytes, zpUint8, mix(seed, i)};
-      if (rank == 1) {
+      if (rank == first) {
         order->started = ++i;
-        recvOne(comm, m);
       } else {
         ++i;
         ASSERT_TRUE(zptest::waitFor([&] { return order->started >= i; }, 60));
-        usleep(20000);  // most likely the receive is waiting by now (either way is correct)
-        sendOne(comm, m);
+        usleep(20000);  // most likely the other call is under way by now (either way is correct)
       }
+      if (rank == 0) sendOne(comm, m);
+      else recvOne(comm, m);
     }
   });
 }
 
-TEST_P(P2PTwoRanks, UngroupedSenderCallsFirst) {
-  uint64_t seed = zptest::testCaseSeed();
-  zptest::Shared<Order> order;
-  run([&](zpComm_t comm, int rank) {
-    int i = 0;
-    for (size_t bytes : {(size_t)17, (size_t)32768, (size_t)3 << 20}) {
-      Msg m{0, 1, bytes, zpUint8, mix(seed, i)};
-      if (rank == 0) {
-        order->started = ++i;
-        sendOne(comm, m);
-      } else {
-        ++i;
-        ASSERT_TRUE(zptest::waitFor([&] { return order->started >= i; }, 60));
-        usleep(20000);  // most likely the send is under way by now (either way is correct)
-        recvOne(comm, m);
-      }
-    }
-  });
-}
+TEST_P(P2PTwoRanks, UngroupedReceiverCallsFirst) { ungroupedInOrder(this, 1); }
+
+TEST_P(P2PTwoRanks, UngroupedSenderCallsFirst) { ungroupedInOrder(this, 0); }
 
 TEST_P(P2PTwoRanks, ThousandsOfUngroupedMessagesBackToBack) {
   uint64_t seed = zptest::testCaseSeed();
