@@ -2,6 +2,8 @@
 // ranks that never join. Every surviving rank must get an error (a dead or
 // aborted peer: zpRemoteError) within the timeout, never a hang or a crash,
 // and a stranger must not stop a communicator from forming.
+#include <set>
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -241,8 +243,20 @@ TEST(Destroy, LargeSendToARankThatDestroysFails) {
 // A rank dies while the communicator forms (before, during or after its
 // rendezvous, depending on timing): the others get an error from init, or
 // from their first call, never a hang.
+// Shared-memory segments of any communicator (named /dev/shm/zp-...).
+std::set<std::string> zpShmSegments() {
+  std::set<std::string> found;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (strncmp(e->d_name, "zp-", 3) == 0) found.insert(e->d_name);
+    closedir(d);
+  }
+  return found;
+}
+
 TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
   uint64_t seed = zptest::testCaseSeed();
+  const std::set<std::string> segmentsBefore = zpShmSegments();
   for (int round = 0; round < 4; round++) {
     useconds_t delay = (useconds_t)(((seed >> (8 * round)) % 8) * 1000 * round);
     SCOPED_TRACE("death after " + std::to_string(delay) + " us");
@@ -269,6 +283,10 @@ TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
     EXPECT_TRUE(exits[0].ok() && exits[1].ok());
     EXPECT_FALSE(exits[2].exited);
   }
+  // The victim cannot remove its segment; the ranks that noticed its death must.
+  std::set<std::string> left = zpShmSegments();
+  for (const std::string& s : segmentsBefore) left.erase(s);
+  EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << *left.begin();
 }
 
 // ---- A peer that is alive but silent ----
