@@ -71,17 +71,6 @@ bool useRailRouting(const Comm* c) {
   return false;
 }
 
-Op makeOp(bool isSend, int peer, void* buf, size_t bytes, size_t ts) {
-  Op op;
-  op.isSend = isSend;
-  op.peer = peer;
-  op.kind = OpKind::kAlltoallv;
-  op.buf = buf;
-  op.bytes = bytes;
-  op.typeSize = ts;
-  return op;
-}
-
 zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
   std::vector<Op*> ptrs;
   for (Op& op : ops) ptrs.push_back(&op);
@@ -106,8 +95,8 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
   for (int q = 0; q < n; q++) {
     if (q == me || !local(q)) continue;
     rows[q].assign(n, 0);
-    ops.push_back(makeOp(true, q, rows[me].data(), n * sizeof(uint64_t), 1));
-    ops.push_back(makeOp(false, q, rows[q].data(), n * sizeof(uint64_t), 1));
+    ops.push_back(makeOp(OpKind::kAlltoallv, true, q, rows[me].data(), n * sizeof(uint64_t), 1));
+    ops.push_back(makeOp(OpKind::kAlltoallv, false, q, rows[q].data(), n * sizeof(uint64_t), 1));
   }
   zpResult_t res = runAll(c, ops);
   if (res != zpSuccess) return res;
@@ -142,16 +131,16 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
     // blocks forwarded for remote destinations in rank order.
     int to = (me + i) % n, from = (me - i + n) % n;
     if (local(to) && to != me) {
-      ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
+      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
       for (int d = 0; d < n; d++)
         if (!local(d) && railProxy(c, me, d) == to)
-          ops.push_back(makeOp(true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
+          ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
     }
     if (local(from) && from != me) {
-      ops.push_back(makeOp(false, from, rbuf + rdispls[from] * ts, recvcounts[from] * ts, ts));
+      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, rbuf + rdispls[from] * ts, recvcounts[from] * ts, ts));
       for (int d = 0; d < n; d++)
         if (!local(d) && railProxy(c, from, d) == me)
-          ops.push_back(makeOp(false, from, scratch + slot[d][from], rows[from][d] * ts, ts));
+          ops.push_back(makeOp(OpKind::kAlltoallv, false, from, scratch + slot[d][from], rows[from][d] * ts, ts));
     }
   }
   if (sendcounts[me] != recvcounts[me])
@@ -178,7 +167,7 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
       for (size_t k = 0; k < forwardFrom[to].size(); k++) {
         int s = forwardFrom[to][k];
         const char* block = s == me ? sbuf + sdispls[to] * ts : scratch + slot[to][s];
-        Op op = makeOp(true, to, (void*)block, rows[s][to] * ts, ts);
+        Op op = makeOp(OpKind::kAlltoallv, true, to, (void*)block, rows[s][to] * ts, ts);
         if (k == 0) {
           op.meta = forwardCounts[to].data();
           op.metaBytes = (uint32_t)(forwardCounts[to].size() * sizeof(uint64_t));
@@ -190,7 +179,7 @@ zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size
       incomingCounts[from].assign(sourcesVia[from].size(), 0);
       for (size_t k = 0; k < sourcesVia[from].size(); k++) {
         int s = sourcesVia[from][k];
-        Op op = makeOp(false, from, rbuf + rdispls[s] * ts, recvcounts[s] * ts, ts);
+        Op op = makeOp(OpKind::kAlltoallv, false, from, rbuf + rdispls[s] * ts, recvcounts[s] * ts, ts);
         if (k == 0) {
           op.meta = incomingCounts[from].data();
           op.metaBytes = (uint32_t)(incomingCounts[from].size() * sizeof(uint64_t));
@@ -278,18 +267,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   for (int i = 0; i < n; i++) {
     int to = (c->rank + i) % n, from = (c->rank - i + n) % n;
     Op& s = ops[2 * i];
-    s.isSend = true;
-    s.peer = to;
-    s.kind = OpKind::kAlltoallv;
-    s.buf = (char*)sendbuff + sdispls[to] * ts;
-    s.bytes = sendcounts[to] * ts;
-    s.typeSize = ts;
+    s = makeOp(OpKind::kAlltoallv, true, to, (char*)sendbuff + sdispls[to] * ts, sendcounts[to] * ts, ts);
     Op& r = ops[2 * i + 1];
-    r.peer = from;
-    r.kind = OpKind::kAlltoallv;
-    r.buf = (char*)recvbuff + rdispls[from] * ts;
-    r.bytes = recvcounts[from] * ts;
-    r.typeSize = ts;
+    r = makeOp(OpKind::kAlltoallv, false, from, (char*)recvbuff + rdispls[from] * ts, recvcounts[from] * ts, ts);
     if (inBand && i > 0) {
       s.meta = &rows[(size_t)c->rank * rowLen];
       s.metaBytes = rowBytes;

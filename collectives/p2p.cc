@@ -21,17 +21,6 @@ struct Group {
 };
 thread_local Group tlsGroup;
 
-Op makeOp(bool isSend, void* buf, size_t bytes, size_t ts, int peer) {
-  Op op;
-  op.isSend = isSend;
-  op.buf = buf;
-  op.bytes = bytes;
-  op.typeSize = ts;
-  op.peer = peer;
-  op.kind = OpKind::kP2P;
-  return op;
-}
-
 }  // namespace
 
 bool groupOpen() { return tlsGroup.depth > 0; }
@@ -93,7 +82,7 @@ zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataTy
   if (count > kMaxCallBytes / ts)
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
-  Op op = makeOp(isSend, buf, count * ts, ts, peer);
+  Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   if (tlsGroup.depth > 0) {
     tlsGroup.p2p.emplace_back(comm, op);
     return zpSuccess;

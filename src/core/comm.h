@@ -52,6 +52,17 @@ struct Op {
   }
 };
 
+inline Op makeOp(OpKind kind, bool isSend, int peer, void* buf, size_t bytes, size_t typeSize) {
+  Op op;
+  op.kind = kind;
+  op.isSend = isSend;
+  op.peer = peer;
+  op.buf = buf;
+  op.bytes = bytes;
+  op.typeSize = typeSize;
+  return op;
+}
+
 struct Comm {
   int rank = 0;
   int nranks = 0;

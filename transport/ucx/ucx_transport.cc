@@ -30,11 +30,10 @@ int tagSrc(ucp_tag_t t) { return (int)((t >> kSrcShift) & kSrcMask); }
 }  // namespace
 
 struct UcxTransport::Request {
-  Request(UcxTransport* t_, Op* op_, bool meta_, int peer_) : t(t_), op(op_), meta(meta_), peer(peer_) {}
+  Request(UcxTransport* t_, Op* op_, bool meta_) : t(t_), op(op_), meta(meta_) {}
   UcxTransport* t;
   Op* op;  // null for control messages
   bool meta;
-  int peer;
   void* ucx = nullptr;
   std::string payload;  // a control send owns its bytes
   // UCX may call the callback before the posting call returns; the
@@ -217,7 +216,7 @@ void UcxTransport::onCallback(Request* r, ucs_status_t status, size_t length, uc
 }
 
 void UcxTransport::submit(Op* op, bool meta) {
-  Request* r = new Request(this, op, meta, op->peer);
+  Request* r = new Request(this, op, meta);
   ucp_request_param_t prm;
   memset(&prm, 0, sizeof(prm));
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
@@ -346,7 +345,7 @@ void UcxTransport::failPeerOps(int peer, const std::string& why) {
 
 void UcxTransport::postCtrlRecv() {
   if (ctrlRecv_ || !worker_) return;
-  Request* r = new Request(this, nullptr, false, -1);
+  Request* r = new Request(this, nullptr, false);
   ucp_request_param_t prm;
   memset(&prm, 0, sizeof(prm));
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
@@ -368,7 +367,7 @@ void UcxTransport::postCtrlRecv() {
 void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text) {
   Peer& p = peers_[peer];
   if (!p.ep || p.failed) return;
-  Request* r = new Request(this, nullptr, false, peer);
+  Request* r = new Request(this, nullptr, false);
   r->payload.assign((const char*)&status, sizeof(status));
   r->payload += text.substr(0, kCtrlMax - sizeof(status));
   ucp_request_param_t prm;
