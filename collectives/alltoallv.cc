@@ -57,11 +57,9 @@ zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], c
 // The rank of s's node that forwards s's blocks for d.
 int railProxy(const Comm* c, int s, int d) {
   if (c->rail[s] == c->rail[d]) return s;
-  std::vector<int> candidates;
-  for (int r = 0; r < c->nranks; r++)
-    if (c->nodeOf[r] == c->nodeOf[s] && c->rail[r] == c->rail[d]) candidates.push_back(r);
-  if (candidates.empty()) return s;  // the node has no NIC on that rail: send directly
-  return candidates[c->localIndex[d] % candidates.size()];
+  auto it = c->railRanks.find({c->nodeOf[s], c->rail[d]});
+  if (it == c->railRanks.end()) return s;  // the node has no NIC on that rail: send directly
+  return it->second[c->localIndex[d] % it->second.size()];
 }
 
 bool useRailRouting(const Comm* c) {

@@ -128,6 +128,7 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
     if (blobs[r].size() < sizeof(int32_t)) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
     memcpy(&c->rail[r], blobs[r].data(), sizeof(int32_t));
     addresses[r] = blobs[r].substr(sizeof(int32_t));
+    c->railRanks[{c->nodeOf[r], c->rail[r]}].push_back(r);
   }
   if (c->net) ZP_CHECK(c->net->connect(addresses));
   ZP_CHECK(ShmTransport::create(c, &c->shm));

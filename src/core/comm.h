@@ -77,6 +77,7 @@ struct Comm {
   // index among its node's ranks, and its rail (the index of its NIC).
   int nnodes = 1;
   std::vector<int> nodeOf, localIndex, rail;
+  std::map<std::pair<int, int>, std::vector<int>> railRanks;  // (node, rail) -> its ranks, in order
   std::mutex mu;  // one call at a time per communicator
 
   // Per peer, how many messages each way so far: the k-th send to a peer
