@@ -45,168 +45,108 @@ zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], c
 }
 
 
-// ---- Rail routing (ZP_ROUTING=rail or balanced, several nodes and rails) ----
-// NIC k of every node forms rail k, and a NIC reaches only its own rail. A
-// block from s to a rank d on another node goes through the proxy on s's node
-// that owns a NIC of d's rail: s hands it over shared memory, the proxy sends
-// every block it holds for d as one message on d's rail. Each NIC then carries
-// the traffic to its own rail's ranks, and every network connection stays on
-// one rail. (The router of the routing issue will balance finer; this is its
-// rail mode.)
-
-// The rank of s's node that forwards s's blocks for d.
-int railProxy(const Comm* c, int s, int d) {
-  if (c->rail[s] == c->rail[d]) return s;
-  auto it = c->railRanks.find({c->nodeOf[s], c->rail[d]});
-  if (it == c->railRanks.end()) return s;  // the node has no NIC on that rail: send directly
-  return it->second[c->localIndex[d] % it->second.size()];
-}
-
-bool useRailRouting(const Comm* c) {
-  if (c->cfg.routing == zpRoutingOff || c->nnodes < 2) return false;
-  for (int r = 1; r < c->nranks; r++)
-    if (c->rail[r] != c->rail[0]) return true;
-  return false;
-}
+// ---- Routed (ZP_ROUTING=rail or balanced, several nodes and rails) ----
+// Every rank first learns every rank's counts: the router plans the call's
+// inter-node transfers from the whole matrix, and every rank computes the
+// same plan without further messages. A mismatch is found here by all ranks
+// at once, before any data moves. Then blocks within the node go straight
+// over shared memory, and the others through the relay along their pieces.
 
 zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
   std::vector<Op*> ptrs;
   for (Op& op : ops) ptrs.push_back(&op);
-  zpResult_t res = runOps(c, ptrs);
-  ops.clear();
-  return res;
+  return runOps(c, ptrs);
 }
 
-zpResult_t railAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
-                         const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
-                         size_t ts) {
+// The whole count matrix, [rank][sendcounts..., recvcounts..., type size].
+zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
+                        std::vector<uint64_t>* rows) {
   const int n = c->nranks, me = c->rank;
-  auto local = [&](int r) { return c->nodeOf[r] == c->nodeOf[me]; };
+  const size_t rowLen = 2 * (size_t)n + 1;
+  rows->assign((size_t)n * rowLen, 0);
+  uint64_t* mine = rows->data() + (size_t)me * rowLen;
+  for (int p = 0; p < n; p++) {
+    mine[p] = sendcounts[p];
+    mine[n + p] = recvcounts[p];
+  }
+  mine[2 * n] = ts;
+  std::deque<Op> ops;
+  for (int i = 1; i < n; i++) {
+    int to = (me + i) % n, from = (me - i + n) % n;
+    ops.push_back(makeOp(OpKind::kAlltoallv, true, to, mine, rowLen * sizeof(uint64_t), 1));
+    ops.push_back(makeOp(OpKind::kAlltoallv, false, from, rows->data() + (size_t)from * rowLen,
+                         rowLen * sizeof(uint64_t), 1));
+  }
+  return runAll(c, ops);
+}
+
+// The same verdict on every rank, from the whole matrix.
+zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
+  const int n = c->nranks;
+  const size_t rowLen = 2 * (size_t)n + 1;
+  for (int i = 1; i < n; i++)
+    if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
+      return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
+                  c->rank, (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
+      if (sent != expected)
+        return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
+                    c->rank, i, (unsigned long long)sent, j, j, (unsigned long long)expected);
+    }
+  return zpSuccess;
+}
+
+zpResult_t routedAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+                           const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                           size_t ts) {
+  const int n = c->nranks, me = c->rank;
+  const size_t rowLen = 2 * (size_t)n + 1;
+  std::vector<uint64_t> rows;
+  ZP_CHECK(gatherCounts(c, sendcounts, recvcounts, ts, &rows));
+  ZP_CHECK(checkCounts(c, rows));
+
+  // Plans repeat from call to call (benchmarks, fixed batch shapes): keep the last.
+  if (rows != c->lastPlanKey) {
+    std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
+    for (int s = 0; s < n; s++)
+      for (int d = 0; d < n; d++)
+        if (c->nodeOf[s] != c->nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
+    std::string why;
+    if (planRoutes(c->topo, bytes, c->routeParams, &c->lastPlan, &why) != zpSuccess)
+      return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
+    c->lastPlanKey = rows;
+    ZP_TRACE(kSubColl, "rank %d: %s", me, describe(c->lastPlan, 4).c_str());
+  }
+  const Plan& plan = c->lastPlan;
+
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
-  std::deque<Op> ops;  // deque: ops keep their addresses
-
-  // 1. The node's ranks share their send counts, so a proxy knows the size of
-  //    every block it forwards.
-  std::vector<std::vector<uint64_t>> rows(n);
-  rows[me].assign(sendcounts, sendcounts + n);
-  for (int q = 0; q < n; q++) {
-    if (q == me || !local(q)) continue;
-    rows[q].assign(n, 0);
-    ops.push_back(makeOp(OpKind::kAlltoallv, true, q, rows[me].data(), n * sizeof(uint64_t), 1));
-    ops.push_back(makeOp(OpKind::kAlltoallv, false, q, rows[q].data(), n * sizeof(uint64_t), 1));
-  }
-  zpResult_t res = runAll(c, ops);
-  if (res != zpSuccess) return res;
-
-  // What this rank forwards: per remote destination d, the blocks of the
-  // local sources (rank order) whose proxy it is, with their counts. Blocks
-  // of other sources are staged in the communicator's scratch memory (kept
-  // between calls: fresh pages would cost a fault each); its own block is
-  // sent from the send buffer.
-  std::vector<std::vector<int>> forwardFrom(n);
-  std::vector<std::vector<uint64_t>> forwardCounts(n);
-  std::vector<std::vector<size_t>> slot(n);  // scratch offset of source s's block for d
-  size_t scratchBytes = 0;
-  for (int d = 0; d < n; d++) {
-    if (local(d)) continue;
-    slot[d].assign(n, 0);
-    for (int s = 0; s < n; s++)
-      if (local(s) && railProxy(c, s, d) == me) {
-        forwardFrom[d].push_back(s);
-        forwardCounts[d].push_back(rows[s][d]);
-        if (s == me) continue;
-        slot[d][s] = scratchBytes;
-        scratchBytes += rows[s][d] * ts;
-      }
-  }
-  char* scratch = c->scratch(scratchBytes);
-
-  // 2. Over shared memory: blocks to local ranks, and blocks for other nodes
-  //    to their proxies.
-  for (int i = 0; i < n; i++) {
-    // Per pair the same order on both sides: the direct block, then the
-    // blocks forwarded for remote destinations in rank order.
+  std::deque<Op> ops;
+  auto add = [&](bool isSend, int peer, const char* buf, size_t count) {
+    ops.push_back(makeOp(OpKind::kAlltoallv, isSend, peer, (void*)buf, count * ts, ts));
+    return &ops.back();
+  };
+  for (const Transfer& t : plan.transfers)
+    if (t.src == me) {
+      Op* op = add(true, t.dst, sbuf + sdispls[t.dst] * ts, sendcounts[t.dst]);
+      op->routed = true;
+      op->xfer = seq;
+      op->pieces = &t.pieces;
+    }
+  for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
-    if (local(to) && to != me) {
-      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (void*)(sbuf + sdispls[to] * ts), sendcounts[to] * ts, ts));
-      for (int d = 0; d < n; d++)
-        if (!local(d) && railProxy(c, me, d) == to)
-          ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (void*)(sbuf + sdispls[d] * ts), sendcounts[d] * ts, ts));
-    }
-    if (local(from) && from != me) {
-      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, rbuf + rdispls[from] * ts, recvcounts[from] * ts, ts));
-      for (int d = 0; d < n; d++)
-        if (!local(d) && railProxy(c, from, d) == me)
-          ops.push_back(makeOp(OpKind::kAlltoallv, false, from, scratch + slot[d][from], rows[from][d] * ts, ts));
+    if (c->isLocal(to)) add(true, to, sbuf + sdispls[to] * ts, sendcounts[to]);
+    if (c->isLocal(from)) add(false, from, rbuf + rdispls[from] * ts, recvcounts[from]);
+    else if (recvcounts[from]) {
+      Op* op = add(false, from, rbuf + rdispls[from] * ts, recvcounts[from]);
+      op->routed = true;
+      op->xfer = seq;
     }
   }
-  if (sendcounts[me] != recvcounts[me])
-    res = fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %zu elements to itself but expects %zu", me, me,
-               sendcounts[me], recvcounts[me]);
-  else if (sendcounts[me])
-    memmove(rbuf + rdispls[me] * ts, sbuf + sdispls[me] * ts, sendcounts[me] * ts);
-  uint64_t t2 = nowMs();
-  zpResult_t r = runAll(c, ops);
-  if (res == zpSuccess) res = r;
-  if (res != zpSuccess && res != zpInvalidUsage) return res;
-  uint64_t t3 = nowMs();
-
-  // 3. Over the network, on the destination's rail: each forwarded block
-  //    lands straight in its receive range; the first block of each (proxy,
-  //    destination) pair carries the counts of all of them.
-  std::vector<std::vector<int>> sourcesVia(n);  // by proxy: remote sources in rank order
-  std::vector<std::vector<uint64_t>> incomingCounts(n);
-  for (int s = 0; s < n; s++)
-    if (!local(s)) sourcesVia[railProxy(c, s, me)].push_back(s);
-  for (int i = 0; i < n; i++) {
-    int to = (me + i) % n, from = (me - i + n) % n;
-    if (!local(to)) {
-      for (size_t k = 0; k < forwardFrom[to].size(); k++) {
-        int s = forwardFrom[to][k];
-        const char* block = s == me ? sbuf + sdispls[to] * ts : scratch + slot[to][s];
-        Op op = makeOp(OpKind::kAlltoallv, true, to, (void*)block, rows[s][to] * ts, ts);
-        if (k == 0) {
-          op.meta = forwardCounts[to].data();
-          op.metaBytes = (uint32_t)(forwardCounts[to].size() * sizeof(uint64_t));
-        }
-        ops.push_back(op);
-      }
-    }
-    if (!local(from)) {
-      incomingCounts[from].assign(sourcesVia[from].size(), 0);
-      for (size_t k = 0; k < sourcesVia[from].size(); k++) {
-        int s = sourcesVia[from][k];
-        Op op = makeOp(OpKind::kAlltoallv, false, from, rbuf + rdispls[s] * ts, recvcounts[s] * ts, ts);
-        if (k == 0) {
-          op.meta = incomingCounts[from].data();
-          op.metaBytes = (uint32_t)(incomingCounts[from].size() * sizeof(uint64_t));
-        }
-        ops.push_back(op);
-      }
-    }
-  }
-  r = runAll(c, ops);
-  if (res == zpSuccess) res = r;
-  if (res != zpSuccess && res != zpInvalidUsage) return res;
-  uint64_t t4 = nowMs();
-  ZP_TRACE(kSubColl, "rank %d: routed alltoallv: shared memory %llu ms, network %llu ms", me,
-           (unsigned long long)(t3 - t2), (unsigned long long)(t4 - t3));
-
-  // 4. Each block's count, as its source gave it, against this rank's.
-  std::string msg = res == zpSuccess ? "" : lastError();
-  for (int p = 0; p < n && res == zpSuccess; p++)
-    for (size_t k = 0; k < sourcesVia[p].size(); k++) {
-      int s = sourcesVia[p][k];
-      if (incomingCounts[p][k] != recvcounts[s]) {
-        res = fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %zu",
-                   me, s, (unsigned long long)incomingCounts[p][k], me, me, recvcounts[s]);
-        msg = lastError();
-        break;
-      }
-    }
-  // Some ranks may have seen a mismatch that others could not: agree.
-  return agreeOnResult(c, seq, res, msg);
+  if (sendcounts[me]) memmove(rbuf + rdispls[me] * ts, sbuf + sdispls[me] * ts, sendcounts[me] * ts);
+  return runAll(c, ops);
 }
 
 }  // namespace
@@ -238,8 +178,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
 
   uint64_t seq = c->collSeq++;
-  if (useRailRouting(c))
-    return railAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+  if (c->routes()) return routedAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is
   // caught by all ranks without a second round of messages. Larger

@@ -9,8 +9,9 @@
 
 #include "src/core/log.h"
 #include "src/core/socket.h"
-#include "transport/shm/shm_transport.h"
 #include "src/core/topology.h"
+#include "src/route/relay.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace zp {
@@ -19,12 +20,19 @@ const char* opKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kP2P: return "send/recv";
     case OpKind::kAlltoallv: return "alltoallv";
+    case OpKind::kRelayHeader: return "relay header";
+    case OpKind::kRelayData: return "relay data";
   }
   return "unknown operation";
 }
 
 Comm::Comm() = default;
-Comm::~Comm() = default;
+Comm::~Comm() {
+  // The transports may still complete the relay's operations while they shut down.
+  net.reset();
+  shm.reset();
+  relay.reset();
+}
 
 bool Comm::isLocal(int peer) const {
   return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
@@ -52,8 +60,9 @@ void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text)
 // The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
 // the node (hwloc, sysfs) and picked by locality, restricted to ZP_NET_DEVICES.
 // *rail is its index among the node's NICs (NIC k of every node forms rail k).
-static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail) {
+static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail, double* bitsPerSec) {
   *rail = 0;
+  *bitsPerSec = 0;
   int localRank = 0, localRanks = 0;
   for (int r = 0; r < c->nranks; r++)
     if (c->isLocal(r)) (r < c->rank ? localRank : localRanks)++;
@@ -68,6 +77,7 @@ static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail) {
     int idx = topo.rankNic[c->rank];
     if (idx >= 0) {
       *nic = topo.node[topo.rankNode[c->rank]].nics[idx].name;
+      *bitsPerSec = topo.node[topo.rankNode[c->rank]].nics[idx].bitsPerSec;
       *rail = idx;
     }
   } else {
@@ -77,6 +87,7 @@ static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail) {
     int idx = pickNic(node, localRank, localRanks, c->cfg.netDevices, &why);
     if (idx >= 0) {
       *nic = node.nics[idx].name;
+      *bitsPerSec = node.nics[idx].bitsPerSec;
       *rail = idx;
     } else if (c->cfg.netDevices.find(',') == std::string::npos && if_nametoindex(c->cfg.netDevices.c_str())) {
       *nic = c->cfg.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
@@ -91,8 +102,30 @@ static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail) {
   return zpSuccess;
 }
 
+// The router's view of the cluster: nodes in order of first rank, NIC k of
+// a node at the rate its owners (the ranks on rail k) reported.
+static void buildTopology(Comm* c, const std::vector<double>& rates) {
+  ClusterTopology& t = c->topo;
+  t.node.assign(c->nnodes, NodeTopology());
+  t.nodeRanks.assign(c->nnodes, {});
+  t.rankNode = c->nodeOf;
+  t.rankLocal = c->localIndex;
+  t.rankNic = c->rail;
+  for (int r = 0; r < c->nranks; r++) {
+    NodeTopology& n = t.node[c->nodeOf[r]];
+    t.nodeRanks[c->nodeOf[r]].push_back(r);
+    if ((int)n.nics.size() <= c->rail[r]) n.nics.resize(c->rail[r] + 1);
+    Nic& nic = n.nics[c->rail[r]];
+    nic.name = "rail" + std::to_string(c->rail[r]);
+    if (rates[r] > 0) nic.bitsPerSec = rates[r];
+  }
+  c->routeParams.mode = (RouteMode)c->cfg.routing;
+  c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
+  c->routeParams.directBelow = c->cfg.routeDirectBelow;
+}
+
 // Shared memory within the node; UCX to other nodes. The second bootstrap
-// round carries each rank's rail and UCX worker address.
+// round carries each rank's rail, its NIC's rate and its UCX worker address.
 static zpResult_t initTransports(Comm* c, int rootFd) {
   c->sendSeq.assign(c->nranks, 0);
   c->recvSeq.assign(c->nranks, 0);
@@ -112,24 +145,30 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   bool remote = c->nnodes > 1;
   std::string address, nic;
   int32_t rail = 0;
-  zpResult_t res = remote ? chooseNic(c, &nic, &rail) : zpSuccess;
+  double rate = 0;
+  zpResult_t res = remote ? chooseNic(c, &nic, &rail, &rate) : zpSuccess;
   if (res == zpSuccess && remote) res = UcxTransport::create(c, nic, &c->net, &address);
   // Every rank takes part in the second round, even to say it failed (an
   // empty blob), so that nobody waits for it.
+  const size_t head = sizeof(rail) + sizeof(rate);
   std::string blob;
-  if (res == zpSuccess) blob = std::string((const char*)&rail, sizeof(rail)) + address;
+  if (res == zpSuccess)
+    blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) + address;
   std::vector<std::string> blobs(c->nranks);
   zpResult_t ex = bootstrapAllgather(rootFd, c->rank, blob, c->cfg.timeoutMs, &blobs);
   ZP_CHECK(res);
   ZP_CHECK(ex);
   c->rail.assign(c->nranks, 0);
+  std::vector<double> rates(c->nranks, 0);
   std::vector<std::string> addresses(c->nranks);
   for (int r = 0; r < c->nranks; r++) {
-    if (blobs[r].size() < sizeof(int32_t)) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
+    if (blobs[r].size() < head) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
     memcpy(&c->rail[r], blobs[r].data(), sizeof(int32_t));
-    addresses[r] = blobs[r].substr(sizeof(int32_t));
+    memcpy(&rates[r], blobs[r].data() + sizeof(int32_t), sizeof(double));
+    addresses[r] = blobs[r].substr(head);
     c->railRanks[{c->nodeOf[r], c->rail[r]}].push_back(r);
   }
+  buildTopology(c, rates);
   if (c->net) ZP_CHECK(c->net->connect(addresses));
   ZP_CHECK(ShmTransport::create(c, &c->shm));
   c->transports = {c->shm.get()};
@@ -137,6 +176,9 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   c->route.resize(c->nranks);
   for (int r = 0; r < c->nranks; r++)
     c->route[r] = c->isLocal(r) ? (Transport*)c->shm.get() : (Transport*)c->net.get();
+  bool severalRails = false;
+  for (int r = 1; r < c->nranks; r++) severalRails |= c->rail[r] != c->rail[0];
+  if (c->cfg.routing != zpRoutingOff && remote && severalRails) c->relay = std::make_unique<Relay>(c);
   return zpSuccess;
 }
 
@@ -167,18 +209,11 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
   return zpSuccess;
 }
 
-void commLeave(Comm* comm, bool abort) {
-  std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
-  for (Transport* t : comm->transports) {
-    if (abort) t->abortPeers(zpRemoteError, why);
-    t->leave();
-  }
-}
-
 
 bool Comm::progress() {
   bool moved = false;
   for (Transport* t : transports) moved |= t->progress();
+  if (relay) moved |= relay->progress();
   return moved;
 }
 
@@ -187,19 +222,26 @@ uint32_t Comm::waitToken() const { return shm ? shm->waitToken() : 0; }
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
   // through a futex: sleep on the one with work, and nap briefly when both have.
-  bool shmBusy = shm && shm->busy();
-  if (net && (net->busy() || !shmBusy)) net->wait(shmBusy ? 0 : ms);
+  // Relays may come from either side.
+  bool relaying = relay && relay->busy();
+  bool shmBusy = shm && (shm->busy() || relaying);
+  if (net && (net->busy() || relaying || !shmBusy)) net->wait(shmBusy ? 0 : ms);
   if (shmBusy || !net) shm->wait(token, net ? std::min(ms, 1) : ms);
 }
 
 void Comm::dropOps(zpResult_t status, const std::string& why) {
   for (Transport* t : transports) t->dropOps(status, why);
+  if (relay) relay->dropOps(status, why);
 }
 
 std::vector<int> Comm::busyPeers() const {
   std::vector<int> out;
   for (Transport* t : transports)
     for (int p : t->busyPeers()) out.push_back(p);
+  if (relay)
+    for (int p : relay->waitingOn()) out.push_back(p);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
@@ -311,6 +353,10 @@ zpResult_t runOps(std::vector<CommOps>& work) {
         (op->isSend ? selfSends : selfRecvs).push_back(op);
         continue;
       }
+      if (c->routes() && !c->isLocal(op->peer) && (op->routed || op->kind == OpKind::kP2P)) {
+        c->relay->post(op);
+        continue;
+      }
       op->seq = op->isSend ? c->sendSeq[op->peer]++ : c->recvSeq[op->peer]++;
       c->route[op->peer]->post(op);
     }
@@ -364,6 +410,33 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
   }
   if (first != zpSuccess) return fail(first, "rank %d: %s", c->rank, firstMsg.c_str());
   return zpSuccess;
+}
+
+// With routing, this rank may still be relaying chunks of transfers between
+// other ranks: it stays until every rank has come to destroy the
+// communicator (then no transfer is left anywhere), or the timeout passes.
+static void finishRelays(Comm* c) {
+  const uint64_t kLeaving = (1ull << 36) - 1;  // a collective sequence no call reaches (UCX tags carry 36 bits)
+  for (int p = 0; p < c->nranks; p++)
+    if (p != c->rank) c->route[p]->sendStatus(p, kLeaving, zpSuccess, "");
+  auto missing = [&](Comm*) {
+    std::vector<int> out;
+    for (int p = 0; p < c->nranks; p++)
+      if (p != c->rank && !c->statuses.count({p, kLeaving})) out.push_back(p);
+    return out;
+  };
+  if (progressUntil({c}, [&] { return missing(c).empty(); }, missing,
+                    "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") != zpSuccess)
+    ZP_WARN(kSubInit, "rank %d: %s", c->rank, lastError());
+}
+
+void commLeave(Comm* comm, bool abort) {
+  if (!abort && comm->routes() && comm->asyncError == zpSuccess) finishRelays(comm);
+  std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
+  for (Transport* t : comm->transports) {
+    if (abort) t->abortPeers(zpRemoteError, why);
+    t->leave();
+  }
 }
 
 }  // namespace zp

@@ -15,21 +15,29 @@
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
+#include "src/core/topology.h"
+#include "src/route/router.h"
 
 namespace zp {
 
+class Relay;
 class ShmTransport;
 class Transport;
 class UcxTransport;
 
 // Which call an Op belongs to; carried in every message so that a rank that
 // calls operations in a different order than its peer gets an error, not a hang.
-enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1 };
+// The router's relays (src/route/relay.h) have kinds of their own: a header
+// describing a chunk, then the chunk.
+enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3 };
 const char* opKindName(OpKind kind);
+
+// A receive from any rank of another node (the router's relay headers).
+constexpr int kAnyRemotePeer = -2;
 
 struct Op {
   bool isSend = false;
-  int peer = -1;
+  int peer = -1;  // a rank, or kAnyRemotePeer
   OpKind kind = OpKind::kP2P;
   void* buf = nullptr;  // for sends, read only
   size_t bytes = 0;
@@ -44,6 +52,11 @@ struct Op {
   // every rank can check every pair without another round of messages.
   void* meta = nullptr;
   uint32_t metaBytes = 0;
+  // Routed through the relay (the router's plan for a collective's transfer):
+  // its id among the pair's transfers of this kind, and its pieces.
+  bool routed = false;
+  uint64_t xfer = 0;
+  const std::vector<Piece>* pieces = nullptr;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;
@@ -78,6 +91,14 @@ struct Comm {
   int nnodes = 1;
   std::vector<int> nodeOf, localIndex, rail;
   std::map<std::pair<int, int>, std::vector<int>> railRanks;  // (node, rail) -> its ranks, in order
+  // The router's view (nodes, ranks, NICs with their rates) and settings;
+  // relay is set when inter-node traffic is routed (routes()).
+  ClusterTopology topo;
+  RouteParams routeParams;
+  std::unique_ptr<Relay> relay;
+  // The last alltoallv's plan, and the count matrix it was made from.
+  Plan lastPlan;
+  std::vector<uint64_t> lastPlanKey;
   std::mutex mu;  // one call at a time per communicator
 
   // Per peer, how many messages each way so far: the k-th send to a peer
@@ -100,6 +121,9 @@ struct Comm {
   ~Comm();
 
   bool isLocal(int peer) const;
+  // Inter-node traffic goes through the router: routing is on, and there are
+  // several nodes and several rails to spread it over.
+  bool routes() const { return relay != nullptr; }
   // Memory for staging, kept between calls (it only grows).
   char* scratch(size_t bytes);
 

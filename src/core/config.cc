@@ -123,6 +123,12 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   }
   v = envString("ZP_SHM_SPIN_US");
   if (!v.empty()) c.shmSpinUs = atoi(v.c_str());
+  v = envString("ZP_ROUTE_CHUNK");
+  if (!v.empty() && (!parseSize(v, &c.routeChunkBytes) || c.routeChunkBytes < 4096 || c.routeChunkBytes > (256u << 20)))
+    return fail(zpInvalidArgument, "ZP_ROUTE_CHUNK='%s': expected a size from 4K to 256M", v.c_str());
+  v = envString("ZP_ROUTE_DIRECT_BELOW");
+  if (!v.empty() && !parseSize(v, &c.routeDirectBelow))
+    return fail(zpInvalidArgument, "ZP_ROUTE_DIRECT_BELOW='%s' is not a size", v.c_str());
   *out = c;
   return zpSuccess;
 }

@@ -41,6 +41,7 @@ struct SegHeader {
   uint64_t probe;
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleeping;
+  alignas(64) std::atomic<uint64_t> netQueued;
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
 };
@@ -57,6 +58,7 @@ struct MsgHdr {
   int32_t status;   // fin / status: a zpResult_t
   uint32_t kind;    // OpKind
   uint64_t collSeq;
+  uint32_t lane;    // fin: the lane of the send it completes
 };
 static_assert(sizeof(MsgHdr) <= kRecord, "header must fit one record");
 
@@ -66,19 +68,23 @@ uint64_t roundRecord(uint64_t n) { return (n + kRecord - 1) & ~(kRecord - 1); }
 
 size_t segmentBytes(uint32_t nlocal, uint64_t ringBytes) {
   size_t hdr = roundRecord(sizeof(SegHeader));
-  return hdr + nlocal * (2 * sizeof(RingCtl) + ringBytes + kCtrlRingBytes);
+  return hdr + nlocal * ((kLanes + 1) * sizeof(RingCtl) + kLanes * ringBytes + kCtrlRingBytes);
 }
 
-// Rings for writer slot `slot` inside a segment mapped at base.
-void locateRings(void* base, uint32_t nlocal, uint64_t ringBytes, int slot, Ring* data, Ring* ctrl) {
+// Rings for writer slot `slot` inside a segment mapped at base: one per lane,
+// then the control ring. in: the reader's side of the lanes, else the writer's.
+void locateRings(void* base, uint32_t nlocal, uint64_t ringBytes, int slot, Lane* lanes, bool in, Ring* ctrl) {
   char* p = (char*)base + roundRecord(sizeof(SegHeader));
-  RingCtl* ctls = (RingCtl*)p;
-  char* bufs = p + nlocal * 2 * sizeof(RingCtl);
-  data->ctl = &ctls[2 * slot];
-  ctrl->ctl = &ctls[2 * slot + 1];
-  data->buf = bufs + slot * (ringBytes + kCtrlRingBytes);
-  data->cap = ringBytes;
-  ctrl->buf = data->buf + ringBytes;
+  RingCtl* ctls = (RingCtl*)p + slot * (kLanes + 1);
+  char* buf = p + nlocal * (kLanes + 1) * sizeof(RingCtl) + slot * (kLanes * ringBytes + kCtrlRingBytes);
+  for (int l = 0; l < kLanes; l++) {
+    Ring& r = in ? lanes[l].in : lanes[l].out;
+    r.ctl = &ctls[l];
+    r.buf = buf + l * ringBytes;
+    r.cap = ringBytes;
+  }
+  ctrl->ctl = &ctls[kLanes];
+  ctrl->buf = buf + kLanes * ringBytes;
   ctrl->cap = kCtrlRingBytes;
 }
 
@@ -145,7 +151,7 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 int pidfdOpen(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
 std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
-                             const std::string& text = {}) {
+                             const std::string& text = {}, uint32_t lane = 0) {
   size_t len = std::min<size_t>(text.size(), 512);
   std::vector<char> rec(kRecord + roundRecord(len), 0);
   MsgHdr* h = (MsgHdr*)rec.data();
@@ -154,6 +160,7 @@ std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64
   h->seq = seq;
   h->status = status;
   h->collSeq = collSeq;
+  h->lane = lane;
   memcpy(rec.data() + kRecord, text.data(), len);
   return rec;
 }
@@ -261,8 +268,8 @@ zpResult_t ShmTransport::init() {
       usleep(200);
     }
     if (res != zpSuccess) { if (p.pidfd >= 0) close(p.pidfd); break; }
-    locateRings(p.seg, nlocal, ringBytes, myLocalIdx_, &p.outData, &p.outCtrl);
-    locateRings(mine_, nlocal, ringBytes, p.localIdx, &p.inData, &p.inCtrl);
+    locateRings(p.seg, nlocal, ringBytes, myLocalIdx_, p.lane, false, &p.outCtrl);
+    locateRings(mine_, nlocal, ringBytes, p.localIdx, p.lane, true, &p.inCtrl);
     // Can this process read the peer's memory (single copy)? Test it on the
     // peer's probe word, then publish the answer in this rank's segment.
     uint64_t got = 0;
@@ -336,7 +343,20 @@ std::string ShmTransport::describe(int rank) const {
 }
 
 bool ShmTransport::hasWork(const Peer& p) {
-  return !p.sendq.empty() || !p.recvq.empty() || !p.finWait.empty();
+  // The relay lane's receives stand ready at all times: they are no work.
+  for (const Lane& l : p.lane)
+    if (!l.sendq.empty() || !l.finWait.empty()) return true;
+  return !p.lane[0].recvq.empty();
+}
+
+void ShmTransport::addNetQueued(int64_t bytes) {
+  if (mine_) mine_->netQueued.fetch_add((uint64_t)bytes, std::memory_order_relaxed);
+}
+
+uint64_t ShmTransport::netQueued(int rank) const {
+  if (rank == comm_->rank) return mine_ ? mine_->netQueued.load(std::memory_order_relaxed) : 0;
+  int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
+  return i < 0 ? 0 : peers_[i].seg->netQueued.load(std::memory_order_relaxed);
 }
 
 bool ShmTransport::busy() const {
@@ -355,7 +375,8 @@ void ShmTransport::post(Op* op) {
     op->finish(p->gone ? p->goneCode : zpRemoteError, p->goneWhy);
     return;
   }
-  (op->isSend ? p->sendq : p->recvq).push_back(op);
+  Lane& l = p->lane[laneOf(op->kind)];
+  (op->isSend ? l.sendq : l.recvq).push_back(op);
 }
 
 void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, const std::string& text) {
@@ -434,12 +455,14 @@ void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bo
 }
 
 void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
-  for (Op* op : p.sendq) op->finish(code, why);
-  for (Op* op : p.recvq) op->finish(code, why);
-  for (auto& kv : p.finWait) kv.second->finish(code, why);
-  p.sendq.clear();
-  p.recvq.clear();
-  p.finWait.clear();
+  for (Lane& l : p.lane) {
+    for (Op* op : l.sendq) op->finish(code, why);
+    for (Op* op : l.recvq) op->finish(code, why);
+    for (auto& kv : l.finWait) kv.second->finish(code, why);
+    l.sendq.clear();
+    l.recvq.clear();
+    l.finWait.clear();
+  }
 }
 
 void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
@@ -481,15 +504,17 @@ bool ShmTransport::progress() {
   for (Peer& p : peers_) {
     if (p.gone) continue;
     did |= drainCtrl(p);
-    if (!p.gone) did |= progressSend(p);
+    for (int l = 0; l < kLanes && !p.gone; l++) did |= progressSend(p, l);
     if (p.dirty) notify(p);
   }
   for (Peer& p : peers_) {
-    if (p.gone) continue;
-    did |= progressRecv(p);
-    if (p.bye && !p.recvq.empty() && !ringPeek(p.inData)) {
-      for (Op* op : p.recvq) op->finish(zpRemoteError, p.goneWhy);
-      p.recvq.clear();
+    for (int l = 0; l < kLanes && !p.gone; l++) {
+      did |= progressRecv(p, l);
+      Lane& lane = p.lane[l];
+      if (!p.gone && p.bye && !lane.recvq.empty() && !ringPeek(lane.in)) {
+        for (Op* op : lane.recvq) op->finish(zpRemoteError, p.goneWhy);
+        lane.recvq.clear();
+      }
     }
     if (p.dirty) notify(p);
   }
@@ -512,10 +537,11 @@ bool ShmTransport::drainCtrl(Peer& p) {
     std::string text(((const char*)h) + kRecord, std::min<uint32_t>(h->len, 512));
     switch (h->type) {
       case kFin: {
-        auto it = p.finWait.find(h->seq);
-        if (it != p.finWait.end()) {
+        std::map<uint64_t, Op*>& finWait = p.lane[h->lane < kLanes ? h->lane : 0].finWait;
+        auto it = finWait.find(h->seq);
+        if (it != finWait.end()) {
           Op* op = it->second;
-          p.finWait.erase(it);
+          finWait.erase(it);
           op->progressed = op->bytes;
           op->finish((zpResult_t)h->status, text);
         }
@@ -529,10 +555,12 @@ bool ShmTransport::drainCtrl(Peer& p) {
         // messages it sent before leaving are used up.
         p.bye = true;
         p.goneWhy = text;
-        for (Op* op : p.sendq) op->finish(zpRemoteError, text);
-        for (auto& kv : p.finWait) kv.second->finish(zpRemoteError, text);
-        p.sendq.clear();
-        p.finWait.clear();
+        for (Lane& l : p.lane) {
+          for (Op* op : l.sendq) op->finish(zpRemoteError, text);
+          for (auto& kv : l.finWait) kv.second->finish(zpRemoteError, text);
+          l.sendq.clear();
+          l.finWait.clear();
+        }
         break;
       }
       case kAbort: {
@@ -549,19 +577,20 @@ bool ShmTransport::drainCtrl(Peer& p) {
   return did;
 }
 
-bool ShmTransport::progressRecv(Peer& p) {
+bool ShmTransport::progressRecv(Peer& p, int lane) {
+  Lane& l = p.lane[lane];
   bool did = false;
-  while (MsgHdr* h = ringPeek(p.inData)) {
-    if (p.discarding) {
+  while (MsgHdr* h = ringPeek(l.in)) {
+    if (l.discarding) {
       // Fragments of a message whose receive was refused: skip them.
-      p.discardLeft -= std::min<uint64_t>(p.discardLeft, h->len);
-      if (p.discardLeft == 0) p.discarding = false;
-      if (ringPop(p.inData, h)) p.dirty = true;
+      l.discardLeft -= std::min<uint64_t>(l.discardLeft, h->len);
+      if (l.discardLeft == 0) l.discarding = false;
+      if (ringPop(l.in, h)) p.dirty = true;
       did = true;
       continue;
     }
-    if (p.recvq.empty()) break;  // not asked for yet: it waits in the ring
-    Op* op = p.recvq.front();
+    if (l.recvq.empty()) break;  // not asked for yet: it waits in the ring
+    Op* op = l.recvq.front();
     did = true;
     if (h->seq != op->seq || h->kind != (uint32_t)op->kind) {
       std::string why = "rank " + std::to_string(p.rank) + " sent its message #" + std::to_string(h->seq) + " (" +
@@ -574,7 +603,7 @@ bool ShmTransport::progressRecv(Peer& p) {
     }
     if (h->type == kMeta) {
       memcpy(op->meta, (const char*)h + kRecord, std::min<uint32_t>(h->len, op->metaBytes));
-      if (ringPop(p.inData, h)) p.dirty = true;
+      if (ringPop(l.in, h)) p.dirty = true;
       continue;
     }
     if (op->progressed == 0 && h->total != op->bytes) {
@@ -583,16 +612,16 @@ bool ShmTransport::progressRecv(Peer& p) {
                         std::to_string(comm_->rank) + " but rank " + std::to_string(comm_->rank) +
                         " expects " + std::to_string(op->bytes / op->typeSize);
       if (h->type == kRts) {
-        pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why));
+        pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why, lane));
       } else {
         uint64_t left = h->total - h->len;
         if (left) {
-          p.discarding = true;
-          p.discardLeft = left;
+          l.discarding = true;
+          l.discardLeft = left;
         }
       }
-      if (ringPop(p.inData, h)) p.dirty = true;
-      p.recvq.pop_front();
+      if (ringPop(l.in, h)) p.dirty = true;
+      l.recvq.pop_front();
       op->finish(zpInvalidUsage, why);
       continue;
     }
@@ -608,15 +637,15 @@ bool ShmTransport::progressRecv(Peer& p) {
         done += n;
       }
       uint64_t seq = h->seq;
-      if (ringPop(p.inData, h)) p.dirty = true;
-      p.recvq.pop_front();
+      if (ringPop(l.in, h)) p.dirty = true;
+      l.recvq.pop_front();
       if (err) {
         std::string why = "reading " + std::to_string(op->bytes) + " bytes from rank " + std::to_string(p.rank) +
                           " failed: " + strerror(err);
-        pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why));
+        pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why, lane));
         op->finish(err == ESRCH ? zpRemoteError : zpSystemError, why);
       } else {
-        pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0));
+        pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0, {}, lane));
         op->progressed = op->bytes;
         op->finish(zpSuccess);
       }
@@ -629,39 +658,40 @@ bool ShmTransport::progressRecv(Peer& p) {
     }
     memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);
     op->progressed += h->len;
-    if (ringPop(p.inData, h)) p.dirty = true;
+    if (ringPop(l.in, h)) p.dirty = true;
     if (op->progressed == op->bytes) {
-      p.recvq.pop_front();
+      l.recvq.pop_front();
       op->finish(zpSuccess);
     }
   }
   return did;
 }
 
-bool ShmTransport::progressSend(Peer& p) {
+bool ShmTransport::progressSend(Peer& p, int lane) {
+  Lane& l = p.lane[lane];
   bool did = false;
   uint64_t need = 0;
-  while (!p.sendq.empty()) {
-    Op* op = p.sendq.front();
+  while (!l.sendq.empty()) {
+    Op* op = l.sendq.front();
     if (op->metaBytes) {
       need = kRecord + roundRecord(op->metaBytes);
-      MsgHdr* h = claimOpRecord(p.outData, need, kMeta, op);
+      MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
       if (!h) goto full;
       h->len = op->metaBytes;
       memcpy((char*)h + kRecord, op->meta, op->metaBytes);
-      ringPublish(p.outData);
+      ringPublish(l.out);
       op->metaBytes = 0;  // sent
       p.dirty = did = true;
     }
     bool rendezvous = p.cma && op->bytes >= comm_->cfg.shmEagerBytes;
     if (rendezvous) {
       need = kRecord;
-      MsgHdr* h = claimOpRecord(p.outData, need, kRts, op);
+      MsgHdr* h = claimOpRecord(l.out, need, kRts, op);
       if (!h) goto full;
       h->addr = (uint64_t)(uintptr_t)op->buf;
-      ringPublish(p.outData);
-      p.finWait[op->seq] = op;
-      p.sendq.pop_front();
+      ringPublish(l.out);
+      l.finWait[op->seq] = op;
+      l.sendq.pop_front();
       p.dirty = did = true;
       continue;
     }
@@ -669,24 +699,24 @@ bool ShmTransport::progressSend(Peer& p) {
     do {
       size_t len = std::min(op->bytes - op->progressed, fragMax_);
       need = kRecord + roundRecord(len);
-      MsgHdr* h = claimOpRecord(p.outData, need, kData, op);
+      MsgHdr* h = claimOpRecord(l.out, need, kData, op);
       if (!h) goto full;
       h->len = (uint32_t)len;
       h->offset = op->progressed;
       memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
-      ringPublish(p.outData);
+      ringPublish(l.out);
       op->progressed += len;
       p.dirty = did = true;
     } while (op->progressed < op->bytes);
-    p.sendq.pop_front();
+    l.sendq.pop_front();
     op->finish(zpSuccess);
   }
   return did;
 full:
   // Ask the receiver to ring when it frees room, then look once more in case
   // it did so before seeing the flag.
-  p.outData.ctl->producerWaiting.store(1, std::memory_order_seq_cst);
-  if (ringClaim(p.outData, need)) did = true;
+  l.out.ctl->producerWaiting.store(1, std::memory_order_seq_cst);
+  if (ringClaim(l.out, need)) did = true;
   return did;
 }
 

@@ -41,6 +41,20 @@ struct Ring {
   uint64_t pendingHead = 0;  // producer: head after the claimed record
 };
 
+// Messages of one class between a pair, in order: lane 0 carries the user's
+// calls, lane 1 the router's relays (OpKind::kRelayHeader / kRelayData), so
+// that a relay never waits behind a message its proxy has not asked for yet.
+constexpr int kLanes = 2;
+inline int laneOf(OpKind kind) { return kind >= OpKind::kRelayHeader ? 1 : 0; }
+struct Lane {
+  Ring out, in;  // out: in the peer's segment, written here; in: the reverse
+  std::deque<Op*> sendq, recvq;
+  std::map<uint64_t, Op*> finWait;  // cma sends waiting for the receiver's FIN, by seq
+  // A mismatched message being skipped: the bytes still to skip.
+  bool discarding = false;
+  uint64_t discardLeft = 0;
+};
+
 class ShmTransport : public Transport {
  public:
   // Collective among the ranks of this node: creates this rank's segment,
@@ -64,6 +78,10 @@ class ShmTransport : public Transport {
   // Fails everything pending with a local peer whose process has exited.
   void checkAlive() override;
   std::string describe(int peer) const override;
+  // Bytes this rank has queued on its NIC (the router's point-to-point
+  // choice reads them): kept in the segment so the node's ranks can read it.
+  void addNetQueued(int64_t bytes);
+  uint64_t netQueued(int rank) const;
 
  private:
   struct Peer {
@@ -73,20 +91,16 @@ class ShmTransport : public Transport {
     int pidfd = -1;
     SegHeader* seg = nullptr;  // the peer's segment, mapped here
     size_t segBytes = 0;
-    Ring outData, outCtrl;     // rings in the peer's segment that this rank writes
-    Ring inData, inCtrl;       // rings in this rank's segment that the peer writes
+    Lane lane[kLanes];
+    Ring outCtrl;              // in the peer's segment, written by this rank
+    Ring inCtrl;               // in this rank's segment, written by the peer
     bool cma = false;          // the peer reads large messages from this rank directly
     bool dirty = false;        // wrote to the peer since the last doorbell
     bool gone = false;
     bool bye = false;  // the peer left: what it sent before is still in the ring
     zpResult_t goneCode = zpSuccess;
     std::string goneWhy;
-    std::deque<Op*> sendq, recvq;
-    std::map<uint64_t, Op*> finWait;  // cma sends waiting for the receiver's FIN, by seq
     std::deque<std::vector<char>> ctrlBacklog;  // control records waiting for ring space
-    // A mismatched message being skipped: the bytes still to skip.
-    bool discarding = false;
-    uint64_t discardLeft = 0;
   };
 
   static bool hasWork(const Peer& p);
@@ -94,8 +108,8 @@ class ShmTransport : public Transport {
   zpResult_t init();
   Peer* peer(int rank);
   bool drainCtrl(Peer& p);
-  bool progressRecv(Peer& p);
-  bool progressSend(Peer& p);
+  bool progressRecv(Peer& p, int lane);
+  bool progressSend(Peer& p, int lane);
   bool pushCtrl(Peer& p, std::vector<char> record);
   void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer = false);
   void sendToAll(uint32_t type, zpResult_t code, const std::string& why);

@@ -12,13 +12,16 @@ namespace zp {
 
 namespace {
 
-enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2 };
+// Relays (OpKind::kRelayHeader / kRelayData) match on the whole tag; their
+// headers are received from any rank (source and sequence masked out).
+enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2, kTagRelay = 3 };
 enum CtrlType : uint32_t { kCtrlStatus = 1, kCtrlBye = 2, kCtrlAbort = 3 };
 constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = 36;
 constexpr uint64_t kSeqMask = (1ull << kSrcShift) - 1;
 constexpr uint64_t kSrcMask = (1ull << 20) - 1;
 constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
 constexpr ucp_tag_t kMatchType = 3ull << kTypeShift;
+constexpr ucp_tag_t kMatchTypeKind = kMatchType | 0x3Full << kKindShift;
 constexpr size_t kCtrlMax = 1024;
 
 ucp_tag_t makeTag(uint64_t type, uint64_t kind, uint64_t src, uint64_t seq) {
@@ -178,6 +181,12 @@ std::string UcxTransport::describe(int) const {
 }
 
 void UcxTransport::post(Op* op) {
+  if (op->peer == kAnyRemotePeer) {
+    ops_[op].parts++;
+    submit(op, false);
+    releasePart(op);
+    return;
+  }
   Peer& p = peers_[op->peer];
   if (p.failed || (p.bye && op->isSend) || !p.ep) {
     op->finish(zpRemoteError, p.why.empty() ? "no network path to rank " + std::to_string(op->peer) : p.why);
@@ -227,14 +236,19 @@ void UcxTransport::submit(Op* op, bool meta) {
   s.parts++;
   s.reqs.push_back(r);
   ucs_status_ptr_t st;
+  bool relay = op->kind >= OpKind::kRelayHeader;
+  uint64_t type = relay ? kTagRelay : meta ? kTagMeta : kTagData;
   if (op->isSend) {
     prm.cb.send = sendCb;
-    st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len,
-                          makeTag(meta ? kTagMeta : kTagData, (uint64_t)op->kind, comm_->rank, op->seq), &prm);
+    st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len, makeTag(type, (uint64_t)op->kind, comm_->rank, op->seq),
+                          &prm);
   } else {
     prm.cb.recv = recvCb;
-    st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(meta ? kTagMeta : kTagData, 0, op->peer, op->seq),
-                          kMatchAllButKind, &prm);
+    if (op->peer == kAnyRemotePeer)
+      st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(type, (uint64_t)op->kind, 0, 0), kMatchTypeKind, &prm);
+    else
+      st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(type, (uint64_t)op->kind, op->peer, op->seq),
+                            relay ? ~0ull : kMatchAllButKind, &prm);
   }
   ZP_TRACE(kSubNet, "rank %d: posted %s %s #%llu with rank %d, %zu bytes", comm_->rank, op->isSend ? "send" : "recv",
            meta ? "meta" : "data", (unsigned long long)op->seq, op->peer, len);
@@ -443,11 +457,19 @@ bool UcxTransport::progress() {
   return did || ops_.size() != before || !errors.empty();
 }
 
-bool UcxTransport::busy() const { return !ops_.empty(); }
+// The router's standing receive of relay headers is no work.
+static bool standing(const Op* op) { return op->peer == kAnyRemotePeer; }
+
+bool UcxTransport::busy() const {
+  for (auto& kv : ops_)
+    if (!standing(kv.first)) return true;
+  return false;
+}
 
 std::vector<int> UcxTransport::busyPeers() const {
   std::vector<int> out;
-  for (auto& kv : ops_) out.push_back(kv.first->peer);
+  for (auto& kv : ops_)
+    if (!standing(kv.first)) out.push_back(kv.first->peer);
   return out;
 }
 

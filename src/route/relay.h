@@ -1,0 +1,113 @@
+// The router's executor: carries routed transfers along the pieces a plan
+// (router.h) gives them, with every rank serving as a proxy for its node.
+//
+// A transfer src -> dst (on another node) is cut into chunks of at most
+// chunkBytes. Each chunk travels as two messages per hop: a RelayHeader,
+// then its bytes, over the transports' relay kinds (their own lane on shared
+// memory, their own tags on UCX, so relays never queue behind user messages):
+//   dispatch  src -> srcProxy over shared memory (skipped when src is it),
+//   transfer  srcProxy -> dstProxy over the network,
+//   combine   dstProxy -> dst over shared memory (skipped when dst is it).
+// The destination places each chunk by (src, kind, transfer id, offset), in
+// any arrival order, straight into the receive buffer when the receive is
+// already posted, else into a buffer of its own until it is.
+//
+// Proxies stage chunks in fixed slots: one pool for chunks on their way out
+// of the node and one for chunks coming in, so a rank that is both cannot
+// fill all slots with outgoing chunks that wait for its own incoming ones.
+// A proxy takes a chunk only when it has a free slot; until then the chunk
+// waits at the previous hop, so a slow NIC slows its senders instead of
+// filling memory. Incoming chunks end at their destination, which never
+// waits for a slot: no cycle of waits can form.
+//
+// Everything here runs inside Comm::progress, i.e. under the communicator's
+// lock, from a user call or from the proxy thread (comm.h).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/comm.h"
+#include "src/route/router.h"
+
+namespace zp {
+
+struct RelayHeader {
+  uint64_t magic;
+  uint32_t kind;   // the user call's OpKind
+  int32_t src, dst;  // the transfer's ends
+  int32_t hop;       // who sent this message
+  int32_t dstProxy;  // who takes the chunk off the network on dst's node
+  int32_t pad;
+  uint64_t xfer;     // the transfer's id among (src, dst, kind)'s transfers
+  uint64_t total;    // the transfer's bytes
+  uint64_t offset, bytes;  // this chunk
+  uint64_t dataSeq;  // the sequence number of the message with the bytes
+};
+
+class Relay {
+ public:
+  explicit Relay(Comm* comm);
+  ~Relay();
+
+  // Bytes of a chunk (the router's chunkBytes).
+  uint64_t chunkBytes() const { return chunkBytes_; }
+  // Takes an op with a rank of another node: a point-to-point op gets its
+  // path from the NICs' queues (pickPath); others carry theirs (op->pieces).
+  void post(Op* op);
+  // A routed send of op (a send to a rank of another node) along pieces;
+  // op finishes when every chunk has left its buffer.
+  void send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces);
+  // A routed receive; op finishes when every byte has arrived.
+  void recv(Op* op, uint64_t xfer);
+  // True if anything moved.
+  bool progress();
+  // Chunks in flight here (as source, proxy or destination).
+  bool busy() const;
+  // Fails every routed op and forgets the chunks (the communicator broke;
+  // the transports have already failed their ops).
+  void dropOps(zpResult_t status, const std::string& why);
+  // Sources of routed receives still missing bytes.
+  std::vector<int> waitingOn() const;
+
+ private:
+  struct Chunk;
+  struct InRecv;
+  struct Delivery;
+  using Key = std::tuple<int, uint32_t, uint64_t>;  // (src, kind, xfer)
+
+  void postHeaderRecvs();
+  void onHeader(const RelayHeader& h, int from, InRecv* standing);
+  bool placeChunk(Chunk* ch);
+  bool accept(Delivery& d, const RelayHeader& h);
+  void finishDelivery(const Key& key);
+  void sendChunk(Chunk* ch, int to);
+  void chunkArrived(Chunk* ch);
+  void chunkSent(Chunk* ch);
+  Transport* via(int peer) const;
+  uint64_t nextSeq(int peer) { return relaySendSeq_[peer]++; }
+  char* takeSlot(bool inbound);
+  void freeSlot(char* slot, bool inbound);
+
+  Comm* c_;
+  uint64_t chunkBytes_;
+  bool started_ = false;
+  std::vector<uint64_t> relaySendSeq_, relayRecvSeq_;  // by peer: relay messages
+  std::vector<uint64_t> p2pSends_, p2pRecvs_;          // by peer: routed point-to-point transfers
+  std::vector<std::unique_ptr<InRecv>> standing_;       // header receives: one per local peer, one for the network
+  std::list<std::unique_ptr<Chunk>> chunks_;
+  std::deque<Chunk*> waitingSlot_[2];  // chunks whose proxy waits for a slot (outbound, inbound)
+  std::vector<std::unique_ptr<char[]>> slotMemory_;
+  std::vector<char*> freeSlots_[2];
+  std::map<Key, std::unique_ptr<Delivery>> deliveries_;  // routed receives and early chunks, by key
+  std::map<Op*, int> sendsLeft_;                          // routed sends: chunks not yet sent
+};
+
+}  // namespace zp
