@@ -230,10 +230,7 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
     std::lock_guard<std::mutex> lock(gHandlesMu);
     impl = std::move(comm->impl);
   }
-  {
-    std::lock_guard<std::mutex> lock(impl->mu);
-    zp::commLeave(impl.get(), abort);
-  }
+  zp::commLeave(impl.get(), abort);
   return zpSuccess;
 }
 

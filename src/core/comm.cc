@@ -28,6 +28,10 @@ const char* opKindName(OpKind kind) {
 
 Comm::Comm() = default;
 Comm::~Comm() {
+  if (proxyThread.joinable()) {
+    proxyStop = true;
+    proxyThread.join();
+  }
   // The transports may still complete the relay's operations while they shut down.
   net.reset();
   shm.reset();
@@ -182,6 +186,32 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   return zpSuccess;
 }
 
+// The proxy thread: progress while no call holds the lock. It sleeps
+// without the lock (on the shared-memory doorbell, checking the network's
+// event fd between naps), so a call can start at any time.
+static void proxyLoop(Comm* c) {
+  uint64_t lastMove = nowMs();
+  while (!c->proxyStop.load()) {
+    uint32_t token;
+    bool armed = true;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->asyncError != zpSuccess) break;  // the next call reports it
+      token = c->shm->waitToken();
+      if (c->progress()) {
+        lastMove = nowMs();
+        continue;
+      }
+      if (c->net) armed = c->net->arm();
+    }
+    if (!armed) continue;
+    // Busy lately: short naps, so chunks from the network do not wait;
+    // idle: longer ones (a doorbell wakes it at once either way).
+    int napMs = nowMs() - lastMove < 200 ? 1 : 20;
+    c->shm->sleep(token, napMs);
+  }
+}
+
 zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config& cfg,
                       std::unique_ptr<Comm>* out) {
   auto c = std::make_unique<Comm>();
@@ -203,6 +233,7 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
   zpResult_t res = initTransports(c.get(), rootFd);
   close(rootFd);
   ZP_CHECK(res);
+  if (c->relay) c->proxyThread = std::thread(proxyLoop, c.get());
   ZP_INFO(kSubInit, "rank %d/%d on node '%s' (pid %d): communicator ready", rank, nranks, cfg.nodeId.c_str(),
           (int)getpid());
   *out = std::move(c);
@@ -431,6 +462,11 @@ static void finishRelays(Comm* c) {
 }
 
 void commLeave(Comm* comm, bool abort) {
+  if (comm->proxyThread.joinable()) {
+    comm->proxyStop = true;
+    comm->proxyThread.join();
+  }
+  std::lock_guard<std::mutex> lock(comm->mu);
   if (!abort && comm->routes() && comm->asyncError == zpSuccess) finishRelays(comm);
   std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
   for (Transport* t : comm->transports) {

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,7 +101,11 @@ struct Comm {
   // The last alltoallv's plan, and the count matrix it was made from.
   Plan lastPlan;
   std::vector<uint64_t> lastPlanKey;
-  std::mutex mu;  // one call at a time per communicator
+  std::mutex mu;  // one call at a time per communicator; whoever holds it drives progress
+  // With routing, a thread serves relays while no call runs (proxies must
+  // move other ranks' chunks even when their own rank computes).
+  std::thread proxyThread;
+  std::atomic<bool> proxyStop{false};
 
   // Per peer, how many messages each way so far: the k-th send to a peer
   // matches the peer's k-th receive from this rank.
@@ -144,6 +150,7 @@ struct Comm {
 zpResult_t commCreate(int nranks, const zpUniqueId& id, int rank, const Config& cfg,
                       std::unique_ptr<Comm>* out);
 // Tells peers this rank is leaving (abort: and that they must fail at once).
+// Call without holding comm->mu (it stops the proxy thread, then takes it).
 void commLeave(Comm* comm, bool abort);
 
 // Runs ops on several communicators together (a group may span them).

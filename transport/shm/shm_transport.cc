@@ -40,7 +40,7 @@ struct SegHeader {
   uint64_t ownerBase;  // where the owner mapped this segment (for the cma probe)
   uint64_t probe;
   alignas(64) std::atomic<uint32_t> doorbell;
-  alignas(64) std::atomic<uint32_t> sleeping;
+  alignas(64) std::atomic<uint32_t> sleeping;  // threads of the owner asleep on the doorbell
   alignas(64) std::atomic<uint64_t> netQueued;
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
@@ -401,7 +401,7 @@ void ShmTransport::notify(Peer& p) {
   p.dirty = false;
   p.seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (p.seg->sleeping.load(std::memory_order_seq_cst))
-    futex(&p.seg->doorbell, FUTEX_WAKE, 1, nullptr);
+    futex(&p.seg->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
 uint32_t ShmTransport::waitToken() const {
@@ -424,11 +424,17 @@ void ShmTransport::wait(uint32_t token, int ms) {
     if ((i & 15) == 15 && nowUs() > spinUntil) break;
     sched_yield();
   }
-  mine_->sleeping.store(1, std::memory_order_seq_cst);
+  if (!sleep(token, ms)) checkAlive();
+}
+
+bool ShmTransport::sleep(uint32_t token, int ms) {
+  if (!mine_) return true;
+  mine_->sleeping.fetch_add(1, std::memory_order_seq_cst);
   timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
   long rc = futex(&mine_->doorbell, FUTEX_WAIT, token, &ts);
-  mine_->sleeping.store(0, std::memory_order_relaxed);
-  if (rc != 0 && errno == ETIMEDOUT) checkAlive();
+  int err = errno;
+  mine_->sleeping.fetch_sub(1, std::memory_order_relaxed);
+  return !(rc != 0 && err == ETIMEDOUT);
 }
 
 void ShmTransport::checkAlive() {

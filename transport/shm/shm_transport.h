@@ -71,6 +71,9 @@ class ShmTransport : public Transport {
   // Sleeps until the token differs from `token` or ms pass; then checks that
   // local peers are still alive.
   void wait(uint32_t token, int ms);
+  // Only the sleep, touching nothing but the doorbell (safe without the
+  // communicator's lock); false if the time ran out.
+  bool sleep(uint32_t token, int ms);
   void dropOps(zpResult_t status, const std::string& why) override;
   void abortPeers(zpResult_t code, const std::string& why) override;
   void leave() override;

@@ -154,6 +154,13 @@ UcxTransport::~UcxTransport() {
       }
     }
     if (ctrlRecv_ && ctrlRecv_->ucx) ucp_request_cancel(worker_, ctrlRecv_->ucx);
+    // Receives still posted (the router's standing receive of relay headers).
+    // A cancel may complete at once and edit ops_: collect first.
+    std::vector<void*> posted;
+    for (auto& kv : ops_)
+      for (Request* r : kv.second.reqs)
+        if (r->ucx) posted.push_back(r->ucx);
+    for (void* r : posted) ucp_request_cancel(worker_, r);
     for (int i = 0; i < 100 && ucp_worker_progress(worker_); i++) {
     }
     // Messages nobody will receive any more (goodbyes of peers that left at
@@ -474,8 +481,13 @@ std::vector<int> UcxTransport::busyPeers() const {
 }
 
 void UcxTransport::wait(int ms) {
-  // Arming fails with BUSY when events are already waiting: then do not sleep.
-  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  if (arm()) sleep(ms);
+}
+
+// Arming fails with BUSY when events are already waiting: then do not sleep.
+bool UcxTransport::arm() { return ucp_worker_arm(worker_) == UCS_OK; }
+
+void UcxTransport::sleep(int ms) const {
   pollfd p = {efd_, POLLIN, 0};
   poll(&p, 1, ms);
 }

@@ -47,6 +47,11 @@ class UcxTransport : public Transport {
   std::string describe(int peer) const override;
   // Sleeps on the worker's event fd until something arrives or ms pass.
   void wait(int ms);
+  // wait() in two steps, for a thread that must not hold the communicator's
+  // lock while it sleeps: arm() under the lock (false: events are waiting
+  // already), then sleep() without it.
+  bool arm();
+  void sleep(int ms) const;
 
   struct Request;  // one UCP request and what it completes
 
