@@ -1,0 +1,385 @@
+// route_perf: what the router does for inter-node traffic, on an emulated
+// cluster (zprun --nodes N --ranks-per-node R --nics-per-node K --nic-rate X).
+//
+// Patterns (S = the size of the row, in bytes):
+//   single   rank 0 sends S to the rank with local index 0 on node 1;
+//   ring     the first rank of every node sends S to the first rank of the
+//            next node (one ring hop across nodes, as ring attention's
+//            inter-node ring makes);
+//   zipf     alltoallv, n*S bytes in all; pair (s, d) gets a share
+//            proportional to z(s) z(d), z(k) = 1 / (1 + pi(k))^1.2 for a
+//            seeded permutation pi: a few ranks send and receive most;
+//   uniform  alltoallv, S to every rank.
+// single and ring use zpSend / zpRecv (the sender picks the path alone);
+// zipf and uniform use zpAlltoallv (the router plans the whole call).
+//
+// Each pattern and size runs once per routing mode (-m, default
+// off,rail,balanced), each mode on a communicator of its own, in one run.
+// Columns: time per call (the slowest rank's mean), GB/s = the busiest
+// node's inter-node bytes in one direction per second, %nics = the fraction
+// of that node's summed NIC rate (K x ZP_NIC_RATE_BPS) this is, x_off = the
+// speedup over routing off, and the bytes each NIC of node 0 and node 1 sent
+// (tx counters of the interfaces zpnic*, MiB per call, TCP/IP headers
+// included). -c 1 checks every received byte of one more call per row.
+//
+// Built against MPI as mpi_route_perf (one mode, "mpi": the same traffic
+// with MPI_Isend/Irecv and MPI_Alltoallv) for comparison.
+#include <dirent.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#ifdef ZP_BENCH_MPI
+#define OMPI_SKIP_MPICXX 1  // the C API only
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#else
+#include "zeppelin.h"
+#endif
+
+namespace {
+
+using zpbench::nowSeconds;
+
+int gRank = 0, gN = 1;
+
+[[noreturn]] void die(const char* what, const std::string& why) {
+  fprintf(stderr, "route_perf: rank %d: %s: %s\n", gRank, what, why.c_str());
+  exit(1);
+}
+
+// ---- The few operations the benchmark needs, over Zeppelin or MPI ----
+#ifdef ZP_BENCH_MPI
+struct Net {
+  MPI_Comm comm = MPI_COMM_WORLD;
+};
+std::vector<std::string> modeNames(const std::string&) { return {"mpi"}; }
+void initAll(int* argc, char*** argv, const std::vector<std::string>&, std::vector<Net>* nets) {
+  MPI_Init(argc, argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &gRank);
+  MPI_Comm_size(MPI_COMM_WORLD, &gN);
+  nets->resize(1);
+}
+void p2p(Net& net, const void* sbuf, size_t sbytes, int to, void* rbuf, size_t rbytes, int from) {
+  MPI_Request req[2];
+  int k = 0;
+  if (from >= 0) MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, from, 7, net.comm, &req[k++]);
+  if (to >= 0) MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, 7, net.comm, &req[k++]);
+  MPI_Waitall(k, req, MPI_STATUSES_IGNORE);
+}
+void alltoallv(Net& net, const void* sbuf, const std::vector<size_t>& sc, const std::vector<size_t>& sd, void* rbuf,
+               const std::vector<size_t>& rc, const std::vector<size_t>& rd) {
+  std::vector<int> a(sc.begin(), sc.end()), b(sd.begin(), sd.end()), c(rc.begin(), rc.end()), d(rd.begin(), rd.end());
+  MPI_Alltoallv(sbuf, a.data(), b.data(), MPI_BYTE, rbuf, c.data(), d.data(), MPI_BYTE, net.comm);
+}
+void finalizeAll(std::vector<Net>&) { MPI_Finalize(); }
+const char* library() { return "Open MPI (MPI_Isend/Irecv, MPI_Alltoallv)"; }
+#else
+struct Net {
+  zpComm_t comm = nullptr;
+};
+void check(zpResult_t r, const char* what, zpComm_t comm) {
+  if (r != zpSuccess) die(what, std::string(zpGetErrorString(r)) + ": " + zpGetLastError(comm));
+}
+std::vector<std::string> modeNames(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+zpConfig_t configFor(const std::string& mode) {
+  zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+  if (mode == "off") cfg.routing = zpRoutingOff;
+  else if (mode == "rail") cfg.routing = zpRoutingRail;
+  else if (mode == "balanced") cfg.routing = zpRoutingBalanced;
+  else die("-m", "unknown routing mode '" + mode + "' (off, rail, balanced)");
+  return cfg;
+}
+void alltoallv(Net& net, const void* sbuf, const std::vector<size_t>& sc, const std::vector<size_t>& sd, void* rbuf,
+               const std::vector<size_t>& rc, const std::vector<size_t>& rd) {
+  check(zpAlltoallv(sbuf, sc.data(), sd.data(), rbuf, rc.data(), rd.data(), zpUint8, net.comm, nullptr),
+        "zpAlltoallv", net.comm);
+}
+// The first mode's communicator comes from the launcher's variables; the
+// others from unique ids that rank 0 makes and hands out over the first.
+void initAll(int*, char***, const std::vector<std::string>& modes, std::vector<Net>* nets) {
+  nets->resize(modes.size());
+  zpConfig_t cfg = configFor(modes[0]);
+  check(zpCommInitFromEnv(&(*nets)[0].comm, &cfg), "zpCommInitFromEnv", nullptr);
+  zpCommUserRank((*nets)[0].comm, &gRank);
+  zpCommCount((*nets)[0].comm, &gN);
+  for (size_t m = 1; m < modes.size(); m++) {
+    zpUniqueId id;
+    if (gRank == 0) check(zpGetUniqueId(&id), "zpGetUniqueId", nullptr);
+    std::vector<size_t> sc(gN, gRank == 0 ? sizeof(id) : 0), sd(gN, 0), rc(gN, 0), rd(gN, 0);
+    rc[0] = sizeof(id);
+    std::vector<zpUniqueId> copies(1);
+    alltoallv((*nets)[0], &id, sc, sd, copies.data(), rc, rd);
+    cfg = configFor(modes[m]);
+    check(zpCommInitRankConfig(&(*nets)[m].comm, gN, copies[0], gRank, &cfg), "zpCommInitRankConfig", nullptr);
+  }
+}
+void p2p(Net& net, const void* sbuf, size_t sbytes, int to, void* rbuf, size_t rbytes, int from) {
+  check(zpGroupStart(), "zpGroupStart", net.comm);
+  if (to >= 0) check(zpSend(sbuf, sbytes, zpUint8, to, net.comm, nullptr), "zpSend", net.comm);
+  if (from >= 0) check(zpRecv(rbuf, rbytes, zpUint8, from, net.comm, nullptr), "zpRecv", net.comm);
+  check(zpGroupEnd(), "zpGroupEnd", net.comm);
+}
+void finalizeAll(std::vector<Net>& nets) {
+  for (Net& n : nets) zpCommDestroy(n.comm);
+}
+const char* library() { return "Zeppelin (zpSend/zpRecv, zpAlltoallv)"; }
+#endif
+
+// Every rank's vector of k values, at every rank (an alltoallv).
+std::vector<uint64_t> allgather(Net& net, const std::vector<uint64_t>& mine) {
+  size_t k = mine.size() * sizeof(uint64_t);
+  std::vector<size_t> sc(gN, k), sd(gN, 0), rc(gN, k), rd(gN);
+  for (int r = 0; r < gN; r++) rd[r] = r * k;
+  std::vector<uint64_t> all(mine.size() * gN);
+  alltoallv(net, mine.data(), sc, sd, all.data(), rc, rd);
+  return all;
+}
+
+void barrier(Net& net) { allgather(net, {1}); }
+
+// This node's NICs' transmitted bytes (interfaces zpnic0, zpnic1, ...).
+std::vector<uint64_t> nicTxBytes(int nics) {
+  std::vector<uint64_t> out(nics, 0);
+  for (int k = 0; k < nics; k++) {
+    std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/tx_bytes";
+    if (FILE* f = fopen(path.c_str(), "r")) {
+      unsigned long long v = 0;
+      if (fscanf(f, "%llu", &v) == 1) out[k] = v;
+      fclose(f);
+    }
+  }
+  return out;
+}
+
+uint8_t expected(int src, int dst, size_t i, uint64_t seed) {
+  uint64_t x = seed ^ (uint64_t)src * 0x9E3779B97F4A7C15ull ^ (uint64_t)dst * 0xC2B2AE3D27D4EB4Full ^ i;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return (uint8_t)x;
+}
+
+struct Traffic {
+  std::vector<std::vector<size_t>> bytes;  // [src][dst]
+  bool pointToPoint = false;
+};
+
+Traffic makeTraffic(const std::string& pattern, size_t S, int rpn, uint64_t seed) {
+  Traffic t;
+  t.bytes.assign(gN, std::vector<size_t>(gN, 0));
+  int nodes = gN / rpn;
+  if (pattern == "single") {
+    t.pointToPoint = true;
+    t.bytes[0][rpn] = S;
+  } else if (pattern == "ring") {
+    t.pointToPoint = true;
+    for (int i = 0; i < nodes; i++) t.bytes[i * rpn][((i + 1) % nodes) * rpn] = S;
+  } else if (pattern == "uniform") {
+    for (auto& row : t.bytes) std::fill(row.begin(), row.end(), S);
+  } else if (pattern == "zipf") {
+    std::vector<int> perm(gN);
+    for (int i = 0; i < gN; i++) perm[i] = i;
+    std::mt19937_64 rng(seed);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<double> z(gN);
+    double sum = 0;
+    for (int i = 0; i < gN; i++) sum += z[i] = 1.0 / std::pow(1.0 + perm[i], 1.2);
+    for (int s = 0; s < gN; s++)
+      for (int d = 0; d < gN; d++) t.bytes[s][d] = (size_t)((double)S * gN * gN * z[s] / sum * z[d] / sum);
+  } else {
+    die("-p", "unknown pattern '" + pattern + "' (single, ring, zipf, uniform)");
+  }
+  return t;
+}
+
+// Runs the traffic once; check: with fresh bytes, every received byte checked.
+long long runOnce(Net& net, const Traffic& t, std::vector<uint8_t>& sbuf, std::vector<uint8_t>& rbuf, bool check,
+                  uint64_t seed) {
+  const auto& B = t.bytes;
+  std::vector<size_t> sc(gN), sd(gN), rc(gN), rd(gN);
+  size_t so = 0, ro = 0;
+  for (int p = 0; p < gN; p++) {
+    sc[p] = B[gRank][p];
+    sd[p] = so;
+    so += sc[p];
+    rc[p] = B[p][gRank];
+    rd[p] = ro;
+    ro += rc[p];
+  }
+  if (check) {
+    for (int p = 0; p < gN; p++)
+      for (size_t i = 0; i < sc[p]; i++) sbuf[sd[p] + i] = expected(gRank, p, i, seed);
+    std::fill(rbuf.begin(), rbuf.end(), 0xA5);
+  }
+  if (t.pointToPoint) {
+    int to = -1, from = -1;
+    for (int p = 0; p < gN; p++) {
+      if (sc[p]) to = p;
+      if (rc[p]) from = p;
+    }
+    if (to >= 0 || from >= 0)
+      p2p(net, sbuf.data() + (to >= 0 ? sd[to] : 0), to >= 0 ? sc[to] : 0, to, rbuf.data() + (from >= 0 ? rd[from] : 0),
+          from >= 0 ? rc[from] : 0, from);
+  } else {
+    alltoallv(net, sbuf.data(), sc, sd, rbuf.data(), rc, rd);
+  }
+  if (!check) return 0;
+  long long wrong = 0;
+  for (int p = 0; p < gN; p++)
+    for (size_t i = 0; i < rc[p]; i++) wrong += rbuf[rd[p] + i] != expected(p, gRank, i, seed);
+  for (size_t i = ro; i < rbuf.size(); i++) wrong += rbuf[i] != 0xA5;
+  return wrong;
+}
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: route_perf [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
+          "                  [-p single,ring,zipf,uniform] [-m off,rail,balanced] [-s SEED]\n"
+          "Run under zprun --nodes N --ranks-per-node R --nics-per-node K --nic-rate X.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t minB = 64u << 20, maxB = 64u << 20;
+  double factor = 2;
+  int iters = 3, warmup = 1, check = 1;
+  uint64_t seed = 1;
+  std::string patterns = "single,ring,zipf,uniform", modes = "off,rail,balanced";
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      usage(stderr);
+      return 2;
+    }
+    std::string v = argv[++i];
+    size_t sz = 0;
+    if ((a == "-b" || a == "-e") && zpbench::parseBytes(v.c_str(), &sz)) (a == "-b" ? minB : maxB) = sz;
+    else if (a == "-f") factor = atof(v.c_str());
+    else if (a == "-n") iters = atoi(v.c_str());
+    else if (a == "-w") warmup = atoi(v.c_str());
+    else if (a == "-c") check = atoi(v.c_str());
+    else if (a == "-s") seed = strtoull(v.c_str(), nullptr, 10);
+    else if (a == "-p") patterns = v;
+    else if (a == "-m") modes = v;
+    else {
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (minB == 0 || maxB < minB || factor <= 1 || iters < 1 || warmup < 0) {
+    usage(stderr);
+    return 2;
+  }
+  std::vector<std::string> modeList = modeNames(modes);
+  std::vector<Net> nets;
+  initAll(&argc, &argv, modeList, &nets);
+  zpbench::NicInfo nic = zpbench::nicInfo();
+  const int rpn = nic.ranksPerNode, nodes = gN / rpn;
+  const int nics = std::max(1, atoi(getenv("ZP_NICS_PER_NODE") ? getenv("ZP_NICS_PER_NODE") : "1"));
+  if (nodes < 2 || gN % rpn) die("setup", "needs at least 2 nodes of equal size (zprun --nodes)");
+  const bool reportsNics = gRank % rpn == 0;  // one rank per node reads its node's counters
+
+  if (gRank == 0) {
+    printf("# route_perf: %s; %d nodes x %d ranks, %d NICs per node at %.3g bit/s\n", library(), nodes, rpn, nics,
+           nic.bitsPerSec);
+    printf("# GB/s: the busiest node's inter-node bytes (one direction) per second; %%nics: of its %d NICs' summed "
+           "rate\n# tx MiB: per call, sent by each NIC of node 0 | node 1\n",
+           nics);
+    printf("%-8s %11s %-8s %11s %7s %6s %6s %7s  %s\n", "pattern", "size", "mode", "time(us)", "GB/s", "%nics",
+           "x_off", "#wrong", "tx MiB");
+  }
+  std::vector<std::string> patternList = modeNames(patterns);
+  int failed = 0;
+  for (const std::string& pattern : patternList)
+    for (size_t S = minB; S <= maxB; S = (size_t)(S * factor)) {
+      Traffic t = makeTraffic(pattern, S, rpn, seed);
+      size_t sTot = 0, rTot = 0;
+      double nodeMax = 0;  // the busiest node direction's inter-node bytes
+      for (int a = 0; a < nodes; a++) {
+        double out = 0, in = 0;
+        for (int s = 0; s < gN; s++)
+          for (int d = 0; d < gN; d++) {
+            if (s / rpn == d / rpn) continue;
+            if (s / rpn == a) out += t.bytes[s][d];
+            if (d / rpn == a) in += t.bytes[s][d];
+          }
+        nodeMax = std::max(nodeMax, std::max(out, in));
+      }
+      for (int p = 0; p < gN; p++) {
+        sTot += t.bytes[gRank][p];
+        rTot += t.bytes[p][gRank];
+      }
+      std::vector<uint8_t> sbuf(std::max<size_t>(sTot, 1)), rbuf(rTot + 4096);
+      double offTime = 0;
+      for (size_t m = 0; m < modeList.size(); m++) {
+        Net& net = nets[m];
+        for (int w = 0; w < warmup; w++) runOnce(net, t, sbuf, rbuf, false, seed);
+        barrier(net);
+        std::vector<uint64_t> tx0 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
+        double t0 = nowSeconds();
+        for (int it = 0; it < iters; it++) runOnce(net, t, sbuf, rbuf, false, seed);
+        double mine = (nowSeconds() - t0) / iters;
+        std::vector<uint64_t> tx1 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
+        // Counters of the interval, and the time of the slowest rank (in ns).
+        std::vector<uint64_t> row(nics + 1);
+        for (int k = 0; k < nics; k++) row[k] = (tx1[k] - tx0[k]) / iters;
+        row[nics] = (uint64_t)(mine * 1e9);
+        long long wrong = check ? runOnce(net, t, sbuf, rbuf, true, seed + 1 + S) : -1;
+        std::vector<uint64_t> all = allgather(net, row);
+        std::vector<uint64_t> wrongs = allgather(net, {(uint64_t)std::max(0LL, wrong)});
+        if (gRank != 0) continue;
+        double time = 0;
+        long long wrongSum = 0;
+        for (int r = 0; r < gN; r++) {
+          time = std::max(time, all[r * (nics + 1) + nics] * 1e-9);
+          wrongSum += (long long)wrongs[r];
+        }
+        if (modeList[m] == "off") offTime = time;
+        double gbps = nodeMax / time / 1e9;
+        double pct = nic.bitsPerSec > 0 ? 100.0 * nodeMax * 8 / time / (nic.bitsPerSec * nics) : -1;
+        char xoff[16] = "-";
+        if (offTime > 0) snprintf(xoff, sizeof xoff, "%.2f", offTime / time);
+        std::string tx;
+        for (int node = 0; node < 2; node++) {
+          for (int k = 0; k < nics; k++) {
+            char b[24];
+            snprintf(b, sizeof b, "%s%.0f", k ? " " : "", all[node * rpn * (nics + 1) + k] / 1048576.0);
+            tx += b;
+          }
+          if (node == 0) tx += " | ";
+        }
+        char wrongText[24];
+        if (check) snprintf(wrongText, sizeof wrongText, "%lld", wrongSum);
+        else snprintf(wrongText, sizeof wrongText, "N/A");
+        printf("%-8s %11zu %-8s %11.0f %7.3f %6.1f %6s %7s  %s\n", pattern.c_str(), S, modeList[m].c_str(),
+               time * 1e6, gbps, pct, xoff, wrongText, tx.c_str());
+        fflush(stdout);
+        if (wrongSum) failed = 1;
+      }
+    }
+  finalizeAll(nets);
+  return failed;
+}
