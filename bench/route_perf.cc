@@ -55,12 +55,23 @@ int gRank = 0, gN = 1;
   exit(1);
 }
 
+std::vector<std::string> splitList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 // ---- The few operations the benchmark needs, over Zeppelin or MPI ----
 #ifdef ZP_BENCH_MPI
 struct Net {
   MPI_Comm comm = MPI_COMM_WORLD;
 };
-std::vector<std::string> modeNames(const std::string&) { return {"mpi"}; }
 void initAll(int* argc, char*** argv, const std::vector<std::string>&, std::vector<Net>* nets) {
   MPI_Init(argc, argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &gRank);
@@ -87,17 +98,6 @@ struct Net {
 };
 void check(zpResult_t r, const char* what, zpComm_t comm) {
   if (r != zpSuccess) die(what, std::string(zpGetErrorString(r)) + ": " + zpGetLastError(comm));
-}
-std::vector<std::string> modeNames(const std::string& list) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= list.size()) {
-    size_t comma = list.find(',', at);
-    if (comma == std::string::npos) comma = list.size();
-    out.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
 }
 zpConfig_t configFor(const std::string& mode) {
   zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
@@ -293,7 +293,11 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  std::vector<std::string> modeList = modeNames(modes);
+#ifdef ZP_BENCH_MPI
+  std::vector<std::string> modeList = {"mpi"};
+#else
+  std::vector<std::string> modeList = splitList(modes);
+#endif
   std::vector<Net> nets;
   initAll(&argc, &argv, modeList, &nets);
   zpbench::NicInfo nic = zpbench::nicInfo();
@@ -311,7 +315,7 @@ int main(int argc, char** argv) {
     printf("%-8s %11s %-8s %11s %7s %6s %6s %7s  %s\n", "pattern", "size", "mode", "time(us)", "GB/s", "%nics",
            "x_off", "#wrong", "tx MiB");
   }
-  std::vector<std::string> patternList = modeNames(patterns);
+  std::vector<std::string> patternList = splitList(patterns);
   int failed = 0;
   for (const std::string& pattern : patternList)
     for (size_t S = minB; S <= maxB; S = (size_t)(S * factor)) {

@@ -6,7 +6,12 @@
 //            alltoallv calls; every other rank must get zpRemoteError;
 //   foreign  before init, the last rank connects to the rendezvous port from
 //            its node and sends garbage, a wrong secret, and nothing; the
-//            communicator must still form and work.
+//            communicator must still form and work;
+//   idle     rank 0 sends 8 MiB to the first rank of node 1 with zpSend /
+//            zpRecv while every other rank sleeps outside the library for
+//            5 s: the routed chunks must go through their proxy threads (the
+//            pair must finish before the sleepers wake, the bytes must be
+//            right, and node 0's NICs other than rank 0's must carry some).
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -122,6 +127,49 @@ int main() {
     }
     printf("rank %d: no error although rank %d died\n", rank, victim);
     return 1;
+  }
+
+  if (mode == "idle") {
+    const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
+    const size_t bytes = 8u << 20;
+    std::string err;
+    if (rank == 0 || rank == rpn) {
+      auto txBytes = [&](int k) {
+        unsigned long long v = 0;
+        std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/tx_bytes";
+        if (FILE* f = fopen(path.c_str(), "r")) {
+          if (fscanf(f, "%llu", &v) != 1) v = 0;
+          fclose(f);
+        }
+        return v;
+      };
+      std::vector<unsigned long long> before(nics);
+      for (int k = 0; k < nics; k++) before[k] = txBytes(k);
+      zptest::GuardedBuffer buf(bytes, 1);
+      if (rank == 0) buf.fill(seed, 0, rpn);
+      auto start = std::chrono::steady_clock::now();
+      r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
+                    : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      int busyNics = 0;
+      for (int k = 1; k < nics; k++) busyNics += txBytes(k) - before[k] > (1u << 20);
+      if (r != zpSuccess) err = std::string("transfer failed: ") + zpGetLastError(comm);
+      else if (rank == rpn && buf.wrongBytes(seed, 0, rpn)) err = "wrong bytes";
+      else if (rank == rpn && buf.guardBytesWritten()) err = "guard bytes written";
+      else if (s > 4.5) err = "took " + std::to_string(s) + " s: the proxies did not relay while their ranks slept";
+      else if (rank == 0 && nics > 1 && busyNics == 0) err = "only rank 0's NIC carried the transfer";
+    } else {
+      sleep(5);
+    }
+    std::string barrierErr = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed, 16, 0), zpUint8, seed);
+    if (err.empty()) err = barrierErr;
+    zpCommDestroy(comm);
+    if (!err.empty()) {
+      fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+      return 1;
+    }
+    printf("rank %d of %d: ok\n", rank, n);
+    return 0;
   }
 
   int failures = 0;

@@ -78,6 +78,13 @@ TEST_P(MultinodeShapes, WithRoutingOffEveryByteChecked) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+TEST_P(MultinodeShapes, SendRecvIsRelayedByProxiesWhoseRanksSleep) {
+  Shape s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=idle");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
 TEST_P(MultinodeShapes, ForeignConnectionsAreDroppedAndTheCommunicatorWorks) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=foreign");
