@@ -42,14 +42,6 @@ bool Comm::isLocal(int peer) const {
   return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
 }
 
-char* Comm::scratch(size_t bytes) {
-  if (bytes > scratchBytes_) {
-    scratch_.reset(new char[bytes]);  // not value-initialized: no page is touched here
-    scratchBytes_ = bytes;
-  }
-  return scratch_.get();
-}
-
 void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
   if (asyncError != zpSuccess) return;
   asyncError = code;
@@ -170,7 +162,6 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
     memcpy(&c->rail[r], blobs[r].data(), sizeof(int32_t));
     memcpy(&rates[r], blobs[r].data() + sizeof(int32_t), sizeof(double));
     addresses[r] = blobs[r].substr(head);
-    c->railRanks[{c->nodeOf[r], c->rail[r]}].push_back(r);
   }
   buildTopology(c, rates);
   if (c->net) ZP_CHECK(c->net->connect(addresses));

@@ -92,7 +92,6 @@ struct Comm {
   // index among its node's ranks, and its rail (the index of its NIC).
   int nnodes = 1;
   std::vector<int> nodeOf, localIndex, rail;
-  std::map<std::pair<int, int>, std::vector<int>> railRanks;  // (node, rail) -> its ranks, in order
   // The router's view (nodes, ranks, NICs with their rates) and settings;
   // relay is set when inter-node traffic is routed (routes()).
   ClusterTopology topo;
@@ -114,8 +113,6 @@ struct Comm {
   // Status reports of collectives, by (peer, collective sequence).
   std::map<std::pair<int, uint64_t>, std::pair<zpResult_t, std::string>> statuses;
 
-  std::unique_ptr<char[]> scratch_;
-  size_t scratchBytes_ = 0;
 
   // A failure that breaks the communicator: a dead or aborted peer, a timeout.
   zpResult_t asyncError = zpSuccess;
@@ -130,8 +127,6 @@ struct Comm {
   // Inter-node traffic goes through the router: routing is on, and there are
   // several nodes and several rails to spread it over.
   bool routes() const { return relay != nullptr; }
-  // Memory for staging, kept between calls (it only grows).
-  char* scratch(size_t bytes);
 
   // Moves every transport forward; true if anything moved.
   bool progress();
