@@ -58,18 +58,28 @@ zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
   return runOps(c, ptrs);
 }
 
-// The whole count matrix, [rank][sendcounts..., recvcounts..., type size].
-zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
-                        std::vector<uint64_t>* rows) {
-  const int n = c->nranks, me = c->rank;
-  const size_t rowLen = 2 * (size_t)n + 1;
-  rows->assign((size_t)n * rowLen, 0);
-  uint64_t* mine = rows->data() + (size_t)me * rowLen;
+// The count matrix, [rank][sendcounts..., recvcounts..., type size], with
+// this rank's row filled in; the other rows are filled by peers' messages.
+size_t countRowLen(int n) { return 2 * (size_t)n + 1; }
+std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts) {
+  const int n = c->nranks;
+  std::vector<uint64_t> rows((size_t)n * countRowLen(n), 0);
+  uint64_t* mine = rows.data() + (size_t)c->rank * countRowLen(n);
   for (int p = 0; p < n; p++) {
     mine[p] = sendcounts[p];
     mine[n + p] = recvcounts[p];
   }
   mine[2 * n] = ts;
+  return rows;
+}
+
+// The whole count matrix at every rank.
+zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
+                        std::vector<uint64_t>* rows) {
+  const int n = c->nranks, me = c->rank;
+  const size_t rowLen = countRowLen(n);
+  *rows = countMatrix(c, sendcounts, recvcounts, ts);
+  uint64_t* mine = rows->data() + (size_t)me * rowLen;
   std::deque<Op> ops;
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
@@ -83,7 +93,7 @@ zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcou
 // The same verdict on every rank, from the whole matrix.
 zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
   const int n = c->nranks;
-  const size_t rowLen = 2 * (size_t)n + 1;
+  const size_t rowLen = countRowLen(n);
   for (int i = 1; i < n; i++)
     if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
       return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
@@ -102,7 +112,7 @@ zpResult_t routedAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts) {
   const int n = c->nranks, me = c->rank;
-  const size_t rowLen = 2 * (size_t)n + 1;
+  const size_t rowLen = countRowLen(n);
   std::vector<uint64_t> rows;
   ZP_CHECK(gatherCounts(c, sendcounts, recvcounts, ts, &rows));
   ZP_CHECK(checkCounts(c, rows));
@@ -184,17 +194,10 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   // caught by all ranks without a second round of messages. Larger
   // communicators exchange a status after the data instead.
   const bool inBand = n <= kCountsInBand;
-  // [rank][sendcounts..., recvcounts..., element size] as received
-  const size_t rowLen = 2 * (size_t)n + 1;
+  // The count matrix, filled by the messages as they arrive.
+  const size_t rowLen = countRowLen(n);
   std::vector<uint64_t> rows;
-  if (inBand) {
-    rows.assign((size_t)n * rowLen, 0);
-    for (int p = 0; p < n; p++) {
-      rows[(size_t)c->rank * rowLen + p] = sendcounts[p];
-      rows[(size_t)c->rank * rowLen + n + p] = recvcounts[p];
-    }
-    rows[(size_t)c->rank * rowLen + 2 * n] = ts;
-  }
+  if (inBand) rows = countMatrix(c, sendcounts, recvcounts, ts);
   const uint32_t rowBytes = (uint32_t)(rowLen * sizeof(uint64_t));
 
   // Rank r sends to r+1, r+2, ... and receives from r-1, r-2, ..., so that no
@@ -220,17 +223,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError != zpSuccess) return res;
   if (inBand) {
-    for (int i = 1; i < n; i++)
-      if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
-        return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
-                    c->rank, (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
-    for (int i = 0; i < n; i++)
-      for (int j = 0; j < n; j++) {
-        uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
-        if (sent != expected)
-          return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
-                      c->rank, i, (unsigned long long)sent, j, j, (unsigned long long)expected);
-      }
+    ZP_CHECK(checkCounts(c, rows));
     return res;
   }
   // A count mismatch is seen by the receiving rank only: share it, so every
