@@ -21,8 +21,9 @@ struct Config {
   size_t shmEagerBytes = 32 << 10;      // ZP_SHM_EAGER: below this, copy through the ring
   size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
   int shmSpinUs = 1000;  // ZP_SHM_SPIN_US: poll (yielding the core) this long before sleeping
-  size_t routeChunkBytes = 512 << 10;  // ZP_ROUTE_CHUNK: relays move chunks of this size
-  size_t routeDirectBelow = 0;         // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
+  // The router's settings; 0: its defaults (src/route/router.h).
+  size_t routeChunkBytes = 0;   // ZP_ROUTE_CHUNK: relays move chunks of this size
+  size_t routeDirectBelow = 0;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
 };
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);
