@@ -25,7 +25,9 @@ struct Relay::Chunk {
   InRecv* standing = nullptr;     // the shared-memory header receive it came through
   int pool = -1;                  // the pool of its slot, if data is one
   Op* user = nullptr;             // the routed send it belongs to (at the source)
-  bool sending = false;           // its messages to the next hop are posted
+  // Waiting for a staging slot, receiving its bytes, sending them on, or
+  // dead (its previous hop failed: the communicator is broken).
+  enum class State { kWaitingSlot, kReceiving, kSending, kFailed } state = State::kWaitingSlot;
 };
 
 // A standing receive of relay headers: from one local peer, or from any
@@ -116,7 +118,7 @@ void Relay::postHeaderRecvs() {
 }
 
 void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
-  if (!started_) progress();
+  start();
   const int me = c_->rank;
   int count = 0;
   auto add = [&](uint64_t offset, uint64_t bytes, const Piece& pc) {
@@ -159,7 +161,7 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
 }
 
 void Relay::recv(Op* op, uint64_t xfer) {
-  if (!started_) progress();
+  start();
   Key key(op->peer, (uint32_t)op->kind, xfer);
   auto& slot = deliveries_[key];
   if (!slot) slot = std::make_unique<Delivery>();
@@ -206,7 +208,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
   ch->hdrOp.seq = hdrSeq;
   ch->dataOp = makeOp(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
-  ch->sending = true;
+  ch->state = Chunk::State::kSending;
   if (!c_->isLocal(to)) c_->shm->addNetQueued((int64_t)h.bytes);
   via(to)->post(&ch->hdrOp);
   via(to)->post(&ch->dataOp);
@@ -237,6 +239,7 @@ bool Relay::placeChunk(Chunk* ch) {
   }
   ch->dataOp = makeOp(OpKind::kRelayData, false, ch->from, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
+  ch->state = Chunk::State::kReceiving;
   if (ch->standing) relayRecvSeq_[ch->from]++;  // the lane's next message is the data
   via(ch->from)->post(&ch->dataOp);
   if (ch->standing) ch->standing->blocked = false;
@@ -262,7 +265,8 @@ void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
   }
 }
 
-void Relay::chunkArrived(Chunk* ch) {
+void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
+  Chunk* ch = it->get();
   const RelayHeader& h = ch->hdr;
   if (h.dst != c_->rank) {
     // A proxy: on to the destination if it is on this node, else over the
@@ -273,13 +277,8 @@ void Relay::chunkArrived(Chunk* ch) {
   Key key(h.src, h.kind, h.xfer);
   Delivery& d = *deliveries_.at(key);
   d.got += h.bytes;
-  std::unique_ptr<Chunk> mine;
-  for (auto c = chunks_.begin(); c != chunks_.end(); ++c)
-    if (c->get() == ch) {
-      mine = std::move(*c);
-      chunks_.erase(c);
-      break;
-    }
+  std::unique_ptr<Chunk> mine = std::move(*it);
+  chunks_.erase(it);
   if (!d.op) {
     d.early.push_back(std::move(mine));  // kept until the receive is posted
     return;
@@ -308,18 +307,22 @@ void Relay::chunkSent(Chunk* ch) {
   }
 }
 
+// Posts the standing header receives, once: from then on this rank relays.
+void Relay::start() {
+  if (started_) return;
+  started_ = true;
+  for (int r = 0; r < c_->nranks; r++)
+    if (r != c_->rank && c_->isLocal(r)) {
+      standing_.push_back(std::make_unique<InRecv>());
+      standing_.back()->peer = r;
+    }
+  if (c_->net) standing_.push_back(std::make_unique<InRecv>());
+  postHeaderRecvs();
+}
+
 bool Relay::progress() {
   bool moved = false;
-  if (!started_) {
-    started_ = true;
-    for (int r = 0; r < c_->nranks; r++)
-      if (r != c_->rank && c_->isLocal(r)) {
-        standing_.push_back(std::make_unique<InRecv>());
-        standing_.back()->peer = r;
-      }
-    if (c_->net) standing_.push_back(std::make_unique<InRecv>());
-    postHeaderRecvs();
-  }
+  start();
   for (auto& s : standing_) {
     if (!s->posted || !s->op.done) continue;
     s->posted = false;
@@ -338,23 +341,22 @@ bool Relay::progress() {
       moved = true;
     }
   for (auto it = chunks_.begin(); it != chunks_.end();) {
-    Chunk* ch = it->get();
-    ++it;  // the chunk may leave the list
-    if (ch->sending) {
-      if (!ch->hdrOp.done || !ch->dataOp.done) continue;
+    auto cur = it++;  // the chunk may leave the list
+    Chunk* ch = cur->get();
+    if (ch->state == Chunk::State::kSending && ch->hdrOp.done && ch->dataOp.done) {
       moved = true;
       chunkSent(ch);
-      chunks_.remove_if([&](const std::unique_ptr<Chunk>& c) { return c.get() == ch; });
-    } else if (ch->dataOp.kind == OpKind::kRelayData && ch->dataOp.done) {
+      chunks_.erase(cur);
+    } else if (ch->state == Chunk::State::kReceiving && ch->dataOp.done) {
       moved = true;
-      if (ch->dataOp.status != zpSuccess) {
-        // The previous hop failed: the communicator is broken; dropOps cleans up.
-        if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
-        ch->pool = -1;
-        ch->dataOp.kind = OpKind::kRelayHeader;  // seen
+      if (ch->dataOp.status == zpSuccess) {
+        chunkArrived(cur);
         continue;
       }
-      chunkArrived(ch);
+      // The communicator is broken; dropOps cleans up.
+      if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
+      ch->pool = -1;
+      ch->state = Chunk::State::kFailed;
     }
   }
   postHeaderRecvs();

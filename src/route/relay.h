@@ -83,13 +83,14 @@ class Relay {
   struct Delivery;
   using Key = std::tuple<int, uint32_t, uint64_t>;  // (src, kind, xfer)
 
+  void start();
   void postHeaderRecvs();
   void onHeader(const RelayHeader& h, int from, InRecv* standing);
   bool placeChunk(Chunk* ch);
   bool accept(Delivery& d, const RelayHeader& h);
   void finishDelivery(const Key& key);
   void sendChunk(Chunk* ch, int to);
-  void chunkArrived(Chunk* ch);
+  void chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it);
   void chunkSent(Chunk* ch);
   Transport* via(int peer) const;
   uint64_t nextSeq(int peer) { return relaySendSeq_[peer]++; }
