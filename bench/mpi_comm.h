@@ -64,6 +64,24 @@ class BenchComm {
 
   void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
+  // As zp_comm.h: one group of an optional send and an optional receive.
+  void sendrecvBytes(const void* sendBuf, size_t sendBytes, int to, void* recvBuf, size_t recvBytes, int from) {
+    MPI_Request req[2];
+    int k = 0;
+    if (from >= 0) check(MPI_Irecv(recvBuf, int(recvBytes), MPI_BYTE, from, 0, MPI_COMM_WORLD, &req[k++]), "MPI_Irecv");
+    if (to >= 0)
+      check(MPI_Isend(sendBuf, int(sendBytes), MPI_BYTE, to, 0, MPI_COMM_WORLD, &req[k++]), "MPI_Isend");
+    check(MPI_Waitall(k, req, MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+
+  std::vector<uint64_t> allgatherU64(const std::vector<uint64_t>& mine) {
+    std::vector<uint64_t> r(mine.size() * size_t(nranks_));
+    check(MPI_Allgather(mine.data(), int(mine.size()), MPI_UINT64_T, r.data(), int(mine.size()), MPI_UINT64_T,
+                        MPI_COMM_WORLD),
+          "MPI_Allgather");
+    return r;
+  }
+
   double maxDouble(double v) {
     double out = 0;
     check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");

@@ -35,13 +35,10 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
 #ifdef ZP_BENCH_MPI
-#define OMPI_SKIP_MPICXX 1  // the C API only
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include "mpi_comm.h"
 #else
-#include "zeppelin.h"
+#include "zp_comm.h"
 #endif
 
 namespace {
@@ -49,11 +46,6 @@ namespace {
 using zpbench::nowSeconds;
 
 int gRank = 0, gN = 1;
-
-[[noreturn]] void die(const char* what, const std::string& why) {
-  fprintf(stderr, "route_perf: rank %d: %s: %s\n", gRank, what, why.c_str());
-  exit(1);
-}
 
 std::vector<std::string> splitList(const std::string& list) {
   std::vector<std::string> out;
@@ -67,93 +59,21 @@ std::vector<std::string> splitList(const std::string& list) {
   return out;
 }
 
-// ---- The few operations the benchmark needs, over Zeppelin or MPI ----
-#ifdef ZP_BENCH_MPI
-struct Net {
-  MPI_Comm comm = MPI_COMM_WORLD;
-};
-void initAll(int* argc, char*** argv, const std::vector<std::string>&, std::vector<Net>* nets) {
-  MPI_Init(argc, argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &gRank);
-  MPI_Comm_size(MPI_COMM_WORLD, &gN);
-  nets->resize(1);
+using zpbench::BenchComm;
+
+[[noreturn]] void die(const char* what, const std::string& why) {
+  fprintf(stderr, "route_perf: rank %d: %s: %s\n", gRank, what, why.c_str());
+  exit(1);
 }
-void p2p(Net& net, const void* sbuf, size_t sbytes, int to, void* rbuf, size_t rbytes, int from) {
-  MPI_Request req[2];
-  int k = 0;
-  if (from >= 0) MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, from, 7, net.comm, &req[k++]);
-  if (to >= 0) MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, to, 7, net.comm, &req[k++]);
-  MPI_Waitall(k, req, MPI_STATUSES_IGNORE);
+
+#ifndef ZP_BENCH_MPI
+int routingOf(const std::string& mode) {
+  if (mode == "off") return zpRoutingOff;
+  if (mode == "rail") return zpRoutingRail;
+  if (mode == "balanced") return zpRoutingBalanced;
+  die("-m", "unknown routing mode '" + mode + "' (off, rail, balanced)");
 }
-void alltoallv(Net& net, const void* sbuf, const std::vector<size_t>& sc, const std::vector<size_t>& sd, void* rbuf,
-               const std::vector<size_t>& rc, const std::vector<size_t>& rd) {
-  std::vector<int> a(sc.begin(), sc.end()), b(sd.begin(), sd.end()), c(rc.begin(), rc.end()), d(rd.begin(), rd.end());
-  MPI_Alltoallv(sbuf, a.data(), b.data(), MPI_BYTE, rbuf, c.data(), d.data(), MPI_BYTE, net.comm);
-}
-void finalizeAll(std::vector<Net>&) { MPI_Finalize(); }
-const char* library() { return "Open MPI (MPI_Isend/Irecv, MPI_Alltoallv)"; }
-#else
-struct Net {
-  zpComm_t comm = nullptr;
-};
-void check(zpResult_t r, const char* what, zpComm_t comm) {
-  if (r != zpSuccess) die(what, std::string(zpGetErrorString(r)) + ": " + zpGetLastError(comm));
-}
-zpConfig_t configFor(const std::string& mode) {
-  zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
-  if (mode == "off") cfg.routing = zpRoutingOff;
-  else if (mode == "rail") cfg.routing = zpRoutingRail;
-  else if (mode == "balanced") cfg.routing = zpRoutingBalanced;
-  else die("-m", "unknown routing mode '" + mode + "' (off, rail, balanced)");
-  return cfg;
-}
-void alltoallv(Net& net, const void* sbuf, const std::vector<size_t>& sc, const std::vector<size_t>& sd, void* rbuf,
-               const std::vector<size_t>& rc, const std::vector<size_t>& rd) {
-  check(zpAlltoallv(sbuf, sc.data(), sd.data(), rbuf, rc.data(), rd.data(), zpUint8, net.comm, nullptr),
-        "zpAlltoallv", net.comm);
-}
-// The first mode's communicator comes from the launcher's variables; the
-// others from unique ids that rank 0 makes and hands out over the first.
-void initAll(int*, char***, const std::vector<std::string>& modes, std::vector<Net>* nets) {
-  nets->resize(modes.size());
-  zpConfig_t cfg = configFor(modes[0]);
-  check(zpCommInitFromEnv(&(*nets)[0].comm, &cfg), "zpCommInitFromEnv", nullptr);
-  zpCommUserRank((*nets)[0].comm, &gRank);
-  zpCommCount((*nets)[0].comm, &gN);
-  for (size_t m = 1; m < modes.size(); m++) {
-    zpUniqueId id;
-    if (gRank == 0) check(zpGetUniqueId(&id), "zpGetUniqueId", nullptr);
-    std::vector<size_t> sc(gN, gRank == 0 ? sizeof(id) : 0), sd(gN, 0), rc(gN, 0), rd(gN, 0);
-    rc[0] = sizeof(id);
-    std::vector<zpUniqueId> copies(1);
-    alltoallv((*nets)[0], &id, sc, sd, copies.data(), rc, rd);
-    cfg = configFor(modes[m]);
-    check(zpCommInitRankConfig(&(*nets)[m].comm, gN, copies[0], gRank, &cfg), "zpCommInitRankConfig", nullptr);
-  }
-}
-void p2p(Net& net, const void* sbuf, size_t sbytes, int to, void* rbuf, size_t rbytes, int from) {
-  check(zpGroupStart(), "zpGroupStart", net.comm);
-  if (to >= 0) check(zpSend(sbuf, sbytes, zpUint8, to, net.comm, nullptr), "zpSend", net.comm);
-  if (from >= 0) check(zpRecv(rbuf, rbytes, zpUint8, from, net.comm, nullptr), "zpRecv", net.comm);
-  check(zpGroupEnd(), "zpGroupEnd", net.comm);
-}
-void finalizeAll(std::vector<Net>& nets) {
-  for (Net& n : nets) zpCommDestroy(n.comm);
-}
-const char* library() { return "Zeppelin (zpSend/zpRecv, zpAlltoallv)"; }
 #endif
-
-// Every rank's vector of k values, at every rank (an alltoallv).
-std::vector<uint64_t> allgather(Net& net, const std::vector<uint64_t>& mine) {
-  size_t k = mine.size() * sizeof(uint64_t);
-  std::vector<size_t> sc(gN, k), sd(gN, 0), rc(gN, k), rd(gN);
-  for (int r = 0; r < gN; r++) rd[r] = r * k;
-  std::vector<uint64_t> all(mine.size() * gN);
-  alltoallv(net, mine.data(), sc, sd, all.data(), rc, rd);
-  return all;
-}
-
-void barrier(Net& net) { allgather(net, {1}); }
 
 // This node's NICs' transmitted bytes (interfaces zpnic0, zpnic1, ...).
 std::vector<uint64_t> nicTxBytes(int nics) {
@@ -211,19 +131,24 @@ Traffic makeTraffic(const std::string& pattern, size_t S, int rpn, uint64_t seed
 }
 
 // Runs the traffic once; check: with fresh bytes, every received byte checked.
-long long runOnce(Net& net, const Traffic& t, std::vector<uint8_t>& sbuf, std::vector<uint8_t>& rbuf, bool check,
+long long runOnce(BenchComm& comm, const Traffic& t, std::vector<uint8_t>& sbuf, std::vector<uint8_t>& rbuf, bool check,
                   uint64_t seed) {
   const auto& B = t.bytes;
-  std::vector<size_t> sc(gN), sd(gN), rc(gN), rd(gN);
-  size_t so = 0, ro = 0;
+  zpbench::Layout sl, rl;  // blocks packed in peer order
+  sl.counts.resize(gN);
+  sl.displs.resize(gN);
+  rl.counts.resize(gN);
+  rl.displs.resize(gN);
   for (int p = 0; p < gN; p++) {
-    sc[p] = B[gRank][p];
-    sd[p] = so;
-    so += sc[p];
-    rc[p] = B[p][gRank];
-    rd[p] = ro;
-    ro += rc[p];
+    sl.counts[p] = B[gRank][p];
+    sl.displs[p] = sl.totalElems;
+    sl.totalElems += sl.counts[p];
+    rl.counts[p] = B[p][gRank];
+    rl.displs[p] = rl.totalElems;
+    rl.totalElems += rl.counts[p];
   }
+  const std::vector<size_t>&sc = sl.counts, &sd = sl.displs, &rc = rl.counts, &rd = rl.displs;
+  const size_t ro = rl.totalElems;
   if (check) {
     for (int p = 0; p < gN; p++)
       for (size_t i = 0; i < sc[p]; i++) sbuf[sd[p] + i] = expected(gRank, p, i, seed);
@@ -236,10 +161,10 @@ long long runOnce(Net& net, const Traffic& t, std::vector<uint8_t>& sbuf, std::v
       if (rc[p]) from = p;
     }
     if (to >= 0 || from >= 0)
-      p2p(net, sbuf.data() + (to >= 0 ? sd[to] : 0), to >= 0 ? sc[to] : 0, to, rbuf.data() + (from >= 0 ? rd[from] : 0),
-          from >= 0 ? rc[from] : 0, from);
+      comm.sendrecvBytes(sbuf.data() + (to >= 0 ? sd[to] : 0), to >= 0 ? sc[to] : 0, to,
+                         rbuf.data() + (from >= 0 ? rd[from] : 0), from >= 0 ? rc[from] : 0, from);
   } else {
-    alltoallv(net, sbuf.data(), sc, sd, rbuf.data(), rc, rd);
+    comm.alltoallv(sbuf.data(), sl, rbuf.data(), rl, *zpbench::findType("uint8"));
   }
   if (!check) return 0;
   long long wrong = 0;
@@ -293,13 +218,19 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  // One communicator per routing mode (over MPI: one, "mpi").
 #ifdef ZP_BENCH_MPI
   std::vector<std::string> modeList = {"mpi"};
+  std::vector<BenchComm> comms(1);
+  comms[0].init(&argc, &argv);
 #else
   std::vector<std::string> modeList = splitList(modes);
+  std::vector<BenchComm> comms(modeList.size());
+  comms[0].init(&argc, &argv, routingOf(modeList[0]));
+  for (size_t m = 1; m < modeList.size(); m++) comms[m].initLike(comms[0], routingOf(modeList[m]));
 #endif
-  std::vector<Net> nets;
-  initAll(&argc, &argv, modeList, &nets);
+  gRank = comms[0].rank();
+  gN = comms[0].nranks();
   zpbench::NicInfo nic = zpbench::nicInfo();
   const int rpn = nic.ranksPerNode, nodes = gN / rpn;
   const int nics = std::max(1, atoi(getenv("ZP_NICS_PER_NODE") ? getenv("ZP_NICS_PER_NODE") : "1"));
@@ -307,7 +238,7 @@ int main(int argc, char** argv) {
   const bool reportsNics = gRank % rpn == 0;  // one rank per node reads its node's counters
 
   if (gRank == 0) {
-    printf("# route_perf: %s; %d nodes x %d ranks, %d NICs per node at %.3g bit/s\n", library(), nodes, rpn, nics,
+    printf("# route_perf: %s, zpSend/zpRecv or MPI_Isend/Irecv for single and ring; %d nodes x %d ranks, %d NICs per node at %.3g bit/s\n", comms[0].describe().c_str(), nodes, rpn, nics,
            nic.bitsPerSec);
     printf("# GB/s: the busiest node's inter-node bytes (one direction) per second; %%nics: of its %d NICs' summed "
            "rate\n# tx MiB: per call, sent by each NIC of node 0 | node 1\n",
@@ -339,21 +270,21 @@ int main(int argc, char** argv) {
       std::vector<uint8_t> sbuf(std::max<size_t>(sTot, 1)), rbuf(rTot + 4096);
       double offTime = 0;
       for (size_t m = 0; m < modeList.size(); m++) {
-        Net& net = nets[m];
-        for (int w = 0; w < warmup; w++) runOnce(net, t, sbuf, rbuf, false, seed);
-        barrier(net);
+        BenchComm& comm = comms[m];
+        for (int w = 0; w < warmup; w++) runOnce(comm, t, sbuf, rbuf, false, seed);
+        comm.barrier();
         std::vector<uint64_t> tx0 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         double t0 = nowSeconds();
-        for (int it = 0; it < iters; it++) runOnce(net, t, sbuf, rbuf, false, seed);
+        for (int it = 0; it < iters; it++) runOnce(comm, t, sbuf, rbuf, false, seed);
         double mine = (nowSeconds() - t0) / iters;
         std::vector<uint64_t> tx1 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         // Counters of the interval, and the time of the slowest rank (in ns).
         std::vector<uint64_t> row(nics + 1);
         for (int k = 0; k < nics; k++) row[k] = (tx1[k] - tx0[k]) / iters;
         row[nics] = (uint64_t)(mine * 1e9);
-        long long wrong = check ? runOnce(net, t, sbuf, rbuf, true, seed + 1 + S) : -1;
-        std::vector<uint64_t> all = allgather(net, row);
-        std::vector<uint64_t> wrongs = allgather(net, {(uint64_t)std::max(0LL, wrong)});
+        long long wrong = check ? runOnce(comm, t, sbuf, rbuf, true, seed + 1 + S) : -1;
+        std::vector<uint64_t> all = comm.allgatherU64(row);
+        std::vector<uint64_t> wrongs = comm.allgatherU64({(uint64_t)std::max(0LL, wrong)});
         if (gRank != 0) continue;
         double time = 0;
         long long wrongSum = 0;
@@ -384,6 +315,6 @@ int main(int argc, char** argv) {
         if (wrongSum) failed = 1;
       }
     }
-  finalizeAll(nets);
+  for (BenchComm& comm : comms) comm.finalize();
   return failed;
 }

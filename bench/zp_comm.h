@@ -20,11 +20,29 @@ class BenchComm {
   static bool fits(const Matrix&) { return true; }
   static const char* limitNote() { return ""; }
 
-  void init(int*, char***) {
+  // routing: a zpRouting_t, or zpRoutingDefault for the library's choice.
+  void init(int*, char***, int routing = zpRoutingDefault) {
     rank_ = launcherRank();  // for messages until the communicator knows
-    check(zpCommInitFromEnv(&comm_, nullptr), "zpCommInitFromEnv");
+    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+    cfg.routing = routing;
+    check(zpCommInitFromEnv(&comm_, &cfg), "zpCommInitFromEnv");
     check(zpCommUserRank(comm_, &rank_), "zpCommUserRank");
     check(zpCommCount(comm_, &nranks_), "zpCommCount");
+  }
+
+  // A second communicator over the same ranks, with its own routing mode:
+  // rank 0 makes a unique id and hands it out over `first`.
+  void initLike(BenchComm& first, int routing) {
+    rank_ = first.rank_;
+    nranks_ = first.nranks_;
+    zpUniqueId id = {};
+    if (rank_ == 0) check(zpGetUniqueId(&id), "zpGetUniqueId");
+    std::vector<zpUniqueId> ids(size_t(nranks_), id);
+    std::vector<zpUniqueId> got(static_cast<size_t>(nranks_));
+    first.exchange(ids.data(), got.data(), zpUint8, sizeof(zpUniqueId));
+    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+    cfg.routing = routing;
+    check(zpCommInitRankConfig(&comm_, nranks_, got[0], rank_, &cfg), "zpCommInitRankConfig");
   }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
@@ -42,6 +60,23 @@ class BenchComm {
     check(zpAlltoallv(sendBuf, s.counts.data(), s.displs.data(), recvBuf, r.counts.data(),
                       r.displs.data(), zpDataType_t(t.zpType), comm_, nullptr),
           "zpAlltoallv");
+  }
+
+  // Sends sendBytes to `to` and receives recvBytes from `from` as one group;
+  // a peer of -1 means no such side.
+  void sendrecvBytes(const void* sendBuf, size_t sendBytes, int to, void* recvBuf, size_t recvBytes, int from) {
+    check(zpGroupStart(), "zpGroupStart");
+    if (to >= 0) check(zpSend(sendBuf, sendBytes, zpUint8, to, comm_, nullptr), "zpSend");
+    if (from >= 0) check(zpRecv(recvBuf, recvBytes, zpUint8, from, comm_, nullptr), "zpRecv");
+    check(zpGroupEnd(), "zpGroupEnd");
+  }
+
+  // Every rank's k values, at every rank, in rank order.
+  std::vector<uint64_t> allgatherU64(const std::vector<uint64_t>& mine) {
+    std::vector<uint64_t> s, r(mine.size() * size_t(nranks_));
+    for (int i = 0; i < nranks_; ++i) s.insert(s.end(), mine.begin(), mine.end());
+    exchange(s.data(), r.data(), zpUint64, mine.size());
+    return r;
   }
 
   // Sends count elements to peer `to` and receives count from `from`, as one group.
@@ -84,10 +119,10 @@ class BenchComm {
   }
 
  private:
-  // Element i of s goes to rank i; element i of r comes from rank i.
-  void exchange(const void* s, void* r, zpDataType_t type) {
-    std::vector<size_t> counts(size_t(nranks_), 1), displs(static_cast<size_t>(nranks_));
-    for (int i = 0; i < nranks_; ++i) displs[size_t(i)] = size_t(i);
+  // Block i (k elements) of s goes to rank i; block i of r comes from rank i.
+  void exchange(const void* s, void* r, zpDataType_t type, size_t k = 1) {
+    std::vector<size_t> counts(size_t(nranks_), k), displs(static_cast<size_t>(nranks_));
+    for (int i = 0; i < nranks_; ++i) displs[size_t(i)] = size_t(i) * k;
     check(zpAlltoallv(s, counts.data(), displs.data(), r, counts.data(), displs.data(), type, comm_,
                       nullptr),
           "zpAlltoallv (control)");
