@@ -40,15 +40,6 @@ struct Relay::InRecv {
   bool blocked = false;  // a chunk from this peer waits for a slot: the lane is held
 };
 
-// The receiving end of one routed transfer, and chunks that came before it.
-struct Relay::Delivery {
-  Op* op = nullptr;
-  uint64_t got = 0;    // bytes placed
-  uint64_t total = 0;  // from the first header
-  bool seen = false;   // a header has come (zero-byte transfers have one chunk)
-  bool failed = false; // op failed (size mismatch): later chunks are dropped
-  std::vector<std::unique_ptr<Chunk>> early;
-};
 
 Relay::Relay(Comm* comm) : c_(comm), chunkBytes_(comm->routeParams.chunkBytes) {
   relaySendSeq_.assign(c_->nranks, 0);
@@ -163,9 +154,7 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
 void Relay::recv(Op* op, uint64_t xfer) {
   start();
   Key key(op->peer, (uint32_t)op->kind, xfer);
-  auto& slot = deliveries_[key];
-  if (!slot) slot = std::make_unique<Delivery>();
-  Delivery& d = *slot;
+  Delivery& d = deliveries_[key];
   d.op = op;
   for (auto& ch : d.early)
     if (accept(d, ch->hdr)) memcpy((char*)op->buf + ch->hdr.offset, ch->data, ch->hdr.bytes);
@@ -190,7 +179,7 @@ bool Relay::accept(Delivery& d, const RelayHeader& h) {
 // has nothing more to come.
 void Relay::finishDelivery(const Key& key) {
   auto it = deliveries_.find(key);
-  Delivery& d = *it->second;
+  Delivery& d = it->second;
   if (!d.op) return;
   if (!d.failed && d.seen && d.got == d.op->bytes && !d.op->done) {
     d.op->progressed = d.op->bytes;
@@ -219,9 +208,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
 bool Relay::placeChunk(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
   if (h.dst == c_->rank) {
-    auto& slot = deliveries_[Key(h.src, h.kind, h.xfer)];
-    if (!slot) slot = std::make_unique<Delivery>();
-    Delivery& d = *slot;
+    Delivery& d = deliveries_[Key(h.src, h.kind, h.xfer)];
     d.seen = true;
     d.total = h.total;
     if (d.op && accept(d, h)) {
@@ -275,7 +262,7 @@ void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
     return;
   }
   Key key(h.src, h.kind, h.xfer);
-  Delivery& d = *deliveries_.at(key);
+  Delivery& d = deliveries_.at(key);
   d.got += h.bytes;
   std::unique_ptr<Chunk> mine = std::move(*it);
   chunks_.erase(it);
@@ -366,21 +353,21 @@ bool Relay::progress() {
 bool Relay::busy() const {
   if (!chunks_.empty() || !sendsLeft_.empty()) return true;
   for (auto& kv : deliveries_)
-    if (kv.second->op && !kv.second->op->done) return true;
+    if (kv.second.op && !kv.second.op->done) return true;
   return false;
 }
 
 std::vector<int> Relay::waitingOn() const {
   std::vector<int> out;
   for (auto& kv : deliveries_)
-    if (kv.second->op && !kv.second->op->done) out.push_back(std::get<0>(kv.first));
+    if (kv.second.op && !kv.second.op->done) out.push_back(std::get<0>(kv.first));
   return out;
 }
 
 void Relay::dropOps(zpResult_t status, const std::string& why) {
   for (auto& kv : sendsLeft_) kv.first->finish(status, why);
   for (auto& kv : deliveries_)
-    if (kv.second->op) kv.second->op->finish(status, why);
+    if (kv.second.op) kv.second.op->finish(status, why);
   sendsLeft_.clear();
   deliveries_.clear();
   chunks_.clear();

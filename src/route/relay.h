@@ -80,7 +80,15 @@ class Relay {
  private:
   struct Chunk;
   struct InRecv;
-  struct Delivery;
+  // The receiving end of one routed transfer, and chunks that came before it.
+  struct Delivery {
+    Op* op = nullptr;
+    uint64_t got = 0;    // bytes placed
+    uint64_t total = 0;  // from the first header
+    bool seen = false;   // a header has come (zero-byte transfers have one chunk)
+    bool failed = false; // op failed (size mismatch): later chunks are dropped
+    std::vector<std::unique_ptr<Chunk>> early;
+  };
   using Key = std::tuple<int, uint32_t, uint64_t>;  // (src, kind, xfer)
 
   void start();
@@ -107,7 +115,7 @@ class Relay {
   std::deque<Chunk*> waitingSlot_[2];  // chunks whose proxy waits for a slot (outbound, inbound)
   std::vector<std::unique_ptr<char[]>> slotMemory_;
   std::vector<char*> freeSlots_[2];
-  std::map<Key, std::unique_ptr<Delivery>> deliveries_;  // routed receives and early chunks, by key
+  std::map<Key, Delivery> deliveries_;  // routed receives and early chunks, by key
   std::map<Op*, int> sendsLeft_;                          // routed sends: chunks not yet sent
 };
 
