@@ -60,11 +60,18 @@ void connectAsStranger(const zpUniqueId& id) {
   if (!zp::decodeId(id, &layout)) return;
   sockaddr_storage addr = zp::idAddress(layout);
   for (int kind = 0; kind < 3; kind++) {
-    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(fd, (sockaddr*)&addr, sizeof(sockaddr_in)) != 0) {
-      close(fd);
-      continue;
+    // The root (at rank 0) may not listen yet: it cannot finish without this
+    // rank, so keep trying for a while.
+    int fd = -1;
+    for (int attempt = 0; attempt < 500 && fd < 0; attempt++) {
+      fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (connect(fd, (sockaddr*)&addr, sizeof(sockaddr_in)) != 0) {
+        close(fd);
+        fd = -1;
+        usleep(10000);
+      }
     }
+    if (fd < 0) continue;
     if (kind == 0) {
       const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
       send(fd, garbage, sizeof(garbage), MSG_NOSIGNAL);

@@ -70,6 +70,15 @@ TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+TEST_P(MultinodeShapes, EveryTransferRelayedInSmallChunksEveryByteChecked) {
+  // No transfer below the direct threshold, and many chunks per transfer:
+  // every byte across nodes goes through the relay, most through proxies.
+  Shape s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
 TEST_P(MultinodeShapes, WithRoutingOffEveryByteChecked) {
   // Each rank straight to its peers over the network, no relays through the node's rails.
   Shape s = GetParam();

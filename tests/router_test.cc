@@ -303,6 +303,14 @@ void checkNearBound(const Plan& plan) {
   }
 }
 
+// The planner's tests route transfers of every size (directBelow = 0) unless
+// they are about the threshold; the library's default is measured (router.h).
+RouteParams allRouted() {
+  RouteParams p;
+  p.directBelow = 0;
+  return p;
+}
+
 Plan planOf(const ClusterTopology& t, const Matrix& m, const RouteParams& p) {
   Plan plan;
   std::string why;
@@ -340,7 +348,7 @@ TEST(Router, SinglePairSplitsOverAllRails) {
   ClusterTopology t = makeTopo(2, 4, 4);  // zprun --nodes 2 --ranks-per-node 4 --nics-per-node 4
   Matrix m = zeros(t);
   m[0][4] = 256 * MiB;
-  RouteParams p;
+  RouteParams p = allRouted();
   Plan plan = planAll(t, m, p);
   double rate = 1e9 / 8;
   EXPECT_DOUBLE_EQ(plan.lowerBound, 256.0 * MiB / (4 * rate));
@@ -363,7 +371,7 @@ TEST(Router, SinglePairSplitsOverAllRails) {
 TEST(Router, LowerBoundByHand) {
   // 3 nodes x 2 ranks x 2 NICs, NIC 1 twice as fast.
   ClusterTopology t = makeTopo(3, 2, 2, [](int, int k) { return k ? 16e9 : 8e9; });
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 1000;
   std::vector<TransferDemand> d = {{0, 2, 30000}, {1, 4, 6000}, {5, 2, 900}};
   // Node 0 sends 36000 B over 1e9 + 2e9 B/s; node 1 receives 30900 B.
@@ -386,7 +394,7 @@ TEST(Router, LowerBoundByHand) {
   EXPECT_DOUBLE_EQ(zp::lowerBound(t, d, p), 0);
   // Ranks fewer than NICs: only owned NICs carry routed traffic.
   ClusterTopology t2 = makeTopo(2, 2, 4);
-  RouteParams q;
+  RouteParams q = allRouted();
   EXPECT_DOUBLE_EQ(zp::lowerBound(t2, std::vector<TransferDemand>{{0, 2, 8 * MiB}}, q), 8.0 * MiB / (2 * 1e9 / 8));
   // Bad input.
   EXPECT_EQ(zp::lowerBound(t2, std::vector<TransferDemand>{{0, 9, 1}}, q), -1);
@@ -397,7 +405,7 @@ TEST(Router, OffAndRailPaths) {
   for (int trial = 0; trial < 20; trial++) {
     int nodes = (int)uni(g, 2, 6), ranks = (int)uni(g, 1, 8), nics = (int)uni(g, 1, 8);
     ClusterTopology t = makeTopo(nodes, ranks, nics);
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = uni(g, 1, 64) * KiB;
     Matrix m = randomDemand(g, t, 0.5, p.chunkBytes, 8 * p.chunkBytes);
     for (int fabric = 0; fabric < 2; fabric++) {
@@ -446,7 +454,7 @@ TEST(Router, RailModeWithUnownedRailGoesDirect) {
   ClusterTopology t = makeTopo(2, 2, 4, nullptr, [](int n, int i) { return n == 0 ? i : 2 + i; });
   Matrix m = zeros(t);
   m[0][2] = 10 * MiB;  // to rank 2 on NIC 2: node 0 has no owner of NIC 2
-  RouteParams p;
+  RouteParams p = allRouted();
   p.mode = RouteMode::kRail;
   Plan plan = planOf(t, m, p);
   checkPlan(t, m, p, plan);
@@ -462,7 +470,7 @@ TEST(Router, RailModeWithUnownedRailGoesDirect) {
 TEST(Router, SmallTransfersGoDirect) {
   auto g = testRng();
   ClusterTopology t = makeTopo(4, 8, 4);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 64 * KiB;
   p.directBelow = 200 * KiB;
   Matrix m = randomDemand(g, t, 0.7, p.chunkBytes, 1 * MiB);
@@ -508,7 +516,7 @@ TEST(Router, BalancedRandom) {
   for (const Shape& s : shapes(g, 12)) {
     for (int kind = 0; kind < 3; kind++) {
       ClusterTopology t = makeTopo(s.nodes, s.ranks, s.nics, rates(g, kind));
-      RouteParams p;
+      RouteParams p = allRouted();
       p.chunkBytes = uni(g, 1, 128) * KiB;
       double density = s.nodes * s.ranks > 128 ? 0.05 : std::uniform_real_distribution<double>(0.05, 1)(g);
       Matrix m = randomDemand(g, t, density, p.chunkBytes, uni(g, 1, 40) * p.chunkBytes);
@@ -524,7 +532,7 @@ TEST(Router, BalancedZipf) {
   auto g = testRng();
   for (const Shape& s : shapes(g, 10)) {
     ClusterTopology t = makeTopo(s.nodes, s.ranks, s.nics);
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = uni(g, 4, 64) * KiB;
     double skew = std::uniform_real_distribution<double>(0.5, 2)(g);
     Matrix m = zipfDemand(g, t, skew, uni(g, 1, 4) * MiB);
@@ -541,7 +549,7 @@ TEST(Router, BalancedPatterns) {
   auto g = testRng();
   for (const Shape& s : shapes(g, 8)) {
     ClusterTopology t = makeTopo(s.nodes, s.ranks, s.nics, rates(g, (int)uni(g, 0, 2)));
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = uni(g, 1, 64) * KiB;
     int n = t.nranks(), R = s.ranks;
     int victim = (int)uni(g, 0, (uint64_t)n - 1);
@@ -587,7 +595,7 @@ TEST(Router, BalancedAdversarial) {
   for (int trial = 0; trial < 12; trial++) {
     int nodes = (int)uni(g, 2, 12), R = (int)uni(g, 2, 8), K = (int)uni(g, 2, 8);
     ClusterTopology t = makeTopo(nodes, R, K);
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = uni(g, 1, 32) * KiB;
     const uint64_t C = p.chunkBytes;
     int n = t.nranks();
@@ -684,7 +692,7 @@ TEST(Router, FewerRanksThanNicsAndUnknownRates) {
     int nodes = (int)uni(g, 2, 8), R = (int)uni(g, 1, 3), K = (int)uni(g, R, 8);
     // Unknown rates (0) count with the mean of the known ones.
     ClusterTopology t = makeTopo(nodes, R, K, [](int, int k) { return k == 1 ? 0 : 1e9; });
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = 16 * KiB;
     Matrix m = randomDemand(g, t, 0.8, p.chunkBytes, 40 * p.chunkBytes);
     Plan plan = planAll(t, m, p);
@@ -702,7 +710,7 @@ TEST(Router, RelaysOnlyWhenTheyPay) {
   // Rank i of every node sends the same to rank i of every other node: every
   // NIC is already balanced, so balanced mode relays nothing.
   ClusterTopology t = makeTopo(8, 8, 8);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 64 * KiB;
   Matrix m = zeros(t);
   uint64_t bytes = uni(g, 1, 64) * p.chunkBytes;
@@ -733,7 +741,7 @@ TEST(Router, RelayChargeDecidesWithinTheCaps) {
   // with a relay charge they stay there; without one, the first idle rail
   // (rail 0) takes the larger, relayed on both sides.
   ClusterTopology t = makeTopo(2, 4, 4);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 100 * KiB;
   Matrix m = zeros(t);
   m[3][7] = 90 * KiB;  // rail 3
@@ -753,7 +761,7 @@ TEST(Router, ProxiesAvoidRanksBusyOnSharedMemory) {
   // on rail 0): half goes over rail 1, through a proxy on each side. Ranks 1
   // and 7 are busy with intra-node traffic, so the proxies are 3 and 5.
   ClusterTopology t = makeTopo(2, 4, 2);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 64 * KiB;
   Matrix m = zeros(t);
   m[0][4] = 64 * p.chunkBytes;
@@ -776,7 +784,7 @@ TEST(Router, RelaysSpreadOverRanksSharingANic) {
   // other nodes; the relays on its node and the combines on the others use
   // several owners.
   ClusterTopology t = makeTopo(4, 8, 2);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 64 * KiB;
   Matrix m = zeros(t);
   for (int d = 8; d < 32; d++) m[0][(size_t)d] = 10 * p.chunkBytes;
@@ -800,7 +808,7 @@ TEST(Router, HeterogeneousNodes) {
       t.node[(size_t)n].nics.resize((size_t)K[(size_t)n]);
       for (int i = 0; i < R; i++) t.rankNic[(size_t)(n * R + i)] = i % K[(size_t)n];
     }
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = 32 * KiB;
     Matrix m = randomDemand(g, t, 0.6, p.chunkBytes, 20 * p.chunkBytes);
     // Off mode fails where a destination's rail is missing on the source node.
@@ -834,7 +842,7 @@ TEST(Router, FullFabricBalancedNearBound) {
   for (int trial = 0; trial < 20; trial++) {
     int nodes = (int)uni(g, 2, 10), R = (int)uni(g, 1, 8), K = (int)uni(g, 1, 8);
     ClusterTopology t = makeTopo(nodes, R, K, rates(g, (int)uni(g, 0, 2)));
-    RouteParams p;
+    RouteParams p = allRouted();
     p.railOnly = false;
     p.chunkBytes = uni(g, 1, 64) * KiB;
     Matrix m = trial % 2 ? randomDemand(g, t, 0.5, p.chunkBytes, 30 * p.chunkBytes)
@@ -854,7 +862,7 @@ TEST(Router, Deterministic) {
   for (int trial = 0; trial < 6; trial++) {
     int nodes = (int)uni(g, 2, 16), R = (int)uni(g, 1, 8), K = (int)uni(g, 1, 8);
     ClusterTopology t = makeTopo(nodes, R, K, rates(g, (int)uni(g, 0, 2)));
-    RouteParams p;
+    RouteParams p = allRouted();
     p.chunkBytes = uni(g, 1, 64) * KiB;
     Matrix m = trial % 2 ? zipfDemand(g, t, 1.0, 4 * MiB) : randomDemand(g, t, 0.4, p.chunkBytes, 50 * p.chunkBytes);
     std::vector<TransferDemand> v = sparse(m);
@@ -879,7 +887,7 @@ TEST(Router, Deterministic) {
 
 TEST(Router, Errors) {
   ClusterTopology t = makeTopo(2, 2, 2);
-  RouteParams p;
+  RouteParams p = allRouted();
   Plan plan;
   plan.maxNicTime = 42;
   std::string why;
@@ -941,14 +949,14 @@ TEST(Router, FromATopologyFile) {
   ASSERT_EQ(zp::parseTopo(text, "test", &t), zpSuccess);
   Matrix m = zeros(t);
   m[1][6] = 256 * MiB;
-  Plan plan = planAll(t, m, RouteParams());
+  Plan plan = planAll(t, m, allRouted());
   EXPECT_DOUBLE_EQ(plan.maxNicTime, 256.0 * MiB / (4 * 125e6));
 }
 
 TEST(Router, PickPath) {
   auto g = testRng();
   ClusterTopology t = makeTopo(3, 4, 4);
-  RouteParams p;
+  RouteParams p = allRouted();
   p.chunkBytes = 64 * KiB;
   auto check = [&](int s, int d, uint64_t bytes, const std::vector<Piece>& v) {
     uint64_t off = 0;
@@ -988,7 +996,7 @@ TEST(Router, PickPath) {
       }
     }
   }
-  p = RouteParams();
+  p = allRouted();
   p.chunkBytes = 64 * KiB;
   // An idle node: a big transfer spreads evenly over the 4 rails.
   ASSERT_EQ(zp::pickPath(t, 0, 4, 400 * p.chunkBytes, {}, p, &v, &why), zpSuccess) << why;
@@ -1019,7 +1027,7 @@ TEST(Router, Describe) {
   Matrix m = zeros(t);
   m[0][3] = 3 * MiB + 5;
   m[0][1] = 100;
-  Plan plan = planOf(t, m, RouteParams());
+  Plan plan = planOf(t, m, allRouted());
   std::string s = zp::describe(plan);
   EXPECT_NE(s.find("mode balanced (rail-only)"), std::string::npos) << s;
   EXPECT_NE(s.find("1 inter-node transfers"), std::string::npos) << s;
@@ -1031,7 +1039,7 @@ TEST(Router, Speed64x8x8Dense) {
   // Not asserted: printed, to keep an eye on it.
   auto g = testRng();
   ClusterTopology t = makeTopo(64, 8, 8);
-  RouteParams p;
+  RouteParams p = allRouted();
   Matrix m = zeros(t);
   for (int s = 0; s < t.nranks(); s++)
     for (int d = 0; d < t.nranks(); d++)
@@ -1054,3 +1062,28 @@ TEST(Router, Speed64x8x8Dense) {
 }
 
 }  // namespace
+
+// The library's default threshold (measured, router.h): a transfer below it
+// takes the direct path, one at or above it is spread over the rails.
+TEST(Router, DefaultThresholdSendsSmallTransfersDirect) {
+  ClusterTopology t = makeTopo(2, 4, 4);
+  RouteParams p;  // the library's defaults
+  ASSERT_GT(p.directBelow, 0u);
+  std::vector<Piece> v;
+  std::string why;
+  ASSERT_EQ(zp::pickPath(t, 0, 4, p.directBelow - 1, {}, p, &v, &why), zpSuccess) << why;
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].srcProxy, 0);
+  EXPECT_EQ(v[0].dstProxy, 4);
+  ASSERT_EQ(zp::pickPath(t, 0, 4, 4 * p.directBelow, {}, p, &v, &why), zpSuccess) << why;
+  std::set<int> rails;
+  for (const Piece& x : v) rails.insert(x.sendNic);
+  EXPECT_GT(rails.size(), 1u) << "a large transfer should use several rails";
+  Matrix m(8, std::vector<uint64_t>(8, 0));
+  m[0][4] = p.directBelow - 1;
+  m[1][5] = 4 * p.directBelow;
+  Plan plan = planOf(t, m, p);
+  ASSERT_EQ(plan.transfers.size(), 2u);
+  EXPECT_TRUE(plan.transfers[0].direct);
+  EXPECT_FALSE(plan.transfers[1].direct);
+}

@@ -116,8 +116,8 @@ static void buildTopology(Comm* c, const std::vector<double>& rates) {
     if (rates[r] > 0) nic.bitsPerSec = rates[r];
   }
   c->routeParams.mode = (RouteMode)c->cfg.routing;
-  if (c->cfg.routeChunkBytes) c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
-  if (c->cfg.routeDirectBelow) c->routeParams.directBelow = c->cfg.routeDirectBelow;
+  if (c->cfg.routeChunkBytes != Config::kRouterDefault) c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
+  if (c->cfg.routeDirectBelow != Config::kRouterDefault) c->routeParams.directBelow = c->cfg.routeDirectBelow;
 }
 
 // Shared memory within the node; UCX to other nodes. The second bootstrap

@@ -21,9 +21,10 @@ struct Config {
   size_t shmEagerBytes = 32 << 10;      // ZP_SHM_EAGER: below this, copy through the ring
   size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
   int shmSpinUs = 1000;  // ZP_SHM_SPIN_US: poll (yielding the core) this long before sleeping
-  // The router's settings; 0: its defaults (src/route/router.h).
-  size_t routeChunkBytes = 0;   // ZP_ROUTE_CHUNK: relays move chunks of this size
-  size_t routeDirectBelow = 0;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
+  // The router's settings; kRouterDefault: its defaults (src/route/router.h).
+  static constexpr size_t kRouterDefault = ~(size_t)0;
+  size_t routeChunkBytes = kRouterDefault;   // ZP_ROUTE_CHUNK: relays move chunks of this size
+  size_t routeDirectBelow = kRouterDefault;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
 };
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);

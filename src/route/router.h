@@ -175,9 +175,11 @@ constexpr uint64_t kRouteDefaultChunkBytes = 512u << 10;
 // A relayed byte costs this many byte-times of a NIC (shared memory copies at
 // ~4 GB/s next to 1 Gbit/s NICs: 1/32).
 constexpr double kRouteDefaultShmCost = 1.0 / 32;
-// Below this size transfers go direct. 0 (nothing forced direct) until
-// bench/route_perf has measured where relaying stops paying.
-constexpr uint64_t kRouteDefaultDirectBelow = 0;
+// Below this size transfers go direct. Measured with bench/route_perf on the
+// emulated cluster (2 nodes x 4 ranks, 4 NICs at 1 Gbit/s): relaying one
+// pair's transfer pays from about 0.5-0.75 MiB, a ring hop (both directions
+// at once) from about 1-1.5 MiB.
+constexpr uint64_t kRouteDefaultDirectBelow = 1u << 20;
 
 struct RouteParams {
   RouteMode mode = RouteMode::kBalanced;
