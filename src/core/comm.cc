@@ -246,9 +246,19 @@ void Comm::wait(uint32_t token, int ms) {
   // through a futex: sleep on the one with work, and nap briefly when both have.
   // Relays may come from either side.
   bool relaying = relay && relay->busy();
-  bool shmBusy = shm && (shm->busy() || relaying);
-  if (net && (net->busy() || relaying || !shmBusy)) net->wait(shmBusy ? 0 : ms);
-  if (shmBusy || !net) shm->wait(token, net ? std::min(ms, 1) : ms);
+  bool shmBusy = shm->busy() || relaying;
+  bool netBusy = net && (net->busy() || relaying);
+  if (!net) {
+    shm->wait(token, ms);
+  } else if (!shmBusy) {
+    net->wait(ms);
+  } else if (!netBusy) {
+    net->wait(0);
+    shm->wait(token, std::min(ms, 1));
+  } else if (net->arm()) {
+    // Both: poll the doorbell and the network's fd together, then nap briefly.
+    shm->wait(token, std::min(ms, 1), [this] { return net->ready(); });
+  }
 }
 
 void Comm::dropOps(zpResult_t status, const std::string& why) {

@@ -408,7 +408,7 @@ uint32_t ShmTransport::waitToken() const {
   return mine_ ? mine_->doorbell.load(std::memory_order_seq_cst) : 0;
 }
 
-void ShmTransport::wait(uint32_t token, int ms) {
+void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere) {
   if (!mine_) return;
   // Poll first: within a call the answer usually comes sooner than a futex
   // sleep and wake-up (tens of microseconds here). Each poll yields the core,
@@ -421,9 +421,13 @@ void ShmTransport::wait(uint32_t token, int ms) {
   uint64_t spinUntil = nowUs() + spinUs_;
   for (int i = 0; spinUs_ > 0; i++) {
     if (mine_->doorbell.load(std::memory_order_acquire) != token) return;
-    if ((i & 15) == 15 && nowUs() > spinUntil) break;
+    if ((i & 15) == 15) {
+      if (elsewhere && elsewhere()) return;
+      if (nowUs() > spinUntil) break;
+    }
     sched_yield();
   }
+  if (elsewhere && elsewhere()) return;
   if (!sleep(token, ms)) checkAlive();
 }
 

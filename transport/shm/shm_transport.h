@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -69,8 +70,9 @@ class ShmTransport : public Transport {
   // A token that changes whenever a peer signals this rank.
   uint32_t waitToken() const;
   // Sleeps until the token differs from `token` or ms pass; then checks that
-  // local peers are still alive.
-  void wait(uint32_t token, int ms);
+  // local peers are still alive. While it polls, it also stops as soon as
+  // `elsewhere` (news from another transport) holds.
+  void wait(uint32_t token, int ms, const std::function<bool()>& elsewhere = {});
   // Only the sleep, touching nothing but the doorbell (safe without the
   // communicator's lock); false if the time ran out.
   bool sleep(uint32_t token, int ms);

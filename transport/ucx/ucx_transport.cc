@@ -492,6 +492,11 @@ void UcxTransport::sleep(int ms) const {
   poll(&p, 1, ms);
 }
 
+bool UcxTransport::ready() const {
+  pollfd p = {efd_, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
 void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
   std::vector<Op*> ops;
   for (auto& kv : ops_) ops.push_back(kv.first);

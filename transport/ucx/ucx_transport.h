@@ -52,6 +52,8 @@ class UcxTransport : public Transport {
   // already), then sleep() without it.
   bool arm();
   void sleep(int ms) const;
+  // After arm(): true if events have come since (does not block).
+  bool ready() const;
 
   struct Request;  // one UCP request and what it completes
 
