@@ -11,7 +11,8 @@
 //            zpRecv while every other rank sleeps outside the library for
 //            5 s: the routed chunks must go through their proxy threads (the
 //            pair must finish before the sleepers wake, the bytes must be
-//            right, and node 0's NICs other than rank 0's must carry some).
+//            right, and node 1's NICs other than the receiver's must have
+//            received some of them).
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -141,9 +142,12 @@ int main() {
     const size_t bytes = 8u << 20;
     std::string err;
     if (rank == 0 || rank == rpn) {
-      auto txBytes = [&](int k) {
+      // Received bytes of this node's NIC k (read on the receiving side: the
+      // sender is done once its proxies have taken the chunks, before they
+      // are on the wire).
+      auto rxBytes = [&](int k) {
         unsigned long long v = 0;
-        std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/tx_bytes";
+        std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/rx_bytes";
         if (FILE* f = fopen(path.c_str(), "r")) {
           if (fscanf(f, "%llu", &v) != 1) v = 0;
           fclose(f);
@@ -151,7 +155,7 @@ int main() {
         return v;
       };
       std::vector<unsigned long long> before(nics);
-      for (int k = 0; k < nics; k++) before[k] = txBytes(k);
+      for (int k = 0; k < nics; k++) before[k] = rxBytes(k);
       zptest::GuardedBuffer buf(bytes, 1);
       if (rank == 0) buf.fill(seed, 0, rpn);
       auto start = std::chrono::steady_clock::now();
@@ -159,12 +163,12 @@ int main() {
                     : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       int busyNics = 0;
-      for (int k = 1; k < nics; k++) busyNics += txBytes(k) - before[k] > (1u << 20);
+      for (int k = 1; k < nics; k++) busyNics += rxBytes(k) - before[k] > (1u << 20);
       if (r != zpSuccess) err = std::string("transfer failed: ") + zpGetLastError(comm);
       else if (rank == rpn && buf.wrongBytes(seed, 0, rpn)) err = "wrong bytes";
       else if (rank == rpn && buf.guardBytesWritten()) err = "guard bytes written";
       else if (s > 4.5) err = "took " + std::to_string(s) + " s: the proxies did not relay while their ranks slept";
-      else if (rank == 0 && nics > 1 && busyNics == 0) err = "only rank 0's NIC carried the transfer";
+      else if (rank == rpn && nics > 1 && busyNics == 0) err = "only the receiver's NIC carried the transfer";
     } else {
       sleep(5);
     }
