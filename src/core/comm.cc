@@ -115,9 +115,6 @@ static void buildTopology(Comm* c, const std::vector<double>& rates) {
     nic.name = "rail" + std::to_string(c->rail[r]);
     if (rates[r] > 0) nic.bitsPerSec = rates[r];
   }
-  c->routeParams.mode = (RouteMode)c->cfg.routing;
-  if (c->cfg.routeChunkBytes != Config::kRouterDefault) c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
-  if (c->cfg.routeDirectBelow != Config::kRouterDefault) c->routeParams.directBelow = c->cfg.routeDirectBelow;
 }
 
 // Shared memory within the node; UCX to other nodes. The second bootstrap
@@ -139,6 +136,10 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   }
   c->nnodes = (int)nodeSize.size();
   bool remote = c->nnodes > 1;
+  // The router's settings first: the network transport sizes its protocols by the chunks.
+  c->routeParams.mode = (RouteMode)c->cfg.routing;
+  if (c->cfg.routeChunkBytes != Config::kRouterDefault) c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
+  if (c->cfg.routeDirectBelow != Config::kRouterDefault) c->routeParams.directBelow = c->cfg.routeDirectBelow;
   std::string address, nic;
   int32_t rail = 0;
   double rate = 0;

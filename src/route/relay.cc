@@ -13,6 +13,8 @@ namespace {
 constexpr uint64_t kRelayMagic = 0x5a5052454c415931ull;
 // Staging slots per pool; with 512 KiB chunks, 8 MiB per pool.
 constexpr int kSlotsPerPool = 16;
+// Chunks of this rank's own sends in flight per first hop.
+constexpr int kWindow = 128;
 enum Pool { kOutbound = 0, kInbound = 1 };
 }  // namespace
 
@@ -25,6 +27,7 @@ struct Relay::Chunk {
   InRecv* standing = nullptr;     // the shared-memory header receive it came through
   int pool = -1;                  // the pool of its slot, if data is one
   Op* user = nullptr;             // the routed send it belongs to (at the source)
+  int firstHop = -1;              // at the source: where it goes first
   // Waiting for a staging slot, receiving its bytes, sending them on, or
   // dead (its previous hop failed: the communicator is broken).
   enum class State { kWaitingSlot, kReceiving, kSending, kFailed } state = State::kWaitingSlot;
@@ -126,9 +129,8 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     h.bytes = bytes;
     ch->data = (char*)op->buf + offset;
     ch->user = op;
-    Chunk* raw = ch.get();
-    chunks_.push_back(std::move(ch));
-    sendChunk(raw, pc.srcProxy == me ? pc.dstProxy : pc.srcProxy);
+    ch->firstHop = pc.srcProxy == me ? pc.dstProxy : pc.srcProxy;
+    pending_[ch->firstHop].push_back(std::move(ch));
     count++;
   };
   sendsLeft_[op] = 1;  // held while posting
@@ -149,6 +151,24 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     sendsLeft_.erase(it);
     op->finish(op->status, op->error);
   }
+  pump();
+}
+
+// Starts this rank's pending chunks, at most kWindow per first hop: chunks
+// travel eagerly (see the UCX transport), so the window is what bounds the
+// bytes a receiver may have to hold before it has asked for them.
+bool Relay::pump() {
+  bool moved = false;
+  for (auto& [hop, queue] : pending_)
+    while (!queue.empty() && inFlight_[hop] < kWindow) {
+      Chunk* ch = queue.front().get();
+      chunks_.push_back(std::move(queue.front()));
+      queue.pop_front();
+      inFlight_[hop]++;
+      sendChunk(ch, hop);
+      moved = true;
+    }
+  return moved;
 }
 
 void Relay::recv(Op* op, uint64_t xfer) {
@@ -280,6 +300,7 @@ void Relay::chunkSent(Chunk* ch) {
   if (!c_->isLocal(ch->hdrOp.peer)) c_->shm->addNetQueued(-(int64_t)h.bytes);
   if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
   if (Op* op = ch->user) {
+    inFlight_[ch->firstHop]--;
     zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;
     if (st != zpSuccess && op->status == zpSuccess) {
       op->status = st;
@@ -346,6 +367,7 @@ bool Relay::progress() {
       ch->state = Chunk::State::kFailed;
     }
   }
+  moved |= pump();
   postHeaderRecvs();
   return moved;
 }
@@ -371,6 +393,8 @@ void Relay::dropOps(zpResult_t status, const std::string& why) {
   sendsLeft_.clear();
   deliveries_.clear();
   chunks_.clear();
+  pending_.clear();
+  inFlight_.clear();
   for (auto& q : waitingSlot_) q.clear();
   for (int p = 0; p < 2; p++) {
     freeSlots_[p].clear();

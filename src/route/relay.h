@@ -98,6 +98,7 @@ class Relay {
   bool accept(Delivery& d, const RelayHeader& h);
   void finishDelivery(const Key& key);
   void sendChunk(Chunk* ch, int to);
+  bool pump();
   void chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it);
   void chunkSent(Chunk* ch);
   Transport* via(int peer) const;
@@ -111,7 +112,9 @@ class Relay {
   std::vector<uint64_t> relaySendSeq_, relayRecvSeq_;  // by peer: relay messages
   std::vector<uint64_t> p2pSends_, p2pRecvs_;          // by peer: routed point-to-point transfers
   std::vector<std::unique_ptr<InRecv>> standing_;       // header receives: one per local peer, one for the network
-  std::list<std::unique_ptr<Chunk>> chunks_;
+  std::list<std::unique_ptr<Chunk>> chunks_;                   // in flight here
+  std::map<int, std::deque<std::unique_ptr<Chunk>>> pending_;  // this rank's chunks not yet started, by first hop
+  std::map<int, int> inFlight_;                                // this rank's chunks started, by first hop
   std::deque<Chunk*> waitingSlot_[2];  // chunks whose proxy waits for a slot (outbound, inbound)
   std::vector<std::unique_ptr<char[]>> slotMemory_;
   std::vector<char*> freeSlots_[2];

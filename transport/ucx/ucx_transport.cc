@@ -75,6 +75,18 @@ zpResult_t UcxTransport::init(std::string* address) {
       return fail(zpInvalidArgument, "UCX: NET_DEVICES=%s refused: %s", device_.c_str(), ucs_status_string(st));
     }
   }
+  // Relayed chunks go eagerly: a rendezvous would make each chunk's
+  // receiver answer (RTR) behind the bulk data it is sending itself the
+  // other way, which halves both directions of a loaded NIC (measured with
+  // route_perf's ring hop). The sender's window bounds what is in flight.
+  if (comm_->cfg.routing != zpRoutingOff && !getenv("UCX_RNDV_THRESH")) {
+    std::string thresh = std::to_string(comm_->routeParams.chunkBytes + 1);
+    st = ucp_config_modify(config, "RNDV_THRESH", thresh.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return fail(zpSystemError, "UCX: RNDV_THRESH=%s refused: %s", thresh.c_str(), ucs_status_string(st));
+    }
+  }
   ucp_params_t params;
   memset(&params, 0, sizeof(params));
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
