@@ -235,6 +235,7 @@ zpResult_t ShmTransport::init() {
     p.pidfd = pidfdOpen(p.pid);
     // Map the peer's segment once it exists and is initialized.
     std::string pname = segName(p.rank);
+    p.segName = pname;
     for (;;) {
       int pfd = shm_open(pname.c_str(), O_RDWR, 0);
       struct stat st;
@@ -448,6 +449,9 @@ void ShmTransport::checkAlive() {
     if (poll(&pf, 1, 0) <= 0) continue;
     // A peer that said goodbye before exiting left cleanly.
     drainCtrl(p);
+    // If it died before its init finished, its segment still has a name,
+    // which it cannot remove any more.
+    shm_unlink(p.segName.c_str());
     if (!p.bye)
       peerGone(p, zpRemoteError, "rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) + ") died",
                true);

@@ -94,6 +94,7 @@ class ShmTransport : public Transport {
     int localIdx = -1;
     pid_t pid = 0;
     int pidfd = -1;
+    std::string segName;       // its name in /dev/shm
     SegHeader* seg = nullptr;  // the peer's segment, mapped here
     size_t segBytes = 0;
     Lane lane[kLanes];
