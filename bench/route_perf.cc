@@ -20,7 +20,8 @@
 // of that node's summed NIC rate (K x ZP_NIC_RATE_BPS) this is, x_off = the
 // speedup over routing off, and the bytes each NIC of node 0 and node 1 sent
 // (tx counters of the interfaces zpnic*, MiB per call, TCP/IP headers
-// included). -c 1 checks every received byte of one more call per row.
+// and any retransmissions included). -c 1 checks every received byte of one
+// more call per row.
 //
 // Built against MPI as mpi_route_perf (one mode, "mpi": the same traffic
 // with MPI_Isend/Irecv and MPI_Alltoallv) for comparison.
