@@ -278,6 +278,7 @@ int main(int argc, char** argv) {
         double t0 = nowSeconds();
         for (int it = 0; it < iters; it++) runOnce(comm, t, sbuf, rbuf, false, seed);
         double mine = (nowSeconds() - t0) / iters;
+        comm.barrier();  // every rank done: every byte of the loop has left its NIC
         std::vector<uint64_t> tx1 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         // Counters of the interval, and the time of the slowest rank (in ns).
         std::vector<uint64_t> row(nics + 1);
