@@ -133,7 +133,6 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     pending_[ch->firstHop].push_back(std::move(ch));
     count++;
   };
-  sendsLeft_[op] = 1;  // held while posting
   if (op->bytes == 0) {
     Piece direct;
     direct.srcProxy = me;
@@ -145,12 +144,11 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
       add(pc.offset + o, std::min<uint64_t>(chunkBytes_, pc.bytes - o), pc);
   ZP_TRACE(kSubNet, "rank %d: routed send of %zu bytes to rank %d: %zu pieces, %d chunks", me, op->bytes, op->peer,
            pieces.size(), count);
-  auto it = sendsLeft_.find(op);
-  it->second += count - 1;
-  if (it->second == 0) {
-    sendsLeft_.erase(it);
-    op->finish(op->status, op->error);
+  if (count == 0) {
+    op->finish(zpInternalError, "the route to rank " + std::to_string(op->peer) + " has no pieces");
+    return;
   }
+  sendsLeft_[op] = count;  // the chunks start in pump(), so none can finish before this
   pump();
 }
 
