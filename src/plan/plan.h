@@ -1,0 +1,50 @@
+// The batch plan as plain data: where every token of a variable-length batch
+// lives for attention and for the linear layers. The planner (planner.cc)
+// makes it, the layout objects of the C API wrap its layouts, remap moves
+// tokens between two layouts, and the attention driver runs rings over the
+// ranks it assigns. Every rank computes the same plan from the same input.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zp::plan {
+
+// A run of consecutive tokens of one sequence: tokens [start, start + count).
+struct Segment {
+  int64_t seq = 0;
+  int64_t start = 0;
+  int64_t count = 0;  // > 0: empty segments are never stored
+};
+
+// For each rank, its segments in the order its buffers hold them (a rank's
+// buffer is the concatenation of its segments' tokens).
+struct Layout {
+  std::vector<int64_t> seqLens;             // tokens of each sequence
+  std::vector<std::vector<Segment>> ranks;  // ranks[r] = segments of rank r
+};
+
+// Where attention for one sequence runs.
+enum class SeqClass { Local = 0, IntraNode = 1, InterNode = 2 };
+
+struct SeqPlacement {
+  int64_t seq = 0;
+  int64_t len = 0;
+  SeqClass cls = SeqClass::Local;
+  // The ring over which the sequence is split, in ring order (one rank when
+  // local). Split over G = ranks.size() ranks: non-causal sequences are cut
+  // into G chunks, chunk i on ranks[i]; causal ones into 2G chunks (zigzag),
+  // chunks i and 2G-1-i on ranks[i], in that order. Chunk c covers tokens
+  // [c * len / C, (c + 1) * len / C) for C chunks (integer division), so any
+  // length works; chunks that come out empty are left out of the layout.
+  std::vector<int> ranks;
+};
+
+struct BatchPlan {
+  bool causal = false;
+  std::vector<SeqPlacement> seqs;  // indexed by sequence id
+  Layout attention;                // from seqs, as described above
+  Layout linear;                   // token balanced: every rank within one token of the mean
+};
+
+}  // namespace zp::plan
