@@ -14,6 +14,8 @@ namespace {
 
 // Communicators up to this size send counts along with the data (16 n + 8 bytes a message).
 constexpr int kCountsInBand = 64;
+// Transfer ids of the routed count exchange: apart from the data's (the call's sequence number).
+constexpr uint64_t kCountsXfer = 1ull << 62;
 
 struct Range {
   uintptr_t begin, end;
@@ -74,7 +76,7 @@ std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], cons
 }
 
 // The whole count matrix at every rank.
-zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
+zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
                         std::vector<uint64_t>* rows) {
   const int n = c->nranks, me = c->rank;
   const size_t rowLen = countRowLen(n);
@@ -87,6 +89,12 @@ zpResult_t gatherCounts(Comm* c, const size_t sendcounts[], const size_t recvcou
     ops.push_back(makeOp(OpKind::kAlltoallv, false, from, rows->data() + (size_t)from * rowLen,
                          rowLen * sizeof(uint64_t), 1));
   }
+  // Across nodes through the relay too, which knows the paths that work.
+  for (Op& op : ops)
+    if (!c->isLocal(op.peer)) {
+      op.routed = true;
+      op.xfer = seq | kCountsXfer;
+    }
   return runAll(c, ops);
 }
 
@@ -114,7 +122,7 @@ zpResult_t routedAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
   const int n = c->nranks, me = c->rank;
   const size_t rowLen = countRowLen(n);
   std::vector<uint64_t> rows;
-  ZP_CHECK(gatherCounts(c, sendcounts, recvcounts, ts, &rows));
+  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
   ZP_CHECK(checkCounts(c, rows));
 
   // Plans repeat from call to call (benchmarks, fixed batch shapes): keep the last.

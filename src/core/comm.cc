@@ -1,6 +1,8 @@
 #include "src/core/comm.h"
 
 #include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@ const char* opKindName(OpKind kind) {
     case OpKind::kAlltoallv: return "alltoallv";
     case OpKind::kRelayHeader: return "relay header";
     case OpKind::kRelayData: return "relay data";
+    case OpKind::kControl: return "relayed control message";
   }
   return "unknown operation";
 }
@@ -36,6 +39,7 @@ Comm::~Comm() {
   net.reset();
   shm.reset();
   relay.reset();
+  if (nicProbeFd >= 0) close(nicProbeFd);
 }
 
 bool Comm::isLocal(int peer) const {
@@ -50,7 +54,82 @@ void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer)
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
+  if (seq == kSeqNicDown) {
+    NicDown n;
+    char name[64] = "";
+    if (sscanf(text.c_str(), "%d %d %63s", &n.node, &n.rail, name) >= 2 && n.node >= 0 && n.node < nnodes &&
+        n.rail >= 0) {
+      n.name = name;
+      nicNews.push_back(n);  // acted on after the transports' progress, not inside their callbacks
+    }
+    return;
+  }
+  if (seq == kSeqRelayAck) {
+    if (relay) relay->onAck(peer, text);
+    return;
+  }
   statuses[{peer, seq}] = {status, std::move(text)};
+}
+
+void Comm::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
+  if (isLocal(peer) || directAlive(peer) || !relay) route[peer]->sendStatus(peer, seq, status, text);
+  else relay->sendControl(peer, seq, status, text);
+}
+
+bool Comm::nicUp(int node, int k) const {
+  const std::vector<Nic>& nics = topo.node[node].nics;
+  return k < 0 || k >= (int)nics.size() || !nics[k].down;
+}
+
+bool Comm::directAlive(int peer) const {
+  if (isLocal(peer)) return true;
+  int a = nodeOf[rank], b = nodeOf[peer];
+  return nicUp(a, rail[rank]) && nicUp(b, rail[peer]) && nicUp(a, rail[peer]) && nicUp(b, rail[rank]);
+}
+
+void Comm::checkNic() {
+  if (nicName.empty() || !nicUp(nodeOf[rank], rail[rank])) return;
+  uint64_t now = nowMs();
+  if (now - nicCheckedMs < 5) return;
+  nicCheckedMs = now;
+  if (nicProbeFd < 0) nicProbeFd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ifreq ifr;
+  memset(&ifr, 0, sizeof(ifr));
+  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", nicName.c_str());
+  if (nicProbeFd < 0 || ioctl(nicProbeFd, SIOCGIFFLAGS, &ifr) != 0) return;  // cannot tell: assume it works
+  if ((ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING)) return;
+  ZP_WARN(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down; its traffic moves to the node's other NICs", rank,
+          nicName.c_str(), rail[rank], nodeOf[rank]);
+  nicNews.push_back({nodeOf[rank], rail[rank], nicName});
+}
+
+bool Comm::applyNicNews() {
+  if (nicNews.empty()) return false;
+  std::vector<NicDown> news = std::move(nicNews);
+  nicNews.clear();
+  bool changed = false;
+  for (const NicDown& n : news) {
+    std::vector<Nic>& nics = topo.node[n.node].nics;
+    if (n.rail >= (int)nics.size() || nics[n.rail].down) continue;
+    nics[n.rail].down = true;
+    changed = true;
+    lastPlanKey.clear();  // plans made with the NIC are void
+    ZP_INFO(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down: routing around it", rank, n.name.c_str(), n.rail,
+            n.node);
+    std::string text = std::to_string(n.node) + " " + std::to_string(n.rail) + " " + n.name;
+    for (int p = 0; p < nranks; p++)
+      if (p != rank && directAlive(p)) route[p]->sendStatus(p, kSeqNicDown, zpSuccess, text);
+    for (int p = 0; p < nranks; p++)
+      if (!directAlive(p)) net->cutPeer(p, "the network path to rank " + std::to_string(p) + " is down (NIC " + n.name +
+                                               " of node " + std::to_string(n.node) + ")");
+    bool anyUp = false;
+    for (int k = 0; k < (int)nics.size(); k++) anyUp |= !nics[k].down;
+    if (!anyUp)
+      setAsyncError(zpRemoteError, "node " + std::to_string(n.node) + " has no working NIC left (the last, " + n.name +
+                                       ", went down): no path to its ranks");
+  }
+  if (changed) relay->onPathsChanged();
+  return changed;
 }
 
 // The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
@@ -144,6 +223,7 @@ static zpResult_t initTransports(Comm* c, int rootFd) {
   int32_t rail = 0;
   double rate = 0;
   zpResult_t res = remote ? chooseNic(c, &nic, &rail, &rate) : zpSuccess;
+  c->nicName = nic;
   if (res == zpSuccess && remote) res = UcxTransport::create(c, nic, &c->net, &address);
   // Every rank takes part in the second round, even to say it failed (an
   // empty blob), so that nobody waits for it.
@@ -236,7 +316,11 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
 bool Comm::progress() {
   bool moved = false;
   for (Transport* t : transports) moved |= t->progress();
-  if (relay) moved |= relay->progress();
+  if (relay) {
+    checkNic();
+    moved |= applyNicNews();
+    moved |= relay->progress();
+  }
   return moved;
 }
 
@@ -417,7 +501,7 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
   if (c->asyncError != zpSuccess)
     return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
   for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank) c->route[p]->sendStatus(p, seq, mine, myMsg);
+    if (p != c->rank) c->sendStatus(p, seq, mine, myMsg);
   auto missing = [&](Comm*) {
     std::vector<int> out;
     for (int p = 0; p < c->nranks; p++)
@@ -449,9 +533,9 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
 // other ranks: it stays until every rank has come to destroy the
 // communicator (then no transfer is left anywhere), or the timeout passes.
 static void finishRelays(Comm* c) {
-  const uint64_t kLeaving = (1ull << 36) - 1;  // a collective sequence no call reaches (UCX tags carry 36 bits)
+  const uint64_t kLeaving = kSeqLeaving;
   for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank) c->route[p]->sendStatus(p, kLeaving, zpSuccess, "");
+    if (p != c->rank) c->sendStatus(p, kLeaving, zpSuccess, "");
   auto missing = [&](Comm*) {
     std::vector<int> out;
     for (int p = 0; p < c->nranks; p++)

@@ -31,11 +31,19 @@ class UcxTransport;
 // calls operations in a different order than its peer gets an error, not a hang.
 // The router's relays (src/route/relay.h) have kinds of their own: a header
 // describing a chunk, then the chunk.
-enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3 };
+// kControl marks a relayed control message (Comm::sendStatus to a rank
+// with no working network path to this one).
+enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3, kControl = 4 };
 const char* opKindName(OpKind kind);
 
 // A receive from any rank of another node (the router's relay headers).
 constexpr int kAnyRemotePeer = -2;
+
+// Control messages ride on status messages with collective sequence numbers
+// no call reaches (UCX tags carry 36 bits).
+constexpr uint64_t kSeqLeaving = (1ull << 36) - 1;  // this rank reached zpCommDestroy
+constexpr uint64_t kSeqNicDown = (1ull << 36) - 2;  // text: "node rail name"
+constexpr uint64_t kSeqRelayAck = (1ull << 36) - 3; // text: the relay's acknowledgements
 
 struct Op {
   bool isSend = false;
@@ -105,6 +113,16 @@ struct Comm {
   // move other ranks' chunks even when their own rank computes).
   std::thread proxyThread;
   std::atomic<bool> proxyStop{false};
+  // NIC failure (routed communicators): this rank watches its own NIC and
+  // passes news of any NIC found down to every rank it can reach.
+  std::string nicName;
+  int nicProbeFd = -1;
+  uint64_t nicCheckedMs = 0;
+  struct NicDown {
+    int node, rail;
+    std::string name;
+  };
+  std::vector<NicDown> nicNews;  // heard, not yet acted on
 
   // Per peer, how many messages each way so far: the k-th send to a peer
   // matches the peer's k-th receive from this rank.
@@ -140,6 +158,20 @@ struct Comm {
   // (fromPeer: it came from one), so that all ranks fail, not just the first.
   void setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer = false);
   void onStatus(int peer, uint64_t collSeq, zpResult_t status, std::string text);
+  // A status or control message to peer: directly, or through the relay
+  // when no network path joins the two ranks any more.
+  void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
+  // The network path between this rank and peer works: no NIC it depends on
+  // is down. In a rail-optimized network (the emulated cluster), packets to
+  // a rank leave on the NIC of its rail, so both ends' rails on both nodes count.
+  bool directAlive(int peer) const;
+  bool nicUp(int node, int rail) const;
+  // Looks at this rank's NIC (every few ms); down: the news goes out.
+  void checkNic();
+  // Acts on NIC news: the router leaves the NIC out from now on, peers
+  // behind it are cut off, the relay re-sends what went that way, and the
+  // news goes on to every rank this one can reach (once per NIC).
+  bool applyNicNews();
 };
 
 zpResult_t commCreate(int nranks, const zpUniqueId& id, int rank, const Config& cfg,

@@ -106,10 +106,11 @@ struct Nic {
   int numa = -1;           // NUMA node (hwloc logical index) it hangs off; -1: unknown
   std::string pciBusId;    // "0000:17:00.0"; empty if not a PCI device (veth, ...)
   bool isVirtual = false;  // no device behind it (veth, bridge, ...): discovery only
+  bool down = false;       // found not working while running: the router leaves it out
 
   bool operator==(const Nic& o) const {
     return name == o.name && bitsPerSec == o.bitsPerSec && numa == o.numa &&
-           pciBusId == o.pciBusId && isVirtual == o.isVirtual;
+           pciBusId == o.pciBusId && isVirtual == o.isVirtual && down == o.down;
   }
 };
 

@@ -15,6 +15,10 @@ constexpr uint64_t kRelayMagic = 0x5a5052454c415931ull;
 constexpr int kSlotsPerPool = 16;
 // Chunks of this rank's own sends in flight per first hop.
 constexpr int kWindow = 128;
+// Finished deliveries remembered per rank, to drop copies sent again.
+constexpr size_t kFinishedKept = 4096;
+// A relayed control message starts with this byte, so it is never empty.
+constexpr char kControlMark = 'C';
 enum Pool { kOutbound = 0, kInbound = 1 };
 }  // namespace
 
@@ -26,8 +30,11 @@ struct Relay::Chunk {
   int from = -1;                  // the hop it comes from (receiving)
   InRecv* standing = nullptr;     // the shared-memory header receive it came through
   int pool = -1;                  // the pool of its slot, if data is one
-  Op* user = nullptr;             // the routed send it belongs to (at the source)
+  SendXfer* sx = nullptr;         // the routed send it belongs to (at the source)
   int firstHop = -1;              // at the source: where it goes first
+  int srcProxy = -1;              // at the source: its path
+  bool claimed = false;           // at the destination: received straight into the receive buffer
+  bool dup = false;               // at the destination: a copy of bytes already here
   // Waiting for a staging slot, receiving its bytes, sending them on, or
   // dead (its previous hop failed: the communicator is broken).
   enum class State { kWaitingSlot, kReceiving, kSending, kFailed } state = State::kWaitingSlot;
@@ -52,31 +59,82 @@ Relay::Relay(Comm* comm) : c_(comm), chunkBytes_(comm->routeParams.chunkBytes) {
 }
 
 void Relay::post(Op* op) {
-  if (op->kind != OpKind::kP2P) {
+  if (op->kind != OpKind::kP2P && (!op->isSend || op->pieces)) {
     if (op->isSend) send(op, op->xfer, *op->pieces);
     else recv(op, op->xfer);
     return;
   }
+  // A point-to-point op, or a collective's op with no plan (alltoallv's count exchange).
+  uint64_t xfer = op->kind == OpKind::kP2P ? 0 : op->xfer;
   if (!op->isSend) {
-    recv(op, p2pRecvs_[op->peer]++);
+    recv(op, op->kind == OpKind::kP2P ? p2pRecvs_[op->peer]++ : xfer);
     return;
   }
   std::vector<Piece> pieces;
-  if (op->bytes) {
-    // The node's NIC queues: what each NIC's owners have posted and not yet sent.
-    std::vector<uint64_t> queued;
-    for (int r = 0; r < c_->nranks; r++)
-      if (c_->isLocal(r)) {
-        if ((int)queued.size() <= c_->rail[r]) queued.resize(c_->rail[r] + 1, 0);
-        queued[c_->rail[r]] += c_->shm->netQueued(r);
-      }
-    std::string why;
-    if (pickPath(c_->topo, c_->rank, op->peer, op->bytes, queued, c_->routeParams, &pieces, &why) != zpSuccess) {
-      op->finish(zpInternalError, "no route to rank " + std::to_string(op->peer) + ": " + why);
-      return;
-    }
+  std::string why;
+  if (op->bytes && !pickPieces(op->peer, op->bytes, &pieces, &why)) {
+    op->finish(zpRemoteError, "no route to rank " + std::to_string(op->peer) + ": " + why);
+    return;
   }
-  send(op, p2pSends_[op->peer]++, pieces);
+  send(op, op->kind == OpKind::kP2P ? p2pSends_[op->peer]++ : xfer, pieces);
+}
+
+// A path for bytes from this rank to dst from the node's NIC queues: what
+// each NIC's owners have posted and not yet sent.
+bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why) {
+  std::vector<uint64_t> queued;
+  for (int r = 0; r < c_->nranks; r++)
+    if (c_->isLocal(r)) {
+      if ((int)queued.size() <= c_->rail[r]) queued.resize(c_->rail[r] + 1, 0);
+      queued[c_->rail[r]] += c_->shm->netQueued(r);
+    }
+  return pickPath(c_->topo, c_->rank, dst, bytes, queued, c_->routeParams, pieces, why) == zpSuccess;
+}
+
+// Whether a chunk's path (src -> srcProxy -> network -> dstProxy -> dst)
+// crosses a NIC that is down.
+bool Relay::pathDead(int src, int dst, int srcProxy, int dstProxy) const {
+  (void)src;
+  (void)dst;
+  const std::vector<int>& node = c_->nodeOf;
+  const std::vector<int>& rail = c_->rail;
+  // The network hop is srcProxy -> dstProxy; the shared-memory hops never fail.
+  return !c_->nicUp(node[srcProxy], rail[srcProxy]) || !c_->nicUp(node[dstProxy], rail[dstProxy]) ||
+         !c_->nicUp(node[srcProxy], rail[dstProxy]) || !c_->nicUp(node[dstProxy], rail[srcProxy]);
+}
+
+void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
+  const int me = c_->rank;
+  ch->hdr.dstProxy = dstProxy;
+  ch->srcProxy = srcProxy;
+  ch->firstHop = srcProxy == me ? dstProxy : srcProxy;
+  if (ch->sx) ch->sx->inBuffer++;
+  pending_[ch->firstHop].push_back(std::move(ch));
+}
+
+void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
+  start();
+  std::string payload = kControlMark + text;
+  std::vector<Piece> pieces;
+  std::string why;
+  if (!pickPieces(peer, payload.size(), &pieces, &why) || pieces.size() != 1) {
+    ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", c_->rank, peer, why.c_str());
+    return;
+  }
+  auto ch = std::make_unique<Chunk>();
+  RelayHeader& h = ch->hdr;
+  h.magic = kRelayMagic;
+  h.kind = (uint32_t)OpKind::kControl;
+  h.src = c_->rank;
+  h.dst = peer;
+  h.status = status;
+  h.xfer = seq;
+  h.total = h.bytes = payload.size();
+  ch->own.reset(new char[payload.size()]);
+  memcpy(ch->own.get(), payload.data(), payload.size());
+  ch->data = ch->own.get();
+  queueChunk(std::move(ch), pieces[0].srcProxy, pieces[0].dstProxy);
+  pump();
 }
 
 Relay::~Relay() = default;
@@ -114,6 +172,15 @@ void Relay::postHeaderRecvs() {
 void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   start();
   const int me = c_->rank;
+  Key key(op->peer, (uint32_t)op->kind, xfer);
+  if (sends_.count(key)) {
+    op->finish(zpInternalError, "a routed send to rank " + std::to_string(op->peer) + " reuses transfer id " +
+                                    std::to_string(xfer));
+    return;
+  }
+  SendXfer* sx = &sends_[key];
+  sx->op = op;
+  sx->key = key;
   int count = 0;
   auto add = [&](uint64_t offset, uint64_t bytes, const Piece& pc) {
     auto ch = std::make_unique<Chunk>();
@@ -122,15 +189,18 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     h.kind = (uint32_t)op->kind;
     h.src = me;
     h.dst = op->peer;
-    h.dstProxy = pc.dstProxy;
     h.xfer = xfer;
     h.total = op->bytes;
     h.offset = offset;
     h.bytes = bytes;
     ch->data = (char*)op->buf + offset;
-    ch->user = op;
-    ch->firstHop = pc.srcProxy == me ? pc.dstProxy : pc.srcProxy;
-    pending_[ch->firstHop].push_back(std::move(ch));
+    ch->sx = sx;
+    Sent& rec = sx->chunks[offset];
+    rec.bytes = bytes;
+    rec.srcProxy = pc.srcProxy;
+    rec.dstProxy = pc.dstProxy;
+    sx->unacked++;
+    queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
     count++;
   };
   if (op->bytes == 0) {
@@ -145,10 +215,10 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   ZP_TRACE(kSubNet, "rank %d: routed send of %zu bytes to rank %d: %zu pieces, %d chunks", me, op->bytes, op->peer,
            pieces.size(), count);
   if (count == 0) {
+    sends_.erase(key);
     op->finish(zpInternalError, "the route to rank " + std::to_string(op->peer) + " has no pieces");
     return;
   }
-  sendsLeft_[op] = count;  // the chunks start in pump(), so none can finish before this
   pump();
 }
 
@@ -199,11 +269,24 @@ void Relay::finishDelivery(const Key& key) {
   auto it = deliveries_.find(key);
   Delivery& d = it->second;
   if (!d.op) return;
-  if (!d.failed && d.seen && d.got == d.op->bytes && !d.op->done) {
+  // Done when every byte is in and no copy is still being written into the buffer.
+  if (!d.failed && d.seen && d.got == d.op->bytes && d.claimed.empty() && !d.op->done) {
     d.op->progressed = d.op->bytes;
     d.op->finish(zpSuccess);
   }
-  if (d.op->done && (!d.failed || (d.seen && d.got == d.total))) deliveries_.erase(it);
+  if (d.op->done && d.claimed.empty() && (!d.failed || (d.seen && d.got == d.total))) {
+    remember(key, d.total);
+    deliveries_.erase(it);
+  }
+}
+
+void Relay::remember(const Key& key, uint64_t total) {
+  finished_[key] = total;
+  finishedOrder_.push_back(key);
+  if (finishedOrder_.size() > kFinishedKept * (size_t)c_->nranks) {
+    finished_.erase(finishedOrder_.front());
+    finishedOrder_.pop_front();
+  }
 }
 
 void Relay::sendChunk(Chunk* ch, int to) {
@@ -226,11 +309,22 @@ void Relay::sendChunk(Chunk* ch, int to) {
 bool Relay::placeChunk(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
   if (h.dst == c_->rank) {
-    Delivery& d = deliveries_[Key(h.src, h.kind, h.xfer)];
-    d.seen = true;
-    d.total = h.total;
-    if (d.op && accept(d, h)) {
-      ch->data = (char*)d.op->buf + h.offset;
+    Key key(h.src, h.kind, h.xfer);
+    Delivery* d = nullptr;
+    if (h.kind == (uint32_t)OpKind::kControl || finished_.count(key)) {
+      ch->dup = h.kind != (uint32_t)OpKind::kControl;
+    } else {
+      d = &deliveries_[key];
+      d->seen = true;
+      d->total = h.total;
+      ch->dup = d->have.count(h.offset) > 0;
+    }
+    // Only the first copy of a chunk goes straight into the receive buffer:
+    // a copy sent again lands aside and is copied in if it wins.
+    if (d && !ch->dup && d->op && !d->claimed.count(h.offset) && accept(*d, h)) {
+      ch->data = (char*)d->op->buf + h.offset;
+      ch->claimed = true;
+      d->claimed.insert(h.offset);
     } else {
       ch->own.reset(new char[std::max<uint64_t>(h.bytes, 1)]);
       ch->data = ch->own.get();
@@ -279,38 +373,197 @@ void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
     sendChunk(ch, c_->isLocal(h.dst) ? h.dst : h.dstProxy);
     return;
   }
-  Key key(h.src, h.kind, h.xfer);
-  Delivery& d = deliveries_.at(key);
-  d.got += h.bytes;
   std::unique_ptr<Chunk> mine = std::move(*it);
   chunks_.erase(it);
+  if (h.kind == (uint32_t)OpKind::kControl) {
+    if (h.bytes >= 1 && ch->data[0] == kControlMark)
+      c_->onStatus(h.src, h.xfer, (zpResult_t)h.status, std::string(ch->data + 1, h.bytes - 1));
+    return;
+  }
+  ack(h.src, h.kind, h.xfer, h.offset, h.offset + h.bytes);  // copies too: the first one's acknowledgement may be lost
+  Key key(h.src, h.kind, h.xfer);
+  auto dit = deliveries_.find(key);
+  if (dit == deliveries_.end()) return;  // finished (or failed) meanwhile
+  Delivery& d = dit->second;
+  if (ch->claimed) d.claimed.erase(h.offset);
+  if (ch->dup || !d.have.insert(h.offset).second) {
+    finishDelivery(key);
+    return;
+  }
+  d.got += h.bytes;
   if (!d.op) {
     d.early.push_back(std::move(mine));  // kept until the receive is posted
     return;
   }
-  // Placed before the receive was posted: copy it in now.
+  // Placed aside (before the receive was posted, or a copy): copy it in now.
   if (ch->own && accept(d, h)) memcpy((char*)d.op->buf + h.offset, ch->data, h.bytes);
   finishDelivery(key);
+}
+
+// A chunk that cannot go on: its path has a NIC that is down (the source
+// sends it again), or it is a copy nobody needs.
+void Relay::chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it) {
+  Chunk* ch = it->get();
+  const RelayHeader& h = ch->hdr;
+  if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
+  if (ch->standing) ch->standing->blocked = false;
+  if (ch->claimed) {
+    Key key(h.src, h.kind, h.xfer);
+    auto dit = deliveries_.find(key);
+    if (dit != deliveries_.end()) {
+      dit->second.claimed.erase(h.offset);
+      finishDelivery(key);
+    }
+  }
+  ZP_TRACE(kSubNet, "rank %d: dropped chunk %d -> %d offset %llu (its path is down)", c_->rank, h.src, h.dst,
+           (unsigned long long)h.offset);
+  chunks_.erase(it);
 }
 
 void Relay::chunkSent(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
   if (!c_->isLocal(ch->hdrOp.peer)) c_->shm->addNetQueued(-(int64_t)h.bytes);
   if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
-  if (Op* op = ch->user) {
-    inFlight_[ch->firstHop]--;
-    zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;
-    if (st != zpSuccess && op->status == zpSuccess) {
+  if (ch->firstHop >= 0) inFlight_[ch->firstHop]--;
+  zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;
+  // A send cut off with its path is sent again (onPathsChanged); other
+  // failures break the communicator.
+  bool cut = st != zpSuccess && !c_->directAlive(ch->hdrOp.peer);
+  if (SendXfer* sx = ch->sx) {
+    Op* op = sx->op;
+    sx->inBuffer--;
+    if (st != zpSuccess && !cut && op->status == zpSuccess) {
       op->status = st;
       op->error = ch->hdrOp.status != zpSuccess ? ch->hdrOp.error : ch->dataOp.error;
     }
-    auto it = sendsLeft_.find(op);
-    if (--it->second == 0) {
-      sendsLeft_.erase(it);
-      if (op->status == zpSuccess) op->progressed = op->bytes;
-      op->finish(op->status, op->error);
-    }
+    maybeFinish(sx);
   }
+}
+
+// A routed send is done when every chunk is acknowledged and none is still
+// reading its buffer; or, failed, when none is.
+void Relay::maybeFinish(SendXfer* sx) {
+  Op* op = sx->op;
+  if (sx->unacked == 0 || op->status != zpSuccess) {
+    // Copies not yet started are not needed any more.
+    for (auto& [hop, queue] : pending_)
+      for (auto q = queue.begin(); q != queue.end();)
+        if ((*q)->sx == sx) {
+          q = queue.erase(q);
+          sx->inBuffer--;
+        } else {
+          ++q;
+        }
+  }
+  if (sx->inBuffer > 0 || (sx->unacked > 0 && op->status == zpSuccess)) return;
+  if (op->status == zpSuccess) op->progressed = op->bytes;
+  op->finish(op->status, op->error);
+  sends_.erase(sx->key);
+}
+
+void Relay::ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi) {
+  std::vector<AckRange>& v = acks_[src];
+  if (!v.empty() && v.back().kind == kind && v.back().xfer == xfer && v.back().hi == lo) v.back().hi = hi;
+  else v.push_back({kind, xfer, lo, hi});
+}
+
+// Sends the acknowledgements gathered in this round, a few dozen per message.
+void Relay::flushAcks() {
+  const size_t kPerMessage = 16;
+  for (auto& [src, ranges] : acks_)
+    for (size_t i = 0; i < ranges.size(); i += kPerMessage) {
+      size_t n = std::min(kPerMessage, ranges.size() - i);
+      std::string payload((const char*)&ranges[i], n * sizeof(AckRange));
+      c_->sendStatus(src, kSeqRelayAck, zpSuccess, payload);
+    }
+  acks_.clear();
+}
+
+void Relay::onAck(int from, const std::string& payload) {
+  size_t n = payload.size() / sizeof(AckRange);
+  for (size_t i = 0; i < n; i++) {
+    AckRange a;
+    memcpy(&a, payload.data() + i * sizeof(AckRange), sizeof(a));
+    auto it = sends_.find(Key(from, a.kind, a.xfer));
+    if (it == sends_.end()) continue;  // finished: an acknowledgement sent again
+    SendXfer& sx = it->second;
+    for (auto c = sx.chunks.lower_bound(a.lo); c != sx.chunks.end() && c->first < a.hi; ++c)
+      if (!c->second.acked && c->first + c->second.bytes <= a.hi) {
+        c->second.acked = true;
+        sx.unacked--;
+      }
+    maybeFinish(&sx);
+  }
+}
+
+void Relay::onPathsChanged() {
+  const int me = c_->rank;
+  // Chunks of this rank's sends that have not started: new paths where theirs is dead.
+  std::vector<std::unique_ptr<Chunk>> moved;
+  for (auto& [hop, queue] : pending_)
+    for (auto q = queue.begin(); q != queue.end();)
+      if (pathDead(me, (*q)->hdr.dst, (*q)->srcProxy, (*q)->hdr.dstProxy)) {
+        moved.push_back(std::move(*q));
+        q = queue.erase(q);
+      } else {
+        ++q;
+      }
+  auto reroute = [&](std::unique_ptr<Chunk> ch) {
+    std::vector<Piece> pieces;
+    std::string why;
+    SendXfer* sx = ch->sx;
+    if (!pickPieces(ch->hdr.dst, std::max<uint64_t>(ch->hdr.bytes, 1), &pieces, &why) || pieces.size() != 1) {
+      if (sx) sx->inBuffer--;
+      if (sx && sx->op->status == zpSuccess) {
+        sx->op->status = zpRemoteError;
+        sx->op->error = "no path left to rank " + std::to_string(ch->hdr.dst) + ": " + why;
+      }
+      return;
+    }
+    if (sx) {
+      Sent& rec = sx->chunks[ch->hdr.offset];
+      rec.srcProxy = pieces[0].srcProxy;
+      rec.dstProxy = pieces[0].dstProxy;
+      sx->inBuffer--;  // queueChunk counts it again
+    }
+    queueChunk(std::move(ch), pieces[0].srcProxy, pieces[0].dstProxy);
+  };
+  for (auto& ch : moved) reroute(std::move(ch));
+  // Chunks already on their way along a dead path: send them again.
+  std::vector<SendXfer*> touched;
+  for (auto& [key, sx] : sends_) {
+    for (auto& [offset, rec] : sx.chunks) {
+      if (rec.acked || !pathDead(me, sx.op->peer, rec.srcProxy, rec.dstProxy)) continue;
+      auto ch = std::make_unique<Chunk>();
+      RelayHeader& h = ch->hdr;
+      h.magic = kRelayMagic;
+      h.kind = std::get<1>(key);
+      h.src = me;
+      h.dst = sx.op->peer;
+      h.xfer = std::get<2>(key);
+      h.total = sx.op->bytes;
+      h.offset = offset;
+      h.bytes = rec.bytes;
+      ch->data = (char*)sx.op->buf + offset;
+      ch->sx = &sx;
+      sx.inBuffer++;
+      reroute(std::move(ch));
+    }
+    touched.push_back(&sx);
+  }
+  for (SendXfer* sx : touched) maybeFinish(sx);
+  // Acknowledge again what is here: acknowledgements on the dead path are lost.
+  // (Chunks start at multiples of the chunk size: router.h.)
+  for (auto& [key, d] : deliveries_)
+    for (uint64_t off : d.have)
+      ack(std::get<0>(key), std::get<1>(key), std::get<2>(key), off, off + std::min<uint64_t>(chunkBytes_, d.total - off));
+  const size_t kRecent = 256;  // a send waits only for transfers that finished just now
+  for (size_t i = finishedOrder_.size() > kRecent ? finishedOrder_.size() - kRecent : 0; i < finishedOrder_.size(); i++) {
+    const Key& key = finishedOrder_[i];
+    auto f = finished_.find(key);
+    if (f != finished_.end()) ack(std::get<0>(key), std::get<1>(key), std::get<2>(key), 0, f->second);
+  }
+  pump();
 }
 
 // Posts the standing header receives, once: from then on this rank relays.
@@ -359,6 +612,10 @@ bool Relay::progress() {
         chunkArrived(cur);
         continue;
       }
+      if (!c_->directAlive(ch->from)) {
+        chunkLost(cur);  // its path went down: the source sends it again
+        continue;
+      }
       // The communicator is broken; dropOps cleans up.
       if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
       ch->pool = -1;
@@ -367,11 +624,15 @@ bool Relay::progress() {
   }
   moved |= pump();
   postHeaderRecvs();
+  if (!acks_.empty()) {
+    flushAcks();
+    moved = true;
+  }
   return moved;
 }
 
 bool Relay::busy() const {
-  if (!chunks_.empty() || !sendsLeft_.empty()) return true;
+  if (!chunks_.empty() || !sends_.empty()) return true;
   for (auto& kv : deliveries_)
     if (kv.second.op && !kv.second.op->done) return true;
   return false;
@@ -385,10 +646,11 @@ std::vector<int> Relay::waitingOn() const {
 }
 
 void Relay::dropOps(zpResult_t status, const std::string& why) {
-  for (auto& kv : sendsLeft_) kv.first->finish(status, why);
+  for (auto& kv : sends_) kv.second.op->finish(status, why);
   for (auto& kv : deliveries_)
     if (kv.second.op) kv.second.op->finish(status, why);
-  sendsLeft_.clear();
+  sends_.clear();
+  acks_.clear();
   deliveries_.clear();
   chunks_.clear();
   pending_.clear();

@@ -12,6 +12,17 @@
 // any arrival order, straight into the receive buffer when the receive is
 // already posted, else into a buffer of its own until it is.
 //
+// A routed send finishes when the destination has acknowledged every chunk
+// (acknowledgements travel back in batches as control messages), not when
+// its chunks have left: until then the source can send any of them again.
+// That is how NIC failure is survived: when a NIC goes down (Comm::onNicDown),
+// proxies drop chunks whose path used it, the source sends its
+// unacknowledged chunks of such paths again on paths that work, and
+// destinations acknowledge again what they hold (acknowledgements on the
+// dead path are lost too). The destination keeps the first copy of each
+// chunk and drops later ones, also after the transfer has finished (it
+// remembers finished transfers), so nothing is delivered twice.
+//
 // Proxies stage chunks in fixed slots: one pool for chunks on their way out
 // of the node and one for chunks coming in, so a rank that is both cannot
 // fill all slots with outgoing chunks that wait for its own incoming ones.
@@ -29,6 +40,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -45,7 +57,7 @@ struct RelayHeader {
   int32_t src, dst;  // the transfer's ends
   int32_t hop;       // who sent this message
   int32_t dstProxy;  // who takes the chunk off the network on dst's node
-  int32_t pad;
+  int32_t status;    // kControl: the status message's status
   uint64_t xfer;     // the transfer's id among (src, dst, kind)'s transfers
   uint64_t total;    // the transfer's bytes
   uint64_t offset, bytes;  // this chunk
@@ -76,21 +88,42 @@ class Relay {
   void dropOps(zpResult_t status, const std::string& why);
   // Sources of routed receives still missing bytes.
   std::vector<int> waitingOn() const;
+  // A status message to a rank with no working network path to this one
+  // (Comm::sendStatus), relayed like a one-chunk transfer.
+  void sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text);
+  // Acknowledgements from a destination (a kSeqRelayAck message).
+  void onAck(int from, const std::string& payload);
+  // A NIC went down (the topology says which): re-send and re-acknowledge.
+  void onPathsChanged();
 
  private:
   struct Chunk;
   struct InRecv;
+  using Key = std::tuple<int, uint32_t, uint64_t>;  // (peer, kind, xfer): src at the destination, dst at the source
+  // The source's record of a routed send until every chunk is acknowledged.
+  struct Sent {
+    uint64_t bytes = 0;
+    int srcProxy = -1, dstProxy = -1;  // its latest path
+    bool acked = false;
+  };
+  struct SendXfer {
+    Op* op = nullptr;
+    Key key;
+    std::map<uint64_t, Sent> chunks;  // by offset
+    int unacked = 0;
+    int inBuffer = 0;  // chunks of this send queued or on their way out of op's buffer
+  };
   // The receiving end of one routed transfer, and chunks that came before it.
   struct Delivery {
     Op* op = nullptr;
-    uint64_t got = 0;    // bytes placed
+    uint64_t got = 0;    // bytes placed (first copies)
+    std::set<uint64_t> have;     // offsets of chunks placed
+    std::set<uint64_t> claimed;  // offsets being received straight into op's buffer
     uint64_t total = 0;  // from the first header
     bool seen = false;   // a header has come (zero-byte transfers have one chunk)
     bool failed = false; // op failed (size mismatch): later chunks are dropped
     std::vector<std::unique_ptr<Chunk>> early;
   };
-  using Key = std::tuple<int, uint32_t, uint64_t>;  // (src, kind, xfer)
-
   void start();
   void postHeaderRecvs();
   void onHeader(const RelayHeader& h, int from, InRecv* standing);
@@ -101,6 +134,14 @@ class Relay {
   bool pump();
   void chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it);
   void chunkSent(Chunk* ch);
+  void chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it);
+  void queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy);
+  bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why);
+  bool pathDead(int src, int dst, int srcProxy, int dstProxy) const;
+  void maybeFinish(SendXfer* sx);
+  void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
+  void flushAcks();
+  void remember(const Key& key, uint64_t total);
   Transport* via(int peer) const;
   uint64_t nextSeq(int peer) { return relaySendSeq_[peer]++; }
   char* takeSlot(bool inbound);
@@ -119,7 +160,14 @@ class Relay {
   std::vector<std::unique_ptr<char[]>> slotMemory_;
   std::vector<char*> freeSlots_[2];
   std::map<Key, Delivery> deliveries_;  // routed receives and early chunks, by key
-  std::map<Op*, int> sendsLeft_;                          // routed sends: chunks not yet sent
+  std::map<Key, SendXfer> sends_;       // routed sends until acknowledged, by (dst, kind, xfer)
+  struct AckRange {
+    uint32_t kind;
+    uint64_t xfer, lo, hi;
+  };
+  std::map<int, std::vector<AckRange>> acks_;  // to send, by source
+  std::map<Key, uint64_t> finished_;           // finished deliveries (their total), so late copies are dropped
+  std::deque<Key> finishedOrder_;              // oldest first, to bound finished_
 };
 
 }  // namespace zp

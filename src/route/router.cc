@@ -90,7 +90,15 @@ struct Net {
     return k >= 0 && k < K[node] && !owners[(size_t)g(node, k)].empty();
   }
   int node(int r) const { return topo->rankNode[r]; }
-  int nic(int r) const { return topo->rankNic[r]; }
+  bool nicDown(int node, int k) const {
+    return k >= 0 && k < K[node] && topo->node[(size_t)node].nics[(size_t)k].down;
+  }
+  // A rank whose NIC is down counts as having none.
+  int nic(int r) const {
+    int k = topo->rankNic[r];
+    return nicDown(node(r), k) ? -1 : k;
+  }
+  bool lostNic(int r) const { return topo->rankNic[r] >= 0 && nic(r) < 0; }
   // railOnly: rail k can carry routed traffic from node a to node b.
   bool usable(int a, int b, int k) const { return owned(a, k) && owned(b, k); }
   // The rate of rank r's NIC, for its shared-memory time.
@@ -170,7 +178,7 @@ zpResult_t buildNet(const ClusterTopology& t, Net* net, std::string* why) {
     }
     if (net->K[(size_t)n]) net->nodeMeanBw[(size_t)n] = sum / net->K[(size_t)n];
     for (int r : t.nodeRanks[(size_t)n]) {
-      int k = t.rankNic[(size_t)r];
+      int k = net->nic(r);
       if (k >= 0) net->owners[(size_t)net->g(n, k)].push_back(r);
     }
   }
@@ -243,10 +251,12 @@ zpResult_t denseToSparse(const Net& net, const std::vector<std::vector<uint64_t>
 
 // The direct path of s -> d (see router.h); false if there is none.
 bool directPath(const Net& net, bool railOnly, int s, int d, int* sendNic, int* recvNic) {
-  int a = net.node(s), rd = net.nic(d);
-  if (rd < 0) return false;
+  int a = net.node(s), b = net.node(d), rd = net.nic(d);
+  if (rd < 0 || net.lostNic(s)) return false;
   if (railOnly) {
-    if (rd >= net.K[(size_t)a]) return false;
+    // s's packets leave on NIC rd of node a, d's answers on NIC rankNic[s]
+    // of node b: both must work.
+    if (rd >= net.K[(size_t)a] || net.nicDown(a, rd) || net.nicDown(b, net.topo->rankNic[s])) return false;
     *sendNic = *recvNic = rd;
     return true;
   }

@@ -146,7 +146,7 @@ UcxTransport::~UcxTransport() {
     // Close in flush mode: an eager send is complete for its sender before
     // its bytes have left, and a forced close would drop them. A peer that
     // no longer answers gets a forced close after a grace period.
-    std::vector<ucs_status_ptr_t> closing;
+    std::vector<ucs_status_ptr_t> closing = std::move(closing_);
     for (auto& p : peers_) {
       if (!p.ep) continue;
       ucp_request_param_t prm;
@@ -444,6 +444,25 @@ void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status,
   }
 }
 
+void UcxTransport::cutPeer(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (p.cut) return;
+  p.cut = true;
+  p.failed = true;
+  p.why = why;
+  failPeerOps(peer, why);
+  if (!p.ep) return;
+  // Sends stuck in the dead path's socket complete (with an error) only when
+  // their endpoint goes; until then they hold their buffers.
+  ucp_request_param_t prm;
+  memset(&prm, 0, sizeof(prm));
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &prm);
+  p.ep = nullptr;
+  if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+}
+
 void UcxTransport::peerFailed(int peer, const std::string& status) {
   Peer& p = peers_[peer];
   if (p.failed) return;
@@ -472,6 +491,14 @@ bool UcxTransport::progress() {
   }
   auto errors = std::move(epErrors_);
   epErrors_.clear();
+  for (size_t i = 0; i < closing_.size();) {
+    if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+      ucp_request_free(closing_[i]);
+      closing_.erase(closing_.begin() + i);
+    } else {
+      i++;
+    }
+  }
   for (auto& e : errors) peerFailed(e.first, e.second);
   return did || ops_.size() != before || !errors.empty();
 }

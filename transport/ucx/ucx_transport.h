@@ -54,6 +54,10 @@ class UcxTransport : public Transport {
   void sleep(int ms) const;
   // After arm(): true if events have come since (does not block).
   bool ready() const;
+  // Stops using the network path to peer (a NIC on it is down, see
+  // Comm::onNicDown): its operations fail with why, its endpoint is closed
+  // by force, and its errors no longer break the communicator.
+  void cutPeer(int peer, const std::string& why);
 
   struct Request;  // one UCP request and what it completes
 
@@ -62,6 +66,7 @@ class UcxTransport : public Transport {
     ucp_ep_h ep = nullptr;
     bool failed = false;
     bool bye = false;
+    bool cut = false;  // cutPeer: unreachable, but alive
     std::string why;
   };
   struct EpArg {  // what the endpoint error handler is told
@@ -85,6 +90,7 @@ class UcxTransport : public Transport {
   void sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text);
   void onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text);
   void peerFailed(int peer, const std::string& why);
+  std::vector<ucs_status_ptr_t> closing_;  // forced closes of cut peers' endpoints
   void finishOp(Op* op, zpResult_t st, const std::string& err);
   void failPeerOps(int peer, const std::string& why);
   static void sendCb(void* request, ucs_status_t status, void* user);
