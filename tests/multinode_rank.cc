@@ -13,6 +13,14 @@
 //            pair must finish before the sleepers wake, the bytes must be
 //            right, and node 1's NICs other than the receiver's must have
 //            received some of them).
+//   nicdown  rank 0 sends ZP_TEST_BYTES (default 256 MiB) to the first rank
+//            of node 1 with zpSend / zpRecv; ZP_TEST_DOWN_MS after it starts,
+//            rank 0 downs NIC ZP_TEST_DOWN_NIC of its node (default the last;
+//            `ip link set ... down`, as a failing NIC would). Every byte must
+//            arrive, the NIC must have gone down before the send finished,
+//            and the communicator must still work (an alltoallv, every byte
+//            checked) and close cleanly. Rank 0 prints the bandwidth after
+//            the failure as a share of the other NICs' rate.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -22,6 +30,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "src/core/bootstrap.h"
 #include "tests/checks.h"
@@ -87,6 +96,90 @@ void connectAsStranger(const zpUniqueId& id) {
   }
 }
 
+// Bytes this node's NIC k has sent or received (read in the node's namespace).
+unsigned long long nicBytes(int k, const char* what) {
+  unsigned long long v = 0;
+  std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/" + what;
+  if (FILE* f = fopen(path.c_str(), "r")) {
+    if (fscanf(f, "%llu", &v) != 1) v = 0;
+    fclose(f);
+  }
+  return v;
+}
+
+bool nicIsUp(int k) {
+  char state[32] = "";
+  std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/operstate";
+  if (FILE* f = fopen(path.c_str(), "r")) {
+    if (fscanf(f, "%31s", state) != 1) state[0] = 0;
+    fclose(f);
+  }
+  return strcmp(state, "down") != 0;
+}
+
+int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  using Clock = std::chrono::steady_clock;
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
+  const int victim = envInt("ZP_TEST_DOWN_NIC", nics - 1), downMs = envInt("ZP_TEST_DOWN_MS", 150);
+  const size_t bytes = (size_t)envInt("ZP_TEST_BYTES", 256 << 20);
+  const double rateBps = atof(getenv("ZP_NIC_RATE_BPS") ? getenv("ZP_NIC_RATE_BPS") : "0");
+  std::string err;
+  if (rank == 0 || rank == rpn) {
+    zptest::GuardedBuffer buf(bytes, 1);
+    if (rank == 0) buf.fill(seed, 0, rpn);
+    auto txAll = [&] {
+      unsigned long long v = 0;
+      for (int k = 0; k < nics; k++) v += nicBytes(k, "tx_bytes");
+      return v;
+    };
+    unsigned long long tx0 = txAll(), txDown = 0;
+    auto start = Clock::now();
+    Clock::time_point downAt;
+    std::thread downer;
+    if (rank == 0)
+      downer = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(downMs));
+        txDown = txAll();
+        downAt = Clock::now();
+        std::string cmd = "ip link set zpnic" + std::to_string(victim) + " down";
+        if (system(cmd.c_str()) != 0) fprintf(stderr, "rank 0: %s failed\n", cmd.c_str());
+      });
+    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
+                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
+    auto end = Clock::now();
+    bool downBeforeEnd = rank == 0 && !nicIsUp(victim);
+    unsigned long long tx1 = txAll();
+    if (downer.joinable()) downer.join();
+    if (r != zpSuccess) err = std::string("transfer failed: ") + zpGetLastError(comm);
+    else if (rank == rpn && buf.wrongBytes(seed, 0, rpn)) err = "wrong bytes";
+    else if (rank == rpn && buf.guardBytesWritten()) err = "guard bytes written";
+    else if (rank == 0 && !downBeforeEnd) err = "the send finished before the NIC went down: raise ZP_TEST_BYTES";
+    if (rank == 0 && err.empty()) {
+      // Payload after the failure: the NICs' byte counters (headers and
+      // retransmissions included) scaled by payload / counted bytes.
+      double after = std::chrono::duration<double>(end - downAt).count();
+      double payloadAfter = (double)(tx1 - txDown) * bytes / (double)(tx1 - tx0);
+      double total = std::chrono::duration<double>(end - start).count();
+      printf("rank 0: %zu MiB in %.3f s; NIC %d down after %.3f s; afterwards %.1f MiB in %.3f s = %.1f%% of the "
+             "other %d NICs' rate\n",
+             bytes >> 20, total, victim, total - after, payloadAfter / (1 << 20), after,
+             rateBps > 0 ? 100 * payloadAfter * 8 / after / (rateBps * (nics - 1)) : 0.0, nics - 1);
+    }
+  }
+  // The communicator works on without the NIC.
+  std::string more = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed + 1, 300000, 0.2), zpFloat32,
+                                            seed + 1);
+  if (err.empty()) err = more;
+  zpResult_t d = zpCommDestroy(comm);
+  if (err.empty() && d != zpSuccess) err = "zpCommDestroy failed";
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -136,6 +229,8 @@ int main() {
     printf("rank %d: no error although rank %d died\n", rank, victim);
     return 1;
   }
+
+  if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
 
   if (mode == "idle") {
     const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);

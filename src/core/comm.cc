@@ -530,20 +530,24 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
 }
 
 // With routing, this rank may still be relaying chunks of transfers between
-// other ranks: it stays until every rank has come to destroy the
-// communicator (then no transfer is left anywhere), or the timeout passes.
+// other ranks. Every chunk it relays has an end on this node (a proxy serves
+// its node's ranks), and that end's transfer is finished when it comes to
+// destroy: so this rank stays until every rank it can reach has come (then no
+// transfer is left anywhere), it holds no chunk, and no relay message waits
+// in its rings, or the timeout passes. Ranks behind a NIC that is down are
+// not waited for: their leaving messages would need relays themselves.
 static void finishRelays(Comm* c) {
-  const uint64_t kLeaving = kSeqLeaving;
   for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank) c->sendStatus(p, kLeaving, zpSuccess, "");
+    if (p != c->rank && c->directAlive(p)) c->route[p]->sendStatus(p, kSeqLeaving, zpSuccess, "");
   auto missing = [&](Comm*) {
     std::vector<int> out;
     for (int p = 0; p < c->nranks; p++)
-      if (p != c->rank && !c->statuses.count({p, kLeaving})) out.push_back(p);
+      if (p != c->rank && c->directAlive(p) && !c->statuses.count({p, kSeqLeaving})) out.push_back(p);
     return out;
   };
-  if (progressUntil({c}, [&] { return missing(c).empty(); }, missing,
-                    "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") != zpSuccess)
+  auto done = [&] { return missing(c).empty() && !c->relay->busy() && c->shm->relayInboundEmpty(); };
+  if (progressUntil({c}, done, missing, "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") !=
+      zpSuccess)
     ZP_WARN(kSubInit, "rank %d: %s", c->rank, lastError());
 }
 

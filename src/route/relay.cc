@@ -81,8 +81,8 @@ void Relay::post(Op* op) {
 
 // A path for bytes from this rank to dst from the node's NIC queues: what
 // each NIC's owners have posted and not yet sent.
-bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why) {
-  std::vector<uint64_t> queued;
+bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
+                       std::vector<uint64_t> queued) {
   for (int r = 0; r < c_->nranks; r++)
     if (c_->isLocal(r)) {
       if ((int)queued.size() <= c_->rail[r]) queued.resize(c_->rail[r] + 1, 0);
@@ -508,27 +508,6 @@ void Relay::onPathsChanged() {
       } else {
         ++q;
       }
-  auto reroute = [&](std::unique_ptr<Chunk> ch) {
-    std::vector<Piece> pieces;
-    std::string why;
-    SendXfer* sx = ch->sx;
-    if (!pickPieces(ch->hdr.dst, std::max<uint64_t>(ch->hdr.bytes, 1), &pieces, &why) || pieces.size() != 1) {
-      if (sx) sx->inBuffer--;
-      if (sx && sx->op->status == zpSuccess) {
-        sx->op->status = zpRemoteError;
-        sx->op->error = "no path left to rank " + std::to_string(ch->hdr.dst) + ": " + why;
-      }
-      return;
-    }
-    if (sx) {
-      Sent& rec = sx->chunks[ch->hdr.offset];
-      rec.srcProxy = pieces[0].srcProxy;
-      rec.dstProxy = pieces[0].dstProxy;
-      sx->inBuffer--;  // queueChunk counts it again
-    }
-    queueChunk(std::move(ch), pieces[0].srcProxy, pieces[0].dstProxy);
-  };
-  for (auto& ch : moved) reroute(std::move(ch));
   // Chunks already on their way along a dead path: send them again.
   std::vector<SendXfer*> touched;
   for (auto& [key, sx] : sends_) {
@@ -547,9 +526,55 @@ void Relay::onPathsChanged() {
       ch->data = (char*)sx.op->buf + offset;
       ch->sx = &sx;
       sx.inBuffer++;
-      reroute(std::move(ch));
+      moved.push_back(std::move(ch));
     }
     touched.push_back(&sx);
+  }
+  // New paths, per destination for all its chunks at once, so that they
+  // spread over the NICs left (one at a time, all would take the NIC that
+  // looks emptiest now). The NICs' queues count what this rank has yet to send.
+  std::vector<uint64_t> backlog;
+  for (auto& [hop, queue] : pending_)
+    for (auto& ch : queue) {
+      int k = c_->rail[ch->srcProxy];
+      if ((int)backlog.size() <= k) backlog.resize(k + 1, 0);
+      backlog[k] += ch->hdr.bytes;
+    }
+  std::map<int, std::vector<std::unique_ptr<Chunk>>> byDst;
+  for (auto& ch : moved) byDst[ch->hdr.dst].push_back(std::move(ch));
+  for (auto& [dst, list] : byDst) {
+    // Full chunks first: the router's pieces are runs of whole chunks, a short one last.
+    std::stable_sort(list.begin(), list.end(), [](const std::unique_ptr<Chunk>& x, const std::unique_ptr<Chunk>& y) {
+      return x->hdr.bytes > y->hdr.bytes;
+    });
+    uint64_t total = 0;
+    for (auto& ch : list) total += std::max<uint64_t>(ch->hdr.bytes, 1);
+    std::vector<Piece> pieces;
+    std::string why;
+    bool ok = pickPieces(dst, total, &pieces, &why, backlog);
+    size_t pi = 0;
+    uint64_t left = ok && !pieces.empty() ? pieces[0].bytes : 0;
+    for (auto& ch : list) {
+      SendXfer* sx = ch->sx;
+      if (sx) sx->inBuffer--;  // queueChunk counts it again
+      if (!ok || pi >= pieces.size()) {
+        if (sx && sx->op->status == zpSuccess) {
+          sx->op->status = zpRemoteError;
+          sx->op->error = "no path left to rank " + std::to_string(dst) + ": " + why;
+        }
+        continue;
+      }
+      const Piece& pc = pieces[pi];
+      if (sx) {
+        Sent& rec = sx->chunks[ch->hdr.offset];
+        rec.srcProxy = pc.srcProxy;
+        rec.dstProxy = pc.dstProxy;
+      }
+      uint64_t b = std::max<uint64_t>(ch->hdr.bytes, 1);
+      left = left > b ? left - b : 0;
+      if (left == 0 && ++pi < pieces.size()) left = pieces[pi].bytes;
+      queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
+    }
   }
   for (SendXfer* sx : touched) maybeFinish(sx);
   // Acknowledge again what is here: acknowledgements on the dead path are lost.

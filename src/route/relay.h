@@ -136,7 +136,9 @@ class Relay {
   void chunkSent(Chunk* ch);
   void chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it);
   void queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy);
-  bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why);
+  // queued: bytes per rail to count on top of the node's NIC queues.
+  bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
+                  std::vector<uint64_t> queued = {});
   bool pathDead(int src, int dst, int srcProxy, int dstProxy) const;
   void maybeFinish(SendXfer* sx);
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);

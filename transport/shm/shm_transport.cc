@@ -380,6 +380,12 @@ void ShmTransport::post(Op* op) {
   (op->isSend ? l.sendq : l.recvq).push_back(op);
 }
 
+bool ShmTransport::relayInboundEmpty() {
+  for (Peer& p : peers_)
+    if (p.rank != comm_->rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) return false;
+  return true;
+}
+
 void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, const std::string& text) {
   if (Peer* p = peer(rank))
     if (!p->gone) pushCtrl(*p, makeRecord(kStatus, 0, status, collSeq, text));
