@@ -21,6 +21,9 @@
 //            and the communicator must still work (an alltoallv, every byte
 //            checked) and close cleanly. Rank 0 prints the bandwidth after
 //            the failure as a share of the other NICs' rate.
+//   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
+//            left, and every rank must get an error (not hang) within
+//            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -115,6 +118,39 @@ bool nicIsUp(int k) {
     fclose(f);
   }
   return strcmp(state, "down") != 0;
+}
+
+int allDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
+  const size_t bytes = 64u << 20;
+  zpResult_t r = zpSuccess;
+  std::string what = "alltoallv";
+  if (rank == 0 || rank == rpn) {
+    zptest::GuardedBuffer buf(bytes, 1);
+    std::thread downer;
+    if (rank == 0)
+      downer = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        for (int k = 0; k < nics; k++)
+          if (system(("ip link set zpnic" + std::to_string(k) + " down").c_str()) != 0) fprintf(stderr, "ip failed\n");
+      });
+    r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
+                  : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
+    if (downer.joinable()) downer.join();
+    what = "the transfer";
+  }
+  std::string err = r != zpSuccess ? zpGetLastError(comm) : "";
+  if (r == zpSuccess) {
+    err = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed, 1000, 0), zpUint8, seed);
+    what = "the alltoallv after it";
+  }
+  zpCommDestroy(comm);
+  if (err.empty()) {
+    fprintf(stderr, "rank %d: no error although node 0 lost every NIC\n", rank);
+    return 1;
+  }
+  printf("rank %d of %d: error as expected from %s: %s\n", rank, n, what.c_str(), err.c_str());
+  return 0;
 }
 
 int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
@@ -231,6 +267,7 @@ int main() {
   }
 
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
+  if (mode == "alldown") return allDownMode(comm, rank, n, seed);
 
   if (mode == "idle") {
     const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);

@@ -73,6 +73,14 @@ TEST_F(Multinode, NicDownInTheMiddleOfARoutedTransfer) {
   EXPECT_EQ(countLines(r.output, "NIC zpnic3 (rail 3 of node 0) is down"), 1u) << r.output;
 }
 
+// Every NIC of a node fails during a transfer: no path is left, and every
+// rank returns an error within the timeout instead of hanging.
+TEST_F(Multinode, NoPathLeftGivesAnErrorOnEveryRank) {
+  CommandResult r = zprun(2, 2, 2, "ZP_TEST_MODE=alldown ZP_TIMEOUT=10");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, "error as expected"), 4u) << r.output;
+}
+
 TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "");

@@ -539,13 +539,16 @@ zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::stri
 static void finishRelays(Comm* c) {
   for (int p = 0; p < c->nranks; p++)
     if (p != c->rank && c->directAlive(p)) c->route[p]->sendStatus(p, kSeqLeaving, zpSuccess, "");
+  // Ranks not yet come, else those this rank still relays for.
   auto missing = [&](Comm*) {
     std::vector<int> out;
     for (int p = 0; p < c->nranks; p++)
       if (p != c->rank && c->directAlive(p) && !c->statuses.count({p, kSeqLeaving})) out.push_back(p);
+    if (out.empty()) out = c->relay->busyPeers();
+    if (out.empty()) out = c->shm->relayInboundPeers();
     return out;
   };
-  auto done = [&] { return missing(c).empty() && !c->relay->busy() && c->shm->relayInboundEmpty(); };
+  auto done = [&] { return missing(c).empty(); };
   if (progressUntil({c}, done, missing, "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") !=
       zpSuccess)
     ZP_WARN(kSubInit, "rank %d: %s", c->rank, lastError());

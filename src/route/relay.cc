@@ -400,6 +400,25 @@ void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   finishDelivery(key);
 }
 
+// A chunk whose bytes were coming over a path that went down, in the middle
+// of a message: UCX cannot cancel a receive it has begun to fill, so the
+// chunk (and its memory) is put aside for good and its slot replaced.
+void Relay::abandon(std::list<std::unique_ptr<Chunk>>::iterator it) {
+  Chunk* ch = it->get();
+  if (ch->pool >= 0) {
+    spareSlots_.emplace_back(new char[chunkBytes_]);
+    freeSlots_[ch->pool].push_back(spareSlots_.back().get());
+    ch->pool = -1;  // its slot stays with it
+  }
+  if (ch->claimed) {  // the source sends it again; that copy lands aside
+    const RelayHeader& h = ch->hdr;
+    auto dit = deliveries_.find(Key(h.src, h.kind, h.xfer));
+    if (dit != deliveries_.end()) dit->second.claimed.erase(h.offset);
+  }
+  abandoned_.push_back(std::move(*it));
+  chunks_.erase(it);
+}
+
 // A chunk that cannot go on: its path has a NIC that is down (the source
 // sends it again), or it is a copy nobody needs.
 void Relay::chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it) {
@@ -631,6 +650,9 @@ bool Relay::progress() {
       moved = true;
       chunkSent(ch);
       chunks_.erase(cur);
+    } else if (ch->state == Chunk::State::kReceiving && !ch->dataOp.done && !c_->directAlive(ch->from)) {
+      moved = true;
+      abandon(cur);
     } else if (ch->state == Chunk::State::kReceiving && ch->dataOp.done) {
       moved = true;
       if (ch->dataOp.status == zpSuccess) {
@@ -663,6 +685,15 @@ bool Relay::busy() const {
   return false;
 }
 
+std::vector<int> Relay::busyPeers() const {
+  std::vector<int> out;
+  for (auto& ch : chunks_) out.push_back(ch->state == Chunk::State::kSending ? ch->hdrOp.peer : ch->from);
+  for (auto& kv : sends_) out.push_back(std::get<0>(kv.first));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::vector<int> Relay::waitingOn() const {
   std::vector<int> out;
   for (auto& kv : deliveries_)
@@ -681,11 +712,9 @@ void Relay::dropOps(zpResult_t status, const std::string& why) {
   pending_.clear();
   inFlight_.clear();
   for (auto& q : waitingSlot_) q.clear();
-  for (int p = 0; p < 2; p++) {
-    freeSlots_[p].clear();
-    for (size_t i = 0; i < slotMemory_.size(); i++)
-      if ((int)(i / kSlotsPerPool) == p) freeSlots_[p].push_back(slotMemory_[i].get());
-  }
+  for (int p = 0; p < 2; p++) freeSlots_[p].clear();
+  for (size_t i = 0; i < slotMemory_.size(); i++) freeSlots_[i / kSlotsPerPool].push_back(slotMemory_[i].get());
+  spareSlots_.clear();
   for (auto& s : standing_) {
     s->posted = false;
     s->blocked = true;

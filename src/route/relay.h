@@ -88,6 +88,8 @@ class Relay {
   void dropOps(zpResult_t status, const std::string& why);
   // Sources of routed receives still missing bytes.
   std::vector<int> waitingOn() const;
+  // The hops of chunks held here, and destinations of unacknowledged sends.
+  std::vector<int> busyPeers() const;
   // A status message to a rank with no working network path to this one
   // (Comm::sendStatus), relayed like a one-chunk transfer.
   void sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text);
@@ -135,6 +137,7 @@ class Relay {
   void chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it);
   void chunkSent(Chunk* ch);
   void chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it);
+  void abandon(std::list<std::unique_ptr<Chunk>>::iterator it);
   void queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy);
   // queued: bytes per rail to count on top of the node's NIC queues.
   bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
@@ -161,6 +164,8 @@ class Relay {
   std::deque<Chunk*> waitingSlot_[2];  // chunks whose proxy waits for a slot (outbound, inbound)
   std::vector<std::unique_ptr<char[]>> slotMemory_;
   std::vector<char*> freeSlots_[2];
+  std::vector<std::unique_ptr<char[]>> spareSlots_;  // replacing slots of abandoned chunks
+  std::list<std::unique_ptr<Chunk>> abandoned_;      // cut off mid-receive: UCX may still hold them
   std::map<Key, Delivery> deliveries_;  // routed receives and early chunks, by key
   std::map<Key, SendXfer> sends_;       // routed sends until acknowledged, by (dst, kind, xfer)
   struct AckRange {

@@ -380,10 +380,11 @@ void ShmTransport::post(Op* op) {
   (op->isSend ? l.sendq : l.recvq).push_back(op);
 }
 
-bool ShmTransport::relayInboundEmpty() {
+std::vector<int> ShmTransport::relayInboundPeers() {
+  std::vector<int> out;
   for (Peer& p : peers_)
-    if (p.rank != comm_->rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) return false;
-  return true;
+    if (p.rank != comm_->rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) out.push_back(p.rank);
+  return out;
 }
 
 void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, const std::string& text) {

@@ -67,8 +67,8 @@ class ShmTransport : public Transport {
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;
-  // No relay message from a local peer waits unread in this rank's rings.
-  bool relayInboundEmpty();
+  // Local peers whose relay messages wait unread in this rank's rings.
+  std::vector<int> relayInboundPeers();
   // A token that changes whenever a peer signals this rank.
   uint32_t waitToken() const;
   // Sleeps until the token differs from `token` or ms pass; then checks that
