@@ -92,13 +92,10 @@ bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std:
 }
 
 // Whether a chunk's path (src -> srcProxy -> network -> dstProxy -> dst)
-// crosses a NIC that is down.
-bool Relay::pathDead(int src, int dst, int srcProxy, int dstProxy) const {
-  (void)src;
-  (void)dst;
+// crosses a NIC that is down. Only the network hop can: shared memory does not fail.
+bool Relay::pathDead(int srcProxy, int dstProxy) const {
   const std::vector<int>& node = c_->nodeOf;
   const std::vector<int>& rail = c_->rail;
-  // The network hop is srcProxy -> dstProxy; the shared-memory hops never fail.
   return !c_->nicUp(node[srcProxy], rail[srcProxy]) || !c_->nicUp(node[dstProxy], rail[dstProxy]) ||
          !c_->nicUp(node[srcProxy], rail[dstProxy]) || !c_->nicUp(node[dstProxy], rail[srcProxy]);
 }
@@ -481,6 +478,7 @@ void Relay::maybeFinish(SendXfer* sx) {
 }
 
 void Relay::ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi) {
+  hi = std::max(hi, lo + 1);  // a zero-byte transfer's one chunk is acknowledged as [0, 1)
   std::vector<AckRange>& v = acks_[src];
   if (!v.empty() && v.back().kind == kind && v.back().xfer == xfer && v.back().hi == lo) v.back().hi = hi;
   else v.push_back({kind, xfer, lo, hi});
@@ -521,7 +519,7 @@ void Relay::onPathsChanged() {
   std::vector<std::unique_ptr<Chunk>> moved;
   for (auto& [hop, queue] : pending_)
     for (auto q = queue.begin(); q != queue.end();)
-      if (pathDead(me, (*q)->hdr.dst, (*q)->srcProxy, (*q)->hdr.dstProxy)) {
+      if (pathDead((*q)->srcProxy, (*q)->hdr.dstProxy)) {
         moved.push_back(std::move(*q));
         q = queue.erase(q);
       } else {
@@ -531,7 +529,7 @@ void Relay::onPathsChanged() {
   std::vector<SendXfer*> touched;
   for (auto& [key, sx] : sends_) {
     for (auto& [offset, rec] : sx.chunks) {
-      if (rec.acked || !pathDead(me, sx.op->peer, rec.srcProxy, rec.dstProxy)) continue;
+      if (rec.acked || !pathDead(rec.srcProxy, rec.dstProxy)) continue;
       auto ch = std::make_unique<Chunk>();
       RelayHeader& h = ch->hdr;
       h.magic = kRelayMagic;

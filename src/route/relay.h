@@ -142,7 +142,7 @@ class Relay {
   // queued: bytes per rail to count on top of the node's NIC queues.
   bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
                   std::vector<uint64_t> queued = {});
-  bool pathDead(int src, int dst, int srcProxy, int dstProxy) const;
+  bool pathDead(int srcProxy, int dstProxy) const;
   void maybeFinish(SendXfer* sx);
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
   void flushAcks();

@@ -130,9 +130,11 @@ zpResult_t UcxTransport::connect(const std::vector<std::string>& addresses) {
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = epErrorCb;
     ep.err_handler.arg = arg.get();
-    ucs_status_t st = ucp_ep_create(worker_, &ep, &peers_[r].ep);
-    if (st != UCS_OK)
-      return fail(zpSystemError, "UCX: cannot create an endpoint to rank %d: %s", r, ucs_status_string(st));
+    for (ucp_ep_h* h : {&peers_[r].ep, &peers_[r].ctrlEp}) {
+      ucs_status_t st = ucp_ep_create(worker_, &ep, h);
+      if (st != UCS_OK)
+        return fail(zpSystemError, "UCX: cannot create an endpoint to rank %d: %s", r, ucs_status_string(st));
+    }
     epArgs_.push_back(std::move(arg));
     ZP_INFO(kSubNet | kSubInit, "rank %d -> rank %d (node '%s'): %s", comm_->rank, r, comm_->ranks[r].nodeId,
             describe(r).c_str());
@@ -147,15 +149,16 @@ UcxTransport::~UcxTransport() {
     // its bytes have left, and a forced close would drop them. A peer that
     // no longer answers gets a forced close after a grace period.
     std::vector<ucs_status_ptr_t> closing = std::move(closing_);
-    for (auto& p : peers_) {
-      if (!p.ep) continue;
-      ucp_request_param_t prm;
-      memset(&prm, 0, sizeof(prm));
-      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      prm.flags = p.failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-      closing.push_back(ucp_ep_close_nbx(p.ep, &prm));
-      p.ep = nullptr;
-    }
+    for (auto& p : peers_)
+      for (ucp_ep_h* h : {&p.ep, &p.ctrlEp}) {
+        if (!*h) continue;
+        ucp_request_param_t prm;
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = p.failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        closing.push_back(ucp_ep_close_nbx(*h, &prm));
+        *h = nullptr;
+      }
     uint64_t deadline = nowMs() + 3000;
     for (ucs_status_ptr_t& r : closing) {
       while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS && nowMs() < deadline)
@@ -399,7 +402,10 @@ void UcxTransport::postCtrlRecv() {
 
 void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text) {
   Peer& p = peers_[peer];
-  if (!p.ep || p.failed) return;
+  // Statuses overtake queued data; goodbyes and aborts must not (they tell
+  // the peer that everything sent before them has arrived).
+  ucp_ep_h ep = type == kCtrlStatus ? p.ctrlEp : p.ep;
+  if (!ep || p.failed) return;
   Request* r = new Request(this, nullptr, false);
   r->payload.assign((const char*)&status, sizeof(status));
   r->payload += text.substr(0, kCtrlMax - sizeof(status));
@@ -409,7 +415,7 @@ void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t statu
   prm.user_data = r;
   prm.cb.send = sendCb;
   ucs_status_ptr_t st =
-      ucp_tag_send_nbx(p.ep, r->payload.data(), r->payload.size(), makeTag(kTagCtrl, type, comm_->rank, seq), &prm);
+      ucp_tag_send_nbx(ep, r->payload.data(), r->payload.size(), makeTag(kTagCtrl, type, comm_->rank, seq), &prm);
   if (UCS_PTR_IS_ERR(st)) {
     delete r;
     return;
@@ -451,16 +457,18 @@ void UcxTransport::cutPeer(int peer, const std::string& why) {
   p.failed = true;
   p.why = why;
   failPeerOps(peer, why);
-  if (!p.ep) return;
   // Sends stuck in the dead path's socket complete (with an error) only when
   // their endpoint goes; until then they hold their buffers.
-  ucp_request_param_t prm;
-  memset(&prm, 0, sizeof(prm));
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &prm);
-  p.ep = nullptr;
-  if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+  for (ucp_ep_h* h : {&p.ep, &p.ctrlEp}) {
+    if (!*h) continue;
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(*h, &prm);
+    *h = nullptr;
+    if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+  }
 }
 
 void UcxTransport::peerFailed(int peer, const std::string& status) {

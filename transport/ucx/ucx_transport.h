@@ -64,6 +64,10 @@ class UcxTransport : public Transport {
  private:
   struct Peer {
     ucp_ep_h ep = nullptr;
+    // Control messages (statuses, the relay's acknowledgements) on an
+    // endpoint of their own: on ep they would wait behind megabytes of
+    // eager data queued for the same peer.
+    ucp_ep_h ctrlEp = nullptr;
     bool failed = false;
     bool bye = false;
     bool cut = false;  // cutPeer: unreachable, but alive
