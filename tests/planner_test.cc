@@ -1,0 +1,322 @@
+// The planner (src/plan/planner.h) and its cost model, as plain data: no
+// byte moves. Fresh random inputs every run (the seed is printed; ZP_TEST_SEED=n
+// repeats a run):
+//   - every plan (checkPlan): both layouts cover every token of every
+//     sequence exactly once; the attention layout is exactly the chunking
+//     plan.h prescribes from each sequence's ring (zigzag for causal, empty
+//     chunks left out); classes match the rings' nodes; rings are node by node;
+//     the linear layout is within one token of the mean;
+//   - determinism (same input, same plan); edge cases (length 1, lengths
+//     below 2G, one huge sequence among many short ones, more ranks than
+//     tokens) and errors;
+//   - the targets on batches of 64K tokens per rank drawn from
+//     prolong64k.txt at 16, 64 and 256 ranks (8 per node): attention
+//     imbalance <= 1.05 and linear imbalance <= 1.01.
+//
+// Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include "src/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zp::plan {
+namespace {
+
+uint64_t testSeed() {
+  static uint64_t seed = [] {
+    const char* e = std::getenv("ZP_TEST_SEED");
+    return e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
+  }();
+  return seed;
+}
+
+#define SEED_TRACE SCOPED_TRACE("seed " + std::to_string(testSeed()) + " (ZP_TEST_SEED repeats it)")
+
+ClusterModel a800(int nodes) {
+  ClusterModel c;
+  c.nodes = nodes;
+  c.ranksPerNode = 8;
+  c.nicsPerNode = 4;
+  c.nicGbps = 200;
+  c.intraNodeGBps = 200;
+  c.tflops = 312;
+  c.efficiency = 0.5;
+  return c;
+}
+
+// Checks every rule of plan.h against an independent recomputation.
+void checkPlan(const BatchPlan& p, const std::vector<int64_t>& lens, bool causal,
+               const ClusterModel& c) {
+  const int n = c.ranks();
+  ASSERT_EQ(p.causal, causal);
+  ASSERT_EQ(p.seqs.size(), lens.size());
+  ASSERT_EQ(p.attention.seqLens, lens);
+  ASSERT_EQ(p.linear.seqLens, lens);
+  ASSERT_EQ(p.attention.ranks.size(), size_t(n));
+  ASSERT_EQ(p.linear.ranks.size(), size_t(n));
+  // Coverage: every token exactly once, in both layouts.
+  for (const Layout* l : {&p.attention, &p.linear}) {
+    std::vector<std::vector<uint8_t>> seen(lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) seen[i].assign(lens[i], 0);
+    for (const auto& segs : l->ranks)
+      for (const Segment& s : segs) {
+        ASSERT_GE(s.seq, 0);
+        ASSERT_LT(s.seq, int64_t(lens.size()));
+        ASSERT_GT(s.count, 0);
+        ASSERT_GE(s.start, 0);
+        ASSERT_LE(s.start + s.count, lens[s.seq]);
+        for (int64_t t = s.start; t < s.start + s.count; ++t) {
+          ASSERT_EQ(seen[s.seq][t], 0) << "token " << t << " of sequence " << s.seq << " twice";
+          seen[s.seq][t] = 1;
+        }
+      }
+    for (size_t i = 0; i < lens.size(); ++i)
+      for (int64_t t = 0; t < lens[i]; ++t)
+        ASSERT_EQ(seen[i][t], 1) << "token " << t << " of sequence " << i << " missing";
+  }
+  // Attention layout = plan.h's chunking of each ring, in sequence order.
+  std::vector<std::vector<Segment>> expect(n);
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const SeqPlacement& sp = p.seqs[i];
+    ASSERT_EQ(sp.seq, int64_t(i));
+    ASSERT_EQ(sp.len, lens[i]);
+    const int G = int(sp.ranks.size());
+    ASSERT_GE(G, 1);
+    std::vector<int> sorted = sp.ranks;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "rank twice in a ring";
+    for (int r : sp.ranks) ASSERT_TRUE(r >= 0 && r < n);
+    std::vector<int> nodes;
+    for (int r : sp.ranks)
+      if (nodes.empty() || nodes.back() != r / c.ranksPerNode) nodes.push_back(r / c.ranksPerNode);
+    std::vector<int> un = nodes;
+    std::sort(un.begin(), un.end());
+    ASSERT_TRUE(std::adjacent_find(un.begin(), un.end()) == un.end()) << "ring not node by node";
+    SeqClass want = G == 1 ? SeqClass::Local : nodes.size() == 1 ? SeqClass::IntraNode : SeqClass::InterNode;
+    ASSERT_EQ(int(sp.cls), int(want)) << "sequence " << i;
+    const int64_t C = causal && G > 1 ? 2 * G : G;
+    for (int j = 0; j < G; ++j) {
+      for (int64_t ci : {int64_t(j), C - 1 - j}) {
+        if (ci == j && ci != int64_t(j)) continue;
+        int64_t b = ci * lens[i] / C, e = (ci + 1) * lens[i] / C;
+        if (e > b) expect[sp.ranks[j]].push_back({int64_t(i), b, e - b});
+        if (C == G) break;  // non-causal: one chunk per rank
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(p.attention.ranks[r].size(), expect[r].size()) << "rank " << r;
+    for (size_t k = 0; k < expect[r].size(); ++k) {
+      EXPECT_EQ(p.attention.ranks[r][k].seq, expect[r][k].seq);
+      EXPECT_EQ(p.attention.ranks[r][k].start, expect[r][k].start);
+      EXPECT_EQ(p.attention.ranks[r][k].count, expect[r][k].count);
+    }
+  }
+  // Linear: within one token of the mean.
+  int64_t total = 0;
+  for (int64_t l : lens) total += l;
+  for (int64_t t : rankTokens(p.linear)) {
+    EXPECT_GE(t, total / n);
+    EXPECT_LE(t, total / n + (total % n ? 1 : 0));
+  }
+}
+
+bool samePlan(const BatchPlan& a, const BatchPlan& b) {
+  if (a.seqs.size() != b.seqs.size()) return false;
+  for (size_t i = 0; i < a.seqs.size(); ++i)
+    if (a.seqs[i].ranks != b.seqs[i].ranks || a.seqs[i].cls != b.seqs[i].cls) return false;
+  for (const auto& [x, y] : {std::pair{&a.attention, &b.attention}, std::pair{&a.linear, &b.linear}})
+    for (size_t r = 0; r < x->ranks.size(); ++r) {
+      if (x->ranks[r].size() != y->ranks[r].size()) return false;
+      for (size_t k = 0; k < x->ranks[r].size(); ++k)
+        if (x->ranks[r][k].seq != y->ranks[r][k].seq || x->ranks[r][k].start != y->ranks[r][k].start ||
+            x->ranks[r][k].count != y->ranks[r][k].count)
+          return false;
+    }
+  return true;
+}
+
+std::vector<int64_t> readLengths() {
+  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/prolong64k.txt");
+  std::vector<int64_t> v;
+  int64_t x;
+  while (f >> x) v.push_back(x);
+  return v;
+}
+
+// A batch of `budget` tokens: consecutive lengths of the file from a random
+// start (wrapping), skipping any longer than the budget, until the next
+// would not fit.
+std::vector<int64_t> drawBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
+  std::vector<int64_t> b;
+  int64_t total = 0;
+  size_t i = rng() % all.size();
+  for (size_t k = 0; k < all.size(); ++k, i = (i + 1) % all.size()) {
+    if (all[i] > budget) continue;
+    if (total + all[i] > budget) break;
+    b.push_back(all[i]);
+    total += all[i];
+  }
+  return b;
+}
+
+TEST(Planner, RandomBatchesFollowPlanRules) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (int iter = 0; iter < 40; ++iter) {
+    ClusterModel c = a800(1 + rng() % 4);
+    c.ranksPerNode = 1 + rng() % 8;
+    int nseq = 1 + rng() % 60;
+    std::vector<int64_t> lens(nseq);
+    for (auto& l : lens) l = 1 + rng() % (rng() % 2 ? 200 : 200000);
+    for (bool causal : {false, true}) {
+      BatchPlan p = planBatch(lens, causal, AttnShape{}, c);
+      SCOPED_TRACE("iter " + std::to_string(iter));
+      checkPlan(p, lens, causal, c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(Planner, Deterministic) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  auto all = readLengths();
+  ASSERT_FALSE(all.empty());
+  auto lens = drawBatch(all, 64 * 65536, rng);
+  BatchPlan a = planBatch(lens, true, AttnShape{}, a800(8));
+  BatchPlan b = planBatch(lens, true, AttnShape{}, a800(8));
+  EXPECT_TRUE(samePlan(a, b));
+}
+
+TEST(Planner, EdgeCases) {
+  AttnShape sh;
+  for (bool causal : {false, true}) {
+    // Length 1 and lengths below 2G.
+    std::vector<int64_t> tiny = {1, 1, 3, 7, 15, 2};
+    checkPlan(planBatch(tiny, causal, sh, a800(2)), tiny, causal, a800(2));
+    // More ranks than tokens: some ranks hold nothing.
+    std::vector<int64_t> few = {1, 2};
+    checkPlan(planBatch(few, causal, sh, a800(4)), few, causal, a800(4));
+    // One huge sequence among many short ones is split across nodes.
+    std::vector<int64_t> mixed(300, 512);
+    mixed[17] = 1 << 20;
+    BatchPlan p = planBatch(mixed, causal, sh, a800(4));
+    checkPlan(p, mixed, causal, a800(4));
+    EXPECT_EQ(int(p.seqs[17].cls), int(SeqClass::InterNode));
+    EXPECT_EQ(int(p.seqs[0].cls), int(SeqClass::Local));
+    // A single rank: everything local.
+    ClusterModel one = a800(1);
+    one.ranksPerNode = 1;
+    std::vector<int64_t> some = {100000, 5, 70};
+    checkPlan(planBatch(some, causal, sh, one), some, causal, one);
+  }
+}
+
+TEST(Planner, ShortSequencesStayLocal) {
+  // Equal short sequences balance without any ring.
+  std::vector<int64_t> lens(64, 256);
+  BatchPlan p = planBatch(lens, false, AttnShape{}, a800(1));
+  for (const auto& s : p.seqs) EXPECT_EQ(int(s.cls), int(SeqClass::Local));
+  EXPECT_FALSE(ringHides(256, false, 2, Link::Intra, AttnShape{}, a800(1)));
+}
+
+TEST(Planner, Errors) {
+  AttnShape sh;
+  auto msg = [&](std::vector<int64_t> lens, ClusterModel c) -> std::string {
+    try {
+      planBatch(lens, false, sh, c);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(msg({}, a800(1)).find("empty batch"), std::string::npos);
+  EXPECT_NE(msg({5, 0, 3}, a800(1)).find("sequence 1 has length 0"), std::string::npos);
+  EXPECT_NE(msg({5, -2}, a800(1)).find("sequence 1 has length -2"), std::string::npos);
+  ClusterModel bad = a800(0);
+  EXPECT_NE(msg({5}, bad).find("0 nodes"), std::string::npos);
+  bad = a800(2);
+  bad.nicGbps = 0;
+  EXPECT_NE(msg({5}, bad).find("nicGbps"), std::string::npos);
+  bad = a800(1);
+  bad.efficiency = 1.5;
+  EXPECT_NE(msg({5}, bad).find("efficiency"), std::string::npos);
+}
+
+TEST(Planner, CostModelByHand) {
+  AttnShape sh;  // 32 q heads, 8 kv heads, dim 128, bf16
+  ClusterModel c = a800(2);
+  EXPECT_DOUBLE_EQ(attnFlops(1000, false, sh), 4.0 * 1e6 * 32 * 128);
+  EXPECT_DOUBLE_EQ(attnFlops(1000, true, sh), 2.0 * 1e6 * 32 * 128);
+  EXPECT_DOUBLE_EQ(kvBytes(10, sh), 2.0 * 10 * 8 * 128 * 2);
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Inter, c), 4 * 200e9 / 8 / 8);  // 12.5 GB/s per rank
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Intra, c), 200e9);
+  // 16 ranks over 2 nodes, 64K causal: per step 1/256 of 2*65536^2*32*128 FLOPs
+  // at 156 TFLOPS against 4096 tokens of K and V at 12.5 GB/s.
+  RingStep st = ringStep(65536, true, 16, Link::Inter, sh, c);
+  EXPECT_NEAR(st.compute, 2.0 * 65536.0 * 65536 * 32 * 128 / 256 / 156e12, 1e-12);
+  EXPECT_NEAR(st.transfer, 4096.0 * 4096 / 12.5e9, 1e-12);
+  EXPECT_FALSE(ringHides(65536, true, 16, Link::Inter, sh, c));
+  EXPECT_TRUE(ringHides(262144, true, 16, Link::Inter, sh, c));
+  EXPECT_DOUBLE_EQ(ringSeconds(1000, false, 1, Link::Intra, sh, c),
+                   computeSeconds(attnFlops(1000, false, sh), c));
+}
+
+// The least time one rank can spend on a sequence under any ring.
+double minRingSeconds(int64_t len, bool causal, const AttnShape& sh, const ClusterModel& c) {
+  double best = ringSeconds(len, causal, 1, Link::Intra, sh, c);
+  for (int G = 2; G <= c.ranksPerNode; ++G) best = std::min(best, ringSeconds(len, causal, G, Link::Intra, sh, c));
+  for (int k = 2; k <= c.nodes; ++k)
+    best = std::min(best, ringSeconds(len, causal, k * c.ranksPerNode, Link::Inter, sh, c));
+  return best;
+}
+
+// The targets: 64K tokens per rank from prolong64k.txt.
+TEST(Planner, ProlongImbalanceTargets) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  auto all = readLengths();
+  ASSERT_FALSE(all.empty());
+  AttnShape sh;
+  int floorBound = 0;
+  for (int nranks : {16, 64, 256}) {
+    ClusterModel c = a800(nranks / 8);
+    for (int b = 0; b < 3; ++b) {
+      auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+      for (bool causal : {true, false}) {
+        BatchPlan p = planBatch(lens, causal, sh, c);
+        SCOPED_TRACE(std::to_string(nranks) + " ranks, batch " + std::to_string(b) +
+                     (causal ? " causal" : " full"));
+        checkPlan(p, lens, causal, c);
+        double attn = imbalance(rankAttnSeconds(p, sh, c));
+        auto tok = rankTokens(p.linear);
+        double lin = imbalance(std::vector<double>(tok.begin(), tok.end()));
+        // A ring's time has a floor the model cannot go below: the K and V of
+        // the whole sequence pass every rank, so G - 1 hops over the rank's
+        // NIC share. When one sequence's floor is above the mean, no plan
+        // reaches 1.05; the planner must then be within 5% of that floor.
+        double mean = 0;
+        for (double t : rankAttnSeconds(p, sh, c)) mean += t / nranks;
+        double floor = 0;
+        for (int64_t l : lens) floor = std::max(floor, minRingSeconds(l, causal, sh, c));
+        EXPECT_LE(attn, std::max(1.05, 1.05 * floor / mean));
+        if (floor / mean > 1.0) ++floorBound;
+        EXPECT_LE(lin, 1.01);
+        printf("  %d ranks, %s: %zu seqs, attention imbalance %.4f (one sequence's floor %.4f), linear %.5f\n",
+               nranks, causal ? "causal" : "full", lens.size(), attn, floor / mean, lin);
+      }
+    }
+  }
+  printf("  %d of 18 plans bounded by one sequence's floor\n", floorBound);
+}
+
+}  // namespace
+}  // namespace zp::plan
