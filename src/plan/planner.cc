@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <queue>
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +72,9 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
     return piece[a] > piece[b];
   });
   load.assign(n, 0.0);
+  // Least loaded first, lower rank on ties.
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
   for (size_t i : order) {
     const Split& s = splits[i];
     if (s.cls == SeqClass::InterNode) {
@@ -105,7 +109,12 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
       std::sort(bestRanks.begin(), bestRanks.end());
       ranks[i] = bestRanks;
     } else {
-      int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      // Rings are placed; loads change only through this heap from here on.
+      if (heap.empty())
+        for (int r = 0; r < n; ++r) heap.push({load[r], r});
+      int r = heap.top().second;
+      heap.pop();
+      heap.push({load[r] + piece[i], r});
       ranks[i] = {r};
     }
     for (int r : ranks[i]) load[r] += piece[i];
@@ -187,10 +196,10 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     std::vector<double> load;
     auto ranks = place(lens, causal, shape, c, cap, load);
     double imb = imbalance(load);
-    if (best.empty() || imb < bestImb - 1e-12) {
-      best = std::move(ranks);
-      bestImb = imb;
-    }
+    // Halving again helps no more once a halving did not help.
+    if (!best.empty() && imb >= bestImb - 1e-12) break;
+    best = std::move(ranks);
+    bestImb = imb;
     if (bestImb <= 1.02) break;
   }
 
