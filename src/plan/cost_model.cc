@@ -19,6 +19,10 @@ double kvBytes(int64_t tokens, const AttnShape& shape) {
 
 double linkBytesPerSec(Link link, const ClusterModel& cluster) {
   if (link == Link::Intra) return cluster.intraNodeGBps * 1e9;
+  return cluster.nicGbps * 1e9 / 8.0;
+}
+
+double nicShareBytesPerSec(const ClusterModel& cluster) {
   return cluster.nicsPerNode * cluster.nicGbps * 1e9 / 8.0 / cluster.ranksPerNode;
 }
 

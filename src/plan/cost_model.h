@@ -5,8 +5,10 @@
 // causal. Split over a ring of G ranks, each of the G steps computes on s/G
 // query tokens against s/G key/value tokens (1/G^2 of the whole) while the
 // next s/G tokens of K and V, 2 * s/G * kvHeads * headDim * elemBytes bytes,
-// travel over the link the ring uses: an intra-node link, or the rank's share
-// of its node's NICs when the ring spans nodes. A step takes the longer of
+// travel over the link the ring uses: an intra-node link, or one NIC when the
+// ring spans nodes (rings run node by node, so per step only one hop leaves
+// each node; the model assumes no more rings cross a node at once than it has
+// NICs, which the router's spreading approximates). A step takes the longer of
 // the two, so the communication is hidden when the compute is longer; the
 // planner splits a sequence across a level only when it is.
 #pragma once
@@ -42,8 +44,11 @@ double attnFlops(int64_t len, bool causal, const AttnShape& shape);
 double computeSeconds(double flops, const ClusterModel& cluster);
 // Bytes of K and V for that many tokens.
 double kvBytes(int64_t tokens, const AttnShape& shape);
-// Bytes per second one rank gets on a link (inter: its share of the node's NICs).
+// Bytes per second a ring hop gets on a link (inter: one NIC).
 double linkBytesPerSec(Link link, const ClusterModel& cluster);
+// Bytes per second each rank gets when all ranks of a node send across nodes
+// at once (all-gather, remap): its share of the node's NICs.
+double nicShareBytesPerSec(const ClusterModel& cluster);
 
 // One ring step of a sequence split over G ranks.
 struct RingStep {
