@@ -11,15 +11,19 @@
 //     tokens) and errors;
 //   - the targets on batches of 64K tokens per rank drawn from
 //     prolong64k.txt at 16, 64 and 256 ranks (8 per node): attention
-//     imbalance <= 1.05 and linear imbalance <= 1.01.
+//     imbalance <= 1.05 and linear imbalance <= 1.01;
+//   - the simulator's baselines on hand-computed cases, its batching rule,
+//     and zpplan --json (parsed by python3, every documented key present).
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "src/plan/planner.h"
+#include "src/plan/simulator.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <sys/wait.h>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -317,6 +321,103 @@ TEST(Planner, ProlongImbalanceTargets) {
   }
   printf("  %d of 18 plans bounded by one sequence's floor\n", floorBound);
 }
+
+TEST(Simulator, BaselinesByHand) {
+  AttnShape sh;
+  ClusterModel c = a800(1);
+  // 8 equal sequences on one node: packing puts one on each rank, no bytes move.
+  std::vector<int64_t> lens(8, 4096);
+  auto r = simulateStep(lens, true, sh, c);
+  ASSERT_EQ(r.size(), 5u);
+  const char* names[] = {"zeppelin", "ring", "allgather", "dynamic_cp", "packing"};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].name, names[i]);
+  double one = computeSeconds(attnFlops(4096, true, sh), c);
+  EXPECT_DOUBLE_EQ(r[4].stepSeconds, one);
+  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 1.0);
+  EXPECT_EQ(r[4].nicBytes + r[4].intraBytes, 0.0);
+  // Zeppelin keeps them local too: nothing to hide, nothing to move.
+  EXPECT_DOUBLE_EQ(r[0].stepSeconds, one);
+  EXPECT_EQ(r[0].nicBytes + r[0].intraBytes, 0.0);
+  // Ring over 8 ranks of one node: 7 hops of every sequence's K and V, all intra.
+  EXPECT_DOUBLE_EQ(r[1].intraBytes, 8 * 7 * kvBytes(4096, sh));
+  EXPECT_EQ(r[1].nicBytes, 0.0);
+  RingStep st = ringStep(4096, true, 8, Link::Intra, sh, c);
+  EXPECT_NEAR(r[1].stepSeconds, 8 * st.compute + 7 * std::max(8 * st.compute, 8 * st.transfer), 1e-12);
+  // All-gather: 7/8 of all K and V into every rank, then 1/8 of the compute.
+  double kv = kvBytes(8 * 4096, sh);
+  EXPECT_NEAR(r[2].stepSeconds, kv * 7 / 8 / 200e9 + one, 1e-12);
+  EXPECT_NEAR(r[2].intraBytes, kv * 7, 1e-3);
+  // Dynamic CP: each fits one rank's budget, so degree 1.
+  EXPECT_DOUBLE_EQ(r[3].stepSeconds, one);
+  // One sequence of the whole budget: packing is 8x imbalanced, Zeppelin splits it.
+  std::vector<int64_t> big = {8 * 4096};
+  r = simulateStep(big, true, sh, c);
+  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 8.0);
+  EXPECT_LT(r[0].stepSeconds, r[4].stepSeconds / 4);
+  EXPECT_GT(r[0].intraBytes, 0.0);
+}
+
+TEST(Simulator, BatchingRule) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  std::vector<int64_t> all(1000);
+  for (auto& l : all) l = 1 + rng() % 5000;
+  all[10] = 1 << 30;  // longer than any budget: skipped
+  for (int it = 0; it < 50; ++it) {
+    int64_t budget = 1 + rng() % 100000;
+    uint64_t s = rng();
+    std::mt19937_64 a(s), b(s);
+    auto x = formBatch(all, budget, a), y = formBatch(all, budget, b);
+    EXPECT_EQ(x, y);
+    int64_t tot = 0;
+    for (int64_t l : x) {
+      EXPECT_LE(l, budget);
+      tot += l;
+    }
+    EXPECT_LE(tot, budget);
+  }
+}
+
+#ifdef ZPPLAN_PATH
+TEST(Simulator, ZpplanJson) {
+  if (std::system("python3 -c 'import json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 to parse JSON";
+  std::string check =
+      "import json,sys\n"
+      "d=json.load(sys.stdin)\n"
+      "assert d['preset']=='h200' and d['causal'] is True and d['tokens_per_rank']==4096 and d['batches']==2\n"
+      "assert [r['ranks'] for r in d['results']]==[16,32]\n"
+      "for r in d['results']:\n"
+      "  assert r['nodes']==r['ranks']//8 and r['mean_seqs']>0 and r['plan_ms']>=0\n"
+      "  s=r['strategies']\n"
+      "  assert sorted(s)==sorted(['zeppelin','ring','allgather','dynamic_cp','packing'])\n"
+      "  for k,v in s.items():\n"
+      "    assert sorted(v)==sorted(['step_ms','attn_imbalance','nic_bytes','intra_bytes','zeppelin_speedup']),v\n"
+      "    assert v['step_ms']>0 and v['attn_imbalance']>=1\n"
+      "  assert abs(s['zeppelin']['zeppelin_speedup']-1)<1e-9\n"
+      "print('ok')\n";
+  std::string py = testing::TempDir() + "zpplan_check.py";
+  {
+    std::ofstream f(py);
+    f << check;
+  }
+  std::string cmd = std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR +
+                    "/prolong64k.txt --preset h200 --ranks 16,32 --tokens-per-rank 4096 --batches 2 --time --json | python3 " +
+                    py + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "ok\n");
+  // Bad input: a clear message and exit 2.
+  rc = std::system((std::string(ZPPLAN_PATH) + " --file /nonexistent/x >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt --ranks 12 >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+}
+#endif
 
 }  // namespace
 }  // namespace zp::plan

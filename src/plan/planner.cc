@@ -27,6 +27,8 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
                   const ClusterModel& c, double* seconds) {
   // Below one token per chunk a larger ring adds hops and no work per rank.
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
+  // Rounding must not split a sequence whose time equals the cap.
+  cap *= 1 + 1e-9;
   Split best;
   double bestT = ringSeconds(len, causal, 1, Link::Intra, shape, c);
   *seconds = bestT;
@@ -34,7 +36,7 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
   auto consider = [&](int G, SeqClass cls) {
     double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? Link::Inter : Link::Intra,
                            shape, c);
-    if (t < bestT) {
+    if (t < bestT * (1 - 1e-9)) {
       bestT = t;
       best = {G, cls};
     }
@@ -191,8 +193,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // halve the cap until the modelled imbalance is within 2%, keeping the best.
   std::vector<std::vector<int>> best;
   double bestImb = 0;
-  double cap = mean / 2;
-  for (int attempt = 0; attempt < 6; ++attempt, cap /= 2) {
+  double cap = mean;
+  for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
     std::vector<double> load;
     auto ranks = place(lens, causal, shape, c, cap, load);
     double imb = imbalance(load);
