@@ -391,7 +391,7 @@ TEST(Simulator, ZpplanJson) {
       "  s=r['strategies']\n"
       "  assert sorted(s)==sorted(['zeppelin','ring','allgather','dynamic_cp','packing'])\n"
       "  for k,v in s.items():\n"
-      "    assert sorted(v)==sorted(['step_ms','attn_imbalance','nic_bytes','intra_bytes','zeppelin_speedup']),v\n"
+      "    assert sorted(v)==sorted(['step_ms','remap_ms','attn_imbalance','nic_bytes','intra_bytes','zeppelin_speedup']),v\n"
       "    assert v['step_ms']>0 and v['attn_imbalance']>=1\n"
       "  assert abs(s['zeppelin']['zeppelin_speedup']-1)<1e-9\n"
       "print('ok')\n";

@@ -144,15 +144,18 @@ void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const Cl
 
 // Tokens per rank: every rank within one token of the mean. Each rank keeps
 // the front of its attention tokens up to its quota, so those do not move;
-// the surplus fills the ranks that are short, in rank order.
-Layout linearLayout(const Layout& attn, int n) {
+// the surplus fills the ranks that are short, from their own node first (a
+// remap then crosses the network only for what a node cannot balance
+// itself), in rank order.
+Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
   int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
   std::vector<int64_t> quota(n);
   for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
   Layout lin;
   lin.seqLens = attn.seqLens;
   lin.ranks.resize(n);
-  std::vector<Segment> surplus;
+  const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
+  std::vector<std::vector<Segment>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
   for (int r = 0; r < n; ++r) {
     for (const Segment& s : attn.ranks[r]) {
@@ -161,21 +164,24 @@ Layout linearLayout(const Layout& attn, int n) {
         lin.ranks[r].push_back({s.seq, s.start, keep});
         have[r] += keep;
       }
-      if (keep < s.count) surplus.push_back({s.seq, s.start + keep, s.count - keep});
+      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
     }
   }
-  size_t si = 0;
-  for (int r = 0; r < n; ++r) {
-    while (have[r] < quota[r]) {
-      Segment& s = surplus[si];
+  std::vector<size_t> next(nodes, 0);
+  auto fill = [&](int r, int nd) {
+    while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
+      Segment& s = surplus[nd][next[nd]];
       int64_t take = std::min(s.count, quota[r] - have[r]);
       lin.ranks[r].push_back({s.seq, s.start, take});
       have[r] += take;
       s.start += take;
       s.count -= take;
-      if (s.count == 0) ++si;
+      if (s.count == 0) ++next[nd];
     }
-  }
+  };
+  for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
+  for (int r = 0; r < n; ++r)
+    for (int nd = 0; nd < nodes && have[r] < quota[r]; ++nd) fill(r, nd);
   return lin;
 }
 
@@ -232,7 +238,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
       if (C == 2 * G) chunk(2 * G - 1 - j, p.ranks[j]);
     }
   }
-  plan.linear = linearLayout(plan.attention, n);
+  plan.linear = linearLayout(plan.attention, n, c.ranksPerNode);
   return plan;
 }
 

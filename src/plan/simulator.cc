@@ -76,6 +76,7 @@ StrategyResult zeppelin(const std::vector<int64_t>& lens, bool causal, const Att
   for (int r = 0; r < n; ++r) remap = std::max(remap, std::max(inB[r], outB[r]));
   StrategyResult res = finish("zeppelin", t);
   res.stepSeconds += remap;
+  res.remapSeconds = remap;
   return res;
 }
 

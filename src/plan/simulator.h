@@ -19,7 +19,8 @@ namespace zp::plan {
 
 struct StrategyResult {
   std::string name;        // zeppelin, ring, allgather, dynamic_cp, packing
-  double stepSeconds = 0;  // busiest rank
+  double stepSeconds = 0;  // busiest rank, remap included
+  double remapSeconds = 0;  // part of stepSeconds: Zeppelin's remap in and out
   double attnImbalance = 1;  // max / mean of per-rank attention seconds
   double nicBytes = 0;     // over all NICs
   double intraBytes = 0;   // over intra-node links

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
       } else {
         for (size_t k = 0; k < r.size(); ++k) {
           sum[k].stepSeconds += r[k].stepSeconds;
+          sum[k].remapSeconds += r[k].remapSeconds;
           sum[k].attnImbalance += r[k].attnImbalance / batches;
           sum[k].nicBytes += r[k].nicBytes / batches;
           sum[k].intraBytes += r[k].intraBytes / batches;
@@ -176,18 +177,19 @@ int main(int argc, char** argv) {
       printf("%s\n  {\"ranks\": %d, \"nodes\": %d, \"mean_seqs\": %.1f, \"plan_ms\": %.3f, \"strategies\": {", firstRow ? "" : ",",
              nranks, c.nodes, double(seqs) / batches, planMs);
       for (size_t k = 0; k < sum.size(); ++k)
-        printf("%s\"%s\": {\"step_ms\": %.4f, \"attn_imbalance\": %.4f, \"nic_bytes\": %.0f, \"intra_bytes\": %.0f, \"zeppelin_speedup\": %.4f}",
-               k ? ", " : "", sum[k].name.c_str(), sum[k].stepSeconds / batches * 1e3, sum[k].attnImbalance,
+        printf("%s\"%s\": {\"step_ms\": %.4f, \"remap_ms\": %.4f, \"attn_imbalance\": %.4f, \"nic_bytes\": %.0f, \"intra_bytes\": %.0f, \"zeppelin_speedup\": %.4f}",
+               k ? ", " : "", sum[k].name.c_str(), sum[k].stepSeconds / batches * 1e3,
+               sum[k].remapSeconds / batches * 1e3, sum[k].attnImbalance,
                sum[k].nicBytes, sum[k].intraBytes, sum[k].stepSeconds / zt);
       printf("}}");
     } else {
       printf("%d ranks (%d nodes x %d), %s, %d batches of %lld tokens/rank, mean %.0f seqs%s\n", nranks, c.nodes,
              c.ranksPerNode, preset.c_str(), batches, (long long)perRank, double(seqs) / batches,
-             timing ? (" , planning " + std::to_string(planMs) + " ms (worst batch, best of 20)").c_str() : "");
-      printf("  %-11s %10s %9s %12s %12s %9s\n", "strategy", "step ms", "attn imb", "NIC GB", "intra GB", "zp speedup");
+             timing ? (", planning " + std::to_string(planMs) + " ms (worst batch, best of 20)").c_str() : "");
+      printf("  %-11s %10s %9s %9s %12s %12s %9s\n", "strategy", "step ms", "remap ms", "attn imb", "NIC GB", "intra GB", "zp speedup");
       for (const auto& s : sum)
-        printf("  %-11s %10.3f %9.3f %12.3f %12.3f %9.2fx\n", s.name.c_str(), s.stepSeconds / batches * 1e3,
-               s.attnImbalance, s.nicBytes / 1e9, s.intraBytes / 1e9, s.stepSeconds / zt);
+        printf("  %-11s %10.3f %9.3f %9.3f %12.3f %12.3f %9.2fx\n", s.name.c_str(), s.stepSeconds / batches * 1e3,
+               s.remapSeconds / batches * 1e3, s.attnImbalance, s.nicBytes / 1e9, s.intraBytes / 1e9, s.stepSeconds / zt);
     }
     firstRow = false;
   }
