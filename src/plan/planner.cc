@@ -204,10 +204,10 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     std::vector<double> load;
     auto ranks = place(lens, causal, shape, c, cap, load);
     double imb = imbalance(load);
-    // Halving again helps no more once a halving did not help.
-    if (!best.empty() && imb >= bestImb - 1e-12) break;
-    best = std::move(ranks);
-    bestImb = imb;
+    if (best.empty() || imb < bestImb - 1e-12) {
+      best = std::move(ranks);
+      bestImb = imb;
+    }
     if (bestImb <= 1.02) break;
   }
 
