@@ -16,6 +16,7 @@
 //     and zpplan --json (parsed by python3, every documented key present).
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include "include/zeppelin.h"
 #include "src/plan/planner.h"
 #include "src/plan/simulator.h"
 
@@ -376,6 +377,55 @@ TEST(Simulator, BatchingRule) {
     }
     EXPECT_LE(tot, budget);
   }
+}
+
+TEST(PlanApi, MatchesPlannerAndRejectsBadInput) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  std::vector<int64_t> lens(1 + rng() % 200);
+  for (auto& l : lens) l = 1 + rng() % 100000;
+  zpAttnShape_t sh = {32, 8, 128, 2, 1};
+  zpClusterModel_t cm = {2, 8, 4, 200, 200, 312, 0.5};
+  zpBatchPlan_t plan = nullptr;
+  ASSERT_EQ(zpPlanBatch(&plan, int(lens.size()), lens.data(), &sh, &cm, nullptr), zpSuccess) << zpGetLastError(nullptr);
+  BatchPlan ref = planBatch(lens, true, AttnShape{}, a800(2));
+  for (size_t i = 0; i < lens.size(); ++i) {
+    int cls = -1, n = 0;
+    const int* ranks = nullptr;
+    ASSERT_EQ(zpPlanSequence(plan, int64_t(i), &cls, &n, &ranks), zpSuccess);
+    EXPECT_EQ(cls, int(ref.seqs[i].cls));
+    EXPECT_EQ(std::vector<int>(ranks, ranks + n), ref.seqs[i].ranks);
+  }
+  for (int which = 0; which < 2; ++which)
+    for (int r = 0; r < 16; ++r) {
+      const zpSegment_t* segs = nullptr;
+      size_t n = 0;
+      ASSERT_EQ(zpPlanRankSegments(plan, which, r, &segs, &n), zpSuccess);
+      const auto& want = (which ? ref.linear : ref.attention).ranks[r];
+      ASSERT_EQ(n, want.size());
+      for (size_t k = 0; k < n; ++k) {
+        EXPECT_EQ(segs[k].seq, want[k].seq);
+        EXPECT_EQ(segs[k].start, want[k].start);
+        EXPECT_EQ(segs[k].count, want[k].count);
+      }
+    }
+  const zpSegment_t* segs = nullptr;
+  size_t n = 0;
+  int cls, nr;
+  const int* rk;
+  EXPECT_EQ(zpPlanRankSegments(plan, 2, 0, &segs, &n), zpInvalidArgument);
+  EXPECT_EQ(zpPlanRankSegments(plan, 0, 16, &segs, &n), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("rank 16 out of range"), std::string::npos);
+  EXPECT_EQ(zpPlanSequence(plan, int64_t(lens.size()), &cls, &nr, &rk), zpInvalidArgument);
+  EXPECT_EQ(zpPlanDestroy(plan), zpSuccess);
+  EXPECT_EQ(zpPlanBatch(&plan, 0, lens.data(), &sh, &cm, nullptr), zpInvalidArgument);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_EQ(zpPlanBatch(&plan, 1, lens.data(), &sh, nullptr, nullptr), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("cluster is NULL"), std::string::npos);
+  int64_t bad[] = {5, 0};
+  EXPECT_EQ(zpPlanBatch(&plan, 2, bad, &sh, &cm, nullptr), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("sequence 1 has length 0"), std::string::npos)
+      << zpGetLastError(nullptr);
 }
 
 #ifdef ZPPLAN_PATH
