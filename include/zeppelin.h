@@ -169,6 +169,49 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
                        void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                        zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
 
+/* ---- Batch plans ----
+ * The hierarchical partition planner: where every token of a variable-length
+ * batch lives for attention and for the linear layers. Deterministic and
+ * local: every rank calling it with the same input gets the same plan. */
+typedef struct {
+  int qHeads;    /* query heads */
+  int kvHeads;   /* key/value heads */
+  int headDim;
+  int elemBytes; /* bytes per element (2 for bf16) */
+  int causal;    /* nonzero: causal attention, zigzag chunks */
+} zpAttnShape_t;
+
+/* The modelled cluster (see the README's cost model). */
+typedef struct {
+  int nodes;
+  int ranksPerNode;
+  int nicsPerNode;
+  double nicGbps;       /* per NIC, Gbit/s */
+  double intraNodeGBps; /* per rank, GB/s */
+  double tflops;        /* dense peak per rank */
+  double efficiency;    /* fraction of peak attention reaches, in (0, 1] */
+} zpClusterModel_t;
+
+typedef struct { int64_t seq; int64_t start; int64_t count; } zpSegment_t;
+
+typedef struct zpBatchPlan* zpBatchPlan_t;
+
+/* Plans a batch of nseqs sequences. cluster must be given (planning from a
+ * communicator's topology is not available yet); comm is unused and may be
+ * NULL. Free with zpPlanDestroy. */
+zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
+                       const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
+                       zpComm_t comm);
+zpResult_t zpPlanDestroy(zpBatchPlan_t plan);
+/* Sequence seq's class (0 local, 1 intra-node, 2 inter-node) and its ring of
+ * ranks (valid until zpPlanDestroy). */
+zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks,
+                          const int** ranks);
+/* The segments rank holds in the attention (which = 0) or linear (which = 1)
+ * layout, in buffer order (valid until zpPlanDestroy). */
+zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank,
+                              const zpSegment_t** segs, size_t* n);
+
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
 

@@ -1,0 +1,90 @@
+// The C API for batch plans (include/zeppelin.h, "Batch plans"): wraps
+// zp::plan::planBatch and hands out its results as plain arrays.
+#include <new>
+#include <string>
+#include <stdexcept>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/log.h"
+#include "src/plan/planner.h"
+
+#define ZP_API extern "C" __attribute__((visibility("default")))
+
+struct zpBatchPlan {
+  zp::plan::BatchPlan plan;
+  int nranks = 0;
+  // The layouts as C segments: [0] attention, [1] linear; per rank.
+  std::vector<std::vector<zpSegment_t>> segs[2];
+};
+
+ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
+                              const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
+                              zpComm_t /*comm*/) {
+  if (!plan) return zp::fail(zpInvalidArgument, "zpPlanBatch: plan is NULL");
+  *plan = nullptr;
+  if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanBatch: empty batch (nseqs %d)", nseqs);
+  if (!seqLens || !shape) return zp::fail(zpInvalidArgument, "zpPlanBatch: seqLens or shape is NULL");
+  if (!cluster)
+    return zp::fail(zpInvalidArgument,
+                    "zpPlanBatch: cluster is NULL (planning from a communicator's topology is not available yet)");
+  zp::plan::AttnShape sh;
+  sh.qHeads = shape->qHeads;
+  sh.kvHeads = shape->kvHeads;
+  sh.headDim = shape->headDim;
+  sh.elemBytes = shape->elemBytes;
+  zp::plan::ClusterModel c;
+  c.nodes = cluster->nodes;
+  c.ranksPerNode = cluster->ranksPerNode;
+  c.nicsPerNode = cluster->nicsPerNode;
+  c.nicGbps = cluster->nicGbps;
+  c.intraNodeGBps = cluster->intraNodeGBps;
+  c.tflops = cluster->tflops;
+  c.efficiency = cluster->efficiency;
+  try {
+    auto* p = new zpBatchPlan;
+    p->plan = zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c);
+    p->nranks = c.ranks();
+    const zp::plan::Layout* l[2] = {&p->plan.attention, &p->plan.linear};
+    for (int w = 0; w < 2; ++w) {
+      p->segs[w].resize(p->nranks);
+      for (int r = 0; r < p->nranks; ++r)
+        for (const auto& s : l[w]->ranks[r]) p->segs[w][r].push_back({s.seq, s.start, s.count});
+    }
+    *plan = p;
+    return zpSuccess;
+  } catch (const std::invalid_argument& e) {
+    return zp::fail(zpInvalidArgument, "zpPlanBatch: %s", e.what() + (std::string(e.what()).rfind("planBatch: ", 0) == 0 ? 11 : 0));
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "zpPlanBatch: out of memory");
+  }
+}
+
+ZP_API zpResult_t zpPlanDestroy(zpBatchPlan_t plan) {
+  delete plan;
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks, const int** ranks) {
+  if (!plan || !cls || !nranks || !ranks)
+    return zp::fail(zpInvalidArgument, "zpPlanSequence: plan, cls, nranks or ranks is NULL");
+  if (seq < 0 || seq >= int64_t(plan->plan.seqs.size()))
+    return zp::fail(zpInvalidArgument, "zpPlanSequence: sequence %lld out of range [0, %zu)", (long long)seq,
+                    plan->plan.seqs.size());
+  const auto& s = plan->plan.seqs[seq];
+  *cls = int(s.cls);
+  *nranks = int(s.ranks.size());
+  *ranks = s.ranks.data();
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank, const zpSegment_t** segs, size_t* n) {
+  if (!plan || !segs || !n) return zp::fail(zpInvalidArgument, "zpPlanRankSegments: plan, segs or n is NULL");
+  if (which != 0 && which != 1)
+    return zp::fail(zpInvalidArgument, "zpPlanRankSegments: which is %d (0 attention, 1 linear)", which);
+  if (rank < 0 || rank >= plan->nranks)
+    return zp::fail(zpInvalidArgument, "zpPlanRankSegments: rank %d out of range [0, %d)", rank, plan->nranks);
+  *segs = plan->segs[which][rank].data();
+  *n = plan->segs[which][rank].size();
+  return zpSuccess;
+}

@@ -1,0 +1,274 @@
+#include "src/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <queue>
+#include <stdexcept>
+#include <string>
+
+namespace zp::plan {
+namespace {
+
+struct Split {
+  int G = 1;
+  SeqClass cls = SeqClass::Local;
+};
+
+// The ring for a sequence: the least communication that keeps the time one
+// rank spends on it (ringSeconds: compute, plus any transfer the compute does
+// not hide) within cap. Candidates go from cheap to costly links: whole on
+// one rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3,
+// ... whole nodes. So a sequence leaves its rank, and then its node, only
+// when it must for balance, and a ring whose hops its compute cannot hide is
+// taken only when it still lowers the time. When no candidate fits, the
+// fastest one.
+Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
+                  const ClusterModel& c, double* seconds) {
+  // Below one token per chunk a larger ring adds hops and no work per rank.
+  const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
+  // Rounding must not split a sequence whose time equals the cap.
+  cap *= 1 + 1e-9;
+  Split best;
+  double bestT = ringSeconds(len, causal, 1, Link::Intra, shape, c);
+  *seconds = bestT;
+  if (bestT <= cap) return best;
+  auto consider = [&](int G, SeqClass cls) {
+    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? Link::Inter : Link::Intra,
+                           shape, c);
+    if (t < bestT * (1 - 1e-9)) {
+      bestT = t;
+      best = {G, cls};
+    }
+    return t <= cap;
+  };
+  for (int G = 2; G <= c.ranksPerNode && G <= maxG; ++G)
+    if (consider(G, SeqClass::IntraNode)) break;
+  if (bestT > cap)
+    for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
+      if (consider(k * c.ranksPerNode, SeqClass::InterNode)) break;
+  *seconds = bestT;
+  return best;
+}
+
+// One attempt at the attention placement for a given cap; returns the ranks of
+// each sequence and the per-rank modelled seconds.
+std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causal,
+                                    const AttnShape& shape, const ClusterModel& c, double cap,
+                                    std::vector<double>& load) {
+  const int n = c.ranks();
+  const int rpn = c.ranksPerNode;
+  std::vector<std::vector<int>> ranks(lens.size());
+  std::vector<Split> splits(lens.size());
+  std::vector<double> piece(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, &piece[i]);
+  }
+  // Largest first (longest-processing-time): inter-node rings, then
+  // intra-node rings, then whole sequences, each onto the least loaded place;
+  // ties go to the lower index so the plan is deterministic.
+  std::vector<size_t> order(lens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (splits[a].cls != splits[b].cls) return splits[a].cls > splits[b].cls;
+    return piece[a] > piece[b];
+  });
+  load.assign(n, 0.0);
+  // Least loaded first, lower rank on ties.
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (size_t i : order) {
+    const Split& s = splits[i];
+    if (s.cls == SeqClass::InterNode) {
+      int k = s.G / rpn;
+      std::vector<std::pair<double, int>> nodes;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        double m = 0;
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) m = std::max(m, load[r]);
+        nodes.push_back({m, nd});
+      }
+      std::stable_sort(nodes.begin(), nodes.end());
+      std::vector<int> chosen;
+      for (int j = 0; j < k; ++j) chosen.push_back(nodes[j].second);
+      // Node by node, so only k hops of the ring cross the network.
+      std::sort(chosen.begin(), chosen.end());
+      for (int nd : chosen)
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ranks[i].push_back(r);
+    } else if (s.cls == SeqClass::IntraNode) {
+      double best = 0;
+      std::vector<int> bestRanks;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        std::vector<std::pair<double, int>> rs;
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) rs.push_back({load[r], r});
+        std::stable_sort(rs.begin(), rs.end());
+        double worst = rs[s.G - 1].first;  // the ring finishes with its busiest rank
+        if (bestRanks.empty() || worst < best) {
+          best = worst;
+          bestRanks.clear();
+          for (int j = 0; j < s.G; ++j) bestRanks.push_back(rs[j].second);
+        }
+      }
+      std::sort(bestRanks.begin(), bestRanks.end());
+      ranks[i] = bestRanks;
+    } else {
+      // Rings are placed; loads change only through this heap from here on.
+      if (heap.empty())
+        for (int r = 0; r < n; ++r) heap.push({load[r], r});
+      int r = heap.top().second;
+      heap.pop();
+      heap.push({load[r] + piece[i], r});
+      ranks[i] = {r};
+    }
+    for (int r : ranks[i]) load[r] += piece[i];
+  }
+  return ranks;
+}
+
+void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const ClusterModel& c) {
+  if (lens.empty()) throw std::invalid_argument("planBatch: empty batch (no sequences)");
+  for (size_t i = 0; i < lens.size(); ++i)
+    if (lens[i] < 1)
+      throw std::invalid_argument("planBatch: sequence " + std::to_string(i) + " has length " +
+                                  std::to_string(lens[i]) + " (must be at least 1)");
+  if (c.nodes < 1 || c.ranksPerNode < 1)
+    throw std::invalid_argument("planBatch: cluster has " + std::to_string(c.nodes) + " nodes of " +
+                                std::to_string(c.ranksPerNode) + " ranks (both must be at least 1)");
+  if (c.nodes > 1 && (c.nicsPerNode < 1 || !(c.nicGbps > 0)))
+    throw std::invalid_argument("planBatch: a multi-node cluster needs nicsPerNode >= 1 and nicGbps > 0");
+  if (!(c.intraNodeGBps > 0) || !(c.tflops > 0) || !(c.efficiency > 0) || c.efficiency > 1)
+    throw std::invalid_argument(
+        "planBatch: intraNodeGBps and tflops must be > 0 and efficiency in (0, 1]");
+  if (shape.qHeads < 1 || shape.kvHeads < 1 || shape.headDim < 1 || shape.elemBytes < 1)
+    throw std::invalid_argument("planBatch: attention shape fields must all be at least 1");
+}
+
+// Tokens per rank: every rank within one token of the mean. Each rank keeps
+// the front of its attention tokens up to its quota, so those do not move;
+// the surplus fills the ranks that are short, from their own node first (a
+// remap then crosses the network only for what a node cannot balance
+// itself), in rank order.
+Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
+  int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
+  std::vector<int64_t> quota(n);
+  for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
+  Layout lin;
+  lin.seqLens = attn.seqLens;
+  lin.ranks.resize(n);
+  const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
+  std::vector<std::vector<Segment>> surplus(nodes);
+  std::vector<int64_t> have(n, 0);
+  for (int r = 0; r < n; ++r) {
+    for (const Segment& s : attn.ranks[r]) {
+      int64_t keep = std::min(s.count, quota[r] - have[r]);
+      if (keep > 0) {
+        lin.ranks[r].push_back({s.seq, s.start, keep});
+        have[r] += keep;
+      }
+      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
+    }
+  }
+  std::vector<size_t> next(nodes, 0);
+  auto fill = [&](int r, int nd) {
+    while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
+      Segment& s = surplus[nd][next[nd]];
+      int64_t take = std::min(s.count, quota[r] - have[r]);
+      lin.ranks[r].push_back({s.seq, s.start, take});
+      have[r] += take;
+      s.start += take;
+      s.count -= take;
+      if (s.count == 0) ++next[nd];
+    }
+  };
+  for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
+  for (int r = 0; r < n; ++r)
+    for (int nd = 0; nd < nodes && have[r] < quota[r]; ++nd) fill(r, nd);
+  return lin;
+}
+
+}  // namespace
+
+BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
+                    const ClusterModel& c) {
+  validate(lens, shape, c);
+  const int n = c.ranks();
+  double total = 0;
+  for (int64_t s : lens) total += computeSeconds(attnFlops(s, causal, shape), c);
+  const double mean = total / n;
+
+  // Smaller pieces balance better but communicate more: start coarse and
+  // halve the cap until the modelled imbalance is within 2%, keeping the best.
+  std::vector<std::vector<int>> best;
+  double bestImb = 0;
+  double cap = mean;
+  for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
+    std::vector<double> load;
+    auto ranks = place(lens, causal, shape, c, cap, load);
+    double imb = imbalance(load);
+    if (best.empty() || imb < bestImb - 1e-12) {
+      best = std::move(ranks);
+      bestImb = imb;
+    }
+    if (bestImb <= 1.02) break;
+  }
+
+  BatchPlan plan;
+  plan.causal = causal;
+  plan.attention.seqLens = lens;
+  plan.attention.ranks.resize(n);
+  plan.seqs.resize(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    SeqPlacement& p = plan.seqs[i];
+    p.seq = static_cast<int64_t>(i);
+    p.len = lens[i];
+    p.ranks = best[i];
+    const int G = static_cast<int>(p.ranks.size());
+    if (G == 1) {
+      p.cls = SeqClass::Local;
+    } else {
+      int node0 = p.ranks.front() / c.ranksPerNode;
+      p.cls = p.ranks.back() / c.ranksPerNode == node0 ? SeqClass::IntraNode : SeqClass::InterNode;
+    }
+    const int64_t C = causal && G > 1 ? 2 * G : G;
+    auto chunk = [&](int64_t ci, int r) {
+      int64_t b = ci * lens[i] / C, e = (ci + 1) * lens[i] / C;
+      if (e > b) plan.attention.ranks[r].push_back({p.seq, b, e - b});
+    };
+    for (int j = 0; j < G; ++j) {
+      chunk(j, p.ranks[j]);
+      if (C == 2 * G) chunk(2 * G - 1 - j, p.ranks[j]);
+    }
+  }
+  plan.linear = linearLayout(plan.attention, n, c.ranksPerNode);
+  return plan;
+}
+
+std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
+                                    const ClusterModel& c) {
+  std::vector<double> load(c.ranks(), 0.0);
+  for (const SeqPlacement& p : plan.seqs) {
+    int G = static_cast<int>(p.ranks.size());
+    Link link = p.cls == SeqClass::InterNode ? Link::Inter : Link::Intra;
+    double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
+    for (int r : p.ranks) load[r] += t;
+  }
+  return load;
+}
+
+double imbalance(const std::vector<double>& v) {
+  if (v.empty()) return 1.0;
+  double mx = *std::max_element(v.begin(), v.end());
+  double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  return mean > 0 ? mx / mean : 1.0;
+}
+
+std::vector<int64_t> rankTokens(const Layout& layout) {
+  std::vector<int64_t> t;
+  for (const auto& segs : layout.ranks) {
+    int64_t n = 0;
+    for (const Segment& s : segs) n += s.count;
+    t.push_back(n);
+  }
+  return t;
+}
+
+}  // namespace zp::plan

@@ -1,0 +1,30 @@
+// The hierarchical partition planner (DESIGN.md, ideas 1 and 3): turns a
+// batch's sequence lengths into a BatchPlan (plan.h). Deterministic and
+// local: every rank computes the same plan from the same input.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/plan/cost_model.h"
+#include "src/plan/plan.h"
+
+namespace zp::plan {
+
+// Throws std::invalid_argument with a message naming the first problem
+// (empty batch, a length below 1, a cluster without ranks or rates).
+BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const AttnShape& shape,
+                    const ClusterModel& cluster);
+
+// Modelled attention seconds of every rank under a plan (exposed
+// communication included, see cost_model.h).
+std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
+                                    const ClusterModel& cluster);
+
+// max / mean of a per-rank quantity (1 when all are zero).
+double imbalance(const std::vector<double>& perRank);
+
+// Tokens each rank holds in a layout.
+std::vector<int64_t> rankTokens(const Layout& layout);
+
+}  // namespace zp::plan

@@ -1,0 +1,473 @@
+// The planner (src/plan/planner.h) and its cost model, as plain data: no
+// byte moves. Fresh random inputs every run (the seed is printed; ZP_TEST_SEED=n
+// repeats a run):
+//   - every plan (checkPlan): both layouts cover every token of every
+//     sequence exactly once; the attention layout is exactly the chunking
+//     plan.h prescribes from each sequence's ring (zigzag for causal, empty
+//     chunks left out); classes match the rings' nodes; rings are node by node;
+//     the linear layout is within one token of the mean;
+//   - determinism (same input, same plan); edge cases (length 1, lengths
+//     below 2G, one huge sequence among many short ones, more ranks than
+//     tokens) and errors;
+//   - the targets on batches of 64K tokens per rank drawn from
+//     prolong64k.txt at 16, 64 and 256 ranks (8 per node): attention
+//     imbalance <= 1.05 and linear imbalance <= 1.01;
+//   - the simulator's baselines on hand-computed cases, its batching rule,
+//     and zpplan --json (parsed by python3, every documented key present).
+//
+// Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include "include/zeppelin.h"
+#include "src/plan/planner.h"
+#include "src/plan/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sys/wait.h>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zp::plan {
+namespace {
+
+uint64_t testSeed() {
+  static uint64_t seed = [] {
+    const char* e = std::getenv("ZP_TEST_SEED");
+    return e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
+  }();
+  return seed;
+}
+
+#define SEED_TRACE SCOPED_TRACE("seed " + std::to_string(testSeed()) + " (ZP_TEST_SEED repeats it)")
+
+ClusterModel a800(int nodes) {
+  ClusterModel c;
+  c.nodes = nodes;
+  c.ranksPerNode = 8;
+  c.nicsPerNode = 4;
+  c.nicGbps = 200;
+  c.intraNodeGBps = 200;
+  c.tflops = 312;
+  c.efficiency = 0.5;
+  return c;
+}
+
+// Checks every rule of plan.h against an independent recomputation.
+void checkPlan(const BatchPlan& p, const std::vector<int64_t>& lens, bool causal,
+               const ClusterModel& c) {
+  const int n = c.ranks();
+  ASSERT_EQ(p.causal, causal);
+  ASSERT_EQ(p.seqs.size(), lens.size());
+  ASSERT_EQ(p.attention.seqLens, lens);
+  ASSERT_EQ(p.linear.seqLens, lens);
+  ASSERT_EQ(p.attention.ranks.size(), size_t(n));
+  ASSERT_EQ(p.linear.ranks.size(), size_t(n));
+  // Coverage: every token exactly once, in both layouts.
+  for (const Layout* l : {&p.attention, &p.linear}) {
+    std::vector<std::vector<uint8_t>> seen(lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) seen[i].assign(lens[i], 0);
+    for (const auto& segs : l->ranks)
+      for (const Segment& s : segs) {
+        ASSERT_GE(s.seq, 0);
+        ASSERT_LT(s.seq, int64_t(lens.size()));
+        ASSERT_GT(s.count, 0);
+        ASSERT_GE(s.start, 0);
+        ASSERT_LE(s.start + s.count, lens[s.seq]);
+        for (int64_t t = s.start; t < s.start + s.count; ++t) {
+          ASSERT_EQ(seen[s.seq][t], 0) << "token " << t << " of sequence " << s.seq << " twice";
+          seen[s.seq][t] = 1;
+        }
+      }
+    for (size_t i = 0; i < lens.size(); ++i)
+      for (int64_t t = 0; t < lens[i]; ++t)
+        ASSERT_EQ(seen[i][t], 1) << "token " << t << " of sequence " << i << " missing";
+  }
+  // Attention layout = plan.h's chunking of each ring, in sequence order.
+  std::vector<std::vector<Segment>> expect(n);
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const SeqPlacement& sp = p.seqs[i];
+    ASSERT_EQ(sp.seq, int64_t(i));
+    ASSERT_EQ(sp.len, lens[i]);
+    const int G = int(sp.ranks.size());
+    ASSERT_GE(G, 1);
+    std::vector<int> sorted = sp.ranks;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "rank twice in a ring";
+    for (int r : sp.ranks) ASSERT_TRUE(r >= 0 && r < n);
+    std::vector<int> nodes;
+    for (int r : sp.ranks)
+      if (nodes.empty() || nodes.back() != r / c.ranksPerNode) nodes.push_back(r / c.ranksPerNode);
+    std::vector<int> un = nodes;
+    std::sort(un.begin(), un.end());
+    ASSERT_TRUE(std::adjacent_find(un.begin(), un.end()) == un.end()) << "ring not node by node";
+    SeqClass want = G == 1 ? SeqClass::Local : nodes.size() == 1 ? SeqClass::IntraNode : SeqClass::InterNode;
+    ASSERT_EQ(int(sp.cls), int(want)) << "sequence " << i;
+    const int64_t C = causal && G > 1 ? 2 * G : G;
+    for (int j = 0; j < G; ++j) {
+      for (int64_t ci : {int64_t(j), C - 1 - j}) {
+        if (ci == j && ci != int64_t(j)) continue;
+        int64_t b = ci * lens[i] / C, e = (ci + 1) * lens[i] / C;
+        if (e > b) expect[sp.ranks[j]].push_back({int64_t(i), b, e - b});
+        if (C == G) break;  // non-causal: one chunk per rank
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(p.attention.ranks[r].size(), expect[r].size()) << "rank " << r;
+    for (size_t k = 0; k < expect[r].size(); ++k) {
+      EXPECT_EQ(p.attention.ranks[r][k].seq, expect[r][k].seq);
+      EXPECT_EQ(p.attention.ranks[r][k].start, expect[r][k].start);
+      EXPECT_EQ(p.attention.ranks[r][k].count, expect[r][k].count);
+    }
+  }
+  // Linear: within one token of the mean.
+  int64_t total = 0;
+  for (int64_t l : lens) total += l;
+  for (int64_t t : rankTokens(p.linear)) {
+    EXPECT_GE(t, total / n);
+    EXPECT_LE(t, total / n + (total % n ? 1 : 0));
+  }
+}
+
+bool samePlan(const BatchPlan& a, const BatchPlan& b) {
+  if (a.seqs.size() != b.seqs.size()) return false;
+  for (size_t i = 0; i < a.seqs.size(); ++i)
+    if (a.seqs[i].ranks != b.seqs[i].ranks || a.seqs[i].cls != b.seqs[i].cls) return false;
+  for (const auto& [x, y] : {std::pair{&a.attention, &b.attention}, std::pair{&a.linear, &b.linear}})
+    for (size_t r = 0; r < x->ranks.size(); ++r) {
+      if (x->ranks[r].size() != y->ranks[r].size()) return false;
+      for (size_t k = 0; k < x->ranks[r].size(); ++k)
+        if (x->ranks[r][k].seq != y->ranks[r][k].seq || x->ranks[r][k].start != y->ranks[r][k].start ||
+            x->ranks[r][k].count != y->ranks[r][k].count)
+          return false;
+    }
+  return true;
+}
+
+std::vector<int64_t> readLengths() {
+  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/prolong64k.txt");
+  std::vector<int64_t> v;
+  int64_t x;
+  while (f >> x) v.push_back(x);
+  return v;
+}
+
+// A batch of `budget` tokens: consecutive lengths of the file from a random
+// start (wrapping), skipping any longer than the budget, until the next
+// would not fit.
+std::vector<int64_t> drawBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
+  std::vector<int64_t> b;
+  int64_t total = 0;
+  size_t i = rng() % all.size();
+  for (size_t k = 0; k < all.size(); ++k, i = (i + 1) % all.size()) {
+    if (all[i] > budget) continue;
+    if (total + all[i] > budget) break;
+    b.push_back(all[i]);
+    total += all[i];
+  }
+  return b;
+}
+
+TEST(Planner, RandomBatchesFollowPlanRules) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (int iter = 0; iter < 40; ++iter) {
+    ClusterModel c = a800(1 + rng() % 4);
+    c.ranksPerNode = 1 + rng() % 8;
+    int nseq = 1 + rng() % 60;
+    std::vector<int64_t> lens(nseq);
+    for (auto& l : lens) l = 1 + rng() % (rng() % 2 ? 200 : 200000);
+    for (bool causal : {false, true}) {
+      BatchPlan p = planBatch(lens, causal, AttnShape{}, c);
+      SCOPED_TRACE("iter " + std::to_string(iter));
+      checkPlan(p, lens, causal, c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(Planner, Deterministic) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  auto all = readLengths();
+  ASSERT_FALSE(all.empty());
+  auto lens = drawBatch(all, 64 * 65536, rng);
+  BatchPlan a = planBatch(lens, true, AttnShape{}, a800(8));
+  BatchPlan b = planBatch(lens, true, AttnShape{}, a800(8));
+  EXPECT_TRUE(samePlan(a, b));
+}
+
+TEST(Planner, EdgeCases) {
+  AttnShape sh;
+  for (bool causal : {false, true}) {
+    // Length 1 and lengths below 2G.
+    std::vector<int64_t> tiny = {1, 1, 3, 7, 15, 2};
+    checkPlan(planBatch(tiny, causal, sh, a800(2)), tiny, causal, a800(2));
+    // More ranks than tokens: some ranks hold nothing.
+    std::vector<int64_t> few = {1, 2};
+    checkPlan(planBatch(few, causal, sh, a800(4)), few, causal, a800(4));
+    // One huge sequence among many short ones is split across nodes.
+    std::vector<int64_t> mixed(300, 512);
+    mixed[17] = 1 << 20;
+    BatchPlan p = planBatch(mixed, causal, sh, a800(4));
+    checkPlan(p, mixed, causal, a800(4));
+    EXPECT_EQ(int(p.seqs[17].cls), int(SeqClass::InterNode));
+    EXPECT_EQ(int(p.seqs[0].cls), int(SeqClass::Local));
+    // A single rank: everything local.
+    ClusterModel one = a800(1);
+    one.ranksPerNode = 1;
+    std::vector<int64_t> some = {100000, 5, 70};
+    checkPlan(planBatch(some, causal, sh, one), some, causal, one);
+  }
+}
+
+TEST(Planner, ShortSequencesStayLocal) {
+  // Equal short sequences balance without any ring.
+  std::vector<int64_t> lens(64, 256);
+  BatchPlan p = planBatch(lens, false, AttnShape{}, a800(1));
+  for (const auto& s : p.seqs) EXPECT_EQ(int(s.cls), int(SeqClass::Local));
+  EXPECT_FALSE(ringHides(256, false, 2, Link::Intra, AttnShape{}, a800(1)));
+}
+
+TEST(Planner, Errors) {
+  AttnShape sh;
+  auto msg = [&](std::vector<int64_t> lens, ClusterModel c) -> std::string {
+    try {
+      planBatch(lens, false, sh, c);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(msg({}, a800(1)).find("empty batch"), std::string::npos);
+  EXPECT_NE(msg({5, 0, 3}, a800(1)).find("sequence 1 has length 0"), std::string::npos);
+  EXPECT_NE(msg({5, -2}, a800(1)).find("sequence 1 has length -2"), std::string::npos);
+  ClusterModel bad = a800(0);
+  EXPECT_NE(msg({5}, bad).find("0 nodes"), std::string::npos);
+  bad = a800(2);
+  bad.nicGbps = 0;
+  EXPECT_NE(msg({5}, bad).find("nicGbps"), std::string::npos);
+  bad = a800(1);
+  bad.efficiency = 1.5;
+  EXPECT_NE(msg({5}, bad).find("efficiency"), std::string::npos);
+}
+
+TEST(Planner, CostModelByHand) {
+  AttnShape sh;  // 32 q heads, 8 kv heads, dim 128, bf16
+  ClusterModel c = a800(2);
+  EXPECT_DOUBLE_EQ(attnFlops(1000, false, sh), 4.0 * 1e6 * 32 * 128);
+  EXPECT_DOUBLE_EQ(attnFlops(1000, true, sh), 2.0 * 1e6 * 32 * 128);
+  EXPECT_DOUBLE_EQ(kvBytes(10, sh), 2.0 * 10 * 8 * 128 * 2);
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Inter, c), 200e9 / 8);      // one NIC: 25 GB/s
+  EXPECT_DOUBLE_EQ(nicShareBytesPerSec(c), 4 * 200e9 / 8 / 8);       // 12.5 GB/s per rank
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Intra, c), 200e9);
+  // 16 ranks over 2 nodes, 64K causal: per step 1/256 of 2*65536^2*32*128 FLOPs
+  // at 156 TFLOPS against 4096 tokens of K and V (4096 B each) at 25 GB/s.
+  RingStep st = ringStep(65536, true, 16, Link::Inter, sh, c);
+  EXPECT_NEAR(st.compute, 2.0 * 65536.0 * 65536 * 32 * 128 / 256 / 156e12, 1e-12);
+  EXPECT_NEAR(st.transfer, 4096.0 * 4096 / 25e9, 1e-12);
+  EXPECT_TRUE(ringHides(65536, true, 16, Link::Inter, sh, c));   // 0.88 ms against 0.67 ms
+  EXPECT_FALSE(ringHides(32768, true, 16, Link::Inter, sh, c));  // 0.22 ms against 0.34 ms
+  EXPECT_DOUBLE_EQ(ringSeconds(1000, false, 1, Link::Intra, sh, c),
+                   computeSeconds(attnFlops(1000, false, sh), c));
+}
+
+// The least time one rank can spend on a sequence under any ring.
+double minRingSeconds(int64_t len, bool causal, const AttnShape& sh, const ClusterModel& c) {
+  double best = ringSeconds(len, causal, 1, Link::Intra, sh, c);
+  for (int G = 2; G <= c.ranksPerNode; ++G) best = std::min(best, ringSeconds(len, causal, G, Link::Intra, sh, c));
+  for (int k = 2; k <= c.nodes; ++k)
+    best = std::min(best, ringSeconds(len, causal, k * c.ranksPerNode, Link::Inter, sh, c));
+  return best;
+}
+
+// The targets: 64K tokens per rank from prolong64k.txt.
+TEST(Planner, ProlongImbalanceTargets) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  auto all = readLengths();
+  ASSERT_FALSE(all.empty());
+  AttnShape sh;
+  int floorBound = 0;
+  for (int nranks : {16, 64, 256}) {
+    ClusterModel c = a800(nranks / 8);
+    for (int b = 0; b < 3; ++b) {
+      auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+      for (bool causal : {true, false}) {
+        BatchPlan p = planBatch(lens, causal, sh, c);
+        SCOPED_TRACE(std::to_string(nranks) + " ranks, batch " + std::to_string(b) +
+                     (causal ? " causal" : " full"));
+        checkPlan(p, lens, causal, c);
+        double attn = imbalance(rankAttnSeconds(p, sh, c));
+        auto tok = rankTokens(p.linear);
+        double lin = imbalance(std::vector<double>(tok.begin(), tok.end()));
+        // A ring's time has a floor the model cannot go below: the K and V of
+        // the whole sequence pass every rank, G - 1 hops, some over a NIC. When one sequence's floor is above the mean, no plan
+        // reaches 1.05; the planner must then be within 5% of that floor.
+        double mean = 0;
+        for (double t : rankAttnSeconds(p, sh, c)) mean += t / nranks;
+        double floor = 0;
+        for (int64_t l : lens) floor = std::max(floor, minRingSeconds(l, causal, sh, c));
+        EXPECT_LE(attn, std::max(1.05, 1.05 * floor / mean));
+        if (floor / mean > 1.0) ++floorBound;
+        EXPECT_LE(lin, 1.01);
+        printf("  %d ranks, %s: %zu seqs, attention imbalance %.4f (one sequence's floor %.4f), linear %.5f\n",
+               nranks, causal ? "causal" : "full", lens.size(), attn, floor / mean, lin);
+      }
+    }
+  }
+  printf("  %d of 18 plans bounded by one sequence's floor\n", floorBound);
+}
+
+TEST(Simulator, BaselinesByHand) {
+  AttnShape sh;
+  ClusterModel c = a800(1);
+  // 8 equal sequences on one node: packing puts one on each rank, no bytes move.
+  std::vector<int64_t> lens(8, 4096);
+  auto r = simulateStep(lens, true, sh, c);
+  ASSERT_EQ(r.size(), 5u);
+  const char* names[] = {"zeppelin", "ring", "allgather", "dynamic_cp", "packing"};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].name, names[i]);
+  double one = computeSeconds(attnFlops(4096, true, sh), c);
+  EXPECT_DOUBLE_EQ(r[4].stepSeconds, one);
+  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 1.0);
+  EXPECT_EQ(r[4].nicBytes + r[4].intraBytes, 0.0);
+  // Zeppelin keeps them local too: nothing to hide, nothing to move.
+  EXPECT_DOUBLE_EQ(r[0].stepSeconds, one);
+  EXPECT_EQ(r[0].nicBytes + r[0].intraBytes, 0.0);
+  // Ring over 8 ranks of one node: 7 hops of every sequence's K and V, all intra.
+  EXPECT_DOUBLE_EQ(r[1].intraBytes, 8 * 7 * kvBytes(4096, sh));
+  EXPECT_EQ(r[1].nicBytes, 0.0);
+  RingStep st = ringStep(4096, true, 8, Link::Intra, sh, c);
+  EXPECT_NEAR(r[1].stepSeconds, 8 * st.compute + 7 * std::max(8 * st.compute, 8 * st.transfer), 1e-12);
+  // All-gather: 7/8 of all K and V into every rank, then 1/8 of the compute.
+  double kv = kvBytes(8 * 4096, sh);
+  EXPECT_NEAR(r[2].stepSeconds, kv * 7 / 8 / 200e9 + one, 1e-12);
+  EXPECT_NEAR(r[2].intraBytes, kv * 7, 1e-3);
+  // Dynamic CP: each fits one rank's budget, so degree 1.
+  EXPECT_DOUBLE_EQ(r[3].stepSeconds, one);
+  // One sequence of the whole budget: packing is 8x imbalanced, Zeppelin splits it.
+  std::vector<int64_t> big = {8 * 4096};
+  r = simulateStep(big, true, sh, c);
+  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 8.0);
+  EXPECT_LT(r[0].stepSeconds, r[4].stepSeconds / 4);
+  EXPECT_GT(r[0].intraBytes, 0.0);
+}
+
+TEST(Simulator, BatchingRule) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  std::vector<int64_t> all(1000);
+  for (auto& l : all) l = 1 + rng() % 5000;
+  all[10] = 1 << 30;  // longer than any budget: skipped
+  for (int it = 0; it < 50; ++it) {
+    int64_t budget = 1 + rng() % 100000;
+    uint64_t s = rng();
+    std::mt19937_64 a(s), b(s);
+    auto x = formBatch(all, budget, a), y = formBatch(all, budget, b);
+    EXPECT_EQ(x, y);
+    int64_t tot = 0;
+    for (int64_t l : x) {
+      EXPECT_LE(l, budget);
+      tot += l;
+    }
+    EXPECT_LE(tot, budget);
+  }
+}
+
+TEST(PlanApi, MatchesPlannerAndRejectsBadInput) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  std::vector<int64_t> lens(1 + rng() % 200);
+  for (auto& l : lens) l = 1 + rng() % 100000;
+  zpAttnShape_t sh = {32, 8, 128, 2, 1};
+  zpClusterModel_t cm = {2, 8, 4, 200, 200, 312, 0.5};
+  zpBatchPlan_t plan = nullptr;
+  ASSERT_EQ(zpPlanBatch(&plan, int(lens.size()), lens.data(), &sh, &cm, nullptr), zpSuccess) << zpGetLastError(nullptr);
+  BatchPlan ref = planBatch(lens, true, AttnShape{}, a800(2));
+  for (size_t i = 0; i < lens.size(); ++i) {
+    int cls = -1, n = 0;
+    const int* ranks = nullptr;
+    ASSERT_EQ(zpPlanSequence(plan, int64_t(i), &cls, &n, &ranks), zpSuccess);
+    EXPECT_EQ(cls, int(ref.seqs[i].cls));
+    EXPECT_EQ(std::vector<int>(ranks, ranks + n), ref.seqs[i].ranks);
+  }
+  for (int which = 0; which < 2; ++which)
+    for (int r = 0; r < 16; ++r) {
+      const zpSegment_t* segs = nullptr;
+      size_t n = 0;
+      ASSERT_EQ(zpPlanRankSegments(plan, which, r, &segs, &n), zpSuccess);
+      const auto& want = (which ? ref.linear : ref.attention).ranks[r];
+      ASSERT_EQ(n, want.size());
+      for (size_t k = 0; k < n; ++k) {
+        EXPECT_EQ(segs[k].seq, want[k].seq);
+        EXPECT_EQ(segs[k].start, want[k].start);
+        EXPECT_EQ(segs[k].count, want[k].count);
+      }
+    }
+  const zpSegment_t* segs = nullptr;
+  size_t n = 0;
+  int cls, nr;
+  const int* rk;
+  EXPECT_EQ(zpPlanRankSegments(plan, 2, 0, &segs, &n), zpInvalidArgument);
+  EXPECT_EQ(zpPlanRankSegments(plan, 0, 16, &segs, &n), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("rank 16 out of range"), std::string::npos);
+  EXPECT_EQ(zpPlanSequence(plan, int64_t(lens.size()), &cls, &nr, &rk), zpInvalidArgument);
+  EXPECT_EQ(zpPlanDestroy(plan), zpSuccess);
+  EXPECT_EQ(zpPlanBatch(&plan, 0, lens.data(), &sh, &cm, nullptr), zpInvalidArgument);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_EQ(zpPlanBatch(&plan, 1, lens.data(), &sh, nullptr, nullptr), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("cluster is NULL"), std::string::npos);
+  int64_t bad[] = {5, 0};
+  EXPECT_EQ(zpPlanBatch(&plan, 2, bad, &sh, &cm, nullptr), zpInvalidArgument);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("sequence 1 has length 0"), std::string::npos)
+      << zpGetLastError(nullptr);
+}
+
+#ifdef ZPPLAN_PATH
+TEST(Simulator, ZpplanJson) {
+  if (std::system("python3 -c 'import json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 to parse JSON";
+  std::string check =
+      "import json,sys\n"
+      "d=json.load(sys.stdin)\n"
+      "assert d['preset']=='h200' and d['causal'] is True and d['tokens_per_rank']==4096 and d['batches']==2\n"
+      "assert [r['ranks'] for r in d['results']]==[16,32]\n"
+      "for r in d['results']:\n"
+      "  assert r['nodes']==r['ranks']//8 and r['mean_seqs']>0 and r['plan_ms']>=0\n"
+      "  s=r['strategies']\n"
+      "  assert sorted(s)==sorted(['zeppelin','ring','allgather','dynamic_cp','packing'])\n"
+      "  for k,v in s.items():\n"
+      "    assert sorted(v)==sorted(['step_ms','remap_ms','attn_imbalance','nic_bytes','intra_bytes','zeppelin_speedup']),v\n"
+      "    assert v['step_ms']>0 and v['attn_imbalance']>=1\n"
+      "  assert abs(s['zeppelin']['zeppelin_speedup']-1)<1e-9\n"
+      "print('ok')\n";
+  std::string py = testing::TempDir() + "zpplan_check.py";
+  {
+    std::ofstream f(py);
+    f << check;
+  }
+  std::string cmd = std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR +
+                    "/prolong64k.txt --preset h200 --ranks 16,32 --tokens-per-rank 4096 --batches 2 --time --json | python3 " +
+                    py + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "ok\n");
+  // Bad input: a clear message and exit 2.
+  rc = std::system((std::string(ZPPLAN_PATH) + " --file /nonexistent/x >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt --ranks 12 >/dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+}
+#endif
+
+}  // namespace
+}  // namespace zp::plan
