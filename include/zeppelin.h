@@ -212,6 +212,39 @@ zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks
 zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank,
                               const zpSegment_t** segs, size_t* n);
 
+/* ---- Layouts and remaps ----
+ * A layout says where every token of a batch of sequences lives: for each
+ * rank, an ordered list of segments (zpSegment_t). A rank's buffer holds its
+ * segments' tokens back to back, in that order, each token as elemsPerToken
+ * elements (hidden states, q/k/v, gradients). A layout comes from a plan
+ * (zpPlanGetLayout) or from the user's own arrays (zpLayoutCreate, checked:
+ * every token of every sequence on exactly one rank, else zpInvalidArgument
+ * naming the first problem). */
+typedef struct zpLayout* zpLayout_t;
+
+/* Rank r's segments are segments[rankSegOffsets[r] .. rankSegOffsets[r+1]). */
+zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* seqLens, int nranks,
+                          const size_t* rankSegOffsets, const zpSegment_t* segments);
+zpResult_t zpLayoutDestroy(zpLayout_t layout);
+zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens);
+/* The segments stay owned by the layout. */
+zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count);
+
+typedef enum { zpAttentionLayout = 0, zpLinearLayout = 1 } zpLayoutKind_t;
+/* A plan's layout (owned by the plan: valid until zpPlanDestroy). */
+zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout);
+
+/* A remap moves tokens from one layout to another (and back: inverse = 1,
+ * for the backward pass). Tokens already on their target rank are copied
+ * locally; the rest move as one zpAlltoallv (through the router across
+ * nodes). in and out must not overlap. Collective over the communicator,
+ * whose size must equal the layouts' rank count. */
+typedef struct zpRemap* zpRemap_t;
+zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm);
+zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken, zpDataType_t datatype,
+                          int inverse, zpComm_t comm, zpStream_t stream);
+zpResult_t zpRemapDestroy(zpRemap_t remap);
+
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
 

@@ -7,6 +7,7 @@
 
 #include "include/zeppelin.h"
 #include "src/core/log.h"
+#include "src/plan/layout.h"
 #include "src/plan/planner.h"
 
 #define ZP_API extern "C" __attribute__((visibility("default")))
@@ -16,6 +17,7 @@ struct zpBatchPlan {
   int nranks = 0;
   // The layouts as C segments: [0] attention, [1] linear; per rank.
   std::vector<std::vector<zpSegment_t>> segs[2];
+  zpLayout layouts[2];  // the same as layout objects, for remaps
 };
 
 ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
@@ -86,5 +88,18 @@ ZP_API zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank, co
     return zp::fail(zpInvalidArgument, "zpPlanRankSegments: rank %d out of range [0, %d)", rank, plan->nranks);
   *segs = plan->segs[which][rank].data();
   *n = plan->segs[which][rank].size();
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout) {
+  if (!plan || !layout) return zp::fail(zpInvalidArgument, "zpPlanGetLayout: NULL argument");
+  if (kind != zpAttentionLayout && kind != zpLinearLayout)
+    return zp::fail(zpInvalidArgument, "zpPlanGetLayout: kind %d is not zpAttentionLayout or zpLinearLayout", (int)kind);
+  zpLayout& l = plan->layouts[kind];
+  if (l.offsets.empty()) {  // made on first use
+    zp::plan::fillLayout(&l, kind == zpAttentionLayout ? plan->plan.attention : plan->plan.linear);
+    l.ownedByPlan = true;
+  }
+  *layout = &l;
   return zpSuccess;
 }

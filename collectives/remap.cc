@@ -1,0 +1,162 @@
+// Remap collectives: move tokens between two layouts of one batch (the C API
+// is in include/zeppelin.h). A remap is planned once, from the two layouts
+// alone, the same way on every rank; each execution packs the tokens for
+// each peer, runs one zpAlltoallv (through the router across nodes), and
+// unpacks. Tokens that stay on their rank are copied directly.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/log.h"
+#include "src/plan/layout.h"
+
+#define ZP_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+// Tokens [fromOff, fromOff + count) of a rank's from-buffer are tokens
+// [toOff, toOff + count) of a (maybe other) rank's to-buffer.
+struct Run {
+  int64_t fromOff, toOff, count;
+};
+
+struct Place {
+  int64_t start, count;
+  int rank;
+  int64_t off;  // within the rank's buffer, in tokens
+};
+
+// Per sequence, where its tokens are, in token order.
+std::vector<std::vector<Place>> placesBySeq(const zp::plan::Layout& l) {
+  std::vector<std::vector<Place>> by(l.seqLens.size());
+  for (size_t r = 0; r < l.ranks.size(); r++) {
+    int64_t off = 0;
+    for (const zp::plan::Segment& s : l.ranks[r]) {
+      by[s.seq].push_back({s.start, s.count, (int)r, off});
+      off += s.count;
+    }
+  }
+  for (auto& v : by) std::sort(v.begin(), v.end(), [](const Place& a, const Place& b) { return a.start < b.start; });
+  return by;
+}
+
+void append(std::vector<Run>* runs, Run r) {
+  if (!runs->empty()) {
+    Run& b = runs->back();
+    if (b.fromOff + b.count == r.fromOff && b.toOff + b.count == r.toOff) {
+      b.count += r.count;
+      return;
+    }
+  }
+  runs->push_back(r);
+}
+
+}  // namespace
+
+struct zpRemap {
+  int nranks = 0, rank = 0;
+  std::vector<std::vector<Run>> sendRuns;  // by peer: my from-tokens that go to its to-buffer
+  std::vector<std::vector<Run>> recvRuns;  // by peer: its from-tokens that come to my to-buffer
+  std::vector<char> sendBuf, recvBuf;
+};
+
+ZP_API zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm) {
+  if (!remap || !from || !to) return zp::fail(zpInvalidArgument, "zpRemapCreate: NULL argument");
+  *remap = nullptr;
+  int n = 0, me = 0;
+  zpResult_t res = zpCommCount(comm, &n);
+  if (res != zpSuccess) return res;
+  ZP_CHECK(zpCommUserRank(comm, &me));
+  const zp::plan::Layout &a = from->layout, &b = to->layout;
+  if ((int)a.ranks.size() != n || (int)b.ranks.size() != n)
+    return zp::fail(zpInvalidArgument, "zpRemapCreate: the layouts have %zu and %zu ranks, the communicator %d",
+                    a.ranks.size(), b.ranks.size(), n);
+  if (a.seqLens != b.seqLens) return zp::fail(zpInvalidArgument, "zpRemapCreate: the layouts are of different batches");
+  auto out = std::make_unique<zpRemap>();
+  out->nranks = n;
+  out->rank = me;
+  out->sendRuns.resize(n);
+  out->recvRuns.resize(n);
+  auto pa = placesBySeq(a), pb = placesBySeq(b);
+  for (size_t s = 0; s < pa.size(); s++) {
+    size_t i = 0, j = 0;
+    int64_t t = 0;  // the next token of sequence s
+    while (i < pa[s].size() && j < pb[s].size()) {
+      const Place &x = pa[s][i], &y = pb[s][j];
+      int64_t end = std::min(x.start + x.count, y.start + y.count);
+      Run r{x.off + (t - x.start), y.off + (t - y.start), end - t};
+      if (x.rank == me) append(&out->sendRuns[y.rank], r);
+      if (y.rank == me) append(&out->recvRuns[x.rank], r);
+      t = end;
+      if (t == x.start + x.count) i++;
+      if (t == y.start + y.count) j++;
+    }
+  }
+  *remap = out.release();
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken,
+                                 zpDataType_t datatype, int inverse, zpComm_t comm, zpStream_t stream) {
+  if (!remap) return zp::fail(zpInvalidArgument, "zpRemapExecute: remap is NULL");
+  size_t ts = zpTypeSize(datatype);
+  if (!ts) return zp::fail(zpInvalidArgument, "zpRemapExecute: invalid datatype %d", (int)datatype);
+  if (stream)
+    return zp::fail(zpInvalidArgument, "zpRemapExecute: device buffers (a non-NULL stream) are not supported yet");
+  if (elemsPerToken == 0) return zp::fail(zpInvalidArgument, "zpRemapExecute: elemsPerToken is 0");
+  const int n = remap->nranks, me = remap->rank;
+  const size_t tb = elemsPerToken * ts;
+  // Forward: my from-buffer (in) to my to-buffer (out); inverse: the reverse.
+  const std::vector<std::vector<Run>>& outRuns = inverse ? remap->recvRuns : remap->sendRuns;
+  const std::vector<std::vector<Run>>& inRuns = inverse ? remap->sendRuns : remap->recvRuns;
+  auto srcOff = [&](const Run& r) { return inverse ? r.toOff : r.fromOff; };
+  auto dstOff = [&](const Run& r) { return inverse ? r.fromOff : r.toOff; };
+  std::vector<size_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
+  size_t sTotal = 0, rTotal = 0;
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    sd[p] = sTotal;
+    for (const Run& r : outRuns[p]) sc[p] += r.count * tb;
+    sTotal += sc[p];
+    rd[p] = rTotal;
+    for (const Run& r : inRuns[p]) rc[p] += r.count * tb;
+    rTotal += rc[p];
+  }
+  // A rank with no tokens on one side may pass NULL for that buffer.
+  if (!in && (sTotal || !outRuns[me].empty())) return zp::fail(zpInvalidArgument, "zpRemapExecute: in is NULL");
+  if (!out && (rTotal || !outRuns[me].empty())) return zp::fail(zpInvalidArgument, "zpRemapExecute: out is NULL");
+  const char* src = (const char*)in;
+  char* dst = (char*)out;
+  remap->sendBuf.resize(std::max<size_t>(sTotal, 1));
+  remap->recvBuf.resize(std::max<size_t>(rTotal, 1));
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    char* w = remap->sendBuf.data() + sd[p];
+    for (const Run& r : outRuns[p]) {
+      memcpy(w, src + srcOff(r) * tb, r.count * tb);
+      w += r.count * tb;
+    }
+  }
+  zpResult_t res = zpAlltoallv(remap->sendBuf.data(), sc.data(), sd.data(), remap->recvBuf.data(), rc.data(),
+                               rd.data(), zpUint8, comm, nullptr);
+  if (res != zpSuccess) return res;
+  for (const Run& r : outRuns[me]) memmove(dst + dstOff(r) * tb, src + srcOff(r) * tb, r.count * tb);
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    const char* rp = remap->recvBuf.data() + rd[p];
+    for (const Run& r : inRuns[p]) {
+      memcpy(dst + dstOff(r) * tb, rp, r.count * tb);
+      rp += r.count * tb;
+    }
+  }
+  return zpSuccess;
+}
+
+ZP_API zpResult_t zpRemapDestroy(zpRemap_t remap) {
+  if (!remap) return zp::fail(zpInvalidArgument, "zpRemapDestroy: remap is NULL");
+  delete remap;
+  return zpSuccess;
+}
