@@ -245,6 +245,19 @@ zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t ele
                           int inverse, zpComm_t comm, zpStream_t stream);
 zpResult_t zpRemapDestroy(zpRemap_t remap);
 
+/* The variable-length Ulysses all-to-all over the communicator (the
+ * sequence-parallel group): direction 0 turns the sequence-parallel layout,
+ * in = [this rank's tokens in layout order, heads, headDim], into the
+ * head-parallel one, out = [every token of the batch in cu_seqlens order,
+ * this rank's heads, headDim]; direction 1 goes back. Any head count and any
+ * lengths: rank r of G takes query heads [r*qHeads/G, (r+1)*qHeads/G) (some
+ * ranks may get none). heads is the tensor's own head count: qHeads for
+ * queries and outputs; for GQA keys and values (heads dividing qHeads) rank r
+ * gets the heads its query heads use, so a head may go to several ranks, and
+ * direction 1 sums their contributions (float32 or float64 then). */
+zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
+                             zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream);
+
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
 

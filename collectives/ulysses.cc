@@ -1,0 +1,140 @@
+// The variable-length Ulysses all-to-all (DeepSpeed-Ulysses, VeOmni): the
+// exchange between sequence parallel ([my tokens, heads, dim], as a layout
+// places them) and head parallel ([every token of the batch, my heads, dim])
+// for a packed batch. No divisibility rules: rank r of G takes query heads
+// [r*Hq/G, (r+1)*Hq/G), and for a tensor with fewer heads (GQA keys and
+// values: Hq/H query heads share one) the heads its query heads use, so a
+// head may live on several ranks; going back, their contributions are summed
+// (the key/value gradients of the query heads that shared them).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+#include "src/core/log.h"
+#include "src/plan/layout.h"
+
+#define ZP_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+struct HeadRange {
+  int lo, hi;
+};
+
+// The heads of a tensor with `heads` heads that rank r of G holds.
+HeadRange headsOf(int r, int G, int qHeads, int heads) {
+  int qlo = (int)((int64_t)r * qHeads / G), qhi = (int)((int64_t)(r + 1) * qHeads / G);
+  if (qlo == qhi) return {0, 0};
+  int g = qHeads / heads;  // query heads per head
+  return {qlo / g, (qhi + g - 1) / g};
+}
+
+template <class T>
+void addInto(char* dst, const char* src, size_t n) {
+  T* d = (T*)dst;
+  const T* s = (const T*)src;
+  for (size_t i = 0; i < n; i++) d[i] += s[i];
+}
+
+}  // namespace
+
+ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
+                                    zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream) {
+  const char* fn = "zpUlyssesAlltoall";
+  if (!layout) return zp::fail(zpInvalidArgument, "%s: layout is NULL", fn);
+  size_t ts = zpTypeSize(datatype);
+  if (!ts) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
+  if (stream) return zp::fail(zpInvalidArgument, "%s: device buffers (a non-NULL stream) are not supported yet", fn);
+  if (qHeads < 1 || heads < 1 || headDim < 1 || qHeads % heads)
+    return zp::fail(zpInvalidArgument, "%s: %d query heads, %d heads, head dim %d: need >= 1 and heads dividing query heads",
+                    fn, qHeads, heads, headDim);
+  if (direction != 0 && direction != 1)
+    return zp::fail(zpInvalidArgument, "%s: direction %d is not 0 (sequence to head) or 1 (head to sequence)", fn,
+                    direction);
+  int G = 0, me = 0;
+  zpResult_t res = zpCommCount(comm, &G);
+  if (res != zpSuccess) return res;
+  ZP_CHECK(zpCommUserRank(comm, &me));
+  const zp::plan::Layout& l = layout->layout;
+  if ((int)l.ranks.size() != G)
+    return zp::fail(zpInvalidArgument, "%s: the layout has %zu ranks, the communicator %d", fn, l.ranks.size(), G);
+  std::vector<int64_t> cu(l.seqLens.size() + 1, 0);  // cu_seqlens: where each sequence starts in the packed batch
+  for (size_t s = 0; s < l.seqLens.size(); s++) cu[s + 1] = cu[s] + l.seqLens[s];
+  const int64_t total = cu.back();
+  std::vector<HeadRange> hr(G);
+  bool replicated = false;
+  std::vector<int> holders(heads, 0);
+  for (int p = 0; p < G; p++) {
+    hr[p] = headsOf(p, G, qHeads, heads);
+    for (int h = hr[p].lo; h < hr[p].hi; h++) replicated |= ++holders[h] > 1;
+  }
+  if (direction == 1 && replicated && datatype != zpFloat32 && datatype != zpFloat64)
+    return zp::fail(zpInvalidArgument, "%s: going back, heads held by several ranks are summed: float32 or float64 only",
+                    fn);
+  // Tokens of each rank, as global positions in the packed batch, in the rank's buffer order.
+  auto tokensOf = [&](int r) {
+    std::vector<int64_t> v;
+    for (const zp::plan::Segment& s : l.ranks[r])
+      for (int64_t t = 0; t < s.count; t++) v.push_back(cu[s.seq] + s.start + t);
+    return v;
+  };
+  std::vector<int64_t> mine = tokensOf(me);
+  const size_t row = (size_t)headDim * ts;  // one head of one token
+  const int myHeads = hr[me].hi - hr[me].lo;
+  std::vector<size_t> sc(G), sd(G), rc(G), rd(G);
+  std::vector<std::vector<int64_t>> theirs(G);
+  size_t sTot = 0, rTot = 0;
+  for (int p = 0; p < G; p++) {
+    theirs[p] = tokensOf(p);
+    int hp = hr[p].hi - hr[p].lo;
+    // Sequence to head: my tokens with p's heads go to p; p's tokens with my heads come here.
+    size_t send = direction == 0 ? mine.size() * hp : theirs[p].size() * myHeads;
+    size_t recv = direction == 0 ? theirs[p].size() * myHeads : mine.size() * hp;
+    sc[p] = send * headDim;
+    rc[p] = recv * headDim;
+    sd[p] = sTot;
+    rd[p] = rTot;
+    sTot += sc[p];
+    rTot += rc[p];
+  }
+  size_t inBytes = direction == 0 ? mine.size() * heads * row : (size_t)total * myHeads * row;
+  size_t outBytes = direction == 0 ? (size_t)total * myHeads * row : mine.size() * heads * row;
+  if ((inBytes && !in) || (outBytes && !out)) return zp::fail(zpInvalidArgument, "%s: in or out is NULL", fn);
+  std::vector<char> sbuf(sTot * ts + 1), rbuf(rTot * ts + 1);
+  const char* src = (const char*)in;
+  char* dst = (char*)out;
+  for (int p = 0; p < G; p++) {
+    char* w = sbuf.data() + sd[p] * ts;
+    if (direction == 0) {
+      int hp = hr[p].hi - hr[p].lo;
+      for (size_t i = 0; i < mine.size(); i++, w += hp * row)
+        memcpy(w, src + (i * heads + hr[p].lo) * row, hp * row);
+    } else {
+      for (int64_t t : theirs[p]) {
+        memcpy(w, src + (size_t)t * myHeads * row, myHeads * row);
+        w += myHeads * row;
+      }
+    }
+  }
+  ZP_CHECK(zpAlltoallv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), datatype, comm, nullptr));
+  if (direction == 1 && replicated) memset(dst, 0, outBytes);
+  for (int p = 0; p < G; p++) {
+    const char* r = rbuf.data() + rd[p] * ts;
+    if (direction == 0) {
+      for (int64_t t : theirs[p]) {
+        memcpy(dst + (size_t)t * myHeads * row, r, myHeads * row);
+        r += myHeads * row;
+      }
+    } else {
+      int hp = hr[p].hi - hr[p].lo;
+      for (size_t i = 0; i < mine.size(); i++, r += hp * row) {
+        char* d = dst + (i * heads + hr[p].lo) * row;
+        if (!replicated) memcpy(d, r, hp * row);
+        else if (datatype == zpFloat32) addInto<float>(d, r, (size_t)hp * headDim);
+        else addInto<double>(d, r, (size_t)hp * headDim);
+      }
+    }
+  }
+  return zpSuccess;
+}
