@@ -21,6 +21,8 @@
 //            and the communicator must still work (an alltoallv, every byte
 //            checked) and close cleanly. Rank 0 prints the bandwidth after
 //            the failure as a share of the other NICs' rate.
+//   remap    remaps between random layouts of a random batch (forward and
+//            inverse, every byte checked), the cross-node part through the router;
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
 //            left, and every rank must get an error (not hang) within
 //            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <random>
 #include <thread>
 
 #include "src/core/bootstrap.h"
@@ -118,6 +121,65 @@ bool nicIsUp(int k) {
     fclose(f);
   }
   return strcmp(state, "down") != 0;
+}
+
+// Remap round trips between random layouts: the same on every rank (seeded).
+int remapMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  std::string err;
+  for (int it = 0; it < 4 && err.empty(); it++) {
+    std::mt19937_64 rng(seed + it);
+    std::vector<int64_t> lens(1 + rng() % 30);
+    for (auto& l : lens) l = 1 + rng() % 3000;
+    auto randomLayout = [&](std::vector<size_t>* offs, std::vector<zpSegment_t>* segs) {
+      std::vector<std::vector<zpSegment_t>> per(n);
+      for (size_t s = 0; s < lens.size(); s++)
+        for (int64_t at = 0; at < lens[s];) {
+          int64_t take = std::min<int64_t>(lens[s] - at, 1 + rng() % lens[s]);
+          per[rng() % n].push_back({(int64_t)s, at, take});
+          at += take;
+        }
+      offs->assign(1, 0);
+      for (auto& v : per) {
+        segs->insert(segs->end(), v.begin(), v.end());
+        offs->push_back(segs->size());
+      }
+    };
+    std::vector<size_t> oa, ob;
+    std::vector<zpSegment_t> sa, sb;
+    randomLayout(&oa, &sa);
+    randomLayout(&ob, &sb);
+    zpLayout_t a = nullptr, b = nullptr;
+    zpLayoutCreate(&a, (int)lens.size(), lens.data(), n, oa.data(), sa.data());
+    zpLayoutCreate(&b, (int)lens.size(), lens.data(), n, ob.data(), sb.data());
+    const size_t tb = 64;  // bytes per token
+    auto fill = [&](const std::vector<size_t>& offs, const std::vector<zpSegment_t>& segs) {
+      std::vector<uint8_t> v;
+      for (size_t k = offs[rank]; k < offs[rank + 1]; k++)
+        for (int64_t t = segs[k].start; t < segs[k].start + segs[k].count; t++)
+          for (size_t x = 0; x < tb; x++) v.push_back((uint8_t)((seed + segs[k].seq * 131 + t * 7 + x) * 2654435761u >> 13));
+      return v;
+    };
+    std::vector<uint8_t> in = fill(oa, sa), want = fill(ob, sb), out(want.size(), 0xA5), back(in.size(), 0x5A);
+    zpRemap_t r = nullptr;
+    if (zpRemapCreate(&r, a, b, comm) != zpSuccess ||
+        zpRemapExecute(r, in.data(), out.data(), tb, zpUint8, 0, comm, nullptr) != zpSuccess ||
+        zpRemapExecute(r, out.data(), back.data(), tb, zpUint8, 1, comm, nullptr) != zpSuccess)
+      err = std::string("remap failed: ") + zpGetLastError(comm);
+    else if (out != want)
+      err = "forward: wrong bytes";
+    else if (back != in)
+      err = "inverse: wrong bytes";
+    zpRemapDestroy(r);
+    zpLayoutDestroy(a);
+    zpLayoutDestroy(b);
+  }
+  zpCommDestroy(comm);
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
 }
 
 int allDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
@@ -268,6 +330,7 @@ int main() {
 
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
+  if (mode == "remap") return remapMode(comm, rank, n, seed);
 
   if (mode == "idle") {
     const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);

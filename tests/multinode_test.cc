@@ -81,6 +81,13 @@ TEST_F(Multinode, NoPathLeftGivesAnErrorOnEveryRank) {
   EXPECT_EQ(countLines(r.output, "error as expected"), 4u) << r.output;
 }
 
+TEST_P(MultinodeShapes, RemapRoundTripsEveryByteAcrossNodes) {
+  const Shape& s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=remap");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
 TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "");
