@@ -258,6 +258,42 @@ zpResult_t zpRemapDestroy(zpRemap_t remap);
 zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
                              zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream);
 
+/* ---- Attention block kernels ----
+ * The contract between Zeppelin's ring-attention driver and the user's
+ * attention kernel (flash-attention's varlen forward returns out and lse the
+ * same way): one call per (query block, key/value block) pair. Layouts:
+ * q, out, dout, dq [sq, qHeads, headDim]; k, v, dk, dv [sk, kvHeads,
+ * headDim] (kvHeads divides qHeads: GQA); lse [qHeads, sq], natural log.
+ * zpMaskCausal is a diagonal block (sq == sk, query i sees keys 0..i);
+ * zpMaskSkip blocks are never passed to kernels (zigzag chunking makes many
+ * pairs empty). Forward writes out and lse of this block (a row that sees
+ * nothing: out 0, lse -inf); blocks are combined with zpAttnMergeLse.
+ * Backward takes out and lse of the whole row (all blocks merged) and ADDS
+ * this block's share into dq, dk and dv. */
+typedef enum { zpMaskFull = 0, zpMaskCausal = 1, zpMaskSkip = 2 } zpAttnMask_t;
+typedef struct {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  float* lse;
+  const float* dout; /* backward only */
+  float* dq;
+  float* dk;
+  float* dv;
+  int64_t sq, sk;
+  int qHeads, kvHeads, headDim;
+  float scale; /* softmax scale, usually 1/sqrt(headDim) */
+  zpAttnMask_t mask;
+} zpAttnBlock_t;
+typedef zpResult_t (*zpAttnKernel_t)(const zpAttnBlock_t* block, void* user);
+/* The reference CPU kernels (float32 in and out, float64 inside, exact softmax). */
+zpResult_t zpAttnRefForward(const zpAttnBlock_t* block, void* user);
+zpResult_t zpAttnRefBackward(const zpAttnBlock_t* block, void* user);
+/* Folds a block's partial result (partOut, partLse) into (out, lse). */
+zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int qHeads,
+                          int headDim);
+
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
 
