@@ -258,6 +258,27 @@ zpResult_t zpRemapDestroy(zpRemap_t remap);
 zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
                              zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream);
 
+/* ---- Rings ----
+ * A ring over an ordered subset of the communicator's ranks (all ranks, one
+ * node's, one per node, a planner's ring for a sequence); several may be
+ * alive at once. An exchange sends this rank's block to the next rank and
+ * receives the previous rank's: zpRingExchangeStart returns at once (a
+ * worker thread of the ring runs the exchange), so the caller computes on
+ * one block while the next arrives (double buffering: two receive buffers),
+ * and zpRingExchangeWait returns its result. Sizes may differ every step
+ * (recvBytes must equal what the previous rank sends). bidirectional: half
+ * of each block goes each way round (for links that carry both directions at
+ * full rate; every rank of the ring passes blocks of the same size in a
+ * step, and the receive buffer holds the previous rank's first half, then
+ * the next rank's second half). While an exchange runs, its communicator
+ * serves no other call, including another ring's exchange: to run the
+ * exchanges of several rings at once, give each ring its own communicator. */
+typedef struct zpRing* zpRing_t;
+zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional);
+zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf, size_t recvBytes);
+zpResult_t zpRingExchangeWait(zpRing_t ring);
+zpResult_t zpRingDestroy(zpRing_t ring);
+
 /* ---- Attention block kernels ----
  * The contract between Zeppelin's ring-attention driver and the user's
  * attention kernel (flash-attention's varlen forward returns out and lse the
