@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "common.h"
 #include "zeppelin.h"
 
 namespace {
@@ -83,8 +84,8 @@ int main(int argc, char** argv) {
     switch (opt) {
       case 'L': file = optarg; break;
       case 't': tokensPerRank = atol(optarg); break;
-      case 'b': minB = strtoull(optarg, nullptr, 0); break;
-      case 'e': maxB = strtoull(optarg, nullptr, 0); break;
+      case 'b': if (!zpbench::parseBytes(optarg, &minB)) minB = 0; break;
+      case 'e': if (!zpbench::parseBytes(optarg, &maxB)) maxB = 0; break;
       case 'n': iters = atol(optarg); break;
       case 'w': warm = atol(optarg); break;
       case 'c': check = atol(optarg); break;
