@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "include/zeppelin.h"
 #include "src/core/log.h"
 #include "src/plan/layout.h"
@@ -58,6 +59,7 @@ void append(std::vector<Run>* runs, Run r) {
 
 struct zpRemap {
   int nranks = 0, rank = 0;
+  int64_t fromTokens = 0, toTokens = 0;  // this rank's buffer sizes, in tokens
   std::vector<std::vector<Run>> sendRuns;  // by peer: my from-tokens that go to its to-buffer
   std::vector<std::vector<Run>> recvRuns;  // by peer: its from-tokens that come to my to-buffer
   std::vector<char> sendBuf, recvBuf;
@@ -80,6 +82,8 @@ ZP_API zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to
   out->rank = me;
   out->sendRuns.resize(n);
   out->recvRuns.resize(n);
+  for (const zp::plan::Segment& s : a.ranks[me]) out->fromTokens += s.count;
+  for (const zp::plan::Segment& s : b.ranks[me]) out->toTokens += s.count;
   auto pa = placesBySeq(a), pb = placesBySeq(b);
   for (size_t s = 0; s < pa.size(); s++) {
     size_t i = 0, j = 0;
@@ -107,7 +111,26 @@ ZP_API zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, siz
   if (stream)
     return zp::fail(zpInvalidArgument, "zpRemapExecute: device buffers (a non-NULL stream) are not supported yet");
   if (elemsPerToken == 0) return zp::fail(zpInvalidArgument, "zpRemapExecute: elemsPerToken is 0");
+  if (inverse != 0 && inverse != 1)
+    return zp::fail(zpInvalidArgument, "zpRemapExecute: inverse is %d, not 0 (forward) or 1 (inverse)", inverse);
   const int n = remap->nranks, me = remap->rank;
+  // The runs were planned for the creating communicator's ranks: another one
+  // would send them to the wrong ranks (or read past the count arrays).
+  int commN = 0, commMe = 0;
+  ZP_CHECK(zpCommCount(comm, &commN));
+  ZP_CHECK(zpCommUserRank(comm, &commMe));
+  if (commN != n || commMe != me)
+    return zp::fail(zpInvalidArgument,
+                    "zpRemapExecute: the remap was created as rank %d of %d, but this is rank %d of %d: pass the "
+                    "communicator given to zpRemapCreate",
+                    me, n, commMe, commN);
+  // Checked before any size is multiplied out, so that no product wraps around.
+  const int64_t maxTokens = std::max<int64_t>(1, std::max(remap->fromTokens, remap->toTokens));
+  if (elemsPerToken > zp::kMaxCallBytes / ts / (uint64_t)maxTokens)
+    return zp::fail(zpInvalidArgument,
+                    "zpRemapExecute: %lld tokens of %zu elements of %zu bytes are too large (a negative value cast to "
+                    "size_t?)",
+                    (long long)maxTokens, elemsPerToken, ts);
   const size_t tb = elemsPerToken * ts;
   // Forward: my from-buffer (in) to my to-buffer (out); inverse: the reverse.
   const std::vector<std::vector<Run>>& outRuns = inverse ? remap->recvRuns : remap->sendRuns;

@@ -6,10 +6,12 @@
 // values: Hq/H query heads share one) the heads its query heads use, so a
 // head may live on several ranks; going back, their contributions are summed
 // (the key/value gradients of the query heads that shared them).
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "include/zeppelin.h"
 #include "src/core/log.h"
 #include "src/plan/layout.h"
@@ -62,6 +64,11 @@ ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout
   std::vector<int64_t> cu(l.seqLens.size() + 1, 0);  // cu_seqlens: where each sequence starts in the packed batch
   for (size_t s = 0; s < l.seqLens.size(); s++) cu[s + 1] = cu[s] + l.seqLens[s];
   const int64_t total = cu.back();
+  // Every buffer of the call holds at most total x heads x headDim elements;
+  // checked before any size is multiplied out, so that none wraps around.
+  if ((uint64_t)headDim > zp::kMaxCallBytes / ts / (uint64_t)heads / (uint64_t)std::max<int64_t>(total, 1))
+    return zp::fail(zpInvalidArgument, "%s: %lld tokens x %d heads x head dim %d x %zu bytes is too large", fn,
+                    (long long)total, heads, headDim, ts);
   std::vector<HeadRange> hr(G);
   bool replicated = false;
   std::vector<int> holders(heads, 0);

@@ -238,7 +238,8 @@ zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* 
  * for the backward pass). Tokens already on their target rank are copied
  * locally; the rest move as one zpAlltoallv (through the router across
  * nodes). in and out must not overlap. Collective over the communicator,
- * whose size must equal the layouts' rank count. */
+ * whose size must equal the layouts' rank count; zpRemapExecute takes the
+ * same communicator as zpRemapCreate, and inverse is 0 or 1. */
 typedef struct zpRemap* zpRemap_t;
 zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm);
 zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken, zpDataType_t datatype,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "include/zeppelin.h"
 #include "src/plan/layout.h"
@@ -120,6 +121,67 @@ TEST(Layout, ValidationNamesTheFirstProblem) {
   EXPECT_FALSE(validateLayout(empty, &why));
 }
 
+// Each kind of bad layout through the C API: zpInvalidArgument, no layout,
+// and a message that names the rank, segment, sequence or tokens.
+TEST(Layout, CApiNamesEachKindOfError) {
+  struct Case {
+    const char* what;
+    std::vector<int64_t> lens;
+    std::vector<size_t> offs;
+    std::vector<zpSegment_t> segs;
+    const char* message;
+  };
+  const int64_t huge = int64_t(1) << 47;
+  const std::vector<Case> cases = {
+      {"gap", {10}, {0, 1, 2}, {{0, 0, 4}, {0, 5, 5}}, "sequence 0: tokens [4, 5) are on no rank"},
+      {"missing tail", {10}, {0, 1, 2}, {{0, 0, 4}, {0, 4, 5}}, "sequence 0: tokens [9, 10) are on no rank"},
+      {"overlap", {10}, {0, 1, 2}, {{0, 0, 6}, {0, 5, 5}}, "token 5 is on two ranks"},
+      {"out of range", {10}, {0, 1, 2}, {{0, 0, 5}, {0, 5, 6}}, "rank 1, segment 0: tokens [5, 11) of sequence 0"},
+      {"negative start", {10}, {0, 2, 2}, {{0, -1, 1}, {0, 0, 10}}, "rank 0, segment 0: tokens [-1, 0)"},
+      {"zero count", {10}, {0, 1, 3}, {{0, 0, 10}, {0, 3, 3}, {0, 4, 0}}, "rank 1, segment 1: token count 0"},
+      {"negative count", {10}, {0, 1, 2}, {{0, 0, 10}, {0, 4, -2}}, "rank 1, segment 0: token count -2"},
+      {"bad sequence id", {10}, {0, 1, 2}, {{0, 0, 10}, {3, 0, 1}}, "rank 1, segment 0: sequence 3 is not one of"},
+      {"negative sequence id", {10}, {0, 1, 2}, {{-1, 0, 10}, {0, 0, 10}}, "rank 0, segment 0: sequence -1"},
+      {"negative length", {10, -3}, {0, 1, 1}, {{0, 0, 10}}, "sequence 1 has a negative length"},
+      {"offsets not from 0", {10}, {1, 1, 1}, {{0, 0, 10}}, "rankSegOffsets[0]"},
+      {"offsets decreasing", {10}, {0, 1, 0}, {{0, 0, 10}}, "rankSegOffsets[2]"},
+      {"too many tokens", {huge, huge, huge}, {0, 3, 3}, {{0, 0, huge}, {1, 0, huge}, {2, 0, huge}}, "2^48"},
+  };
+  for (const Case& c : cases) {
+    zpLayout_t l = (zpLayout_t)&c;  // must be cleared on failure
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpLayoutCreate(&l, (int)c.lens.size(), c.lens.data(), 2, c.offs.data(), c.segs.data()));
+    EXPECT_EQ(l, nullptr) << c.what;
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find(c.message), std::string::npos)
+        << c.what << ": " << zpGetLastError(nullptr);
+  }
+  zpLayout_t l = nullptr;
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpLayoutCreate(&l, 1, nullptr, 2, nullptr, nullptr));
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpLayoutCreate(&l, -1, nullptr, 2, nullptr, nullptr));
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpLayoutCreate(nullptr, 0, nullptr, 1, nullptr, nullptr));
+  // The same layouts are fine once corrected, and an empty batch is a layout.
+  int64_t lens[] = {10};
+  size_t offs[] = {0, 1, 2};
+  zpSegment_t segs[] = {{0, 0, 4}, {0, 4, 6}};
+  ZP_ASSERT_OK(zpLayoutCreate(&l, 1, lens, 2, offs, segs));
+  const zpSegment_t* got = nullptr;
+  size_t n = 0;
+  ZP_ASSERT_OK(zpLayoutRankSegments(l, 1, &got, &n));
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(got[0].seq, 0);
+  EXPECT_EQ(got[0].start, 4);
+  EXPECT_EQ(got[0].count, 6);
+  int64_t tokens = -1;
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpLayoutRankTokens(l, 2, &tokens));
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpLayoutRankSegments(l, -1, &got, &n));
+  ZP_EXPECT_OK(zpLayoutDestroy(l));
+  size_t none[] = {0, 0, 0};
+  ZP_ASSERT_OK(zpLayoutCreate(&l, 0, nullptr, 2, none, nullptr));
+  ZP_EXPECT_OK(zpLayoutRankTokens(l, 1, &tokens));
+  EXPECT_EQ(tokens, 0);
+  ZP_EXPECT_OK(zpLayoutDestroy(l));
+}
+
 TEST(Layout, LayoutsAndPlanLayoutsThroughTheCApi) {
   int64_t lens[] = {10, 5};
   size_t offs[] = {0, 1, 3};
@@ -210,6 +272,33 @@ TEST(Remap, BadArgumentsGetClearErrors) {
     char buf[8];
     ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, 0, zpUint8, 0, comm, nullptr));
     ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, 1, (zpDataType_t)99, 0, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, 1, zpUint8, 7, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, 1, zpUint8, 0, comm, (zpStream_t)buf));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("not supported yet"), std::string::npos);
+    // Sizes whose byte counts would wrap around: a negative count cast to
+    // size_t, and one whose product with the type size is exactly 2^64.
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, (size_t)-1, zpFloat32, 0, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("too large"), std::string::npos) << zpGetLastError(nullptr);
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpRemapExecute(r, buf, buf + 4, (size_t)1 << 62, zpFloat32, 0, comm, nullptr));
+    // A communicator other than the remap's: this rank's own, of one rank.
+    zpUniqueId selfId;
+    ASSERT_EQ(zpGetUniqueId(&selfId), zpSuccess);
+    zpComm_t self = nullptr;
+    ASSERT_EQ(zpCommInitRank(&self, 1, selfId, 0), zpSuccess) << zpGetLastError(nullptr);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, buf, buf + 4, 1, zpUint8, 0, self, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("zpRemapCreate"), std::string::npos) << zpGetLastError(nullptr);
+    zpRemap_t selfRemap = nullptr;
+    ASSERT_EQ(zpRemapCreate(&selfRemap, a, a, self), zpSuccess) << zpGetLastError(nullptr);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(selfRemap, buf, buf + 4, 1, zpUint8, 0, comm, nullptr));
+    // The remap still works after all these, on its own communicator: rank 0
+    // holds tokens 0-1 and rank 1 tokens 2-3 in both layouts, so they stay.
+    char in[2] = {(char)(10 + 2 * rank), (char)(11 + 2 * rank)}, out[2] = {0, 0};
+    ZP_EXPECT_OK(zpRemapExecute(r, in, out, 1, zpUint8, 0, comm, nullptr));
+    EXPECT_EQ(out[0], in[0]);
+    EXPECT_EQ(out[1], in[1]);
+    zpRemapDestroy(selfRemap);
+    zpCommDestroy(self);
     zpRemapDestroy(r);
     zpLayoutDestroy(a);
     zpLayoutDestroy(b);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "include/zeppelin.h"
 #include "tests/harness.h"
@@ -139,6 +140,29 @@ TEST(Ulysses, BadArgumentsGetClearErrors) {
     ZP_EXPECT_ERROR(zpInvalidArgument, zpUlyssesAlltoall(a.data(), b.data(), nullptr, 4, 4, 2, zpFloat32, 0, comm, nullptr));
     // Replicated key/value heads are summed going back: bf16 cannot be.
     ZP_EXPECT_ERROR(zpInvalidArgument, zpUlyssesAlltoall(a.data(), b.data(), l, 4, 1, 2, zpBfloat16, 1, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpUlyssesAlltoall(a.data(), b.data(), l, 4, 4, 2, zpFloat32, 0, comm, (zpStream_t)a.data()));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("not supported yet"), std::string::npos);
+    // Shapes whose byte counts would wrap around size_t: refused before any
+    // buffer is sized (they crashed before).
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpUlyssesAlltoall(a.data(), b.data(), l, 1 << 30, 1 << 30, 1 << 30, zpFloat32, 0, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("too large"), std::string::npos) << zpGetLastError(nullptr);
+    int64_t bigLens[] = {int64_t(1) << 40};
+    zpSegment_t bigSegs[] = {{0, 0, int64_t(1) << 39}, {0, int64_t(1) << 39, int64_t(1) << 39}};
+    zpLayout_t big = nullptr;
+    ASSERT_EQ(zpLayoutCreate(&big, 1, bigLens, 2, offs, bigSegs), zpSuccess) << zpGetLastError(nullptr);
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpUlyssesAlltoall(a.data(), b.data(), big, 1024, 1024, 1024, zpFloat32, 0, comm, nullptr));
+    zpLayoutDestroy(big);
+    // Nothing was sent by the refused calls: the next one works.
+    std::vector<float> in(2 * 2 * 3), out(4 * 1 * 3, NAN);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (float)(100 * rank + i);
+    ASSERT_EQ(zpUlyssesAlltoall(in.data(), out.data(), l, 2, 2, 3, zpFloat32, 0, comm, nullptr), zpSuccess)
+        << zpGetLastError(comm);
+    for (int t = 0; t < 4; t++)  // token t is rank t/2's local token t%2; this rank's head is head `rank`
+      for (int d = 0; d < 3; d++)
+        EXPECT_EQ(out[t * 3 + d], (float)(100 * (t / 2) + ((t % 2) * 2 + rank) * 3 + d)) << t << " " << d;
     zpLayoutDestroy(l);
     zpCommDestroy(comm);
     if (::testing::Test::HasFailure()) _exit(1);

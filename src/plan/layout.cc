@@ -16,9 +16,17 @@ bool validateLayout(const Layout& layout, std::string* why) {
     if (why) *why = m;
     return false;
   };
+  // No buffer could hold more tokens than this (2^48, the bytes one call may
+  // move), and below it sums of lengths and offsets cannot overflow.
+  constexpr int64_t kMaxTokens = int64_t(1) << 48;
   const int64_t N = (int64_t)layout.seqLens.size();
-  for (int64_t i = 0; i < N; i++)
+  int64_t total = 0;
+  for (int64_t i = 0; i < N; i++) {
     if (layout.seqLens[i] < 0) return bad("sequence " + std::to_string(i) + " has a negative length");
+    if (layout.seqLens[i] > kMaxTokens - total)
+      return bad("sequence " + std::to_string(i) + ": the batch has more than 2^48 tokens");
+    total += layout.seqLens[i];
+  }
   struct Piece {
     int64_t start, count;
     int rank;
