@@ -203,6 +203,17 @@ zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                        const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
                        zpComm_t comm);
 zpResult_t zpPlanDestroy(zpBatchPlan_t plan);
+/* A plan whose rings the caller chooses (its own partitioner, or plain ring
+ * attention over all ranks): sequence s runs on the ranks
+ * ringRanks[ringOffsets[s] .. ringOffsets[s+1]) in ring order (one rank:
+ * local), cut into chunks as zpPlanBatch does (causal: zigzag, chunks i and
+ * 2G-1-i on ring rank i). ranksPerNode (0: one node) only sorts rings into
+ * intra- and inter-node ones. The linear layout balances tokens as
+ * zpPlanBatch's does. Checked: lengths >= 1, ranks in range, none twice in a
+ * ring. */
+zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,
+                        int ranksPerNode, const size_t* ringOffsets, const int* ringRanks);
+
 /* Sequence seq's class (0 local, 1 intra-node, 2 inter-node) and its ring of
  * ranks (valid until zpPlanDestroy). */
 zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks,
@@ -315,6 +326,46 @@ zpResult_t zpAttnRefBackward(const zpAttnBlock_t* block, void* user);
 /* Folds a block's partial result (partOut, partLse) into (out, lse). */
 zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int qHeads,
                           int headDim);
+
+/* ---- Ring attention driver ----
+ * Runs attention forward and backward for every sequence of a batch plan,
+ * calling the user's block kernels (above) for every (query chunk, key/value
+ * chunk) pair that is not masked out. Sequences split over a ring of G ranks
+ * pass their key/value chunks round the ring while the kernel works on the
+ * chunk held (G-1 hops; backward also passes the key/value gradients, G
+ * hops); rings across nodes run first, then rings within a node, then local
+ * sequences, one kernel call each (local work also fills the time spent
+ * waiting for a ring's next block). Partial outputs are merged by their
+ * log-sum-exp (zpAttnMergeLse).
+ *
+ * Buffers are host memory in the plan's attention layout of this rank, T
+ * tokens (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):
+ * q, out, dout, dq [T, qHeads, headDim]; k, v, dk, dv [T, kvHeads, headDim];
+ * lse [qHeads, T] (natural log). Every element of out, lse, dq, dk and dv is
+ * written. Collective over the communicator the plan's rings refer to (its
+ * size must equal the plan's rank count); every rank passes the same plan.
+ * The calls use the communicator for their whole length: no other call on it
+ * may run meanwhile. If a kernel fails, the call returns its error on that
+ * rank once the exchange in flight is over; its ring peers then fail with
+ * zpRemoteError after the timeout, or at once if the caller aborts the
+ * communicator (zpCommAbort), as with NCCL. */
+typedef struct {
+  int qHeads;
+  int kvHeads;  /* divides qHeads (grouped-query attention) */
+  int headDim;
+  float scale;  /* softmax scale; 0 means 1/sqrt(headDim) */
+  zpAttnKernel_t forward;  /* e.g. zpAttnRefForward */
+  zpAttnKernel_t backward; /* e.g. zpAttnRefBackward; may be NULL for forward only */
+  void* user;              /* passed to the kernels */
+} zpAttnConfig_t;
+typedef struct zpAttention* zpAttention_t;
+/* Local (no communication); the plan must outlive the driver. */
+zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config, zpComm_t comm);
+zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
+                              float* lse);
+zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v, const float* out,
+                               const float* lse, const float* dout, float* dq, float* dk, float* dv);
+zpResult_t zpAttentionDestroy(zpAttention_t attn);
 
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
