@@ -20,6 +20,25 @@ struct zpBatchPlan {
   zpLayout layouts[2];  // the same as layout objects, for remaps
 };
 
+namespace {
+
+zpBatchPlan* wrap(zp::plan::BatchPlan plan, int nranks) {
+  auto* p = new zpBatchPlan;
+  p->plan = std::move(plan);
+  p->nranks = nranks;
+  const zp::plan::Layout* l[2] = {&p->plan.attention, &p->plan.linear};
+  for (int w = 0; w < 2; ++w) {
+    p->segs[w].resize(nranks);
+    for (int r = 0; r < nranks; ++r)
+      for (const auto& s : l[w]->ranks[r]) p->segs[w][r].push_back({s.seq, s.start, s.count});
+  }
+  return p;
+}
+
+}  // namespace
+
+const zp::plan::BatchPlan& zp::plan::planOf(zpBatchPlan_t plan) { return plan->plan; }
+
 ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
                               zpComm_t /*comm*/) {
@@ -44,21 +63,41 @@ ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seq
   c.tflops = cluster->tflops;
   c.efficiency = cluster->efficiency;
   try {
-    auto* p = new zpBatchPlan;
-    p->plan = zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c);
-    p->nranks = c.ranks();
-    const zp::plan::Layout* l[2] = {&p->plan.attention, &p->plan.linear};
-    for (int w = 0; w < 2; ++w) {
-      p->segs[w].resize(p->nranks);
-      for (int r = 0; r < p->nranks; ++r)
-        for (const auto& s : l[w]->ranks[r]) p->segs[w][r].push_back({s.seq, s.start, s.count});
-    }
-    *plan = p;
+    *plan = wrap(zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c),
+                 c.ranks());
     return zpSuccess;
   } catch (const std::invalid_argument& e) {
     return zp::fail(zpInvalidArgument, "zpPlanBatch: %s", e.what() + (std::string(e.what()).rfind("planBatch: ", 0) == 0 ? 11 : 0));
   } catch (const std::bad_alloc&) {
     return zp::fail(zpSystemError, "zpPlanBatch: out of memory");
+  }
+}
+
+ZP_API zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,
+                               int ranksPerNode, const size_t* ringOffsets, const int* ringRanks) {
+  if (!plan) return zp::fail(zpInvalidArgument, "zpPlanCreate: plan is NULL");
+  *plan = nullptr;
+  if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanCreate: empty batch (nseqs %d)", nseqs);
+  if (!seqLens || !ringOffsets || !ringRanks)
+    return zp::fail(zpInvalidArgument, "zpPlanCreate: seqLens, ringOffsets or ringRanks is NULL");
+  if (nranks < 1 || ranksPerNode < 0)
+    return zp::fail(zpInvalidArgument, "zpPlanCreate: %d ranks, %d per node", nranks, ranksPerNode);
+  std::vector<std::vector<int>> rings(nseqs);
+  for (int s = 0; s < nseqs; ++s) {
+    if (ringOffsets[s + 1] < ringOffsets[s] || ringOffsets[s + 1] - ringOffsets[s] > size_t(nranks))
+      return zp::fail(zpInvalidArgument, "zpPlanCreate: ringOffsets[%d..%d] = %zu..%zu is not a ring of at most %d ranks",
+                      s, s + 1, ringOffsets[s], ringOffsets[s + 1], nranks);
+    rings[s].assign(ringRanks + ringOffsets[s], ringRanks + ringOffsets[s + 1]);
+  }
+  try {
+    *plan = wrap(zp::plan::planFromRings(std::vector<int64_t>(seqLens, seqLens + nseqs), causal != 0, rings, nranks,
+                                         ranksPerNode),
+                 nranks);
+    return zpSuccess;
+  } catch (const std::invalid_argument& e) {
+    return zp::fail(zpInvalidArgument, "zpPlanCreate: %s", e.what());
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "zpPlanCreate: out of memory");
   }
 }
 

@@ -211,22 +211,40 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (bestImb <= 1.02) break;
   }
 
+  return planFromRings(lens, causal, best, n, c.ranksPerNode);
+}
+
+BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
+                        int n, int ranksPerNode) {
+  if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
+  if (n < 1) throw std::invalid_argument("planFromRings: no ranks");
+  if (ranksPerNode < 1) ranksPerNode = n;
   BatchPlan plan;
   plan.causal = causal;
   plan.attention.seqLens = lens;
   plan.attention.ranks.resize(n);
   plan.seqs.resize(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
+    const std::string where = "sequence " + std::to_string(i) + ": ";
+    if (lens[i] < 1) throw std::invalid_argument(where + "length " + std::to_string(lens[i]) + " is below 1");
+    if (rings[i].empty()) throw std::invalid_argument(where + "a ring of no ranks");
+    std::vector<bool> seen(n, false);
+    for (int r : rings[i]) {
+      if (r < 0 || r >= n)
+        throw std::invalid_argument(where + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
+      if (seen[r]) throw std::invalid_argument(where + "rank " + std::to_string(r) + " is twice in its ring");
+      seen[r] = true;
+    }
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
-    p.ranks = best[i];
+    p.ranks = rings[i];
     const int G = static_cast<int>(p.ranks.size());
-    if (G == 1) {
-      p.cls = SeqClass::Local;
-    } else {
-      int node0 = p.ranks.front() / c.ranksPerNode;
-      p.cls = p.ranks.back() / c.ranksPerNode == node0 ? SeqClass::IntraNode : SeqClass::InterNode;
+    p.cls = SeqClass::Local;
+    if (G > 1) {
+      p.cls = SeqClass::IntraNode;
+      for (int r : p.ranks)
+        if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
     }
     const int64_t C = causal && G > 1 ? 2 * G : G;
     auto chunk = [&](int64_t ci, int r) {
@@ -238,7 +256,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
       if (C == 2 * G) chunk(2 * G - 1 - j, p.ranks[j]);
     }
   }
-  plan.linear = linearLayout(plan.attention, n, c.ranksPerNode);
+  plan.linear = linearLayout(plan.attention, n, ranksPerNode);
   return plan;
 }
 

@@ -16,6 +16,13 @@ namespace zp::plan {
 BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const AttnShape& shape,
                     const ClusterModel& cluster);
 
+// The plan for rings the caller chose: sequence i on rings[i] (in ring
+// order), chunked as plan.h says; a ring leaving its first rank's node (of
+// ranksPerNode ranks; < 1: one node) is an inter-node ring. Throws
+// std::invalid_argument naming the first bad sequence.
+BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, const std::vector<std::vector<int>>& rings,
+                        int nranks, int ranksPerNode);
+
 // Modelled attention seconds of every rank under a plan (exposed
 // communication included, see cost_model.h).
 std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,

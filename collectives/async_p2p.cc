@@ -1,0 +1,71 @@
+#include "collectives/async_p2p.h"
+
+#include "src/core/log.h"
+
+namespace zp {
+
+AsyncP2P::AsyncP2P(zpComm_t comm) : comm_(comm) { worker_ = std::thread([this] { loop(); }); }
+
+AsyncP2P::~AsyncP2P() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !pending_; });
+    stop_ = true;
+    cv_.notify_all();
+  }
+  worker_.join();
+}
+
+void AsyncP2P::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return pending_ || stop_; });
+    if (stop_) return;
+    std::vector<P2POp> ops = ops_;
+    lock.unlock();
+    zpGroupStart();
+    for (const P2POp& op : ops) {
+      if (op.send)
+        zpSend(op.buf, op.bytes, zpUint8, op.peer, comm_, nullptr);
+      else
+        zpRecv(op.buf, op.bytes, zpUint8, op.peer, comm_, nullptr);
+    }
+    zpResult_t r = zpGroupEnd();
+    std::string why = r == zpSuccess ? "" : zpGetLastError(comm_);
+    lock.lock();
+    result_ = r;
+    error_ = why;
+    pending_ = false;
+    cv_.notify_all();
+  }
+}
+
+zpResult_t AsyncP2P::start(std::vector<P2POp> ops, const char* fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return fail(zpInvalidUsage, "%s: the previous exchange was not waited for", fn);
+  ops_ = std::move(ops);
+  pending_ = started_ = true;
+  cv_.notify_all();
+  return zpSuccess;
+}
+
+bool AsyncP2P::started() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+bool AsyncP2P::finished() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_ && !pending_;
+}
+
+zpResult_t AsyncP2P::wait(const char* fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) return fail(zpInvalidUsage, "%s: no exchange was started", fn);
+  cv_.wait(lock, [&] { return !pending_; });
+  started_ = false;
+  if (result_ != zpSuccess) return fail(result_, "%s: %s", fn, error_.c_str());
+  return zpSuccess;
+}
+
+}  // namespace zp

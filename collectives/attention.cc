@@ -1,0 +1,535 @@
+// The ring-attention driver (include/zeppelin.h, "Ring attention driver").
+//
+// Sequences that share a ring (the same ranks in the same order) form a
+// group and travel together: one exchange per step carries all their
+// key/value chunks. A rank runs its groups in one order that every rank
+// derives from the plan (inter-node rings, then intra-node rings, each by
+// first sequence), so the exchanges of two ranks that share several rings
+// always meet; local sequences fill the time spent waiting for a ring's next
+// block, and whatever is left runs at the end.
+//
+// Forward, step t of a ring of G ranks (this rank at position i): the rank
+// holds block b_t of ring position (i - t) mod G (its own at t = 0), computes
+// its query chunks against it while exchange X_t forwards b_t to the next
+// rank and brings b_{t+1} from the previous one; G steps, G-1 exchanges.
+// Backward adds the key/value gradients: during step t the rank computes
+// block b_t's gradient share into a zeroed buffer while X_t also carries the
+// finished gradient of b_{t-1} forward and brings the previous rank's
+// partial gradient of b_t, which is added once X_t is over; after the last
+// step one more exchange brings every rank its own block's full gradient
+// (G hops, so the gradients never wait for a kernel).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "collectives/async_p2p.h"
+#include "include/zeppelin.h"
+#include "src/core/log.h"
+#include "src/plan/layout.h"
+#include "src/plan/plan.h"
+
+#define ZP_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using zp::plan::BatchPlan;
+using zp::plan::SeqClass;
+
+// One chunk of a sequence, held by one ring position.
+struct Chunk {
+  int64_t seq = 0;
+  int index = 0;          // chunk number within the sequence (zigzag order decides the mask)
+  int64_t count = 0;      // tokens
+  int64_t blockOff = 0;   // token offset in its ring position's block
+  int64_t userOff = -1;   // token offset in this rank's buffers, if this rank holds it
+};
+
+// Sequences that share one ring.
+struct Group {
+  std::vector<int> ranks;
+  int pos = 0;                             // this rank's position
+  std::vector<std::vector<Chunk>> blocks;  // blocks[j]: the chunks of ring position j, by sequence
+  std::vector<int64_t> tokens;             // tokens of each block
+  int G() const { return (int)ranks.size(); }
+};
+
+struct LocalSeq {
+  int64_t userOff = 0, len = 0;
+};
+
+}  // namespace
+
+struct zpAttention {
+  zpComm_t comm = nullptr;
+  bool causal = false;
+  int H = 0, Hk = 0, D = 0;
+  float scale = 1;
+  zpAttnKernel_t fwd = nullptr, bwd = nullptr;
+  void* user = nullptr;
+  int64_t T = 0;                  // this rank's tokens
+  std::vector<Group> groups;      // the rings this rank is in, in run order
+  std::vector<LocalSeq> locals;   // this rank's local sequences
+  std::unique_ptr<zp::AsyncP2P> xchg;
+
+  size_t qRow() const { return (size_t)H * D; }
+  size_t kvRow() const { return (size_t)Hk * D; }
+};
+
+namespace {
+
+// Which part of a causal (query chunk, key/value chunk) pair is visible:
+// zigzag chunk numbers follow token order, so earlier chunks are whole.
+zpAttnMask_t maskOf(bool causal, const Chunk& q, const Chunk& k) {
+  if (!causal || k.index < q.index) return zpMaskFull;
+  return k.index == q.index ? zpMaskCausal : zpMaskSkip;
+}
+
+// Calls f(qChunk, kvChunk) for every pair of the same sequence (both lists
+// are sorted by sequence).
+template <class F>
+zpResult_t forPairs(const std::vector<Chunk>& qs, const std::vector<Chunk>& ks, F f) {
+  size_t kb = 0;
+  for (const Chunk& q : qs) {
+    while (kb < ks.size() && ks[kb].seq < q.seq) kb++;
+    for (size_t k = kb; k < ks.size() && ks[k].seq == q.seq; k++) ZP_CHECK(f(q, ks[k]));
+  }
+  return zpSuccess;
+}
+
+// One forward or backward call: the user's buffers, the queue of local
+// sequences left, and the per-group buffers.
+class Pass {
+ public:
+  Pass(zpAttention* a, bool backward) : a_(a), backward_(backward) {
+    for (const LocalSeq& l : a->locals) localsLeft_.push_back(l);
+  }
+
+  // Forward buffers.
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  float *out = nullptr, *lse = nullptr;
+  // Backward buffers (q, k, v as above; out and lse are inputs).
+  const float *outIn = nullptr, *lseIn = nullptr, *dout = nullptr;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;
+
+  zpResult_t run(const char* fn) {
+    fn_ = fn;
+    prepare();
+    zpResult_t r = backward_ ? runBackward() : runForward();
+    if (r != zpSuccess) {
+      // The exchange in flight reads and writes our buffers: it must end first.
+      if (a_->xchg->started()) a_->xchg->wait(fn);
+      return r;
+    }
+    while (!localsLeft_.empty()) ZP_CHECK(runLocal());
+    if (!backward_) finishLse();
+    return zpSuccess;
+  }
+
+ private:
+  zpAttention* a_;
+  bool backward_;
+  const char* fn_ = "";
+  std::deque<LocalSeq> localsLeft_;
+  std::vector<std::vector<float>> own_;  // per group: this rank's packed key/value block
+  std::vector<float> lseAcc_;            // per group, forward: merged lse of my chunks, [H, count] each
+  std::vector<size_t> lseAt_;            // where each group's part of lseAcc_ starts
+  std::vector<float> partOut_, partLse_;
+
+  size_t kvFloats(const Group& g, int j) const { return 2 * (size_t)g.tokens[j] * a_->kvRow(); }
+
+  // Packs my key/value chunks (keys, then values) and sets the outputs to the
+  // empty merge (out 0, lse -inf) or the gradients to 0.
+  void prepare() {
+    const size_t kr = a_->kvRow(), qr = a_->qRow();
+    own_.resize(a_->groups.size());
+    lseAt_.assign(a_->groups.size() + 1, 0);
+    for (size_t gi = 0; gi < a_->groups.size(); gi++) {
+      const Group& g = a_->groups[gi];
+      const int64_t n = g.tokens[g.pos];
+      own_[gi].resize(kvFloats(g, g.pos));
+      for (const Chunk& c : g.blocks[g.pos]) {
+        memcpy(&own_[gi][c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
+        memcpy(&own_[gi][(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
+      }
+      lseAt_[gi + 1] = lseAt_[gi] + (size_t)n * a_->H;
+    }
+    if (!backward_) {
+      std::fill(out, out + a_->T * qr, 0.0f);
+      lseAcc_.assign(lseAt_.back(), -INFINITY);
+    } else {
+      std::fill(dq, dq + a_->T * qr, 0.0f);
+      std::fill(dk, dk + a_->T * kr, 0.0f);
+      std::fill(dv, dv + a_->T * kr, 0.0f);
+      // The kernels take a chunk's lse as [H, count]: gather mine from [H, T].
+      lseAcc_.resize(lseAt_.back());
+      for (size_t gi = 0; gi < a_->groups.size(); gi++)
+        for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos])
+          for (int h = 0; h < a_->H; h++)
+            memcpy(&lseAcc_[lseAt_[gi] + c.blockOff * a_->H + h * c.count], lseIn + h * a_->T + c.userOff,
+                   c.count * sizeof(float));
+    }
+  }
+
+  void finishLse() {
+    for (size_t gi = 0; gi < a_->groups.size(); gi++)
+      for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos])
+        for (int h = 0; h < a_->H; h++)
+          memcpy(lse + h * a_->T + c.userOff, &lseAcc_[lseAt_[gi] + c.blockOff * a_->H + h * c.count],
+                 c.count * sizeof(float));
+  }
+
+  zpAttnBlock_t blockFor(int64_t sq, int64_t sk, zpAttnMask_t mask) const {
+    zpAttnBlock_t b;
+    memset(&b, 0, sizeof(b));
+    b.sq = sq;
+    b.sk = sk;
+    b.qHeads = a_->H;
+    b.kvHeads = a_->Hk;
+    b.headDim = a_->D;
+    b.scale = a_->scale;
+    b.mask = mask;
+    return b;
+  }
+
+  zpResult_t callKernel(const zpAttnBlock_t& b) {
+    zpAttnKernel_t kern = backward_ ? a_->bwd : a_->fwd;
+    zpResult_t r = kern(&b, a_->user);
+    if (r != zpSuccess)
+      return zp::fail(r, "%s: the %s block kernel failed (%s) on a block of %lld x %lld tokens", fn_,
+                      backward_ ? "backward" : "forward", zpGetLastError(nullptr), (long long)b.sq, (long long)b.sk);
+    return zpSuccess;
+  }
+
+  // A local sequence: one kernel call over the whole of it.
+  zpResult_t runLocal() {
+    LocalSeq l = localsLeft_.front();
+    localsLeft_.pop_front();
+    const int H = a_->H;
+    zpAttnBlock_t b = blockFor(l.len, l.len, a_->causal ? zpMaskCausal : zpMaskFull);
+    b.q = q + l.userOff * a_->qRow();
+    b.k = k + l.userOff * a_->kvRow();
+    b.v = v + l.userOff * a_->kvRow();
+    partLse_.resize((size_t)H * l.len);
+    b.lse = partLse_.data();
+    if (!backward_) {
+      b.out = out + l.userOff * a_->qRow();
+      ZP_CHECK(callKernel(b));
+      for (int h = 0; h < H; h++) memcpy(lse + h * a_->T + l.userOff, &partLse_[h * l.len], l.len * sizeof(float));
+      return zpSuccess;
+    }
+    for (int h = 0; h < H; h++) memcpy(&partLse_[h * l.len], lseIn + h * a_->T + l.userOff, l.len * sizeof(float));
+    b.out = const_cast<float*>(outIn) + l.userOff * a_->qRow();
+    b.dout = dout + l.userOff * a_->qRow();
+    b.dq = dq + l.userOff * a_->qRow();
+    b.dk = dk + l.userOff * a_->kvRow();
+    b.dv = dv + l.userOff * a_->kvRow();
+    return callKernel(b);
+  }
+
+  // Waits for the exchange in flight, running local sequences meanwhile.
+  zpResult_t waitFilling() {
+    while (!localsLeft_.empty() && !a_->xchg->finished()) ZP_CHECK(runLocal());
+    return a_->xchg->wait(fn_);
+  }
+
+  // Forward step: my query chunks of group g against block buf of position j.
+  zpResult_t forwardStep(size_t gi, int j, const float* buf) {
+    const Group& g = a_->groups[gi];
+    const size_t kr = a_->kvRow(), qr = a_->qRow();
+    const int64_t nk = g.tokens[j];
+    return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
+      zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
+      if (mask == zpMaskSkip) return zpSuccess;
+      zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
+      partOut_.resize(cq.count * qr);
+      partLse_.resize(cq.count * a_->H);
+      b.q = q + cq.userOff * qr;
+      b.k = buf + ck.blockOff * kr;
+      b.v = buf + (nk + ck.blockOff) * kr;
+      b.out = partOut_.data();
+      b.lse = partLse_.data();
+      ZP_CHECK(callKernel(b));
+      return zpAttnMergeLse(out + cq.userOff * qr, &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H], partOut_.data(),
+                            partLse_.data(), cq.count, a_->H, a_->D);
+    });
+  }
+
+  // Backward step: adds into dq and into grad (block j's key/value gradient).
+  zpResult_t backwardStep(size_t gi, int j, const float* buf, float* grad) {
+    const Group& g = a_->groups[gi];
+    const size_t kr = a_->kvRow(), qr = a_->qRow();
+    const int64_t nk = g.tokens[j];
+    return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
+      zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
+      if (mask == zpMaskSkip) return zpSuccess;
+      zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
+      b.q = q + cq.userOff * qr;
+      b.k = buf + ck.blockOff * kr;
+      b.v = buf + (nk + ck.blockOff) * kr;
+      b.out = const_cast<float*>(outIn) + cq.userOff * qr;
+      b.lse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
+      b.dout = dout + cq.userOff * qr;
+      b.dq = dq + cq.userOff * qr;
+      b.dk = grad + ck.blockOff * kr;
+      b.dv = grad + (nk + ck.blockOff) * kr;
+      return callKernel(b);
+    });
+  }
+
+  static int posMod(int a, int G) { return ((a % G) + G) % G; }
+  int prevOf(const Group& g) const { return g.ranks[posMod(g.pos - 1, g.G())]; }
+  int nextOf(const Group& g) const { return g.ranks[posMod(g.pos + 1, g.G())]; }
+
+  zpResult_t runForward() {
+    const size_t n = a_->groups.size();
+    std::vector<std::vector<float>> recv[2];
+    recv[0].resize(n);
+    recv[1].resize(n);
+    // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
+    auto startX = [&](size_t gi, int t, float* src) {
+      const Group& g = a_->groups[gi];
+      const int jn = posMod(g.pos - t - 1, g.G());
+      std::vector<float>& dst = recv[(t + 1) % 2][gi];
+      dst.resize(kvFloats(g, jn));
+      return a_->xchg->start({{true, src, kvFloats(g, posMod(g.pos - t, g.G())) * sizeof(float), nextOf(g)},
+                              {false, dst.data(), dst.size() * sizeof(float), prevOf(g)}},
+                             fn_);
+    };
+    if (n) ZP_CHECK(startX(0, 0, own_[0].data()));
+    for (size_t gi = 0; gi < n; gi++) {
+      const Group& g = a_->groups[gi];
+      const int G = g.G();
+      for (int t = 0; t < G; t++) {
+        float* held = t == 0 ? own_[gi].data() : recv[t % 2][gi].data();
+        ZP_CHECK(forwardStep(gi, posMod(g.pos - t, G), held));
+        if (t == G - 1) break;
+        ZP_CHECK(waitFilling());
+        if (t + 1 < G - 1)
+          ZP_CHECK(startX(gi, t + 1, recv[(t + 1) % 2][gi].data()));
+        else if (gi + 1 < n)  // the last step needs no exchange: start the next ring's first one
+          ZP_CHECK(startX(gi + 1, 0, own_[gi + 1].data()));
+      }
+      recv[0][gi] = std::vector<float>();
+      recv[1][gi] = std::vector<float>();
+    }
+    return zpSuccess;
+  }
+
+  zpResult_t runBackward() {
+    const size_t kr = a_->kvRow();
+    for (size_t gi = 0; gi < a_->groups.size(); gi++) {
+      const Group& g = a_->groups[gi];
+      const int G = g.G(), next = nextOf(g), prev = prevOf(g);
+      std::vector<float> kv[2], grad[2], part;
+      auto block = [&](int t) { return posMod(g.pos - t, G); };
+      // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
+      // and the previous rank's partial gradient of b_t. t = G: the last
+      // gradient hop only.
+      auto startX = [&](int t) {
+        std::vector<zp::P2POp> ops;
+        if (t < G - 1) {
+          const float* held = t == 0 ? own_[gi].data() : kv[t % 2].data();
+          ops.push_back({true, const_cast<float*>(held), kvFloats(g, block(t)) * sizeof(float), next});
+        }
+        if (t >= 1) ops.push_back({true, grad[(t - 1) % 2].data(), grad[(t - 1) % 2].size() * sizeof(float), next});
+        if (t < G - 1) {
+          kv[(t + 1) % 2].resize(kvFloats(g, block(t + 1)));
+          ops.push_back({false, kv[(t + 1) % 2].data(), kv[(t + 1) % 2].size() * sizeof(float), prev});
+        }
+        if (t >= 1) {
+          part.resize(kvFloats(g, block(t)));
+          ops.push_back({false, part.data(), part.size() * sizeof(float), prev});
+        }
+        return a_->xchg->start(std::move(ops), fn_);
+      };
+      ZP_CHECK(startX(0));
+      for (int t = 0; t < G; t++) {
+        std::vector<float>& acc = grad[t % 2];
+        acc.assign(kvFloats(g, block(t)), 0.0f);
+        ZP_CHECK(backwardStep(gi, block(t), t == 0 ? own_[gi].data() : kv[t % 2].data(), acc.data()));
+        ZP_CHECK(waitFilling());
+        if (t >= 1)
+          for (size_t e = 0; e < acc.size(); e++) acc[e] += part[e];
+        ZP_CHECK(startX(t + 1));
+      }
+      ZP_CHECK(waitFilling());
+      // part now holds my own block's whole gradient: keys, then values.
+      const int64_t nMine = g.tokens[g.pos];
+      for (const Chunk& c : g.blocks[g.pos]) {
+        memcpy(dk + c.userOff * kr, &part[c.blockOff * kr], c.count * kr * sizeof(float));
+        memcpy(dv + c.userOff * kr, &part[(nMine + c.blockOff) * kr], c.count * kr * sizeof(float));
+      }
+    }
+    return zpSuccess;
+  }
+};
+
+// Builds this rank's groups and local sequences from the plan.
+zpResult_t buildSchedule(zpAttention* a, const BatchPlan& plan, int me) {
+  // Where each of my segments starts in my buffers.
+  std::map<std::pair<int64_t, int64_t>, int64_t> at;
+  int64_t off = 0;
+  for (const auto& s : plan.attention.ranks[me]) {
+    at[{s.seq, s.start}] = off;
+    off += s.count;
+  }
+  a->T = off;
+  std::map<std::vector<int>, size_t> groupOf;
+  std::vector<Group> all;
+  std::vector<std::pair<int, int64_t>> order;  // (class, first sequence) of each group
+  for (const auto& p : plan.seqs) {
+    const int G = (int)p.ranks.size();
+    if (G == 1) {
+      if (p.ranks[0] == me) a->locals.push_back({at.at({p.seq, 0}), p.len});
+      continue;
+    }
+    auto it = groupOf.find(p.ranks);
+    if (it == groupOf.end()) {
+      it = groupOf.emplace(p.ranks, all.size()).first;
+      Group g;
+      g.ranks = p.ranks;
+      g.blocks.resize(G);
+      g.tokens.assign(G, 0);
+      all.push_back(std::move(g));
+      order.push_back({(int)p.cls, p.seq});
+    }
+    Group& g = all[it->second];
+    const int64_t C = plan.causal ? 2 * G : G;
+    for (int j = 0; j < G; j++)
+      for (int64_t c : plan.causal ? std::vector<int64_t>{j, 2 * G - 1 - j} : std::vector<int64_t>{j}) {
+        Chunk ch;
+        ch.seq = p.seq;
+        ch.index = (int)c;
+        int64_t b = c * p.len / C, e = (c + 1) * p.len / C;
+        ch.count = e - b;
+        if (ch.count == 0) continue;
+        ch.blockOff = g.tokens[j];
+        g.tokens[j] += ch.count;
+        if (g.ranks[j] == me) {
+          auto f = at.find({p.seq, b});
+          if (f == at.end())
+            return zp::fail(zpInternalError, "attention driver: chunk %lld of sequence %lld is not in the layout",
+                            (long long)c, (long long)p.seq);
+          ch.userOff = f->second;
+        }
+        g.blocks[j].push_back(ch);
+      }
+  }
+  // Inter-node rings first, then intra-node ones; every rank sorts alike.
+  std::vector<size_t> idx(all.size());
+  for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
+    if (order[x].first != order[y].first) return order[x].first > order[y].first;
+    return order[x].second < order[y].second;
+  });
+  for (size_t i : idx) {
+    Group& g = all[i];
+    auto p = std::find(g.ranks.begin(), g.ranks.end(), me);
+    if (p == g.ranks.end()) continue;
+    g.pos = (int)(p - g.ranks.begin());
+    a->groups.push_back(std::move(g));
+  }
+  return zpSuccess;
+}
+
+}  // namespace
+
+ZP_API zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config,
+                                    zpComm_t comm) {
+  if (!attn || !plan || !config)
+    return zp::fail(zpInvalidArgument, "zpAttentionCreate: attn, plan or config is NULL");
+  *attn = nullptr;
+  int n = 0, me = 0;
+  ZP_CHECK(zpCommCount(comm, &n));
+  ZP_CHECK(zpCommUserRank(comm, &me));
+  const BatchPlan& p = zp::plan::planOf(plan);
+  if ((int)p.attention.ranks.size() != n)
+    return zp::fail(zpInvalidArgument, "zpAttentionCreate: the plan is for %zu ranks, the communicator has %d",
+                    p.attention.ranks.size(), n);
+  const zpAttnConfig_t& c = *config;
+  if (c.qHeads < 1 || c.kvHeads < 1 || c.headDim < 1 || c.qHeads % c.kvHeads)
+    return zp::fail(zpInvalidArgument,
+                    "zpAttentionCreate: %d query heads, %d key/value heads, head dim %d (key/value heads must "
+                    "divide query heads)",
+                    c.qHeads, c.kvHeads, c.headDim);
+  if (!c.forward) return zp::fail(zpInvalidArgument, "zpAttentionCreate: no forward kernel");
+  if (!(c.scale >= 0) || std::isinf(c.scale))
+    return zp::fail(zpInvalidArgument, "zpAttentionCreate: softmax scale %g", (double)c.scale);
+  try {
+    auto a = std::make_unique<zpAttention>();
+    a->comm = comm;
+    a->causal = p.causal;
+    a->H = c.qHeads;
+    a->Hk = c.kvHeads;
+    a->D = c.headDim;
+    a->scale = c.scale == 0 ? 1.0f / std::sqrt((float)c.headDim) : c.scale;
+    a->fwd = c.forward;
+    a->bwd = c.backward;
+    a->user = c.user;
+    ZP_CHECK(buildSchedule(a.get(), p, me));
+    a->xchg = std::make_unique<zp::AsyncP2P>(comm);
+    *attn = a.release();
+    return zpSuccess;
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "zpAttentionCreate: out of memory");
+  }
+}
+
+ZP_API zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
+                                     float* lse) {
+  const char* fn = "zpAttentionForward";
+  if (!attn) return zp::fail(zpInvalidArgument, "%s: attn is NULL", fn);
+  if (attn->T > 0 && (!q || !k || !v || !out || !lse))
+    return zp::fail(zpInvalidArgument, "%s: a NULL buffer among q, k, v, out, lse (this rank holds %lld tokens)", fn,
+                    (long long)attn->T);
+  try {
+    Pass pass(attn, false);
+    pass.q = q;
+    pass.k = k;
+    pass.v = v;
+    pass.out = out;
+    pass.lse = lse;
+    return pass.run(fn);
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "%s: out of memory", fn);
+  }
+}
+
+ZP_API zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v,
+                                      const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                                      float* dv) {
+  const char* fn = "zpAttentionBackward";
+  if (!attn) return zp::fail(zpInvalidArgument, "%s: attn is NULL", fn);
+  if (!attn->bwd) return zp::fail(zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);
+  if (attn->T > 0 && (!q || !k || !v || !out || !lse || !dout || !dq || !dk || !dv))
+    return zp::fail(zpInvalidArgument,
+                    "%s: a NULL buffer among q, k, v, out, lse, dout, dq, dk, dv (this rank holds %lld tokens)", fn,
+                    (long long)attn->T);
+  try {
+    Pass pass(attn, true);
+    pass.q = q;
+    pass.k = k;
+    pass.v = v;
+    pass.outIn = out;
+    pass.lseIn = lse;
+    pass.dout = dout;
+    pass.dq = dq;
+    pass.dk = dk;
+    pass.dv = dv;
+    return pass.run(fn);
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "%s: out of memory", fn);
+  }
+}
+
+ZP_API zpResult_t zpAttentionDestroy(zpAttention_t attn) {
+  if (!attn) return zp::fail(zpInvalidArgument, "zpAttentionDestroy: attn is NULL");
+  delete attn;
+  return zpSuccess;
+}
