@@ -68,4 +68,10 @@ zpResult_t AsyncP2P::wait(const char* fn) {
   return zpSuccess;
 }
 
+void AsyncP2P::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !pending_; });
+  started_ = false;
+}
+
 }  // namespace zp

@@ -33,6 +33,9 @@ class AsyncP2P {
   bool started();    // started and not yet waited for
   bool finished();   // the group started has finished (wait returns at once)
   zpResult_t wait(const char* fn);
+  // Waits for the group in flight, if any, leaving the thread's last error
+  // alone (on an error path whose own error matters more).
+  void drain();
 
  private:
   void loop();

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -120,12 +121,7 @@ class Pass {
   zpResult_t run(const char* fn) {
     fn_ = fn;
     prepare();
-    zpResult_t r = backward_ ? runBackward() : runForward();
-    if (r != zpSuccess) {
-      // The exchange in flight reads and writes our buffers: it must end first.
-      if (a_->xchg->started()) a_->xchg->wait(fn);
-      return r;
-    }
+    ZP_CHECK(backward_ ? runBackward() : runForward());
     while (!localsLeft_.empty()) ZP_CHECK(runLocal());
     if (!backward_) finishLse();
     return zpSuccess;
@@ -199,10 +195,13 @@ class Pass {
 
   zpResult_t callKernel(const zpAttnBlock_t& b) {
     zpAttnKernel_t kern = backward_ ? a_->bwd : a_->fwd;
+    zp::clearLastError();
     zpResult_t r = kern(&b, a_->user);
-    if (r != zpSuccess)
-      return zp::fail(r, "%s: the %s block kernel failed (%s) on a block of %lld x %lld tokens", fn_,
-                      backward_ ? "backward" : "forward", zpGetLastError(nullptr), (long long)b.sq, (long long)b.sk);
+    if (r != zpSuccess) {
+      const std::string why = *zpGetLastError(nullptr) ? zpGetLastError(nullptr) : zpGetErrorString(r);
+      return zp::fail(r, "%s: the %s block kernel failed on a block of %lld x %lld tokens: %s", fn_,
+                      backward_ ? "backward" : "forward", (long long)b.sq, (long long)b.sk, why.c_str());
+    }
     return zpSuccess;
   }
 
@@ -282,6 +281,13 @@ class Pass {
     });
   }
 
+  // Declared after the buffers an exchange uses, so that on an early return
+  // the exchange in flight ends before they are freed.
+  struct DrainOnExit {
+    zp::AsyncP2P* x;
+    ~DrainOnExit() { x->drain(); }
+  };
+
   static int posMod(int a, int G) { return ((a % G) + G) % G; }
   int prevOf(const Group& g) const { return g.ranks[posMod(g.pos - 1, g.G())]; }
   int nextOf(const Group& g) const { return g.ranks[posMod(g.pos + 1, g.G())]; }
@@ -291,6 +297,7 @@ class Pass {
     std::vector<std::vector<float>> recv[2];
     recv[0].resize(n);
     recv[1].resize(n);
+    DrainOnExit drain{a_->xchg.get()};
     // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
     auto startX = [&](size_t gi, int t, float* src) {
       const Group& g = a_->groups[gi];
@@ -327,6 +334,7 @@ class Pass {
       const Group& g = a_->groups[gi];
       const int G = g.G(), next = nextOf(g), prev = prevOf(g);
       std::vector<float> kv[2], grad[2], part;
+      DrainOnExit drain{a_->xchg.get()};
       auto block = [&](int t) { return posMod(g.pos - t, G); };
       // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
       // and the previous rank's partial gradient of b_t. t = G: the last

@@ -45,3 +45,119 @@ TEST_P(AttentionRanks, MatchesTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(Ranks, AttentionRanks, ::testing::Values(2, 3, 4, 8));
 
 }  // namespace
+
+namespace {
+
+// A kernel that fails on its third call on rank 0.
+struct FailingKernel {
+  int rank = 0, calls = 0;
+};
+zpResult_t failingForward(const zpAttnBlock_t* b, void* user) {
+  auto* f = (FailingKernel*)user;
+  if (f->rank == 0 && ++f->calls == 3) return zpInvalidUsage;
+  return zpAttnRefForward(b, nullptr);
+}
+
+TEST(Attention, BadArgumentsAndPlansGetClearErrors) {
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int64_t lens[] = {10, 3};
+    size_t offs[] = {0, 2, 3};
+    int ranks[] = {0, 1, 1};
+    zpBatchPlan_t plan = nullptr;
+    ZP_ASSERT_OK(zpPlanCreate(&plan, 2, lens, 1, 2, 0, offs, ranks));
+    int cls = -1, g = 0;
+    const int* rr = nullptr;
+    ZP_EXPECT_OK(zpPlanSequence(plan, 0, &cls, &g, &rr));
+    EXPECT_EQ(cls, 1);
+    EXPECT_EQ(g, 2);
+    ZP_EXPECT_OK(zpPlanSequence(plan, 1, &cls, &g, &rr));
+    EXPECT_EQ(cls, 0);
+    // Bad plans: a rank twice, out of range, a zero length, broken offsets.
+    zpBatchPlan_t bad = nullptr;
+    int twice[] = {1, 1, 0};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanCreate(&bad, 2, lens, 1, 2, 0, offs, twice));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("twice"), std::string::npos) << zpGetLastError(nullptr);
+    int outside[] = {0, 2, 1};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanCreate(&bad, 2, lens, 1, 2, 0, offs, outside));
+    int64_t zero[] = {10, 0};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanCreate(&bad, 2, zero, 1, 2, 0, offs, ranks));
+    size_t backwards[] = {0, 2, 1};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanCreate(&bad, 2, lens, 1, 2, 0, backwards, ranks));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanCreate(&bad, 2, lens, 1, 2, 0, nullptr, ranks));
+    EXPECT_EQ(bad, nullptr);
+    // A plan for 3 ranks on a 2-rank communicator; bad heads, no kernel.
+    zpBatchPlan_t three = nullptr;
+    int ranks3[] = {0, 2, 1};
+    ZP_ASSERT_OK(zpPlanCreate(&three, 2, lens, 0, 3, 0, offs, ranks3));
+    zpAttnConfig_t cfg = {4, 2, 8, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr};
+    zpAttention_t attn = nullptr;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, three, &cfg, comm));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("3 ranks"), std::string::npos) << zpGetLastError(nullptr);
+    zpAttnConfig_t c2 = cfg;
+    c2.kvHeads = 3;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, plan, &c2, comm));
+    c2 = cfg;
+    c2.forward = nullptr;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, plan, &c2, comm));
+    c2 = cfg;
+    c2.scale = -1;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, plan, &c2, comm));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, plan, nullptr, comm));
+    EXPECT_EQ(attn, nullptr);
+    // NULL buffers on a rank with tokens; backward without a backward kernel.
+    c2 = cfg;
+    c2.backward = nullptr;
+    ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &c2, comm));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionForward(attn, nullptr, nullptr, nullptr, nullptr, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAttentionBackward(attn, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                        nullptr, nullptr, nullptr));
+    ZP_EXPECT_OK(zpAttentionDestroy(attn));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionDestroy(nullptr));
+    zpPlanDestroy(three);
+    zpPlanDestroy(plan);
+    zpCommDestroy(comm);
+  }));
+}
+
+// A failing kernel: its rank gets the kernel's error and aborts the
+// communicator; rank 1, which waits for rank 0's next block, gets an error at
+// once rather than after the timeout. (Rank 2 may finish: it has every block
+// it needs once its last send is out.)
+TEST(Attention, AFailingKernelIsAnErrorNotAHang) {
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int64_t lens[] = {600, 40};
+    size_t offs[] = {0, 3, 4};
+    int ranks[] = {0, 1, 2, 0};
+    zpBatchPlan_t plan = nullptr;
+    ZP_ASSERT_OK(zpPlanCreate(&plan, 2, lens, 1, 3, 0, offs, ranks));
+    FailingKernel fk;
+    fk.rank = rank;
+    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, failingForward, zpAttnRefBackward, &fk};
+    zpAttention_t attn = nullptr;
+    ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
+    zpLayout_t layout = nullptr;
+    ZP_ASSERT_OK(zpPlanGetLayout(plan, zpAttentionLayout, &layout));
+    int64_t T = 0;
+    ZP_ASSERT_OK(zpLayoutRankTokens(layout, rank, &T));
+    std::vector<float> q(T * 16, 0.5f), out(T * 16), lse(T * 2);
+    auto start = std::chrono::steady_clock::now();
+    zpResult_t r = zpAttentionForward(attn, q.data(), q.data(), q.data(), out.data(), lse.data());
+    if (rank == 0) {
+      EXPECT_EQ(r, zpInvalidUsage);
+      EXPECT_NE(std::string(zpGetLastError(nullptr)).find("forward block kernel failed"), std::string::npos)
+          << zpGetLastError(nullptr);
+      zpAttentionDestroy(attn);
+      zpCommAbort(comm);
+    } else {
+      if (rank == 1) EXPECT_NE(r, zpSuccess);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+      zpAttentionDestroy(attn);
+      zpCommDestroy(comm);
+    }
+    zpPlanDestroy(plan);
+  }));
+}
+
+}  // namespace
