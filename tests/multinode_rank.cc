@@ -23,6 +23,10 @@
 //            the failure as a share of the other NICs' rate.
 //   remap    remaps between random layouts of a random batch (forward and
 //            inverse, every byte checked), the cross-node part through the router;
+//   attention  the ring-attention driver forward and backward against a
+//            float64 reference (tests/attention_check.h): random rings, the
+//            planner's plans for this cluster, one ring of all ranks;
+//            causal and not; GQA and not;
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
 //            left, and every rank must get an error (not hang) within
 //            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
@@ -39,6 +43,7 @@
 #include <thread>
 
 #include "src/core/bootstrap.h"
+#include "tests/attention_check.h"
 #include "tests/checks.h"
 
 namespace {
@@ -121,6 +126,31 @@ bool nicIsUp(int k) {
     fclose(f);
   }
   return strcmp(state, "down") != 0;
+}
+
+int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", n);
+  std::string err;
+  int k = 0;
+  for (zptest::AttnPlanKind kind :
+       {zptest::AttnPlanKind::RandomRings, zptest::AttnPlanKind::Planner, zptest::AttnPlanKind::OneRing})
+    for (bool causal : {true, false}) {
+      zptest::AttnCase c;
+      c.causal = causal;
+      c.kvHeads = k % 3 == 0 ? 4 : k % 3 == 1 ? 2 : 1;
+      zptest::AttnErrors e;
+      std::string why = zptest::checkDistributedAttention(comm, rank, n, rpn, seed + k++, c, &e);
+      if (!why.empty() && err.empty())
+        err = std::string(zptest::planKindName(kind)) + (causal ? ", causal, " : ", not causal, ") +
+              std::to_string(c.kvHeads) + " kv heads: " + why;
+    }
+  zpCommDestroy(comm);
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  printf("rank %d: ok\n", rank);
+  return 0;
 }
 
 // Remap round trips between random layouts: the same on every rank (seeded).
@@ -331,6 +361,7 @@ int main() {
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);
+  if (mode == "attention") return attentionMode(comm, rank, n, seed);
 
   if (mode == "idle") {
     const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);

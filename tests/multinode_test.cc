@@ -88,6 +88,15 @@ TEST_P(MultinodeShapes, RemapRoundTripsEveryByteAcrossNodes) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+// Ring attention across nodes (rings over nodes go through the router)
+// against the float64 reference.
+TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {
+  const Shape& s = GetParam();
+  CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=attention");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+}
+
 TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "");
