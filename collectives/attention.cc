@@ -57,6 +57,11 @@ struct Group {
   int pos = 0;                             // this rank's position
   std::vector<std::vector<Chunk>> blocks;  // blocks[j]: the chunks of ring position j, by sequence
   std::vector<int64_t> tokens;             // tokens of each block
+  // Kept from call to call (no allocation or page faults per step): my own
+  // packed block; blocks and gradients in flight (double buffered); a
+  // gradient received. Each holds keys (or their gradient), then values.
+  std::vector<float> own, kv[2], grad[2], part;
+  std::vector<char> written;  // forward: my chunk c already holds a result
   int G() const { return (int)ranks.size(); }
 };
 
@@ -132,7 +137,6 @@ class Pass {
   bool backward_;
   const char* fn_ = "";
   std::deque<LocalSeq> localsLeft_;
-  std::vector<std::vector<float>> own_;  // per group: this rank's packed key/value block
   std::vector<float> lseAcc_;            // per group, forward: merged lse of my chunks, [H, count] each
   std::vector<size_t> lseAt_;            // where each group's part of lseAcc_ starts
   std::vector<float> partOut_, partLse_;
@@ -143,21 +147,23 @@ class Pass {
   // empty merge (out 0, lse -inf) or the gradients to 0.
   void prepare() {
     const size_t kr = a_->kvRow(), qr = a_->qRow();
-    own_.resize(a_->groups.size());
     lseAt_.assign(a_->groups.size() + 1, 0);
     for (size_t gi = 0; gi < a_->groups.size(); gi++) {
-      const Group& g = a_->groups[gi];
+      Group& g = a_->groups[gi];
       const int64_t n = g.tokens[g.pos];
-      own_[gi].resize(kvFloats(g, g.pos));
+      size_t most = 0;
+      for (int j = 0; j < g.G(); j++) most = std::max(most, kvFloats(g, j));
+      g.own.resize(kvFloats(g, g.pos));
+      for (std::vector<float>* b : {&g.kv[0], &g.kv[1], &g.grad[0], &g.grad[1], &g.part}) b->resize(most);
       for (const Chunk& c : g.blocks[g.pos]) {
-        memcpy(&own_[gi][c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
-        memcpy(&own_[gi][(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
+        memcpy(&g.own[c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
+        memcpy(&g.own[(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
       }
+      g.written.assign(g.blocks[g.pos].size(), 0);
       lseAt_[gi + 1] = lseAt_[gi] + (size_t)n * a_->H;
     }
     if (!backward_) {
-      std::fill(out, out + a_->T * qr, 0.0f);
-      lseAcc_.assign(lseAt_.back(), -INFINITY);
+      lseAcc_.resize(lseAt_.back());
     } else {
       std::fill(dq, dq + a_->T * qr, 0.0f);
       std::fill(dk, dk + a_->T * kr, 0.0f);
@@ -172,12 +178,20 @@ class Pass {
     }
   }
 
+  // Scatters the merged lse of my chunks to [H, T]; a chunk that saw no
+  // block at all is the empty merge (out 0, lse -inf).
   void finishLse() {
     for (size_t gi = 0; gi < a_->groups.size(); gi++)
-      for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos])
+      for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos]) {
+        if (!a_->groups[gi].written[&c - &a_->groups[gi].blocks[a_->groups[gi].pos][0]]) {
+          std::fill(out + c.userOff * a_->qRow(), out + (c.userOff + c.count) * a_->qRow(), 0.0f);
+          std::fill(&lseAcc_[lseAt_[gi] + c.blockOff * a_->H], &lseAcc_[lseAt_[gi] + (c.blockOff + c.count) * a_->H],
+                    -INFINITY);
+        }
         for (int h = 0; h < a_->H; h++)
           memcpy(lse + h * a_->T + c.userOff, &lseAcc_[lseAt_[gi] + c.blockOff * a_->H + h * c.count],
                  c.count * sizeof(float));
+      }
   }
 
   zpAttnBlock_t blockFor(int64_t sq, int64_t sk, zpAttnMask_t mask) const {
@@ -239,23 +253,31 @@ class Pass {
 
   // Forward step: my query chunks of group g against block buf of position j.
   zpResult_t forwardStep(size_t gi, int j, const float* buf) {
-    const Group& g = a_->groups[gi];
+    Group& g = a_->groups[gi];
     const size_t kr = a_->kvRow(), qr = a_->qRow();
     const int64_t nk = g.tokens[j];
     return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
       zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
       if (mask == zpMaskSkip) return zpSuccess;
       zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
-      partOut_.resize(cq.count * qr);
-      partLse_.resize(cq.count * a_->H);
+      float* accOut = out + cq.userOff * qr;
+      float* accLse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
       b.q = q + cq.userOff * qr;
       b.k = buf + ck.blockOff * kr;
       b.v = buf + (nk + ck.blockOff) * kr;
+      char& written = g.written[&cq - &g.blocks[g.pos][0]];
+      if (!written) {  // the chunk's first block: nothing to merge with
+        b.out = accOut;
+        b.lse = accLse;
+        written = 1;
+        return callKernel(b);
+      }
+      partOut_.resize(cq.count * qr);
+      partLse_.resize(cq.count * a_->H);
       b.out = partOut_.data();
       b.lse = partLse_.data();
       ZP_CHECK(callKernel(b));
-      return zpAttnMergeLse(out + cq.userOff * qr, &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H], partOut_.data(),
-                            partLse_.data(), cq.count, a_->H, a_->D);
+      return zpAttnMergeLse(accOut, accLse, partOut_.data(), partLse_.data(), cq.count, a_->H, a_->D);
     });
   }
 
@@ -294,36 +316,29 @@ class Pass {
 
   zpResult_t runForward() {
     const size_t n = a_->groups.size();
-    std::vector<std::vector<float>> recv[2];
-    recv[0].resize(n);
-    recv[1].resize(n);
     DrainOnExit drain{a_->xchg.get()};
     // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
     auto startX = [&](size_t gi, int t, float* src) {
-      const Group& g = a_->groups[gi];
+      Group& g = a_->groups[gi];
       const int jn = posMod(g.pos - t - 1, g.G());
-      std::vector<float>& dst = recv[(t + 1) % 2][gi];
-      dst.resize(kvFloats(g, jn));
       return a_->xchg->start({{true, src, kvFloats(g, posMod(g.pos - t, g.G())) * sizeof(float), nextOf(g)},
-                              {false, dst.data(), dst.size() * sizeof(float), prevOf(g)}},
+                              {false, g.kv[(t + 1) % 2].data(), kvFloats(g, jn) * sizeof(float), prevOf(g)}},
                              fn_);
     };
-    if (n) ZP_CHECK(startX(0, 0, own_[0].data()));
+    if (n) ZP_CHECK(startX(0, 0, a_->groups[0].own.data()));
     for (size_t gi = 0; gi < n; gi++) {
-      const Group& g = a_->groups[gi];
+      Group& g = a_->groups[gi];
       const int G = g.G();
       for (int t = 0; t < G; t++) {
-        float* held = t == 0 ? own_[gi].data() : recv[t % 2][gi].data();
+        float* held = t == 0 ? g.own.data() : g.kv[t % 2].data();
         ZP_CHECK(forwardStep(gi, posMod(g.pos - t, G), held));
         if (t == G - 1) break;
         ZP_CHECK(waitFilling());
         if (t + 1 < G - 1)
-          ZP_CHECK(startX(gi, t + 1, recv[(t + 1) % 2][gi].data()));
+          ZP_CHECK(startX(gi, t + 1, g.kv[(t + 1) % 2].data()));
         else if (gi + 1 < n)  // the last step needs no exchange: start the next ring's first one
-          ZP_CHECK(startX(gi + 1, 0, own_[gi + 1].data()));
+          ZP_CHECK(startX(gi + 1, 0, a_->groups[gi + 1].own.data()));
       }
-      recv[0][gi] = std::vector<float>();
-      recv[1][gi] = std::vector<float>();
     }
     return zpSuccess;
   }
@@ -331,9 +346,9 @@ class Pass {
   zpResult_t runBackward() {
     const size_t kr = a_->kvRow();
     for (size_t gi = 0; gi < a_->groups.size(); gi++) {
-      const Group& g = a_->groups[gi];
+      Group& g = a_->groups[gi];
       const int G = g.G(), next = nextOf(g), prev = prevOf(g);
-      std::vector<float> kv[2], grad[2], part;
+      std::vector<float>*kv = g.kv, *grad = g.grad, &part = g.part;
       DrainOnExit drain{a_->xchg.get()};
       auto block = [&](int t) { return posMod(g.pos - t, G); };
       // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
@@ -342,28 +357,23 @@ class Pass {
       auto startX = [&](int t) {
         std::vector<zp::P2POp> ops;
         if (t < G - 1) {
-          const float* held = t == 0 ? own_[gi].data() : kv[t % 2].data();
-          ops.push_back({true, const_cast<float*>(held), kvFloats(g, block(t)) * sizeof(float), next});
+          float* held = t == 0 ? g.own.data() : kv[t % 2].data();
+          ops.push_back({true, held, kvFloats(g, block(t)) * sizeof(float), next});
         }
-        if (t >= 1) ops.push_back({true, grad[(t - 1) % 2].data(), grad[(t - 1) % 2].size() * sizeof(float), next});
-        if (t < G - 1) {
-          kv[(t + 1) % 2].resize(kvFloats(g, block(t + 1)));
-          ops.push_back({false, kv[(t + 1) % 2].data(), kv[(t + 1) % 2].size() * sizeof(float), prev});
-        }
-        if (t >= 1) {
-          part.resize(kvFloats(g, block(t)));
-          ops.push_back({false, part.data(), part.size() * sizeof(float), prev});
-        }
+        if (t >= 1) ops.push_back({true, grad[(t - 1) % 2].data(), kvFloats(g, block(t - 1)) * sizeof(float), next});
+        if (t < G - 1) ops.push_back({false, kv[(t + 1) % 2].data(), kvFloats(g, block(t + 1)) * sizeof(float), prev});
+        if (t >= 1) ops.push_back({false, part.data(), kvFloats(g, block(t)) * sizeof(float), prev});
         return a_->xchg->start(std::move(ops), fn_);
       };
       ZP_CHECK(startX(0));
       for (int t = 0; t < G; t++) {
-        std::vector<float>& acc = grad[t % 2];
-        acc.assign(kvFloats(g, block(t)), 0.0f);
-        ZP_CHECK(backwardStep(gi, block(t), t == 0 ? own_[gi].data() : kv[t % 2].data(), acc.data()));
+        float* acc = grad[t % 2].data();
+        const size_t size = kvFloats(g, block(t));
+        std::fill(acc, acc + size, 0.0f);
+        ZP_CHECK(backwardStep(gi, block(t), t == 0 ? g.own.data() : kv[t % 2].data(), acc));
         ZP_CHECK(waitFilling());
         if (t >= 1)
-          for (size_t e = 0; e < acc.size(); e++) acc[e] += part[e];
+          for (size_t e = 0; e < size; e++) acc[e] += part[e];
         ZP_CHECK(startX(t + 1));
       }
       ZP_CHECK(waitFilling());

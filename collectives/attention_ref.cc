@@ -119,9 +119,13 @@ ZP_API zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, c
       double a = l, c = partLse[h * sq + i];
       if (c == -INFINITY) continue;
       double m = std::max(a, c), wa = a == -INFINITY ? 0 : std::exp(a - m), wc = std::exp(c - m);
+      const float fa = (float)(wa / (wa + wc)), fc = (float)(wc / (wa + wc));
       float* o = out + (i * qHeads + h) * headDim;
       const float* po = partOut + (i * qHeads + h) * headDim;
-      for (int d = 0; d < headDim; d++) o[d] = (float)((wa * o[d] + wc * po[d]) / (wa + wc));
+      if (fa == 0)  // the accumulator was empty (and may hold anything)
+        for (int d = 0; d < headDim; d++) o[d] = po[d];
+      else
+        for (int d = 0; d < headDim; d++) o[d] = fa * o[d] + fc * po[d];
       l = (float)(m + std::log(wa + wc));
     }
   return zpSuccess;

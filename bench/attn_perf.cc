@@ -1,0 +1,208 @@
+// attn_perf: how much of a ring's communication the attention driver hides
+// behind the block kernel. One sequence split over a ring of all ranks (in
+// rank order; launch on one node for an intra-node ring, one rank per node
+// for an inter-node one), not causal, so every step is one kernel call on one
+// key/value block. The block kernel does no arithmetic: it takes exactly T
+// (it sleeps, as the CPU does while a GPU kernel runs), with T set as a
+// multiple of C, the measured time of one block's ring exchange alone.
+//   -b BYTES   key/value block per rank, keys and values (default 8M)
+//   -r LIST    kernel times as multiples of C (default 0.25,0.5,1,2,4)
+//   -n/-w      timed / warm-up passes (default 5 / 1)
+// Columns: per step = pass time / G (G kernel steps, G-1 exchanges forward;
+// backward also carries the key/value gradients, so its C is measured with
+// twice the bytes); vs max = per step / max(T, C) (1.00: the slower of the
+// two sets the pace, nothing else shows); hidden = the share of the
+// exchanges' time that did not add to the pass: 1 - (pass - G*T) / ((G-1)*C)
+// forward; backward moves G-1 blocks and G gradients, (G-1/2) * C2 with C2
+// measured for a block and its gradient together. When the kernel is the
+// faster, at most the kernel's time can hide exchanges.
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "zeppelin.h"
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+void die(const char* what, zpComm_t comm) {
+  fprintf(stderr, "attn_perf: %s: %s\n", what, zpGetLastError(comm));
+  if (comm) zpCommAbort(comm);
+  exit(1);
+}
+
+struct TimedKernel {
+  double seconds = 0;
+};
+
+void sleepUntil(double t) {
+  double left = t - now();
+  if (left <= 0) return;
+  timespec ts;
+  ts.tv_sec = (time_t)left;
+  ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+  nanosleep(&ts, nullptr);
+}
+
+zpResult_t forwardKernel(const zpAttnBlock_t* b, void* user) {
+  double end = now() + ((TimedKernel*)user)->seconds;
+  // A well-formed result (out 0, lse 0) so that the merges see numbers.
+  memset(b->out, 0, (size_t)b->sq * b->qHeads * b->headDim * sizeof(float));
+  memset(b->lse, 0, (size_t)b->sq * b->qHeads * sizeof(float));
+  sleepUntil(end);
+  return zpSuccess;
+}
+
+zpResult_t backwardKernel(const zpAttnBlock_t*, void* user) {
+  sleepUntil(now() + ((TimedKernel*)user)->seconds);
+  return zpSuccess;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t blockBytes = 8u << 20;
+  std::string ratios = "0.25,0.5,1,2,4";
+  long iters = 5, warm = 1;
+  int opt;
+  while ((opt = getopt(argc, argv, "b:r:n:w:")) != -1) {
+    switch (opt) {
+      case 'b': if (!zpbench::parseBytes(optarg, &blockBytes)) blockBytes = 0; break;
+      case 'r': ratios = optarg; break;
+      case 'n': iters = atol(optarg); break;
+      case 'w': warm = atol(optarg); break;
+      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-n N] [-w N]\n"); return 2;
+    }
+  }
+  std::vector<double> rs;
+  for (size_t at = 0; at < ratios.size();) {
+    size_t end = ratios.find(',', at);
+    if (end == std::string::npos) end = ratios.size();
+    char* stop = nullptr;
+    std::string item = ratios.substr(at, end - at);
+    double r = strtod(item.c_str(), &stop);
+    if (item.empty() || *stop || !(r >= 0)) {
+      fprintf(stderr, "attn_perf: -r: '%s' is not a non-negative number\n", item.c_str());
+      return 2;
+    }
+    rs.push_back(r);
+    at = end + 1;
+  }
+  const int H = 8, Hk = 8, D = 64;
+  const size_t tokenBytes = 2 * (size_t)Hk * D * sizeof(float);
+  const int64_t tokens = (int64_t)(blockBytes / tokenBytes);
+  if (tokens < 1 || iters < 1 || warm < 0) {
+    fprintf(stderr, "attn_perf: -b must be at least %zu bytes, -n at least 1\n", tokenBytes);
+    return 2;
+  }
+  zpComm_t comm;
+  if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
+  int n, rank;
+  zpCommCount(comm, &n);
+  zpCommUserRank(comm, &rank);
+  if (n < 2) {
+    fprintf(stderr, "attn_perf: needs at least 2 ranks (a ring)\n");
+    return 2;
+  }
+  const char* rpnEnv = getenv("ZP_LOCAL_NRANKS");
+  const int rpn = rpnEnv ? atoi(rpnEnv) : n;
+  std::vector<int> ring(n);
+  for (int i = 0; i < n; i++) ring[i] = i;
+
+  // Every rank joins before and after each timed pass.
+  std::vector<size_t> ones(n, 1), displs(n);
+  for (int i = 0; i < n; i++) displs[i] = i;
+  std::vector<char> bs(n), br(n);
+  auto barrier = [&] {
+    if (zpAlltoallv(bs.data(), ones.data(), displs.data(), br.data(), ones.data(), displs.data(), zpUint8, comm,
+                    nullptr) != zpSuccess)
+      die("barrier", comm);
+  };
+
+  // C: one block's exchange alone (and twice the bytes, for backward).
+  auto exchangeSeconds = [&](size_t bytes) {
+    zpRing_t r = nullptr;
+    if (zpRingCreate(&r, comm, n, ring.data(), 0) != zpSuccess) die("zpRingCreate", comm);
+    std::vector<char> send(bytes, 1), recv(bytes);
+    std::vector<double> t;
+    for (long i = 0; i < warm + iters; i++) {
+      barrier();
+      double t0 = now();
+      if (zpRingExchangeStart(r, send.data(), bytes, recv.data(), bytes) != zpSuccess || zpRingExchangeWait(r))
+        die("ring exchange", comm);
+      if (i >= warm) t.push_back(now() - t0);
+    }
+    zpRingDestroy(r);
+    return median(t);
+  };
+  const size_t kvBytes = (size_t)tokens * tokenBytes;
+  const double C = exchangeSeconds(kvBytes), C2 = exchangeSeconds(2 * kvBytes);
+
+  const int64_t len = tokens * n;
+  size_t offs[2] = {0, (size_t)n};
+  zpBatchPlan_t plan = nullptr;
+  if (zpPlanCreate(&plan, 1, &len, 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
+  TimedKernel kern;
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, forwardKernel, backwardKernel, &kern};
+  zpAttention_t attn = nullptr;
+  if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
+  std::vector<float> q(tokens * H * D, 0.5f), k(tokens * Hk * D, 0.5f), v(tokens * Hk * D, 0.5f),
+      out(tokens * H * D), lse(tokens * H), dq(q.size()), dk(k.size()), dv(v.size());
+
+  if (rank == 0) {
+    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, not causal\n", n,
+           rpn >= n ? "one node" : "across nodes", (long long)len, (long long)tokens);
+    printf("# key/value block %zu bytes; C (one block's exchange alone) = %.3f ms, backward (with gradients) = %.3f ms\n",
+           kvBytes, C * 1e3, C2 * 1e3);
+    printf("#\n# %6s %9s | %12s %12s %8s %7s | %12s %12s %8s %7s\n", "T/C", "T(ms)", "fwd pass(ms)", "per step(ms)",
+           "vs max", "hidden", "bwd pass(ms)", "per step(ms)", "vs max", "hidden");
+  }
+  for (double r : rs) {
+    kern.seconds = r * C;
+    const double T = kern.seconds;
+    std::vector<double> tf, tb;
+    for (long i = 0; i < warm + iters; i++) {
+      barrier();
+      double t0 = now();
+      if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data()) != zpSuccess)
+        die("zpAttentionForward", comm);
+      double t1 = now();
+      barrier();
+      double t2 = now();
+      if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), q.data(), dq.data(),
+                              dk.data(), dv.data()) != zpSuccess)
+        die("zpAttentionBackward", comm);
+      double t3 = now();
+      if (i >= warm) {
+        tf.push_back(t1 - t0);
+        tb.push_back(t3 - t2);
+      }
+    }
+    if (rank != 0) continue;
+    const double f = median(tf), b = median(tb);
+    auto hidden = [&](double pass, double c, double hops) {
+      return std::min(1.0, std::max(0.0, 1.0 - (pass - n * T) / (hops * c)));
+    };
+    printf("  %6.2f %9.3f | %12.3f %12.3f %8.2f %6.0f%% | %12.3f %12.3f %8.2f %6.0f%%\n", r, T * 1e3, f * 1e3,
+           f / n * 1e3, f / n / std::max(T, C), 100 * hidden(f, C, n - 1), b * 1e3, b / n * 1e3,
+           b / n / std::max(T, C2), 100 * hidden(b, C2, n - 0.5));
+  }
+  zpAttentionDestroy(attn);
+  zpPlanDestroy(plan);
+  zpCommDestroy(comm);
+  return 0;
+}
