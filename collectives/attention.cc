@@ -61,6 +61,7 @@ struct Group {
   // packed block; blocks and gradients in flight (double buffered); a
   // gradient received. Each holds keys (or their gradient), then values.
   std::vector<float> own, kv[2], grad[2], part;
+  int64_t ownAt = -1;  // >= 0: my block lies in my buffers from this token on, in block order (no packing)
   std::vector<char> written;  // forward: my chunk c already holds a result
   int G() const { return (int)ranks.size(); }
 };
@@ -82,6 +83,8 @@ struct zpAttention {
   std::vector<Group> groups;      // the rings this rank is in, in run order
   std::vector<LocalSeq> locals;   // this rank's local sequences
   std::unique_ptr<zp::AsyncP2P> xchg;
+  std::vector<float> lseAcc, partOut, partLse;  // a call's scratch (see Pass)
+  std::vector<size_t> lseAt;
 
   size_t qRow() const { return (size_t)H * D; }
   size_t kvRow() const { return (size_t)Hk * D; }
@@ -137,11 +140,42 @@ class Pass {
   bool backward_;
   const char* fn_ = "";
   std::deque<LocalSeq> localsLeft_;
-  std::vector<float> lseAcc_;            // per group, forward: merged lse of my chunks, [H, count] each
-  std::vector<size_t> lseAt_;            // where each group's part of lseAcc_ starts
-  std::vector<float> partOut_, partLse_;
+  // Kept in the driver from call to call (no page faults on every call).
+  std::vector<float>& lseAcc_ = a_->lseAcc;  // merged (forward) or given (backward) lse of my chunks, [H, count] each
+  std::vector<size_t>& lseAt_ = a_->lseAt;   // where each group's part of lseAcc_ starts
+  std::vector<float>& partOut_ = a_->partOut;
+  std::vector<float>& partLse_ = a_->partLse;
 
   size_t kvFloats(const Group& g, int j) const { return 2 * (size_t)g.tokens[j] * a_->kvRow(); }
+
+  // The keys and values of the block held at step t (ring position j).
+  struct Held {
+    float *k, *v;
+  };
+  Held held(Group& g, int t, int j) {
+    const size_t half = (size_t)g.tokens[j] * a_->kvRow();
+    if (t == 0 && g.ownAt >= 0)
+      return {const_cast<float*>(k) + g.ownAt * a_->kvRow(), const_cast<float*>(v) + g.ownAt * a_->kvRow()};
+    float* b = t == 0 ? g.own.data() : g.kv[t % 2].data();
+    return {b, b + half};
+  }
+  // Sending the block held at step t (keys and values as two messages, so
+  // that my own block leaves straight from the caller's buffers) and
+  // receiving the next one into kv[(t + 1) % 2].
+  void sendHeld(std::vector<zp::P2POp>* ops, Group& g, int t, int peer) {
+    const int j = posMod(g.pos - t, g.G());
+    const Held h = held(g, t, j);
+    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    ops->push_back({true, h.k, bytes, peer});
+    ops->push_back({true, h.v, bytes, peer});
+  }
+  void recvNext(std::vector<zp::P2POp>* ops, Group& g, int t, int peer) {
+    const int j = posMod(g.pos - t - 1, g.G());
+    const Held h = held(g, t + 1, j);
+    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    ops->push_back({false, h.k, bytes, peer});
+    ops->push_back({false, h.v, bytes, peer});
+  }
 
   // Packs my key/value chunks (keys, then values) and sets the outputs to the
   // empty merge (out 0, lse -inf) or the gradients to 0.
@@ -153,11 +187,17 @@ class Pass {
       const int64_t n = g.tokens[g.pos];
       size_t most = 0;
       for (int j = 0; j < g.G(); j++) most = std::max(most, kvFloats(g, j));
-      g.own.resize(kvFloats(g, g.pos));
       for (std::vector<float>* b : {&g.kv[0], &g.kv[1], &g.grad[0], &g.grad[1], &g.part}) b->resize(most);
-      for (const Chunk& c : g.blocks[g.pos]) {
-        memcpy(&g.own[c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
-        memcpy(&g.own[(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
+      const std::vector<Chunk>& mine = g.blocks[g.pos];
+      g.ownAt = mine.empty() ? 0 : mine[0].userOff;
+      for (const Chunk& c : mine)
+        if (c.userOff != g.ownAt + c.blockOff) g.ownAt = -1;
+      if (g.ownAt < 0) {
+        g.own.resize(kvFloats(g, g.pos));
+        for (const Chunk& c : mine) {
+          memcpy(&g.own[c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
+          memcpy(&g.own[(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
+        }
       }
       g.written.assign(g.blocks[g.pos].size(), 0);
       lseAt_[gi + 1] = lseAt_[gi] + (size_t)n * a_->H;
@@ -252,10 +292,9 @@ class Pass {
   }
 
   // Forward step: my query chunks of group g against block buf of position j.
-  zpResult_t forwardStep(size_t gi, int j, const float* buf) {
+  zpResult_t forwardStep(size_t gi, int j, Held buf) {
     Group& g = a_->groups[gi];
     const size_t kr = a_->kvRow(), qr = a_->qRow();
-    const int64_t nk = g.tokens[j];
     return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
       zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
       if (mask == zpMaskSkip) return zpSuccess;
@@ -263,8 +302,8 @@ class Pass {
       float* accOut = out + cq.userOff * qr;
       float* accLse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
       b.q = q + cq.userOff * qr;
-      b.k = buf + ck.blockOff * kr;
-      b.v = buf + (nk + ck.blockOff) * kr;
+      b.k = buf.k + ck.blockOff * kr;
+      b.v = buf.v + ck.blockOff * kr;
       char& written = g.written[&cq - &g.blocks[g.pos][0]];
       if (!written) {  // the chunk's first block: nothing to merge with
         b.out = accOut;
@@ -282,7 +321,7 @@ class Pass {
   }
 
   // Backward step: adds into dq and into grad (block j's key/value gradient).
-  zpResult_t backwardStep(size_t gi, int j, const float* buf, float* grad) {
+  zpResult_t backwardStep(size_t gi, int j, Held buf, float* grad) {
     const Group& g = a_->groups[gi];
     const size_t kr = a_->kvRow(), qr = a_->qRow();
     const int64_t nk = g.tokens[j];
@@ -291,8 +330,8 @@ class Pass {
       if (mask == zpMaskSkip) return zpSuccess;
       zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
       b.q = q + cq.userOff * qr;
-      b.k = buf + ck.blockOff * kr;
-      b.v = buf + (nk + ck.blockOff) * kr;
+      b.k = buf.k + ck.blockOff * kr;
+      b.v = buf.v + ck.blockOff * kr;
       b.out = const_cast<float*>(outIn) + cq.userOff * qr;
       b.lse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
       b.dout = dout + cq.userOff * qr;
@@ -318,26 +357,26 @@ class Pass {
     const size_t n = a_->groups.size();
     DrainOnExit drain{a_->xchg.get()};
     // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
-    auto startX = [&](size_t gi, int t, float* src) {
+    auto startX = [&](size_t gi, int t) {
       Group& g = a_->groups[gi];
-      const int jn = posMod(g.pos - t - 1, g.G());
-      return a_->xchg->start({{true, src, kvFloats(g, posMod(g.pos - t, g.G())) * sizeof(float), nextOf(g)},
-                              {false, g.kv[(t + 1) % 2].data(), kvFloats(g, jn) * sizeof(float), prevOf(g)}},
-                             fn_);
+      std::vector<zp::P2POp> ops;
+      sendHeld(&ops, g, t, nextOf(g));
+      recvNext(&ops, g, t, prevOf(g));
+      return a_->xchg->start(std::move(ops), fn_);
     };
-    if (n) ZP_CHECK(startX(0, 0, a_->groups[0].own.data()));
+    if (n) ZP_CHECK(startX(0, 0));
     for (size_t gi = 0; gi < n; gi++) {
       Group& g = a_->groups[gi];
       const int G = g.G();
       for (int t = 0; t < G; t++) {
-        float* held = t == 0 ? g.own.data() : g.kv[t % 2].data();
-        ZP_CHECK(forwardStep(gi, posMod(g.pos - t, G), held));
+        const int j = posMod(g.pos - t, G);
+        ZP_CHECK(forwardStep(gi, j, held(g, t, j)));
         if (t == G - 1) break;
         ZP_CHECK(waitFilling());
         if (t + 1 < G - 1)
-          ZP_CHECK(startX(gi, t + 1, g.kv[(t + 1) % 2].data()));
+          ZP_CHECK(startX(gi, t + 1));
         else if (gi + 1 < n)  // the last step needs no exchange: start the next ring's first one
-          ZP_CHECK(startX(gi + 1, 0, a_->groups[gi + 1].own.data()));
+          ZP_CHECK(startX(gi + 1, 0));
       }
     }
     return zpSuccess;
@@ -348,7 +387,7 @@ class Pass {
     for (size_t gi = 0; gi < a_->groups.size(); gi++) {
       Group& g = a_->groups[gi];
       const int G = g.G(), next = nextOf(g), prev = prevOf(g);
-      std::vector<float>*kv = g.kv, *grad = g.grad, &part = g.part;
+      std::vector<float>*grad = g.grad, &part = g.part;
       DrainOnExit drain{a_->xchg.get()};
       auto block = [&](int t) { return posMod(g.pos - t, G); };
       // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
@@ -356,12 +395,9 @@ class Pass {
       // gradient hop only.
       auto startX = [&](int t) {
         std::vector<zp::P2POp> ops;
-        if (t < G - 1) {
-          float* held = t == 0 ? g.own.data() : kv[t % 2].data();
-          ops.push_back({true, held, kvFloats(g, block(t)) * sizeof(float), next});
-        }
+        if (t < G - 1) sendHeld(&ops, g, t, next);
         if (t >= 1) ops.push_back({true, grad[(t - 1) % 2].data(), kvFloats(g, block(t - 1)) * sizeof(float), next});
-        if (t < G - 1) ops.push_back({false, kv[(t + 1) % 2].data(), kvFloats(g, block(t + 1)) * sizeof(float), prev});
+        if (t < G - 1) recvNext(&ops, g, t, prev);
         if (t >= 1) ops.push_back({false, part.data(), kvFloats(g, block(t)) * sizeof(float), prev});
         return a_->xchg->start(std::move(ops), fn_);
       };
@@ -370,7 +406,7 @@ class Pass {
         float* acc = grad[t % 2].data();
         const size_t size = kvFloats(g, block(t));
         std::fill(acc, acc + size, 0.0f);
-        ZP_CHECK(backwardStep(gi, block(t), t == 0 ? g.own.data() : kv[t % 2].data(), acc));
+        ZP_CHECK(backwardStep(gi, block(t), held(g, t, block(t)), acc));
         ZP_CHECK(waitFilling());
         if (t >= 1)
           for (size_t e = 0; e < size; e++) acc[e] += part[e];
