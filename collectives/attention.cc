@@ -206,8 +206,12 @@ class Pass {
       lseAcc_.resize(lseAt_.back());
     } else {
       std::fill(dq, dq + a_->T * qr, 0.0f);
-      std::fill(dk, dk + a_->T * kr, 0.0f);
-      std::fill(dv, dv + a_->T * kr, 0.0f);
+      // Ring chunks' dk and dv are written whole at the end; the kernels
+      // add into local sequences' in place.
+      for (const LocalSeq& l : a_->locals) {
+        std::fill(dk + l.userOff * kr, dk + (l.userOff + l.len) * kr, 0.0f);
+        std::fill(dv + l.userOff * kr, dv + (l.userOff + l.len) * kr, 0.0f);
+      }
       // The kernels take a chunk's lse as [H, count]: gather mine from [H, T].
       lseAcc_.resize(lseAt_.back());
       for (size_t gi = 0; gi < a_->groups.size(); gi++)
