@@ -9,6 +9,10 @@
 // their lse, adding gradients) runs on the CPU and counts.
 //   -b BYTES   key/value block per rank, keys and values (default 8M)
 //   -r LIST    kernel times as multiples of C (default 0.25,0.5,1,2,4)
+//   -a 0|1     the kernel folds each block into the running output itself
+//              (zpAttnConfig_t.kernelAccumulates; default 1, as a device
+//              kernel must: the host cannot merge device memory), or the
+//              driver merges partial outputs on the CPU (0)
 //   -n/-w      timed / warm-up passes (default 5 / 1)
 // Columns: per step = pass time / G (G kernel steps, G-1 exchanges forward;
 // backward also carries the key/value gradients, so its C is measured with
@@ -73,15 +77,16 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   size_t blockBytes = 8u << 20;
   std::string ratios = "0.25,0.5,1,2,4";
-  long iters = 5, warm = 1;
+  long iters = 5, warm = 1, accumulate = 1;
   int opt;
-  while ((opt = getopt(argc, argv, "b:r:n:w:")) != -1) {
+  while ((opt = getopt(argc, argv, "b:r:n:w:a:")) != -1) {
     switch (opt) {
       case 'b': if (!zpbench::parseBytes(optarg, &blockBytes)) blockBytes = 0; break;
       case 'r': ratios = optarg; break;
       case 'n': iters = atol(optarg); break;
       case 'w': warm = atol(optarg); break;
-      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-n N] [-w N]\n"); return 2;
+      case 'a': accumulate = atol(optarg); break;
+      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-n N] [-w N]\n"); return 2;
     }
   }
   std::vector<double> rs;
@@ -153,15 +158,16 @@ int main(int argc, char** argv) {
   zpBatchPlan_t plan = nullptr;
   if (zpPlanCreate(&plan, 1, &len, 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
   TimedKernel kern;
-  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern};
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0};
   zpAttention_t attn = nullptr;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
   std::vector<float> q(tokens * H * D, 0.5f), k(tokens * Hk * D, 0.5f), v(tokens * Hk * D, 0.5f),
       out(tokens * H * D), lse(tokens * H), dq(q.size()), dk(k.size()), dv(v.size());
 
   if (rank == 0) {
-    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, not causal\n", n,
-           rpn >= n ? "one node" : "across nodes", (long long)len, (long long)tokens);
+    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, not causal; %s\n", n,
+           rpn >= n ? "one node" : "across nodes", (long long)len, (long long)tokens,
+           accumulate ? "the kernel folds blocks in (-a 1)" : "the driver merges blocks on the CPU (-a 0)");
     printf("# key/value block %zu bytes; C (one block's exchange alone) = %.3f ms, backward (with gradients) = %.3f ms\n",
            kvBytes, C * 1e3, C2 * 1e3);
     printf("#\n# %6s %9s | %12s %12s %8s %7s | %12s %12s %8s %7s\n", "T/C", "T(ms)", "fwd pass(ms)", "per step(ms)",

@@ -79,6 +79,7 @@ struct zpAttention {
   float scale = 1;
   zpAttnKernel_t fwd = nullptr, bwd = nullptr;
   void* user = nullptr;
+  bool kernelAccumulates = false;
   int64_t T = 0;                  // this rank's tokens
   std::vector<Group> groups;      // the rings this rank is in, in run order
   std::vector<LocalSeq> locals;   // this rank's local sequences
@@ -315,6 +316,12 @@ class Pass {
         written = 1;
         return callKernel(b);
       }
+      if (a_->kernelAccumulates) {
+        b.out = accOut;
+        b.lse = accLse;
+        b.accumulate = 1;
+        return callKernel(b);
+      }
       partOut_.resize(cq.count * qr);
       partLse_.resize(cq.count * a_->H);
       b.out = partOut_.data();
@@ -530,6 +537,7 @@ ZP_API zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, con
     a->fwd = c.forward;
     a->bwd = c.backward;
     a->user = c.user;
+    a->kernelAccumulates = c.kernelAccumulates != 0;
     ZP_CHECK(buildSchedule(a.get(), p, me));
     a->xchg = std::make_unique<zp::AsyncP2P>(comm);
     *attn = a.release();

@@ -42,6 +42,7 @@ ZP_API zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
       float& lse = b->lse[h * sq + i];
       int64_t n = b->mask == zpMaskSkip ? 0 : b->mask == zpMaskCausal ? i + 1 : sk;
       if (n == 0) {  // nothing visible: out 0, lse -inf (adds nothing when merged)
+        if (b->accumulate) continue;
         for (int d = 0; d < D; d++) o[d] = 0;
         lse = -INFINITY;
         continue;
@@ -63,8 +64,15 @@ ZP_API zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
         const float* vj = b->v + (j * Hk + h / g) * D;
         for (int d = 0; d < D; d++) acc[d] += p * vj[d];
       }
+      const double blockLse = mx + std::log(sum);
+      if (b->accumulate && lse != -INFINITY) {  // fold into the running result, as zpAttnMergeLse does
+        const double m = std::max<double>(lse, blockLse), wa = std::exp(lse - m), wb = std::exp(blockLse - m);
+        for (int d = 0; d < D; d++) o[d] = (float)((wa * o[d] + wb * acc[d] / sum) / (wa + wb));
+        lse = (float)(m + std::log(wa + wb));
+        continue;
+      }
       for (int d = 0; d < D; d++) o[d] = (float)(acc[d] / sum);
-      lse = (float)(mx + std::log(sum));
+      lse = (float)blockLse;
     }
   return zpSuccess;
 }

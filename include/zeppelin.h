@@ -302,7 +302,11 @@ zpResult_t zpRingDestroy(zpRing_t ring);
  * pairs empty). Forward writes out and lse of this block (a row that sees
  * nothing: out 0, lse -inf); blocks are combined with zpAttnMergeLse.
  * Backward takes out and lse of the whole row (all blocks merged) and ADDS
- * this block's share into dq, dk and dv. */
+ * this block's share into dq, dk and dv. With accumulate set (forward only,
+ * for kernels that say they can: zpAttnConfig_t.kernelAccumulates), out and
+ * lse already hold the rows' result over earlier blocks and the kernel folds
+ * this block into them as zpAttnMergeLse would, saving the driver a pass
+ * over the output. */
 typedef enum { zpMaskFull = 0, zpMaskCausal = 1, zpMaskSkip = 2 } zpAttnMask_t;
 typedef struct {
   const float* q;
@@ -318,6 +322,7 @@ typedef struct {
   int qHeads, kvHeads, headDim;
   float scale; /* softmax scale, usually 1/sqrt(headDim) */
   zpAttnMask_t mask;
+  int accumulate; /* forward: fold into out and lse instead of overwriting them */
 } zpAttnBlock_t;
 typedef zpResult_t (*zpAttnKernel_t)(const zpAttnBlock_t* block, void* user);
 /* The reference CPU kernels (float32 in and out, float64 inside, exact softmax). */
@@ -357,6 +362,7 @@ typedef struct {
   zpAttnKernel_t forward;  /* e.g. zpAttnRefForward */
   zpAttnKernel_t backward; /* e.g. zpAttnRefBackward; may be NULL for forward only */
   void* user;              /* passed to the kernels */
+  int kernelAccumulates;   /* nonzero: the forward kernel honours zpAttnBlock_t.accumulate */
 } zpAttnConfig_t;
 typedef struct zpAttention* zpAttention_t;
 /* Local (no communication); the plan must outlive the driver. */

@@ -24,6 +24,7 @@ struct AttnCase {
   bool causal = true;
   int qHeads = 4, kvHeads = 4, headDim = 8;
   AttnPlanKind plan = AttnPlanKind::RandomRings;
+  bool accumulate = false;  // the forward kernel folds blocks in itself (zpAttnConfig_t.kernelAccumulates)
 };
 
 inline const char* planKindName(AttnPlanKind k) {
@@ -166,7 +167,7 @@ inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int
   std::vector<float> out(T * H * D, nan), lse(H * T, nan), dq(T * H * D, nan), dk(T * Hk * D, nan),
       dv(T * Hk * D, nan);
 
-  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr};
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, c.accumulate ? 1 : 0};
   zpAttention_t attn = nullptr;
   std::string err;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess)

@@ -147,6 +147,23 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
       ASSERT_EQ(zpAttnRefForward(&b, nullptr), zpSuccess);
       ASSERT_EQ(zpAttnMergeLse(qo[p.qc].data(), ql[p.qc].data(), po.data(), pl.data(), m, H, D), zpSuccess);
     }
+    // The same blocks folded in by the kernel itself (accumulate) give the
+    // same rows as the merge.
+    for (int c = 0; c < 2; c++) {
+      std::vector<float> ao(m * H * D, 0), al(H * m, -INFINITY);
+      for (const Pair& p : pairs) {
+        if (p.mask == zpMaskSkip || p.qc != c) continue;
+        auto qq = rows(q, p.qc * m, p.qc * m + m, H, D), kk = rows(k, p.kc * m, p.kc * m + m, Hk, D),
+             vv = rows(v, p.kc * m, p.kc * m + m, Hk, D);
+        zpAttnBlock_t b = {qq.data(), kk.data(), vv.data(), ao.data(), al.data(), nullptr, nullptr, nullptr, nullptr,
+                           m, m, H, Hk, D, scale, p.mask, 1};
+        ASSERT_EQ(zpAttnRefForward(&b, nullptr), zpSuccess);
+      }
+      double worst = 0;
+      for (size_t e = 0; e < ao.size(); e++) worst = std::max(worst, (double)std::fabs(ao[e] - qo[c][e]));
+      for (size_t e = 0; e < al.size(); e++) worst = std::max(worst, (double)std::fabs(al[e] - ql[c][e]));
+      EXPECT_LT(worst, 1e-5) << "chunk " << c << ": accumulate differs from merge";
+    }
     for (int c = 0; c < 2; c++) {
       std::copy(qo[c].begin(), qo[c].end(), out.begin() + c * m * H * D);
       for (int h = 0; h < H; h++)

@@ -1,6 +1,7 @@
 // The ring-attention driver against a float64 single-process reference: on
 // 2, 3, 4 and 8 ranks of one node, causal and not, with and without GQA,
-// over random rings, the planner's plans and one ring of all ranks; fresh
+// over random rings, the planner's plans and one ring of all ranks, with the
+// driver merging blocks or the kernel folding them in itself; fresh
 // random batches every run (the seed is printed). The multi-node versions
 // run in multinode_tests. Also: bad arguments, a failing kernel, and plans
 // made from caller-chosen rings.
@@ -33,10 +34,12 @@ TEST_P(AttentionRanks, MatchesTheFloat64Reference) {
           c.kvHeads = kvHeads;
           c.headDim = 8;
           c.plan = kind;
+          c.accumulate = k % 2;
           zptest::AttnErrors e;
           std::string err = zptest::checkDistributedAttention(comm, rank, nranks, nranks, seed + k++, c, &e);
           EXPECT_EQ(err, "") << "rank " << rank << ", " << zptest::planKindName(kind)
-                             << (causal ? ", causal" : ", not causal") << ", " << kvHeads << " kv heads";
+                             << (causal ? ", causal" : ", not causal") << ", " << kvHeads << " kv heads"
+                             << (c.accumulate ? ", kernel accumulates" : "");
         }
     zpCommDestroy(comm);
   }, 300));

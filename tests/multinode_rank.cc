@@ -138,6 +138,7 @@ int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
       zptest::AttnCase c;
       c.causal = causal;
       c.kvHeads = k % 3 == 0 ? 4 : k % 3 == 1 ? 2 : 1;
+      c.accumulate = k % 2;
       zptest::AttnErrors e;
       std::string why = zptest::checkDistributedAttention(comm, rank, n, rpn, seed + k++, c, &e);
       if (!why.empty() && err.empty())
