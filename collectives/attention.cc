@@ -404,12 +404,29 @@ class Pass {
       // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
       // and the previous rank's partial gradient of b_t. t = G: the last
       // gradient hop only.
+      // Gradients travel as two messages too (keys', then values'), so
+      // that the last hop lands straight in the caller's dk and dv.
+      const bool direct = g.ownAt >= 0;
       auto startX = [&](int t) {
         std::vector<zp::P2POp> ops;
         if (t < G - 1) sendHeld(&ops, g, t, next);
-        if (t >= 1) ops.push_back({true, grad[(t - 1) % 2].data(), kvFloats(g, block(t - 1)) * sizeof(float), next});
+        if (t >= 1) {
+          const size_t half = kvFloats(g, block(t - 1)) / 2;
+          ops.push_back({true, grad[(t - 1) % 2].data(), half * sizeof(float), next});
+          ops.push_back({true, grad[(t - 1) % 2].data() + half, half * sizeof(float), next});
+        }
         if (t < G - 1) recvNext(&ops, g, t, prev);
-        if (t >= 1) ops.push_back({false, part.data(), kvFloats(g, block(t)) * sizeof(float), prev});
+        if (t >= 1) {
+          const size_t half = kvFloats(g, block(t)) / 2;
+          float* dst = part.data();
+          if (t == G && direct) {
+            ops.push_back({false, dk + g.ownAt * kr, half * sizeof(float), prev});
+            ops.push_back({false, dv + g.ownAt * kr, half * sizeof(float), prev});
+          } else {
+            ops.push_back({false, dst, half * sizeof(float), prev});
+            ops.push_back({false, dst + half, half * sizeof(float), prev});
+          }
+        }
         return a_->xchg->start(std::move(ops), fn_);
       };
       ZP_CHECK(startX(0));
@@ -424,6 +441,7 @@ class Pass {
         ZP_CHECK(startX(t + 1));
       }
       ZP_CHECK(waitFilling());
+      if (direct) continue;
       // part now holds my own block's whole gradient: keys, then values.
       const int64_t nMine = g.tokens[g.pos];
       for (const Chunk& c : g.blocks[g.pos]) {
