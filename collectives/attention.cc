@@ -40,7 +40,6 @@
 namespace {
 
 using zp::plan::BatchPlan;
-using zp::plan::SeqClass;
 
 // One chunk of a sequence, held by one ring position.
 struct Chunk {
@@ -178,8 +177,9 @@ class Pass {
     ops->push_back({false, h.v, bytes, peer});
   }
 
-  // Packs my key/value chunks (keys, then values) and sets the outputs to the
-  // empty merge (out 0, lse -inf) or the gradients to 0.
+  // Sizes the group buffers, packs my key/value chunks where they do not lie
+  // together in the caller's buffers, zeroes what kernels add into, and
+  // (backward) gathers my chunks' lse in the kernels' [H, count] layout.
   void prepare() {
     const size_t kr = a_->kvRow(), qr = a_->qRow();
     lseAt_.assign(a_->groups.size() + 1, 0);

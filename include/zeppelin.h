@@ -196,9 +196,11 @@ typedef struct { int64_t seq; int64_t start; int64_t count; } zpSegment_t;
 
 typedef struct zpBatchPlan* zpBatchPlan_t;
 
-/* Plans a batch of nseqs sequences. cluster must be given (planning from a
- * communicator's topology is not available yet); comm is unused and may be
- * NULL. Free with zpPlanDestroy. */
+/* Plans a batch of nseqs sequences for the cluster model given or, with
+ * cluster NULL, for comm's cluster: its nodes, ranks per node (numbered node
+ * by node) and NICs per node, the NIC rate it measured (else 200 Gbit/s),
+ * and the model's default compute and intra-node rates (312 TFLOPS at 50%,
+ * 200 GB/s: an A800 node). Free with zpPlanDestroy. */
 zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                        const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
                        zpComm_t comm);

@@ -18,7 +18,9 @@
 
 namespace zptest {
 
-enum class AttnPlanKind { RandomRings = 0, Planner = 1, OneRing = 2 };
+// Planner: for a cluster model of this shape; CommPlanner: for the
+// communicator's own cluster (zpPlanBatch with no model).
+enum class AttnPlanKind { RandomRings = 0, Planner = 1, OneRing = 2, CommPlanner = 3 };
 
 struct AttnCase {
   bool causal = true;
@@ -28,7 +30,10 @@ struct AttnCase {
 };
 
 inline const char* planKindName(AttnPlanKind k) {
-  return k == AttnPlanKind::RandomRings ? "random rings" : k == AttnPlanKind::Planner ? "planner" : "one ring";
+  return k == AttnPlanKind::RandomRings ? "random rings"
+         : k == AttnPlanKind::Planner   ? "planner"
+         : k == AttnPlanKind::OneRing   ? "one ring"
+                                        : "planner for the communicator";
 }
 
 // Lengths that the issue names: 1, shorter than a ring, not divisible by
@@ -118,10 +123,10 @@ inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int
   const int64_t total = cu.back();
   zpBatchPlan_t plan = nullptr;
   zpResult_t pr;
-  if (c.plan == AttnPlanKind::Planner) {
+  if (c.plan == AttnPlanKind::Planner || c.plan == AttnPlanKind::CommPlanner) {
     zpAttnShape_t shape = {H, Hk, D, 2, c.causal ? 1 : 0};
     zpClusterModel_t cluster = {n / ranksPerNode, ranksPerNode, 1, 100.0, 100.0, 100.0, 0.5};
-    pr = zpPlanBatch(&plan, nseq, lens.data(), &shape, &cluster, comm);
+    pr = zpPlanBatch(&plan, nseq, lens.data(), &shape, c.plan == AttnPlanKind::Planner ? &cluster : nullptr, comm);
   } else {
     std::vector<size_t> offs(nseq + 1, 0);
     std::vector<int> ranks;

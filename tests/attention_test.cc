@@ -25,7 +25,8 @@ TEST_P(AttentionRanks, MatchesTheFloat64Reference) {
     zpComm_t comm = zptest::initComm(rank, nranks, id);
     int k = 0;
     for (zptest::AttnPlanKind kind :
-         {zptest::AttnPlanKind::RandomRings, zptest::AttnPlanKind::Planner, zptest::AttnPlanKind::OneRing})
+         {zptest::AttnPlanKind::RandomRings, zptest::AttnPlanKind::Planner, zptest::AttnPlanKind::OneRing,
+          zptest::AttnPlanKind::CommPlanner})
       for (bool causal : {true, false})
         for (int kvHeads : {4, 2, 1}) {
           zptest::AttnCase c;

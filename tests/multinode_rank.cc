@@ -133,7 +133,8 @@ int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::string err;
   int k = 0;
   for (zptest::AttnPlanKind kind :
-       {zptest::AttnPlanKind::RandomRings, zptest::AttnPlanKind::Planner, zptest::AttnPlanKind::OneRing})
+       {zptest::AttnPlanKind::RandomRings, zptest::AttnPlanKind::Planner, zptest::AttnPlanKind::OneRing,
+          zptest::AttnPlanKind::CommPlanner})
     for (bool causal : {true, false}) {
       zptest::AttnCase c;
       c.causal = causal;
@@ -145,6 +146,27 @@ int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
         err = std::string(zptest::planKindName(kind)) + (causal ? ", causal, " : ", not causal, ") +
               std::to_string(c.kvHeads) + " kv heads: " + why;
     }
+  // The planner reads the cluster from the communicator: rings that span
+  // nodes are inter-node rings, and a huge sequence gets one.
+  std::vector<int64_t> lens = {int64_t(1) << 22, 100, 3000, 1};
+  zpAttnShape_t shape = {32, 8, 128, 2, 1};
+  zpBatchPlan_t plan = nullptr;
+  if (err.empty() && zpPlanBatch(&plan, (int)lens.size(), lens.data(), &shape, nullptr, comm) != zpSuccess)
+    err = std::string("zpPlanBatch from the communicator: ") + zpGetLastError(nullptr);
+  bool sawInter = false;
+  for (size_t s = 0; plan && s < lens.size() && err.empty(); s++) {
+    int cls = -1, g = 0;
+    const int* ranks = nullptr;
+    zpPlanSequence(plan, (int64_t)s, &cls, &g, &ranks);
+    bool spans = false;
+    for (int i = 0; i < g; i++) spans |= ranks[i] / rpn != ranks[0] / rpn;
+    sawInter |= cls == 2;
+    if ((cls == 2) != spans || (cls == 0) != (g == 1))
+      err = "sequence " + std::to_string(s) + ": class " + std::to_string(cls) + " for a ring of " + std::to_string(g) +
+            " ranks" + (spans ? " across nodes" : "");
+  }
+  if (err.empty() && n > rpn && !sawInter) err = "no inter-node ring for a sequence of 4M tokens";
+  if (plan) zpPlanDestroy(plan);
   zpCommDestroy(comm);
   if (!err.empty()) {
     fprintf(stderr, "rank %d: %s\n", rank, err.c_str());

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -296,4 +297,17 @@ ZP_API zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], c
   return zp::enqueueCollective(c, [=] {
     return zp::alltoallv(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
   });
+}
+
+zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, fn, &c));
+  out->nodeOf = c->nodeOf;
+  out->nicsPerNode = 0;
+  out->nicBitsPerSec = 0;
+  for (const zp::NodeTopology& n : c->topo.node) {
+    out->nicsPerNode = std::max(out->nicsPerNode, (int)n.nics.size());
+    for (const zp::Nic& nic : n.nics) out->nicBitsPerSec = std::max(out->nicBitsPerSec, nic.bitsPerSec);
+  }
+  return zpSuccess;
 }

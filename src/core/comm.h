@@ -180,6 +180,15 @@ zpResult_t commCreate(int nranks, const zpUniqueId& id, int rank, const Config& 
 // Call without holding comm->mu (it stops the proxy thread, then takes it).
 void commLeave(Comm* comm, bool abort);
 
+// What the planner needs of a communicator's layout: each rank's node, NICs
+// per node (the most any node has) and their rate in bits/s (0: unknown).
+struct CommShape {
+  std::vector<int> nodeOf;
+  int nicsPerNode = 0;
+  double nicBitsPerSec = 0;
+};
+zpResult_t commShape(zpComm_t comm, const char* fn, CommShape* out);
+
 // Runs ops on several communicators together (a group may span them).
 struct CommOps {
   Comm* comm;

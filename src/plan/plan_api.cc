@@ -1,11 +1,13 @@
 // The C API for batch plans (include/zeppelin.h, "Batch plans"): wraps
 // zp::plan::planBatch and hands out its results as plain arrays.
+#include <algorithm>
 #include <new>
 #include <string>
 #include <stdexcept>
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/core/comm.h"
 #include "src/core/log.h"
 #include "src/plan/layout.h"
 #include "src/plan/planner.h"
@@ -35,33 +37,59 @@ zpBatchPlan* wrap(zp::plan::BatchPlan plan, int nranks) {
   return p;
 }
 
+// The cluster model of a communicator: its nodes, ranks and NICs, with the
+// NIC rate it measured (if any) and the default rates of the model
+// otherwise. The planner numbers ranks node by node, so the communicator's
+// must be too.
+zpResult_t clusterFromComm(zpComm_t comm, zp::plan::ClusterModel* c) {
+  zp::CommShape shape;
+  ZP_CHECK(zp::commShape(comm, "zpPlanBatch", &shape));
+  const int n = (int)shape.nodeOf.size();
+  int nodes = 0;
+  for (int r = 0; r < n; r++) nodes = std::max(nodes, shape.nodeOf[r] + 1);
+  const int rpn = n / nodes;
+  for (int r = 0; r < n; r++)
+    if (n % nodes || shape.nodeOf[r] != r / rpn)
+      return zp::fail(zpInvalidArgument,
+                      "zpPlanBatch: the communicator's ranks are not numbered node by node with the same count on "
+                      "every node (rank %d is on node %d): pass a zpClusterModel_t",
+                      r, shape.nodeOf[r]);
+  c->nodes = nodes;
+  c->ranksPerNode = rpn;
+  c->nicsPerNode = std::max(1, shape.nicsPerNode);
+  if (shape.nicBitsPerSec > 0) c->nicGbps = shape.nicBitsPerSec / 1e9;
+  return zpSuccess;
+}
+
 }  // namespace
 
 const zp::plan::BatchPlan& zp::plan::planOf(zpBatchPlan_t plan) { return plan->plan; }
 
 ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
-                              zpComm_t /*comm*/) {
+                              zpComm_t comm) {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanBatch: plan is NULL");
   *plan = nullptr;
   if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanBatch: empty batch (nseqs %d)", nseqs);
   if (!seqLens || !shape) return zp::fail(zpInvalidArgument, "zpPlanBatch: seqLens or shape is NULL");
-  if (!cluster)
-    return zp::fail(zpInvalidArgument,
-                    "zpPlanBatch: cluster is NULL (planning from a communicator's topology is not available yet)");
+  if (!cluster && !comm) return zp::fail(zpInvalidArgument, "zpPlanBatch: give a cluster model or a communicator");
   zp::plan::AttnShape sh;
   sh.qHeads = shape->qHeads;
   sh.kvHeads = shape->kvHeads;
   sh.headDim = shape->headDim;
   sh.elemBytes = shape->elemBytes;
   zp::plan::ClusterModel c;
-  c.nodes = cluster->nodes;
-  c.ranksPerNode = cluster->ranksPerNode;
-  c.nicsPerNode = cluster->nicsPerNode;
-  c.nicGbps = cluster->nicGbps;
-  c.intraNodeGBps = cluster->intraNodeGBps;
-  c.tflops = cluster->tflops;
-  c.efficiency = cluster->efficiency;
+  if (cluster) {
+    c.nodes = cluster->nodes;
+    c.ranksPerNode = cluster->ranksPerNode;
+    c.nicsPerNode = cluster->nicsPerNode;
+    c.nicGbps = cluster->nicGbps;
+    c.intraNodeGBps = cluster->intraNodeGBps;
+    c.tflops = cluster->tflops;
+    c.efficiency = cluster->efficiency;
+  } else {
+    ZP_CHECK(clusterFromComm(comm, &c));
+  }
   try {
     *plan = wrap(zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c),
                  c.ranks());
