@@ -3,8 +3,9 @@
 // rank order; launch on one node for an intra-node ring, one rank per node
 // for an inter-node one), not causal, so every step is one kernel call on one
 // key/value block. The block kernel does no arithmetic and touches no host
-// memory: it takes exactly T (it sleeps, as the CPU does while a GPU kernel
-// runs), with T set as a multiple of C, the measured time of one block's
+// memory: it takes exactly T per block pair (it sleeps, as the CPU does while
+// a GPU kernel runs; a call on part of a block takes its share), with T set
+// as a multiple of C, the measured time of one block's
 // ring exchange alone. The driver's own work (merging partial outputs by
 // their lse, adding gradients) runs on the CPU and counts.
 //   -b BYTES   key/value block per rank, keys and values (default 8M)
@@ -46,8 +47,11 @@ void die(const char* what, zpComm_t comm) {
   exit(1);
 }
 
+// T for a whole block pair (blockTokens x blockTokens); a call on part of
+// one (the driver may cut a block's rows in two) takes its share.
 struct TimedKernel {
   double seconds = 0;
+  double blockTokens = 1;
 };
 
 void sleepUntil(double t) {
@@ -62,8 +66,11 @@ void sleepUntil(double t) {
 // Like a GPU kernel, it leaves host memory alone: the driver's buffers it
 // would write hold zeros from the start (vectors, and the driver's scratch),
 // so the merges see numbers.
-zpResult_t timedKernel(const zpAttnBlock_t*, void* user) {
-  sleepUntil(now() + ((TimedKernel*)user)->seconds);
+zpResult_t timedKernel(const zpAttnBlock_t* b, void* user) {
+  const TimedKernel* k = (const TimedKernel*)user;
+  double share = (double)b->sq * (double)b->sk / (k->blockTokens * k->blockTokens);
+  if (b->mask == zpMaskCausal) share /= 2;
+  sleepUntil(now() + k->seconds * share);
   return zpSuccess;
 }
 
@@ -158,6 +165,7 @@ int main(int argc, char** argv) {
   zpBatchPlan_t plan = nullptr;
   if (zpPlanCreate(&plan, 1, &len, 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
   TimedKernel kern;
+  kern.blockTokens = (double)tokens;
   zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0};
   zpAttention_t attn = nullptr;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);

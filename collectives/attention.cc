@@ -331,26 +331,76 @@ class Pass {
     });
   }
 
-  // Backward step: adds into dq and into grad (block j's key/value gradient).
-  zpResult_t backwardStep(size_t gi, int j, Held buf, float* grad) {
-    const Group& g = a_->groups[gi];
-    const size_t kr = a_->kvRow(), qr = a_->qRow();
-    const int64_t nk = g.tokens[j];
-    return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
+  // A backward kernel call: query rows [row0, row0 + rows) of chunk cq
+  // against chunk ck.
+  struct Work {
+    const Chunk* cq;
+    const Chunk* ck;
+    zpAttnMask_t mask;
+    int64_t row0, rows;
+    double cost() const { return mask == zpMaskCausal ? 0.5 * rows * (rows + 1) : (double)rows * ck->count; }
+  };
+
+  std::vector<Work> backwardWork(const Group& g, int j) const {
+    std::vector<Work> w;
+    forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
       zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
-      if (mask == zpMaskSkip) return zpSuccess;
-      zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
-      b.q = q + cq.userOff * qr;
+      if (mask != zpMaskSkip) w.push_back({&cq, &ck, mask, 0, cq.count});
+      return zpSuccess;
+    });
+    return w;
+  }
+
+  // Splits work into a first part of about half the cost and the rest
+  // (cutting a full block by query rows where that evens it out).
+  static std::vector<Work> splitHalf(std::vector<Work>* work) {
+    double total = 0, done = 0;
+    for (const Work& w : *work) total += w.cost();
+    size_t i = 0;
+    for (; i < work->size() && done + (*work)[i].cost() <= total / 2; i++) done += (*work)[i].cost();
+    std::vector<Work> late(work->begin() + i, work->end());
+    work->resize(i);
+    if (!late.empty() && late[0].mask == zpMaskFull) {
+      Work& w = late[0];
+      const int64_t take = std::min<int64_t>(w.rows, (int64_t)((total / 2 - done) / w.ck->count));
+      if (take > 0) {
+        work->push_back({w.cq, w.ck, w.mask, w.row0, take});
+        w.row0 += take;
+        w.rows -= take;
+      }
+    }
+    return late;
+  }
+
+  // Runs backward work against block buf (of nk tokens): adds into dq and
+  // into grad (the block's key/value gradient: keys', then values').
+  zpResult_t runBackwardWork(size_t gi, const std::vector<Work>& work, Held buf, int64_t nk, float* grad) {
+    const size_t kr = a_->kvRow(), qr = a_->qRow();
+    const int H = a_->H;
+    for (const Work& w : work) {
+      const Chunk &cq = *w.cq, &ck = *w.ck;
+      zpAttnBlock_t b = blockFor(w.rows, ck.count, w.mask);
+      const int64_t at = cq.userOff + w.row0;
+      b.q = q + at * qr;
       b.k = buf.k + ck.blockOff * kr;
       b.v = buf.v + ck.blockOff * kr;
-      b.out = const_cast<float*>(outIn) + cq.userOff * qr;
-      b.lse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
-      b.dout = dout + cq.userOff * qr;
-      b.dq = dq + cq.userOff * qr;
+      b.out = const_cast<float*>(outIn) + at * qr;
+      b.dout = dout + at * qr;
+      b.dq = dq + at * qr;
       b.dk = grad + ck.blockOff * kr;
       b.dv = grad + (nk + ck.blockOff) * kr;
-      return callKernel(b);
-    });
+      const float* lse = &lseAcc_[lseAt_[gi] + cq.blockOff * H];  // [H, cq.count]
+      if (w.rows == cq.count) {
+        b.lse = const_cast<float*>(lse);
+      } else {  // some rows of the chunk: their lse as [H, rows]
+        partLse_.resize((size_t)H * w.rows);
+        for (int h = 0; h < H; h++)
+          memcpy(&partLse_[h * w.rows], lse + h * cq.count + w.row0, w.rows * sizeof(float));
+        b.lse = partLse_.data();
+      }
+      ZP_CHECK(callKernel(b));
+    }
+    return zpSuccess;
   }
 
   // Declared after the buffers an exchange uses, so that on an early return
@@ -429,21 +479,43 @@ class Pass {
         }
         return a_->xchg->start(std::move(ops), fn_);
       };
+      // My own block's work is split: half goes round the ring with the
+      // other ranks' shares (step 0, while the first block arrives), half
+      // runs while the last gradient hop is in flight and is added to what
+      // it brings, so that hop is hidden too.
+      const int64_t nMine = g.tokens[g.pos];
+      std::vector<Work> ownEarly = backwardWork(g, g.pos), ownLate = splitHalf(&ownEarly);
       ZP_CHECK(startX(0));
       for (int t = 0; t < G; t++) {
         float* acc = grad[t % 2].data();
         const size_t size = kvFloats(g, block(t));
         std::fill(acc, acc + size, 0.0f);
-        ZP_CHECK(backwardStep(gi, block(t), held(g, t, block(t)), acc));
+        if (t == 0)
+          ZP_CHECK(runBackwardWork(gi, ownEarly, held(g, 0, g.pos), nMine, acc));
+        else
+          ZP_CHECK(runBackwardWork(gi, backwardWork(g, block(t)), held(g, t, block(t)), g.tokens[block(t)], acc));
         ZP_CHECK(waitFilling());
         if (t >= 1)
           for (size_t e = 0; e < size; e++) acc[e] += part[e];
         ZP_CHECK(startX(t + 1));
       }
+      // grad[G % 2] went out with X_{G-1}: free for the late half.
+      float* late = grad[G % 2].data();
+      const size_t half = (size_t)nMine * kr;
+      if (!ownLate.empty()) {
+        std::fill(late, late + 2 * half, 0.0f);
+        ZP_CHECK(runBackwardWork(gi, ownLate, held(g, 0, g.pos), nMine, late));
+      }
       ZP_CHECK(waitFilling());
+      // My block's whole gradient: what the last hop brought plus the late half.
+      float* gk = direct ? dk + g.ownAt * kr : part.data();
+      float* gv = direct ? dv + g.ownAt * kr : part.data() + half;
+      if (!ownLate.empty())
+        for (size_t e = 0; e < half; e++) {
+          gk[e] += late[e];
+          gv[e] += late[half + e];
+        }
       if (direct) continue;
-      // part now holds my own block's whole gradient: keys, then values.
-      const int64_t nMine = g.tokens[g.pos];
       for (const Chunk& c : g.blocks[g.pos]) {
         memcpy(dk + c.userOff * kr, &part[c.blockOff * kr], c.count * kr * sizeof(float));
         memcpy(dv + c.userOff * kr, &part[(nMine + c.blockOff) * kr], c.count * kr * sizeof(float));
