@@ -159,13 +159,18 @@ class Pass {
     float* b = t == 0 ? g.own.data() : g.kv[t % 2].data();
     return {b, b + half};
   }
-  // Sending the block held at step t (keys and values as two messages, so
-  // that my own block leaves straight from the caller's buffers) and
-  // receiving the next one into kv[(t + 1) % 2].
+  // Sending the block held at step t and receiving the next one into
+  // kv[(t + 1) % 2]. At step 0 the keys and values go as two messages, so
+  // that my own block leaves straight from the caller's buffers; later
+  // blocks lie together in kv[] and go as one.
   void sendHeld(std::vector<zp::P2POp>* ops, Group& g, int t, int peer) {
     const int j = posMod(g.pos - t, g.G());
     const Held h = held(g, t, j);
     const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    if (t > 0) {
+      ops->push_back({true, h.k, 2 * bytes, peer});
+      return;
+    }
     ops->push_back({true, h.k, bytes, peer});
     ops->push_back({true, h.v, bytes, peer});
   }
@@ -173,6 +178,10 @@ class Pass {
     const int j = posMod(g.pos - t - 1, g.G());
     const Held h = held(g, t + 1, j);
     const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    if (t > 0) {
+      ops->push_back({false, h.k, 2 * bytes, peer});
+      return;
+    }
     ops->push_back({false, h.k, bytes, peer});
     ops->push_back({false, h.v, bytes, peer});
   }
