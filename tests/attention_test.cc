@@ -6,6 +6,10 @@
 // run in multinode_tests. Also: bad arguments, a failing kernel, and plans
 // made from caller-chosen rings.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 
 #include <random>
 #include <string>
@@ -162,6 +166,47 @@ TEST(Attention, AFailingKernelIsAnErrorNotAHang) {
     }
     zpPlanDestroy(plan);
   }));
+}
+
+}  // namespace
+
+namespace {
+
+zpResult_t dyingForward(const zpAttnBlock_t* b, void* user) {
+  if (*(int*)user == 2) kill(getpid(), SIGKILL);  // rank 2 dies in its first kernel call
+  return zpAttnRefForward(b, nullptr);
+}
+
+// A rank dies in the middle of a ring: every other rank gets an error (none
+// hangs). Each aborts on its error, as a trainer would, so that the ranks
+// still waiting on it fail at once too.
+TEST(Attention, ARankThatDiesIsAnErrorOnEveryOtherRank) {
+  std::vector<zptest::RankExit> exits = zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int64_t lens[] = {2000};
+    size_t offs[] = {0, 4};
+    int ranks[] = {0, 1, 2, 3};
+    zpBatchPlan_t plan = nullptr;
+    ZP_ASSERT_OK(zpPlanCreate(&plan, 1, lens, 1, 4, 0, offs, ranks));
+    int me = rank;
+    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, dyingForward, zpAttnRefBackward, &me, 0};
+    zpAttention_t attn = nullptr;
+    ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
+    std::vector<float> x(500 * 16, 0.25f), out(500 * 16), lse(500 * 2);
+    auto start = std::chrono::steady_clock::now();
+    zpResult_t r = zpAttentionForward(attn, x.data(), x.data(), x.data(), out.data(), lse.data());
+    EXPECT_NE(r, zpSuccess) << "rank " << rank << " finished although rank 2 died";
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+    zpAttentionDestroy(attn);
+    zpCommAbort(comm);
+    zpPlanDestroy(plan);
+  });
+  for (int r = 0; r < 4; r++) {
+    if (r == 2)
+      EXPECT_TRUE(!exits[r].exited && exits[r].code == SIGKILL);
+    else
+      EXPECT_TRUE(exits[r].ok()) << "rank " << r << " ended with " << exits[r].code;
+  }
 }
 
 }  // namespace
