@@ -1,19 +1,21 @@
 // attn_perf: how much of a ring's communication the attention driver hides
 // behind the block kernel. One sequence split over a ring of all ranks (in
 // rank order; launch on one node for an intra-node ring, one rank per node
-// for an inter-node one), not causal, so every step is one kernel call on one
-// key/value block. The block kernel does no arithmetic and touches no host
-// memory: it takes exactly T per block pair (it sleeps, as the CPU does while
-// a GPU kernel runs; a call on part of a block takes its share), with T set
-// as a multiple of C, the measured time of one block's
-// ring exchange alone. The driver's own work (merging partial outputs by
-// their lse, adding gradients) runs on the CPU and counts.
+// for an inter-node one), not causal (every step one kernel call on one
+// key/value block) or causal (-C: zigzag chunks, every step a few calls on
+// half the pairs). The block kernel does no arithmetic and touches no host
+// memory: it sleeps (as the CPU does while a GPU kernel runs) for its share
+// of the work, so that a rank's kernel calls of one step take T in all,
+// with T set as a multiple of C, the measured time of one block's ring
+// exchange alone. The driver's own work (merging partial outputs by their
+// lse, adding gradients) runs on the CPU and counts.
 //   -b BYTES   key/value block per rank, keys and values (default 8M)
 //   -r LIST    kernel times as multiples of C (default 0.25,0.5,1,2,4)
 //   -a 0|1     the kernel folds each block into the running output itself
 //              (zpAttnConfig_t.kernelAccumulates; default 1, as a device
 //              kernel must: the host cannot merge device memory), or the
 //              driver merges partial outputs on the CPU (0)
+//   -C         causal (zigzag)
 //   -n/-w      timed / warm-up passes (default 5 / 1)
 // Columns: per step = pass time / G (G kernel steps, G-1 exchanges forward;
 // backward also carries the key/value gradients, so its C is measured with
@@ -85,15 +87,17 @@ int main(int argc, char** argv) {
   size_t blockBytes = 8u << 20;
   std::string ratios = "0.25,0.5,1,2,4";
   long iters = 5, warm = 1, accumulate = 1;
+  bool causal = false;
   int opt;
-  while ((opt = getopt(argc, argv, "b:r:n:w:a:")) != -1) {
+  while ((opt = getopt(argc, argv, "b:r:n:w:a:C")) != -1) {
     switch (opt) {
       case 'b': if (!zpbench::parseBytes(optarg, &blockBytes)) blockBytes = 0; break;
       case 'r': ratios = optarg; break;
       case 'n': iters = atol(optarg); break;
       case 'w': warm = atol(optarg); break;
       case 'a': accumulate = atol(optarg); break;
-      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-n N] [-w N]\n"); return 2;
+      case 'C': causal = true; break;
+      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-C] [-n N] [-w N]\n"); return 2;
     }
   }
   std::vector<double> rs;
@@ -167,7 +171,7 @@ int main(int argc, char** argv) {
   const int64_t len = tokens * n;
   size_t offs[2] = {0, (size_t)n};
   zpBatchPlan_t plan = nullptr;
-  if (zpPlanCreate(&plan, 1, &len, 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
+  if (zpPlanCreate(&plan, 1, &len, causal ? 1 : 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
   TimedKernel kern;
   kern.blockTokens = (double)tokens;
   zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0};
@@ -177,8 +181,9 @@ int main(int argc, char** argv) {
       out(tokens * H * D), lse(tokens * H), dq(q.size()), dk(k.size()), dv(v.size());
 
   if (rank == 0) {
-    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, not causal; %s\n", n,
+    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, %s; %s\n", n,
            rpn >= n ? "one node" : "across nodes", (long long)len, (long long)tokens,
+           causal ? "causal (zigzag)" : "not causal",
            accumulate ? "the kernel folds blocks in (-a 1)" : "the driver merges blocks on the CPU (-a 0)");
     printf("# key/value block %zu bytes; C (one block's exchange alone) = %.3f ms, backward (with gradients) = %.3f ms\n",
            kvBytes, C * 1e3, C2 * 1e3);
@@ -186,8 +191,9 @@ int main(int argc, char** argv) {
            "vs max", "hidden", "bwd pass(ms)", "per step(ms)", "vs max", "hidden");
   }
   for (double r : rs) {
-    kern.seconds = r * C;
-    const double T = kern.seconds;
+    // Causal zigzag steps cover half of a block pair's work.
+    const double T = r * C;
+    kern.seconds = causal ? 2 * T : T;
     std::vector<double> tf, tb;
     for (long i = 0; i < warm + iters; i++) {
       barrier();
