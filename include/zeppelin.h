@@ -343,7 +343,8 @@ zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const fl
  * hops); rings across nodes run first, then rings within a node, then local
  * sequences, one kernel call each (local work also fills the time spent
  * waiting for a ring's next block). Partial outputs are merged by their
- * log-sum-exp (zpAttnMergeLse).
+ * log-sum-exp (zpAttnMergeLse), or folded in by the kernel itself
+ * (kernelAccumulates).
  *
  * Buffers are host memory in the plan's attention layout of this rank, T
  * tokens (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):
@@ -367,7 +368,7 @@ typedef struct {
   int kernelAccumulates;   /* nonzero: the forward kernel honours zpAttnBlock_t.accumulate */
 } zpAttnConfig_t;
 typedef struct zpAttention* zpAttention_t;
-/* Local (no communication); the plan must outlive the driver. */
+/* Local (no communication). The driver keeps what it needs of the plan. */
 zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config, zpComm_t comm);
 zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
                               float* lse);
