@@ -95,6 +95,11 @@ TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=attention");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
+  // The same with every inter-node block and gradient relayed in small
+  // chunks through the proxies of every NIC (the test's blocks are small).
+  r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=attention ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=4K");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
 TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
