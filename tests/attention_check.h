@@ -1,4 +1,5 @@
-// The distributed attention check shared by attention_test (one node) and
+// The float64 reference of whole attention (also used by attention_ref_test)
+// and the distributed attention check shared by attention_test (one node) and
 // zp_multinode_rank (emulated clusters): every rank draws the same random
 // batch from a seed, runs the driver forward and backward on its tokens of
 // the plan's attention layout with the reference block kernels, and compares

@@ -9,59 +9,10 @@
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "tests/attention_check.h"
 #include "tests/harness.h"
 
 namespace {
-
-struct Ref {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-// Whole attention of one sequence of s tokens in float64, forward and backward.
-Ref reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-              const std::vector<float>& dout, int64_t s, int H, int Hk, int D, double scale, bool causal) {
-  Ref r;
-  int g = H / Hk;
-  r.out.assign(s * H * D, 0);
-  r.lse.assign(H * s, 0);
-  r.dq.assign(s * H * D, 0);
-  r.dk.assign(s * Hk * D, 0);
-  r.dv.assign(s * Hk * D, 0);
-  for (int h = 0; h < H; h++)
-    for (int64_t i = 0; i < s; i++) {
-      int64_t n = causal ? i + 1 : s;
-      std::vector<double> sc(n);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; j++) {
-        double dot = 0;
-        for (int d = 0; d < D; d++) dot += (double)q[(i * H + h) * D + d] * k[(j * Hk + h / g) * D + d];
-        sc[j] = dot * scale;
-        mx = std::max(mx, sc[j]);
-      }
-      double sum = 0;
-      for (auto x : sc) sum += std::exp(x - mx);
-      double lse = mx + std::log(sum);
-      r.lse[h * s + i] = lse;
-      std::vector<double> p(n);
-      for (int64_t j = 0; j < n; j++) {
-        p[j] = std::exp(sc[j] - lse);
-        for (int d = 0; d < D; d++) r.out[(i * H + h) * D + d] += p[j] * v[(j * Hk + h / g) * D + d];
-      }
-      double Di = 0;
-      for (int d = 0; d < D; d++) Di += dout[(i * H + h) * D + d] * r.out[(i * H + h) * D + d];
-      for (int64_t j = 0; j < n; j++) {
-        double dp = 0;
-        for (int d = 0; d < D; d++) dp += dout[(i * H + h) * D + d] * v[(j * Hk + h / g) * D + d];
-        double ds = p[j] * (dp - Di) * scale;
-        for (int d = 0; d < D; d++) {
-          r.dq[(i * H + h) * D + d] += ds * k[(j * Hk + h / g) * D + d];
-          r.dk[(j * Hk + h / g) * D + d] += ds * q[(i * H + h) * D + d];
-          r.dv[(j * Hk + h / g) * D + d] += p[j] * dout[(i * H + h) * D + d];
-        }
-      }
-    }
-  return r;
-}
 
 // Relative to the reference's norm; absolute where the reference is zero up
 // to rounding (a one-token sequence has exactly zero dq and dk: the softmax
@@ -97,7 +48,8 @@ TEST(AttentionRef, SingleBlockMatchesTheReference) {
     float scale = 1.0f / std::sqrt((float)D);
     auto q = randomVec(s * H * D, rng), k = randomVec(s * Hk * D, rng), v = randomVec(s * Hk * D, rng),
          dout = randomVec(s * H * D, rng);
-    Ref ref = reference(q, k, v, dout, s, H, Hk, D, scale, causal);
+    const zptest::RefSeq ref =
+        zptest::referenceAttention(q.data(), k.data(), v.data(), dout.data(), s, H, Hk, D, scale, causal);
     std::vector<float> out(s * H * D, NAN), lse(H * s, NAN), dq(s * H * D, 0), dk(s * Hk * D, 0), dv(s * Hk * D, 0);
     zpAttnBlock_t b = {q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
                        dv.data(), s, s, H, Hk, D, scale, causal ? zpMaskCausal : zpMaskFull};
@@ -123,7 +75,8 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
     float scale = 0.5f;
     auto q = randomVec(s * H * D, rng), k = randomVec(s * Hk * D, rng), v = randomVec(s * Hk * D, rng),
          dout = randomVec(s * H * D, rng);
-    Ref ref = reference(q, k, v, dout, s, H, Hk, D, scale, causal);
+    const zptest::RefSeq ref =
+        zptest::referenceAttention(q.data(), k.data(), v.data(), dout.data(), s, H, Hk, D, scale, causal);
     std::vector<float> out(s * H * D, NAN), lse(H * s, NAN), dq(s * H * D, 0), dk(s * Hk * D, 0), dv(s * Hk * D, 0);
     // Per query chunk: its key chunks and masks.
     struct Pair {
