@@ -564,22 +564,20 @@ zpResult_t buildSchedule(zpAttention* a, const BatchPlan& plan, int me) {
       order.push_back({(int)p.cls, p.seq});
     }
     Group& g = all[it->second];
-    const int64_t C = plan.causal ? 2 * G : G;
     for (int j = 0; j < G; j++)
-      for (int64_t c : plan.causal ? std::vector<int64_t>{j, 2 * G - 1 - j} : std::vector<int64_t>{j}) {
+      for (const zp::plan::ChunkSpan& c : zp::plan::ringChunks(p.len, G, plan.causal, j)) {
+        if (c.end == c.begin) continue;
         Chunk ch;
         ch.seq = p.seq;
-        ch.index = (int)c;
-        int64_t b = c * p.len / C, e = (c + 1) * p.len / C;
-        ch.count = e - b;
-        if (ch.count == 0) continue;
+        ch.index = (int)c.index;
+        ch.count = c.end - c.begin;
         ch.blockOff = g.tokens[j];
         g.tokens[j] += ch.count;
         if (g.ranks[j] == me) {
-          auto f = at.find({p.seq, b});
+          auto f = at.find({p.seq, c.begin});
           if (f == at.end())
             return zp::fail(zpInternalError, "attention driver: chunk %lld of sequence %lld is not in the layout",
-                            (long long)c, (long long)p.seq);
+                            (long long)c.index, (long long)p.seq);
           ch.userOff = f->second;
         }
         g.blocks[j].push_back(ch);

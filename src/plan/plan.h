@@ -40,6 +40,24 @@ struct SeqPlacement {
   std::vector<int> ranks;
 };
 
+// The chunks ring position j of G holds of a sequence of len tokens, as
+// SeqPlacement says: chunk j, and chunk 2G-1-j when causal and G > 1, with
+// their token ranges [begin, end) (end == begin for a chunk that comes out
+// empty). The planner lays chunks out by it and the attention driver finds
+// them by it.
+struct ChunkSpan {
+  int64_t index, begin, end;
+};
+inline std::vector<ChunkSpan> ringChunks(int64_t len, int G, bool causal, int j) {
+  const int64_t C = causal && G > 1 ? 2 * int64_t(G) : G;
+  std::vector<ChunkSpan> out;
+  for (int64_t c : {int64_t(j), 2 * int64_t(G) - 1 - j}) {
+    out.push_back({c, c * len / C, (c + 1) * len / C});
+    if (C == G) break;
+  }
+  return out;
+}
+
 struct BatchPlan {
   bool causal = false;
   std::vector<SeqPlacement> seqs;  // indexed by sequence id

@@ -246,15 +246,9 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
       for (int r : p.ranks)
         if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
     }
-    const int64_t C = causal && G > 1 ? 2 * G : G;
-    auto chunk = [&](int64_t ci, int r) {
-      int64_t b = ci * lens[i] / C, e = (ci + 1) * lens[i] / C;
-      if (e > b) plan.attention.ranks[r].push_back({p.seq, b, e - b});
-    };
-    for (int j = 0; j < G; ++j) {
-      chunk(j, p.ranks[j]);
-      if (C == 2 * G) chunk(2 * G - 1 - j, p.ranks[j]);
-    }
+    for (int j = 0; j < G; ++j)
+      for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
+        if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
   }
   plan.linear = linearLayout(plan.attention, n, ranksPerNode);
   return plan;
