@@ -318,17 +318,14 @@ class Pass {
       b.q = q + cq.userOff * qr;
       b.k = buf.k + ck.blockOff * kr;
       b.v = buf.v + ck.blockOff * kr;
+      // In place: the chunk's first block (nothing to merge with), or any
+      // block if the kernel folds it in itself.
       char& written = g.written[&cq - &g.blocks[g.pos][0]];
-      if (!written) {  // the chunk's first block: nothing to merge with
+      if (!written || a_->kernelAccumulates) {
         b.out = accOut;
         b.lse = accLse;
+        b.accumulate = written;
         written = 1;
-        return callKernel(b);
-      }
-      if (a_->kernelAccumulates) {
-        b.out = accOut;
-        b.lse = accLse;
-        b.accumulate = 1;
         return callKernel(b);
       }
       partOut_.resize(cq.count * qr);
@@ -465,7 +462,13 @@ class Pass {
       // gradient hop only.
       // Gradients travel as two messages too (keys', then values'), so
       // that the last hop lands straight in the caller's dk and dv.
+      // Where my own block's whole gradient ends: the caller's dk / dv when my
+      // chunks lie together there, else part (then scattered).
+      const int64_t nMine = g.tokens[g.pos];
+      const size_t half = (size_t)nMine * kr;
       const bool direct = g.ownAt >= 0;
+      float* gk = direct ? dk + g.ownAt * kr : part.data();
+      float* gv = direct ? dv + g.ownAt * kr : part.data() + half;
       auto startX = [&](int t) {
         std::vector<zp::P2POp> ops;
         if (t < G - 1) sendHeld(&ops, g, t, next);
@@ -476,15 +479,9 @@ class Pass {
         }
         if (t < G - 1) recvNext(&ops, g, t, prev);
         if (t >= 1) {
-          const size_t half = kvFloats(g, block(t)) / 2;
-          float* dst = part.data();
-          if (t == G && direct) {
-            ops.push_back({false, dk + g.ownAt * kr, half * sizeof(float), prev});
-            ops.push_back({false, dv + g.ownAt * kr, half * sizeof(float), prev});
-          } else {
-            ops.push_back({false, dst, half * sizeof(float), prev});
-            ops.push_back({false, dst + half, half * sizeof(float), prev});
-          }
+          const size_t size = kvFloats(g, block(t)) / 2;
+          ops.push_back({false, t == G ? gk : part.data(), size * sizeof(float), prev});
+          ops.push_back({false, t == G ? gv : part.data() + size, size * sizeof(float), prev});
         }
         return a_->xchg->start(std::move(ops), fn_);
       };
@@ -492,7 +489,6 @@ class Pass {
       // other ranks' shares (step 0, while the first block arrives), half
       // runs while the last gradient hop is in flight and is added to what
       // it brings, so that hop is hidden too.
-      const int64_t nMine = g.tokens[g.pos];
       std::vector<Work> ownEarly = backwardWork(g, g.pos), ownLate = splitHalf(&ownEarly);
       ZP_CHECK(startX(0));
       for (int t = 0; t < G; t++) {
@@ -510,15 +506,12 @@ class Pass {
       }
       // grad[G % 2] went out with X_{G-1}: free for the late half.
       float* late = grad[G % 2].data();
-      const size_t half = (size_t)nMine * kr;
       if (!ownLate.empty()) {
         std::fill(late, late + 2 * half, 0.0f);
         ZP_CHECK(runBackwardWork(gi, ownLate, held(g, 0, g.pos), nMine, late));
       }
       ZP_CHECK(waitFilling());
       // My block's whole gradient: what the last hop brought plus the late half.
-      float* gk = direct ? dk + g.ownAt * kr : part.data();
-      float* gv = direct ? dv + g.ownAt * kr : part.data() + half;
       if (!ownLate.empty())
         for (size_t e = 0; e < half; e++) {
           gk[e] += late[e];
