@@ -49,11 +49,6 @@ zpResult_t AsyncP2P::start(std::vector<P2POp> ops, const char* fn) {
   return zpSuccess;
 }
 
-bool AsyncP2P::started() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return started_;
-}
-
 bool AsyncP2P::finished() {
   std::lock_guard<std::mutex> lock(mu_);
   return started_ && !pending_;

@@ -30,7 +30,6 @@ class AsyncP2P {
   // Hands the ops to the worker, which runs them as one zpGroupStart/End.
   // zpInvalidUsage if the previous group was not waited for.
   zpResult_t start(std::vector<P2POp> ops, const char* fn);
-  bool started();    // started and not yet waited for
   bool finished();   // the group started has finished (wait returns at once)
   zpResult_t wait(const char* fn);
   // Waits for the group in flight, if any, leaving the thread's last error

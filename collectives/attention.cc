@@ -72,7 +72,6 @@ struct LocalSeq {
 }  // namespace
 
 struct zpAttention {
-  zpComm_t comm = nullptr;
   bool causal = false;
   int H = 0, Hk = 0, D = 0;
   float scale = 1;
@@ -618,7 +617,6 @@ ZP_API zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, con
     return zp::fail(zpInvalidArgument, "zpAttentionCreate: softmax scale %g", (double)c.scale);
   try {
     auto a = std::make_unique<zpAttention>();
-    a->comm = comm;
     a->causal = p.causal;
     a->H = c.qHeads;
     a->Hk = c.kvHeads;
