@@ -198,9 +198,6 @@ class Pass {
       for (int j = 0; j < g.G(); j++) most = std::max(most, kvFloats(g, j));
       for (std::vector<float>* b : {&g.kv[0], &g.kv[1], &g.grad[0], &g.grad[1], &g.part}) b->resize(most);
       const std::vector<Chunk>& mine = g.blocks[g.pos];
-      g.ownAt = mine.empty() ? 0 : mine[0].userOff;
-      for (const Chunk& c : mine)
-        if (c.userOff != g.ownAt + c.blockOff) g.ownAt = -1;
       if (g.ownAt < 0) {
         g.own.resize(kvFloats(g, g.pos));
         for (const Chunk& c : mine) {
@@ -587,6 +584,10 @@ zpResult_t buildSchedule(zpAttention* a, const BatchPlan& plan, int me) {
     auto p = std::find(g.ranks.begin(), g.ranks.end(), me);
     if (p == g.ranks.end()) continue;
     g.pos = (int)(p - g.ranks.begin());
+    const std::vector<Chunk>& mine = g.blocks[g.pos];
+    g.ownAt = mine.empty() ? 0 : mine[0].userOff;
+    for (const Chunk& c : mine)
+      if (c.userOff != g.ownAt + c.blockOff) g.ownAt = -1;
     a->groups.push_back(std::move(g));
   }
   return zpSuccess;
