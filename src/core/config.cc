@@ -17,30 +17,6 @@ std::string envString(const char* name, const std::string& dflt) {
   return (v && *v) ? std::string(v) : dflt;
 }
 
-bool parseSize(const std::string& text, size_t* out) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = strtoull(text.c_str(), &end, 10);
-  if (errno || end == text.c_str() || text[0] == '-') return false;
-  unsigned shift = 0;
-  if (*end) {
-    switch (*end) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: return false;
-    }
-    end++;
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return false;
-  }
-  if (shift && v > (~0ULL >> shift)) return false;
-  *out = (size_t)(v << shift);
-  return true;
-}
-
 std::string defaultNodeId() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "include/zeppelin.h"
+#include "src/util/strings.h"
 
 namespace zp {
 
@@ -31,8 +32,6 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out);
 
 // Environment helpers: the raw value, or the default when unset/empty.
 std::string envString(const char* name, const std::string& dflt = "");
-// Parses sizes with K/M/G suffixes (powers of 2). False on garbage.
-bool parseSize(const std::string& text, size_t* out);
 // This host's identity: hostname plus boot id, as NCCL does.
 std::string defaultNodeId();
 

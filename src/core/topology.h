@@ -97,6 +97,7 @@
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/util/strings.h"
 
 namespace zp {
 
@@ -186,13 +187,5 @@ std::string toJson(const NodeTopology& node, int localRanks = 1,
 // Human-readable, several lines, each ending in '\n'.
 std::string describe(const NodeTopology& node);
 std::string describe(const ClusterTopology& topo);
-
-// A rate: a number of bits/s, or a number with a unit as tc writes rates:
-// bit, kbit, mbit, gbit, tbit (powers of 1000), kibit .. tibit (of 1024), and
-// bps, kbps .. tbps, kibps .. tibps for bytes/s. Case-insensitive. False on
-// garbage, a negative or non-finite value. Zero is allowed.
-bool parseBitsPerSec(const std::string& text, double* bitsPerSec);
-// "10 Gbit/s", "500 Mbit/s", "2.5 Gbit/s", "unknown" (for 0).
-std::string formatBitsPerSec(double bitsPerSec);
 
 }  // namespace zp
