@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "src/route/relay.h"
 #include "src/core/log.h"
 #include "src/core/socket.h"
 
@@ -57,16 +58,16 @@ zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], c
 zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
   std::vector<Op*> ptrs;
   for (Op& op : ops) ptrs.push_back(&op);
-  return runOps(c, ptrs);
+  return c->runOps(ptrs);
 }
 
 // The count matrix, [rank][sendcounts..., recvcounts..., type size], with
 // this rank's row filled in; the other rows are filled by peers' messages.
 size_t countRowLen(int n) { return 2 * (size_t)n + 1; }
 std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts) {
-  const int n = c->nranks;
+  const int n = c->nranks();
   std::vector<uint64_t> rows((size_t)n * countRowLen(n), 0);
-  uint64_t* mine = rows.data() + (size_t)c->rank * countRowLen(n);
+  uint64_t* mine = rows.data() + (size_t)c->rank() * countRowLen(n);
   for (int p = 0; p < n; p++) {
     mine[p] = sendcounts[p];
     mine[n + p] = recvcounts[p];
@@ -78,7 +79,7 @@ std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], cons
 // The whole count matrix at every rank.
 zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
                         std::vector<uint64_t>* rows) {
-  const int n = c->nranks, me = c->rank;
+  const int n = c->nranks(), me = c->rank();
   const size_t rowLen = countRowLen(n);
   *rows = countMatrix(c, sendcounts, recvcounts, ts);
   uint64_t* mine = rows->data() + (size_t)me * rowLen;
@@ -90,78 +91,70 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
                          rowLen * sizeof(uint64_t), 1));
   }
   // Across nodes through the relay too, which knows the paths that work.
+  RoutedXfer xfer;
+  xfer.id = seq | kCountsXfer;
   for (Op& op : ops)
-    if (!c->isLocal(op.peer)) {
-      op.routed = true;
-      op.xfer = seq | kCountsXfer;
-    }
+    if (!c->isLocal(op.peer)) op.routed = &xfer;
   return runAll(c, ops);
 }
 
 // The same verdict on every rank, from the whole matrix.
 zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
-  const int n = c->nranks;
+  const int n = c->nranks();
   const size_t rowLen = countRowLen(n);
   for (int i = 1; i < n; i++)
     if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
       return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
-                  c->rank, (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
+                  c->rank(), (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
   for (int i = 0; i < n; i++)
     for (int j = 0; j < n; j++) {
       uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
       if (sent != expected)
         return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
-                    c->rank, i, (unsigned long long)sent, j, j, (unsigned long long)expected);
+                    c->rank(), i, (unsigned long long)sent, j, j, (unsigned long long)expected);
     }
   return zpSuccess;
 }
 
-zpResult_t routedAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts) {
-  const int n = c->nranks, me = c->rank;
+  const int n = c->nranks(), me = c->rank();
   const size_t rowLen = countRowLen(n);
   std::vector<uint64_t> rows;
   ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
   ZP_CHECK(checkCounts(c, rows));
 
-  // Plans repeat from call to call (benchmarks, fixed batch shapes): keep the last.
-  if (rows != c->lastPlanKey) {
-    std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
-    for (int s = 0; s < n; s++)
-      for (int d = 0; d < n; d++)
-        if (c->nodeOf[s] != c->nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
-    std::string why;
-    if (planRoutes(c->topo, bytes, c->routeParams, &c->lastPlan, &why) != zpSuccess)
-      return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
-    c->lastPlanKey = rows;
-    ZP_TRACE(kSubColl, "rank %d: %s", me, describe(c->lastPlan, 4).c_str());
-  }
-  const Plan& plan = c->lastPlan;
+  std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
+  const std::vector<int>& nodeOf = c->nodeOf();
+  for (int s = 0; s < n; s++)
+    for (int d = 0; d < n; d++)
+      if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
+  const RoutePlan* plan = nullptr;
+  std::string why;
+  if (relay->plan(rows, bytes, &plan, &why) != zpSuccess)
+    return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
   std::deque<Op> ops;
+  std::deque<RoutedXfer> xfers;  // deques: addresses stay put
   auto add = [&](bool isSend, int peer, const char* buf, size_t count) {
     ops.push_back(makeOp(OpKind::kAlltoallv, isSend, peer, (void*)buf, count * ts, ts));
     return &ops.back();
   };
-  for (const Transfer& t : plan.transfers)
-    if (t.src == me) {
-      Op* op = add(true, t.dst, sbuf + sdispls[t.dst] * ts, sendcounts[t.dst]);
-      op->routed = true;
-      op->xfer = seq;
-      op->pieces = &t.pieces;
-    }
+  auto route = [&](const std::vector<Piece>* pieces) {
+    xfers.push_back(RoutedXfer{seq, pieces});
+    return &xfers.back();
+  };
+  for (const Transfer& t : plan->transfers)
+    if (t.src == me) add(true, t.dst, sbuf + sdispls[t.dst] * ts, sendcounts[t.dst])->routed = route(&t.pieces);
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     if (c->isLocal(to)) add(true, to, sbuf + sdispls[to] * ts, sendcounts[to]);
     if (c->isLocal(from)) add(false, from, rbuf + rdispls[from] * ts, recvcounts[from]);
-    else if (recvcounts[from]) {
-      Op* op = add(false, from, rbuf + rdispls[from] * ts, recvcounts[from]);
-      op->routed = true;
-      op->xfer = seq;
-    }
+    else if (recvcounts[from])
+      add(false, from, rbuf + rdispls[from] * ts, recvcounts[from])->routed = route(nullptr);
   }
   if (sendcounts[me]) memmove(rbuf + rdispls[me] * ts, sbuf + sdispls[me] * ts, sendcounts[me] * ts);
   return runAll(c, ops);
@@ -171,7 +164,7 @@ zpResult_t routedAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
 
 zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype) {
-  const int n = c->nranks;
+  const int n = c->nranks();
   const size_t ts = zpTypeSize(dtype);
   std::vector<Range> sendRanges, recvRanges;
   ZP_CHECK(checkSide("send", sendbuff, sendcounts, sdispls, n, ts, &sendRanges));
@@ -195,8 +188,8 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
                   recvRanges[j].peer, sendRanges[i].peer);
   }
 
-  uint64_t seq = c->collSeq++;
-  if (c->routes()) return routedAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+  uint64_t seq = c->nextCollSeq();
+  if (Relay* relay = Relay::of(c)) return routedAlltoallv(c, relay, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is
   // caught by all ranks without a second round of messages. Larger
@@ -213,13 +206,13 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   std::vector<Op> ops(2 * n);
   std::vector<Op*> ptrs;
   for (int i = 0; i < n; i++) {
-    int to = (c->rank + i) % n, from = (c->rank - i + n) % n;
+    int to = (c->rank() + i) % n, from = (c->rank() - i + n) % n;
     Op& s = ops[2 * i];
     s = makeOp(OpKind::kAlltoallv, true, to, (char*)sendbuff + sdispls[to] * ts, sendcounts[to] * ts, ts);
     Op& r = ops[2 * i + 1];
     r = makeOp(OpKind::kAlltoallv, false, from, (char*)recvbuff + rdispls[from] * ts, recvcounts[from] * ts, ts);
     if (inBand && i > 0) {
-      s.meta = &rows[(size_t)c->rank * rowLen];
+      s.meta = &rows[(size_t)c->rank() * rowLen];
       s.metaBytes = rowBytes;
       r.meta = &rows[(size_t)from * rowLen];
       r.metaBytes = rowBytes;
@@ -227,9 +220,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     ptrs.push_back(&s);
     ptrs.push_back(&r);
   }
-  zpResult_t res = runOps(c, ptrs);
+  zpResult_t res = c->runOps(ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
-  if (c->asyncError != zpSuccess) return res;
+  if (c->asyncError() != zpSuccess) return res;
   if (inBand) {
     ZP_CHECK(checkCounts(c, rows));
     return res;
@@ -242,7 +235,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
       msg = op.error;
       break;
     }
-  return agreeOnResult(c, seq, res, msg);
+  return c->agreeOnResult(seq, res, msg);
 }
 
 }  // namespace zp

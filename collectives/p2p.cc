@@ -49,9 +49,9 @@ zpResult_t groupEnd() {
 
   zpResult_t res = zpSuccess;
   if (!p2p.empty()) {
-    std::vector<CommOps> work;
+    std::vector<Comm::Work> work;
     for (auto& e : p2p) {
-      auto it = std::find_if(work.begin(), work.end(), [&](const CommOps& w) { return w.comm == e.first; });
+      auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first; });
       if (it == work.end()) {
         work.push_back({e.first, {}});
         it = work.end() - 1;
@@ -62,12 +62,12 @@ zpResult_t groupEnd() {
     std::vector<Comm*> comms;
     for (auto& w : work) comms.push_back(w.comm);
     std::sort(comms.begin(), comms.end());
-    for (Comm* c : comms) c->mu.lock();
-    res = runOps(work);
-    for (Comm* c : comms) c->mu.unlock();
+    for (Comm* c : comms) c->mutex().lock();
+    res = Comm::runOps(work);
+    for (Comm* c : comms) c->mutex().unlock();
   }
   for (auto& e : colls) {
-    std::lock_guard<std::mutex> lock(e.first->mu);
+    std::lock_guard<std::mutex> lock(e.first->mutex());
     zpResult_t r = e.second();
     if (res == zpSuccess) res = r;
   }
@@ -77,8 +77,8 @@ zpResult_t groupEnd() {
 zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
-  if (peer < 0 || peer >= comm->nranks)
-    return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d)", fn, peer, comm->nranks - 1);
+  if (peer < 0 || peer >= comm->nranks())
+    return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d)", fn, peer, comm->nranks() - 1);
   if (count > kMaxCallBytes / ts)
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
@@ -87,9 +87,9 @@ zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataTy
     tlsGroup.p2p.emplace_back(comm, op);
     return zpSuccess;
   }
-  std::lock_guard<std::mutex> lock(comm->mu);
+  std::lock_guard<std::mutex> lock(comm->mutex());
   std::vector<Op*> ops{&op};
-  return runOps(comm, ops);
+  return comm->runOps(ops);
 }
 
 zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run) {
@@ -97,7 +97,7 @@ zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run) {
     tlsGroup.collectives.emplace_back(comm, std::move(run));
     return zpSuccess;
   }
-  std::lock_guard<std::mutex> lock(comm->mu);
+  std::lock_guard<std::mutex> lock(comm->mutex());
   return run();
 }
 

@@ -44,7 +44,7 @@ namespace {
 using zp::ClusterTopology;
 using zp::NicLoad;
 using zp::Piece;
-using zp::Plan;
+using zp::RoutePlan;
 using zp::RouteMode;
 using zp::RouteParams;
 using zp::Transfer;
@@ -174,7 +174,7 @@ std::vector<TransferDemand> sparse(const Matrix& m) {
 // ---------------------------------------------------------------------------
 // Checks every plan must pass.
 
-void checkPlan(const ClusterTopology& t, const Matrix& demand, const RouteParams& p, const Plan& plan) {
+void checkPlan(const ClusterTopology& t, const Matrix& demand, const RouteParams& p, const RoutePlan& plan) {
   SCOPED_TRACE(std::string("mode ") + zp::routeModeName(p.mode) + (p.railOnly ? " rail-only" : " full fabric"));
   const uint64_t C = p.chunkBytes;
   // The transfers are exactly the inter-node entries, by (src, dst).
@@ -290,7 +290,7 @@ void checkPlan(const ClusterTopology& t, const Matrix& demand, const RouteParams
 }
 
 // Balanced: every NIC within one chunk (in its own time) of the bound.
-void checkNearBound(const Plan& plan) {
+void checkNearBound(const RoutePlan& plan) {
   double C = (double)plan.params.chunkBytes;
   for (const NicLoad& l : plan.loads) {
     double limit = plan.lowerBound + C / l.bytesPerSec;
@@ -311,8 +311,8 @@ RouteParams allRouted() {
   return p;
 }
 
-Plan planOf(const ClusterTopology& t, const Matrix& m, const RouteParams& p) {
-  Plan plan;
+RoutePlan planOf(const ClusterTopology& t, const Matrix& m, const RouteParams& p) {
+  RoutePlan plan;
   std::string why;
   zpResult_t r = zp::planRoutes(t, m, p, &plan, &why);
   EXPECT_EQ(r, zpSuccess) << why;
@@ -321,14 +321,14 @@ Plan planOf(const ClusterTopology& t, const Matrix& m, const RouteParams& p) {
 
 // Plans m in every mode (and both fabrics if asked), checks all; for balanced
 // rail-only plans also the bound when nearBound. Returns the balanced plan.
-Plan planAll(const ClusterTopology& t, const Matrix& m, RouteParams p, bool nearBound = true,
+RoutePlan planAll(const ClusterTopology& t, const Matrix& m, RouteParams p, bool nearBound = true,
              bool fabrics = true) {
-  Plan balanced;
+  RoutePlan balanced;
   for (int fabric = 0; fabric < (fabrics ? 2 : 1); fabric++) {
     p.railOnly = fabric == 0;
     for (RouteMode mode : {RouteMode::kOff, RouteMode::kRail, RouteMode::kBalanced}) {
       p.mode = mode;
-      Plan plan = planOf(t, m, p);
+      RoutePlan plan = planOf(t, m, p);
       checkPlan(t, m, p, plan);
       if (::testing::Test::HasFatalFailure()) return plan;
       if (mode == RouteMode::kBalanced) {
@@ -349,7 +349,7 @@ TEST(Router, SinglePairSplitsOverAllRails) {
   Matrix m = zeros(t);
   m[0][4] = 256 * MiB;
   RouteParams p = allRouted();
-  Plan plan = planAll(t, m, p);
+  RoutePlan plan = planAll(t, m, p);
   double rate = 1e9 / 8;
   EXPECT_DOUBLE_EQ(plan.lowerBound, 256.0 * MiB / (4 * rate));
   EXPECT_DOUBLE_EQ(plan.maxNicTime, plan.lowerBound);  // 512 chunks split 4 ways exactly
@@ -361,7 +361,7 @@ TEST(Router, SinglePairSplitsOverAllRails) {
   EXPECT_EQ(plan.relayedBytes, 2 * 192 * MiB);
   // Routing off: everything on rail 0.
   p.mode = RouteMode::kOff;
-  Plan off = planOf(t, m, p);
+  RoutePlan off = planOf(t, m, p);
   EXPECT_DOUBLE_EQ(off.maxNicTime, 256.0 * MiB / rate);
   EXPECT_EQ(off.relayedBytes, 0u);
   EXPECT_EQ(off.transfers[0].pieces.size(), 1u);
@@ -411,7 +411,7 @@ TEST(Router, OffAndRailPaths) {
     for (int fabric = 0; fabric < 2; fabric++) {
       p.railOnly = !fabric;
       p.mode = RouteMode::kOff;
-      Plan off = planOf(t, m, p);
+      RoutePlan off = planOf(t, m, p);
       checkPlan(t, m, p, off);
       for (const Transfer& x : off.transfers) {
         ASSERT_TRUE(x.direct);
@@ -425,7 +425,7 @@ TEST(Router, OffAndRailPaths) {
       }
       EXPECT_EQ(off.relayedBytes, 0u);
       p.mode = RouteMode::kRail;
-      Plan rail = planOf(t, m, p);
+      RoutePlan rail = planOf(t, m, p);
       checkPlan(t, m, p, rail);
       for (const Transfer& x : rail.transfers) {
         ASSERT_EQ(x.pieces.size(), 1u);
@@ -456,7 +456,7 @@ TEST(Router, RailModeWithUnownedRailGoesDirect) {
   m[0][2] = 10 * MiB;  // to rank 2 on NIC 2: node 0 has no owner of NIC 2
   RouteParams p = allRouted();
   p.mode = RouteMode::kRail;
-  Plan plan = planOf(t, m, p);
+  RoutePlan plan = planOf(t, m, p);
   checkPlan(t, m, p, plan);
   EXPECT_TRUE(plan.transfers[0].direct);
   EXPECT_EQ(plan.transfers[0].pieces[0].sendNic, 2);
@@ -476,7 +476,7 @@ TEST(Router, SmallTransfersGoDirect) {
   Matrix m = randomDemand(g, t, 0.7, p.chunkBytes, 1 * MiB);
   for (RouteMode mode : {RouteMode::kRail, RouteMode::kBalanced}) {
     p.mode = mode;
-    Plan plan = planOf(t, m, p);
+    RoutePlan plan = planOf(t, m, p);
     checkPlan(t, m, p, plan);
     for (const Transfer& x : plan.transfers) {
       if (x.bytes < p.directBelow) {
@@ -537,7 +537,7 @@ TEST(Router, BalancedZipf) {
     double skew = std::uniform_real_distribution<double>(0.5, 2)(g);
     Matrix m = zipfDemand(g, t, skew, uni(g, 1, 4) * MiB);
     SCOPED_TRACE(testing::Message() << s.nodes << "x" << s.ranks << "x" << s.nics << " zipf " << skew);
-    Plan b = planAll(t, m, p, true, s.nodes <= 16);
+    RoutePlan b = planAll(t, m, p, true, s.nodes <= 16);
     if (HasFatalFailure()) return;
     // Skew makes some NIC hot with routing off; balanced is never worse.
     p.mode = RouteMode::kOff;
@@ -695,7 +695,7 @@ TEST(Router, FewerRanksThanNicsAndUnknownRates) {
     RouteParams p = allRouted();
     p.chunkBytes = 16 * KiB;
     Matrix m = randomDemand(g, t, 0.8, p.chunkBytes, 40 * p.chunkBytes);
-    Plan plan = planAll(t, m, p);
+    RoutePlan plan = planAll(t, m, p);
     if (HasFatalFailure()) return;
     for (const NicLoad& l : plan.loads) {
       if (l.owners == 0) { EXPECT_EQ(l.sendBytes + l.recvBytes, 0u) << "routed over an unowned NIC"; }
@@ -717,7 +717,7 @@ TEST(Router, RelaysOnlyWhenTheyPay) {
   for (int s = 0; s < t.nranks(); s++)
     for (int d = 0; d < t.nranks(); d++)
       if (nodeOf(t, s) != nodeOf(t, d) && s % 8 == d % 8) m[(size_t)s][(size_t)d] = bytes;
-  Plan plan = planAll(t, m, p);
+  RoutePlan plan = planAll(t, m, p);
   EXPECT_EQ(plan.relayedBytes, 0u);
   EXPECT_DOUBLE_EQ(plan.maxNicTime, plan.lowerBound);
   // Uniform all-to-all over 4 ranks and 4 NICs: one relay hop for every
@@ -746,7 +746,7 @@ TEST(Router, RelayChargeDecidesWithinTheCaps) {
   Matrix m = zeros(t);
   m[3][7] = 90 * KiB;  // rail 3
   m[1][5] = 10 * KiB;  // rail 1
-  Plan plan = planAll(t, m, p);
+  RoutePlan plan = planAll(t, m, p);
   EXPECT_EQ(plan.relayedBytes, 0u) << zp::describe(plan);
   p.shmCost = 0;
   plan = planOf(t, m, p);
@@ -767,7 +767,7 @@ TEST(Router, ProxiesAvoidRanksBusyOnSharedMemory) {
   m[0][4] = 64 * p.chunkBytes;
   m[1][2] = 1 * MiB;
   m[6][7] = 1 * MiB;
-  Plan plan = planAll(t, m, p);
+  RoutePlan plan = planAll(t, m, p);
   ASSERT_EQ(plan.transfers.size(), 1u);
   ASSERT_EQ(plan.transfers[0].pieces.size(), 2u) << zp::describe(plan);
   const Piece& r1 = plan.transfers[0].pieces[0].sendNic == 1 ? plan.transfers[0].pieces[0] : plan.transfers[0].pieces[1];
@@ -789,7 +789,7 @@ TEST(Router, RelaysSpreadOverRanksSharingANic) {
   Matrix m = zeros(t);
   for (int d = 8; d < 32; d++) m[0][(size_t)d] = 10 * p.chunkBytes;
   for (int s = 8; s < 32; s++) m[(size_t)s][1] = 10 * p.chunkBytes;
-  Plan plan = planAll(t, m, p);
+  RoutePlan plan = planAll(t, m, p);
   int relayingOnNode0 = 0;
   for (int r = 0; r < 8; r++) relayingOnNode0 += plan.rankRelayBytes[(size_t)r] > 0;
   EXPECT_GE(relayingOnNode0, 3) << zp::describe(plan);
@@ -821,7 +821,7 @@ TEST(Router, HeterogeneousNodes) {
       p.railOnly = !fabric;
       for (RouteMode mode : {RouteMode::kOff, RouteMode::kRail, RouteMode::kBalanced}) {
         p.mode = mode;
-        Plan plan;
+        RoutePlan plan;
         std::string why;
         zpResult_t r = zp::planRoutes(t, m, p, &plan, &why);
         if (mode == RouteMode::kOff && p.railOnly && !offPossible) {
@@ -847,7 +847,7 @@ TEST(Router, FullFabricBalancedNearBound) {
     p.chunkBytes = uni(g, 1, 64) * KiB;
     Matrix m = trial % 2 ? randomDemand(g, t, 0.5, p.chunkBytes, 30 * p.chunkBytes)
                          : zipfDemand(g, t, 1.2, 2 * MiB);
-    Plan plan = planOf(t, m, p);
+    RoutePlan plan = planOf(t, m, p);
     checkPlan(t, m, p, plan);
     checkNearBound(plan);
     if (HasFatalFailure()) return;
@@ -870,12 +870,12 @@ TEST(Router, Deterministic) {
       p.railOnly = !fabric;
       for (RouteMode mode : {RouteMode::kOff, RouteMode::kRail, RouteMode::kBalanced}) {
         p.mode = mode;
-        Plan a = planOf(t, m, p);
+        RoutePlan a = planOf(t, m, p);
         // The same demand as a shuffled sparse list, planned on a copy.
         std::vector<TransferDemand> w = v;
         std::shuffle(w.begin(), w.end(), g);
         ClusterTopology copy = t;
-        Plan b;
+        RoutePlan b;
         std::string why;
         ASSERT_EQ(zp::planRoutes(copy, w, p, &b, &why), zpSuccess) << why;
         EXPECT_TRUE(a == b) << "mode " << zp::routeModeName(mode);
@@ -888,7 +888,7 @@ TEST(Router, Deterministic) {
 TEST(Router, Errors) {
   ClusterTopology t = makeTopo(2, 2, 2);
   RouteParams p = allRouted();
-  Plan plan;
+  RoutePlan plan;
   plan.maxNicTime = 42;
   std::string why;
   EXPECT_EQ(zp::planRoutes(t, std::vector<TransferDemand>{{0, 4, 1}}, p, &plan, &why), zpInvalidArgument);
@@ -949,7 +949,7 @@ TEST(Router, FromATopologyFile) {
   ASSERT_EQ(zp::parseTopo(text, "test", &t), zpSuccess);
   Matrix m = zeros(t);
   m[1][6] = 256 * MiB;
-  Plan plan = planAll(t, m, allRouted());
+  RoutePlan plan = planAll(t, m, allRouted());
   EXPECT_DOUBLE_EQ(plan.maxNicTime, 256.0 * MiB / (4 * 125e6));
 }
 
@@ -1027,7 +1027,7 @@ TEST(Router, Describe) {
   Matrix m = zeros(t);
   m[0][3] = 3 * MiB + 5;
   m[0][1] = 100;
-  Plan plan = planOf(t, m, allRouted());
+  RoutePlan plan = planOf(t, m, allRouted());
   std::string s = zp::describe(plan);
   EXPECT_NE(s.find("mode balanced (rail-only)"), std::string::npos) << s;
   EXPECT_NE(s.find("1 inter-node transfers"), std::string::npos) << s;
@@ -1049,7 +1049,7 @@ TEST(Router, Speed64x8x8Dense) {
     for (RouteMode mode : {RouteMode::kOff, RouteMode::kRail, RouteMode::kBalanced}) {
       p.mode = mode;
       auto t0 = std::chrono::steady_clock::now();
-      Plan plan = planOf(t, m, p);
+      RoutePlan plan = planOf(t, m, p);
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       printf("  64x8x8 dense %s, %s: %.1f ms, %zu transfers, max NIC %.4g s, bound %.4g s (x%.5f), relayed %.3g%%\n",
              zipf ? "zipf" : "uniform random", zp::routeModeName(mode), ms, plan.transfers.size(),
@@ -1082,7 +1082,7 @@ TEST(Router, DefaultThresholdSendsSmallTransfersDirect) {
   Matrix m(8, std::vector<uint64_t>(8, 0));
   m[0][4] = p.directBelow - 1;
   m[1][5] = 4 * p.directBelow;
-  Plan plan = planOf(t, m, p);
+  RoutePlan plan = planOf(t, m, p);
   ASSERT_EQ(plan.transfers.size(), 2u);
   EXPECT_TRUE(plan.transfers[0].direct);
   EXPECT_FALSE(plan.transfers[1].direct);

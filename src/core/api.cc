@@ -21,6 +21,7 @@
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/socket.h"
+#include "src/route/relay.h"
 
 #define ZP_API extern "C" __attribute__((visibility("default")))
 
@@ -113,7 +114,8 @@ ZP_API zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id
   zp::Config cfg;
   ZP_CHECK(zp::resolveConfig(config, &cfg));
   std::unique_ptr<zp::Comm> impl;
-  ZP_CHECK(zp::commCreate(nranks, id, rank, cfg, &impl));
+  ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, &impl));
+  zp::Relay::enable(impl.get());
   zpComm* h = new zpComm;
   h->impl = std::move(impl);
   std::lock_guard<std::mutex> lock(gHandlesMu);
@@ -231,7 +233,7 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
     std::lock_guard<std::mutex> lock(gHandlesMu);
     impl = std::move(comm->impl);
   }
-  zp::commLeave(impl.get(), abort);
+  impl->leave(abort);
   return zpSuccess;
 }
 
@@ -244,12 +246,7 @@ ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   if (!asyncError) return zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL");
   // There is no background thread: polling here is what lets a waiting
   // caller learn of a peer's failure between calls.
-  if (c->mu.try_lock()) {
-    c->progress();
-    c->checkAlive();
-    c->mu.unlock();
-  }
-  *asyncError = c->asyncError;
+  *asyncError = c->pollAsyncError();
   return zpSuccess;
 }
 
@@ -257,7 +254,7 @@ ZP_API zpResult_t zpCommCount(const zpComm_t comm, int* count) {
   zp::Comm* c = nullptr;
   ZP_CHECK(lookup(comm, "zpCommCount", &c));
   if (!count) return zp::fail(zpInvalidArgument, "zpCommCount: count is NULL");
-  *count = c->nranks;
+  *count = c->nranks();
   return zpSuccess;
 }
 
@@ -265,7 +262,7 @@ ZP_API zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
   zp::Comm* c = nullptr;
   ZP_CHECK(lookup(comm, "zpCommUserRank", &c));
   if (!rank) return zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL");
-  *rank = c->rank;
+  *rank = c->rank();
   return zpSuccess;
 }
 
@@ -302,10 +299,10 @@ ZP_API zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], c
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
   zp::Comm* c = nullptr;
   ZP_CHECK(lookup(comm, fn, &c));
-  out->nodeOf = c->nodeOf;
+  out->nodeOf = c->nodeOf();
   out->nicsPerNode = 0;
   out->nicBitsPerSec = 0;
-  for (const zp::NodeTopology& n : c->topo.node) {
+  for (const zp::NodeTopology& n : c->cluster().node) {
     out->nicsPerNode = std::max(out->nicsPerNode, (int)n.nics.size());
     for (const zp::Nic& nic : n.nics) out->nicBitsPerSec = std::max(out->nicBitsPerSec, nic.bitsPerSec);
   }

@@ -1,8 +1,6 @@
 #include "src/core/comm.h"
 
 #include <net/if.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +10,6 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "src/core/topology.h"
-#include "src/route/relay.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -29,270 +26,229 @@ const char* opKindName(OpKind kind) {
   return "unknown operation";
 }
 
-Comm::Comm() = default;
+bool TransportContext::sameNode(int a, int b) const {
+  return strncmp((*ranks)[a].nodeId, (*ranks)[b].nodeId, sizeof((*ranks)[a].nodeId)) == 0;
+}
+
 Comm::~Comm() {
-  if (proxyThread.joinable()) {
-    proxyStop = true;
-    proxyThread.join();
+  if (progressThread_.joinable()) {
+    progressStop_ = true;
+    progressThread_.join();
   }
-  // The transports may still complete the relay's operations while they shut down.
-  net.reset();
-  shm.reset();
-  relay.reset();
-  if (nicProbeFd >= 0) close(nicProbeFd);
+  // The transports may still complete a relay's operations while they shut
+  // down: the installed transports go last.
+  net_.reset();
+  shm_.reset();
+  installed_.clear();
 }
 
 bool Comm::isLocal(int peer) const {
-  return strncmp(ranks[peer].nodeId, ranks[rank].nodeId, sizeof(ranks[peer].nodeId)) == 0;
+  return strncmp(ranks_[peer].nodeId, ranks_[rank_].nodeId, sizeof(ranks_[peer].nodeId)) == 0;
+}
+
+TransportContext Comm::transportContext() {
+  TransportContext ctx;
+  ctx.rank = rank_;
+  ctx.nranks = nranks_;
+  ctx.cfg = &cfg_;
+  ctx.id = &id_;
+  ctx.ranks = &ranks_;
+  ctx.sink = this;
+  return ctx;
 }
 
 void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
-  if (asyncError != zpSuccess) return;
-  asyncError = code;
-  asyncMsg = msg;
-  asyncFromPeer = fromPeer;
+  if (asyncError_ != zpSuccess) return;
+  asyncError_ = code;
+  asyncMsg_ = msg;
+  asyncFromPeer_ = fromPeer;
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
-  if (seq == kSeqNicDown) {
-    NicDown n;
-    char name[64] = "";
-    if (sscanf(text.c_str(), "%d %d %63s", &n.node, &n.rail, name) >= 2 && n.node >= 0 && n.node < nnodes &&
-        n.rail >= 0) {
-      n.name = name;
-      nicNews.push_back(n);  // acted on after the transports' progress, not inside their callbacks
-    }
+  if (seq >= kSeqFirstControl) {
+    // A transport's own message (the relay's acknowledgements, NIC news):
+    // acted on after the transports' progress, never inside their callbacks.
+    for (Transport* t : transports_)
+      if (t->onControl(peer, seq, text)) return;
+    earlyControl_.push_back({peer, {seq, std::move(text)}});
     return;
   }
-  if (seq == kSeqRelayAck) {
-    if (relay) relay->onAck(peer, text);
-    return;
-  }
-  statuses[{peer, seq}] = {status, std::move(text)};
+  statuses_[{peer, seq}] = {status, std::move(text)};
 }
 
 void Comm::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
-  if (isLocal(peer) || directAlive(peer) || !relay) route[peer]->sendStatus(peer, seq, status, text);
-  else relay->sendControl(peer, seq, status, text);
+  byPeer_[peer]->sendStatus(peer, seq, status, text);
 }
 
-bool Comm::nicUp(int node, int k) const {
-  const std::vector<Nic>& nics = topo.node[node].nics;
-  return k < 0 || k >= (int)nics.size() || !nics[k].down;
-}
-
-bool Comm::directAlive(int peer) const {
-  if (isLocal(peer)) return true;
-  int a = nodeOf[rank], b = nodeOf[peer];
-  return nicUp(a, rail[rank]) && nicUp(b, rail[peer]) && nicUp(a, rail[peer]) && nicUp(b, rail[rank]);
-}
-
-void Comm::checkNic() {
-  if (nicName.empty() || !nicUp(nodeOf[rank], rail[rank])) return;
-  uint64_t now = nowMs();
-  if (now - nicCheckedMs < 5) return;
-  nicCheckedMs = now;
-  if (nicProbeFd < 0) nicProbeFd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ifreq ifr;
-  memset(&ifr, 0, sizeof(ifr));
-  snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", nicName.c_str());
-  if (nicProbeFd < 0 || ioctl(nicProbeFd, SIOCGIFFLAGS, &ifr) != 0) return;  // cannot tell: assume it works
-  if ((ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING)) return;
-  ZP_WARN(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down; its traffic moves to the node's other NICs", rank,
-          nicName.c_str(), rail[rank], nodeOf[rank]);
-  nicNews.push_back({nodeOf[rank], rail[rank], nicName});
-}
-
-bool Comm::applyNicNews() {
-  if (nicNews.empty()) return false;
-  std::vector<NicDown> news = std::move(nicNews);
-  nicNews.clear();
-  bool changed = false;
-  for (const NicDown& n : news) {
-    std::vector<Nic>& nics = topo.node[n.node].nics;
-    if (n.rail >= (int)nics.size() || nics[n.rail].down) continue;
-    nics[n.rail].down = true;
-    changed = true;
-    lastPlanKey.clear();  // plans made with the NIC are void
-    ZP_INFO(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down: routing around it", rank, n.name.c_str(), n.rail,
-            n.node);
-    std::string text = std::to_string(n.node) + " " + std::to_string(n.rail) + " " + n.name;
-    for (int p = 0; p < nranks; p++)
-      if (p != rank && directAlive(p)) route[p]->sendStatus(p, kSeqNicDown, zpSuccess, text);
-    for (int p = 0; p < nranks; p++)
-      if (!directAlive(p)) net->cutPeer(p, "the network path to rank " + std::to_string(p) + " is down (NIC " + n.name +
-                                               " of node " + std::to_string(n.node) + ")");
-    bool anyUp = false;
-    for (int k = 0; k < (int)nics.size(); k++) anyUp |= !nics[k].down;
-    if (!anyUp)
-      setAsyncError(zpRemoteError, "node " + std::to_string(n.node) + " has no working NIC left (the last, " + n.name +
-                                       ", went down): no path to its ranks");
-  }
-  if (changed) relay->onPathsChanged();
-  return changed;
+void Comm::installTransport(std::unique_ptr<Transport> t, const std::vector<int>& peers) {
+  Transport* raw = t.get();
+  installed_.push_back(std::move(t));
+  transports_.push_back(raw);
+  for (int p : peers) byPeer_[p] = raw;
+  std::vector<std::pair<int, std::pair<uint64_t, std::string>>> early;
+  early.swap(earlyControl_);
+  for (auto& e : early)
+    if (!raw->onControl(e.first, e.second.first, e.second.second)) earlyControl_.push_back(std::move(e));
 }
 
 // The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
 // the node (hwloc, sysfs) and picked by locality, restricted to ZP_NET_DEVICES.
 // *rail is its index among the node's NICs (NIC k of every node forms rail k).
-static zpResult_t chooseNic(Comm* c, std::string* nic, int* rail, double* bitsPerSec) {
+zpResult_t Comm::chooseNic(std::string* nic, int* rail, double* bitsPerSec) {
   *rail = 0;
   *bitsPerSec = 0;
   int localRank = 0, localRanks = 0;
-  for (int r = 0; r < c->nranks; r++)
-    if (c->isLocal(r)) (r < c->rank ? localRank : localRanks)++;
+  for (int r = 0; r < nranks_; r++)
+    if (isLocal(r)) (r < rank_ ? localRank : localRanks)++;
   localRanks += localRank;
   std::string file = envString("ZP_TOPO_FILE");
   if (!file.empty()) {
     ClusterTopology topo;
     ZP_CHECK(loadTopoFile(file, &topo));
-    if (topo.nranks() != c->nranks)
+    if (topo.nranks() != nranks_)
       return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
-                  topo.nranks(), c->nranks);
-    int idx = topo.rankNic[c->rank];
+                  topo.nranks(), nranks_);
+    int idx = topo.rankNic[rank_];
     if (idx >= 0) {
-      *nic = topo.node[topo.rankNode[c->rank]].nics[idx].name;
-      *bitsPerSec = topo.node[topo.rankNode[c->rank]].nics[idx].bitsPerSec;
+      *nic = topo.node[topo.rankNode[rank_]].nics[idx].name;
+      *bitsPerSec = topo.node[topo.rankNode[rank_]].nics[idx].bitsPerSec;
       *rail = idx;
     }
   } else {
     NodeTopology node;
     ZP_CHECK(discoverNode(&node));
     std::string why;
-    int idx = pickNic(node, localRank, localRanks, c->cfg.netDevices, &why);
+    int idx = pickNic(node, localRank, localRanks, cfg_.netDevices, &why);
     if (idx >= 0) {
       *nic = node.nics[idx].name;
       *bitsPerSec = node.nics[idx].bitsPerSec;
       *rail = idx;
-    } else if (c->cfg.netDevices.find(',') == std::string::npos && if_nametoindex(c->cfg.netDevices.c_str())) {
-      *nic = c->cfg.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
-    } else if (!c->cfg.netDevices.empty()) {
-      return fail(zpInvalidArgument, "rank %d: ZP_NET_DEVICES=%s: %s", c->rank, c->cfg.netDevices.c_str(), why.c_str());
+    } else if (cfg_.netDevices.find(',') == std::string::npos && if_nametoindex(cfg_.netDevices.c_str())) {
+      *nic = cfg_.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
+    } else if (!cfg_.netDevices.empty()) {
+      return fail(zpInvalidArgument, "rank %d: ZP_NET_DEVICES=%s: %s", rank_, cfg_.netDevices.c_str(), why.c_str());
     } else {
-      *nic = c->cfg.socketIfname;  // no NIC found: the bootstrap's interface, or UCX's choice
+      *nic = cfg_.socketIfname;  // no NIC found: the bootstrap's interface, or UCX's choice
     }
   }
-  ZP_INFO(kSubNet | kSubInit, "rank %d (local rank %d of %d): NIC %s", c->rank, localRank, localRanks,
+  ZP_INFO(kSubNet | kSubInit, "rank %d (local rank %d of %d): NIC %s", rank_, localRank, localRanks,
           nic->empty() ? "chosen by UCX" : nic->c_str());
   return zpSuccess;
 }
 
-// The router's view of the cluster: nodes in order of first rank, NIC k of
-// a node at the rate its owners (the ranks on rail k) reported.
-static void buildTopology(Comm* c, const std::vector<double>& rates) {
-  ClusterTopology& t = c->topo;
-  t.node.assign(c->nnodes, NodeTopology());
-  t.nodeRanks.assign(c->nnodes, {});
-  t.rankNode = c->nodeOf;
-  t.rankLocal = c->localIndex;
-  t.rankNic = c->rail;
-  for (int r = 0; r < c->nranks; r++) {
-    NodeTopology& n = t.node[c->nodeOf[r]];
-    t.nodeRanks[c->nodeOf[r]].push_back(r);
-    if ((int)n.nics.size() <= c->rail[r]) n.nics.resize(c->rail[r] + 1);
-    Nic& nic = n.nics[c->rail[r]];
-    nic.name = "rail" + std::to_string(c->rail[r]);
+// The cluster as the ranks reported it: nodes in order of first rank, NIC k
+// of a node at the rate its owners (the ranks on rail k) reported.
+void Comm::buildCluster(const std::vector<double>& rates) {
+  ClusterTopology& t = cluster_;
+  t.node.assign(nnodes_, NodeTopology());
+  t.nodeRanks.assign(nnodes_, {});
+  t.rankNode = nodeOf_;
+  t.rankLocal = localIndex_;
+  t.rankNic = rail_;
+  for (int r = 0; r < nranks_; r++) {
+    NodeTopology& n = t.node[nodeOf_[r]];
+    t.nodeRanks[nodeOf_[r]].push_back(r);
+    if ((int)n.nics.size() <= rail_[r]) n.nics.resize(rail_[r] + 1);
+    Nic& nic = n.nics[rail_[r]];
+    nic.name = "rail" + std::to_string(rail_[r]);
     if (rates[r] > 0) nic.bitsPerSec = rates[r];
   }
 }
 
 // Shared memory within the node; UCX to other nodes. The second bootstrap
 // round carries each rank's rail, its NIC's rate and its UCX worker address.
-static zpResult_t initTransports(Comm* c, int rootFd) {
-  c->sendSeq.assign(c->nranks, 0);
-  c->recvSeq.assign(c->nranks, 0);
-  c->nodeOf.assign(c->nranks, -1);
-  c->localIndex.assign(c->nranks, 0);
+zpResult_t Comm::initTransports(int rootFd) {
+  sendSeq_.assign(nranks_, 0);
+  recvSeq_.assign(nranks_, 0);
+  nodeOf_.assign(nranks_, -1);
+  localIndex_.assign(nranks_, 0);
   std::vector<int> nodeSize;
-  for (int r = 0; r < c->nranks; r++) {
-    for (int q = 0; q < r && c->nodeOf[r] < 0; q++)
-      if (!strncmp(c->ranks[q].nodeId, c->ranks[r].nodeId, sizeof(c->ranks[r].nodeId))) c->nodeOf[r] = c->nodeOf[q];
-    if (c->nodeOf[r] < 0) {
-      c->nodeOf[r] = (int)nodeSize.size();
+  for (int r = 0; r < nranks_; r++) {
+    for (int q = 0; q < r && nodeOf_[r] < 0; q++)
+      if (!strncmp(ranks_[q].nodeId, ranks_[r].nodeId, sizeof(ranks_[r].nodeId))) nodeOf_[r] = nodeOf_[q];
+    if (nodeOf_[r] < 0) {
+      nodeOf_[r] = (int)nodeSize.size();
       nodeSize.push_back(0);
     }
-    c->localIndex[r] = nodeSize[c->nodeOf[r]]++;
+    localIndex_[r] = nodeSize[nodeOf_[r]]++;
   }
-  c->nnodes = (int)nodeSize.size();
-  bool remote = c->nnodes > 1;
-  // The router's settings first: the network transport sizes its protocols by the chunks.
-  c->routeParams.mode = (RouteMode)c->cfg.routing;
-  if (c->cfg.routeChunkBytes != Config::kRouterDefault) c->routeParams.chunkBytes = c->cfg.routeChunkBytes;
-  if (c->cfg.routeDirectBelow != Config::kRouterDefault) c->routeParams.directBelow = c->cfg.routeDirectBelow;
+  nnodes_ = (int)nodeSize.size();
+  bool remote = nnodes_ > 1;
   std::string address, nic;
   int32_t rail = 0;
   double rate = 0;
-  zpResult_t res = remote ? chooseNic(c, &nic, &rail, &rate) : zpSuccess;
-  c->nicName = nic;
-  if (res == zpSuccess && remote) res = UcxTransport::create(c, nic, &c->net, &address);
+  zpResult_t res = remote ? chooseNic(&nic, &rail, &rate) : zpSuccess;
+  nicName_ = nic;
+  // With routing, the relay's chunks go eagerly (see UcxTransport::create).
+  size_t eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
+  if (res == zpSuccess && remote) res = UcxTransport::create(transportContext(), nic, eagerUpTo, &net_, &address);
   // Every rank takes part in the second round, even to say it failed (an
   // empty blob), so that nobody waits for it.
   const size_t head = sizeof(rail) + sizeof(rate);
   std::string blob;
   if (res == zpSuccess)
     blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) + address;
-  std::vector<std::string> blobs(c->nranks);
-  zpResult_t ex = bootstrapAllgather(rootFd, c->rank, blob, c->cfg.timeoutMs, &blobs);
+  std::vector<std::string> blobs(nranks_);
+  zpResult_t ex = bootstrapAllgather(rootFd, rank_, blob, cfg_.timeoutMs, &blobs);
   ZP_CHECK(res);
   ZP_CHECK(ex);
-  c->rail.assign(c->nranks, 0);
-  std::vector<double> rates(c->nranks, 0);
-  std::vector<std::string> addresses(c->nranks);
-  for (int r = 0; r < c->nranks; r++) {
+  rail_.assign(nranks_, 0);
+  std::vector<double> rates(nranks_, 0);
+  std::vector<std::string> addresses(nranks_);
+  for (int r = 0; r < nranks_; r++) {
     if (blobs[r].size() < head) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
-    memcpy(&c->rail[r], blobs[r].data(), sizeof(int32_t));
+    memcpy(&rail_[r], blobs[r].data(), sizeof(int32_t));
     memcpy(&rates[r], blobs[r].data() + sizeof(int32_t), sizeof(double));
     addresses[r] = blobs[r].substr(head);
   }
-  buildTopology(c, rates);
-  if (c->net) ZP_CHECK(c->net->connect(addresses));
-  ZP_CHECK(ShmTransport::create(c, &c->shm));
-  c->transports = {c->shm.get()};
-  if (c->net) c->transports.push_back(c->net.get());
-  c->route.resize(c->nranks);
-  for (int r = 0; r < c->nranks; r++)
-    c->route[r] = c->isLocal(r) ? (Transport*)c->shm.get() : (Transport*)c->net.get();
-  bool severalRails = false;
-  for (int r = 1; r < c->nranks; r++) severalRails |= c->rail[r] != c->rail[0];
-  if (c->cfg.routing != zpRoutingOff && remote && severalRails) c->relay = std::make_unique<Relay>(c);
+  buildCluster(rates);
+  if (net_) ZP_CHECK(net_->connect(addresses));
+  ZP_CHECK(ShmTransport::create(transportContext(), &shm_));
+  transports_ = {shm_.get()};
+  if (net_) transports_.push_back(net_.get());
+  byPeer_.resize(nranks_);
+  for (int r = 0; r < nranks_; r++) byPeer_[r] = isLocal(r) ? (Transport*)shm_.get() : (Transport*)net_.get();
   return zpSuccess;
 }
 
-// The proxy thread: progress while no call holds the lock. It sleeps
+// The progress thread: progress while no call holds the lock. It sleeps
 // without the lock (on the shared-memory doorbell, checking the network's
 // event fd between naps), so a call can start at any time.
-static void proxyLoop(Comm* c) {
+void Comm::progressLoop() {
   uint64_t lastMove = nowMs();
-  while (!c->proxyStop.load()) {
+  while (!progressStop_.load()) {
     uint32_t token;
     bool armed = true;
     {
-      std::lock_guard<std::mutex> lock(c->mu);
-      if (c->asyncError != zpSuccess) break;  // the next call reports it
-      token = c->shm->waitToken();
-      if (c->progress()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (asyncError_ != zpSuccess) break;  // the next call reports it
+      token = shm_->waitToken();
+      if (progress()) {
         lastMove = nowMs();
         continue;
       }
-      if (c->net) armed = c->net->arm();
+      if (net_) armed = net_->arm();
     }
     if (!armed) continue;
     // Busy lately: short naps, so chunks from the network do not wait;
     // idle: longer ones (a doorbell wakes it at once either way).
     int napMs = nowMs() - lastMove < 200 ? 1 : 20;
-    c->shm->sleep(token, napMs);
+    shm_->sleep(token, napMs);
   }
 }
 
-zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config& cfg,
-                      std::unique_ptr<Comm>* out) {
-  auto c = std::make_unique<Comm>();
-  c->rank = rank;
-  c->nranks = nranks;
-  c->cfg = cfg;
-  if (!decodeId(uid, &c->id))
+void Comm::startProgressThread() {
+  if (!progressThread_.joinable()) progressThread_ = std::thread(&Comm::progressLoop, this);
+}
+
+zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, std::unique_ptr<Comm>* out) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  c->cfg_ = cfg;
+  if (!decodeId(uid, &c->id_))
     return fail(zpInvalidArgument, "the zpUniqueId is not valid (not made by zpGetUniqueId, or corrupted)");
-  if ((c->id.flags & kIdFlagRootAtRank0) && rank == 0) ZP_CHECK(startRootAt(c->id));
+  if ((c->id_.flags & kIdFlagRootAtRank0) && rank == 0) ZP_CHECK(startRootAt(c->id_));
 
   RankInfo mine;
   memset(&mine, 0, sizeof(mine));
@@ -301,69 +257,74 @@ zpResult_t commCreate(int nranks, const zpUniqueId& uid, int rank, const Config&
   snprintf(mine.nodeId, sizeof(mine.nodeId), "%s", cfg.nodeId.c_str());
   gethostname(mine.hostname, sizeof(mine.hostname) - 1);
   int rootFd = -1;
-  ZP_CHECK(bootstrapExchange(c->id, nranks, mine, cfg.timeoutMs, &c->ranks, &rootFd));
-  zpResult_t res = initTransports(c.get(), rootFd);
+  ZP_CHECK(bootstrapExchange(c->id_, nranks, mine, cfg.timeoutMs, &c->ranks_, &rootFd));
+  zpResult_t res = c->initTransports(rootFd);
   close(rootFd);
   ZP_CHECK(res);
-  if (c->relay) c->proxyThread = std::thread(proxyLoop, c.get());
   ZP_INFO(kSubInit, "rank %d/%d on node '%s' (pid %d): communicator ready", rank, nranks, cfg.nodeId.c_str(),
           (int)getpid());
   *out = std::move(c);
   return zpSuccess;
 }
 
-
 bool Comm::progress() {
   bool moved = false;
-  for (Transport* t : transports) moved |= t->progress();
-  if (relay) {
-    checkNic();
-    moved |= applyNicNews();
-    moved |= relay->progress();
-  }
+  for (Transport* t : transports_) moved |= t->progress();
   return moved;
 }
 
-uint32_t Comm::waitToken() const { return shm ? shm->waitToken() : 0; }
+uint32_t Comm::waitToken() const { return shm_ ? shm_->waitToken() : 0; }
 
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
-  // through a futex: sleep on the one with work, and nap briefly when both have.
-  // Relays may come from either side.
-  bool relaying = relay && relay->busy();
-  bool shmBusy = shm->busy() || relaying;
-  bool netBusy = net && (net->busy() || relaying);
-  if (!net) {
-    shm->wait(token, ms);
+  // through a futex: sleep on the one with work, and nap briefly when both
+  // have. A transport built on both (the relay) may hear from either side.
+  bool stacked = false;
+  for (const auto& t : installed_) stacked |= t->busy();
+  bool shmBusy = shm_->busy() || stacked;
+  bool netBusy = net_ && (net_->busy() || stacked);
+  if (!net_) {
+    shm_->wait(token, ms);
   } else if (!shmBusy) {
-    net->wait(ms);
+    net_->wait(ms);
   } else if (!netBusy) {
-    net->wait(0);
-    shm->wait(token, std::min(ms, 1));
-  } else if (net->arm()) {
+    net_->wait(0);
+    shm_->wait(token, std::min(ms, 1));
+  } else if (net_->arm()) {
     // Both: poll the doorbell and the network's fd together, then nap briefly.
-    shm->wait(token, std::min(ms, 1), [this] { return net->ready(); });
+    shm_->wait(token, std::min(ms, 1), [this] { return net_->ready(); });
   }
 }
 
 void Comm::dropOps(zpResult_t status, const std::string& why) {
-  for (Transport* t : transports) t->dropOps(status, why);
-  if (relay) relay->dropOps(status, why);
+  for (Transport* t : transports_) t->dropOps(status, why);
 }
 
 std::vector<int> Comm::busyPeers() const {
   std::vector<int> out;
-  for (Transport* t : transports)
+  for (Transport* t : transports_)
     for (int p : t->busyPeers()) out.push_back(p);
-  if (relay)
-    for (int p : relay->waitingOn()) out.push_back(p);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 void Comm::checkAlive() {
-  for (Transport* t : transports) t->checkAlive();
+  for (Transport* t : transports_) t->checkAlive();
+}
+
+zpResult_t Comm::pollAsyncError() {
+  if (mu_.try_lock()) {
+    progress();
+    checkAlive();
+    mu_.unlock();
+  }
+  return asyncError_;
+}
+
+void Comm::passOnFault(zpResult_t code, const std::string& why) {
+  faultSent_ = true;
+  for (Transport* t : transports_) t->abortPeers(code, why);
 }
 
 namespace {
@@ -375,23 +336,22 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
+}  // namespace
+
 // Drives the comms' transports until done() holds, a comm breaks, or nothing
 // moves for the timeout. `waitingOn` names the ranks still owed something.
-zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
-                         const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
+zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
+                               const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
   uint64_t lastMove = nowMs();
   for (;;) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
     for (Comm* c : comms) moved |= c->progress();
     for (Comm* c : comms)
-      if (c->asyncError != zpSuccess) {
-        c->dropOps(c->asyncError, c->asyncMsg);
-        if (!c->asyncFromPeer && !c->faultSent) {
-          c->faultSent = true;
-          for (Transport* t : c->transports) t->abortPeers(c->asyncError, c->asyncMsg);
-        }
-        return fail(c->asyncError, "rank %d: %s failed: %s", c->rank, what, c->asyncMsg.c_str());
+      if (c->asyncError_ != zpSuccess) {
+        c->dropOps(c->asyncError_, c->asyncMsg_);
+        if (!c->asyncFromPeer_ && !c->faultSent_) c->passOnFault(c->asyncError_, c->asyncMsg_);
+        return fail(c->asyncError_, "rank %d: %s failed: %s", c->rank_, what, c->asyncMsg_.c_str());
       }
     if (done()) return zpSuccess;
     uint64_t now = nowMs();
@@ -399,7 +359,7 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
       lastMove = now;
       continue;
     }
-    int timeoutMs = comms[0]->cfg.timeoutMs;
+    int timeoutMs = comms[0]->cfg_.timeoutMs;
     if (now - lastMove >= (uint64_t)timeoutMs) {
       for (Comm* c : comms) {
         std::vector<int> peers = waitingOn(c);
@@ -408,9 +368,8 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
                           " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
         c->setAsyncError(zpRemoteError, msg);
         c->dropOps(zpRemoteError, msg);
-        c->faultSent = true;
-        for (Transport* t : c->transports) t->abortPeers(zpRemoteError, "rank " + std::to_string(c->rank) + ": " + msg);
-        return fail(zpRemoteError, "rank %d: %s", c->rank, msg.c_str());
+        c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
+        return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
       }
       lastMove = now;
     }
@@ -430,13 +389,13 @@ zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bo
 }
 
 // Sends and receives with this same rank pair up locally, in call order.
-void runSelfOps(Comm* comm, std::vector<Op*>& sends, std::vector<Op*>& recvs) {
+void Comm::runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs) {
   size_t n = std::min(sends.size(), recvs.size());
   for (size_t i = 0; i < n; i++) {
     Op* s = sends[i];
     Op* r = recvs[i];
     if (s->bytes != r->bytes) {
-      std::string why = std::string(opKindName(s->kind)) + ": rank " + std::to_string(comm->rank) + " sends " +
+      std::string why = std::string(opKindName(s->kind)) + ": rank " + std::to_string(rank_) + " sends " +
                         std::to_string(s->bytes / s->typeSize) + " elements to itself but expects " +
                         std::to_string(r->bytes / r->typeSize);
       s->finish(zpInvalidUsage, why);
@@ -452,117 +411,99 @@ void runSelfOps(Comm* comm, std::vector<Op*>& sends, std::vector<Op*>& recvs) {
   for (size_t i = n; i < recvs.size(); i++) recvs[i]->finish(zpInvalidUsage, why);
 }
 
-}  // namespace
-
-zpResult_t runOps(std::vector<CommOps>& work) {
+zpResult_t Comm::runOps(std::vector<Work>& work) {
   std::vector<Comm*> comms;
-  for (CommOps& w : work) {
+  for (Work& w : work) {
     Comm* c = w.comm;
-    if (c->asyncError != zpSuccess)
-      return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
+    if (c->asyncError_ != zpSuccess)
+      return fail(c->asyncError_, "rank %d: the communicator is broken: %s", c->rank_, c->asyncMsg_.c_str());
     comms.push_back(c);
   }
-  for (CommOps& w : work) {
+  for (Work& w : work) {
     Comm* c = w.comm;
     std::vector<Op*> selfSends, selfRecvs;
     for (Op* op : w.ops) {
-      if (op->peer == c->rank) {
+      if (op->peer == c->rank_) {
         (op->isSend ? selfSends : selfRecvs).push_back(op);
         continue;
       }
-      if (c->routes() && !c->isLocal(op->peer) && (op->routed || op->kind == OpKind::kP2P)) {
-        c->relay->post(op);
-        continue;
-      }
-      op->seq = op->isSend ? c->sendSeq[op->peer]++ : c->recvSeq[op->peer]++;
-      c->route[op->peer]->post(op);
+      op->seq = op->isSend ? c->sendSeq_[op->peer]++ : c->recvSeq_[op->peer]++;
+      c->byPeer_[op->peer]->post(op);
     }
-    runSelfOps(c, selfSends, selfRecvs);
+    c->runSelfOps(selfSends, selfRecvs);
   }
   auto allDone = [&] {
-    for (CommOps& w : work)
+    for (Work& w : work)
       for (Op* op : w.ops)
         if (!op->done) return false;
     return true;
   };
   ZP_CHECK(progressUntil(comms, allDone, [](Comm* c) { return c->busyPeers(); }, "send/recv"));
-  for (CommOps& w : work)
+  for (Work& w : work)
     for (Op* op : w.ops)
-      if (op->status != zpSuccess) return fail(op->status, "rank %d: %s", w.comm->rank, op->error.c_str());
+      if (op->status != zpSuccess) return fail(op->status, "rank %d: %s", w.comm->rank_, op->error.c_str());
   return zpSuccess;
 }
 
-zpResult_t runOps(Comm* comm, std::vector<Op*>& ops) {
-  std::vector<CommOps> work{{comm, ops}};
+zpResult_t Comm::runOps(std::vector<Op*>& ops) {
+  std::vector<Work> work{{this, ops}};
   return runOps(work);
 }
 
-zpResult_t agreeOnResult(Comm* c, uint64_t seq, zpResult_t mine, const std::string& myMsg) {
-  if (c->asyncError != zpSuccess)
-    return fail(c->asyncError, "rank %d: the communicator is broken: %s", c->rank, c->asyncMsg.c_str());
-  for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank) c->sendStatus(p, seq, mine, myMsg);
+zpResult_t Comm::agreeOnResult(uint64_t seq, zpResult_t mine, const std::string& myMsg) {
+  if (asyncError_ != zpSuccess)
+    return fail(asyncError_, "rank %d: the communicator is broken: %s", rank_, asyncMsg_.c_str());
+  for (int p = 0; p < nranks_; p++)
+    if (p != rank_) sendStatus(p, seq, mine, myMsg);
   auto missing = [&](Comm*) {
     std::vector<int> out;
-    for (int p = 0; p < c->nranks; p++)
-      if (p != c->rank && !c->statuses.count({p, seq})) out.push_back(p);
+    for (int p = 0; p < nranks_; p++)
+      if (p != rank_ && !statuses_.count({p, seq})) out.push_back(p);
     return out;
   };
-  ZP_CHECK(progressUntil({c}, [&] { return missing(c).empty(); }, missing, "collective status exchange"));
+  ZP_CHECK(progressUntil({this}, [&] { return missing(this).empty(); }, missing, "collective status exchange"));
   zpResult_t first = zpSuccess;
   std::string firstMsg;
-  for (int p = 0; p < c->nranks; p++) {
+  for (int p = 0; p < nranks_; p++) {
     zpResult_t st = mine;
     std::string msg = myMsg;
-    if (p != c->rank) {
-      auto it = c->statuses.find({p, seq});
+    if (p != rank_) {
+      auto it = statuses_.find({p, seq});
       st = it->second.first;
       msg = it->second.second;
-      c->statuses.erase(it);
+      statuses_.erase(it);
     }
     if (st != zpSuccess && first == zpSuccess) {
       first = st;
       firstMsg = msg;
     }
   }
-  if (first != zpSuccess) return fail(first, "rank %d: %s", c->rank, firstMsg.c_str());
+  if (first != zpSuccess) return fail(first, "rank %d: %s", rank_, firstMsg.c_str());
   return zpSuccess;
 }
 
-// With routing, this rank may still be relaying chunks of transfers between
-// other ranks. Every chunk it relays has an end on this node (a proxy serves
-// its node's ranks), and that end's transfer is finished when it comes to
-// destroy: so this rank stays until every rank it can reach has come (then no
-// transfer is left anywhere), it holds no chunk, and no relay message waits
-// in its rings, or the timeout passes. Ranks behind a NIC that is down are
-// not waited for: their leaving messages would need relays themselves.
-static void finishRelays(Comm* c) {
-  for (int p = 0; p < c->nranks; p++)
-    if (p != c->rank && c->directAlive(p)) c->route[p]->sendStatus(p, kSeqLeaving, zpSuccess, "");
-  // Ranks not yet come, else those this rank still relays for.
-  auto missing = [&](Comm*) {
-    std::vector<int> out;
-    for (int p = 0; p < c->nranks; p++)
-      if (p != c->rank && c->directAlive(p) && !c->statuses.count({p, kSeqLeaving})) out.push_back(p);
-    if (out.empty()) out = c->relay->busyPeers();
-    if (out.empty()) out = c->shm->relayInboundPeers();
-    return out;
-  };
-  auto done = [&] { return missing(c).empty(); };
-  if (progressUntil({c}, done, missing, "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") !=
-      zpSuccess)
-    ZP_WARN(kSubInit, "rank %d: %s", c->rank, lastError());
-}
-
-void commLeave(Comm* comm, bool abort) {
-  if (comm->proxyThread.joinable()) {
-    comm->proxyStop = true;
-    comm->proxyThread.join();
+void Comm::leave(bool abort) {
+  if (progressThread_.joinable()) {
+    progressStop_ = true;
+    progressThread_.join();
   }
-  std::lock_guard<std::mutex> lock(comm->mu);
-  if (!abort && comm->routes() && comm->asyncError == zpSuccess) finishRelays(comm);
-  std::string why = "rank " + std::to_string(comm->rank) + " aborted the communicator";
-  for (Transport* t : comm->transports) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!abort && asyncError_ == zpSuccess) {
+    // A transport may have to stay for other ranks (a relay still carrying
+    // their chunks): every transport is asked at least once.
+    auto stay = [&](Comm*) {
+      std::vector<int> out;
+      for (Transport* t : transports_)
+        for (int p : t->stayFor()) out.push_back(p);
+      return out;
+    };
+    if (!stay(this).empty() &&
+        progressUntil({this}, [&] { return stay(this).empty(); }, stay,
+                      "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") != zpSuccess)
+      ZP_WARN(kSubInit, "rank %d: %s", rank_, lastError());
+  }
+  std::string why = "rank " + std::to_string(rank_) + " aborted the communicator";
+  for (Transport* t : transports_) {
     if (abort) t->abortPeers(zpRemoteError, why);
     t->leave();
   }

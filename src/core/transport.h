@@ -1,25 +1,113 @@
-// What the executor needs from a transport. Each peer of a communicator is
-// reached through exactly one transport (shared memory on the node, the
-// network across nodes); the executor posts a peer's Ops to it and drives
-// every transport's progress until the Ops are done.
+// The seam between the executor and the transports. A collective or a group
+// of point-to-point calls becomes a list of Ops (one per send or receive with
+// one peer); the executor hands each Op to the transport that reaches its
+// peer and drives every transport's progress until the Ops are done. A
+// transport knows nothing of the communicator above it: what it needs at
+// creation comes in a TransportContext, and what it reports back goes to a
+// TransportSink.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/core/bootstrap.h"
+#include "src/core/config.h"
 
 namespace zp {
 
-struct Op;
+// Which call an Op belongs to; carried in every message so that a rank that
+// calls operations in a different order than its peer gets an error, not a
+// hang. Kinds from kRelayHeader on belong to transports built on other
+// transports (the router's relay): a header describing a chunk, the chunk,
+// and a relayed control message.
+enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3, kControl = 4 };
+const char* opKindName(OpKind kind);
+
+// A receive from any rank of another node (the relay's headers).
+constexpr int kAnyRemotePeer = -2;
+
+// Control messages ride on status messages with collective sequence numbers
+// no call reaches (UCX tags carry 36 bits). The top few are the transports'
+// own (src/route/relay.h); the communicator hands them to every transport.
+constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
+
+// Defined by the layer that planned a routed op's path (src/route/relay.h);
+// the executor carries the pointer without looking at it.
+struct RoutedXfer;
+
+struct Op {
+  bool isSend = false;
+  int peer = -1;  // a rank, or kAnyRemotePeer
+  OpKind kind = OpKind::kP2P;
+  void* buf = nullptr;  // for sends, read only
+  size_t bytes = 0;
+  size_t typeSize = 1;  // to report mismatches in elements
+  uint64_t seq = 0;     // position among this pair's messages of its lane, set when posted
+  bool done = false;
+  zpResult_t status = zpSuccess;
+  std::string error;
+  size_t progressed = 0;  // bytes moved so far
+  // Optional metadata sent ahead of the data (a send's `meta`, copied into
+  // the matching receive's `meta`): alltoallv ships each rank's counts so
+  // every rank can check every pair without another round of messages.
+  void* meta = nullptr;
+  uint32_t metaBytes = 0;
+  // A collective's transfer planned by the router (its id and pieces); null
+  // for point-to-point calls, which the relay routes itself.
+  const RoutedXfer* routed = nullptr;
+
+  void finish(zpResult_t st, std::string err = {}) {
+    done = true;
+    status = st;
+    if (st != zpSuccess && error.empty()) error = std::move(err);
+  }
+};
+
+inline Op makeOp(OpKind kind, bool isSend, int peer, void* buf, size_t bytes, size_t typeSize) {
+  Op op;
+  op.kind = kind;
+  op.isSend = isSend;
+  op.peer = peer;
+  op.buf = buf;
+  op.bytes = bytes;
+  op.typeSize = typeSize;
+  return op;
+}
+
+// What a transport reports back to its communicator.
+class TransportSink {
+ public:
+  virtual ~TransportSink() = default;
+  // A status or control message from peer (Transport::sendStatus at its end).
+  virtual void onStatus(int peer, uint64_t collSeq, zpResult_t status, std::string text) = 0;
+  // The communicator is broken (a dead peer, a protocol error). fromPeer: a
+  // peer said so (it is not passed on again).
+  virtual void setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer = false) = 0;
+};
+
+// What a transport is told when it is created.
+struct TransportContext {
+  int rank = 0, nranks = 0;
+  const Config* cfg = nullptr;
+  const IdLayout* id = nullptr;                   // the unique id (its secret names shared resources)
+  const std::vector<RankInfo>* ranks = nullptr;  // every rank's bootstrap record (pid, node)
+  TransportSink* sink = nullptr;
+  bool sameNode(int a, int b) const;
+};
 
 class Transport {
  public:
   virtual ~Transport() = default;
   // Queues an op; ops with one peer complete in the order posted per direction.
   virtual void post(Op* op) = 0;
-  // A small control message (a collective's outcome); delivered through Comm::onStatus.
+  // A small control message (a collective's outcome); delivered through TransportSink::onStatus.
   virtual void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) = 0;
+  // A control message with a sequence number from kSeqFirstControl on, from
+  // peer; true if this transport took it.
+  virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.
@@ -29,6 +117,9 @@ class Transport {
   // Tells every peer that this communicator is broken (why, with the code
   // they should return); they fail everything pending and to come.
   virtual void abortPeers(zpResult_t code, const std::string& why) = 0;
+  // Before leave(): ranks this one must stay for (a relay still carrying
+  // their traffic). The executor drives progress until it is empty.
+  virtual std::vector<int> stayFor() { return {}; }
   // Says goodbye to every peer: operations with this rank fail from now on,
   // once what it already sent has been received.
   virtual void leave() = 0;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "src/core/log.h"
+#include "src/core/socket.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -51,23 +52,62 @@ struct Relay::InRecv {
 };
 
 
-Relay::Relay(Comm* comm) : c_(comm), chunkBytes_(comm->routeParams.chunkBytes) {
-  relaySendSeq_.assign(c_->nranks, 0);
-  relayRecvSeq_.assign(c_->nranks, 0);
-  p2pSends_.assign(c_->nranks, 0);
-  p2pRecvs_.assign(c_->nranks, 0);
+namespace {
+RouteParams paramsOf(const Config& cfg) {
+  RouteParams p;
+  p.mode = (RouteMode)cfg.routing;
+  p.chunkBytes = cfg.routeChunkBytes;
+  p.directBelow = cfg.routeDirectBelow;
+  return p;
+}
+}  // namespace
+
+void Relay::enable(Comm* c) {
+  if (c->cfg().routing == zpRoutingOff || c->nnodes() < 2) return;
+  bool severalRails = false;
+  for (int r = 1; r < c->nranks(); r++) severalRails |= c->rail()[r] != c->rail()[0];
+  if (!severalRails) return;
+  std::vector<int> remote;
+  for (int r = 0; r < c->nranks(); r++)
+    if (!c->isLocal(r)) remote.push_back(r);
+  c->installTransport(std::make_unique<Relay>(c), remote);
+  c->startProgressThread();
+}
+
+Relay* Relay::of(const Comm* c) {
+  for (int r = 0; r < c->nranks(); r++)
+    if (!c->isLocal(r)) return dynamic_cast<Relay*>(c->transportFor(r));
+  return nullptr;
+}
+
+Relay::Relay(Comm* comm)
+    : c_(comm),
+      shm_(comm->shm()),
+      net_(comm->net()),
+      params_(paramsOf(comm->cfg())),
+      chunkBytes_(params_.chunkBytes),
+      health_(*comm) {
+  relaySendSeq_.assign(c_->nranks(), 0);
+  relayRecvSeq_.assign(c_->nranks(), 0);
+  p2pSends_.assign(c_->nranks(), 0);
+  p2pRecvs_.assign(c_->nranks(), 0);
 }
 
 void Relay::post(Op* op) {
-  if (op->kind != OpKind::kP2P && (!op->isSend || op->pieces)) {
-    if (op->isSend) send(op, op->xfer, *op->pieces);
-    else recv(op, op->xfer);
+  const RoutedXfer* rx = op->routed;
+  if (rx && (!op->isSend || rx->pieces)) {
+    if (op->isSend) send(op, rx->id, *rx->pieces);
+    else recv(op, rx->id);
+    return;
+  }
+  if (!rx && op->kind != OpKind::kP2P) {
+    op->finish(zpInternalError, std::string("the relay got a ") + opKindName(op->kind) + " op with no transfer id");
     return;
   }
   // A point-to-point op, or a collective's op with no plan (alltoallv's count exchange).
-  uint64_t xfer = op->kind == OpKind::kP2P ? 0 : op->xfer;
+  uint64_t xfer = rx ? rx->id : 0;
   if (!op->isSend) {
-    recv(op, op->kind == OpKind::kP2P ? p2pRecvs_[op->peer]++ : xfer);
+    recv(op, rx ? xfer : p2pRecvs_[op->peer]++);
     return;
   }
   std::vector<Piece> pieces;
@@ -76,32 +116,96 @@ void Relay::post(Op* op) {
     op->finish(zpRemoteError, "no route to rank " + std::to_string(op->peer) + ": " + why);
     return;
   }
-  send(op, op->kind == OpKind::kP2P ? p2pSends_[op->peer]++ : xfer, pieces);
+  send(op, rx ? xfer : p2pSends_[op->peer]++, pieces);
+}
+
+zpResult_t Relay::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
+                       const RoutePlan** out, std::string* why) {
+  if (key != planKey_) {
+    planKey_.clear();
+    ZP_CHECK(planRoutes(health_.topology(), bytes, params_, &plan_, why));
+    planKey_ = key;
+    ZP_TRACE(kSubColl, "rank %d: %s", c_->rank(), zp::describe(plan_, 4).c_str());
+  }
+  *out = &plan_;
+  return zpSuccess;
+}
+
+void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
+  if (health_.directAlive(peer)) via(peer)->sendStatus(peer, seq, status, text);
+  else sendControl(peer, seq, status, text);
+}
+
+bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
+  switch (seq) {
+    case kSeqNicDown: health_.heard(text); return true;
+    case kSeqRelayAck: onAck(peer, text); return true;
+    case kSeqLeaving: left_.insert(peer); return true;
+    default: return false;
+  }
+}
+
+bool Relay::applyNicNews() {
+  std::vector<NicHealth::Down> fresh = health_.apply();
+  if (fresh.empty()) return false;
+  const int me = c_->rank();
+  planKey_.clear();  // plans made with the NIC are void
+  for (const NicHealth::Down& n : fresh) {
+    ZP_INFO(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down: routing around it", me, n.name.c_str(), n.rail,
+            n.node);
+    std::string text = NicHealth::encode(n);
+    for (int p = 0; p < c_->nranks(); p++)
+      if (p != me && health_.directAlive(p)) via(p)->sendStatus(p, kSeqNicDown, zpSuccess, text);
+    for (int p = 0; p < c_->nranks(); p++)
+      if (!health_.directAlive(p))
+        net_->cutPeer(p, "the network path to rank " + std::to_string(p) + " is down (NIC " + n.name + " of node " +
+                             std::to_string(n.node) + ")");
+    if (health_.nodeCut(n.node))
+      c_->setAsyncError(zpRemoteError, "node " + std::to_string(n.node) + " has no working NIC left (the last, " +
+                                           n.name + ", went down): no path to its ranks");
+  }
+  onPathsChanged();
+  return true;
+}
+
+std::vector<int> Relay::stayFor() {
+  const int me = c_->rank();
+  if (!leaving_) {
+    leaving_ = true;
+    for (int p = 0; p < c_->nranks(); p++)
+      if (p != me && health_.directAlive(p)) via(p)->sendStatus(p, kSeqLeaving, zpSuccess, "");
+  }
+  // Ranks not yet come, else those this rank still relays for.
+  std::vector<int> out;
+  for (int p = 0; p < c_->nranks(); p++)
+    if (p != me && health_.directAlive(p) && !left_.count(p)) out.push_back(p);
+  if (out.empty()) out = holdingFor();
+  if (out.empty()) out = shm_->relayInboundPeers();
+  return out;
+}
+
+std::string Relay::describe(int peer) const {
+  return "relay over the node's NICs (" + via(peer)->describe(peer) + " when direct)";
 }
 
 // A path for bytes from this rank to dst from the node's NIC queues: what
 // each NIC's owners have posted and not yet sent.
 bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
                        std::vector<uint64_t> queued) {
-  for (int r = 0; r < c_->nranks; r++)
+  for (int r = 0; r < c_->nranks(); r++)
     if (c_->isLocal(r)) {
-      if ((int)queued.size() <= c_->rail[r]) queued.resize(c_->rail[r] + 1, 0);
-      queued[c_->rail[r]] += c_->shm->netQueued(r);
+      if ((int)queued.size() <= c_->rail()[r]) queued.resize(c_->rail()[r] + 1, 0);
+      queued[c_->rail()[r]] += shm_->netQueued(r);
     }
-  return pickPath(c_->topo, c_->rank, dst, bytes, queued, c_->routeParams, pieces, why) == zpSuccess;
+  return pickPath(health_.topology(), c_->rank(), dst, bytes, queued, params_, pieces, why) == zpSuccess;
 }
 
 // Whether a chunk's path (src -> srcProxy -> network -> dstProxy -> dst)
 // crosses a NIC that is down. Only the network hop can: shared memory does not fail.
-bool Relay::pathDead(int srcProxy, int dstProxy) const {
-  const std::vector<int>& node = c_->nodeOf;
-  const std::vector<int>& rail = c_->rail;
-  return !c_->nicUp(node[srcProxy], rail[srcProxy]) || !c_->nicUp(node[dstProxy], rail[dstProxy]) ||
-         !c_->nicUp(node[srcProxy], rail[dstProxy]) || !c_->nicUp(node[dstProxy], rail[srcProxy]);
-}
+bool Relay::pathDead(int srcProxy, int dstProxy) const { return !health_.pathUp(srcProxy, dstProxy); }
 
 void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
-  const int me = c_->rank;
+  const int me = c_->rank();
   ch->hdr.dstProxy = dstProxy;
   ch->srcProxy = srcProxy;
   ch->firstHop = srcProxy == me ? dstProxy : srcProxy;
@@ -115,14 +219,14 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   std::vector<Piece> pieces;
   std::string why;
   if (!pickPieces(peer, payload.size(), &pieces, &why) || pieces.size() != 1) {
-    ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", c_->rank, peer, why.c_str());
+    ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", c_->rank(), peer, why.c_str());
     return;
   }
   auto ch = std::make_unique<Chunk>();
   RelayHeader& h = ch->hdr;
   h.magic = kRelayMagic;
   h.kind = (uint32_t)OpKind::kControl;
-  h.src = c_->rank;
+  h.src = c_->rank();
   h.dst = peer;
   h.status = status;
   h.xfer = seq;
@@ -136,7 +240,9 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
 
 Relay::~Relay() = default;
 
-Transport* Relay::via(int peer) const { return c_->route[peer]; }
+Transport* Relay::via(int peer) const {
+  return c_->isLocal(peer) ? (Transport*)shm_ : (Transport*)net_;
+}
 
 char* Relay::takeSlot(bool inbound) {
   std::vector<char*>& pool = freeSlots_[inbound ? kInbound : kOutbound];
@@ -161,14 +267,14 @@ void Relay::postHeaderRecvs() {
     s->op = makeOp(OpKind::kRelayHeader, false, s->peer, &s->hdr, sizeof(RelayHeader), 1);
     if (s->peer != kAnyRemotePeer) s->op.seq = relayRecvSeq_[s->peer]++;
     s->posted = true;
-    if (s->peer == kAnyRemotePeer) c_->net->post(&s->op);
-    else c_->shm->post(&s->op);
+    if (s->peer == kAnyRemotePeer) net_->post(&s->op);
+    else shm_->post(&s->op);
   }
 }
 
 void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   start();
-  const int me = c_->rank;
+  const int me = c_->rank();
   Key key(op->peer, (uint32_t)op->kind, xfer);
   if (sends_.count(key)) {
     op->finish(zpInternalError, "a routed send to rank " + std::to_string(op->peer) + " reuses transfer id " +
@@ -255,7 +361,7 @@ bool Relay::accept(Delivery& d, const RelayHeader& h) {
   d.failed = true;
   op->finish(zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(h.src) + " sends " +
                                  std::to_string(h.total / op->typeSize) + " elements to rank " +
-                                 std::to_string(c_->rank) + " but rank " + std::to_string(c_->rank) + " expects " +
+                                 std::to_string(c_->rank()) + " but rank " + std::to_string(c_->rank()) + " expects " +
                                  std::to_string(op->bytes / op->typeSize));
   return false;
 }
@@ -280,7 +386,7 @@ void Relay::finishDelivery(const Key& key) {
 void Relay::remember(const Key& key, uint64_t total) {
   finished_[key] = total;
   finishedOrder_.push_back(key);
-  if (finishedOrder_.size() > kFinishedKept * (size_t)c_->nranks) {
+  if (finishedOrder_.size() > kFinishedKept * (size_t)c_->nranks()) {
     finished_.erase(finishedOrder_.front());
     finishedOrder_.pop_front();
   }
@@ -288,7 +394,7 @@ void Relay::remember(const Key& key, uint64_t total) {
 
 void Relay::sendChunk(Chunk* ch, int to) {
   RelayHeader& h = ch->hdr;
-  h.hop = c_->rank;
+  h.hop = c_->rank();
   uint64_t hdrSeq = nextSeq(to);
   h.dataSeq = nextSeq(to);
   ch->hdrOp = makeOp(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
@@ -296,7 +402,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
   ch->dataOp = makeOp(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kSending;
-  if (!c_->isLocal(to)) c_->shm->addNetQueued((int64_t)h.bytes);
+  if (!c_->isLocal(to)) shm_->addNetQueued((int64_t)h.bytes);
   via(to)->post(&ch->hdrOp);
   via(to)->post(&ch->dataOp);
 }
@@ -305,7 +411,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
 // must wait for a staging slot.
 bool Relay::placeChunk(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
-  if (h.dst == c_->rank) {
+  if (h.dst == c_->rank()) {
     Key key(h.src, h.kind, h.xfer);
     Delivery* d = nullptr;
     if (h.kind == (uint32_t)OpKind::kControl || finished_.count(key)) {
@@ -343,9 +449,9 @@ bool Relay::placeChunk(Chunk* ch) {
 }
 
 void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
-  if (h.magic != kRelayMagic || h.src < 0 || h.src >= c_->nranks || h.dst < 0 || h.dst >= c_->nranks ||
+  if (h.magic != kRelayMagic || h.src < 0 || h.src >= c_->nranks() || h.dst < 0 || h.dst >= c_->nranks() ||
       h.hop != (from == kAnyRemotePeer ? h.hop : from) || h.bytes > chunkBytes_ || h.offset + h.bytes > h.total) {
-    c_->setAsyncError(zpInternalError, "rank " + std::to_string(c_->rank) + ": a corrupt relay header came from rank " +
+    c_->setAsyncError(zpInternalError, "rank " + std::to_string(c_->rank()) + ": a corrupt relay header came from rank " +
                                            std::to_string(h.hop));
     return;
   }
@@ -364,7 +470,7 @@ void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
 void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   Chunk* ch = it->get();
   const RelayHeader& h = ch->hdr;
-  if (h.dst != c_->rank) {
+  if (h.dst != c_->rank()) {
     // A proxy: on to the destination if it is on this node, else over the
     // network to the destination's proxy.
     sendChunk(ch, c_->isLocal(h.dst) ? h.dst : h.dstProxy);
@@ -431,20 +537,20 @@ void Relay::chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it) {
       finishDelivery(key);
     }
   }
-  ZP_TRACE(kSubNet, "rank %d: dropped chunk %d -> %d offset %llu (its path is down)", c_->rank, h.src, h.dst,
+  ZP_TRACE(kSubNet, "rank %d: dropped chunk %d -> %d offset %llu (its path is down)", c_->rank(), h.src, h.dst,
            (unsigned long long)h.offset);
   chunks_.erase(it);
 }
 
 void Relay::chunkSent(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
-  if (!c_->isLocal(ch->hdrOp.peer)) c_->shm->addNetQueued(-(int64_t)h.bytes);
+  if (!c_->isLocal(ch->hdrOp.peer)) shm_->addNetQueued(-(int64_t)h.bytes);
   if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
   if (ch->firstHop >= 0) inFlight_[ch->firstHop]--;
   zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;
   // A send cut off with its path is sent again (onPathsChanged); other
   // failures break the communicator.
-  bool cut = st != zpSuccess && !c_->directAlive(ch->hdrOp.peer);
+  bool cut = st != zpSuccess && !health_.directAlive(ch->hdrOp.peer);
   if (SendXfer* sx = ch->sx) {
     Op* op = sx->op;
     sx->inBuffer--;
@@ -491,7 +597,7 @@ void Relay::flushAcks() {
     for (size_t i = 0; i < ranges.size(); i += kPerMessage) {
       size_t n = std::min(kPerMessage, ranges.size() - i);
       std::string payload((const char*)&ranges[i], n * sizeof(AckRange));
-      c_->sendStatus(src, kSeqRelayAck, zpSuccess, payload);
+      sendStatus(src, kSeqRelayAck, zpSuccess, payload);
     }
   acks_.clear();
 }
@@ -514,7 +620,7 @@ void Relay::onAck(int from, const std::string& payload) {
 }
 
 void Relay::onPathsChanged() {
-  const int me = c_->rank;
+  const int me = c_->rank();
   // Chunks of this rank's sends that have not started: new paths where theirs is dead.
   std::vector<std::unique_ptr<Chunk>> moved;
   for (auto& [hop, queue] : pending_)
@@ -553,7 +659,7 @@ void Relay::onPathsChanged() {
   std::vector<uint64_t> backlog;
   for (auto& [hop, queue] : pending_)
     for (auto& ch : queue) {
-      int k = c_->rail[ch->srcProxy];
+      int k = c_->rail()[ch->srcProxy];
       if ((int)backlog.size() <= k) backlog.resize(k + 1, 0);
       backlog[k] += ch->hdr.bytes;
     }
@@ -612,16 +718,22 @@ void Relay::onPathsChanged() {
 void Relay::start() {
   if (started_) return;
   started_ = true;
-  for (int r = 0; r < c_->nranks; r++)
-    if (r != c_->rank && c_->isLocal(r)) {
+  for (int r = 0; r < c_->nranks(); r++)
+    if (r != c_->rank() && c_->isLocal(r)) {
       standing_.push_back(std::make_unique<InRecv>());
       standing_.back()->peer = r;
     }
-  if (c_->net) standing_.push_back(std::make_unique<InRecv>());
+  if (net_) standing_.push_back(std::make_unique<InRecv>());
   postHeaderRecvs();
 }
 
 bool Relay::progress() {
+  health_.check();
+  bool moved = applyNicNews();
+  return moveChunks() || moved;
+}
+
+bool Relay::moveChunks() {
   bool moved = false;
   start();
   for (auto& s : standing_) {
@@ -648,7 +760,7 @@ bool Relay::progress() {
       moved = true;
       chunkSent(ch);
       chunks_.erase(cur);
-    } else if (ch->state == Chunk::State::kReceiving && !ch->dataOp.done && !c_->directAlive(ch->from)) {
+    } else if (ch->state == Chunk::State::kReceiving && !ch->dataOp.done && !health_.directAlive(ch->from)) {
       moved = true;
       abandon(cur);
     } else if (ch->state == Chunk::State::kReceiving && ch->dataOp.done) {
@@ -657,7 +769,7 @@ bool Relay::progress() {
         chunkArrived(cur);
         continue;
       }
-      if (!c_->directAlive(ch->from)) {
+      if (!health_.directAlive(ch->from)) {
         chunkLost(cur);  // its path went down: the source sends it again
         continue;
       }
@@ -683,7 +795,7 @@ bool Relay::busy() const {
   return false;
 }
 
-std::vector<int> Relay::busyPeers() const {
+std::vector<int> Relay::holdingFor() const {
   std::vector<int> out;
   for (auto& ch : chunks_) out.push_back(ch->state == Chunk::State::kSending ? ch->hdrOp.peer : ch->from);
   for (auto& kv : sends_) out.push_back(std::get<0>(kv.first));
@@ -692,7 +804,7 @@ std::vector<int> Relay::busyPeers() const {
   return out;
 }
 
-std::vector<int> Relay::waitingOn() const {
+std::vector<int> Relay::busyPeers() const {
   std::vector<int> out;
   for (auto& kv : deliveries_)
     if (kv.second.op && !kv.second.op->done) out.push_back(std::get<0>(kv.first));

@@ -15,7 +15,7 @@
 // A routed send finishes when the destination has acknowledged every chunk
 // (acknowledgements travel back in batches as control messages), not when
 // its chunks have left: until then the source can send any of them again.
-// That is how NIC failure is survived: when a NIC goes down (Comm::onNicDown),
+// That is how NIC failure is survived: when a NIC goes down (nic_health.h),
 // proxies drop chunks whose path used it, the source sends its
 // unacknowledged chunks of such paths again on paths that work, and
 // destinations acknowledge again what they hold (acknowledgements on the
@@ -31,8 +31,14 @@
 // filling memory. Incoming chunks end at their destination, which never
 // waits for a slot: no cycle of waits can form.
 //
-// Everything here runs inside Comm::progress, i.e. under the communicator's
-// lock, from a user call or from the proxy thread (comm.h).
+// The relay is a Transport (src/core/transport.h) built on the two the
+// communicator made: installed for the ranks of other nodes, it takes their
+// Ops from the executor like any transport, and sends its own messages over
+// shared memory and UCX. It also owns the rest of the routing state: the
+// router's last plan and NIC health.
+//
+// Everything here runs inside the executor's progress, i.e. under the
+// communicator's lock, from a user call or from its progress thread (comm.h).
 #pragma once
 
 #include <cstdint>
@@ -47,9 +53,28 @@
 
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
+#include "src/core/transport.h"
+#include "src/route/nic_health.h"
 #include "src/route/router.h"
 
 namespace zp {
+
+class ShmTransport;
+class UcxTransport;
+
+// Control messages of the relay (src/core/transport.h's reserved range).
+constexpr uint64_t kSeqLeaving = (1ull << 36) - 1;  // this rank reached zpCommDestroy
+constexpr uint64_t kSeqNicDown = (1ull << 36) - 2;  // text: "node rail name"
+constexpr uint64_t kSeqRelayAck = (1ull << 36) - 3; // text: the relay's acknowledgements
+static_assert(kSeqRelayAck >= kSeqFirstControl, "the relay's control messages must be in the reserved range");
+
+// A collective's transfer as the router planned it: its id among the
+// transfers of its (source, destination, kind), and its pieces (null: the
+// relay picks a path from the NICs' queues, as for point-to-point calls).
+struct RoutedXfer {
+  uint64_t id = 0;
+  const std::vector<Piece>* pieces = nullptr;
+};
 
 struct RelayHeader {
   uint64_t magic;
@@ -64,41 +89,75 @@ struct RelayHeader {
   uint64_t dataSeq;  // the sequence number of the message with the bytes
 };
 
-class Relay {
+class Relay : public Transport {
  public:
+  // Installs a relay for the ranks of other nodes when routing pays: routing
+  // is on (ZP_ROUTING), and there are several nodes and several rails to
+  // spread the traffic over. Then starts the communicator's progress thread.
+  static void enable(Comm* comm);
+  // The relay of a communicator, or null when its traffic is not routed.
+  static Relay* of(const Comm* comm);
+
   explicit Relay(Comm* comm);
-  ~Relay();
+  ~Relay() override;
 
   // Bytes of a chunk (the router's chunkBytes).
-  uint64_t chunkBytes() const { return chunkBytes_; }
-  // Takes an op with a rank of another node: a point-to-point op gets its
-  // path from the NICs' queues (pickPath); others carry theirs (op->pieces).
-  void post(Op* op);
-  // A routed send of op (a send to a rank of another node) along pieces;
-  // op finishes when every chunk has left its buffer.
+  uint64_t chunkBytes() const { return params_.chunkBytes; }
+  // The router's plan for a collective whose inter-node demand is `bytes`
+  // ([src][dst]); `key` identifies the call's shape, and the plan of the
+  // last key is kept (plans repeat from call to call). A NIC that goes down
+  // voids it.
+  zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
+                  const RoutePlan** out, std::string* why);
+
+  // Transport. post takes an op with a rank of another node: a
+  // point-to-point op gets its path from the NICs' queues (pickPieces);
+  // a collective's carries its transfer (op->routed).
+  void post(Op* op) override;
+  // Directly while the network path works, else relayed like a one-chunk transfer.
+  void sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) override;
+  bool onControl(int peer, uint64_t seq, const std::string& text) override;
+  bool progress() override;
+  // Chunks in flight here (as source, proxy or destination).
+  bool busy() const override;
+  // Fails every routed op and forgets the chunks (the communicator broke;
+  // the transports have already failed their ops).
+  void dropOps(zpResult_t status, const std::string& why) override;
+  // The transports below tell the peers.
+  void abortPeers(zpResult_t, const std::string&) override {}
+  // Every rank it can reach must have come to destroy (then no transfer is
+  // left anywhere), and it holds no chunk, and no relay message waits in its
+  // rings. Ranks behind a NIC that is down are not waited for: their leaving
+  // messages would need relays themselves.
+  std::vector<int> stayFor() override;
+  void leave() override {}
+  // Sources of routed receives still missing bytes.
+  std::vector<int> busyPeers() const override;
+  void checkAlive() override {}
+  std::string describe(int peer) const override;
+
+ private:
+  // A routed send of op along pieces; op finishes when every chunk is acknowledged.
   void send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces);
   // A routed receive; op finishes when every byte has arrived.
   void recv(Op* op, uint64_t xfer);
-  // True if anything moved.
-  bool progress();
-  // Chunks in flight here (as source, proxy or destination).
-  bool busy() const;
-  // Fails every routed op and forgets the chunks (the communicator broke;
-  // the transports have already failed their ops).
-  void dropOps(zpResult_t status, const std::string& why);
-  // Sources of routed receives still missing bytes.
-  std::vector<int> waitingOn() const;
+  // Moves chunks; true if anything moved.
+  bool moveChunks();
   // The hops of chunks held here, and destinations of unacknowledged sends.
-  std::vector<int> busyPeers() const;
-  // A status message to a rank with no working network path to this one
-  // (Comm::sendStatus), relayed like a one-chunk transfer.
+  std::vector<int> holdingFor() const;
+  // A status message to a rank with no working network path to this one,
+  // relayed like a one-chunk transfer.
   void sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text);
   // Acknowledgements from a destination (a kSeqRelayAck message).
   void onAck(int from, const std::string& payload);
-  // A NIC went down (the topology says which): re-send and re-acknowledge.
+  // Acts on NIC news: the router leaves the NIC out from now on, peers
+  // behind it are cut off, what went that way is sent again, and the news
+  // goes on to every rank this one can reach (once per NIC).
+  bool applyNicNews();
+  // A NIC went down: re-send and re-acknowledge.
   void onPathsChanged();
+  Transport* via(int peer) const;
 
- private:
   struct Chunk;
   struct InRecv;
   using Key = std::tuple<int, uint32_t, uint64_t>;  // (peer, kind, xfer): src at the destination, dst at the source
@@ -147,13 +206,20 @@ class Relay {
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
   void flushAcks();
   void remember(const Key& key, uint64_t total);
-  Transport* via(int peer) const;
   uint64_t nextSeq(int peer) { return relaySendSeq_[peer]++; }
   char* takeSlot(bool inbound);
   void freeSlot(char* slot, bool inbound);
 
   Comm* c_;
+  ShmTransport* shm_;
+  UcxTransport* net_;
+  RouteParams params_;
   uint64_t chunkBytes_;
+  NicHealth health_;
+  RoutePlan plan_;                  // the last plan, and the key it was made for
+  std::vector<uint64_t> planKey_;
+  bool leaving_ = false;            // stayFor: this rank's leaving messages went out
+  std::set<int> left_;              // ranks that came to destroy
   bool started_ = false;
   std::vector<uint64_t> relaySendSeq_, relayRecvSeq_;  // by peer: relay messages
   std::vector<uint64_t> p2pSends_, p2pRecvs_;          // by peer: routed point-to-point transfers

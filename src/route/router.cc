@@ -32,7 +32,7 @@ const char* routeModeName(RouteMode mode) {
   return "?";
 }
 
-bool Plan::operator==(const Plan& o) const {
+bool RoutePlan::operator==(const RoutePlan& o) const {
   return params.mode == o.params.mode && params.chunkBytes == o.params.chunkBytes &&
          params.shmCost == o.params.shmCost && params.directBelow == o.params.directBelow &&
          params.railOnly == o.params.railOnly && transfers == o.transfers && nicBase == o.nicBase &&
@@ -1336,7 +1336,7 @@ void addPieces(Transfer* t, std::vector<Seg> segs, u64 C) {
 }
 
 zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& demand,
-                const RouteParams& params, Plan* out, std::string* why) {
+                const RouteParams& params, RoutePlan* out, std::string* why) {
   if (!out) return bad(why, "router: out is NULL");
   zpResult_t res = checkParams(params, why);
   if (res != zpSuccess) return res;
@@ -1358,7 +1358,7 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
     bound = boundOf(net, params, b);
   }
 
-  Plan plan;
+  RoutePlan plan;
   plan.params = params;
   plan.nicBase = net.nicBase;
   plan.rankShmBytes = rankShm;
@@ -1555,12 +1555,12 @@ zpResult_t plan(const ClusterTopology& topo, const std::vector<TransferDemand>& 
 }  // namespace
 
 zpResult_t planRoutes(const ClusterTopology& topo, const std::vector<TransferDemand>& demand,
-                      const RouteParams& params, Plan* out, std::string* why) {
+                      const RouteParams& params, RoutePlan* out, std::string* why) {
   return plan(topo, demand, params, out, why);
 }
 
 zpResult_t planRoutes(const ClusterTopology& topo, const std::vector<std::vector<uint64_t>>& bytes,
-                      const RouteParams& params, Plan* out, std::string* why) {
+                      const RouteParams& params, RoutePlan* out, std::string* why) {
   Net net;
   zpResult_t res = buildNet(topo, &net, why);
   if (res != zpSuccess) return res;
@@ -1627,7 +1627,7 @@ zpResult_t pickPath(const ClusterTopology& topo, int src, int dst, uint64_t byte
     segs.push_back({r.dSend, r.dRecv, src, dst, r.nFull, r.tail != 0});
   } else if (params.mode == RouteMode::kRail) {
     // The same choices as planRoutes' rail mode, proxies by index.
-    Plan p;
+    RoutePlan p;
     if ((res = plan(topo, {{src, dst, bytes}}, params, &p, why)) != zpSuccess) return res;
     Piece x = p.transfers[0].pieces[0];
     if (x.srcProxy != src) x.srcProxy = proxy(a, x.sendNic, src, salt);
@@ -1699,7 +1699,7 @@ zpResult_t pickPath(const ClusterTopology& topo, int src, int dst, uint64_t byte
 // ---------------------------------------------------------------------------
 // describe
 
-std::string describe(const Plan& plan, size_t maxTransfers) {
+std::string describe(const RoutePlan& plan, size_t maxTransfers) {
   std::string s;
   size_t direct = 0, pieces = 0;
   for (const Transfer& t : plan.transfers) {

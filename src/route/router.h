@@ -21,7 +21,7 @@
 // ---- Demand ----
 // bytes[src][dst] between ranks, or a sparse list of TransferDemand. Entries
 // between ranks of one node stay on shared memory: they are not routed, and
-// count only in the shared-memory term of the cost (Plan::rankShmBytes).
+// count only in the shared-memory term of the cost (RoutePlan::rankShmBytes).
 // Entries with src == dst (local copies) and with 0 bytes are ignored.
 //
 // ---- Routes ----
@@ -115,7 +115,7 @@
 // = maxNicTime + shmTime, an estimate of the call's time when the relay hops
 // are pipelined with the network.
 //
-// ---- Lower bound (lowerBound, Plan::lowerBound) ----
+// ---- Lower bound (lowerBound, RoutePlan::lowerBound) ----
 // A bound on maxNicTime for any plan that obeys the params (transfers below
 // directBelow, and pairs without a usable rail, on their direct path; all other
 // traffic only on NICs that have an owner), the largest of:
@@ -159,6 +159,7 @@
 
 #include "include/zeppelin.h"
 #include "src/core/topology.h"
+#include "src/core/config.h"
 
 namespace zp {
 
@@ -170,16 +171,11 @@ enum class RouteMode : int {
 };
 const char* routeModeName(RouteMode mode);  // "off", "rail", "balanced"
 
-// Defaults of RouteParams, in one place so that measured values replace them.
-constexpr uint64_t kRouteDefaultChunkBytes = 512u << 10;
+// Defaults of RouteParams: the chunk size and direct threshold are the
+// configuration's (src/core/config.h); the relayed byte's cost is here.
 // A relayed byte costs this many byte-times of a NIC (shared memory copies at
 // ~4 GB/s next to 1 Gbit/s NICs: 1/32).
 constexpr double kRouteDefaultShmCost = 1.0 / 32;
-// Below this size transfers go direct. Measured with bench/route_perf on the
-// emulated cluster (2 nodes x 4 ranks, 4 NICs at 1 Gbit/s, eager chunks):
-// up to one chunk (512 KiB) relaying gains nothing (1.01-1.02x of off), from
-// 724 KiB on it pays (1.48x) for one pair and for a ring hop alike.
-constexpr uint64_t kRouteDefaultDirectBelow = 512u << 10;
 
 struct RouteParams {
   RouteMode mode = RouteMode::kBalanced;
@@ -243,7 +239,7 @@ struct NicLoad {
   }
 };
 
-struct Plan {
+struct RoutePlan {
   RouteParams params;
   std::vector<Transfer> transfers;    // inter-node transfers with bytes > 0, by (src, dst)
   std::vector<int> nicBase;           // by node: index of its NIC 0 in loads
@@ -259,7 +255,7 @@ struct Plan {
   double lowerBound = 0;              // lowerBound() of the same input
 
   const NicLoad& load(int node, int nic) const { return loads[(size_t)(nicBase[node] + nic)]; }
-  bool operator==(const Plan& o) const;
+  bool operator==(const RoutePlan& o) const;
 };
 
 // Plans the demand. zpInvalidArgument, with the reason in *why, for a bad
@@ -269,9 +265,9 @@ struct Plan {
 // 2^62, or a transfer with no path (off mode, or direct, on a rail node a
 // does not have and no usable rail in common). On error *out is untouched.
 zpResult_t planRoutes(const ClusterTopology& topo, const std::vector<TransferDemand>& demand,
-                      const RouteParams& params, Plan* out, std::string* why = nullptr);
+                      const RouteParams& params, RoutePlan* out, std::string* why = nullptr);
 zpResult_t planRoutes(const ClusterTopology& topo, const std::vector<std::vector<uint64_t>>& bytes,
-                      const RouteParams& params, Plan* out, std::string* why = nullptr);
+                      const RouteParams& params, RoutePlan* out, std::string* why = nullptr);
 
 // The lower bound above (seconds); -1 if planRoutes would reject the input.
 double lowerBound(const ClusterTopology& topo, const std::vector<TransferDemand>& demand,
@@ -290,6 +286,6 @@ zpResult_t pickPath(const ClusterTopology& topo, int src, int dst, uint64_t byte
 // Human-readable, several lines each ending in '\n': a summary (mode, bytes,
 // max NIC time against the bound, relayed bytes, cost), every NIC's loads,
 // and the pieces of the first maxTransfers transfers.
-std::string describe(const Plan& plan, size_t maxTransfers = 16);
+std::string describe(const RoutePlan& plan, size_t maxTransfers = 16);
 
 }  // namespace zp

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,34 +168,35 @@ std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64
 
 }  // namespace
 
-zpResult_t ShmTransport::create(Comm* comm, std::unique_ptr<ShmTransport>* out) {
-  std::unique_ptr<ShmTransport> t(new ShmTransport(comm));
+zpResult_t ShmTransport::create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out) {
+  std::unique_ptr<ShmTransport> t(new ShmTransport(ctx));
   ZP_CHECK(t->init());
   *out = std::move(t);
   return zpSuccess;
 }
 
 zpResult_t ShmTransport::init() {
-  const Comm& c = *comm_;
+  const TransportContext& c = ctx_;
+  const Config& cfg = *c.cfg;
   std::vector<int> local;
   for (int r = 0; r < c.nranks; r++)
-    if (c.isLocal(r)) local.push_back(r);
+    if (c.sameNode(c.rank, r)) local.push_back(r);
   if ((int)local.size() > kMaxLocal)
     return fail(zpInvalidUsage, "%zu ranks on node '%s': at most %d are supported", local.size(),
-                c.cfg.nodeId.c_str(), kMaxLocal);
+                cfg.nodeId.c_str(), kMaxLocal);
   uint32_t nlocal = (uint32_t)local.size();
   myLocalIdx_ = (int)(std::find(local.begin(), local.end(), c.rank) - local.begin());
   peerIndex_.assign(c.nranks, -1);
-  uint64_t ringBytes = c.cfg.shmRingBytes;
+  uint64_t ringBytes = cfg.shmRingBytes;
   fragMax_ = std::min<size_t>(ringBytes / 4, 256 << 10);
-  spinUs_ = c.cfg.shmSpinUs;
+  spinUs_ = cfg.shmSpinUs;
   if (nlocal == 1) return zpSuccess;
 
   auto segName = [&](int rank) {
     char buf[96];
-    snprintf(buf, sizeof(buf), "/zp-%02x%02x%02x%02x%02x%02x%02x%02x-r%d", c.id.secret[0],
-             c.id.secret[1], c.id.secret[2], c.id.secret[3], c.id.secret[4], c.id.secret[5],
-             c.id.secret[6], c.id.secret[7], rank);
+    snprintf(buf, sizeof(buf), "/zp-%02x%02x%02x%02x%02x%02x%02x%02x-r%d", c.id->secret[0],
+             c.id->secret[1], c.id->secret[2], c.id->secret[3], c.id->secret[4], c.id->secret[5],
+             c.id->secret[6], c.id->secret[7], rank);
     return std::string(buf);
   };
 
@@ -224,14 +226,14 @@ zpResult_t ShmTransport::init() {
   mine_->probe = kProbeValue;
   mine_->ready.store(1, std::memory_order_release);
 
-  uint64_t deadline = nowMs() + c.cfg.timeoutMs;
+  uint64_t deadline = nowMs() + cfg.timeoutMs;
   zpResult_t res = zpSuccess;
   for (uint32_t i = 0; i < nlocal && res == zpSuccess; i++) {
     if ((int)i == myLocalIdx_) continue;
     Peer p;
     p.rank = local[i];
     p.localIdx = (int)i;
-    p.pid = c.ranks[p.rank].pid;
+    p.pid = (*c.ranks)[p.rank].pid;
     p.pidfd = pidfdOpen(p.pid);
     // Map the peer's segment once it exists and is initialized.
     std::string pname = segName(p.rank);
@@ -312,11 +314,11 @@ zpResult_t ShmTransport::init() {
 
   for (Peer& p : peers_) {
     bool peerCanRead = p.seg->cmaOkFrom[myLocalIdx_] != 0;
-    p.cma = c.cfg.shmProto != ShmProto::kCopy && peerCanRead;
-    if (c.cfg.shmProto == ShmProto::kCma && !peerCanRead)
+    p.cma = cfg.shmProto != ShmProto::kCopy && peerCanRead;
+    if (cfg.shmProto == ShmProto::kCma && !peerCanRead)
       ZP_WARN(kSubShm, "ZP_SHM_PROTO=cma, but rank %d cannot read rank %d's memory; using copy", p.rank, c.rank);
     ZP_INFO(kSubShm | kSubInit, "rank %d -> rank %d: SHM/%s (eager below %zu bytes, ring %zu bytes)", c.rank,
-            p.rank, p.cma ? "CMA" : "copy", c.cfg.shmEagerBytes, (size_t)ringBytes);
+            p.rank, p.cma ? "CMA" : "copy", cfg.shmEagerBytes, (size_t)ringBytes);
   }
   return zpSuccess;
 }
@@ -355,7 +357,7 @@ void ShmTransport::addNetQueued(int64_t bytes) {
 }
 
 uint64_t ShmTransport::netQueued(int rank) const {
-  if (rank == comm_->rank) return mine_ ? mine_->netQueued.load(std::memory_order_relaxed) : 0;
+  if (rank == ctx_.rank) return mine_ ? mine_->netQueued.load(std::memory_order_relaxed) : 0;
   int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
   return i < 0 ? 0 : peers_[i].seg->netQueued.load(std::memory_order_relaxed);
 }
@@ -383,7 +385,7 @@ void ShmTransport::post(Op* op) {
 std::vector<int> ShmTransport::relayInboundPeers() {
   std::vector<int> out;
   for (Peer& p : peers_)
-    if (p.rank != comm_->rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) out.push_back(p.rank);
+    if (p.rank != ctx_.rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) out.push_back(p.rank);
   return out;
 }
 
@@ -470,9 +472,9 @@ void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bo
   p.gone = true;
   p.goneCode = code;
   p.goneWhy = why;
-  ZP_INFO(kSubShm, "rank %d: %s", comm_->rank, why.c_str());
+  ZP_INFO(kSubShm, "rank %d: %s", ctx_.rank, why.c_str());
   failOps(p, code, why);
-  if (breaksComm) comm_->setAsyncError(code, why, fromPeer);
+  if (breaksComm) ctx_.sink->setAsyncError(code, why, fromPeer);
 }
 
 void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
@@ -507,7 +509,7 @@ void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& 
 void ShmTransport::abortPeers(zpResult_t code, const std::string& why) { sendToAll(kAbort, code, why); }
 
 void ShmTransport::leave() {
-  sendToAll(kBye, zpRemoteError, "rank " + std::to_string(comm_->rank) + " destroyed the communicator");
+  sendToAll(kBye, zpRemoteError, "rank " + std::to_string(ctx_.rank) + " destroyed the communicator");
 }
 
 std::vector<int> ShmTransport::busyPeers() const {
@@ -569,7 +571,7 @@ bool ShmTransport::drainCtrl(Peer& p) {
         break;
       }
       case kStatus:
-        comm_->onStatus(p.rank, h->collSeq, (zpResult_t)h->status, text);
+        ctx_.sink->onStatus(p.rank, h->collSeq, (zpResult_t)h->status, text);
         break;
       case kBye: {
         // Only operations with this peer fail, and receives only once the
@@ -615,7 +617,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
     did = true;
     if (h->seq != op->seq || h->kind != (uint32_t)op->kind) {
       std::string why = "rank " + std::to_string(p.rank) + " sent its message #" + std::to_string(h->seq) + " (" +
-                        opKindName((OpKind)h->kind) + ") while rank " + std::to_string(comm_->rank) +
+                        opKindName((OpKind)h->kind) + ") while rank " + std::to_string(ctx_.rank) +
                         " expected message #" + std::to_string(op->seq) + " (" + opKindName(op->kind) +
                         "): the ranks called operations in different orders";
       // The pair's message streams no longer line up: nothing later can be matched.
@@ -630,7 +632,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
     if (op->progressed == 0 && h->total != op->bytes) {
       std::string why = std::string(opKindName(op->kind)) + ": rank " + std::to_string(p.rank) + " sends " +
                         std::to_string(h->total / op->typeSize) + " elements to rank " +
-                        std::to_string(comm_->rank) + " but rank " + std::to_string(comm_->rank) +
+                        std::to_string(ctx_.rank) + " but rank " + std::to_string(ctx_.rank) +
                         " expects " + std::to_string(op->bytes / op->typeSize);
       if (h->type == kRts) {
         pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why, lane));
@@ -704,7 +706,7 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       op->metaBytes = 0;  // sent
       p.dirty = did = true;
     }
-    bool rendezvous = p.cma && op->bytes >= comm_->cfg.shmEagerBytes;
+    bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes;
     if (rendezvous) {
       need = kRecord;
       MsgHdr* h = claimOpRecord(l.out, need, kRts, op);

@@ -23,11 +23,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "include/zeppelin.h"
-#include "src/core/comm.h"
 #include "src/core/transport.h"
 
 namespace zp {
@@ -60,7 +60,7 @@ class ShmTransport : public Transport {
  public:
   // Collective among the ranks of this node: creates this rank's segment,
   // maps every local peer's, and returns once all have mapped each other.
-  static zpResult_t create(Comm* comm, std::unique_ptr<ShmTransport>* out);
+  static zpResult_t create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out);
   ~ShmTransport();
 
   void post(Op* op) override;
@@ -112,7 +112,7 @@ class ShmTransport : public Transport {
   };
 
   static bool hasWork(const Peer& p);
-  ShmTransport(Comm* comm) : comm_(comm) {}
+  explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   Peer* peer(int rank);
   bool drainCtrl(Peer& p);
@@ -125,7 +125,7 @@ class ShmTransport : public Transport {
   void failOps(Peer& p, zpResult_t code, const std::string& why);
   void notify(Peer& p);
 
-  Comm* comm_;
+  TransportContext ctx_;
   std::string name_;
   SegHeader* mine_ = nullptr;
   size_t segBytes_ = 0;

@@ -56,9 +56,9 @@ void fault(Op* op, zpResult_t st, const std::string& err) {
 }
 }  // namespace
 
-zpResult_t UcxTransport::create(Comm* comm, const std::string& nic, std::unique_ptr<UcxTransport>* out,
-                                std::string* address) {
-  std::unique_ptr<UcxTransport> t(new UcxTransport(comm, nic));
+zpResult_t UcxTransport::create(const TransportContext& ctx, const std::string& nic, size_t eagerUpTo,
+                                std::unique_ptr<UcxTransport>* out, std::string* address) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(ctx, nic, eagerUpTo));
   ZP_CHECK(t->init(address));
   *out = std::move(t);
   return zpSuccess;
@@ -79,8 +79,8 @@ zpResult_t UcxTransport::init(std::string* address) {
   // receiver answer (RTR) behind the bulk data it is sending itself the
   // other way, which halves both directions of a loaded NIC (measured with
   // route_perf's ring hop). The sender's window bounds what is in flight.
-  if (comm_->cfg.routing != zpRoutingOff && !getenv("UCX_RNDV_THRESH")) {
-    std::string thresh = std::to_string(comm_->routeParams.chunkBytes + 1);
+  if (eagerUpTo_ > 0 && !getenv("UCX_RNDV_THRESH")) {
+    std::string thresh = std::to_string(eagerUpTo_ + 1);
     st = ucp_config_modify(config, "RNDV_THRESH", thresh.c_str());
     if (st != UCS_OK) {
       ucp_config_release(config);
@@ -111,16 +111,16 @@ zpResult_t UcxTransport::init(std::string* address) {
   if (st != UCS_OK) return fail(zpSystemError, "UCX: no worker address: %s", ucs_status_string(st));
   address->assign((const char*)addr, len);
   ucp_worker_release_address(worker_, addr);
-  peers_.resize(comm_->nranks);
+  peers_.resize(ctx_.nranks);
   ctrlBuf_.resize(kCtrlMax);
   return zpSuccess;
 }
 
 zpResult_t UcxTransport::connect(const std::vector<std::string>& addresses) {
-  for (int r = 0; r < comm_->nranks; r++) {
-    if (comm_->isLocal(r)) continue;
+  for (int r = 0; r < ctx_.nranks; r++) {
+    if (ctx_.sameNode(ctx_.rank, r)) continue;
     if (addresses[r].empty())
-      return fail(zpInternalError, "rank %d has no network address, but rank %d is on another node", r, comm_->rank);
+      return fail(zpInternalError, "rank %d has no network address, but rank %d is on another node", r, ctx_.rank);
     auto arg = std::make_unique<EpArg>(EpArg{this, r});
     ucp_ep_params_t ep;
     memset(&ep, 0, sizeof(ep));
@@ -136,7 +136,7 @@ zpResult_t UcxTransport::connect(const std::vector<std::string>& addresses) {
         return fail(zpSystemError, "UCX: cannot create an endpoint to rank %d: %s", r, ucs_status_string(st));
     }
     epArgs_.push_back(std::move(arg));
-    ZP_INFO(kSubNet | kSubInit, "rank %d -> rank %d (node '%s'): %s", comm_->rank, r, comm_->ranks[r].nodeId,
+    ZP_INFO(kSubNet | kSubInit, "rank %d -> rank %d (node '%s'): %s", ctx_.rank, r, (*ctx_.ranks)[r].nodeId,
             describe(r).c_str());
   }
   postCtrlRecv();
@@ -262,7 +262,7 @@ void UcxTransport::submit(Op* op, bool meta) {
   uint64_t type = relay ? kTagRelay : meta ? kTagMeta : kTagData;
   if (op->isSend) {
     prm.cb.send = sendCb;
-    st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len, makeTag(type, (uint64_t)op->kind, comm_->rank, op->seq),
+    st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len, makeTag(type, (uint64_t)op->kind, ctx_.rank, op->seq),
                           &prm);
   } else {
     prm.cb.recv = recvCb;
@@ -272,7 +272,7 @@ void UcxTransport::submit(Op* op, bool meta) {
       st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(type, (uint64_t)op->kind, op->peer, op->seq),
                             relay ? ~0ull : kMatchAllButKind, &prm);
   }
-  ZP_TRACE(kSubNet, "rank %d: posted %s %s #%llu with rank %d, %zu bytes", comm_->rank, op->isSend ? "send" : "recv",
+  ZP_TRACE(kSubNet, "rank %d: posted %s %s #%llu with rank %d, %zu bytes", ctx_.rank, op->isSend ? "send" : "recv",
            meta ? "meta" : "data", (unsigned long long)op->seq, op->peer, len);
   if (UCS_PTR_IS_ERR(st)) {
     s.reqs.pop_back();
@@ -321,7 +321,7 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
   }
   Op* op = r->op;
   bool meta = r->meta;
-  ZP_TRACE(kSubNet, "rank %d: completed %s %s #%llu with rank %d: %s, %zu bytes", comm_->rank,
+  ZP_TRACE(kSubNet, "rank %d: completed %s %s #%llu with rank %d: %s, %zu bytes", ctx_.rank,
            op->isSend ? "send" : "recv", meta ? "meta" : "data", (unsigned long long)op->seq, op->peer,
            ucs_status_string(status), length);
   OpState& s = ops_.at(op);
@@ -331,7 +331,7 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
       break;
     }
   delete r;
-  const int me = comm_->rank, peer = op->peer;
+  const int me = ctx_.rank, peer = op->peer;
   if (status == UCS_ERR_CANCELED) {
     // The op was failed on purpose (dead peer, broken communicator); its error is already set.
   } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
@@ -346,7 +346,7 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
                         " message while rank " + std::to_string(me) + " expected " + opKindName(op->kind) +
                         ": the ranks called operations in different orders";
       fault(op, zpInvalidUsage, why);
-      comm_->setAsyncError(zpInvalidUsage, why);
+      ctx_.sink->setAsyncError(zpInvalidUsage, why);
     } else if (length != op->bytes) {
       fault(op, zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(peer) + " sends " +
                                     std::to_string(length / op->typeSize) + " elements to rank " +
@@ -393,7 +393,7 @@ void UcxTransport::postCtrlRecv() {
   if (UCS_PTR_IS_ERR(st)) {
     ctrlRecv_ = nullptr;
     delete r;
-    comm_->setAsyncError(zpSystemError, std::string("UCX: cannot post the control receive: ") +
+    ctx_.sink->setAsyncError(zpSystemError, std::string("UCX: cannot post the control receive: ") +
                                             ucs_status_string(UCS_PTR_STATUS(st)));
     return;
   }
@@ -415,7 +415,7 @@ void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t statu
   prm.user_data = r;
   prm.cb.send = sendCb;
   ucs_status_ptr_t st =
-      ucp_tag_send_nbx(ep, r->payload.data(), r->payload.size(), makeTag(kTagCtrl, type, comm_->rank, seq), &prm);
+      ucp_tag_send_nbx(ep, r->payload.data(), r->payload.size(), makeTag(kTagCtrl, type, ctx_.rank, seq), &prm);
   if (UCS_PTR_IS_ERR(st)) {
     delete r;
     return;
@@ -429,17 +429,17 @@ void UcxTransport::sendStatus(int peer, uint64_t collSeq, zpResult_t status, con
 }
 
 void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text) {
-  if (peer < 0 || peer >= comm_->nranks) return;
+  if (peer < 0 || peer >= ctx_.nranks) return;
   switch (type) {
     case kCtrlStatus:
-      comm_->onStatus(peer, seq, (zpResult_t)status, std::move(text));
+      ctx_.sink->onStatus(peer, seq, (zpResult_t)status, std::move(text));
       break;
     case kCtrlBye:
     case kCtrlAbort: {
       Peer& p = peers_[peer];
       p.bye = true;
       p.why = text;
-      if (type == kCtrlAbort) comm_->setAsyncError((zpResult_t)status, text, true);
+      if (type == kCtrlAbort) ctx_.sink->setAsyncError((zpResult_t)status, text, true);
       // Everything this peer sent before leaving has arrived (one endpoint
       // keeps order); whatever is still expected from it never will.
       failPeerOps(peer, text);
@@ -476,10 +476,10 @@ void UcxTransport::peerFailed(int peer, const std::string& status) {
   if (p.failed) return;
   p.failed = true;
   if (p.why.empty())
-    p.why = "rank " + std::to_string(peer) + " on node '" + comm_->ranks[peer].nodeId + "' is unreachable (" + status +
+    p.why = "rank " + std::to_string(peer) + " on node '" + (*ctx_.ranks)[peer].nodeId + "' is unreachable (" + status +
             "): it died or its network failed";
-  ZP_INFO(kSubNet, "rank %d: %s", comm_->rank, p.why.c_str());
-  if (!p.bye) comm_->setAsyncError(zpRemoteError, p.why);
+  ZP_INFO(kSubNet, "rank %d: %s", ctx_.rank, p.why.c_str());
+  if (!p.bye) ctx_.sink->setAsyncError(zpRemoteError, p.why);
   failPeerOps(peer, p.why);
 }
 
@@ -567,7 +567,7 @@ void UcxTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& 
 void UcxTransport::abortPeers(zpResult_t code, const std::string& why) { sendToAll(kCtrlAbort, code, why); }
 
 void UcxTransport::leave() {
-  sendToAll(kCtrlBye, zpRemoteError, "rank " + std::to_string(comm_->rank) + " destroyed the communicator");
+  sendToAll(kCtrlBye, zpRemoteError, "rank " + std::to_string(ctx_.rank) + " destroyed the communicator");
 }
 
 }  // namespace zp

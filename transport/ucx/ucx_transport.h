@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "src/core/comm.h"
 #include "src/core/transport.h"
 
 namespace zp {
@@ -29,8 +28,10 @@ class UcxTransport : public Transport {
  public:
   // Creates the context and worker; *address is what peers need to connect.
   // nic: the one network device this rank uses (empty: UCX picks).
-  static zpResult_t create(Comm* comm, const std::string& nic, std::unique_ptr<UcxTransport>* out,
-                           std::string* address);
+  // eagerUpTo: messages up to this size go eagerly, never by rendezvous (the
+  // relay's chunks; 0: UCX's own threshold).
+  static zpResult_t create(const TransportContext& ctx, const std::string& nic, size_t eagerUpTo,
+                           std::unique_ptr<UcxTransport>* out, std::string* address);
   // Creates endpoints to every remote peer from their addresses (indexed by rank).
   zpResult_t connect(const std::vector<std::string>& addresses);
   ~UcxTransport() override;
@@ -55,7 +56,7 @@ class UcxTransport : public Transport {
   // After arm(): true if events have come since (does not block).
   bool ready() const;
   // Stops using the network path to peer (a NIC on it is down, see
-  // Comm::onNicDown): its operations fail with why, its endpoint is closed
+  // the router's NIC health, src/route/nic_health.h): its operations fail with why, its endpoint is closed
   // by force, and its errors no longer break the communicator.
   void cutPeer(int peer, const std::string& why);
 
@@ -82,7 +83,8 @@ class UcxTransport : public Transport {
     std::vector<Request*> reqs;
   };
 
-  UcxTransport(Comm* comm, const std::string& nic) : comm_(comm), device_(nic) {}
+  UcxTransport(const TransportContext& ctx, const std::string& nic, size_t eagerUpTo)
+      : ctx_(ctx), device_(nic), eagerUpTo_(eagerUpTo) {}
   zpResult_t init(std::string* address);
   void submit(Op* op, bool meta);
   void releasePart(Op* op);
@@ -101,11 +103,12 @@ class UcxTransport : public Transport {
   static void recvCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void epErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  Comm* comm_;
+  TransportContext ctx_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::string device_;
+  size_t eagerUpTo_ = 0;
   std::vector<Peer> peers_;  // by rank; only remote ranks have endpoints
   std::map<Op*, OpState> ops_;
   std::set<Request*> ctrlReqs_;  // control sends in flight, and the posted control receive
