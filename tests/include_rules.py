@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Checks the layering of the source tree: data flows down, nothing below
+includes anything above it (docs/design.md, "Layers").
+
+Each folder may include Zeppelin headers only from the folders listed for it
+(standard and system headers are not checked). Run from ctest with the
+source directory as the argument; prints one line per file checked and fails
+on the first rule broken, naming the file, the line and the rule.
+"""
+import os
+import re
+import sys
+
+# folder -> (prefixes it may include, headers it must never include). The
+# most specific folder wins.
+RULES = {
+    "src/util": (["src/util/"], []),
+    "transport": (["include/", "src/util/", "src/core/", "transport/"], ["src/core/comm.h"]),
+    "src/core": (["include/", "src/util/", "src/core/", "transport/"], []),
+    "src/route": (["include/", "src/util/", "src/core/", "transport/", "src/route/"], []),
+    "src/plan": (["include/", "src/util/", "src/core/", "src/plan/"], []),
+    "collectives": (["include/", "src/util/", "src/core/", "transport/", "src/route/", "collectives/"],
+                    ["collectives/ext/"]),
+    # The extension layer is built on the public C API only.
+    "collectives/ext": (["include/zeppelin.h", "collectives/ext/"], []),
+    # The C face sits above every layer of the library.
+    "src/api": (["include/", "src/util/", "src/core/", "transport/", "src/route/", "src/plan/", "collectives/"],
+                ["collectives/ext/"]),
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+SOURCE = (".h", ".cc", ".c", ".cu", ".cuh")
+
+
+def rule_for(path):
+    best = None
+    for folder in RULES:
+        if path == folder or path.startswith(folder + "/"):
+            if best is None or len(folder) > len(best):
+                best = folder
+    return best
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+    checked = 0
+    failed = set()
+    for folder in sorted(RULES):
+        top = os.path.join(root, folder)
+        for dirpath, _, files in os.walk(top):
+            for name in sorted(files):
+                if not name.endswith(SOURCE):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, name), root)
+                owner = rule_for(path)
+                if owner != folder:
+                    continue  # a more specific folder's rule covers it
+                allowed, banned = RULES[owner]
+                checked += 1
+                with open(os.path.join(root, path), encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        inc = m.group(1)
+                        if "/" not in inc:
+                            # A header next to the file (same folder).
+                            inc = os.path.relpath(os.path.join(os.path.dirname(path), inc), ".")
+                        ok = any(inc == a or inc.startswith(a) for a in allowed) and not any(
+                            inc == b or inc.startswith(b) for b in banned)
+                        if not ok:
+                            failed.add(path)
+                            print(f"{path}:{lineno}: includes {inc}, but {owner}/ may include only "
+                                  f"{', '.join(allowed)}" + (f" and never {', '.join(banned)}" if banned else ""))
+    print(f"include rules: {checked} files checked")
+    print(f"{checked - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or checked == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
