@@ -106,8 +106,10 @@ typedef struct {
 
 /* ---- Errors and version ---- */
 const char* zpGetErrorString(zpResult_t result);
-/* The message of the last error this thread saw (in any communicator if
- * comm is NULL): what was wrong, with the ranks and values involved. */
+/* The message of the last failed call on comm (from any thread), or, with
+ * comm NULL, of the last error this thread saw: what was wrong, with the
+ * ranks and values involved. The string stays valid until this thread's
+ * next call of zpGetLastError. */
 const char* zpGetLastError(zpComm_t comm);
 zpResult_t zpGetVersion(int* version);
 

@@ -713,3 +713,40 @@ TEST(OrderErrors, EagerSendThenAlltoallvAgainstAlltoallvFirstReachesEveryRank) {
 TEST(OrderErrors, LargeSendThenAlltoallvAgainstAlltoallvFirstReachesEveryRank) { differentOrders(3, 1 << 20); }
 
 }  // namespace
+
+namespace {
+
+// zpGetLastError(comm) is that communicator's last failed call, from any
+// thread; zpGetLastError(NULL) is the calling thread's.
+TEST(Errors, LastErrorIsKeptPerCommunicator) {
+  zptest::expectAllOk({zptest::runInChild([] {
+    zpComm_t a = nullptr, b = nullptr;
+    for (zpComm_t* c : {&a, &b}) {
+      zpUniqueId id;
+      ZP_EXPECT_OK(zpGetUniqueId(&id));
+      ZP_EXPECT_OK(zpCommInitRank(c, 1, id, 0));
+    }
+    float x = 0;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpSend(&x, 1, zpFloat32, 5, a, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRecv(nullptr, 3, zpFloat32, 0, b, nullptr));
+    EXPECT_TRUE(contains(zpGetLastError(a), "peer 5")) << zpGetLastError(a);
+    EXPECT_TRUE(contains(zpGetLastError(b), "NULL")) << zpGetLastError(b);
+    EXPECT_STREQ(zpGetLastError(nullptr), zpGetLastError(b));
+    // A failure in a group is the last error of every communicator in it.
+    ZP_EXPECT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(&x, 1, zpFloat32, 0, a, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpGroupEnd());
+    EXPECT_TRUE(contains(zpGetLastError(a), "send to self")) << zpGetLastError(a);
+    EXPECT_TRUE(contains(zpGetLastError(b), "NULL")) << zpGetLastError(b);
+    // Another thread's failure on a is a's last error here too; this thread's own stays.
+    std::thread([&] { zpSend(&x, 1, (zpDataType_t)99, 0, a, nullptr); }).join();
+    EXPECT_TRUE(contains(zpGetLastError(a), "datatype 99")) << zpGetLastError(a);
+    EXPECT_FALSE(contains(zpGetLastError(nullptr), "datatype 99")) << zpGetLastError(nullptr);
+    ZP_EXPECT_OK(zpCommDestroy(a));
+    ZP_EXPECT_OK(zpCommDestroy(b));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpSend(&x, 1, zpFloat32, 0, a, nullptr));
+    EXPECT_TRUE(contains(zpGetLastError(a), "destroyed")) << zpGetLastError(a);
+  })});
+}
+
+}  // namespace

@@ -1,4 +1,5 @@
-// The C API: argument checks, handles, and the calls into the core.
+// The C face of the base layers: argument checks, handles, each
+// communicator's last error, and the calls into the core and collectives.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,12 +30,39 @@
 // dead, so that a late call gets an error instead of touching freed memory.
 struct zpComm {
   std::unique_ptr<zp::Comm> impl;
+  // The message of the last call on this communicator that failed (any thread).
+  std::mutex errorMu;
+  std::string lastError;
 };
 
 namespace {
 
 std::mutex gHandlesMu;
 std::unordered_set<zpComm*> gHandles;  // every handle ever returned
+
+bool known(zpComm_t handle) {
+  std::lock_guard<std::mutex> lock(gHandlesMu);
+  return handle && gHandles.count(handle);
+}
+
+// A call on handle returns r: a failure's message (this thread's last error)
+// becomes the communicator's last error too.
+zpResult_t noted(zpComm_t handle, zpResult_t r) {
+  if (r != zpSuccess && known(handle)) {
+    std::lock_guard<std::mutex> lock(handle->errorMu);
+    handle->lastError = zp::lastError();
+  }
+  return r;
+}
+
+// Communicators with calls queued in this thread's open group: a failing
+// zpGroupEnd is their last error.
+thread_local std::vector<zpComm_t> tlsGroupComms;
+void inGroup(zpComm_t handle) {
+  if (!zp::groupOpen()) return;
+  if (std::find(tlsGroupComms.begin(), tlsGroupComms.end(), handle) == tlsGroupComms.end())
+    tlsGroupComms.push_back(handle);
+}
 
 // Resolves a handle without dereferencing pointers we never handed out.
 zpResult_t lookup(zpComm_t handle, const char* fn, zp::Comm** out) {
@@ -82,7 +110,14 @@ ZP_API const char* zpGetErrorString(zpResult_t r) {
   }
 }
 
-ZP_API const char* zpGetLastError(zpComm_t) { return zp::lastError(); }
+ZP_API const char* zpGetLastError(zpComm_t comm) {
+  if (!known(comm)) return zp::lastError();
+  // A copy per thread: another thread may fail on the communicator meanwhile.
+  thread_local std::string copy;
+  std::lock_guard<std::mutex> lock(comm->errorMu);
+  copy = comm->lastError;
+  return copy.c_str();
+}
 
 ZP_API zpResult_t zpGetVersion(int* version) {
   if (!version) return zp::fail(zpInvalidArgument, "zpGetVersion: version is NULL");
@@ -237,13 +272,13 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpCommDestroy(zpComm_t comm) { return destroy(comm, false, "zpCommDestroy"); }
-ZP_API zpResult_t zpCommAbort(zpComm_t comm) { return destroy(comm, true, "zpCommAbort"); }
+ZP_API zpResult_t zpCommDestroy(zpComm_t comm) { return noted(comm, destroy(comm, false, "zpCommDestroy")); }
+ZP_API zpResult_t zpCommAbort(zpComm_t comm) { return noted(comm, destroy(comm, true, "zpCommAbort")); }
 
 ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpCommGetAsyncError", &c));
-  if (!asyncError) return zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL");
+  ZP_CHECK(noted(comm, lookup(comm, "zpCommGetAsyncError", &c)));
+  if (!asyncError) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL"));
   // There is no background thread: polling here is what lets a waiting
   // caller learn of a peer's failure between calls.
   *asyncError = c->pollAsyncError();
@@ -252,48 +287,69 @@ ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
 
 ZP_API zpResult_t zpCommCount(const zpComm_t comm, int* count) {
   zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpCommCount", &c));
-  if (!count) return zp::fail(zpInvalidArgument, "zpCommCount: count is NULL");
+  ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));
+  if (!count) return noted(comm, zp::fail(zpInvalidArgument, "zpCommCount: count is NULL"));
   *count = c->nranks();
   return zpSuccess;
 }
 
 ZP_API zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
   zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpCommUserRank", &c));
-  if (!rank) return zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL");
+  ZP_CHECK(noted(comm, lookup(comm, "zpCommUserRank", &c)));
+  if (!rank) return noted(comm, zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL"));
   *rank = c->rank();
   return zpSuccess;
 }
 
 ZP_API zpResult_t zpGroupStart(void) { return zp::groupStart(); }
-ZP_API zpResult_t zpGroupEnd(void) { return zp::groupEnd(); }
+
+ZP_API zpResult_t zpGroupEnd(void) {
+  bool outermost = zp::groupOpen();
+  zpResult_t r = zp::groupEnd();
+  if (outermost && !zp::groupOpen()) {
+    std::vector<zpComm_t> comms;
+    comms.swap(tlsGroupComms);
+    for (zpComm_t h : comms) noted(h, r);
+  }
+  return r;
+}
+
+static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+                      zpStream_t stream) {
+  const char* fn = isSend ? "zpSend" : "zpRecv";
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, fn, &c));
+  ZP_CHECK(checkDataCall(fn, datatype, stream));
+  inGroup(comm);
+  return zp::enqueueP2P(c, isSend, buf, count, datatype, peer);
+}
 
 ZP_API zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) {
-  zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpSend", &c));
-  ZP_CHECK(checkDataCall("zpSend", datatype, stream));
-  return zp::enqueueP2P(c, true, const_cast<void*>(sendbuff), count, datatype, peer);
+  return noted(comm, p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream));
 }
 
 ZP_API zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) {
+  return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream));
+}
+
+static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                            const size_t recvcounts[], const size_t rdispls[], zpDataType_t datatype, zpComm_t comm,
+                            zpStream_t stream) {
   zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpRecv", &c));
-  ZP_CHECK(checkDataCall("zpRecv", datatype, stream));
-  return zp::enqueueP2P(c, false, recvbuff, count, datatype, peer);
+  ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
+  ZP_CHECK(checkDataCall("zpAlltoallv", datatype, stream));
+  inGroup(comm);
+  return zp::enqueueCollective(c, [=] {
+    return zp::alltoallv(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  });
 }
 
 ZP_API zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                               void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                               zpDataType_t datatype, zpComm_t comm, zpStream_t stream) {
-  zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
-  ZP_CHECK(checkDataCall("zpAlltoallv", datatype, stream));
-  return zp::enqueueCollective(c, [=] {
-    return zp::alltoallv(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
-  });
+  return noted(comm, alltoallv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm, stream));
 }
 
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
