@@ -23,6 +23,12 @@
 extern "C" {
 #endif
 
+/* Every function declared here is exported from the shared library, which
+ * hides everything else. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define ZP_MAJOR 0
 #define ZP_MINOR 1
 #define ZP_PATCH 0
@@ -197,6 +203,8 @@ typedef struct {
 typedef struct { int64_t seq; int64_t start; int64_t count; } zpSegment_t;
 
 typedef struct zpBatchPlan* zpBatchPlan_t;
+/* A plan's two layouts: where tokens live for attention, and for the linear layers. */
+typedef enum { zpAttentionLayout = 0, zpLinearLayout = 1 } zpLayoutKind_t;
 
 /* Plans a batch of nseqs sequences for the cluster model given or, with
  * cluster NULL, for comm's cluster: its nodes, ranks per node (numbered node
@@ -222,9 +230,9 @@ zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, 
  * ranks (valid until zpPlanDestroy). */
 zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks,
                           const int** ranks);
-/* The segments rank holds in the attention (which = 0) or linear (which = 1)
- * layout, in buffer order (valid until zpPlanDestroy). */
-zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank,
+/* The segments rank holds in the plan's attention or linear layout, in
+ * buffer order (valid until zpPlanDestroy). */
+zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, zpLayoutKind_t kind, int rank,
                               const zpSegment_t** segs, size_t* n);
 
 /* ---- Layouts and remaps ----
@@ -245,7 +253,6 @@ zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens);
 /* The segments stay owned by the layout. */
 zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count);
 
-typedef enum { zpAttentionLayout = 0, zpLinearLayout = 1 } zpLayoutKind_t;
 /* A plan's layout (owned by the plan: valid until zpPlanDestroy). */
 zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout);
 
@@ -380,6 +387,32 @@ zpResult_t zpAttentionDestroy(zpAttention_t attn);
 
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
 size_t zpTypeSize(zpDataType_t datatype);
+
+/* Bytes one call may move per buffer: counts beyond it are rejected as
+ * zpInvalidArgument (they usually are negative values cast to size_t). */
+#define ZP_MAX_CALL_BYTES ((size_t)1 << 48)
+
+/* ---- For layers built on this API ----
+ * Zeppelin's own remaps, Ulysses exchange, rings and attention driver use
+ * only the calls above and these, as a user's extension would. */
+
+/* Records a message (printf format) as the last error of comm (NULL: none)
+ * and of the calling thread, logs it at WARN when ZP_DEBUG allows, and
+ * returns code. With code zpSuccess it clears the thread's last error instead. */
+zpResult_t zpSetLastError(zpComm_t comm, zpResult_t code, const char* format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* A layout's rank count and its batch: nseqs sequences of seqLens tokens
+ * (owned by the layout). Any output may be NULL. */
+zpResult_t zpLayoutGetInfo(zpLayout_t layout, int* nranks, int* nseqs, const int64_t** seqLens);
+/* The same of a plan, and whether its sequences are causal. */
+zpResult_t zpPlanGetInfo(zpBatchPlan_t plan, int* nranks, int* nseqs, const int64_t** seqLens, int* causal);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 } /* extern "C" */

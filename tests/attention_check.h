@@ -156,7 +156,7 @@ inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int
                            DO = fill(total * H * D);
   const zpSegment_t* segs = nullptr;
   size_t nsegs = 0;
-  zpPlanRankSegments(plan, 0, rank, &segs, &nsegs);
+  zpPlanRankSegments(plan, zpAttentionLayout, rank, &segs, &nsegs);
   int64_t T = 0;
   for (size_t i = 0; i < nsegs; i++) T += segs[i].count;
   auto gather = [&](const std::vector<float>& all, int width) {

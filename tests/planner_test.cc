@@ -400,7 +400,7 @@ TEST(PlanApi, MatchesPlannerAndRejectsBadInput) {
     for (int r = 0; r < 16; ++r) {
       const zpSegment_t* segs = nullptr;
       size_t n = 0;
-      ASSERT_EQ(zpPlanRankSegments(plan, which, r, &segs, &n), zpSuccess);
+      ASSERT_EQ(zpPlanRankSegments(plan, (zpLayoutKind_t)which, r, &segs, &n), zpSuccess);
       const auto& want = (which ? ref.linear : ref.attention).ranks[r];
       ASSERT_EQ(n, want.size());
       for (size_t k = 0; k < n; ++k) {
@@ -413,8 +413,8 @@ TEST(PlanApi, MatchesPlannerAndRejectsBadInput) {
   size_t n = 0;
   int cls, nr;
   const int* rk;
-  EXPECT_EQ(zpPlanRankSegments(plan, 2, 0, &segs, &n), zpInvalidArgument);
-  EXPECT_EQ(zpPlanRankSegments(plan, 0, 16, &segs, &n), zpInvalidArgument);
+  EXPECT_EQ(zpPlanRankSegments(plan, (zpLayoutKind_t)2, 0, &segs, &n), zpInvalidArgument);
+  EXPECT_EQ(zpPlanRankSegments(plan, zpAttentionLayout, 16, &segs, &n), zpInvalidArgument);
   EXPECT_NE(std::string(zpGetLastError(nullptr)).find("rank 16 out of range"), std::string::npos);
   EXPECT_EQ(zpPlanSequence(plan, int64_t(lens.size()), &cls, &nr, &rk), zpInvalidArgument);
   EXPECT_EQ(zpPlanDestroy(plan), zpSuccess);

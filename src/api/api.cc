@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -23,8 +24,6 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "src/route/relay.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 // A handle outlives its communicator: after zpCommDestroy it stays, marked
 // dead, so that a late call gets an error instead of touching freed memory.
@@ -84,19 +83,10 @@ zpResult_t checkDataCall(const char* fn, zpDataType_t dtype, zpStream_t stream) 
   return zpSuccess;
 }
 
-bool parseInt(const std::string& s, long lo, long hi, long* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long v = strtol(s.c_str(), &end, 10);
-  if (errno || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
 
 }  // namespace
 
-ZP_API const char* zpGetErrorString(zpResult_t r) {
+const char* zpGetErrorString(zpResult_t r) {
   switch (r) {
     case zpSuccess: return "no error";
     case zpUnhandledCudaError: return "unhandled cuda error";
@@ -110,7 +100,19 @@ ZP_API const char* zpGetErrorString(zpResult_t r) {
   }
 }
 
-ZP_API const char* zpGetLastError(zpComm_t comm) {
+zpResult_t zpSetLastError(zpComm_t comm, zpResult_t code, const char* format, ...) {
+  if (code == zpSuccess) {
+    zp::clearLastError();
+    return zpSuccess;
+  }
+  va_list ap;
+  va_start(ap, format);
+  zpResult_t r = zp::failv(code, format ? format : "", ap);
+  va_end(ap);
+  return noted(comm, r);
+}
+
+const char* zpGetLastError(zpComm_t comm) {
   if (!known(comm)) return zp::lastError();
   // A copy per thread: another thread may fail on the communicator meanwhile.
   thread_local std::string copy;
@@ -119,13 +121,13 @@ ZP_API const char* zpGetLastError(zpComm_t comm) {
   return copy.c_str();
 }
 
-ZP_API zpResult_t zpGetVersion(int* version) {
+zpResult_t zpGetVersion(int* version) {
   if (!version) return zp::fail(zpInvalidArgument, "zpGetVersion: version is NULL");
   *version = ZP_VERSION_CODE;
   return zpSuccess;
 }
 
-ZP_API size_t zpTypeSize(zpDataType_t t) {
+size_t zpTypeSize(zpDataType_t t) {
   switch (t) {
     case zpInt8: case zpUint8: return 1;
     case zpFloat16: case zpBfloat16: return 2;
@@ -135,12 +137,12 @@ ZP_API size_t zpTypeSize(zpDataType_t t) {
   }
 }
 
-ZP_API zpResult_t zpGetUniqueId(zpUniqueId* id) {
+zpResult_t zpGetUniqueId(zpUniqueId* id) {
   if (!id) return zp::fail(zpInvalidArgument, "zpGetUniqueId: uniqueId is NULL");
   return zp::startRoot(id);
 }
 
-ZP_API zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) {
+zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) {
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitRank: comm is NULL");
   *comm = nullptr;
   if (nranks <= 0) return zp::fail(zpInvalidArgument, "zpCommInitRank: nranks=%d must be positive", nranks);
@@ -159,7 +161,7 @@ ZP_API zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId id, int rank) {
+zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId id, int rank) {
   return zpCommInitRankConfig(comm, nranks, id, rank, nullptr);
 }
 
@@ -190,22 +192,22 @@ static zpResult_t mpirunFileId(int rank, const std::string& job, int timeoutMs, 
   }
 }
 
-ZP_API zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
+zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitFromEnv: comm is NULL");
   *comm = nullptr;
   auto env = [](const char* n) { return zp::envString(n); };
-  long rank = -1, nranks = -1;
+  long long rank = -1, nranks = -1;
   zpUniqueId id;
   std::string idFile;
   const char* how = nullptr;
   auto fromMaster = [&](const char* launcher) -> zpResult_t {
-    long port = 0;
+    long long port = 0;
     std::string zpPort = env("ZP_MASTER_PORT");
     if (!zpPort.empty()) {
-      if (!parseInt(zpPort, 1, 65535, &port)) return zp::fail(zpInvalidArgument, "ZP_MASTER_PORT='%s' is not a port", zpPort.c_str());
+      if (!zp::parseInt(zpPort, 1LL, 65535LL, &port)) return zp::fail(zpInvalidArgument, "ZP_MASTER_PORT='%s' is not a port", zpPort.c_str());
     } else {
       // MASTER_PORT itself belongs to the launcher's own store (torchrun), so use the next one.
-      if (!parseInt(env("MASTER_PORT"), 1, 65534, &port))
+      if (!zp::parseInt(env("MASTER_PORT"), 1LL, 65534LL, &port))
         return zp::fail(zpInvalidArgument, "MASTER_PORT='%s' is not a port", env("MASTER_PORT").c_str());
       port += 1;
     }
@@ -219,14 +221,14 @@ ZP_API zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
 
   if (!env("ZP_UNIQUE_ID").empty()) {
     how = "zprun";
-    if (!parseInt(env("ZP_RANK"), 0, 1 << 24, &rank) || !parseInt(env("ZP_NRANKS"), 1, 1 << 24, &nranks))
+    if (!zp::parseInt(env("ZP_RANK"), 0LL, 1LL << 24, &rank) || !zp::parseInt(env("ZP_NRANKS"), 1LL, 1LL << 24, &nranks))
       return zp::fail(zpInvalidArgument, "ZP_RANK='%s' / ZP_NRANKS='%s' are not valid", env("ZP_RANK").c_str(),
                       env("ZP_NRANKS").c_str());
     if (!zp::idFromHex(env("ZP_UNIQUE_ID"), &id))
       return zp::fail(zpInvalidArgument, "ZP_UNIQUE_ID is not a hex-encoded zpUniqueId");
   } else if (!env("OMPI_COMM_WORLD_RANK").empty()) {
-    if (!parseInt(env("OMPI_COMM_WORLD_RANK"), 0, 1 << 24, &rank) ||
-        !parseInt(env("OMPI_COMM_WORLD_SIZE"), 1, 1 << 24, &nranks))
+    if (!zp::parseInt(env("OMPI_COMM_WORLD_RANK"), 0LL, 1LL << 24, &rank) ||
+        !zp::parseInt(env("OMPI_COMM_WORLD_SIZE"), 1LL, 1LL << 24, &nranks))
       return zp::fail(zpInvalidArgument, "OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE are not valid");
     if (!env("MASTER_ADDR").empty() && !env("MASTER_PORT").empty()) {
       ZP_CHECK(fromMaster("mpirun"));
@@ -240,7 +242,7 @@ ZP_API zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
       ZP_CHECK(mpirunFileId((int)rank, job, cfg.timeoutMs, &id, &idFile));
     }
   } else if (!env("RANK").empty() && !env("WORLD_SIZE").empty()) {
-    if (!parseInt(env("RANK"), 0, 1 << 24, &rank) || !parseInt(env("WORLD_SIZE"), 1, 1 << 24, &nranks))
+    if (!zp::parseInt(env("RANK"), 0LL, 1LL << 24, &rank) || !zp::parseInt(env("WORLD_SIZE"), 1LL, 1LL << 24, &nranks))
       return zp::fail(zpInvalidArgument, "RANK='%s' / WORLD_SIZE='%s' are not valid", env("RANK").c_str(),
                       env("WORLD_SIZE").c_str());
     if (env("MASTER_ADDR").empty() || env("MASTER_PORT").empty())
@@ -251,8 +253,8 @@ ZP_API zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
                     "zpCommInitFromEnv: no launcher environment: start the program with zprun, torchrun or mpirun "
                     "(or set ZP_RANK, ZP_NRANKS and ZP_UNIQUE_ID)");
   }
-  if (rank >= nranks) return zp::fail(zpInvalidArgument, "%s: rank %ld is not below the world size %ld", how, rank, nranks);
-  ZP_INFO(zp::kSubInit, "rank %ld of %ld from the %s environment", rank, nranks, how);
+  if (rank >= nranks) return zp::fail(zpInvalidArgument, "%s: rank %lld is not below the world size %lld", how, rank, nranks);
+  ZP_INFO(zp::kSubInit, "rank %lld of %lld from the %s environment", rank, nranks, how);
   zpResult_t r = zpCommInitRankConfig(comm, (int)nranks, id, (int)rank, config);
   if (rank == 0 && !idFile.empty()) unlink(idFile.c_str());
   return r;
@@ -272,10 +274,10 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpCommDestroy(zpComm_t comm) { return noted(comm, destroy(comm, false, "zpCommDestroy")); }
-ZP_API zpResult_t zpCommAbort(zpComm_t comm) { return noted(comm, destroy(comm, true, "zpCommAbort")); }
+zpResult_t zpCommDestroy(zpComm_t comm) { return noted(comm, destroy(comm, false, "zpCommDestroy")); }
+zpResult_t zpCommAbort(zpComm_t comm) { return noted(comm, destroy(comm, true, "zpCommAbort")); }
 
-ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
+zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommGetAsyncError", &c)));
   if (!asyncError) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL"));
@@ -285,7 +287,7 @@ ZP_API zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpCommCount(const zpComm_t comm, int* count) {
+zpResult_t zpCommCount(const zpComm_t comm, int* count) {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));
   if (!count) return noted(comm, zp::fail(zpInvalidArgument, "zpCommCount: count is NULL"));
@@ -293,7 +295,7 @@ ZP_API zpResult_t zpCommCount(const zpComm_t comm, int* count) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
+zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommUserRank", &c)));
   if (!rank) return noted(comm, zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL"));
@@ -301,9 +303,9 @@ ZP_API zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpGroupStart(void) { return zp::groupStart(); }
+zpResult_t zpGroupStart(void) { return zp::groupStart(); }
 
-ZP_API zpResult_t zpGroupEnd(void) {
+zpResult_t zpGroupEnd(void) {
   bool outermost = zp::groupOpen();
   zpResult_t r = zp::groupEnd();
   if (outermost && !zp::groupOpen()) {
@@ -324,12 +326,12 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   return zp::enqueueP2P(c, isSend, buf, count, datatype, peer);
 }
 
-ZP_API zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) {
   return noted(comm, p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream));
 }
 
-ZP_API zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
+zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) {
   return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream));
 }
@@ -346,7 +348,7 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
   });
 }
 
-ZP_API zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                               void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                               zpDataType_t datatype, zpComm_t comm, zpStream_t stream) {
   return noted(comm, alltoallv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm, stream));

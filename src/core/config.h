@@ -6,6 +6,7 @@
 #include <string>
 
 #include "include/zeppelin.h"
+#include "src/core/params.h"
 #include "src/util/strings.h"
 
 namespace zp {
@@ -38,8 +39,6 @@ struct Config {
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);
 
-// Environment helpers: the raw value, or the default when unset/empty.
-std::string envString(const char* name, const std::string& dflt = "");
 // This host's identity: hostname plus boot id, as NCCL does.
 std::string defaultNodeId();
 

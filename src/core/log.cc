@@ -1,5 +1,7 @@
 #include "src/core/log.h"
 
+#include "src/core/params.h"
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -45,14 +47,18 @@ LogState& state() {
   static std::once_flag once;
   std::call_once(once, [] {
     gethostname(st.host, sizeof(st.host) - 1);
-    if (const char* lv = getenv("ZP_DEBUG")) {
+    // Read through the parameter table; a bad value falls back to the
+    // default here (logging cannot report its own errors).
+    std::string level = envString("ZP_DEBUG"), subsys = envString("ZP_DEBUG_SUBSYS");
+    std::string logFile = envString("ZP_DEBUG_FILE");
+    if (const char* lv = level.empty() ? nullptr : level.c_str()) {
       if (!strcasecmp(lv, "VERSION") || !strcasecmp(lv, "NONE") || !strcmp(lv, "0")) st.level = kLogNone;
       else if (!strcasecmp(lv, "WARN")) st.level = kLogWarn;
       else if (!strcasecmp(lv, "INFO")) st.level = kLogInfo;
       else if (!strcasecmp(lv, "TRACE")) st.level = kLogTrace;
     }
-    if (const char* ss = getenv("ZP_DEBUG_SUBSYS")) st.subsys = parseSubsys(ss);
-    if (const char* file = getenv("ZP_DEBUG_FILE")) {
+    if (!subsys.empty()) st.subsys = parseSubsys(subsys.c_str());
+    if (const char* file = logFile.empty() ? nullptr : logFile.c_str()) {
       std::string path;
       for (const char* p = file; *p; p++) {
         if (p[0] == '%' && p[1] == 'h') { path += st.host; p++; }

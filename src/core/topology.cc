@@ -279,11 +279,7 @@ bool isGpu(hwloc_obj_t pci) {
 zpResult_t discoverNode(NodeTopology* out) {
   if (!out) return fail(zpInvalidArgument, "discoverNode: out is NULL");
   double rate = 0;
-  std::string rateText = envString("ZP_NIC_RATE_BPS");
-  if (!rateText.empty() && !parseBitsPerSec(rateText, &rate))
-    return fail(zpInvalidArgument,
-                "ZP_NIC_RATE_BPS='%s' is not a rate: expected bits/s, e.g. 1000000000 or 1gbit",
-                rateText.c_str());
+  ZP_CHECK(paramRate("ZP_NIC_RATE_BPS", &rate));
 
   NodeTopology node;
   char host[256] = {0};

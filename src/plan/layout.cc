@@ -7,8 +7,6 @@
 
 #include "src/core/log.h"
 
-#define ZP_API extern "C" __attribute__((visibility("default")))
-
 namespace zp::plan {
 
 bool validateLayout(const Layout& layout, std::string* why) {
@@ -77,7 +75,7 @@ void fillLayout(zpLayout* l, Layout layout) {
 
 }  // namespace zp::plan
 
-ZP_API zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* seqLens, int nranks,
+zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* seqLens, int nranks,
                                  const size_t* offsets, const zpSegment_t* segments) {
   if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutCreate: layout is NULL");
   *layout = nullptr;
@@ -105,14 +103,22 @@ ZP_API zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* s
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpLayoutDestroy(zpLayout_t layout) {
+zpResult_t zpLayoutGetInfo(zpLayout_t layout, int* nranks, int* nseqs, const int64_t** seqLens) {
+  if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutGetInfo: layout is NULL");
+  if (nranks) *nranks = (int)layout->layout.ranks.size();
+  if (nseqs) *nseqs = (int)layout->layout.seqLens.size();
+  if (seqLens) *seqLens = layout->layout.seqLens.data();
+  return zpSuccess;
+}
+
+zpResult_t zpLayoutDestroy(zpLayout_t layout) {
   if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutDestroy: layout is NULL");
   if (layout->ownedByPlan) return zp::fail(zpInvalidUsage, "zpLayoutDestroy: this layout belongs to a plan");
   delete layout;
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens) {
+zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens) {
   if (!layout || !tokens) return zp::fail(zpInvalidArgument, "zpLayoutRankTokens: NULL argument");
   if (rank < 0 || rank >= (int)layout->layout.ranks.size())
     return zp::fail(zpInvalidArgument, "zpLayoutRankTokens: rank %d of %zu", rank, layout->layout.ranks.size());
@@ -121,7 +127,7 @@ ZP_API zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* token
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count) {
+zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count) {
   if (!layout || !segments || !count) return zp::fail(zpInvalidArgument, "zpLayoutRankSegments: NULL argument");
   if (rank < 0 || rank >= (int)layout->layout.ranks.size())
     return zp::fail(zpInvalidArgument, "zpLayoutRankSegments: rank %d of %zu", rank, layout->layout.ranks.size());

@@ -20,6 +20,4 @@ namespace zp::plan {
 // first problem (rank, segment, sequence and tokens) in *why.
 bool validateLayout(const Layout& layout, std::string* why);
 void fillLayout(zpLayout* l, Layout layout);
-// The plan behind a C plan handle (for the attention driver).
-const BatchPlan& planOf(zpBatchPlan_t plan);
 }  // namespace zp::plan

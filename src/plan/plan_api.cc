@@ -12,8 +12,6 @@
 #include "src/plan/layout.h"
 #include "src/plan/planner.h"
 
-#define ZP_API extern "C" __attribute__((visibility("default")))
-
 struct zpBatchPlan {
   zp::plan::BatchPlan plan;
   int nranks = 0;
@@ -63,9 +61,8 @@ zpResult_t clusterFromComm(zpComm_t comm, zp::plan::ClusterModel* c) {
 
 }  // namespace
 
-const zp::plan::BatchPlan& zp::plan::planOf(zpBatchPlan_t plan) { return plan->plan; }
 
-ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
+zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
                               zpComm_t comm) {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanBatch: plan is NULL");
@@ -101,7 +98,7 @@ ZP_API zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seq
   }
 }
 
-ZP_API zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,
+zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,
                                int ranksPerNode, const size_t* ringOffsets, const int* ringRanks) {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanCreate: plan is NULL");
   *plan = nullptr;
@@ -129,12 +126,12 @@ ZP_API zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* se
   }
 }
 
-ZP_API zpResult_t zpPlanDestroy(zpBatchPlan_t plan) {
+zpResult_t zpPlanDestroy(zpBatchPlan_t plan) {
   delete plan;
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks, const int** ranks) {
+zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks, const int** ranks) {
   if (!plan || !cls || !nranks || !ranks)
     return zp::fail(zpInvalidArgument, "zpPlanSequence: plan, cls, nranks or ranks is NULL");
   if (seq < 0 || seq >= int64_t(plan->plan.seqs.size()))
@@ -147,18 +144,29 @@ ZP_API zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int*
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, int which, int rank, const zpSegment_t** segs, size_t* n) {
+zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, zpLayoutKind_t kind, int rank, const zpSegment_t** segs,
+                              size_t* n) {
   if (!plan || !segs || !n) return zp::fail(zpInvalidArgument, "zpPlanRankSegments: plan, segs or n is NULL");
-  if (which != 0 && which != 1)
-    return zp::fail(zpInvalidArgument, "zpPlanRankSegments: which is %d (0 attention, 1 linear)", which);
+  if (kind != zpAttentionLayout && kind != zpLinearLayout)
+    return zp::fail(zpInvalidArgument, "zpPlanRankSegments: kind %d is not zpAttentionLayout or zpLinearLayout",
+                    (int)kind);
   if (rank < 0 || rank >= plan->nranks)
     return zp::fail(zpInvalidArgument, "zpPlanRankSegments: rank %d out of range [0, %d)", rank, plan->nranks);
-  *segs = plan->segs[which][rank].data();
-  *n = plan->segs[which][rank].size();
+  *segs = plan->segs[kind][rank].data();
+  *n = plan->segs[kind][rank].size();
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout) {
+zpResult_t zpPlanGetInfo(zpBatchPlan_t plan, int* nranks, int* nseqs, const int64_t** seqLens, int* causal) {
+  if (!plan) return zp::fail(zpInvalidArgument, "zpPlanGetInfo: plan is NULL");
+  if (nranks) *nranks = plan->nranks;
+  if (nseqs) *nseqs = (int)plan->plan.attention.seqLens.size();
+  if (seqLens) *seqLens = plan->plan.attention.seqLens.data();
+  if (causal) *causal = plan->plan.causal ? 1 : 0;
+  return zpSuccess;
+}
+
+zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout) {
   if (!plan || !layout) return zp::fail(zpInvalidArgument, "zpPlanGetLayout: NULL argument");
   if (kind != zpAttentionLayout && kind != zpLinearLayout)
     return zp::fail(zpInvalidArgument, "zpPlanGetLayout: kind %d is not zpAttentionLayout or zpLinearLayout", (int)kind);

@@ -4,35 +4,33 @@
 #include <cmath>
 #include <vector>
 
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
-#include "src/core/log.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
 zpResult_t checkBlock(const zpAttnBlock_t* b, const char* fn, bool backward) {
-  if (!b) return zp::fail(zpInvalidArgument, "%s: block is NULL", fn);
+  if (!b) return zpSetLastError(nullptr, zpInvalidArgument, "%s: block is NULL", fn);
   if (b->sq < 0 || b->sk < 0 || b->qHeads < 1 || b->kvHeads < 1 || b->headDim < 1 || b->qHeads % b->kvHeads)
-    return zp::fail(zpInvalidArgument, "%s: sq %lld, sk %lld, %d query heads, %d key/value heads, head dim %d", fn,
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: sq %lld, sk %lld, %d query heads, %d key/value heads, head dim %d", fn,
                     (long long)b->sq, (long long)b->sk, b->qHeads, b->kvHeads, b->headDim);
   if (b->mask != zpMaskFull && b->mask != zpMaskCausal && b->mask != zpMaskSkip)
-    return zp::fail(zpInvalidArgument, "%s: mask %d", fn, (int)b->mask);
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: mask %d", fn, (int)b->mask);
   if (b->mask == zpMaskCausal && b->sq != b->sk)
-    return zp::fail(zpInvalidArgument, "%s: a causal block is a diagonal block: sq %lld != sk %lld", fn,
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: a causal block is a diagonal block: sq %lld != sk %lld", fn,
                     (long long)b->sq, (long long)b->sk);
   bool empty = b->sq == 0 || b->sk == 0 || b->mask == zpMaskSkip;
   if (!empty && (!b->q || !b->k || !b->v || !b->out || !b->lse))
-    return zp::fail(zpInvalidArgument, "%s: a NULL pointer among q, k, v, out, lse", fn);
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL pointer among q, k, v, out, lse", fn);
   if (backward && !empty && (!b->dout || !b->dq || !b->dk || !b->dv))
-    return zp::fail(zpInvalidArgument, "%s: a NULL pointer among dout, dq, dk, dv", fn);
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL pointer among dout, dq, dk, dv", fn);
   return zpSuccess;
 }
 
 }  // namespace
 
-ZP_API zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
-  ZP_CHECK(checkBlock(b, "zpAttnRefForward", false));
+zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
+  ZPX_CHECK(checkBlock(b, "zpAttnRefForward", false));
   const int64_t sq = b->sq, sk = b->sk;
   const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
   std::vector<double> s(sk), acc(D);
@@ -77,8 +75,8 @@ ZP_API zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) {
-  ZP_CHECK(checkBlock(b, "zpAttnRefBackward", true));
+zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) {
+  ZPX_CHECK(checkBlock(b, "zpAttnRefBackward", true));
   const int64_t sq = b->sq, sk = b->sk;
   const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
   if (b->mask == zpMaskSkip || sq == 0 || sk == 0) return zpSuccess;
@@ -116,11 +114,11 @@ ZP_API zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) {
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq,
+zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq,
                                  int qHeads, int headDim) {
   if (sq < 0 || qHeads < 1 || headDim < 1)
-    return zp::fail(zpInvalidArgument, "zpAttnMergeLse: sq %lld, %d heads, head dim %d", (long long)sq, qHeads, headDim);
-  if (sq && (!out || !lse || !partOut || !partLse)) return zp::fail(zpInvalidArgument, "zpAttnMergeLse: NULL pointer");
+    return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: sq %lld, %d heads, head dim %d", (long long)sq, qHeads, headDim);
+  if (sq && (!out || !lse || !partOut || !partLse)) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: NULL pointer");
   for (int64_t i = 0; i < sq; i++)
     for (int h = 0; h < qHeads; h++) {
       float& l = lse[h * sq + i];

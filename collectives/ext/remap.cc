@@ -9,12 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collectives.h"
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
-#include "src/core/log.h"
-#include "src/plan/layout.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
@@ -31,11 +27,11 @@ struct Place {
 };
 
 // Per sequence, where its tokens are, in token order.
-std::vector<std::vector<Place>> placesBySeq(const zp::plan::Layout& l) {
+std::vector<std::vector<Place>> placesBySeq(const zpx::LayoutView& l) {
   std::vector<std::vector<Place>> by(l.seqLens.size());
   for (size_t r = 0; r < l.ranks.size(); r++) {
     int64_t off = 0;
-    for (const zp::plan::Segment& s : l.ranks[r]) {
+    for (const zpSegment_t& s : l.ranks[r]) {
       by[s.seq].push_back({s.start, s.count, (int)r, off});
       off += s.count;
     }
@@ -65,25 +61,27 @@ struct zpRemap {
   std::vector<char> sendBuf, recvBuf;
 };
 
-ZP_API zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm) {
-  if (!remap || !from || !to) return zp::fail(zpInvalidArgument, "zpRemapCreate: NULL argument");
+zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm) {
+  if (!remap || !from || !to) return zpSetLastError(comm, zpInvalidArgument, "zpRemapCreate: NULL argument");
   *remap = nullptr;
   int n = 0, me = 0;
   zpResult_t res = zpCommCount(comm, &n);
   if (res != zpSuccess) return res;
-  ZP_CHECK(zpCommUserRank(comm, &me));
-  const zp::plan::Layout &a = from->layout, &b = to->layout;
+  ZPX_CHECK(zpCommUserRank(comm, &me));
+  zpx::LayoutView a, b;
+  ZPX_CHECK(zpx::viewLayout(from, &a));
+  ZPX_CHECK(zpx::viewLayout(to, &b));
   if ((int)a.ranks.size() != n || (int)b.ranks.size() != n)
-    return zp::fail(zpInvalidArgument, "zpRemapCreate: the layouts have %zu and %zu ranks, the communicator %d",
+    return zpSetLastError(comm, zpInvalidArgument, "zpRemapCreate: the layouts have %zu and %zu ranks, the communicator %d",
                     a.ranks.size(), b.ranks.size(), n);
-  if (a.seqLens != b.seqLens) return zp::fail(zpInvalidArgument, "zpRemapCreate: the layouts are of different batches");
+  if (a.seqLens != b.seqLens) return zpSetLastError(comm, zpInvalidArgument, "zpRemapCreate: the layouts are of different batches");
   auto out = std::make_unique<zpRemap>();
   out->nranks = n;
   out->rank = me;
   out->sendRuns.resize(n);
   out->recvRuns.resize(n);
-  for (const zp::plan::Segment& s : a.ranks[me]) out->fromTokens += s.count;
-  for (const zp::plan::Segment& s : b.ranks[me]) out->toTokens += s.count;
+  for (const zpSegment_t& s : a.ranks[me]) out->fromTokens += s.count;
+  for (const zpSegment_t& s : b.ranks[me]) out->toTokens += s.count;
   auto pa = placesBySeq(a), pb = placesBySeq(b);
   for (size_t s = 0; s < pa.size(); s++) {
     size_t i = 0, j = 0;
@@ -103,31 +101,31 @@ ZP_API zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken,
+zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken,
                                  zpDataType_t datatype, int inverse, zpComm_t comm, zpStream_t stream) {
-  if (!remap) return zp::fail(zpInvalidArgument, "zpRemapExecute: remap is NULL");
+  if (!remap) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: remap is NULL");
   size_t ts = zpTypeSize(datatype);
-  if (!ts) return zp::fail(zpInvalidArgument, "zpRemapExecute: invalid datatype %d", (int)datatype);
+  if (!ts) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: invalid datatype %d", (int)datatype);
   if (stream)
-    return zp::fail(zpInvalidArgument, "zpRemapExecute: device buffers (a non-NULL stream) are not supported yet");
-  if (elemsPerToken == 0) return zp::fail(zpInvalidArgument, "zpRemapExecute: elemsPerToken is 0");
+    return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: device buffers (a non-NULL stream) are not supported yet");
+  if (elemsPerToken == 0) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: elemsPerToken is 0");
   if (inverse != 0 && inverse != 1)
-    return zp::fail(zpInvalidArgument, "zpRemapExecute: inverse is %d, not 0 (forward) or 1 (inverse)", inverse);
+    return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: inverse is %d, not 0 (forward) or 1 (inverse)", inverse);
   const int n = remap->nranks, me = remap->rank;
   // The runs were planned for the creating communicator's ranks: another one
   // would send them to the wrong ranks (or read past the count arrays).
   int commN = 0, commMe = 0;
-  ZP_CHECK(zpCommCount(comm, &commN));
-  ZP_CHECK(zpCommUserRank(comm, &commMe));
+  ZPX_CHECK(zpCommCount(comm, &commN));
+  ZPX_CHECK(zpCommUserRank(comm, &commMe));
   if (commN != n || commMe != me)
-    return zp::fail(zpInvalidArgument,
+    return zpSetLastError(comm, zpInvalidArgument,
                     "zpRemapExecute: the remap was created as rank %d of %d, but this is rank %d of %d: pass the "
                     "communicator given to zpRemapCreate",
                     me, n, commMe, commN);
   // Checked before any size is multiplied out, so that no product wraps around.
   const int64_t maxTokens = std::max<int64_t>(1, std::max(remap->fromTokens, remap->toTokens));
-  if (elemsPerToken > zp::kMaxCallBytes / ts / (uint64_t)maxTokens)
-    return zp::fail(zpInvalidArgument,
+  if (elemsPerToken > ZP_MAX_CALL_BYTES / ts / (uint64_t)maxTokens)
+    return zpSetLastError(comm, zpInvalidArgument,
                     "zpRemapExecute: %lld tokens of %zu elements of %zu bytes are too large (a negative value cast to "
                     "size_t?)",
                     (long long)maxTokens, elemsPerToken, ts);
@@ -149,8 +147,8 @@ ZP_API zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, siz
     rTotal += rc[p];
   }
   // A rank with no tokens on one side may pass NULL for that buffer.
-  if (!in && (sTotal || !outRuns[me].empty())) return zp::fail(zpInvalidArgument, "zpRemapExecute: in is NULL");
-  if (!out && (rTotal || !outRuns[me].empty())) return zp::fail(zpInvalidArgument, "zpRemapExecute: out is NULL");
+  if (!in && (sTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: in is NULL");
+  if (!out && (rTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: out is NULL");
   const char* src = (const char*)in;
   char* dst = (char*)out;
   remap->sendBuf.resize(std::max<size_t>(sTotal, 1));
@@ -178,8 +176,8 @@ ZP_API zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, siz
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpRemapDestroy(zpRemap_t remap) {
-  if (!remap) return zp::fail(zpInvalidArgument, "zpRemapDestroy: remap is NULL");
+zpResult_t zpRemapDestroy(zpRemap_t remap) {
+  if (!remap) return zpSetLastError(nullptr, zpInvalidArgument, "zpRemapDestroy: remap is NULL");
   delete remap;
   return zpSuccess;
 }

@@ -1,8 +1,6 @@
-#include "collectives/async_p2p.h"
+#include "collectives/ext/async_p2p.h"
 
-#include "src/core/log.h"
-
-namespace zp {
+namespace zpx {
 
 AsyncP2P::AsyncP2P(zpComm_t comm) : comm_(comm) { worker_ = std::thread([this] { loop(); }); }
 
@@ -42,7 +40,7 @@ void AsyncP2P::loop() {
 
 zpResult_t AsyncP2P::start(std::vector<P2POp> ops, const char* fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (started_) return fail(zpInvalidUsage, "%s: the previous exchange was not waited for", fn);
+  if (started_) return zpSetLastError(comm_, zpInvalidUsage, "%s: the previous exchange was not waited for", fn);
   ops_ = std::move(ops);
   pending_ = started_ = true;
   cv_.notify_all();
@@ -56,10 +54,10 @@ bool AsyncP2P::finished() {
 
 zpResult_t AsyncP2P::wait(const char* fn) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!started_) return fail(zpInvalidUsage, "%s: no exchange was started", fn);
+  if (!started_) return zpSetLastError(comm_, zpInvalidUsage, "%s: no exchange was started", fn);
   cv_.wait(lock, [&] { return !pending_; });
   started_ = false;
-  if (result_ != zpSuccess) return fail(result_, "%s: %s", fn, error_.c_str());
+  if (result_ != zpSuccess) return zpSetLastError(comm_, result_, "%s: %s", fn, error_.c_str());
   return zpSuccess;
 }
 
@@ -69,4 +67,4 @@ void AsyncP2P::drain() {
   started_ = false;
 }
 
-}  // namespace zp
+}  // namespace zpx

@@ -11,7 +11,7 @@
 
 #include "include/zeppelin.h"
 
-namespace zp {
+namespace zpx {
 
 struct P2POp {
   bool send = false;
@@ -49,4 +49,4 @@ class AsyncP2P {
   std::thread worker_;
 };
 
-}  // namespace zp
+}  // namespace zpx

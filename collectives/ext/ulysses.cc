@@ -11,12 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collectives.h"
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
-#include "src/core/log.h"
-#include "src/plan/layout.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
@@ -41,33 +37,34 @@ void addInto(char* dst, const char* src, size_t n) {
 
 }  // namespace
 
-ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
+zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
                                     zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream) {
   const char* fn = "zpUlyssesAlltoall";
-  if (!layout) return zp::fail(zpInvalidArgument, "%s: layout is NULL", fn);
+  if (!layout) return zpSetLastError(comm, zpInvalidArgument, "%s: layout is NULL", fn);
   size_t ts = zpTypeSize(datatype);
-  if (!ts) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
-  if (stream) return zp::fail(zpInvalidArgument, "%s: device buffers (a non-NULL stream) are not supported yet", fn);
+  if (!ts) return zpSetLastError(comm, zpInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
+  if (stream) return zpSetLastError(comm, zpInvalidArgument, "%s: device buffers (a non-NULL stream) are not supported yet", fn);
   if (qHeads < 1 || heads < 1 || headDim < 1 || qHeads % heads)
-    return zp::fail(zpInvalidArgument, "%s: %d query heads, %d heads, head dim %d: need >= 1 and heads dividing query heads",
+    return zpSetLastError(comm, zpInvalidArgument, "%s: %d query heads, %d heads, head dim %d: need >= 1 and heads dividing query heads",
                     fn, qHeads, heads, headDim);
   if (direction != 0 && direction != 1)
-    return zp::fail(zpInvalidArgument, "%s: direction %d is not 0 (sequence to head) or 1 (head to sequence)", fn,
+    return zpSetLastError(comm, zpInvalidArgument, "%s: direction %d is not 0 (sequence to head) or 1 (head to sequence)", fn,
                     direction);
   int G = 0, me = 0;
   zpResult_t res = zpCommCount(comm, &G);
   if (res != zpSuccess) return res;
-  ZP_CHECK(zpCommUserRank(comm, &me));
-  const zp::plan::Layout& l = layout->layout;
+  ZPX_CHECK(zpCommUserRank(comm, &me));
+  zpx::LayoutView l;
+  ZPX_CHECK(zpx::viewLayout(layout, &l));
   if ((int)l.ranks.size() != G)
-    return zp::fail(zpInvalidArgument, "%s: the layout has %zu ranks, the communicator %d", fn, l.ranks.size(), G);
+    return zpSetLastError(comm, zpInvalidArgument, "%s: the layout has %zu ranks, the communicator %d", fn, l.ranks.size(), G);
   std::vector<int64_t> cu(l.seqLens.size() + 1, 0);  // cu_seqlens: where each sequence starts in the packed batch
   for (size_t s = 0; s < l.seqLens.size(); s++) cu[s + 1] = cu[s] + l.seqLens[s];
   const int64_t total = cu.back();
   // Every buffer of the call holds at most total x heads x headDim elements;
   // checked before any size is multiplied out, so that none wraps around.
-  if ((uint64_t)headDim > zp::kMaxCallBytes / ts / (uint64_t)heads / (uint64_t)std::max<int64_t>(total, 1))
-    return zp::fail(zpInvalidArgument, "%s: %lld tokens x %d heads x head dim %d x %zu bytes is too large", fn,
+  if ((uint64_t)headDim > ZP_MAX_CALL_BYTES / ts / (uint64_t)heads / (uint64_t)std::max<int64_t>(total, 1))
+    return zpSetLastError(comm, zpInvalidArgument, "%s: %lld tokens x %d heads x head dim %d x %zu bytes is too large", fn,
                     (long long)total, heads, headDim, ts);
   std::vector<HeadRange> hr(G);
   bool replicated = false;
@@ -77,12 +74,12 @@ ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout
     for (int h = hr[p].lo; h < hr[p].hi; h++) replicated |= ++holders[h] > 1;
   }
   if (direction == 1 && replicated && datatype != zpFloat32 && datatype != zpFloat64)
-    return zp::fail(zpInvalidArgument, "%s: going back, heads held by several ranks are summed: float32 or float64 only",
+    return zpSetLastError(comm, zpInvalidArgument, "%s: going back, heads held by several ranks are summed: float32 or float64 only",
                     fn);
   // Tokens of each rank, as global positions in the packed batch, in the rank's buffer order.
   auto tokensOf = [&](int r) {
     std::vector<int64_t> v;
-    for (const zp::plan::Segment& s : l.ranks[r])
+    for (const zpSegment_t& s : l.ranks[r])
       for (int64_t t = 0; t < s.count; t++) v.push_back(cu[s.seq] + s.start + t);
     return v;
   };
@@ -107,7 +104,7 @@ ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout
   }
   size_t inBytes = direction == 0 ? mine.size() * heads * row : (size_t)total * myHeads * row;
   size_t outBytes = direction == 0 ? (size_t)total * myHeads * row : mine.size() * heads * row;
-  if ((inBytes && !in) || (outBytes && !out)) return zp::fail(zpInvalidArgument, "%s: in or out is NULL", fn);
+  if ((inBytes && !in) || (outBytes && !out)) return zpSetLastError(comm, zpInvalidArgument, "%s: in or out is NULL", fn);
   std::vector<char> sbuf(sTot * ts + 1), rbuf(rTot * ts + 1);
   const char* src = (const char*)in;
   char* dst = (char*)out;
@@ -124,7 +121,7 @@ ZP_API zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout
       }
     }
   }
-  ZP_CHECK(zpAlltoallv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), datatype, comm, nullptr));
+  ZPX_CHECK(zpAlltoallv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), datatype, comm, nullptr));
   if (direction == 1 && replicated) memset(dst, 0, outBytes);
   for (int p = 0; p < G; p++) {
     const char* r = rbuf.data() + rd[p] * ts;

@@ -6,37 +6,35 @@
 // every step (variable-length sequences).
 #include <vector>
 
-#include "collectives/async_p2p.h"
+#include "collectives/ext/async_p2p.h"
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
-#include "src/core/log.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 struct zpRing {
   int next = -1, prev = -1;
   bool bidirectional = false;
-  zp::AsyncP2P exchange;
+  zpx::AsyncP2P exchange;
   explicit zpRing(zpComm_t comm) : exchange(comm) {}
 };
 
-ZP_API zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional) {
-  if (!ring || !ranks) return zp::fail(zpInvalidArgument, "zpRingCreate: ring or ranks is NULL");
+zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional) {
+  if (!ring || !ranks) return zpSetLastError(comm, zpInvalidArgument, "zpRingCreate: ring or ranks is NULL");
   *ring = nullptr;
   int n = 0, me = 0;
   zpResult_t res = zpCommCount(comm, &n);
   if (res != zpSuccess) return res;
-  ZP_CHECK(zpCommUserRank(comm, &me));
+  ZPX_CHECK(zpCommUserRank(comm, &me));
   if (nranks < 1 || nranks > n)
-    return zp::fail(zpInvalidArgument, "zpRingCreate: %d ranks in a ring of a %d-rank communicator", nranks, n);
+    return zpSetLastError(comm, zpInvalidArgument, "zpRingCreate: %d ranks in a ring of a %d-rank communicator", nranks, n);
   int pos = -1;
   std::vector<bool> seen(n, false);
   for (int i = 0; i < nranks; i++) {
     if (ranks[i] < 0 || ranks[i] >= n || seen[ranks[i]])
-      return zp::fail(zpInvalidArgument, "zpRingCreate: ranks[%d] = %d is out of range or repeated", i, ranks[i]);
+      return zpSetLastError(comm, zpInvalidArgument, "zpRingCreate: ranks[%d] = %d is out of range or repeated", i, ranks[i]);
     seen[ranks[i]] = true;
     if (ranks[i] == me) pos = i;
   }
-  if (pos < 0) return zp::fail(zpInvalidArgument, "zpRingCreate: rank %d is not in the ring", me);
+  if (pos < 0) return zpSetLastError(comm, zpInvalidArgument, "zpRingCreate: rank %d is not in the ring", me);
   zpRing* r = new zpRing(comm);
   r->next = ranks[(pos + 1) % nranks];
   r->prev = ranks[(pos + nranks - 1) % nranks];
@@ -45,11 +43,11 @@ ZP_API zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const 
   return zpSuccess;
 }
 
-ZP_API zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf,
+zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf,
                                       size_t recvBytes) {
-  if (!ring) return zp::fail(zpInvalidArgument, "zpRingExchangeStart: ring is NULL");
+  if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: ring is NULL");
   if ((sendBytes && !sendbuf) || (recvBytes && !recvbuf))
-    return zp::fail(zpInvalidArgument, "zpRingExchangeStart: a NULL buffer with a nonzero size");
+    return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: a NULL buffer with a nonzero size");
   char* send = (char*)sendbuf;
   char* recv = (char*)recvbuf;
   if (!ring->bidirectional)
@@ -64,13 +62,13 @@ ZP_API zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t
                               "zpRingExchangeStart");
 }
 
-ZP_API zpResult_t zpRingExchangeWait(zpRing_t ring) {
-  if (!ring) return zp::fail(zpInvalidArgument, "zpRingExchangeWait: ring is NULL");
+zpResult_t zpRingExchangeWait(zpRing_t ring) {
+  if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeWait: ring is NULL");
   return ring->exchange.wait("zpRingExchangeWait");
 }
 
-ZP_API zpResult_t zpRingDestroy(zpRing_t ring) {
-  if (!ring) return zp::fail(zpInvalidArgument, "zpRingDestroy: ring is NULL");
+zpResult_t zpRingDestroy(zpRing_t ring) {
+  if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingDestroy: ring is NULL");
   delete ring;  // an exchange in flight finishes first
   return zpSuccess;
 }

@@ -29,22 +29,16 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/async_p2p.h"
+#include "collectives/ext/async_p2p.h"
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
-#include "src/core/log.h"
-#include "src/plan/layout.h"
-#include "src/plan/plan.h"
-
-#define ZP_API extern "C" __attribute__((visibility("default")))
 
 namespace {
-
-using zp::plan::BatchPlan;
 
 // One chunk of a sequence, held by one ring position.
 struct Chunk {
   int64_t seq = 0;
-  int index = 0;          // chunk number within the sequence (zigzag order decides the mask)
+  int64_t first = 0;      // its first token: chunks in token order decide the mask (zigzag)
   int64_t count = 0;      // tokens
   int64_t blockOff = 0;   // token offset in its ring position's block
   int64_t userOff = -1;   // token offset in this rank's buffers, if this rank holds it
@@ -81,7 +75,7 @@ struct zpAttention {
   int64_t T = 0;                  // this rank's tokens
   std::vector<Group> groups;      // the rings this rank is in, in run order
   std::vector<LocalSeq> locals;   // this rank's local sequences
-  std::unique_ptr<zp::AsyncP2P> xchg;
+  std::unique_ptr<zpx::AsyncP2P> xchg;
   std::vector<float> lseAcc, partOut, partLse;  // a call's scratch (see Pass)
   std::vector<size_t> lseAt;
 
@@ -92,10 +86,10 @@ struct zpAttention {
 namespace {
 
 // Which part of a causal (query chunk, key/value chunk) pair is visible:
-// zigzag chunk numbers follow token order, so earlier chunks are whole.
+// chunks of a sequence do not interleave, so an earlier chunk is whole.
 zpAttnMask_t maskOf(bool causal, const Chunk& q, const Chunk& k) {
-  if (!causal || k.index < q.index) return zpMaskFull;
-  return k.index == q.index ? zpMaskCausal : zpMaskSkip;
+  if (!causal || k.first < q.first) return zpMaskFull;
+  return k.first == q.first ? zpMaskCausal : zpMaskSkip;
 }
 
 // Calls f(qChunk, kvChunk) for every pair of the same sequence (both lists
@@ -105,7 +99,7 @@ zpResult_t forPairs(const std::vector<Chunk>& qs, const std::vector<Chunk>& ks, 
   size_t kb = 0;
   for (const Chunk& q : qs) {
     while (kb < ks.size() && ks[kb].seq < q.seq) kb++;
-    for (size_t k = kb; k < ks.size() && ks[k].seq == q.seq; k++) ZP_CHECK(f(q, ks[k]));
+    for (size_t k = kb; k < ks.size() && ks[k].seq == q.seq; k++) ZPX_CHECK(f(q, ks[k]));
   }
   return zpSuccess;
 }
@@ -128,8 +122,8 @@ class Pass {
   zpResult_t run(const char* fn) {
     fn_ = fn;
     prepare();
-    ZP_CHECK(backward_ ? runBackward() : runForward());
-    while (!localsLeft_.empty()) ZP_CHECK(runLocal());
+    ZPX_CHECK(backward_ ? runBackward() : runForward());
+    while (!localsLeft_.empty()) ZPX_CHECK(runLocal());
     if (!backward_) finishLse();
     return zpSuccess;
   }
@@ -162,7 +156,7 @@ class Pass {
   // kv[(t + 1) % 2]. At step 0 the keys and values go as two messages, so
   // that my own block leaves straight from the caller's buffers; later
   // blocks lie together in kv[] and go as one.
-  void sendHeld(std::vector<zp::P2POp>* ops, Group& g, int t, int peer) {
+  void sendHeld(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
     const int j = posMod(g.pos - t, g.G());
     const Held h = held(g, t, j);
     const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
@@ -173,7 +167,7 @@ class Pass {
     ops->push_back({true, h.k, bytes, peer});
     ops->push_back({true, h.v, bytes, peer});
   }
-  void recvNext(std::vector<zp::P2POp>* ops, Group& g, int t, int peer) {
+  void recvNext(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
     const int j = posMod(g.pos - t - 1, g.G());
     const Held h = held(g, t + 1, j);
     const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
@@ -259,11 +253,11 @@ class Pass {
 
   zpResult_t callKernel(const zpAttnBlock_t& b) {
     zpAttnKernel_t kern = backward_ ? a_->bwd : a_->fwd;
-    zp::clearLastError();
+    zpSetLastError(nullptr, zpSuccess, "%s", "");
     zpResult_t r = kern(&b, a_->user);
     if (r != zpSuccess) {
       const std::string why = *zpGetLastError(nullptr) ? zpGetLastError(nullptr) : zpGetErrorString(r);
-      return zp::fail(r, "%s: the %s block kernel failed on a block of %lld x %lld tokens: %s", fn_,
+      return zpSetLastError(nullptr, r, "%s: the %s block kernel failed on a block of %lld x %lld tokens: %s", fn_,
                       backward_ ? "backward" : "forward", (long long)b.sq, (long long)b.sk, why.c_str());
     }
     return zpSuccess;
@@ -282,7 +276,7 @@ class Pass {
     b.lse = partLse_.data();
     if (!backward_) {
       b.out = out + l.userOff * a_->qRow();
-      ZP_CHECK(callKernel(b));
+      ZPX_CHECK(callKernel(b));
       for (int h = 0; h < H; h++) memcpy(lse + h * a_->T + l.userOff, &partLse_[h * l.len], l.len * sizeof(float));
       return zpSuccess;
     }
@@ -297,7 +291,7 @@ class Pass {
 
   // Waits for the exchange in flight, running local sequences meanwhile.
   zpResult_t waitFilling() {
-    while (!localsLeft_.empty() && !a_->xchg->finished()) ZP_CHECK(runLocal());
+    while (!localsLeft_.empty() && !a_->xchg->finished()) ZPX_CHECK(runLocal());
     return a_->xchg->wait(fn_);
   }
 
@@ -328,7 +322,7 @@ class Pass {
       partLse_.resize(cq.count * a_->H);
       b.out = partOut_.data();
       b.lse = partLse_.data();
-      ZP_CHECK(callKernel(b));
+      ZPX_CHECK(callKernel(b));
       return zpAttnMergeLse(accOut, accLse, partOut_.data(), partLse_.data(), cq.count, a_->H, a_->D);
     });
   }
@@ -400,7 +394,7 @@ class Pass {
           memcpy(&partLse_[h * w.rows], lse + h * cq.count + w.row0, w.rows * sizeof(float));
         b.lse = partLse_.data();
       }
-      ZP_CHECK(callKernel(b));
+      ZPX_CHECK(callKernel(b));
     }
     return zpSuccess;
   }
@@ -408,7 +402,7 @@ class Pass {
   // Declared after the buffers an exchange uses, so that on an early return
   // the exchange in flight ends before they are freed.
   struct DrainOnExit {
-    zp::AsyncP2P* x;
+    zpx::AsyncP2P* x;
     ~DrainOnExit() { x->drain(); }
   };
 
@@ -422,24 +416,24 @@ class Pass {
     // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
     auto startX = [&](size_t gi, int t) {
       Group& g = a_->groups[gi];
-      std::vector<zp::P2POp> ops;
+      std::vector<zpx::P2POp> ops;
       sendHeld(&ops, g, t, nextOf(g));
       recvNext(&ops, g, t, prevOf(g));
       return a_->xchg->start(std::move(ops), fn_);
     };
-    if (n) ZP_CHECK(startX(0, 0));
+    if (n) ZPX_CHECK(startX(0, 0));
     for (size_t gi = 0; gi < n; gi++) {
       Group& g = a_->groups[gi];
       const int G = g.G();
       for (int t = 0; t < G; t++) {
         const int j = posMod(g.pos - t, G);
-        ZP_CHECK(forwardStep(gi, j, held(g, t, j)));
+        ZPX_CHECK(forwardStep(gi, j, held(g, t, j)));
         if (t == G - 1) break;
-        ZP_CHECK(waitFilling());
+        ZPX_CHECK(waitFilling());
         if (t + 1 < G - 1)
-          ZP_CHECK(startX(gi, t + 1));
+          ZPX_CHECK(startX(gi, t + 1));
         else if (gi + 1 < n)  // the last step needs no exchange: start the next ring's first one
-          ZP_CHECK(startX(gi + 1, 0));
+          ZPX_CHECK(startX(gi + 1, 0));
       }
     }
     return zpSuccess;
@@ -466,7 +460,7 @@ class Pass {
       float* gk = direct ? dk + g.ownAt * kr : part.data();
       float* gv = direct ? dv + g.ownAt * kr : part.data() + half;
       auto startX = [&](int t) {
-        std::vector<zp::P2POp> ops;
+        std::vector<zpx::P2POp> ops;
         if (t < G - 1) sendHeld(&ops, g, t, next);
         if (t >= 1) {
           const size_t half = kvFloats(g, block(t - 1)) / 2;
@@ -486,27 +480,27 @@ class Pass {
       // runs while the last gradient hop is in flight and is added to what
       // it brings, so that hop is hidden too.
       std::vector<Work> ownEarly = backwardWork(g, g.pos), ownLate = splitHalf(&ownEarly);
-      ZP_CHECK(startX(0));
+      ZPX_CHECK(startX(0));
       for (int t = 0; t < G; t++) {
         float* acc = grad[t % 2].data();
         const size_t size = kvFloats(g, block(t));
         std::fill(acc, acc + size, 0.0f);
         if (t == 0)
-          ZP_CHECK(runBackwardWork(gi, ownEarly, held(g, 0, g.pos), nMine, acc));
+          ZPX_CHECK(runBackwardWork(gi, ownEarly, held(g, 0, g.pos), nMine, acc));
         else
-          ZP_CHECK(runBackwardWork(gi, backwardWork(g, block(t)), held(g, t, block(t)), g.tokens[block(t)], acc));
-        ZP_CHECK(waitFilling());
+          ZPX_CHECK(runBackwardWork(gi, backwardWork(g, block(t)), held(g, t, block(t)), g.tokens[block(t)], acc));
+        ZPX_CHECK(waitFilling());
         if (t >= 1)
           for (size_t e = 0; e < size; e++) acc[e] += part[e];
-        ZP_CHECK(startX(t + 1));
+        ZPX_CHECK(startX(t + 1));
       }
       // grad[G % 2] went out with X_{G-1}: free for the late half.
       float* late = grad[G % 2].data();
       if (!ownLate.empty()) {
         std::fill(late, late + 2 * half, 0.0f);
-        ZP_CHECK(runBackwardWork(gi, ownLate, held(g, 0, g.pos), nMine, late));
+        ZPX_CHECK(runBackwardWork(gi, ownLate, held(g, 0, g.pos), nMine, late));
       }
-      ZP_CHECK(waitFilling());
+      ZPX_CHECK(waitFilling());
       // My block's whole gradient: what the last hop brought plus the late half.
       if (!ownLate.empty())
         for (size_t e = 0; e < half; e++) {
@@ -523,52 +517,61 @@ class Pass {
   }
 };
 
-// Builds this rank's groups and local sequences from the plan.
-zpResult_t buildSchedule(zpAttention* a, const BatchPlan& plan, int me) {
-  // Where each of my segments starts in my buffers.
+// Builds this rank's groups and local sequences from the plan, read through
+// the public API: a ring sequence's chunks are its segments in the attention
+// layout, ring position j holding chunks j and 2G-1-j in that order (one
+// segment each; empty chunks have none).
+zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me) {
+  int nseqs = 0, causal = 0;
+  const int64_t* lens = nullptr;
+  ZPX_CHECK(zpPlanGetInfo(plan, nullptr, &nseqs, &lens, &causal));
+  // Every rank's segments of every sequence, and where mine start in my buffers.
+  std::map<std::pair<int, int64_t>, std::vector<zpSegment_t>> held;  // (rank, seq) -> segments
   std::map<std::pair<int64_t, int64_t>, int64_t> at;
-  int64_t off = 0;
-  for (const auto& s : plan.attention.ranks[me]) {
-    at[{s.seq, s.start}] = off;
-    off += s.count;
+  for (int r = 0; r < nranks; r++) {
+    const zpSegment_t* segs = nullptr;
+    size_t n = 0;
+    ZPX_CHECK(zpPlanRankSegments(plan, zpAttentionLayout, r, &segs, &n));
+    int64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+      held[{r, segs[i].seq}].push_back(segs[i]);
+      if (r == me) at[{segs[i].seq, segs[i].start}] = off;
+      off += segs[i].count;
+    }
+    if (r == me) a->T = off;
   }
-  a->T = off;
   std::map<std::vector<int>, size_t> groupOf;
   std::vector<Group> all;
   std::vector<std::pair<int, int64_t>> order;  // (class, first sequence) of each group
-  for (const auto& p : plan.seqs) {
-    const int G = (int)p.ranks.size();
+  for (int64_t seq = 0; seq < nseqs; seq++) {
+    int cls = 0, G = 0;
+    const int* ringRanks = nullptr;
+    ZPX_CHECK(zpPlanSequence(plan, seq, &cls, &G, &ringRanks));
+    std::vector<int> ranks(ringRanks, ringRanks + G);
     if (G == 1) {
-      if (p.ranks[0] == me) a->locals.push_back({at.at({p.seq, 0}), p.len});
+      if (ranks[0] == me) a->locals.push_back({at.at({seq, 0}), lens[seq]});
       continue;
     }
-    auto it = groupOf.find(p.ranks);
+    auto it = groupOf.find(ranks);
     if (it == groupOf.end()) {
-      it = groupOf.emplace(p.ranks, all.size()).first;
+      it = groupOf.emplace(ranks, all.size()).first;
       Group g;
-      g.ranks = p.ranks;
+      g.ranks = ranks;
       g.blocks.resize(G);
       g.tokens.assign(G, 0);
       all.push_back(std::move(g));
-      order.push_back({(int)p.cls, p.seq});
+      order.push_back({cls, seq});
     }
     Group& g = all[it->second];
     for (int j = 0; j < G; j++)
-      for (const zp::plan::ChunkSpan& c : zp::plan::ringChunks(p.len, G, plan.causal, j)) {
-        if (c.end == c.begin) continue;
+      for (const zpSegment_t& seg : held[{ranks[j], seq}]) {
         Chunk ch;
-        ch.seq = p.seq;
-        ch.index = (int)c.index;
-        ch.count = c.end - c.begin;
+        ch.seq = seq;
+        ch.first = seg.start;
+        ch.count = seg.count;
         ch.blockOff = g.tokens[j];
         g.tokens[j] += ch.count;
-        if (g.ranks[j] == me) {
-          auto f = at.find({p.seq, c.begin});
-          if (f == at.end())
-            return zp::fail(zpInternalError, "attention driver: chunk %lld of sequence %lld is not in the layout",
-                            (long long)c.index, (long long)p.seq);
-          ch.userOff = f->second;
-        }
+        if (ranks[j] == me) ch.userOff = at.at({seq, seg.start});
         g.blocks[j].push_back(ch);
       }
   }
@@ -595,30 +598,31 @@ zpResult_t buildSchedule(zpAttention* a, const BatchPlan& plan, int me) {
 
 }  // namespace
 
-ZP_API zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config,
+zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config,
                                     zpComm_t comm) {
   if (!attn || !plan || !config)
-    return zp::fail(zpInvalidArgument, "zpAttentionCreate: attn, plan or config is NULL");
+    return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: attn, plan or config is NULL");
   *attn = nullptr;
   int n = 0, me = 0;
-  ZP_CHECK(zpCommCount(comm, &n));
-  ZP_CHECK(zpCommUserRank(comm, &me));
-  const BatchPlan& p = zp::plan::planOf(plan);
-  if ((int)p.attention.ranks.size() != n)
-    return zp::fail(zpInvalidArgument, "zpAttentionCreate: the plan is for %zu ranks, the communicator has %d",
-                    p.attention.ranks.size(), n);
+  ZPX_CHECK(zpCommCount(comm, &n));
+  ZPX_CHECK(zpCommUserRank(comm, &me));
+  int planRanks = 0, causal = 0;
+  ZPX_CHECK(zpPlanGetInfo(plan, &planRanks, nullptr, nullptr, &causal));
+  if (planRanks != n)
+    return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: the plan is for %zu ranks, the communicator has %d",
+                          (size_t)planRanks, n);
   const zpAttnConfig_t& c = *config;
   if (c.qHeads < 1 || c.kvHeads < 1 || c.headDim < 1 || c.qHeads % c.kvHeads)
-    return zp::fail(zpInvalidArgument,
+    return zpSetLastError(comm, zpInvalidArgument,
                     "zpAttentionCreate: %d query heads, %d key/value heads, head dim %d (key/value heads must "
                     "divide query heads)",
                     c.qHeads, c.kvHeads, c.headDim);
-  if (!c.forward) return zp::fail(zpInvalidArgument, "zpAttentionCreate: no forward kernel");
+  if (!c.forward) return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: no forward kernel");
   if (!(c.scale >= 0) || std::isinf(c.scale))
-    return zp::fail(zpInvalidArgument, "zpAttentionCreate: softmax scale %g", (double)c.scale);
+    return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: softmax scale %g", (double)c.scale);
   try {
     auto a = std::make_unique<zpAttention>();
-    a->causal = p.causal;
+    a->causal = causal != 0;
     a->H = c.qHeads;
     a->Hk = c.kvHeads;
     a->D = c.headDim;
@@ -627,21 +631,21 @@ ZP_API zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, con
     a->bwd = c.backward;
     a->user = c.user;
     a->kernelAccumulates = c.kernelAccumulates != 0;
-    ZP_CHECK(buildSchedule(a.get(), p, me));
-    a->xchg = std::make_unique<zp::AsyncP2P>(comm);
+    ZPX_CHECK(buildSchedule(a.get(), plan, n, me));
+    a->xchg = std::make_unique<zpx::AsyncP2P>(comm);
     *attn = a.release();
     return zpSuccess;
   } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "zpAttentionCreate: out of memory");
+    return zpSetLastError(comm, zpSystemError, "zpAttentionCreate: out of memory");
   }
 }
 
-ZP_API zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
+zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
                                      float* lse) {
   const char* fn = "zpAttentionForward";
-  if (!attn) return zp::fail(zpInvalidArgument, "%s: attn is NULL", fn);
+  if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (attn->T > 0 && (!q || !k || !v || !out || !lse))
-    return zp::fail(zpInvalidArgument, "%s: a NULL buffer among q, k, v, out, lse (this rank holds %lld tokens)", fn,
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL buffer among q, k, v, out, lse (this rank holds %lld tokens)", fn,
                     (long long)attn->T);
   try {
     Pass pass(attn, false);
@@ -652,18 +656,18 @@ ZP_API zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const f
     pass.lse = lse;
     return pass.run(fn);
   } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "%s: out of memory", fn);
+    return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);
   }
 }
 
-ZP_API zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v,
+zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v,
                                       const float* out, const float* lse, const float* dout, float* dq, float* dk,
                                       float* dv) {
   const char* fn = "zpAttentionBackward";
-  if (!attn) return zp::fail(zpInvalidArgument, "%s: attn is NULL", fn);
-  if (!attn->bwd) return zp::fail(zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);
+  if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
+  if (!attn->bwd) return zpSetLastError(nullptr, zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);
   if (attn->T > 0 && (!q || !k || !v || !out || !lse || !dout || !dq || !dk || !dv))
-    return zp::fail(zpInvalidArgument,
+    return zpSetLastError(nullptr, zpInvalidArgument,
                     "%s: a NULL buffer among q, k, v, out, lse, dout, dq, dk, dv (this rank holds %lld tokens)", fn,
                     (long long)attn->T);
   try {
@@ -679,12 +683,12 @@ ZP_API zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const 
     pass.dv = dv;
     return pass.run(fn);
   } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "%s: out of memory", fn);
+    return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);
   }
 }
 
-ZP_API zpResult_t zpAttentionDestroy(zpAttention_t attn) {
-  if (!attn) return zp::fail(zpInvalidArgument, "zpAttentionDestroy: attn is NULL");
+zpResult_t zpAttentionDestroy(zpAttention_t attn) {
+  if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttentionDestroy: attn is NULL");
   delete attn;
   return zpSuccess;
 }

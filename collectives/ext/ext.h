@@ -1,0 +1,28 @@
+// The extension layer: remaps, the Ulysses exchange, rings and the attention
+// driver, built only on the public C API (include/zeppelin.h), as a user's
+// own extension would be. What its files share lives here.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "include/zeppelin.h"
+
+// Propagates a non-success result.
+#define ZPX_CHECK(call)                                    \
+  do {                                                     \
+    zpResult_t zpx_check_res_ = (call);                    \
+    if (zpx_check_res_ != zpSuccess) return zpx_check_res_; \
+  } while (0)
+
+namespace zpx {
+
+// A layout as plain data, read through the public API: its batch and every
+// rank's segments in buffer order.
+struct LayoutView {
+  std::vector<int64_t> seqLens;
+  std::vector<std::vector<zpSegment_t>> ranks;
+};
+zpResult_t viewLayout(zpLayout_t layout, LayoutView* out);
+
+}  // namespace zpx

@@ -1,0 +1,261 @@
+#include "src/core/params.h"
+
+#include <strings.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "src/core/log.h"
+#include "src/util/strings.h"
+
+namespace zp {
+
+namespace {
+
+using K = ParamKind;
+using R = ParamRole;
+
+// clang-format off
+const std::vector<Param> kParams = {
+  // Logging.
+  {"ZP_DEBUG", K::kEnum, R::kSetting, "WARN", "NONE|WARN|INFO|TRACE",
+   "log level; INFO prints, per peer pair, the transport used"},
+  {"ZP_DEBUG_SUBSYS", K::kList, R::kSetting, "ALL", "INIT,BOOTSTRAP,SHM,COLL,P2P,NET,ALL",
+   "subsystems to log; a leading ^ excludes the ones named"},
+  {"ZP_DEBUG_FILE", K::kPath, R::kSetting, "", "",
+   "log to this file instead of stderr (%h: host name, %p: pid)"},
+  // Communicators.
+  {"ZP_TIMEOUT", K::kSeconds, R::kSetting, "300", "0.001..2147483",
+   "seconds a call waits for a silent peer before zpRemoteError (zpConfig_t.timeoutMs)"},
+  {"ZP_NODE_ID", K::kString, R::kSetting, "", "",
+   "ranks with the same id share memory (default: host name and boot id; zpConfig_t.nodeId)"},
+  {"ZP_SOCKET_IFNAME", K::kString, R::kSetting, "", "",
+   "interface for the bootstrap sockets, and the NIC when none is found (default: loopback)"},
+  {"ZP_NET_DEVICES", K::kList, R::kSetting, "", "",
+   "the NICs ranks may use, by name, comma-separated (default: all the node's; zpConfig_t.netDevices)"},
+  {"ZP_TOPO_FILE", K::kPath, R::kSetting, "", "",
+   "a JSON description of the cluster (zptopo writes one), used instead of discovery"},
+  {"ZP_NIC_RATE_BPS", K::kRate, R::kCluster, "", "",
+   "the rate of this rank's NIC where discovery cannot read it (tc notation: 1gbit, 500mbit; 0: unknown)"},
+  // Routing.
+  {"ZP_ROUTING", K::kEnum, R::kSetting, "balanced", "off|rail|balanced",
+   "how inter-node traffic uses the node's NICs (zpConfig_t.routing)"},
+  {"ZP_ROUTE_CHUNK", K::kSize, R::kSetting, "512K", "4K..256M",
+   "routed transfers move in chunks of this size"},
+  {"ZP_ROUTE_DIRECT_BELOW", K::kSize, R::kSetting, "512K", "0..1P",
+   "transfers smaller than this are not relayed (measured with bench/route_perf)"},
+  // Shared memory.
+  {"ZP_SHM_PROTO", K::kEnum, R::kSetting, "auto", "auto|cma|copy",
+   "large messages: cma (one copy, process_vm_readv) when allowed, or copy (pipelined through the ring)"},
+  {"ZP_SHM_EAGER", K::kSize, R::kSetting, "32K", "0..1P",
+   "messages below this go through the ring even with single copy"},
+  {"ZP_SHM_RING_BYTES", K::kSize, R::kSetting, "2M", "64K..1G pow2",
+   "the data ring of each peer pair, a power of two"},
+  {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
+   "microseconds a waiting rank polls (yielding its core) before it sleeps"},
+  // Launchers: zprun sets these, zpCommInitFromEnv and the tools read them.
+  {"ZP_RANK", K::kInt, R::kLauncher, "", "0..16777216", "this process's rank"},
+  {"ZP_NRANKS", K::kInt, R::kLauncher, "", "1..16777216", "the number of ranks"},
+  {"ZP_LOCAL_RANK", K::kInt, R::kLauncher, "", "0..65535", "this process's rank among its node's"},
+  {"ZP_LOCAL_NRANKS", K::kInt, R::kLauncher, "", "1..65536", "the number of ranks on this node"},
+  {"ZP_UNIQUE_ID", K::kString, R::kLauncher, "", "", "the zpUniqueId, hex-encoded"},
+  {"ZP_LAUNCHER", K::kString, R::kLauncher, "", "", "the launcher that started the rank (zprun)"},
+  {"ZP_MASTER_PORT", K::kInt, R::kLauncher, "", "1..65535",
+   "under torchrun or mpirun with MASTER_ADDR: the port of rank 0's rendezvous (default: MASTER_PORT + 1)"},
+  {"ZP_NODE_RANK", K::kInt, R::kCluster, "", "0..65535", "zprun's emulated cluster: this rank's node"},
+  {"ZP_NNODES", K::kInt, R::kCluster, "", "1..65536", "zprun's emulated cluster: the number of nodes"},
+  {"ZP_NICS_PER_NODE", K::kInt, R::kCluster, "", "1..1024", "zprun's emulated cluster: NICs of each node"},
+};
+// clang-format on
+
+[[noreturn]] void undeclared(const char* name) {
+  fprintf(stderr, "zeppelin: internal error: %s is read but not declared in src/core/params.cc\n", name);
+  abort();
+}
+
+const Param& declared(const char* name) {
+  const Param* p = findParam(name);
+  if (!p) undeclared(name);
+  return *p;
+}
+
+// "lo..hi" (with a " pow2" suffix for powers of two).
+void splitRange(const Param& p, std::string* lo, std::string* hi, bool* pow2) {
+  std::string r = p.range;
+  *pow2 = false;
+  size_t sp = r.find(' ');
+  if (sp != std::string::npos) {
+    *pow2 = r.substr(sp + 1) == "pow2";
+    r = r.substr(0, sp);
+  }
+  size_t dots = r.find("..");
+  *lo = dots == std::string::npos ? "" : r.substr(0, dots);
+  *hi = dots == std::string::npos ? "" : r.substr(dots + 2);
+}
+
+bool parseBound(const std::string& text, ParamKind kind, double* out) {
+  if (kind == K::kSize) {
+    if (text.size() > 1 && (text.back() == 'P' || text.back() == 'p')) {  // 1P: no bound worth naming
+      *out = 1125899906842624.0 * atof(text.c_str());
+      return true;
+    }
+    size_t v = 0;
+    if (!parseSize(text, &v)) return false;
+    *out = (double)v;
+    return true;
+  }
+  return parseDouble(text, -1e300, 1e300, out);
+}
+
+std::string rangeText(const Param& p) {
+  std::string lo, hi;
+  bool pow2 = false;
+  splitRange(p, &lo, &hi, &pow2);
+  std::string s = "from " + lo + " to " + hi;
+  return pow2 ? s + ", a power of two" : s;
+}
+
+// The value checked against the declared range.
+zpResult_t inRange(const Param& p, const std::string& value, double v) {
+  std::string lo, hi;
+  bool pow2 = false;
+  splitRange(p, &lo, &hi, &pow2);
+  double l = 0, h = 0;
+  if (!parseBound(lo, p.kind, &l) || !parseBound(hi, p.kind, &h)) undeclared(p.name);
+  bool ok = v >= l && v <= h;
+  if (pow2) ok = ok && v >= 1 && ((unsigned long long)v & ((unsigned long long)v - 1)) == 0;
+  if (!ok) return fail(zpInvalidArgument, "%s='%s': expected a %s %s", p.name, value.c_str(), paramKindName(p.kind),
+                       rangeText(p).c_str());
+  return zpSuccess;
+}
+
+}  // namespace
+
+const std::vector<Param>& paramTable() { return kParams; }
+
+const Param* findParam(const std::string& name) {
+  for (const Param& p : kParams)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+const char* paramKindName(ParamKind kind) {
+  switch (kind) {
+    case K::kEnum: return "enum";
+    case K::kList: return "list";
+    case K::kString: return "string";
+    case K::kPath: return "path";
+    case K::kSeconds: return "seconds";
+    case K::kSize: return "size";
+    case K::kInt: return "integer";
+    case K::kRate: return "rate";
+  }
+  return "?";
+}
+
+const char* paramRoleName(ParamRole role) {
+  switch (role) {
+    case R::kSetting: return "setting";
+    case R::kLauncher: return "launcher";
+    case R::kCluster: return "emulated cluster";
+  }
+  return "?";
+}
+
+std::string envString(const char* name, const std::string& dflt) {
+  if (!strncmp(name, "ZP_", 3)) declared(name);
+  const char* v = getenv(name);
+  return (v && *v) ? std::string(v) : dflt;
+}
+
+zpResult_t paramSize(const char* name, size_t* out) {
+  const Param& p = declared(name);
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  size_t bytes = 0;
+  if (!parseSize(v, &bytes)) return fail(zpInvalidArgument, "%s='%s' is not a size (%s)", name, v.c_str(), rangeText(p).c_str());
+  ZP_CHECK(inRange(p, v, (double)bytes));
+  *out = bytes;
+  return zpSuccess;
+}
+
+zpResult_t paramInt(const char* name, long long* out) {
+  const Param& p = declared(name);
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  long long n = 0;
+  if (!parseInt(v, (long long)-1e18, (long long)1e18, &n))
+    return fail(zpInvalidArgument, "%s='%s' is not an integer (%s)", name, v.c_str(), rangeText(p).c_str());
+  ZP_CHECK(inRange(p, v, (double)n));
+  *out = n;
+  return zpSuccess;
+}
+
+zpResult_t paramSeconds(const char* name, double* out) {
+  const Param& p = declared(name);
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  double s = 0;
+  if (!parseDouble(v, -1e300, 1e300, &s))
+    return fail(zpInvalidArgument, "%s='%s' is not a number of seconds (%s)", name, v.c_str(), rangeText(p).c_str());
+  ZP_CHECK(inRange(p, v, s));
+  *out = s;
+  return zpSuccess;
+}
+
+zpResult_t paramRate(const char* name, double* bitsPerSec) {
+  declared(name);
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  if (!parseBitsPerSec(v, bitsPerSec))
+    return fail(zpInvalidArgument, "%s='%s' is not a rate: expected bits/s, e.g. 1000000000 or 1gbit", name,
+                v.c_str());
+  return zpSuccess;
+}
+
+zpResult_t paramEnum(const char* name, int* out) {
+  const Param& p = declared(name);
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  std::string values = p.range;
+  int i = 0;
+  for (size_t b = 0;; i++) {
+    size_t e = values.find('|', b);
+    std::string one = values.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (!strcasecmp(one.c_str(), v.c_str())) {
+      *out = i;
+      return zpSuccess;
+    }
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  std::string expected = values;
+  for (char& c : expected)
+    if (c == '|') c = ',';
+  return fail(zpInvalidArgument, "%s='%s': expected one of %s", name, v.c_str(), expected.c_str());
+}
+
+std::string paramsMarkdown() {
+  std::string s = "| variable | role | kind | default | valid | meaning |\n| --- | --- | --- | --- | --- | --- |\n";
+  for (const Param& p : kParams) {
+    std::string range = p.range;
+    for (char& c : range)
+      if (c == '|') c = ',';
+    s += strprintf("| `%s` | %s | %s | %s | %s | %s |\n", p.name, paramRoleName(p.role), paramKindName(p.kind),
+                   *p.dflt ? (std::string("`") + p.dflt + "`").c_str() : "", range.c_str(), p.doc);
+  }
+  return s;
+}
+
+std::string paramsText() {
+  std::string s;
+  for (const Param& p : kParams) {
+    std::string range = p.range;
+    s += strprintf("%-22s %-16s %-8s default %-9s %s\n%-22s %s\n", p.name, paramRoleName(p.role),
+                   paramKindName(p.kind), *p.dflt ? p.dflt : "-", range.c_str(), "", p.doc);
+  }
+  return s;
+}
+
+}  // namespace zp

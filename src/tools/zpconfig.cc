@@ -1,0 +1,39 @@
+// zpconfig: prints the table of Zeppelin's ZP_* environment variables (one
+// declaration each, src/core/params.cc), as text or as the markdown of
+// docs/configuration.md, and the value each has in this environment.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "src/core/params.h"
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "--list";
+  if (argc > 2 || (strcmp(mode, "--list") && strcmp(mode, "--markdown") && strcmp(mode, "--env"))) {
+    fprintf(stderr,
+            "usage: zpconfig [--list | --markdown | --env]\n"
+            "  --list      every ZP_* variable: role, kind, default, valid values, meaning (default)\n"
+            "  --markdown  the same as the markdown table of docs/configuration.md\n"
+            "  --env       the ZP_* variables set in this environment, checked against the table\n");
+    return strcmp(mode, "-h") && strcmp(mode, "--help") ? 2 : 0;
+  }
+  if (!strcmp(mode, "--markdown")) {
+    fputs(zp::paramsMarkdown().c_str(), stdout);
+    return 0;
+  }
+  if (!strcmp(mode, "--list")) {
+    fputs(zp::paramsText().c_str(), stdout);
+    return 0;
+  }
+  int unknown = 0;
+  extern char** environ;
+  for (char** e = environ; *e; e++) {
+    if (strncmp(*e, "ZP_", 3)) continue;
+    const char* eq = strchr(*e, '=');
+    std::string name(*e, eq ? (size_t)(eq - *e) : strlen(*e));
+    bool known = zp::findParam(name) != nullptr;
+    unknown += !known;
+    printf("%s%s\n", *e, known ? "" : "   <- not a Zeppelin variable (a typo?)");
+  }
+  return unknown ? 1 : 0;
+}

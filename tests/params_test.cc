@@ -1,0 +1,110 @@
+// The table of ZP_* parameters (src/core/params.cc) is the only place the
+// library's environment variables are declared: the code reads none that is
+// not in it, docs/configuration.md shows exactly it, and the configuration's
+// defaults are the table's.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "src/core/config.h"
+#include "src/core/params.h"
+#include "src/util/strings.h"
+
+namespace {
+
+std::string readFile(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every string literal of the source tree that starts with a ZP_ name (a
+// variable read, set by a launcher, or named in "ZP_X=value") must be a
+// declared parameter.
+TEST(Params, EveryZpVariableTheCodeNamesIsInTheTable) {
+  const std::filesystem::path root = ZP_SOURCE_DIR;
+  const std::regex literal("\"(ZP_[A-Z0-9_]+)[=\"]");
+  std::set<std::string> seen;
+  int files = 0;
+  for (const char* dir : {"src", "transport", "collectives", "bench", "examples"}) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cc" && ext != ".h" && ext != ".cu" && ext != ".py")) continue;
+      files++;
+      const std::string text = readFile(e.path());
+      for (std::sregex_iterator m(text.begin(), text.end(), literal), end; m != end; ++m) {
+        const std::string name = (*m)[1];
+        seen.insert(name);
+        EXPECT_NE(zp::findParam(name), nullptr)
+            << std::filesystem::relative(e.path(), root).string() << " names " << name
+            << ", which is not declared in src/core/params.cc";
+      }
+    }
+  }
+  EXPECT_GT(files, 50);
+  // The scan sees the variables it must (a broken pattern would pass anything).
+  for (const char* name : {"ZP_TIMEOUT", "ZP_ROUTING", "ZP_RANK", "ZP_UNIQUE_ID", "ZP_NIC_RATE_BPS"})
+    EXPECT_TRUE(seen.count(name)) << name;
+}
+
+TEST(Params, TheConfigurationPageShowsTheTable) {
+  const std::string page = readFile(std::filesystem::path(ZP_SOURCE_DIR) / "docs" / "configuration.md");
+  const std::string begin = "<!-- params:begin", end = "<!-- params:end -->";
+  size_t b = page.find(begin), e = page.find(end);
+  ASSERT_NE(b, std::string::npos) << "docs/configuration.md has no params:begin marker";
+  ASSERT_NE(e, std::string::npos) << "docs/configuration.md has no params:end marker";
+  b = page.find('\n', b) + 1;
+  EXPECT_EQ(page.substr(b, e - b), zp::paramsMarkdown())
+      << "docs/configuration.md is out of date: regenerate its table with zpconfig --markdown";
+}
+
+TEST(Params, TheConfigurationsDefaultsAreTheTables) {
+  const zp::Config c;
+  auto size = [](const char* name) {
+    size_t v = 0;
+    EXPECT_TRUE(zp::parseSize(zp::findParam(name)->dflt, &v)) << name;
+    return v;
+  };
+  EXPECT_EQ(c.timeoutMs, std::stoi(zp::findParam("ZP_TIMEOUT")->dflt) * 1000);
+  EXPECT_EQ(c.routing, zpRoutingBalanced);
+  EXPECT_STREQ(zp::findParam("ZP_ROUTING")->dflt, "balanced");
+  EXPECT_EQ(c.shmProto, zp::ShmProto::kAuto);
+  EXPECT_STREQ(zp::findParam("ZP_SHM_PROTO")->dflt, "auto");
+  EXPECT_EQ(c.shmEagerBytes, size("ZP_SHM_EAGER"));
+  EXPECT_EQ(c.shmRingBytes, size("ZP_SHM_RING_BYTES"));
+  EXPECT_EQ(c.shmSpinUs, std::stoi(zp::findParam("ZP_SHM_SPIN_US")->dflt));
+  EXPECT_EQ(c.routeChunkBytes, size("ZP_ROUTE_CHUNK"));
+  EXPECT_EQ(c.routeDirectBelow, size("ZP_ROUTE_DIRECT_BELOW"));
+}
+
+TEST(Params, ValuesAreCheckedAgainstTheTable) {
+  setenv("ZP_ROUTE_CHUNK", "1K", 1);
+  zp::Config c;
+  EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument);
+  setenv("ZP_ROUTE_CHUNK", "64K", 1);
+  ASSERT_EQ(zp::resolveConfig(nullptr, &c), zpSuccess);
+  EXPECT_EQ(c.routeChunkBytes, 64u << 10);
+  unsetenv("ZP_ROUTE_CHUNK");
+  setenv("ZP_SHM_RING_BYTES", "96K", 1);  // in range, but not a power of two
+  EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument);
+  unsetenv("ZP_SHM_RING_BYTES");
+  setenv("ZP_ROUTING", "RAIL", 1);
+  ASSERT_EQ(zp::resolveConfig(nullptr, &c), zpSuccess);
+  EXPECT_EQ(c.routing, zpRoutingRail);
+  unsetenv("ZP_ROUTING");
+  setenv("ZP_SHM_SPIN_US", "lots", 1);
+  EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument);
+  unsetenv("ZP_SHM_SPIN_US");
+}
+
+TEST(ParamsDeathTest, ReadingAnUndeclaredVariableAborts) {
+  EXPECT_DEATH(zp::envString("ZP_NOT_DECLARED"), "ZP_NOT_DECLARED is read but not declared");
+}
+
+}  // namespace
