@@ -1,4 +1,4 @@
-// The hierarchical partition planner (DESIGN.md, ideas 1 and 3): turns a
+// The hierarchical partition planner (docs/design.md, ideas 1 and 3): turns a
 // batch's sequence lengths into a BatchPlan (plan.h). Deterministic and
 // local: every rank computes the same plan from the same input.
 #pragma once

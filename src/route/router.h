@@ -1,4 +1,4 @@
-// The router's planning part (idea 2 of DESIGN.md): it maps every inter-node
+// The router's planning part (idea 2 of docs/design.md): it maps every inter-node
 // transfer of a collective call onto NIC paths, as plain data. Nothing here
 // does I/O or logs (errors come back as a message); every rank computes the
 // same plan from the same input (see "Determinism" below).

@@ -35,7 +35,7 @@ void usage() {
           "  --ranks-per-node N --nics N --nic-gbps X --intra-gbps X --tflops X --efficiency X\n"
           "  --q-heads N --kv-heads N --head-dim N --elem-bytes N   (default 32, 8, 128, 2)\n"
           "  --full                 non-causal attention (default causal)\n"
-          "  --json                 JSON output (keys in NOTES-plan.md)\n"
+          "  --json                 JSON output (keys in docs/planner.md)\n"
           "  --time                 also time planning (best of 20, ms)\n");
 }
 
