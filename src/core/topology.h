@@ -184,6 +184,15 @@ std::string toJson(const ClusterTopology& topo);
 std::string toJson(const NodeTopology& node, int localRanks = 1,
                    const std::vector<int>& nicOfRank = {});
 
+// Shared by discovery and the topology file (topo_file.cc):
+// every local rank's NIC among cand (indexes into node.nics; -1 for all if
+// cand is empty), spread by locality;
+std::vector<int> assignNics(const NodeTopology& node, int localRanks, const std::vector<int>& cand);
+// a PCI bus id, dddd:bb:dd.f;
+bool isPciBusId(const std::string& s);
+// the node's NIC names, comma-separated, for messages.
+std::string nicList(const NodeTopology& node);
+
 // Human-readable, several lines, each ending in '\n'.
 std::string describe(const NodeTopology& node);
 std::string describe(const ClusterTopology& topo);
