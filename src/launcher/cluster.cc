@@ -4,6 +4,8 @@
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "src/launcher/cluster.h"
 
+#include "src/util/strings.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -350,45 +352,16 @@ std::string quoteArg(const std::string& arg) {
 }
 
 bool parseRate(const std::string& text, uint64_t* bitsPerSec) {
-  if (text.empty() || !(isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.')) return false;
-  char* end = nullptr;
-  errno = 0;
-  double v = strtod(text.c_str(), &end);
-  if (errno != 0 || end == text.c_str() || !std::isfinite(v) || v <= 0) return false;
-  std::string unit = end;
-  for (char& c : unit) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-  static const struct {
-    const char* unit;
-    double bits;
-  } kUnits[] = {
-      {"", 1},
-      {"bit", 1},
-      {"kbit", 1e3},
-      {"mbit", 1e6},
-      {"gbit", 1e9},
-      {"tbit", 1e12},
-      {"kibit", 1024.0},
-      {"mibit", 1024.0 * 1024},
-      {"gibit", 1024.0 * 1024 * 1024},
-      {"tibit", 1024.0 * 1024 * 1024 * 1024},
-      {"bps", 8},
-      {"kbps", 8e3},
-      {"mbps", 8e6},
-      {"gbps", 8e9},
-      {"tbps", 8e12},
-      {"kibps", 8 * 1024.0},
-      {"mibps", 8 * 1024.0 * 1024},
-      {"gibps", 8 * 1024.0 * 1024 * 1024},
-      {"tibps", 8 * 1024.0 * 1024 * 1024 * 1024},
-  };
-  for (const auto& u : kUnits) {
-    if (unit != u.unit) continue;
-    double bits = std::round(v * u.bits);
-    if (bits < 1 || bits > 1e15) return false;
-    *bitsPerSec = static_cast<uint64_t>(bits);
-    return true;
-  }
-  return false;
+  // tc's notation (zp::parseBitsPerSec); the flag's text is taken as it is,
+  // so no spaces around it, and a whole number of bits/s from 1 to 1e15.
+  double bits = 0;
+  if (text.empty() || isspace((unsigned char)text.front()) || isspace((unsigned char)text.back()) ||
+      !zp::parseBitsPerSec(text, &bits))
+    return false;
+  bits = std::round(bits);
+  if (bits < 1 || bits > 1e15) return false;
+  *bitsPerSec = static_cast<uint64_t>(bits);
+  return true;
 }
 
 TbfParams tbfParams(uint64_t rateBps, int mtu) {

@@ -59,6 +59,7 @@
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
 #include "src/launcher/cluster.h"
+#include "src/util/strings.h"
 
 extern char** environ;
 
@@ -251,37 +252,13 @@ void printUsage(FILE* out) {
           zprun::kExitNoPrivilege, kExitLaunchError);
 }
 
-bool parseRankCount(const std::string& text, int* out) {
-  if (text.empty() || text.size() > 9) return false;
-  for (char c : text)
-    if (c < '0' || c > '9') return false;
-  int n = std::stoi(text);
-  if (n < 1 || n > kMaxRanks) return false;
-  *out = n;
-  return true;
-}
+bool parseRankCount(const std::string& text, int* out) { return zp::parseInt(text, 1, kMaxRanks, out); }
 
 // A positive count up to max.
-bool parseCount(const std::string& text, int max, int* out) {
-  if (text.empty() || text.size() > 9) return false;
-  for (char c : text)
-    if (c < '0' || c > '9') return false;
-  int n = std::stoi(text);
-  if (n < 1 || n > max) return false;
-  *out = n;
-  return true;
-}
+bool parseCount(const std::string& text, int max, int* out) { return zp::parseInt(text, 1, max, out); }
 
-bool parseSeconds(const std::string& text, double* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  double v = strtod(text.c_str(), &end);
-  // A year is far longer than any job; the bound keeps deadline arithmetic sane.
-  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0 || v > 365.0 * 86400) return false;
-  *out = v;
-  return true;
-}
+// A year is far longer than any job; the bound keeps deadline arithmetic sane.
+bool parseSeconds(const std::string& text, double* out) { return zp::parseDouble(text, 0, 365.0 * 86400, out); }
 
 bool isValidVarName(const std::string& name) {
   if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;

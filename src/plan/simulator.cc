@@ -119,6 +119,14 @@ StrategyResult allgather(const std::vector<int64_t>& lens, bool causal, const At
   return finish("allgather", t);
 }
 
+// Sequence indexes, longest first (ties in input order).
+std::vector<size_t> longestFirst(const std::vector<int64_t>& lens) {
+  std::vector<size_t> order(lens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  return order;
+}
+
 // Megatron's dynamic CP: each sequence on the smallest power-of-two group of
 // aligned ranks that holds it within the per-rank token budget, groups filled
 // by tokens (the balance Megatron aims at), largest first.
@@ -127,9 +135,7 @@ StrategyResult dynamicCp(const std::vector<int64_t>& lens, bool causal, const At
   const int n = c.ranks();
   const int64_t total = std::accumulate(lens.begin(), lens.end(), int64_t{0});
   const int64_t cap = std::max<int64_t>(1, (total + n - 1) / n);
-  std::vector<size_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  const std::vector<size_t> order = longestFirst(lens);
   std::vector<int64_t> tokens(n, 0);
   Tally t;
   t.seconds.assign(n, 0);
@@ -162,9 +168,7 @@ StrategyResult dynamicCp(const std::vector<int64_t>& lens, bool causal, const At
 StrategyResult packing(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
                        const ClusterModel& c) {
   const int n = c.ranks();
-  std::vector<size_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  const std::vector<size_t> order = longestFirst(lens);
   std::vector<int64_t> tokens(n, 0);
   Tally t;
   t.seconds.assign(n, 0);
