@@ -2,7 +2,7 @@
 // the names.
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
-#include "src/launcher/cluster.h"
+#include "src/launcher/cluster/cluster.h"
 
 #include "src/util/strings.h"
 
