@@ -1,6 +1,8 @@
 // Shared helpers of the benchmark programs; see common.h.
 #include "common.h"
 
+#include "src/util/strings.h"
+
 #include <getopt.h>
 #include <time.h>
 
@@ -48,43 +50,7 @@ const TypeInfo* findType(const std::string& name) {
 
 // ------------------------------------------------------------------ options
 
-bool parseBytes(const char* text, size_t* out) {
-  // Digits first: strtoull alone would accept " 12" and wrap "-1".
-  if (text == nullptr || *text < '0' || *text > '9') return false;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = strtoull(text, &end, 10);
-  if (errno != 0 || end == text) return false;
-  unsigned shift = 0;
-  switch (*end) {
-    case '\0':
-      break;
-    case 'k':
-    case 'K':
-      shift = 10;
-      ++end;
-      break;
-    case 'm':
-    case 'M':
-      shift = 20;
-      ++end;
-      break;
-    case 'g':
-    case 'G':
-      shift = 30;
-      ++end;
-      break;
-    default:
-      return false;
-  }
-  if (*end == 'B' || *end == 'b') ++end;  // "1MB" reads as 1M too
-  if (*end != '\0') return false;
-  if (shift != 0 && v > (ULLONG_MAX >> shift)) return false;
-  v <<= shift;
-  if (v > SIZE_MAX) return false;
-  *out = size_t(v);
-  return true;
-}
+bool parseBytes(const char* text, size_t* out) { return text && zp::parseSize(text, out); }
 
 int launcherRank() {
   for (const char* name : {"ZP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"}) {
@@ -128,14 +94,7 @@ void printUsage(FILE* f, const char* prog, bool withPattern) {
   exit(2);
 }
 
-bool parseInt(const char* text, long lo, long hi, int* out) {
-  errno = 0;
-  char* end = nullptr;
-  long v = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) return false;
-  *out = int(v);
-  return true;
-}
+bool parseInt(const char* text, int lo, int hi, int* out) { return text && zp::parseInt(std::string(text), lo, hi, out); }
 
 }  // namespace
 

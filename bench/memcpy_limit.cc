@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common.h"
+#include "src/util/strings.h"
 
 using namespace zpbench;
 
@@ -39,14 +40,7 @@ void usage(FILE* f) {
   exit(2);
 }
 
-bool parsePositiveInt(const char* s, int* out) {
-  errno = 0;
-  char* end = nullptr;
-  long v = strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < 1 || v > 4096) return false;
-  *out = int(v);
-  return true;
-}
+bool parsePositiveInt(const char* s, int* out) { return s && zp::parseInt(std::string(s), 1, 1 << 20, out); }
 
 struct Result {
   double bytes = 0;
