@@ -471,3 +471,30 @@ TEST(Simulator, ZpplanJson) {
 
 }  // namespace
 }  // namespace zp::plan
+
+// Sizes that would overflow the planner's arithmetic are refused, not planned
+// (65536 x 65536 ranks crashed; 65537 x 65537 wrapped and returned a plan).
+TEST(PlanApi, OverflowingShapesAndLengthsAreRefused) {
+  zpBatchPlan_t plan = nullptr;
+  const int64_t lens[] = {4096, 1024};
+  zpAttnShape_t sh = {32, 8, 128, 2, 1};
+  for (int side : {65536, 65537}) {
+    zpClusterModel_t cm = {side, side, 4, 200, 200, 312, 0.5};
+    EXPECT_EQ(zpPlanBatch(&plan, 2, lens, &sh, &cm, nullptr), zpInvalidArgument) << side;
+    EXPECT_EQ(plan, nullptr);
+  }
+  zpClusterModel_t cm = {2, 8, 4, 200, 200, 312, 0.5};
+  const int64_t huge[] = {int64_t(1) << 61, int64_t(1) << 61, int64_t(1) << 61, int64_t(1) << 61};
+  EXPECT_EQ(zpPlanBatch(&plan, 4, huge, &sh, &cm, nullptr), zpInvalidArgument);
+  const int64_t many[] = {int64_t(1) << 40, int64_t(1) << 40};
+  EXPECT_EQ(zpPlanBatch(&plan, 2, many, &sh, &cm, nullptr), zpSuccess);  // the largest length still plans
+  zpPlanDestroy(plan);
+  plan = nullptr;
+  zpAttnShape_t gqa = {7, 3, 128, 2, 1};  // 3 key/value heads cannot serve 7 query heads
+  EXPECT_EQ(zpPlanBatch(&plan, 2, lens, &gqa, &cm, nullptr), zpInvalidArgument);
+  const int64_t maxed[] = {INT64_MAX, INT64_MAX};
+  const size_t offsets[] = {0, 1, 2};
+  const int ring[] = {0, 1};
+  EXPECT_EQ(zpPlanCreate(&plan, 2, maxed, 1, 2, 0, offsets, ring), zpInvalidArgument);
+  EXPECT_EQ(plan, nullptr);
+}

@@ -4,6 +4,7 @@
 // on the way back), on 2, 3, 4 and 8 ranks.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <random>
 #include <string>
@@ -170,3 +171,22 @@ TEST(Ulysses, BadArgumentsGetClearErrors) {
 }
 
 }  // namespace
+
+// An allocation that fails inside a call is zpSystemError on every rank, not
+// a std::bad_alloc through the C API (headDim = INT_MAX aborted the process).
+TEST(Ulysses, OutOfMemoryIsAnErrorNotAnAbort) {
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int64_t lens[] = {64};
+    size_t offs[] = {0, 1, 2};
+    zpSegment_t segs[] = {{0, 0, 32}, {0, 32, 32}};
+    zpLayout_t l = nullptr;
+    ASSERT_EQ(zpLayoutCreate(&l, 1, lens, 2, offs, segs), zpSuccess);
+    std::vector<float> a(64), b(64);
+    // 64 tokens x 2 heads x INT_MAX x 4 bytes: below the size cap, far above memory.
+    ZP_EXPECT_ERROR(zpSystemError, zpUlyssesAlltoall(a.data(), b.data(), l, 2, 2, INT_MAX, zpFloat32, 0, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("out of memory"), std::string::npos) << zpGetLastError(nullptr);
+    zpLayoutDestroy(l);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}

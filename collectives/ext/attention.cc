@@ -599,7 +599,7 @@ zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me)
 }  // namespace
 
 zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config,
-                                    zpComm_t comm) {
+                                    zpComm_t comm) try {
   if (!attn || !plan || !config)
     return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: attn, plan or config is NULL");
   *attn = nullptr;
@@ -638,10 +638,12 @@ zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAt
   } catch (const std::bad_alloc&) {
     return zpSetLastError(comm, zpSystemError, "zpAttentionCreate: out of memory");
   }
+} catch (...) {
+  return zpx::failFromException("zpAttentionCreate");
 }
 
 zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
-                                     float* lse) {
+                                     float* lse) try {
   const char* fn = "zpAttentionForward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (attn->T > 0 && (!q || !k || !v || !out || !lse))
@@ -658,11 +660,13 @@ zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k
   } catch (const std::bad_alloc&) {
     return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);
   }
+} catch (...) {
+  return zpx::failFromException("zpAttentionForward");
 }
 
 zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v,
                                       const float* out, const float* lse, const float* dout, float* dq, float* dk,
-                                      float* dv) {
+                                      float* dv) try {
   const char* fn = "zpAttentionBackward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (!attn->bwd) return zpSetLastError(nullptr, zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);
@@ -685,10 +689,14 @@ zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* 
   } catch (const std::bad_alloc&) {
     return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);
   }
+} catch (...) {
+  return zpx::failFromException("zpAttentionBackward");
 }
 
-zpResult_t zpAttentionDestroy(zpAttention_t attn) {
+zpResult_t zpAttentionDestroy(zpAttention_t attn) try {
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttentionDestroy: attn is NULL");
   delete attn;
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpAttentionDestroy");
 }

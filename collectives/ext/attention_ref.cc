@@ -29,7 +29,7 @@ zpResult_t checkBlock(const zpAttnBlock_t* b, const char* fn, bool backward) {
 
 }  // namespace
 
-zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
+zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) try {
   ZPX_CHECK(checkBlock(b, "zpAttnRefForward", false));
   const int64_t sq = b->sq, sk = b->sk;
   const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
@@ -73,9 +73,11 @@ zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) {
       lse = (float)blockLse;
     }
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpAttnRefForward");
 }
 
-zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) {
+zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) try {
   ZPX_CHECK(checkBlock(b, "zpAttnRefBackward", true));
   const int64_t sq = b->sq, sk = b->sk;
   const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
@@ -112,10 +114,12 @@ zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) {
       }
     }
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpAttnRefBackward");
 }
 
 zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq,
-                                 int qHeads, int headDim) {
+                                 int qHeads, int headDim) try {
   if (sq < 0 || qHeads < 1 || headDim < 1)
     return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: sq %lld, %d heads, head dim %d", (long long)sq, qHeads, headDim);
   if (sq && (!out || !lse || !partOut || !partLse)) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: NULL pointer");
@@ -135,4 +139,6 @@ zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const fl
       l = (float)(m + std::log(wa + wc));
     }
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpAttnMergeLse");
 }

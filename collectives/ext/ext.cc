@@ -1,5 +1,8 @@
 #include "collectives/ext/ext.h"
 
+#include <exception>
+#include <new>
+
 namespace zpx {
 
 zpResult_t viewLayout(zpLayout_t layout, LayoutView* out) {
@@ -15,6 +18,18 @@ zpResult_t viewLayout(zpLayout_t layout, LayoutView* out) {
     out->ranks[r].assign(segs, segs + n);
   }
   return zpSuccess;
+}
+
+zpResult_t failFromException(const char* fn) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);
+  } catch (const std::exception& e) {
+    return zpSetLastError(nullptr, zpInternalError, "%s: unexpected exception: %s", fn, e.what());
+  } catch (...) {
+    return zpSetLastError(nullptr, zpInternalError, "%s: unexpected exception", fn);
+  }
 }
 
 }  // namespace zpx

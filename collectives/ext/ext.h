@@ -25,4 +25,8 @@ struct LayoutView {
 };
 zpResult_t viewLayout(zpLayout_t layout, LayoutView* out);
 
+// For an entry point's catch (...): no C++ exception may cross the C API.
+// Out of memory is zpSystemError, anything else zpInternalError.
+zpResult_t failFromException(const char* fn);
+
 }  // namespace zpx

@@ -61,7 +61,7 @@ struct zpRemap {
   std::vector<char> sendBuf, recvBuf;
 };
 
-zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm) {
+zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm) try {
   if (!remap || !from || !to) return zpSetLastError(comm, zpInvalidArgument, "zpRemapCreate: NULL argument");
   *remap = nullptr;
   int n = 0, me = 0;
@@ -99,10 +99,12 @@ zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpCom
   }
   *remap = out.release();
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpRemapCreate");
 }
 
 zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken,
-                                 zpDataType_t datatype, int inverse, zpComm_t comm, zpStream_t stream) {
+                                 zpDataType_t datatype, int inverse, zpComm_t comm, zpStream_t stream) try {
   if (!remap) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: remap is NULL");
   size_t ts = zpTypeSize(datatype);
   if (!ts) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: invalid datatype %d", (int)datatype);
@@ -174,10 +176,14 @@ zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t ele
     }
   }
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpRemapExecute");
 }
 
-zpResult_t zpRemapDestroy(zpRemap_t remap) {
+zpResult_t zpRemapDestroy(zpRemap_t remap) try {
   if (!remap) return zpSetLastError(nullptr, zpInvalidArgument, "zpRemapDestroy: remap is NULL");
   delete remap;
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpRemapDestroy");
 }

@@ -17,7 +17,7 @@ struct zpRing {
   explicit zpRing(zpComm_t comm) : exchange(comm) {}
 };
 
-zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional) {
+zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional) try {
   if (!ring || !ranks) return zpSetLastError(comm, zpInvalidArgument, "zpRingCreate: ring or ranks is NULL");
   *ring = nullptr;
   int n = 0, me = 0;
@@ -41,10 +41,12 @@ zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ra
   r->bidirectional = bidirectional != 0;
   *ring = r;
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpRingCreate");
 }
 
 zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf,
-                                      size_t recvBytes) {
+                                      size_t recvBytes) try {
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: ring is NULL");
   if ((sendBytes && !sendbuf) || (recvBytes && !recvbuf))
     return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: a NULL buffer with a nonzero size");
@@ -60,15 +62,21 @@ zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBy
                                {false, recv, rh, ring->prev},
                                {false, recv + rh, recvBytes - rh, ring->next}},
                               "zpRingExchangeStart");
+} catch (...) {
+  return zpx::failFromException("zpRingExchangeStart");
 }
 
-zpResult_t zpRingExchangeWait(zpRing_t ring) {
+zpResult_t zpRingExchangeWait(zpRing_t ring) try {
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeWait: ring is NULL");
   return ring->exchange.wait("zpRingExchangeWait");
+} catch (...) {
+  return zpx::failFromException("zpRingExchangeWait");
 }
 
-zpResult_t zpRingDestroy(zpRing_t ring) {
+zpResult_t zpRingDestroy(zpRing_t ring) try {
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingDestroy: ring is NULL");
   delete ring;  // an exchange in flight finishes first
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpRingDestroy");
 }

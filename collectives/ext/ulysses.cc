@@ -38,7 +38,7 @@ void addInto(char* dst, const char* src, size_t n) {
 }  // namespace
 
 zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
-                                    zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream) {
+                                    zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream) try {
   const char* fn = "zpUlyssesAlltoall";
   if (!layout) return zpSetLastError(comm, zpInvalidArgument, "%s: layout is NULL", fn);
   size_t ts = zpTypeSize(datatype);
@@ -141,4 +141,6 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
     }
   }
   return zpSuccess;
+} catch (...) {
+  return zpx::failFromException("zpUlyssesAlltoall");
 }

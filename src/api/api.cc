@@ -121,10 +121,12 @@ const char* zpGetLastError(zpComm_t comm) {
   return copy.c_str();
 }
 
-zpResult_t zpGetVersion(int* version) {
+zpResult_t zpGetVersion(int* version) try {
   if (!version) return zp::fail(zpInvalidArgument, "zpGetVersion: version is NULL");
   *version = ZP_VERSION_CODE;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpGetVersion");
 }
 
 size_t zpTypeSize(zpDataType_t t) {
@@ -137,12 +139,14 @@ size_t zpTypeSize(zpDataType_t t) {
   }
 }
 
-zpResult_t zpGetUniqueId(zpUniqueId* id) {
+zpResult_t zpGetUniqueId(zpUniqueId* id) try {
   if (!id) return zp::fail(zpInvalidArgument, "zpGetUniqueId: uniqueId is NULL");
   return zp::startRoot(id);
+} catch (...) {
+  return zp::failFromException("zpGetUniqueId");
 }
 
-zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) {
+zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) try {
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitRank: comm is NULL");
   *comm = nullptr;
   if (nranks <= 0) return zp::fail(zpInvalidArgument, "zpCommInitRank: nranks=%d must be positive", nranks);
@@ -159,10 +163,14 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int r
   gHandles.insert(h);
   *comm = h;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommInitRankConfig");
 }
 
-zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId id, int rank) {
+zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId id, int rank) try {
   return zpCommInitRankConfig(comm, nranks, id, rank, nullptr);
+} catch (...) {
+  return zp::failFromException("zpCommInitRank");
 }
 
 // Single-node mpirun without an address: rank 0 makes an id and leaves it in
@@ -192,7 +200,7 @@ static zpResult_t mpirunFileId(int rank, const std::string& job, int timeoutMs, 
   }
 }
 
-zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
+zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitFromEnv: comm is NULL");
   *comm = nullptr;
   auto env = [](const char* n) { return zp::envString(n); };
@@ -258,6 +266,8 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) {
   zpResult_t r = zpCommInitRankConfig(comm, (int)nranks, id, (int)rank, config);
   if (rank == 0 && !idFile.empty()) unlink(idFile.c_str());
   return r;
+} catch (...) {
+  return zp::failFromException("zpCommInitFromEnv");
 }
 
 static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
@@ -274,10 +284,10 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   return zpSuccess;
 }
 
-zpResult_t zpCommDestroy(zpComm_t comm) { return noted(comm, destroy(comm, false, "zpCommDestroy")); }
-zpResult_t zpCommAbort(zpComm_t comm) { return noted(comm, destroy(comm, true, "zpCommAbort")); }
+zpResult_t zpCommDestroy(zpComm_t comm) try { return noted(comm, destroy(comm, false, "zpCommDestroy")); } catch (...) {  return zp::failFromException("zpCommDestroy"); }
+zpResult_t zpCommAbort(zpComm_t comm) try { return noted(comm, destroy(comm, true, "zpCommAbort")); } catch (...) {  return zp::failFromException("zpCommAbort"); }
 
-zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
+zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommGetAsyncError", &c)));
   if (!asyncError) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL"));
@@ -285,27 +295,33 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   // caller learn of a peer's failure between calls.
   *asyncError = c->pollAsyncError();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommGetAsyncError");
 }
 
-zpResult_t zpCommCount(const zpComm_t comm, int* count) {
+zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));
   if (!count) return noted(comm, zp::fail(zpInvalidArgument, "zpCommCount: count is NULL"));
   *count = c->nranks();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommCount");
 }
 
-zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) {
+zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
   zp::Comm* c = nullptr;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommUserRank", &c)));
   if (!rank) return noted(comm, zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL"));
   *rank = c->rank();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommUserRank");
 }
 
-zpResult_t zpGroupStart(void) { return zp::groupStart(); }
+zpResult_t zpGroupStart(void) try { return zp::groupStart(); } catch (...) {  return zp::failFromException("zpGroupStart"); }
 
-zpResult_t zpGroupEnd(void) {
+zpResult_t zpGroupEnd(void) try {
   bool outermost = zp::groupOpen();
   zpResult_t r = zp::groupEnd();
   if (outermost && !zp::groupOpen()) {
@@ -314,6 +330,8 @@ zpResult_t zpGroupEnd(void) {
     for (zpComm_t h : comms) noted(h, r);
   }
   return r;
+} catch (...) {
+  return zp::failFromException("zpGroupEnd");
 }
 
 static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
@@ -327,13 +345,17 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
 }
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
-                         zpStream_t stream) {
+                         zpStream_t stream) try {
   return noted(comm, p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream));
+} catch (...) {
+  return zp::failFromException("zpSend");
 }
 
 zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
-                         zpStream_t stream) {
+                         zpStream_t stream) try {
   return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream));
+} catch (...) {
+  return zp::failFromException("zpRecv");
 }
 
 static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
@@ -350,8 +372,10 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
 
 zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                               void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
-                              zpDataType_t datatype, zpComm_t comm, zpStream_t stream) {
+                              zpDataType_t datatype, zpComm_t comm, zpStream_t stream) try {
   return noted(comm, alltoallv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm, stream));
+} catch (...) {
+  return zp::failFromException("zpAlltoallv");
 }
 
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {

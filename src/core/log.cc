@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <new>
 #include <string>
 
 namespace zp {
@@ -120,6 +122,18 @@ zpResult_t fail(zpResult_t code, const char* fmt, ...) {
   zpResult_t r = failv(code, fmt, ap);
   va_end(ap);
   return r;
+}
+
+zpResult_t failFromException(const char* fn) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return fail(zpSystemError, "%s: out of memory", fn);
+  } catch (const std::exception& e) {
+    return fail(zpInternalError, "%s: unexpected exception: %s", fn, e.what());
+  } catch (...) {
+    return fail(zpInternalError, "%s: unexpected exception", fn);
+  }
 }
 
 const char* lastError() { return tlsLastError.c_str(); }

@@ -35,6 +35,11 @@ zpResult_t failv(zpResult_t code, const char* fmt, va_list ap);
 const char* lastError();
 void clearLastError();
 
+// For a C entry point's catch (...): no C++ exception may cross the C API.
+// Out of memory is zpSystemError, anything else zpInternalError, with fn
+// and what was thrown in the message.
+zpResult_t failFromException(const char* fn);
+
 }  // namespace zp
 
 #define ZP_LOG(level, subsys, ...)                                                 \

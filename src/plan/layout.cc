@@ -76,7 +76,7 @@ void fillLayout(zpLayout* l, Layout layout) {
 }  // namespace zp::plan
 
 zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* seqLens, int nranks,
-                                 const size_t* offsets, const zpSegment_t* segments) {
+                                 const size_t* offsets, const zpSegment_t* segments) try {
   if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutCreate: layout is NULL");
   *layout = nullptr;
   if (nseqs < 0 || nranks < 1)
@@ -101,38 +101,48 @@ zpResult_t zpLayoutCreate(zpLayout_t* layout, int nseqs, const int64_t* seqLens,
   zp::plan::fillLayout(out.get(), std::move(l));
   *layout = out.release();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpLayoutCreate");
 }
 
-zpResult_t zpLayoutGetInfo(zpLayout_t layout, int* nranks, int* nseqs, const int64_t** seqLens) {
+zpResult_t zpLayoutGetInfo(zpLayout_t layout, int* nranks, int* nseqs, const int64_t** seqLens) try {
   if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutGetInfo: layout is NULL");
   if (nranks) *nranks = (int)layout->layout.ranks.size();
   if (nseqs) *nseqs = (int)layout->layout.seqLens.size();
   if (seqLens) *seqLens = layout->layout.seqLens.data();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpLayoutGetInfo");
 }
 
-zpResult_t zpLayoutDestroy(zpLayout_t layout) {
+zpResult_t zpLayoutDestroy(zpLayout_t layout) try {
   if (!layout) return zp::fail(zpInvalidArgument, "zpLayoutDestroy: layout is NULL");
   if (layout->ownedByPlan) return zp::fail(zpInvalidUsage, "zpLayoutDestroy: this layout belongs to a plan");
   delete layout;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpLayoutDestroy");
 }
 
-zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens) {
+zpResult_t zpLayoutRankTokens(zpLayout_t layout, int rank, int64_t* tokens) try {
   if (!layout || !tokens) return zp::fail(zpInvalidArgument, "zpLayoutRankTokens: NULL argument");
   if (rank < 0 || rank >= (int)layout->layout.ranks.size())
     return zp::fail(zpInvalidArgument, "zpLayoutRankTokens: rank %d of %zu", rank, layout->layout.ranks.size());
   *tokens = 0;
   for (const auto& s : layout->layout.ranks[rank]) *tokens += s.count;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpLayoutRankTokens");
 }
 
-zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count) {
+zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t** segments, size_t* count) try {
   if (!layout || !segments || !count) return zp::fail(zpInvalidArgument, "zpLayoutRankSegments: NULL argument");
   if (rank < 0 || rank >= (int)layout->layout.ranks.size())
     return zp::fail(zpInvalidArgument, "zpLayoutRankSegments: rank %d of %zu", rank, layout->layout.ranks.size());
   *segments = layout->flat.data() + layout->offsets[rank];
   *count = layout->offsets[rank + 1] - layout->offsets[rank];
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpLayoutRankSegments");
 }
 

@@ -64,7 +64,7 @@ zpResult_t clusterFromComm(zpComm_t comm, zp::plan::ClusterModel* c) {
 
 zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
-                              zpComm_t comm) {
+                              zpComm_t comm) try {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanBatch: plan is NULL");
   *plan = nullptr;
   if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanBatch: empty batch (nseqs %d)", nseqs);
@@ -96,10 +96,12 @@ zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
   } catch (const std::bad_alloc&) {
     return zp::fail(zpSystemError, "zpPlanBatch: out of memory");
   }
+} catch (...) {
+  return zp::failFromException("zpPlanBatch");
 }
 
 zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,
-                               int ranksPerNode, const size_t* ringOffsets, const int* ringRanks) {
+                               int ranksPerNode, const size_t* ringOffsets, const int* ringRanks) try {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanCreate: plan is NULL");
   *plan = nullptr;
   if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanCreate: empty batch (nseqs %d)", nseqs);
@@ -124,14 +126,18 @@ zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, 
   } catch (const std::bad_alloc&) {
     return zp::fail(zpSystemError, "zpPlanCreate: out of memory");
   }
+} catch (...) {
+  return zp::failFromException("zpPlanCreate");
 }
 
-zpResult_t zpPlanDestroy(zpBatchPlan_t plan) {
+zpResult_t zpPlanDestroy(zpBatchPlan_t plan) try {
   delete plan;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanDestroy");
 }
 
-zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks, const int** ranks) {
+zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks, const int** ranks) try {
   if (!plan || !cls || !nranks || !ranks)
     return zp::fail(zpInvalidArgument, "zpPlanSequence: plan, cls, nranks or ranks is NULL");
   if (seq < 0 || seq >= int64_t(plan->plan.seqs.size()))
@@ -142,10 +148,12 @@ zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks
   *nranks = int(s.ranks.size());
   *ranks = s.ranks.data();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanSequence");
 }
 
 zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, zpLayoutKind_t kind, int rank, const zpSegment_t** segs,
-                              size_t* n) {
+                              size_t* n) try {
   if (!plan || !segs || !n) return zp::fail(zpInvalidArgument, "zpPlanRankSegments: plan, segs or n is NULL");
   if (kind != zpAttentionLayout && kind != zpLinearLayout)
     return zp::fail(zpInvalidArgument, "zpPlanRankSegments: kind %d is not zpAttentionLayout or zpLinearLayout",
@@ -155,18 +163,22 @@ zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, zpLayoutKind_t kind, int rank,
   *segs = plan->segs[kind][rank].data();
   *n = plan->segs[kind][rank].size();
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanRankSegments");
 }
 
-zpResult_t zpPlanGetInfo(zpBatchPlan_t plan, int* nranks, int* nseqs, const int64_t** seqLens, int* causal) {
+zpResult_t zpPlanGetInfo(zpBatchPlan_t plan, int* nranks, int* nseqs, const int64_t** seqLens, int* causal) try {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanGetInfo: plan is NULL");
   if (nranks) *nranks = plan->nranks;
   if (nseqs) *nseqs = (int)plan->plan.attention.seqLens.size();
   if (seqLens) *seqLens = plan->plan.attention.seqLens.data();
   if (causal) *causal = plan->plan.causal ? 1 : 0;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanGetInfo");
 }
 
-zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout) {
+zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout) try {
   if (!plan || !layout) return zp::fail(zpInvalidArgument, "zpPlanGetLayout: NULL argument");
   if (kind != zpAttentionLayout && kind != zpLinearLayout)
     return zp::fail(zpInvalidArgument, "zpPlanGetLayout: kind %d is not zpAttentionLayout or zpLinearLayout", (int)kind);
@@ -177,4 +189,6 @@ zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* 
   }
   *layout = &l;
   return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanGetLayout");
 }

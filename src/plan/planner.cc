@@ -124,15 +124,32 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
   return ranks;
 }
 
+// Lengths and their sum are bounded so that no token count, offset or cost
+// the planner computes can overflow (a sum of int64 lengths can).
+constexpr int64_t kMaxSeqTokens = int64_t(1) << 40;
+constexpr int64_t kMaxBatchTokens = int64_t(1) << 48;
+// Ranks of a planned cluster (as many as a topology file may describe).
+constexpr int64_t kMaxPlanRanks = int64_t(1) << 22;
+
+void validateLengths(const std::vector<int64_t>& lens, const char* fn) {
+  int64_t total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    if (lens[i] < 1 || lens[i] > kMaxSeqTokens)
+      throw std::invalid_argument(std::string(fn) + ": sequence " + std::to_string(i) + " has length " +
+                                  std::to_string(lens[i]) + " (must be from 1 to 2^40)");
+    total += lens[i];  // cannot overflow: each term is at most 2^40 and the sum stops at 2^48
+    if (total > kMaxBatchTokens)
+      throw std::invalid_argument(std::string(fn) + ": the batch has more than 2^48 tokens");
+  }
+}
+
 void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const ClusterModel& c) {
   if (lens.empty()) throw std::invalid_argument("planBatch: empty batch (no sequences)");
-  for (size_t i = 0; i < lens.size(); ++i)
-    if (lens[i] < 1)
-      throw std::invalid_argument("planBatch: sequence " + std::to_string(i) + " has length " +
-                                  std::to_string(lens[i]) + " (must be at least 1)");
-  if (c.nodes < 1 || c.ranksPerNode < 1)
+  validateLengths(lens, "planBatch");
+  if (c.nodes < 1 || c.ranksPerNode < 1 || int64_t(c.nodes) * c.ranksPerNode > kMaxPlanRanks)
     throw std::invalid_argument("planBatch: cluster has " + std::to_string(c.nodes) + " nodes of " +
-                                std::to_string(c.ranksPerNode) + " ranks (both must be at least 1)");
+                                std::to_string(c.ranksPerNode) +
+                                " ranks (both must be at least 1, and at most 2^22 ranks in all)");
   if (c.nodes > 1 && (c.nicsPerNode < 1 || !(c.nicGbps > 0)))
     throw std::invalid_argument("planBatch: a multi-node cluster needs nicsPerNode >= 1 and nicGbps > 0");
   if (!(c.intraNodeGBps > 0) || !(c.tflops > 0) || !(c.efficiency > 0) || c.efficiency > 1)
@@ -140,6 +157,9 @@ void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const Cl
         "planBatch: intraNodeGBps and tflops must be > 0 and efficiency in (0, 1]");
   if (shape.qHeads < 1 || shape.kvHeads < 1 || shape.headDim < 1 || shape.elemBytes < 1)
     throw std::invalid_argument("planBatch: attention shape fields must all be at least 1");
+  if (shape.qHeads % shape.kvHeads)
+    throw std::invalid_argument("planBatch: " + std::to_string(shape.kvHeads) +
+                                " key/value heads do not divide " + std::to_string(shape.qHeads) + " query heads");
 }
 
 // Tokens per rank: every rank within one token of the mean. Each rank keeps
@@ -217,7 +237,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
                         int n, int ranksPerNode) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
-  if (n < 1) throw std::invalid_argument("planFromRings: no ranks");
+  if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
+  validateLengths(lens, "planFromRings");
   if (ranksPerNode < 1) ranksPerNode = n;
   BatchPlan plan;
   plan.causal = causal;
