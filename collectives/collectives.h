@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
@@ -22,9 +23,9 @@ zpResult_t groupStart();
 zpResult_t groupEnd();
 bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
-zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer);
+zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer);
 // Queues a collective (runs it at once outside a group).
-zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run);
+zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
 // True if the calling thread's open group has calls queued on comm.
 bool groupUses(Comm* comm);
 

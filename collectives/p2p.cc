@@ -16,8 +16,10 @@ namespace {
 
 struct Group {
   int depth = 0;
-  std::deque<std::pair<Comm*, Op>> p2p;  // deque: Op addresses stay put
-  std::vector<std::pair<Comm*, std::function<zpResult_t()>>> collectives;
+  // The communicators are shared: one destroyed by another thread while
+  // this group is open stays alive (and says so) until the group ends.
+  std::deque<std::pair<std::shared_ptr<Comm>, Op>> p2p;  // deque: Op addresses stay put
+  std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> collectives;
 };
 thread_local Group tlsGroup;
 
@@ -27,9 +29,9 @@ bool groupOpen() { return tlsGroup.depth > 0; }
 
 bool groupUses(Comm* comm) {
   for (auto& e : tlsGroup.p2p)
-    if (e.first == comm) return true;
+    if (e.first.get() == comm) return true;
   for (auto& e : tlsGroup.collectives)
-    if (e.first == comm) return true;
+    if (e.first.get() == comm) return true;
   return false;
 }
 
@@ -42,8 +44,8 @@ zpResult_t groupEnd() {
   Group& g = tlsGroup;
   if (g.depth == 0) return fail(zpInvalidUsage, "zpGroupEnd called without a matching zpGroupStart");
   if (--g.depth > 0) return zpSuccess;
-  std::deque<std::pair<Comm*, Op>> p2p;
-  std::vector<std::pair<Comm*, std::function<zpResult_t()>>> colls;
+  std::deque<std::pair<std::shared_ptr<Comm>, Op>> p2p;
+  std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> colls;
   p2p.swap(g.p2p);
   colls.swap(g.collectives);
 
@@ -51,9 +53,9 @@ zpResult_t groupEnd() {
   if (!p2p.empty()) {
     std::vector<Comm::Work> work;
     for (auto& e : p2p) {
-      auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first; });
+      auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first.get(); });
       if (it == work.end()) {
-        work.push_back({e.first, {}});
+        work.push_back({e.first.get(), {}});
         it = work.end() - 1;
       }
       it->ops.push_back(&e.second);
@@ -74,7 +76,7 @@ zpResult_t groupEnd() {
   return res;
 }
 
-zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer) {
+zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
   if (peer < 0 || peer >= comm->nranks())
@@ -92,7 +94,7 @@ zpResult_t enqueueP2P(Comm* comm, bool isSend, void* buf, size_t count, zpDataTy
   return comm->runOps(ops);
 }
 
-zpResult_t enqueueCollective(Comm* comm, std::function<zpResult_t()> run) {
+zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {
   if (tlsGroup.depth > 0) {
     tlsGroup.collectives.emplace_back(comm, std::move(run));
     return zpSuccess;

@@ -4,6 +4,8 @@
 // within the timeout, and a communicator survives argument errors and count
 // mismatches.
 #include <climits>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <set>
 
@@ -746,6 +748,58 @@ TEST(Errors, LastErrorIsKeptPerCommunicator) {
     ZP_EXPECT_OK(zpCommDestroy(b));
     ZP_EXPECT_ERROR(zpInvalidArgument, zpSend(&x, 1, zpFloat32, 0, a, nullptr));
     EXPECT_TRUE(contains(zpGetLastError(a), "destroyed")) << zpGetLastError(a);
+  })});
+}
+
+}  // namespace
+
+namespace {
+
+// A communicator destroyed by one thread while another thread's open group
+// has calls queued on it: the group ends with an error (it touched freed
+// memory before), and the destroy itself succeeds.
+TEST(Errors, DestroyWhileAnotherThreadsGroupHoldsCallsIsAnError) {
+  zptest::expectAllOk({zptest::runInChild([] {
+    zpUniqueId id;
+    ZP_EXPECT_OK(zpGetUniqueId(&id));
+    zpComm_t comm = nullptr;
+    ZP_EXPECT_OK(zpCommInitRank(&comm, 1, id, 0));
+    std::vector<float> x(1 << 16, 1.0f), y(1 << 16, 0.0f);
+    std::mutex mu;
+    std::condition_variable cv;
+    int stage = 0;
+    zpResult_t end = zpSuccess;
+    std::string why;
+    std::thread a([&] {
+      ZP_EXPECT_OK(zpGroupStart());
+      ZP_EXPECT_OK(zpSend(x.data(), x.size(), zpFloat32, 0, comm, nullptr));
+      ZP_EXPECT_OK(zpRecv(y.data(), y.size(), zpFloat32, 0, comm, nullptr));
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        stage = 1;
+        cv.notify_all();
+        cv.wait(lock, [&] { return stage == 2; });
+      }
+      end = zpGroupEnd();
+      why = zpGetLastError(nullptr);
+    });
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stage == 1; });
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+    // Reuse the memory a freed communicator would have had.
+    std::vector<std::unique_ptr<char[]>> churn;
+    for (int i = 0; i < 256; i++) churn.emplace_back(new char[4096]());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stage = 2;
+      cv.notify_all();
+    }
+    a.join();
+    EXPECT_EQ(end, zpInvalidUsage) << why;
+    EXPECT_NE(why.find("destroyed while calls on it were queued in a group"), std::string::npos) << why;
+    EXPECT_EQ(y[0], 0.0f);  // nothing was received after the destroy
   })});
 }
 

@@ -28,7 +28,9 @@
 // A handle outlives its communicator: after zpCommDestroy it stays, marked
 // dead, so that a late call gets an error instead of touching freed memory.
 struct zpComm {
-  std::unique_ptr<zp::Comm> impl;
+  // Shared with the groups that have calls on it queued (on any thread), so
+  // that destroying it while one is open leaves them an error, not freed memory.
+  std::shared_ptr<zp::Comm> impl;
   // The message of the last call on this communicator that failed (any thread).
   std::mutex errorMu;
   std::string lastError;
@@ -64,12 +66,12 @@ void inGroup(zpComm_t handle) {
 }
 
 // Resolves a handle without dereferencing pointers we never handed out.
-zpResult_t lookup(zpComm_t handle, const char* fn, zp::Comm** out) {
+zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
   std::lock_guard<std::mutex> lock(gHandlesMu);
   if (!gHandles.count(handle)) return zp::fail(zpInvalidArgument, "%s: %p is not a communicator", fn, (void*)handle);
   if (!handle->impl) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
-  *out = handle->impl.get();
+  *out = handle->impl;
   return zpSuccess;
 }
 
@@ -271,11 +273,12 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
 }
 
 static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  if (zp::groupOpen() && zp::groupUses(c))
+  if (zp::groupOpen() && zp::groupUses(c.get()))
     return zp::fail(zpInvalidUsage, "%s: the communicator has calls queued in an open group", fn);
-  std::unique_ptr<zp::Comm> impl;
+  c.reset();
+  std::shared_ptr<zp::Comm> impl;
   {
     std::lock_guard<std::mutex> lock(gHandlesMu);
     impl = std::move(comm->impl);
@@ -288,7 +291,7 @@ zpResult_t zpCommDestroy(zpComm_t comm) try { return noted(comm, destroy(comm, f
 zpResult_t zpCommAbort(zpComm_t comm) try { return noted(comm, destroy(comm, true, "zpCommAbort")); } catch (...) {  return zp::failFromException("zpCommAbort"); }
 
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommGetAsyncError", &c)));
   if (!asyncError) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL"));
   // There is no background thread: polling here is what lets a waiting
@@ -300,7 +303,7 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
 }
 
 zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));
   if (!count) return noted(comm, zp::fail(zpInvalidArgument, "zpCommCount: count is NULL"));
   *count = c->nranks();
@@ -310,7 +313,7 @@ zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
 }
 
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommUserRank", &c)));
   if (!rank) return noted(comm, zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL"));
   *rank = c->rank();
@@ -337,7 +340,7 @@ zpResult_t zpGroupEnd(void) try {
 static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                       zpStream_t stream) {
   const char* fn = isSend ? "zpSend" : "zpRecv";
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
   ZP_CHECK(checkDataCall(fn, datatype, stream));
   inGroup(comm);
@@ -361,12 +364,12 @@ zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer,
 static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                             const size_t recvcounts[], const size_t rdispls[], zpDataType_t datatype, zpComm_t comm,
                             zpStream_t stream) {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
   ZP_CHECK(checkDataCall("zpAlltoallv", datatype, stream));
   inGroup(comm);
   return zp::enqueueCollective(c, [=] {
-    return zp::alltoallv(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+    return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
   });
 }
 
@@ -379,7 +382,7 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
 }
 
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
-  zp::Comm* c = nullptr;
+  std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
   out->nodeOf = c->nodeOf();
   out->nicsPerNode = 0;

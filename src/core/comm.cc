@@ -415,6 +415,9 @@ zpResult_t Comm::runOps(std::vector<Work>& work) {
   std::vector<Comm*> comms;
   for (Work& w : work) {
     Comm* c = w.comm;
+    if (c->left_)
+      return fail(zpInvalidUsage, "rank %d: the communicator was destroyed while calls on it were queued in a group",
+                  c->rank_);
     if (c->asyncError_ != zpSuccess)
       return fail(c->asyncError_, "rank %d: the communicator is broken: %s", c->rank_, c->asyncMsg_.c_str());
     comms.push_back(c);
@@ -488,6 +491,7 @@ void Comm::leave(bool abort) {
     progressThread_.join();
   }
   std::lock_guard<std::mutex> lock(mu_);
+  left_ = true;
   if (!abort && asyncError_ == zpSuccess) {
     // A transport may have to stay for other ranks (a relay still carrying
     // their chunks): every transport is asked at least once.

@@ -149,6 +149,7 @@ class Comm : public TransportSink {
   std::string asyncMsg_;
   bool asyncFromPeer_ = false;  // a peer told us; else we found it and tell the peers
   bool faultSent_ = false;
+  bool left_ = false;  // leave() ran: calls still queued in a group fail
 };
 
 // What the planner needs of a communicator's layout: each rank's node, NICs
