@@ -291,6 +291,12 @@ TEST(Remap, BadArgumentsGetClearErrors) {
     zpRemap_t selfRemap = nullptr;
     ASSERT_EQ(zpRemapCreate(&selfRemap, a, a, self), zpSuccess) << zpGetLastError(nullptr);
     ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(selfRemap, buf, buf + 4, 1, zpUint8, 0, comm, nullptr));
+    // In place (or any overlap of in and out) is refused, as the header says
+    // (it was accepted and gave whatever the copies' order made of it).
+    char both[4] = {0, 0, 0, 0};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, both, both, 1, zpUint8, 0, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("overlap"), std::string::npos) << zpGetLastError(nullptr);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRemapExecute(r, both, both + 1, 1, zpUint8, 0, comm, nullptr));
     // The remap still works after all these, on its own communicator: rank 0
     // holds tokens 0-1 and rank 1 tokens 2-3 in both layouts, so they stay.
     char in[2] = {(char)(10 + 2 * rank), (char)(11 + 2 * rank)}, out[2] = {0, 0};

@@ -151,6 +151,11 @@ zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t ele
   // A rank with no tokens on one side may pass NULL for that buffer.
   if (!in && (sTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: in is NULL");
   if (!out && (rTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: out is NULL");
+  // A remap reads in while it writes out: the two must not overlap (as the header says).
+  const uintptr_t i0 = (uintptr_t)in, i1 = i0 + remap->fromTokens * tb;
+  const uintptr_t o0 = (uintptr_t)out, o1 = o0 + remap->toTokens * tb;
+  if (in && out && i0 < i1 && o0 < o1 && i0 < o1 && o0 < i1)
+    return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: in and out overlap (in place is not supported)");
   const char* src = (const char*)in;
   char* dst = (char*)out;
   remap->sendBuf.resize(std::max<size_t>(sTotal, 1));

@@ -679,7 +679,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
-    memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);
+    if (h->len) memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);  // buf may be NULL when empty
     op->progressed += h->len;
     if (ringPop(l.in, h)) p.dirty = true;
     if (op->progressed == op->bytes) {
@@ -726,7 +726,7 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       if (!h) goto full;
       h->len = (uint32_t)len;
       h->offset = op->progressed;
-      memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
+      if (len) memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
       ringPublish(l.out);
       op->progressed += len;
       p.dirty = did = true;
