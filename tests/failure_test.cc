@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -566,6 +567,46 @@ TEST(Bootstrap, UnreachableRootFailsInitWithRemoteError) {
     zpComm_t comm = nullptr;
     ZP_EXPECT_ERROR(zpRemoteError, initWithTimeout(&comm, 2, zp::encodeId(layout), 1, kShortTimeoutMs));
   })});
+}
+
+}  // namespace
+
+namespace {
+
+double steadySec() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// zpCommAbort from another thread makes a call blocked on the communicator
+// return at once; it used to wait for the call's lock, i.e. for its timeout.
+TEST(Abort, FromAnotherThreadInterruptsABlockedCall) {
+  setenv("ZP_TIMEOUT", "30", 1);
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    if (rank == 1) {
+      usleep(8 * 1000 * 1000);  // silent while rank 0 waits for it, then gone
+      zpCommDestroy(comm);
+      return;
+    }
+    float x = 0;
+    zpResult_t got = zpSuccess;
+    double returnedAt = 0;
+    std::thread blocked([&] {
+      got = zpRecv(&x, 1, zpFloat32, 1, comm, nullptr);  // rank 1 never sends
+      returnedAt = steadySec();
+    });
+    usleep(300 * 1000);
+    double t0 = steadySec();
+    EXPECT_EQ(zpCommAbort(comm), zpSuccess) << zpGetLastError(nullptr);
+    double abortTook = steadySec() - t0;
+    blocked.join();
+    EXPECT_LT(abortTook, 1.0) << "zpCommAbort waited for the blocked call";
+    EXPECT_EQ(got, zpRemoteError);
+    EXPECT_LT(returnedAt - t0, 1.0) << "the blocked call returned " << returnedAt - t0 << " s after the abort";
+    if (::testing::Test::HasFailure()) _exit(1);
+  }, 120);
+  unsetenv("ZP_TIMEOUT");
+  zptest::expectAllOk(exits);
 }
 
 }  // namespace

@@ -277,6 +277,9 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   ZP_CHECK(lookup(comm, fn, &c));
   if (zp::groupOpen() && zp::groupUses(c.get()))
     return zp::fail(zpInvalidUsage, "%s: the communicator has calls queued in an open group", fn);
+  // A call blocked on the communicator in another thread holds its lock:
+  // make it return first, so that abort does not wait for its timeout.
+  if (abort) c->requestAbort();
   c.reset();
   std::shared_ptr<zp::Comm> impl;
   {

@@ -348,6 +348,9 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
     bool moved = false;
     for (Comm* c : comms) moved |= c->progress();
     for (Comm* c : comms)
+      if (c->abortRequested_.load())  // zpCommAbort's leave() tells the peers
+        c->setAsyncError(zpRemoteError, "the communicator was aborted (zpCommAbort)", /*fromPeer=*/true);
+    for (Comm* c : comms)
       if (c->asyncError_ != zpSuccess) {
         c->dropOps(c->asyncError_, c->asyncMsg_);
         if (!c->asyncFromPeer_ && !c->faultSent_) c->passOnFault(c->asyncError_, c->asyncMsg_);

@@ -95,6 +95,10 @@ class Comm : public TransportSink {
   // Tells peers this rank is leaving (abort: and that they must fail at
   // once). Call without holding mutex() (it stops the progress thread, then takes it).
   void leave(bool abort);
+  // From any thread, without the lock: a call blocked in this communicator
+  // returns zpRemoteError within a wait slice (100 ms), so that zpCommAbort
+  // never waits for it to time out.
+  void requestAbort() { abortRequested_ = true; }
 
  private:
   Comm() = default;
@@ -150,6 +154,7 @@ class Comm : public TransportSink {
   bool asyncFromPeer_ = false;  // a peer told us; else we found it and tell the peers
   bool faultSent_ = false;
   bool left_ = false;  // leave() ran: calls still queued in a group fail
+  std::atomic<bool> abortRequested_{false};
 };
 
 // What the planner needs of a communicator's layout: each rank's node, NICs
