@@ -152,8 +152,11 @@ zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t ele
   if (!in && (sTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: in is NULL");
   if (!out && (rTotal || !outRuns[me].empty())) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: out is NULL");
   // A remap reads in while it writes out: the two must not overlap (as the header says).
-  const uintptr_t i0 = (uintptr_t)in, i1 = i0 + remap->fromTokens * tb;
-  const uintptr_t o0 = (uintptr_t)out, o1 = o0 + remap->toTokens * tb;
+  // The inverse reads the to-layout's buffer and writes the from-layout's.
+  const int64_t inTokens = inverse ? remap->toTokens : remap->fromTokens;
+  const int64_t outTokens = inverse ? remap->fromTokens : remap->toTokens;
+  const uintptr_t i0 = (uintptr_t)in, i1 = i0 + inTokens * tb;
+  const uintptr_t o0 = (uintptr_t)out, o1 = o0 + outTokens * tb;
   if (in && out && i0 < i1 && o0 < o1 && i0 < o1 && o0 < i1)
     return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: in and out overlap (in place is not supported)");
   const char* src = (const char*)in;
