@@ -1,4 +1,6 @@
-// An emulated multi-node cluster on one machine, for zprun --nodes.
+// An emulated multi-node cluster on one machine, for zprun --nodes: the
+// library zp_cluster, a test fixture for multi-node runs. It depends on
+// nothing of Zeppelin's but src/util.
 //
 // Each node is a network namespace; each NIC a veth pair whose node end
 // (zpnic0 .. zpnic{K-1}) sits in the node's namespace and whose other end is
@@ -26,8 +28,13 @@
 // networks: a NIC reaches the same rail of other nodes only (rail-only
 // fabric). These addresses exist only inside the run's namespaces.
 //
-// The ip and tc commands (iproute2) do the work; zprun runs them with
-// fork/exec, never through a shell, and checks each one.
+// The ip and tc commands (iproute2) do the work; they run with fork/exec,
+// never through a shell, and each one is checked (iproute.h).
+//
+// The files: cluster.cc builds and removes a cluster, enter_node.cc puts a
+// process into one of its nodes, cleanup.cc removes what dead runs left,
+// namespaces.cc names, finds and deletes a run's namespaces and state, and
+// iproute.cc runs ip and tc.
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #pragma once
@@ -39,9 +46,12 @@
 #include <string>
 #include <vector>
 
-namespace zprun {
+namespace zpcluster {
 
-constexpr int kExitNoPrivilege = 3;  // --nodes without the rights (or tools) to build a cluster
+// Exit codes (zprun's) that create() and cleanupStale() return: a cluster
+// cannot be built (or removed) for lack of privileges or tools; other failures.
+constexpr int kExitNoPrivilege = 3;
+constexpr int kExitFailure = 1;
 
 constexpr int kMaxNodes = 250;
 constexpr int kMaxNicsPerNode = 32;
@@ -55,11 +65,6 @@ struct ClusterSpec {
   uint64_t rateBps = 0;  // bits per second per NIC and direction; 0: not limited
   int mtu = kDefaultMtu;
 };
-
-// Parses a rate in tc's syntax: a number with an optional unit, bit (also a
-// bare number), kbit, mbit, gbit, tbit, kibit .. tibit, bps (bytes/s), kbps,
-// mbps, gbps, tbps, kibps .. tibps. False if it is not one, or zero.
-bool parseRate(const std::string& text, uint64_t* bitsPerSec);
 
 // The tbf qdisc parameters zprun uses for a rate: a bucket of 1 ms at the
 // rate (at least 64 KiB plus an MTU, so a whole GSO packet fits and tbf does
@@ -164,7 +169,9 @@ int cleanupStale();
 // what is missing and returns false otherwise.
 bool checkClusterPrerequisites(bool needTc, bool forCleanup = false);
 
-// Shell-style quoting of one argument, for printing commands.
+// Shell-style quoting of one argument, and of a command, for printing
+// commands.
 std::string quoteArg(const std::string& arg);
+std::string joinCommand(const std::vector<std::string>& argv);
 
-}  // namespace zprun
+}  // namespace zpcluster
