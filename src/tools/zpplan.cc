@@ -5,111 +5,162 @@
 //   zpplan --file prolong64k.txt --preset a800 --ranks 16,32,64,128 [--json] [--time]
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include <cfloat>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "src/plan/planner.h"
 #include "src/plan/simulator.h"
+#include "src/util/cli.h"
+#include "src/util/strings.h"
 
 using namespace zp::plan;
 
 namespace {
 
-void usage() {
-  fprintf(stderr,
-          "usage: zpplan --file LENGTHS [options]\n"
-          "  --file PATH            one sequence length per line\n"
-          "  --ranks LIST           comma-separated rank counts (default 16,32,64,128)\n"
-          "  --tokens-per-rank N    batch budget per rank (default 65536)\n"
-          "  --batches N            batches per rank count (default 8)\n"
-          "  --seed N               batch draw seed (default 1)\n"
-          "  --preset a800|h200     cluster preset (default a800)\n"
-          "  --ranks-per-node N --nics N --nic-gbps X --intra-gbps X --tflops X --efficiency X\n"
-          "  --q-heads N --kv-heads N --head-dim N --elem-bytes N   (default 32, 8, 128, 2)\n"
-          "  --full                 non-causal attention (default causal)\n"
-          "  --json                 JSON output (keys in docs/planner.md)\n"
-          "  --time                 also time planning (best of 20, ms)\n");
-}
+constexpr int kExitUsage = 2;
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line (CLI11, src/util/cli.h).
+struct Options {
   std::string file;
   std::vector<int> rankList = {16, 32, 64, 128};
   int64_t perRank = 65536;
   int batches = 8;
   uint64_t seed = 1;
-  bool causal = true, json = false, timing = false;
+  bool full = false, json = false, timing = false;
   std::string preset = "a800";
-  ClusterModel base;  // a800 defaults
-  AttnShape sh;
-  // Options after --preset override it, so presets are applied first.
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
-  if (preset == "h200") {
-    base.nicsPerNode = 8;
-    base.nicGbps = 400;
-    base.intraNodeGBps = 450;
-    base.tflops = 989;
-  } else if (preset != "a800") {
-    fprintf(stderr, "zpplan: unknown preset '%s' (a800 or h200)\n", preset.c_str());
-    return 2;
+  // The cluster options given, applied over the preset wherever they stand.
+  std::vector<std::function<void(ClusterModel*)>> clusterOverrides;
+  AttnShape shape;
+};
+
+// The cluster model of a preset; false if there is no such preset.
+bool presetModel(const std::string& name, ClusterModel* out) {
+  ClusterModel m;  // a800 defaults
+  if (name == "h200") {
+    m.nicsPerNode = 8;
+    m.nicGbps = 400;
+    m.intraNodeGBps = 450;
+    m.tflops = 989;
+  } else if (name != "a800") {
+    return false;
   }
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "zpplan: %s needs a value\n", a.c_str());
-        exit(2);
-      }
-      return argv[++i];
-    };
-    try {
-      if (a == "--file") file = val();
-      else if (a == "--ranks") {
-        rankList.clear();
-        std::stringstream ss(val());
-        std::string x;
-        while (std::getline(ss, x, ',')) rankList.push_back(std::stoi(x));
-      } else if (a == "--tokens-per-rank") perRank = std::stoll(val());
-      else if (a == "--batches") batches = std::stoi(val());
-      else if (a == "--seed") seed = std::stoull(val());
-      else if (a == "--preset") val();
-      else if (a == "--ranks-per-node") base.ranksPerNode = std::stoi(val());
-      else if (a == "--nics") base.nicsPerNode = std::stoi(val());
-      else if (a == "--nic-gbps") base.nicGbps = std::stod(val());
-      else if (a == "--intra-gbps") base.intraNodeGBps = std::stod(val());
-      else if (a == "--tflops") base.tflops = std::stod(val());
-      else if (a == "--efficiency") base.efficiency = std::stod(val());
-      else if (a == "--q-heads") sh.qHeads = std::stoi(val());
-      else if (a == "--kv-heads") sh.kvHeads = std::stoi(val());
-      else if (a == "--head-dim") sh.headDim = std::stoi(val());
-      else if (a == "--elem-bytes") sh.elemBytes = std::stoi(val());
-      else if (a == "--full") causal = false;
-      else if (a == "--json") json = true;
-      else if (a == "--time") timing = true;
-      else if (a == "-h" || a == "--help") { usage(); return 0; }
-      else {
-        fprintf(stderr, "zpplan: unknown option '%s'\n", a.c_str());
-        usage();
-        return 2;
-      }
-    } catch (const std::exception&) {
-      fprintf(stderr, "zpplan: bad value for %s\n", a.c_str());
-      return 2;
-    }
+  *out = m;
+  return true;
+}
+
+// An option's value, read by zp's parsers; "bad value for <name>" if it is
+// not one.
+long long integer(const char* name, const std::string& v, long long lo = INT_MIN, long long hi = INT_MAX) {
+  long long x = 0;
+  if (!zp::parseInt(v, lo, hi, &x)) throw zp::cli::UsageError(std::string("bad value for ") + name);
+  return x;
+}
+double number(const char* name, const std::string& v) {
+  double x = 0;
+  if (!zp::parseDouble(v, -DBL_MAX, DBL_MAX, &x)) throw zp::cli::UsageError(std::string("bad value for ") + name);
+  return x;
+}
+std::function<void(const std::string&)> intValue(const char* name, int* out) {
+  return [=](const std::string& v) { *out = (int)integer(name, v); };
+}
+
+void defineOptions(CLI::App& app, Options* o) {
+  zp::cli::configure(app, "usage: zpplan --file LENGTHS [options]\n", 25);
+  app.description(
+      "Simulates one layer's forward attention step of variable-length batches on\n"
+      "a modelled cluster, for Zeppelin's plan and the baselines, and prints the\n"
+      "step times and Zeppelin's speedups.");
+  using zp::cli::addValue;
+  addValue(app, "--file", "PATH", "one sequence length per line", [o](const std::string& v) { o->file = v; });
+  addValue(app, "--ranks", "LIST", "comma-separated rank counts (default 16,32,64,128)", [o](const std::string& v) {
+    o->rankList.clear();
+    std::stringstream ss(v);
+    for (std::string x; std::getline(ss, x, ',');) o->rankList.push_back((int)integer("--ranks", x));
+  });
+  addValue(app, "--tokens-per-rank", "N", "batch budget per rank (default 65536)",
+           [o](const std::string& v) { o->perRank = integer("--tokens-per-rank", v, LLONG_MIN, LLONG_MAX); });
+  addValue(app, "--batches", "N", "batches per rank count (default 8)", intValue("--batches", &o->batches));
+  addValue(app, "--seed", "N", "batch draw seed (default 1)",
+           [o](const std::string& v) { o->seed = (uint64_t)integer("--seed", v, 0, LLONG_MAX); });
+  addValue(app, "--preset", "a800|h200", "cluster preset (default a800); the options below\noverride it",
+           [o](const std::string& v) {
+             ClusterModel unused;
+             if (!presetModel(v, &unused))
+               throw zp::cli::UsageError("unknown preset '" + v + "' (a800 or h200)");
+             o->preset = v;
+           });
+  // A cluster option: its value read now, applied over the preset later.
+  auto cluster = [&](const char* name, const char* value, const char* help, auto field) {
+    addValue(app, name, value, help, [o, name, field](const std::string& v) {
+      using T = std::remove_reference_t<decltype(ClusterModel().*field)>;
+      T x;
+      if constexpr (std::is_same<T, int>::value)
+        x = (int)integer(name, v);
+      else
+        x = number(name, v);
+      o->clusterOverrides.push_back([field, x](ClusterModel* m) { m->*field = x; });
+    });
+  };
+  cluster("--ranks-per-node", "N", "ranks per node (a800, h200: 8)", &ClusterModel::ranksPerNode);
+  cluster("--nics", "N", "NICs per node (a800: 4, h200: 8)", &ClusterModel::nicsPerNode);
+  cluster("--nic-gbps", "X", "Gbit/s per NIC (a800: 200, h200: 400)", &ClusterModel::nicGbps);
+  cluster("--intra-gbps", "X", "GB/s per rank within a node (a800: 200, h200: 450)", &ClusterModel::intraNodeGBps);
+  cluster("--tflops", "X", "dense bf16 peak per rank (a800: 312, h200: 989)", &ClusterModel::tflops);
+  cluster("--efficiency", "X", "fraction of peak attention kernels reach (0.5)", &ClusterModel::efficiency);
+  addValue(app, "--q-heads", "N", "query heads (default 32)", intValue("--q-heads", &o->shape.qHeads));
+  addValue(app, "--kv-heads", "N", "key/value heads (default 8)", intValue("--kv-heads", &o->shape.kvHeads));
+  addValue(app, "--head-dim", "N", "head dimension (default 128)", intValue("--head-dim", &o->shape.headDim));
+  addValue(app, "--elem-bytes", "N", "bytes per element (default 2)", intValue("--elem-bytes", &o->shape.elemBytes));
+  zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
+  zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/planner.md)");
+  zp::cli::addFlag(app, "--time", &o->timing, "also time planning (best of 20, ms)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app("", "zpplan");
+  defineOptions(app, &opt);
+  ClusterModel base;
+  try {
+    zp::cli::parse(app, std::vector<std::string>(argv + 1, argv + argc));
+    std::vector<std::string> extra = zp::cli::extras(app);
+    if (!extra.empty()) throw zp::cli::UnknownOption(extra[0]);
+    presetModel(opt.preset, &base);
+    for (const auto& set : opt.clusterOverrides) set(&base);
+  } catch (const CLI::CallForHelp&) {
+    fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const zp::cli::UnknownOption& e) {
+    fprintf(stderr, "zpplan: unknown option '%s'\n%s", e.option.c_str(), app.help().c_str());
+    return kExitUsage;
+  } catch (const zp::cli::UsageError& e) {
+    fprintf(stderr, "zpplan: %s\n", e.what());
+    return kExitUsage;
   }
+  const std::string& file = opt.file;
+  const std::vector<int>& rankList = opt.rankList;
+  const int64_t perRank = opt.perRank;
+  const int batches = opt.batches;
+  const uint64_t seed = opt.seed;
+  const bool causal = !opt.full, json = opt.json, timing = opt.timing;
+  const std::string& preset = opt.preset;
+  const AttnShape& sh = opt.shape;
   if (file.empty()) {
-    usage();
-    return 2;
+    fputs(app.help().c_str(), stderr);
+    return kExitUsage;
   }
   std::ifstream f(file);
   std::vector<int64_t> all;

@@ -6,47 +6,46 @@
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/topology.h"
+#include "src/util/cli.h"
+#include "src/util/strings.h"
 
 namespace {
 
 constexpr int kExitError = 1;  // discovery failed, a bad topology file, a bad ZP_NET_DEVICES
 constexpr int kExitUsage = 2;  // bad options or environment
 
-void usage(FILE* out) {
-  fprintf(out,
-          "usage: zptopo [--json] [-h|--help]\n"
-          "\n"
-          "Prints what a Zeppelin rank on this machine sees: its node id, local rank,\n"
-          "the NIC it would use, and the node's NICs (bandwidth, NUMA node, PCI bus id),\n"
-          "NUMA nodes and GPUs, as found by hwloc and /sys/class/net. With ZP_TOPO_FILE\n"
-          "set, prints the cluster that file describes instead (and with ZP_RANK set,\n"
-          "that rank's place in it). Sends nothing over any network.\n"
-          "\n"
-          "  --json      machine-readable output (one JSON object; its \"node\" or\n"
-          "              \"cluster\" member is in the topology file format)\n"
-          "  -h, --help  this text\n"
-          "\n"
-          "Environment:\n"
-          "  ZP_NODE_ID                the node id (default: hostname + boot id)\n"
-          "  ZP_LOCAL_RANK, ZP_LOCAL_NRANKS\n"
-          "                            this rank among the node's ranks (default 0 of 1)\n"
-          "  ZP_NET_DEVICES            comma-separated NICs the ranks may use, in order\n"
-          "  ZP_NIC_RATE_BPS           caps every NIC's rate (bits/s; zprun sets it)\n"
-          "  ZP_TOPO_FILE              a topology file that replaces discovery\n"
-          "  ZP_RANK                   with ZP_TOPO_FILE: the global rank to show\n"
-          "\n"
-          "Exit status: 0 fine, 1 discovery or the file failed or ZP_NET_DEVICES names\n"
-          "a NIC the node does not have, 2 bad options or environment.\n");
+// The command line: CLI11 (src/util/cli.h).
+void defineOptions(CLI::App& app, bool* json) {
+  zp::cli::configure(app, "usage: zptopo [--json] [-h|--help]\n", 14);
+  app.description(
+      "Prints what a Zeppelin rank on this machine sees: its node id, local rank,\n"
+      "the NIC it would use, and the node's NICs (bandwidth, NUMA node, PCI bus id),\n"
+      "NUMA nodes and GPUs, as found by hwloc and /sys/class/net. With ZP_TOPO_FILE\n"
+      "set, prints the cluster that file describes instead (and with ZP_RANK set,\n"
+      "that rank's place in it). Sends nothing over any network.");
+  zp::cli::addFlag(app, "--json", json,
+                   "machine-readable output (one JSON object; its \"node\" or\n"
+                   "\"cluster\" member is in the topology file format)");
+  app.footer(
+      "Environment:\n"
+      "  ZP_NODE_ID                the node id (default: hostname + boot id)\n"
+      "  ZP_LOCAL_RANK, ZP_LOCAL_NRANKS\n"
+      "                            this rank among the node's ranks (default 0 of 1)\n"
+      "  ZP_NET_DEVICES            comma-separated NICs the ranks may use, in order\n"
+      "  ZP_NIC_RATE_BPS           caps every NIC's rate (bits/s; zprun sets it)\n"
+      "  ZP_TOPO_FILE              a topology file that replaces discovery\n"
+      "  ZP_RANK                   with ZP_TOPO_FILE: the global rank to show\n"
+      "\n"
+      "Exit status: 0 fine, 1 discovery or the file failed or ZP_NET_DEVICES names\n"
+      "a NIC the node does not have, 2 bad options or environment.");
 }
 
 bool envInt(const char* name, long lo, long hi, long dflt, long* out) {
@@ -55,14 +54,12 @@ bool envInt(const char* name, long lo, long hi, long dflt, long* out) {
     *out = dflt;
     return true;
   }
-  char* end = nullptr;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  if (errno || *end || end == v || x < lo || x > hi) {
+  long long x = 0;
+  if (!zp::parseInt(v, (long long)lo, (long long)hi, &x)) {
     fprintf(stderr, "zptopo: %s='%s' is not an integer in [%ld, %ld]\n", name, v, lo, hi);
     return false;
   }
-  *out = x;
+  *out = (long)x;
   return true;
 }
 
@@ -107,17 +104,21 @@ int main(int argc, char** argv) {
   // library from also logging them as warnings.
   setenv("ZP_DEBUG", "NONE", 0);
   bool json = false;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--json")) {
-      json = true;
-      continue;
-    }
-    fprintf(stderr, "zptopo: unknown argument '%s'\n", argv[i]);
-    usage(stderr);
+  CLI::App app("", "zptopo");
+  defineOptions(app, &json);
+  try {
+    zp::cli::parse(app, std::vector<std::string>(argv + 1, argv + argc));
+    // zptopo takes no arguments: the first one set aside is as unknown as an option.
+    std::vector<std::string> extra = zp::cli::extras(app);
+    if (!extra.empty()) throw zp::cli::UnknownOption(extra[0]);
+  } catch (const CLI::CallForHelp&) {
+    fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const zp::cli::UnknownOption& e) {
+    fprintf(stderr, "zptopo: unknown argument '%s'\n%s", e.option.c_str(), app.help().c_str());
+    return kExitUsage;
+  } catch (const zp::cli::UsageError& e) {
+    fprintf(stderr, "zptopo: %s\n%s", e.what(), app.help().c_str());
     return kExitUsage;
   }
 
