@@ -133,23 +133,11 @@ int main(int argc, char** argv) {
   Options opt;
   CLI::App app("", "zpplan");
   defineOptions(app, &opt);
+  int code = 0;
+  if (!zp::cli::parseOptionsOnly(app, argc, argv, "unknown option '%s'", &code)) return code;
   ClusterModel base;
-  try {
-    zp::cli::parse(app, std::vector<std::string>(argv + 1, argv + argc));
-    std::vector<std::string> extra = zp::cli::extras(app);
-    if (!extra.empty()) throw zp::cli::UnknownOption(extra[0]);
-    presetModel(opt.preset, &base);
-    for (const auto& set : opt.clusterOverrides) set(&base);
-  } catch (const CLI::CallForHelp&) {
-    fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const zp::cli::UnknownOption& e) {
-    fprintf(stderr, "zpplan: unknown option '%s'\n%s", e.option.c_str(), app.help().c_str());
-    return kExitUsage;
-  } catch (const zp::cli::UsageError& e) {
-    fprintf(stderr, "zpplan: %s\n", e.what());
-    return kExitUsage;
-  }
+  presetModel(opt.preset, &base);
+  for (const auto& set : opt.clusterOverrides) set(&base);
   const std::string& file = opt.file;
   const std::vector<int>& rankList = opt.rankList;
   const int64_t perRank = opt.perRank;

@@ -106,21 +106,8 @@ int main(int argc, char** argv) {
   bool json = false;
   CLI::App app("", "zptopo");
   defineOptions(app, &json);
-  try {
-    zp::cli::parse(app, std::vector<std::string>(argv + 1, argv + argc));
-    // zptopo takes no arguments: the first one set aside is as unknown as an option.
-    std::vector<std::string> extra = zp::cli::extras(app);
-    if (!extra.empty()) throw zp::cli::UnknownOption(extra[0]);
-  } catch (const CLI::CallForHelp&) {
-    fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const zp::cli::UnknownOption& e) {
-    fprintf(stderr, "zptopo: unknown argument '%s'\n%s", e.option.c_str(), app.help().c_str());
-    return kExitUsage;
-  } catch (const zp::cli::UsageError& e) {
-    fprintf(stderr, "zptopo: %s\n%s", e.what(), app.help().c_str());
-    return kExitUsage;
-  }
+  int code = 0;
+  if (!zp::cli::parseOptionsOnly(app, argc, argv, "unknown argument '%s'", &code)) return code;
 
   std::string envNodeId = zp::envString("ZP_NODE_ID");
   std::string nodeId = envNodeId.empty() ? zp::defaultNodeId() : envNodeId;

@@ -3,8 +3,10 @@
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "src/util/cli.h"
 
-#include <algorithm>
+#include <cstdio>
 #include <utility>
+
+#include "src/util/strings.h"
 
 namespace zp::cli {
 namespace {
@@ -105,6 +107,28 @@ void parse(CLI::App& app, const std::vector<std::string>& args, size_t* unread) 
   } catch (const CLI::ParseError& e) {
     throw UsageError(message(e, args, rest.empty()));
   }
+}
+
+bool parseOptionsOnly(CLI::App& app, int argc, char** argv, const char* unknownFormat, int* exitCode) {
+  const std::string prog = app.get_name();
+  try {
+    parse(app, std::vector<std::string>(argv + 1, argv + argc));
+    // No arguments: the first one set aside is as unknown as an option.
+    std::vector<std::string> extra = extras(app);
+    if (!extra.empty()) throw UnknownOption(extra[0]);
+    return true;
+  } catch (const CLI::CallForHelp&) {
+    fputs(app.help().c_str(), stdout);
+    *exitCode = 0;
+  } catch (const UnknownOption& e) {
+    fprintf(stderr, "%s: %s\n%s", prog.c_str(), strprintf(unknownFormat, e.option.c_str()).c_str(),
+            app.help().c_str());
+    *exitCode = kExitUsage;
+  } catch (const UsageError& e) {
+    fprintf(stderr, "%s: %s\n", prog.c_str(), e.what());
+    *exitCode = kExitUsage;
+  }
+  return false;
 }
 
 std::vector<std::string> extras(const CLI::App& app) {

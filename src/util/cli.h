@@ -81,6 +81,13 @@ void parse(CLI::App& app, const std::vector<std::string>& args, size_t* unread =
 // Without the "--" that ends the options, if that came first.
 std::vector<std::string> extras(const CLI::App& app);
 
+// The whole parse of a program that takes options and no arguments (zptopo,
+// zpplan): true to go on; false with *exitCode set after -h (the help on
+// stdout, 0) or a bad command line ("<program>: <what>" on stderr, 2). An
+// argument it does not know is worded with unknownFormat ("unknown option
+// '%s'") and followed by the help.
+bool parseOptionsOnly(CLI::App& app, int argc, char** argv, const char* unknownFormat, int* exitCode);
+
 // Whether arg has an option's form ("-x", "--x", but not "-" or "--").
 bool isOption(const std::string& arg);
 
