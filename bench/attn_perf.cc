@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,8 @@
 #include <vector>
 
 #include "common.h"
+#include "src/util/cli.h"
+#include "src/util/strings.h"
 #include "zeppelin.h"
 
 namespace {
@@ -85,42 +88,43 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   size_t blockBytes = 8u << 20;
-  std::string ratios = "0.25,0.5,1,2,4";
+  std::vector<double> rs = {0.25, 0.5, 1, 2, 4};
   long iters = 5, warm = 1, accumulate = 1;
   bool causal = false;
-  int opt;
-  while ((opt = getopt(argc, argv, "b:r:n:w:a:C")) != -1) {
-    switch (opt) {
-      case 'b': if (!zpbench::parseBytes(optarg, &blockBytes)) blockBytes = 0; break;
-      case 'r': ratios = optarg; break;
-      case 'n': iters = atol(optarg); break;
-      case 'w': warm = atol(optarg); break;
-      case 'a': accumulate = atol(optarg); break;
-      case 'C': causal = true; break;
-      default: fprintf(stderr, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-C] [-n N] [-w N]\n"); return 2;
-    }
-  }
-  std::vector<double> rs;
-  for (size_t at = 0; at < ratios.size();) {
-    size_t end = ratios.find(',', at);
-    if (end == std::string::npos) end = ratios.size();
-    char* stop = nullptr;
-    std::string item = ratios.substr(at, end - at);
-    double r = strtod(item.c_str(), &stop);
-    if (item.empty() || *stop || !(r >= 0)) {
-      fprintf(stderr, "attn_perf: -r: '%s' is not a non-negative number\n", item.c_str());
-      return 2;
-    }
-    rs.push_back(r);
-    at = end + 1;
-  }
+  CLI::App app("", "attn_perf");
+  zp::cli::configure(app, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-C] [-n N] [-w N]\n", 14);
+  app.description("How much of a ring's communication the attention driver hides behind a\n"
+                  "block kernel that takes a set time T, a multiple of C (one block's exchange).");
+  zp::cli::addValue(app, "-b", "BYTES", "key/value block per rank, keys and values (default 8M)",
+                    zpbench::bytesFlag("-b", &blockBytes));
+  zp::cli::addValue(app, "-r", "LIST", "kernel times as multiples of C (default 0.25,0.5,1,2,4)",
+                    [&](const std::string& ratios) {
+                      rs.clear();
+                      for (size_t at = 0; at < ratios.size();) {
+                        size_t end = ratios.find(',', at);
+                        if (end == std::string::npos) end = ratios.size();
+                        std::string item = ratios.substr(at, end - at);
+                        double r = 0;
+                        if (!zp::parseDouble(item, 0, DBL_MAX, &r))
+                          throw zp::cli::UsageError("-r: '" + item + "' is not a non-negative number");
+                        rs.push_back(r);
+                        at = end + 1;
+                      }
+                    });
+  zp::cli::addValue(app, "-a", "0|1",
+                    "the kernel folds each block into the running output\n"
+                    "itself (default 1), or the driver merges on the CPU (0)",
+                    zpbench::intFlag("-a", &accumulate, 0, 1));
+  zp::cli::addFlag(app, "-C", &causal, "causal (zigzag)");
+  zp::cli::addValue(app, "-n", "N", "timed passes (default 5)", zpbench::intFlag("-n", &iters, 1));
+  zp::cli::addValue(app, "-w", "N", "warm-up passes (default 1)", zpbench::intFlag("-w", &warm, 0));
   const int H = 8, Hk = 8, D = 64;
   const size_t tokenBytes = 2 * (size_t)Hk * D * sizeof(float);
+  zpbench::parseCommandLine(app, argc, argv, [&] {
+    if (blockBytes < tokenBytes)
+      throw zp::cli::UsageError(zp::strprintf("-b must be at least %zu bytes", tokenBytes));
+  });
   const int64_t tokens = (int64_t)(blockBytes / tokenBytes);
-  if (tokens < 1 || iters < 1 || warm < 0) {
-    fprintf(stderr, "attn_perf: -b must be at least %zu bytes, -n at least 1\n", tokenBytes);
-    return 2;
-  }
   zpComm_t comm;
   if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
   int n, rank;

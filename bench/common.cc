@@ -1,14 +1,10 @@
 // Shared helpers of the benchmark programs; see common.h.
 #include "common.h"
 
-#include "src/util/strings.h"
-
-#include <getopt.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +13,8 @@
 #include <sstream>
 #include <utility>
 
+#include "src/util/cli.h"
+#include "src/util/strings.h"
 #include "zeppelin.h"
 
 namespace zpbench {
@@ -50,8 +48,6 @@ const TypeInfo* findType(const std::string& name) {
 
 // ------------------------------------------------------------------ options
 
-bool parseBytes(const char* text, size_t* out) { return text && zp::parseSize(text, out); }
-
 int launcherRank() {
   for (const char* name : {"ZP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"}) {
     const char* v = getenv(name);
@@ -60,134 +56,112 @@ int launcherRank() {
   return 0;
 }
 
-namespace {
-
-void printUsage(FILE* f, const char* prog, bool withPattern) {
-  fprintf(f,
-          "usage: %s [options]\n"
-          "  -b minbytes   smallest size, bytes per rank (K/M/G suffixes; default 32M)\n"
-          "  -e maxbytes   largest size (default 32M)\n"
-          "  -f factor     multiply the size by this each step (> 1)\n"
-          "  -i stepbytes  add this to the size each step when -f is 1 or not given (default 1M)\n"
-          "  -n iters      timed iterations per size (default 20)\n"
-          "  -w warmup     untimed iterations per size (default 5)\n"
-          "  -c 0|1        check every received byte after the timed loop (default 1)\n"
-          "  -d type       int8 uint8 int32 uint32 int64 uint64 half|float16 float|float32\n"
-          "                double|float64 bfloat16 (default float)\n",
-          prog);
-  if (withPattern)
-    fprintf(f,
-            "  -P pattern    uniform | random | zipf | matrix:FILE (default uniform)\n"
-            "  -s seed       seed of the random and zipf patterns (default 1)\n");
-  else
-    fprintf(f, "  -S shift      send to rank+shift, receive from rank-shift (default 1)\n");
-  fprintf(f, "  -h            this help\n");
-}
-
-[[noreturn]] void badUsage(const char* prog, bool withPattern, const char* fmt, const char* arg) {
-  if (launcherRank() == 0) {
-    fprintf(stderr, "%s: ", prog);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    printUsage(stderr, prog, withPattern);
+void parseCommandLine(CLI::App& app, int argc, char** argv, const std::function<void()>& check) {
+  const std::string prog = app.get_name();
+  try {
+    zp::cli::parse(app, std::vector<std::string>(argv + 1, argv + argc));
+    zp::cli::rejectUnknownOptions(app);
+    std::vector<std::string> extra = zp::cli::extras(app);
+    if (!extra.empty()) throw zp::cli::UsageError("unexpected argument '" + extra[0] + "'");
+    if (check) check();
+  } catch (const CLI::CallForHelp&) {
+    if (launcherRank() == 0) fputs(app.help().c_str(), stdout);
+    exit(0);
+  } catch (const zp::cli::UsageError& e) {
+    // Every rank of a launcher's job gets the same flags: one says so.
+    if (launcherRank() == 0) fprintf(stderr, "%s: %s\n%s", prog.c_str(), e.what(), app.help().c_str());
+    exit(zp::cli::kExitUsage);
   }
-  exit(2);
 }
 
-bool parseInt(const char* text, int lo, int hi, int* out) { return text && zp::parseInt(std::string(text), lo, hi, out); }
+std::function<void(const std::string&)> bytesFlag(const char* flag, size_t* out) {
+  return [=](const std::string& text) {
+    if (!zp::parseSize(text, out)) throw zp::cli::UsageError(std::string("bad ") + flag + " '" + text + "'");
+  };
+}
 
-}  // namespace
+long long readInteger(const char* flag, const std::string& text, long long lo, long long hi) {
+  long long v = 0;
+  if (zp::parseInt(text, lo, hi, &v)) return v;
+  std::string expected = lo == 0 && hi == 1 ? "0 or 1"
+                         : hi == std::numeric_limits<int>::max() || hi == std::numeric_limits<long>::max()
+                             ? "an integer >= " + std::to_string(lo)
+                             : "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  throw zp::cli::UsageError(std::string("bad ") + flag + " '" + text + "': expected " + expected);
+}
+
+std::function<void(const std::string&)> numberFlag(const char* flag, double lo, double* out) {
+  return [=](const std::string& text) {
+    if (!zp::parseDouble(text, lo, std::numeric_limits<double>::max(), out))
+      throw zp::cli::UsageError(std::string("bad ") + flag + " '" + text + "': expected a number >= " +
+                                zp::strprintf("%g", lo));
+  };
+}
 
 Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) {
   Options o;
   o.type = findType("float");
   bool factorGiven = false;
-  const char* optstring = withPattern ? ":b:e:f:i:n:w:c:d:P:s:h" : ":b:e:f:i:n:w:c:d:S:h";
-  opterr = 0;  // we print our own messages
-  int c;
-  while ((c = getopt(argc, argv, optstring)) != -1) {
-    switch (c) {
-      case 'b':
-        if (!parseBytes(optarg, &o.minBytes)) badUsage(prog, withPattern, "bad -b '%s'", optarg);
-        break;
-      case 'e':
-        if (!parseBytes(optarg, &o.maxBytes)) badUsage(prog, withPattern, "bad -e '%s'", optarg);
-        break;
-      case 'i':
-        if (!parseBytes(optarg, &o.stepBytes)) badUsage(prog, withPattern, "bad -i '%s'", optarg);
-        break;
-      case 'f': {
-        char* end = nullptr;
-        errno = 0;
-        o.stepFactor = strtod(optarg, &end);
-        if (errno != 0 || end == optarg || *end != '\0' || !(o.stepFactor >= 1.0) ||
-            !std::isfinite(o.stepFactor))
-          badUsage(prog, withPattern, "bad -f '%s': expected a number >= 1", optarg);
-        factorGiven = true;
-        break;
+  CLI::App app("", prog);
+  zp::cli::configure(app, std::string("usage: ") + prog + " [options]\n", 16);
+  using zp::cli::addValue;
+  addValue(app, "-b", "minbytes", "smallest size, bytes per rank (K/M/G suffixes; default 32M)",
+           bytesFlag("-b", &o.minBytes));
+  addValue(app, "-e", "maxbytes", "largest size (default 32M)", bytesFlag("-e", &o.maxBytes));
+  addValue(app, "-f", "factor", "multiply the size by this each step (> 1)", [&](const std::string& v) {
+    numberFlag("-f", 1.0, &o.stepFactor)(v);
+    factorGiven = true;
+  });
+  addValue(app, "-i", "stepbytes", "add this to the size each step when -f is 1 or not given (default 1M)",
+           bytesFlag("-i", &o.stepBytes));
+  addValue(app, "-n", "iters", "timed iterations per size (default 20)", intFlag("-n", &o.iters, 1));
+  addValue(app, "-w", "warmup", "untimed iterations per size (default 5)", intFlag("-w", &o.warmup, 0));
+  addValue(app, "-c", "0|1", "check every received byte after the timed loop (default 1)",
+           intFlag("-c", &o.check, 0, 1));
+  addValue(app, "-d", "type",
+           "int8 uint8 int32 uint32 int64 uint64 half|float16 float|float32\n"
+           "double|float64 bfloat16 (default float)",
+           [&](const std::string& v) {
+             o.type = findType(v);
+             if (o.type == nullptr) throw zp::cli::UsageError("unknown datatype '" + v + "'");
+           });
+  if (withPattern) {
+    auto pattern = [&](const std::string& p) {
+      if (p.compare(0, 7, "matrix:") == 0) {
+        o.pattern = "matrix";
+        o.matrixFile = p.substr(7);
+        if (o.matrixFile.empty()) throw zp::cli::UsageError("-P '" + p + "': no file name");
+      } else if (p == "uniform" || p == "random" || p == "zipf") {
+        o.pattern = p;
+      } else {
+        throw zp::cli::UsageError("unknown pattern '" + p + "'");
       }
-      case 'n':
-        if (!parseInt(optarg, 1, INT_MAX, &o.iters))
-          badUsage(prog, withPattern, "bad -n '%s': expected an integer >= 1", optarg);
-        break;
-      case 'w':
-        if (!parseInt(optarg, 0, INT_MAX, &o.warmup))
-          badUsage(prog, withPattern, "bad -w '%s': expected an integer >= 0", optarg);
-        break;
-      case 'c':
-        if (!parseInt(optarg, 0, 1, &o.check))
-          badUsage(prog, withPattern, "bad -c '%s': expected 0 or 1", optarg);
-        break;
-      case 'S':
-        if (!parseInt(optarg, 1, INT_MAX, &o.shift))
-          badUsage(prog, withPattern, "bad -S '%s': expected an integer >= 1", optarg);
-        break;
-      case 'd':
-        o.type = findType(optarg);
-        if (o.type == nullptr) badUsage(prog, withPattern, "unknown datatype '%s'", optarg);
-        break;
-      case 'P': {
-        std::string p = optarg;
-        if (p.compare(0, 7, "matrix:") == 0) {
-          o.pattern = "matrix";
-          o.matrixFile = p.substr(7);
-          if (o.matrixFile.empty()) badUsage(prog, withPattern, "-P '%s': no file name", optarg);
-        } else if (p == "uniform" || p == "random" || p == "zipf") {
-          o.pattern = p;
-        } else {
-          badUsage(prog, withPattern, "unknown pattern '%s'", optarg);
-        }
-        break;
-      }
-      case 's': {
-        char* end = nullptr;
-        errno = 0;
-        unsigned long long s = strtoull(optarg, &end, 0);
-        if (errno != 0 || end == optarg || *end != '\0' || optarg[0] == '-')
-          badUsage(prog, withPattern, "bad -s '%s': expected a non-negative integer", optarg);
-        o.seed = s;
-        break;
-      }
-      case 'h':
-        if (launcherRank() == 0) printUsage(stdout, prog, withPattern);
-        exit(0);
-      case ':':
-        badUsage(prog, withPattern, "option -%s needs a value",
-                 std::string(1, char(optopt)).c_str());
-      default:
-        badUsage(prog, withPattern, "unknown option -%s", std::string(1, char(optopt)).c_str());
+    };
+    addValue(app, "-P", "pattern", "uniform | random | zipf | matrix:FILE (default uniform)", pattern);
+    addValue(app, "-s", "seed", "seed of the random and zipf patterns (default 1)", [&](const std::string& v) {
+      // Any base, as gloo_alltoallv.py's int(x, 0) reads it: 0x10 is 16.
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long s = strtoull(v.c_str(), &end, 0);
+      if (errno != 0 || end == v.c_str() || *end != '\0' || v[0] == '-')
+        throw zp::cli::UsageError("bad -s '" + v + "': expected a non-negative integer");
+      o.seed = s;
+    });
+  } else {
+    addValue(app, "-S", "shift", "send to rank+shift, receive from rank-shift (default 1)",
+             intFlag("-S", &o.shift, 1));
+  }
+  parseCommandLine(app, argc, argv, [&] {
+    if (o.minBytes > o.maxBytes) throw zp::cli::UsageError("-b is larger than -e");
+    // nccl-tests: a factor > 1 multiplies, otherwise -i adds.
+    if (!factorGiven) o.stepFactor = 1.0;
+    if (o.minBytes < o.maxBytes) {
+      if (o.stepFactor > 1.0 && o.minBytes == 0)
+        throw zp::cli::UsageError("-f needs -b > 0 (0 times a factor stays 0)");
+      if (o.stepFactor == 1.0 && o.stepBytes == 0)
+        throw zp::cli::UsageError("-i 0 with no -f > 1 never reaches -e");
     }
-  }
-  if (optind < argc) badUsage(prog, withPattern, "unexpected argument '%s'", argv[optind]);
-  if (o.minBytes > o.maxBytes) badUsage(prog, withPattern, "%s", "-b is larger than -e");
-  // nccl-tests: a factor > 1 multiplies, otherwise -i adds.
-  if (!factorGiven) o.stepFactor = 1.0;
-  if (o.minBytes < o.maxBytes) {
-    if (o.stepFactor > 1.0 && o.minBytes == 0)
-      badUsage(prog, withPattern, "%s", "-f needs -b > 0 (0 times a factor stays 0)");
-    if (o.stepFactor == 1.0 && o.stepBytes == 0)
-      badUsage(prog, withPattern, "%s", "-i 0 with no -f > 1 never reaches -e");
-  }
+  });
   return o;
 }
 
@@ -231,10 +205,8 @@ bool readMatrixFile(const std::string& path, int n, std::vector<double>* weights
     std::string tok;
     int col = 0;
     while (ls >> tok) {
-      char* end = nullptr;
-      errno = 0;
-      double v = strtod(tok.c_str(), &end);
-      if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
+      double v = 0;
+      if (!zp::parseDouble(tok, 0, std::numeric_limits<double>::max(), &v)) {
         *err = path + ":" + std::to_string(lineNo) + ": '" + tok + "' is not a non-negative number";
         return false;
       }

@@ -9,8 +9,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;
+}
 
 namespace zpbench {
 
@@ -55,14 +61,30 @@ struct Options {
   uint64_t seed = 1;                // -s
   int shift = 1;                    // -S: sendrecv partner distance (rank+S, rank-S)
 };
-// Parses argv. On a bad flag prints what was wrong and the usage (once, on
-// the launcher's rank 0) and exits with status 2. withPattern enables -P / -s.
+// Parses argv (see parseCommandLine). withPattern enables -P / -s, else -S.
 Options parseOptions(int argc, char** argv, const char* prog, bool withPattern);
-// "64", "1K", "4M", "2G" (powers of 1024). False on garbage or overflow.
-bool parseBytes(const char* text, size_t* out);
 // The rank a launcher (zprun, mpirun, torchrun) gave this process, or 0:
 // lets code that runs before the communicator exists print only once.
 int launcherRank();
+
+// ---- The command line: CLI11, through src/util/cli.h ----
+// Every benchmark reads its flags this way: -h prints the help (on the
+// launcher's rank 0 only) and exits 0; a bad command line prints
+// "<prog>: <what>" and the help there and exits 2. check, if given, holds the
+// rules between flags (it throws zp::cli::UsageError).
+void parseCommandLine(CLI::App& app, int argc, char** argv, const std::function<void()>& check = nullptr);
+// Readers of one flag's value, for zp::cli::addValue, in the benchmarks'
+// words: a byte count with K/M/G suffixes ("bad -b 'x'"),
+std::function<void(const std::string&)> bytesFlag(const char* flag, size_t* out);
+// a whole number in [lo, hi] ("bad -n 'x': expected an integer >= 1"),
+long long readInteger(const char* flag, const std::string& text, long long lo, long long hi);
+template <typename T>
+std::function<void(const std::string&)> intFlag(const char* flag, T* out, long long lo,
+                                                long long hi = std::numeric_limits<T>::max()) {
+  return [=](const std::string& text) { *out = static_cast<T>(readInteger(flag, text, lo, hi)); };
+}
+// a number >= lo ("bad -f 'x': expected a number >= 1").
+std::function<void(const std::string&)> numberFlag(const char* flag, double lo, double* out);
 // The sizes of the sweep, in bytes per rank.
 std::vector<size_t> sizeSweep(const Options& opt);
 

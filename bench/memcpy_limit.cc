@@ -4,13 +4,10 @@
 // buffer into another, repeatedly, for a fixed time after a warmup copy. The
 // result counts bytes copied (once, not read + write), summed over threads;
 // -r NRANKS also prints that divided by the ranks that would share the machine.
-#include <getopt.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <climits>
-#include <cmath>
+#include <cfloat>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,29 +15,12 @@
 #include <vector>
 
 #include "common.h"
+#include "src/util/cli.h"
 #include "src/util/strings.h"
 
 using namespace zpbench;
 
 namespace {
-
-void usage(FILE* f) {
-  fprintf(f,
-          "usage: memcpy_limit [-t threads] [-r nranks] [-s bufsize] [-T seconds]\n"
-          "  -t threads  copying threads (default: online cores, %ld here)\n"
-          "  -r nranks   also print the aggregate divided by nranks (per-rank limit)\n"
-          "  -s bufsize  bytes per buffer, K/M/G suffixes (default 64M)\n"
-          "  -T seconds  measuring time (default 1)\n",
-          sysconf(_SC_NPROCESSORS_ONLN));
-}
-
-[[noreturn]] void bad(const char* what, const char* arg) {
-  fprintf(stderr, "memcpy_limit: bad %s '%s'\n", what, arg);
-  usage(stderr);
-  exit(2);
-}
-
-bool parsePositiveInt(const char* s, int* out) { return s && zp::parseInt(std::string(s), 1, 1 << 20, out); }
 
 struct Result {
   double bytes = 0;
@@ -55,38 +35,23 @@ int main(int argc, char** argv) {
   int nranks = 0;
   size_t bufBytes = 64u << 20;
   double seconds = 1.0;
-  int c;
-  opterr = 0;
-  while ((c = getopt(argc, argv, ":t:r:s:T:h")) != -1) {
-    switch (c) {
-      case 't':
-        if (!parsePositiveInt(optarg, &threads)) bad("-t", optarg);
-        break;
-      case 'r':
-        if (!parsePositiveInt(optarg, &nranks)) bad("-r", optarg);
-        break;
-      case 's':
-        if (!parseBytes(optarg, &bufBytes) || bufBytes == 0) bad("-s", optarg);
-        break;
-      case 'T': {
-        char* end = nullptr;
-        seconds = strtod(optarg, &end);
-        if (end == optarg || *end != '\0' || !(seconds > 0) || !std::isfinite(seconds))
-          bad("-T", optarg);
-        break;
-      }
-      case 'h':
-        usage(stdout);
-        return 0;
-      case ':':
-        bad("option, needs a value:", argv[optind - 1]);
-      default: {
-        char opt[3] = {'-', char(optopt), '\0'};
-        bad("option", opt);
-      }
-    }
-  }
-  if (optind < argc) bad("argument", argv[optind]);
+  CLI::App app("", "memcpy_limit");
+  zp::cli::configure(app, "usage: memcpy_limit [-t threads] [-r nranks] [-s bufsize] [-T seconds]\n", 14);
+  app.description("The machine's aggregate memcpy bandwidth: every thread copies its own\n"
+                  "buffer into another, repeatedly, for a fixed time after a warmup copy.");
+  zp::cli::addValue(app, "-t", "threads", zp::strprintf("copying threads (default: online cores, %d here)", threads),
+                    zpbench::intFlag("-t", &threads, 1, 4096));
+  zp::cli::addValue(app, "-r", "nranks", "also print the aggregate divided by nranks (per-rank limit)",
+                    zpbench::intFlag("-r", &nranks, 1, 4096));
+  zp::cli::addValue(app, "-s", "bufsize", "bytes per buffer, K/M/G suffixes (default 64M)", [&](const std::string& v) {
+    zpbench::bytesFlag("-s", &bufBytes)(v);
+    if (bufBytes == 0) throw zp::cli::UsageError("bad -s '" + v + "': expected at least 1 byte");
+  });
+  zp::cli::addValue(app, "-T", "seconds", "measuring time (default 1)", [&](const std::string& v) {
+    if (!zp::parseDouble(v, 0, DBL_MAX, &seconds) || seconds <= 0)
+      throw zp::cli::UsageError("bad -T '" + v + "': expected seconds > 0");
+  });
+  zpbench::parseCommandLine(app, argc, argv);
 
   std::vector<Result> results(static_cast<size_t>(threads));
   std::atomic<int> ready{0};

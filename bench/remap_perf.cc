@@ -17,10 +17,10 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common.h"
+#include "src/util/cli.h"
 #include "zeppelin.h"
 
 namespace {
@@ -79,24 +79,26 @@ int main(int argc, char** argv) {
   std::string file = ZP_SOURCE_DIR "/tests/data/prolong64k.txt";
   long tokensPerRank = 16384, iters = 20, warm = 3, check = 1, seed = 1;
   size_t minB = 256, maxB = 16384;
-  int opt;
-  while ((opt = getopt(argc, argv, "L:t:b:e:n:w:c:s:")) != -1) {
-    switch (opt) {
-      case 'L': file = optarg; break;
-      case 't': tokensPerRank = atol(optarg); break;
-      case 'b': if (!zpbench::parseBytes(optarg, &minB)) minB = 0; break;
-      case 'e': if (!zpbench::parseBytes(optarg, &maxB)) maxB = 0; break;
-      case 'n': iters = atol(optarg); break;
-      case 'w': warm = atol(optarg); break;
-      case 'c': check = atol(optarg); break;
-      case 's': seed = atol(optarg); break;
-      default: fprintf(stderr, "usage: remap_perf [-L file] [-t tokens] [-b B] [-e B] [-n N] [-w N] [-c 0|1] [-s seed]\n"); return 2;
-    }
-  }
-  if (tokensPerRank < 1 || minB < 1 || maxB < minB || iters < 1) {
-    fprintf(stderr, "remap_perf: bad option values\n");
-    return 2;
-  }
+  CLI::App app("", "remap_perf");
+  zp::cli::configure(app,
+                     "usage: remap_perf [-L file] [-t tokens] [-b B] [-e B] [-n N] [-w N] [-c 0|1] [-s seed]\n", 14);
+  app.description("Remap forward (linear -> attention layout) and inverse on the planner's\n"
+                  "layouts of batches drawn from real sequence lengths, over token widths.");
+  zp::cli::addValue(app, "-L", "file", "lengths, one per line (default tests/data/prolong64k.txt)",
+                    [&](const std::string& v) { file = v; });
+  zp::cli::addValue(app, "-t", "tokens", "tokens per rank in a batch (default 16384)",
+                    zpbench::intFlag("-t", &tokensPerRank, 1));
+  zp::cli::addValue(app, "-b", "B", "bytes per token, smallest (default 256), x2 steps",
+                    zpbench::bytesFlag("-b", &minB));
+  zp::cli::addValue(app, "-e", "B", "bytes per token, largest (default 16K)", zpbench::bytesFlag("-e", &maxB));
+  zp::cli::addValue(app, "-n", "N", "timed iterations (default 20)", zpbench::intFlag("-n", &iters, 1));
+  zp::cli::addValue(app, "-w", "N", "warm-up iterations (default 3)", zpbench::intFlag("-w", &warm, 0));
+  zp::cli::addValue(app, "-c", "0|1", "check every byte of every forward and inverse (default 1)",
+                    zpbench::intFlag("-c", &check, 0, 1));
+  zp::cli::addValue(app, "-s", "seed", "batch seed (default 1)", zpbench::intFlag("-s", &seed, 0));
+  zpbench::parseCommandLine(app, argc, argv, [&] {
+    if (minB < 1 || maxB < minB) throw zp::cli::UsageError("-b must be at least 1 and at most -e");
+  });
   zpComm_t comm;
   if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
   int n, rank;

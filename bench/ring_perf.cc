@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common.h"
+#include "src/util/cli.h"
 #include "zeppelin.h"
 
 namespace {
@@ -33,21 +33,19 @@ uint8_t byteOf(int rank, long step, size_t i) { return (uint8_t)((rank * 131 + s
 int main(int argc, char** argv) {
   size_t minB = 64 << 10, maxB = 64 << 20;
   long iters = 20, warm = 3, check = 1;
-  int opt;
-  while ((opt = getopt(argc, argv, "b:e:n:w:c:")) != -1) {
-    switch (opt) {
-      case 'b': if (!zpbench::parseBytes(optarg, &minB)) minB = 0; break;
-      case 'e': if (!zpbench::parseBytes(optarg, &maxB)) maxB = 0; break;
-      case 'n': iters = atol(optarg); break;
-      case 'w': warm = atol(optarg); break;
-      case 'c': check = atol(optarg); break;
-      default: fprintf(stderr, "usage: ring_perf [-b B] [-e B] [-n N] [-w N] [-c 0|1]\n"); return 2;
-    }
-  }
-  if (minB < 2 || maxB < minB || iters < 1) {
-    fprintf(stderr, "ring_perf: bad option values\n");
-    return 2;
-  }
+  CLI::App app("", "ring_perf");
+  zp::cli::configure(app, "usage: ring_perf [-b B] [-e B] [-n N] [-w N] [-c 0|1]\n", 14);
+  app.description("Ring exchanges for rings of all ranks, one node's ranks and one rank per\n"
+                  "node, one-way and bidirectional; every rank sends `size` bytes a step.");
+  zp::cli::addValue(app, "-b", "B", "smallest size (default 64K), x4 steps", zpbench::bytesFlag("-b", &minB));
+  zp::cli::addValue(app, "-e", "B", "largest size (default 64M)", zpbench::bytesFlag("-e", &maxB));
+  zp::cli::addValue(app, "-n", "N", "timed steps (default 20)", zpbench::intFlag("-n", &iters, 1));
+  zp::cli::addValue(app, "-w", "N", "warm-up steps (default 3)", zpbench::intFlag("-w", &warm, 0));
+  zp::cli::addValue(app, "-c", "0|1", "check every byte of every step (default 1)",
+                    zpbench::intFlag("-c", &check, 0, 1));
+  zpbench::parseCommandLine(app, argc, argv, [&] {
+    if (minB < 2 || maxB < minB) throw zp::cli::UsageError("-b must be at least 2 and at most -e");
+  });
   zpComm_t comm;
   if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
   int n, rank;

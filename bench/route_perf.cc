@@ -28,6 +28,8 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "src/util/cli.h"
+#include "src/util/strings.h"
 #ifdef ZP_BENCH_MPI
 #include "mpi_comm.h"
 #else
@@ -175,13 +179,6 @@ long long runOnce(BenchComm& comm, const Traffic& t, std::vector<uint8_t>& sbuf,
   return wrong;
 }
 
-void usage(FILE* f) {
-  fprintf(f,
-          "usage: route_perf [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
-          "                  [-p single,ring,zipf,uniform] [-m off,rail,balanced] [-s SEED]\n"
-          "Run under zprun --nodes N --ranks-per-node R --nics-per-node K --nic-rate X.\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,35 +187,32 @@ int main(int argc, char** argv) {
   int iters = 3, warmup = 1, check = 1;
   uint64_t seed = 1;
   std::string patterns = "single,ring,zipf,uniform", modes = "off,rail,balanced";
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      usage(stderr);
-      return 2;
-    }
-    std::string v = argv[++i];
-    size_t sz = 0;
-    if ((a == "-b" || a == "-e") && zpbench::parseBytes(v.c_str(), &sz)) (a == "-b" ? minB : maxB) = sz;
-    else if (a == "-f") factor = atof(v.c_str());
-    else if (a == "-n") iters = atoi(v.c_str());
-    else if (a == "-w") warmup = atoi(v.c_str());
-    else if (a == "-c") check = atoi(v.c_str());
-    else if (a == "-s") seed = strtoull(v.c_str(), nullptr, 10);
-    else if (a == "-p") patterns = v;
-    else if (a == "-m") modes = v;
-    else {
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (minB == 0 || maxB < minB || factor <= 1 || iters < 1 || warmup < 0) {
-    usage(stderr);
-    return 2;
-  }
+  CLI::App app("", "route_perf");
+  zp::cli::configure(app,
+                     "usage: route_perf [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
+                     "                  [-p single,ring,zipf,uniform] [-m off,rail,balanced] [-s SEED]\n",
+                     14);
+  app.description("What the router does for inter-node traffic (see the top of route_perf.cc).\n"
+                  "Run under zprun --nodes N --ranks-per-node R --nics-per-node K --nic-rate X.");
+  using zp::cli::addValue;
+  addValue(app, "-b", "MIN", "smallest size, bytes (K/M/G suffixes; default 64M)", zpbench::bytesFlag("-b", &minB));
+  addValue(app, "-e", "MAX", "largest size (default 64M)", zpbench::bytesFlag("-e", &maxB));
+  addValue(app, "-f", "FACTOR", "multiply the size by this each step (> 1; default 2)", [&](const std::string& v) {
+    if (!zp::parseDouble(v, 1, DBL_MAX, &factor) || factor <= 1)
+      throw zp::cli::UsageError("bad -f '" + v + "': expected a number > 1");
+  });
+  addValue(app, "-n", "ITERS", "timed calls per row (default 3)", zpbench::intFlag("-n", &iters, 1));
+  addValue(app, "-w", "WARMUP", "untimed calls per row (default 1)", zpbench::intFlag("-w", &warmup, 0));
+  addValue(app, "-c", "0|1", "check every received byte of one more call (default 1)",
+           zpbench::intFlag("-c", &check, 0, 1));
+  addValue(app, "-p", "LIST", "patterns (default single,ring,zipf,uniform)",
+           [&](const std::string& v) { patterns = v; });
+  addValue(app, "-m", "LIST", "routing modes (default off,rail,balanced)", [&](const std::string& v) { modes = v; });
+  addValue(app, "-s", "SEED", "seed of the zipf pattern and the data (default 1)",
+           [&](const std::string& v) { seed = (uint64_t)zpbench::readInteger("-s", v, 0, LLONG_MAX); });
+  zpbench::parseCommandLine(app, argc, argv, [&] {
+    if (minB == 0 || maxB < minB) throw zp::cli::UsageError("-b must be at least 1 and at most -e");
+  });
   // One communicator per routing mode (over MPI: one, "mpi").
 #ifdef ZP_BENCH_MPI
   std::vector<std::string> modeList = {"mpi"};
