@@ -160,10 +160,40 @@ zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* send
   return runAll(c, ops);
 }
 
+// ---- Device buffers (a CUDA stream) ----
+// The counts are checked on the host first, over the host transports (they
+// are host arrays): a mismatch is zpInvalidUsage on every rank before
+// anything is enqueued, never a hang on the device. Then one NCCL group of
+// sends and receives, this rank's own block included, goes on the stream.
+zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+                           const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                           size_t ts, void* stream) {
+  const int n = c->nranks(), me = c->rank();
+  std::vector<uint64_t> rows;
+  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
+  ZP_CHECK(checkCounts(c, rows));
+  std::vector<Op> ops;
+  ops.reserve(2 * n);
+  for (int i = 0; i < n; i++) {
+    int to = (me + i) % n, from = (me - i + n) % n;
+    if (sendcounts[to])
+      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (char*)sendbuff + sdispls[to] * ts, sendcounts[to] * ts, ts));
+    if (recvcounts[from])
+      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, (char*)recvbuff + rdispls[from] * ts, recvcounts[from] * ts, ts));
+  }
+  std::vector<Op*> ptrs;
+  for (Op& op : ops) {
+    op.stream = stream;
+    ptrs.push_back(&op);
+  }
+  return c->enqueueOnStreams(ptrs);
+}
+
 }  // namespace
 
 zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
-                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype) {
+                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
+                     void* stream) {
   const int n = c->nranks();
   const size_t ts = zpTypeSize(dtype);
   std::vector<Range> sendRanges, recvRanges;
@@ -189,6 +219,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
 
   uint64_t seq = c->nextCollSeq();
+  if (stream) return deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
   if (Relay* relay = Relay::of(c)) return routedAlltoallv(c, relay, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is

@@ -15,15 +15,19 @@ namespace zp {
 // that came from negative ints are caught instead of wrapping around.
 constexpr size_t kMaxCallBytes = size_t(1) << 48;
 
+// stream: null for host buffers (the executor moves them before returning);
+// a CUDA stream for device buffers (enqueued on the StreamTransport).
 zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
-                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype);
+                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
+                     void* stream);
 
 // Groups (thread-local, as in NCCL).
 zpResult_t groupStart();
 zpResult_t groupEnd();
 bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
-zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer);
+zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
+                      int peer, void* stream);
 // Queues a collective (runs it at once outside a group).
 zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
 // True if the calling thread's open group has calls queued on comm.

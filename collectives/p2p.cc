@@ -50,9 +50,24 @@ zpResult_t groupEnd() {
   colls.swap(g.collectives);
 
   zpResult_t res = zpSuccess;
+  // Device calls go on their streams first (enqueued, one NCCL group per
+  // communicator); then the host calls run to completion.
+  std::vector<std::pair<Comm*, std::vector<Op*>>> device;
+  for (auto& e : p2p) {
+    if (!e.second.stream) continue;
+    auto it = std::find_if(device.begin(), device.end(), [&](const auto& d) { return d.first == e.first.get(); });
+    if (it == device.end()) it = device.insert(device.end(), {e.first.get(), {}});
+    it->second.push_back(&e.second);
+  }
+  for (auto& d : device) {
+    std::lock_guard<std::mutex> lock(d.first->mutex());
+    zpResult_t r = d.first->enqueueOnStreams(d.second);
+    if (res == zpSuccess) res = r;
+  }
   if (!p2p.empty()) {
     std::vector<Comm::Work> work;
     for (auto& e : p2p) {
+      if (e.second.stream) continue;
       auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first.get(); });
       if (it == work.end()) {
         work.push_back({e.first.get(), {}});
@@ -65,8 +80,9 @@ zpResult_t groupEnd() {
     for (auto& w : work) comms.push_back(w.comm);
     std::sort(comms.begin(), comms.end());
     for (Comm* c : comms) c->mutex().lock();
-    res = Comm::runOps(work);
+    zpResult_t r = work.empty() ? zpSuccess : Comm::runOps(work);
     for (Comm* c : comms) c->mutex().unlock();
+    if (res == zpSuccess) res = r;
   }
   for (auto& e : colls) {
     std::lock_guard<std::mutex> lock(e.first->mutex());
@@ -76,7 +92,8 @@ zpResult_t groupEnd() {
   return res;
 }
 
-zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype, int peer) {
+zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
+                      int peer, void* stream) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
   if (peer < 0 || peer >= comm->nranks())
@@ -85,13 +102,16 @@ zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf,
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
   Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
+  op.stream = stream;
   if (tlsGroup.depth > 0) {
     tlsGroup.p2p.emplace_back(comm, op);
     return zpSuccess;
   }
   std::lock_guard<std::mutex> lock(comm->mutex());
   std::vector<Op*> ops{&op};
-  return comm->runOps(ops);
+  // On a stream, as in NCCL: a send alone waits (on the device) for its
+  // receive, so two ranks that both send first deadlock; use a group.
+  return stream ? comm->enqueueOnStreams(ops) : comm->runOps(ops);
 }
 
 zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {

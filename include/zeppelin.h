@@ -5,9 +5,19 @@
  * Conventions follow NCCL: every call returns a zpResult_t, communicators are
  * created from a zpUniqueId shared out of band, point-to-point calls can be
  * grouped with zpGroupStart / zpGroupEnd, and every data call takes a stream.
- * A NULL stream means host buffers and synchronous completion: the call
- * returns when this rank's part of the operation is finished and its buffers
- * may be reused.
+ *
+ * Streams. A CUDA stream (including cudaStreamLegacy and cudaStreamPerThread)
+ * means device buffers, with NCCL's semantics: the call checks its arguments,
+ * enqueues its work on the stream and returns; the buffers may be reused once
+ * the stream has passed that point; a failure that happens later is reported
+ * by zpCommGetAsyncError. A NULL stream means host buffers and synchronous
+ * completion: the call returns when this rank's part of the operation is
+ * finished and its buffers may be reused. That is the one place where
+ * Zeppelin differs from NCCL (where NULL is the default stream). A device
+ * buffer with a NULL stream, or a host buffer with a stream, is
+ * zpInvalidArgument. Device buffers need a build with CUDA and a GPU on every
+ * rank (ZP_CUDA_DEVICE picks it); the counts of zpAlltoallv stay host arrays,
+ * checked across ranks on the host before anything is enqueued.
  *
  * This header compiles as C99 and as C++.
  *
@@ -69,6 +79,9 @@ typedef struct CUstream_st* zpStream_t;
 
 /* An opaque communicator handle. */
 typedef struct zpComm* zpComm_t;
+
+/* NCCL's communicator (ncclComm_t is struct ncclComm*), for zpCommGetNcclComm. */
+struct ncclComm;
 
 #define ZP_UNIQUE_ID_BYTES 128
 /* Created by zpGetUniqueId on one rank and passed to all others (by MPI_Bcast,
@@ -136,18 +149,26 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, i
  * config may be NULL. */
 zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config);
 /* Frees the communicator. Local: peers that later wait on this rank get
- * zpRemoteError. The handle is invalid afterwards (calls with it return
+ * zpRemoteError. Work still queued on streams is waited for (up to the
+ * timeout). The handle is invalid afterwards (calls with it return
  * zpInvalidArgument). */
 zpResult_t zpCommDestroy(zpComm_t comm);
 /* Like zpCommDestroy, and tells every peer to fail its pending and future
- * operations with this communicator at once. */
+ * operations with this communicator at once; the NCCL communicator is
+ * aborted too, so device work waiting for a dead peer ends (its data is
+ * undefined). */
 zpResult_t zpCommAbort(zpComm_t comm);
 /* zpSuccess, or the error that broke the communicator (a dead peer, a peer
- * that aborted or found the ranks out of step, ...). Polling it also moves
- * pending work forward, so a rank between calls learns of such errors. */
+ * that aborted or found the ranks out of step, a failure of device work
+ * reported by NCCL, ...). Polling it also moves pending work forward, so a
+ * rank between calls learns of such errors. After an error, abort. */
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
+/* The communicator's NCCL communicator (same ranks, its device), for NCCL's own
+ * collectives on the same group; Zeppelin keeps ownership (do not destroy it).
+ * zpInvalidUsage if the communicator has no device data plane. */
+zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm);
 
 /* ---- Groups ---- */
 /* Calls between zpGroupStart and zpGroupEnd are queued and run together at

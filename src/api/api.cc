@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <unordered_set>
@@ -75,13 +76,44 @@ zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* ou
   return zpSuccess;
 }
 
-zpResult_t checkDataCall(const char* fn, zpDataType_t dtype, zpStream_t stream) {
+struct NamedBuffer {
+  const char* name;
+  const void* ptr;
+};
+
+// A data call's datatype, and its buffers against its stream: a stream means
+// device buffers (enqueued, as in NCCL), NULL means host buffers (done on
+// return). Mixing the two is refused here, with what to pass instead, since
+// NCCL would fault on the device and the host path would touch device memory.
+zpResult_t checkDataCall(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStream_t stream,
+                         std::initializer_list<NamedBuffer> buffers) {
   if (zpTypeSize(dtype) == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)dtype);
-  if (stream)
+  zp::StreamTransport* device = c->streamTransport();
+  if (stream && !device)
     return zp::fail(zpInvalidArgument,
-                    "%s: a non-NULL stream means device buffers, which this build does not support; pass NULL "
-                    "for host buffers",
-                    fn);
+                    "%s: a non-NULL stream means device buffers, but this communicator has no device data plane (%s); "
+                    "pass NULL as the stream for host buffers",
+                    fn, c->noDeviceWhy().c_str());
+  if (!device) return zpSuccess;
+  for (const NamedBuffer& b : buffers) {
+    if (!b.ptr) continue;
+    zp::StreamTransport::Memory where;
+    int ordinal = -1;
+    ZP_CHECK(device->memoryOf(b.ptr, &where, &ordinal));
+    if (stream && where == zp::StreamTransport::Memory::kHost)
+      return zp::fail(zpInvalidArgument,
+                      "%s: %s (%p) is host memory but a stream was given: pass device memory to order the call on "
+                      "the stream, or NULL as the stream for host buffers",
+                      fn, b.name, b.ptr);
+    if (!stream && where == zp::StreamTransport::Memory::kDevice)
+      return zp::fail(zpInvalidArgument,
+                      "%s: %s (%p) is device memory (GPU %d) but the stream is NULL, which means host buffers: pass "
+                      "the CUDA stream to order the call on",
+                      fn, b.name, b.ptr, ordinal);
+    if (stream && ordinal != device->device())
+      return zp::fail(zpInvalidArgument, "%s: %s (%p) is on GPU %d but this communicator's device is GPU %d", fn,
+                      b.name, b.ptr, ordinal, device->device());
+  }
   return zpSuccess;
 }
 
@@ -325,6 +357,20 @@ zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
   return zp::failFromException("zpCommUserRank");
 }
 
+zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm) try {
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(noted(comm, lookup(comm, "zpCommGetNcclComm", &c)));
+  if (!ncclComm) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetNcclComm: ncclComm is NULL"));
+  *ncclComm = nullptr;
+  if (!c->streamTransport())
+    return noted(comm, zp::fail(zpInvalidUsage, "zpCommGetNcclComm: the communicator has no NCCL communicator (%s)",
+                                c->noDeviceWhy().c_str()));
+  *ncclComm = static_cast<struct ncclComm*>(c->streamTransport()->native());
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommGetNcclComm");
+}
+
 zpResult_t zpGroupStart(void) try { return zp::groupStart(); } catch (...) {  return zp::failFromException("zpGroupStart"); }
 
 zpResult_t zpGroupEnd(void) try {
@@ -345,9 +391,9 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   const char* fn = isSend ? "zpSend" : "zpRecv";
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  ZP_CHECK(checkDataCall(fn, datatype, stream));
+  ZP_CHECK(checkDataCall(fn, c.get(), datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
   inGroup(comm);
-  return zp::enqueueP2P(c, isSend, buf, count, datatype, peer);
+  return zp::enqueueP2P(c, isSend, buf, count, datatype, peer, stream);
 }
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
@@ -369,10 +415,11 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
                             zpStream_t stream) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
-  ZP_CHECK(checkDataCall("zpAlltoallv", datatype, stream));
+  ZP_CHECK(checkDataCall("zpAlltoallv", c.get(), datatype, stream,
+                         {{"sendbuff", sendbuff}, {"recvbuff", recvbuff}}));
   inGroup(comm);
   return zp::enqueueCollective(c, [=] {
-    return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+    return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
   });
 }
 

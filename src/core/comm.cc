@@ -10,6 +10,7 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "src/core/topology.h"
+#include "transport/nccl/nccl_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -182,12 +183,27 @@ zpResult_t Comm::initTransports(int rootFd) {
   // With routing, the relay's chunks go eagerly (see UcxTransport::create).
   size_t eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
   if (res == zpSuccess && remote) res = UcxTransport::create(transportContext(), nic, eagerUpTo, &net_, &address);
+  // The device data plane rides along: whether this rank can use a CUDA
+  // device, and (rank 0) the NCCL id that every rank needs.
+  DeviceHello hello;
+  std::string noDevice;
+  hello.usable = deviceUsable(&noDevice);
+  if (rank_ == 0 && hello.usable) {
+    std::string ncclId;
+    if (makeNcclId(&ncclId) == zpSuccess && ncclId.size() == sizeof(hello.ncclId)) {
+      memcpy(hello.ncclId, ncclId.data(), sizeof(hello.ncclId));
+    } else {
+      hello.usable = 0;
+      noDevice = lastError();
+    }
+  }
   // Every rank takes part in the second round, even to say it failed (an
   // empty blob), so that nobody waits for it.
-  const size_t head = sizeof(rail) + sizeof(rate);
+  const size_t head = sizeof(rail) + sizeof(rate) + sizeof(hello);
   std::string blob;
   if (res == zpSuccess)
-    blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) + address;
+    blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) +
+           std::string((const char*)&hello, sizeof(hello)) + address;
   std::vector<std::string> blobs(nranks_);
   zpResult_t ex = bootstrapAllgather(rootFd, rank_, blob, cfg_.timeoutMs, &blobs);
   ZP_CHECK(res);
@@ -199,6 +215,12 @@ zpResult_t Comm::initTransports(int rootFd) {
     if (blobs[r].size() < head) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
     memcpy(&rail_[r], blobs[r].data(), sizeof(int32_t));
     memcpy(&rates[r], blobs[r].data() + sizeof(int32_t), sizeof(double));
+    DeviceHello theirs;
+    memcpy(&theirs, blobs[r].data() + sizeof(int32_t) + sizeof(double), sizeof(theirs));
+    if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
+    if (!theirs.usable && noDeviceWhy_.empty())
+      noDeviceWhy_ = r == rank_ ? "rank " + std::to_string(r) + ": " + noDevice
+                                : "rank " + std::to_string(r) + " has no usable CUDA device";
     addresses[r] = blobs[r].substr(head);
   }
   buildCluster(rates);
@@ -208,7 +230,16 @@ zpResult_t Comm::initTransports(int rootFd) {
   if (net_) transports_.push_back(net_.get());
   byPeer_.resize(nranks_);
   for (int r = 0; r < nranks_; r++) byPeer_[r] = isLocal(r) ? (Transport*)shm_.get() : (Transport*)net_.get();
-  return zpSuccess;
+  // NCCL's init is collective: every rank starts it, or (some rank has no
+  // device) none does, and the communicator moves host buffers only.
+  if (!noDeviceWhy_.empty()) {
+    ZP_INFO(kSubInit, "rank %d: no device data plane: %s", rank_, noDeviceWhy_.c_str());
+    return zpSuccess;
+  }
+  int device = -1;
+  ZP_CHECK(chooseDevice(localIndex_[rank_], &device));
+  return createNcclTransport(std::string(hello.ncclId, sizeof(hello.ncclId)), nranks_, rank_, device, cfg_.timeoutMs,
+                             &device_);
 }
 
 // The progress thread: progress while no call holds the lock. It sleeps
@@ -317,6 +348,11 @@ zpResult_t Comm::pollAsyncError() {
   if (mu_.try_lock()) {
     progress();
     checkAlive();
+    // The device data plane fails on its own (an NCCL kernel that found a
+    // dead peer): its failure breaks the communicator, and the peers hear of it.
+    std::string why;
+    zpResult_t deviceError = device_ && asyncError_ == zpSuccess ? device_->asyncError(&why) : zpSuccess;
+    if (deviceError != zpSuccess) setAsyncError(deviceError, "rank " + std::to_string(rank_) + ": " + why);
     mu_.unlock();
   }
   return asyncError_;
@@ -414,15 +450,26 @@ void Comm::runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs) {
   for (size_t i = n; i < recvs.size(); i++) recvs[i]->finish(zpInvalidUsage, why);
 }
 
+zpResult_t Comm::checkUsable() const {
+  if (left_)
+    return fail(zpInvalidUsage, "rank %d: the communicator was destroyed while calls on it were queued in a group",
+                rank_);
+  if (asyncError_ != zpSuccess)
+    return fail(asyncError_, "rank %d: the communicator is broken: %s", rank_, asyncMsg_.c_str());
+  return zpSuccess;
+}
+
+zpResult_t Comm::enqueueOnStreams(const std::vector<Op*>& ops) {
+  ZP_CHECK(checkUsable());
+  if (!device_) return fail(zpInternalError, "rank %d: device ops on a communicator without a device data plane", rank_);
+  return device_->enqueue(ops);
+}
+
 zpResult_t Comm::runOps(std::vector<Work>& work) {
   std::vector<Comm*> comms;
   for (Work& w : work) {
     Comm* c = w.comm;
-    if (c->left_)
-      return fail(zpInvalidUsage, "rank %d: the communicator was destroyed while calls on it were queued in a group",
-                  c->rank_);
-    if (c->asyncError_ != zpSuccess)
-      return fail(c->asyncError_, "rank %d: the communicator is broken: %s", c->rank_, c->asyncMsg_.c_str());
+    ZP_CHECK(c->checkUsable());
     comms.push_back(c);
   }
   for (Work& w : work) {
@@ -495,6 +542,9 @@ void Comm::leave(bool abort) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   left_ = true;
+  // The device communicator first: an abort must unblock device work that
+  // waits for a dead peer before the transports say goodbye.
+  if (device_) device_->close(abort || asyncError_ != zpSuccess);
   if (!abort && asyncError_ == zpSuccess) {
     // A transport may have to stay for other ranks (a relay still carrying
     // their chunks): every transport is asked at least once.

@@ -29,6 +29,13 @@ namespace zp {
 class ShmTransport;
 class UcxTransport;
 
+// What each rank tells the others at init about the device data plane:
+// whether it can use a CUDA device, and (rank 0) the NCCL id.
+struct DeviceHello {
+  uint8_t usable = 0;
+  char ncclId[128] = {};  // sizeof(ncclUniqueId)
+};
+
 class Comm : public TransportSink {
  public:
   // Bootstrap, then shared memory within the node and UCX across nodes.
@@ -62,6 +69,10 @@ class Comm : public TransportSink {
   // Control messages that came before it is installed are handed to it.
   void installTransport(std::unique_ptr<Transport> t, const std::vector<int>& peers);
   Transport* transportFor(int peer) const { return byPeer_[peer]; }
+  // The device data plane (NCCL); null when this communicator moves host
+  // buffers only, for the reason noDeviceWhy() gives.
+  StreamTransport* streamTransport() const { return device_.get(); }
+  const std::string& noDeviceWhy() const { return noDeviceWhy_; }
   // Starts a thread that drives progress while no call runs (a relay must
   // move other ranks' chunks even while its own rank computes).
   void startProgressThread();
@@ -88,6 +99,11 @@ class Comm : public TransportSink {
   };
   static zpResult_t runOps(std::vector<Work>& work);
   zpResult_t runOps(std::vector<Op*>& ops);
+  // Device ops (each with its stream) to the StreamTransport, as one group;
+  // returns once they are enqueued. Call with mutex() held.
+  zpResult_t enqueueOnStreams(const std::vector<Op*>& ops);
+  // An error if calls may not run: the communicator is broken, or was destroyed.
+  zpResult_t checkUsable() const;
   // Every rank reports its result of collective number collSeq; every rank
   // returns the first failure (in rank order) with its message, so all ranks
   // agree on the outcome.
@@ -134,6 +150,8 @@ class Comm : public TransportSink {
   std::unique_ptr<ShmTransport> shm_;  // ranks of this node
   std::unique_ptr<UcxTransport> net_;  // ranks of other nodes (none on a single node)
   std::vector<std::unique_ptr<Transport>> installed_;  // by layers above
+  std::unique_ptr<StreamTransport> device_;             // device buffers on streams (NCCL), if any
+  std::string noDeviceWhy_;
   std::vector<Transport*> transports_;  // shm, net if there is one, then the installed ones
   std::vector<Transport*> byPeer_;      // the transport that reaches each peer
   std::vector<std::pair<int, std::pair<uint64_t, std::string>>> earlyControl_;  // control messages nobody took yet

@@ -54,6 +54,10 @@ const std::vector<Param> kParams = {
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
    "microseconds a waiting rank polls (yielding its core) before it sleeps"},
+  // Device path (builds with CUDA).
+  {"ZP_CUDA_DEVICE", K::kString, R::kSetting, "local", "local|current|none|0..",
+   "the GPU of this rank's device data plane: local (the local rank modulo the visible devices), current (the "
+   "calling thread's), an ordinal, or none (host buffers only, no NCCL communicator)"},
   // Launchers: zprun sets these, zpCommInitFromEnv and the tools read them.
   {"ZP_RANK", K::kInt, R::kLauncher, "", "0..16777216", "this process's rank"},
   {"ZP_NRANKS", K::kInt, R::kLauncher, "", "1..16777216", "the number of ranks"},

@@ -58,6 +58,9 @@ struct Op {
   // A collective's transfer planned by the router (its id and pieces); null
   // for point-to-point calls, which the relay routes itself.
   const RoutedXfer* routed = nullptr;
+  // The CUDA stream (cudaStream_t) a device op is ordered on; null for host
+  // buffers, which the Transports move. Device ops go to the StreamTransport.
+  void* stream = nullptr;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;
@@ -129,6 +132,32 @@ class Transport {
   virtual void checkAlive() = 0;
   // How this transport reaches a peer, for logs ("SHM/CMA", "UCX/tcp zpnic0").
   virtual std::string describe(int peer) const = 0;
+};
+
+// A data plane whose work is ordered on the caller's CUDA stream (NCCL, for
+// device buffers). Unlike a Transport it is not progressed: ops are enqueued
+// on their streams and complete on the device later, and a failure after
+// that is polled (asyncError), as with NCCL itself.
+class StreamTransport {
+ public:
+  virtual ~StreamTransport() = default;
+  enum class Memory { kHost, kDevice };
+  // Where buf lives; an error if the runtime cannot tell.
+  virtual zpResult_t memoryOf(const void* buf, Memory* where, int* device) = 0;
+  // Enqueues ops (each on its op->stream) as one group, so that sends and
+  // receives among them cannot deadlock; returns without waiting for the
+  // device. Ops are not marked done: their completion is the stream's.
+  virtual zpResult_t enqueue(const std::vector<Op*>& ops) = 0;
+  // A failure after enqueue (zpSuccess if none), its message in *why.
+  virtual zpResult_t asyncError(std::string* why) = 0;
+  // Ends the device communicator: abort drops queued work at once (a peer
+  // may be dead); otherwise it waits for the work, up to the timeout.
+  virtual void close(bool abort) = 0;
+  // The device communicator (ncclComm_t) and its device ordinal.
+  virtual void* native() = 0;
+  virtual int device() const = 0;
+  // "NCCL 2.28.9 on device 0", for logs.
+  virtual std::string describe() const = 0;
 };
 
 }  // namespace zp

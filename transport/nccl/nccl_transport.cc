@@ -1,0 +1,228 @@
+// The device data plane on NCCL. The communicator is nonblocking (NCCL's
+// config.blocking = 0) so that no call here can wait forever: init, group
+// ends and finalize return ncclInProgress and are polled up to the
+// communicator's timeout, then aborted. Work on the callers' streams is only
+// enqueued: its failures arrive later through ncclCommGetAsyncError.
+#include "transport/nccl/nccl_transport.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "src/core/log.h"
+#include "src/core/params.h"
+#include "src/core/socket.h"
+#include "src/util/strings.h"
+
+namespace zp {
+
+namespace {
+
+zpResult_t fromNccl(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return zpSuccess;
+    case ncclUnhandledCudaError: return zpUnhandledCudaError;
+    case ncclSystemError: return zpSystemError;
+    case ncclInvalidArgument: return zpInvalidArgument;
+    case ncclInvalidUsage: return zpInvalidUsage;
+    case ncclRemoteError: return zpRemoteError;
+    case ncclInProgress: return zpInProgress;
+    default: return zpInternalError;
+  }
+}
+
+// The calling thread's device is the communicator's for a scope (NCCL and
+// the runtime act on the current device), then what it was.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device && cudaSetDevice(device) == cudaSuccess)
+      restore_ = true;
+  }
+  ~DeviceScope() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+  bool restore_ = false;
+};
+
+// Waits while a nonblocking communicator reports ncclInProgress, up to deadline.
+ncclResult_t settle(ncclComm_t comm, uint64_t deadlineMs) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (nowMs() > deadlineMs) return ncclInProgress;
+    usleep(200);
+  }
+}
+
+zpResult_t ncclFailure(const char* what, ncclResult_t r, ncclComm_t comm) {
+  if (r == ncclInProgress) return fail(zpRemoteError, "%s did not complete within the timeout (a peer is missing?)", what);
+  return fail(fromNccl(r), "%s: %s: %s", what, ncclGetErrorString(r), ncclGetLastError(comm));
+}
+
+class NcclTransport : public StreamTransport {
+ public:
+  NcclTransport(ncclComm_t comm, int device, int timeoutMs) : comm_(comm), device_(device), timeoutMs_(timeoutMs) {}
+  ~NcclTransport() override { close(true); }
+
+  zpResult_t memoryOf(const void* buf, Memory* where, int* device) override {
+    cudaPointerAttributes a;
+    memset(&a, 0, sizeof(a));
+    cudaError_t e = cudaPointerGetAttributes(&a, buf);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: leave the thread's CUDA error state as it was
+      return fail(zpUnhandledCudaError, "cudaPointerGetAttributes(%p): %s", buf, cudaGetErrorString(e));
+    }
+    // Managed memory is usable from the device: it counts as device memory.
+    const bool onDevice = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    *where = onDevice ? Memory::kDevice : Memory::kHost;
+    *device = onDevice ? a.device : -1;
+    return zpSuccess;
+  }
+
+  zpResult_t enqueue(const std::vector<Op*>& ops) override {
+    if (!comm_) return fail(zpInvalidUsage, "the device communicator was closed");
+    DeviceScope scope(device_);
+    ncclResult_t first = ncclGroupStart();
+    for (Op* op : ops) {
+      if (first != ncclSuccess) break;
+      cudaStream_t stream = (cudaStream_t)op->stream;
+      first = op->isSend ? ncclSend(op->buf, op->bytes, ncclUint8, op->peer, comm_, stream)
+                         : ncclRecv(op->buf, op->bytes, ncclUint8, op->peer, comm_, stream);
+    }
+    // The group is closed whatever happened inside it.
+    ncclResult_t end = ncclGroupEnd();
+    if (end == ncclInProgress) end = settle(comm_, nowMs() + timeoutMs_);
+    if (first != ncclSuccess) return ncclFailure("ncclSend/ncclRecv", first, comm_);
+    if (end != ncclSuccess) return ncclFailure("ncclGroupEnd", end, comm_);
+    return zpSuccess;
+  }
+
+  zpResult_t asyncError(std::string* why) override {
+    if (!comm_) return zpSuccess;
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r == ncclSuccess) r = state;
+    if (r == ncclSuccess || r == ncclInProgress) return zpSuccess;
+    *why = strprintf("NCCL: %s: %s", ncclGetErrorString(r), ncclGetLastError(comm_));
+    return fromNccl(r);
+  }
+
+  void close(bool abort) override {
+    if (!comm_) return;
+    DeviceScope scope(device_);
+    if (!abort) {
+      // Finalize waits for the queued work; a peer that never comes makes it
+      // time out, and then the communicator is aborted instead.
+      ncclResult_t r = ncclCommFinalize(comm_);
+      if (r == ncclInProgress || r == ncclSuccess) r = settle(comm_, nowMs() + timeoutMs_);
+      if (r != ncclSuccess) {
+        ZP_WARN(kSubInit, "NCCL finalize: %s (%s): aborting the NCCL communicator", ncclGetErrorString(r),
+                ncclGetLastError(comm_));
+        abort = true;
+      }
+    }
+    ncclResult_t r = abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (r != ncclSuccess && r != ncclInProgress)
+      ZP_WARN(kSubInit, "%s: %s", abort ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(r));
+    comm_ = nullptr;
+  }
+
+  void* native() override { return comm_; }
+  int device() const override { return device_; }
+  std::string describe() const override {
+    int v = 0;
+    ncclGetVersion(&v);
+    return strprintf("NCCL %d.%d.%d on device %d", v / 10000, v / 100 % 100, v % 100, device_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  int device_;
+  int timeoutMs_;
+};
+
+}  // namespace
+
+bool deviceUsable(std::string* why) {
+  if (envString("ZP_CUDA_DEVICE", "local") == "none") {
+    *why = "ZP_CUDA_DEVICE=none";
+    return false;
+  }
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *why = strprintf("cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    return false;
+  }
+  if (count == 0) {
+    *why = "no CUDA device is visible";
+    return false;
+  }
+  return true;
+}
+
+zpResult_t chooseDevice(int localRank, int* device) {
+  const std::string choice = envString("ZP_CUDA_DEVICE", "local");
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+  long long ordinal = 0;
+  if (choice == "local") {
+    ordinal = localRank % count;
+  } else if (choice == "current") {
+    int current = 0;
+    if ((e = cudaGetDevice(&current)) != cudaSuccess)
+      return fail(zpUnhandledCudaError, "cudaGetDevice: %s", cudaGetErrorString(e));
+    ordinal = current;
+  } else if (!parseInt(choice, 0LL, (long long)count - 1, &ordinal)) {
+    return fail(zpInvalidArgument, "ZP_CUDA_DEVICE='%s': expected local, current, none or a device in 0..%d",
+                choice.c_str(), count - 1);
+  }
+  *device = (int)ordinal;
+  return zpSuccess;
+}
+
+zpResult_t makeNcclId(std::string* id) {
+  ncclUniqueId u;
+  ncclResult_t r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) return ncclFailure("ncclGetUniqueId", r, nullptr);
+  id->assign(u.internal, sizeof(u.internal));
+  return zpSuccess;
+}
+
+zpResult_t createNcclTransport(const std::string& id, int nranks, int rank, int device, int timeoutMs,
+                               std::unique_ptr<StreamTransport>* out) {
+  ncclUniqueId u;
+  if (id.size() != sizeof(u.internal)) return fail(zpInternalError, "an NCCL id of %zu bytes", id.size());
+  memcpy(u.internal, id.data(), sizeof(u.internal));
+  DeviceScope scope(device);
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+    cudaGetLastError();
+    return fail(zpUnhandledCudaError, "rank %d: cannot use CUDA device %d", rank, device);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, u, rank, &config);
+  if ((r == ncclSuccess || r == ncclInProgress) && comm) r = settle(comm, nowMs() + timeoutMs);
+  if (r != ncclSuccess) {
+    zpResult_t res = ncclFailure(strprintf("rank %d: ncclCommInitRank on device %d", rank, device).c_str(), r, comm);
+    if (comm) ncclCommAbort(comm);
+    return res;
+  }
+  out->reset(new NcclTransport(comm, device, timeoutMs));
+  ZP_INFO(kSubInit, "rank %d: device data plane: %s", rank, (*out)->describe().c_str());
+  return zpSuccess;
+}
+
+}  // namespace zp
