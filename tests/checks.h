@@ -61,6 +61,10 @@ class GuardedBuffer {
   const uint8_t* data() const { return storage_.data() + offset_; }
   size_t size() const { return bytes_; }
   void poison() { memset(storage_.data(), kPoison, storage_.size()); }
+  // The whole storage (guards included) and where the buffer starts in it:
+  // to mirror it into device memory and back.
+  std::vector<uint8_t>& storage() { return storage_; }
+  size_t offset() const { return offset_; }
   void fill(uint64_t seed, int src, int dst) { fillPattern(data(), bytes_, seed, src, dst); }
   size_t wrongBytes(uint64_t seed, int src, int dst) const { return wrongPatternBytes(data(), bytes_, seed, src, dst); }
   // Bytes of the buffer itself that were written (it must still be all poison).
@@ -122,6 +126,15 @@ class AlltoallvRun {
     return zpAlltoallv(send_->data(), sc_.data(), sd_.data(), recv_->data(), rc_.data(), rd_.data(), dt_, comm,
                        nullptr);
   }
+
+  // The buffers and arguments, for a caller that runs the call itself (on device memory).
+  GuardedBuffer& sendBuffer() { return *send_; }
+  GuardedBuffer& recvBuffer() { return *recv_; }
+  const size_t* sendCounts() const { return sc_.data(); }
+  const size_t* sendDispls() const { return sd_.data(); }
+  const size_t* recvCounts() const { return rc_.data(); }
+  const size_t* recvDispls() const { return rd_.data(); }
+  zpDataType_t dtype() const { return dt_; }
 
   // Bytes of the receive range for peer p that differ from what p sends.
   size_t wrongBytesFrom(int p) const {

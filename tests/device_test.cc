@@ -1,0 +1,303 @@
+// The device path: data calls on CUDA streams with device buffers, NCCL as the
+// data plane. Built twice from this file: against the real CUDA runtime and
+// NCCL (device_tests: without a GPU every test skips, saying why) and against
+// the test double of tests/fakecuda (device_tests_double), which enforces
+// what a GPU would: device memory the host cannot touch, completion later
+// than the call on the stream's own thread, rendezvous sends, and separate
+// processes whose bytes move by the double's own mechanism. Every byte is
+// checked after a stream synchronisation, against buffers poisoned before.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <signal.h>
+
+#include <atomic>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/harness.h"
+
+namespace {
+
+using zptest::AlltoallvRun;
+using zptest::GuardedBuffer;
+
+// Skips the test (in the parent, before any rank starts) when this process
+// has no CUDA device: with the real runtime on a machine without a GPU.
+#define SKIP_WITHOUT_DEVICE()                                                                    \
+  do {                                                                                           \
+    int count_ = 0;                                                                              \
+    cudaError_t e_ = cudaGetDeviceCount(&count_);                                                \
+    if (e_ != cudaSuccess || count_ == 0)                                                        \
+      GTEST_SKIP() << "needs a CUDA device: cudaGetDeviceCount: "                                \
+                   << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "no device");                \
+  } while (0)
+
+#define CUDA_OK(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);                \
+  } while (0)
+
+// A copy of a host buffer's whole storage (its guards included) in device
+// memory, and back: the device call writes where the host call would.
+class DeviceMirror {
+ public:
+  explicit DeviceMirror(GuardedBuffer& host) : host_(host) {
+    if (cudaMalloc(&dev_, host.storage().size()) != cudaSuccess) dev_ = nullptr;
+    if (dev_) cudaMemcpy(dev_, host.storage().data(), host.storage().size(), cudaMemcpyHostToDevice);
+  }
+  ~DeviceMirror() {
+    if (dev_) cudaFree(dev_);
+  }
+  bool ok() const { return dev_ != nullptr; }
+  void* data() const { return (char*)dev_ + host_.offset(); }
+  cudaError_t copyBack() {
+    return cudaMemcpy(host_.storage().data(), dev_, host_.storage().size(), cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  GuardedBuffer& host_;
+  void* dev_ = nullptr;
+};
+
+// One rank's checked alltoallv on device buffers and a stream of its own.
+std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMatrix& counts, zpDataType_t dt,
+                                 uint64_t seed) {
+  AlltoallvRun run(rank, counts, dt, seed);
+  run.recvBuffer().poison();
+  DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
+  if (!send.ok() || !recv.ok()) return "cudaMalloc failed";
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate failed";
+  zpResult_t r = zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
+                             run.recvDispls(), dt, comm, stream);
+  std::string err;
+  if (r != zpSuccess) err = std::string("zpAlltoallv: ") + zpGetErrorString(r) + ": " + zpGetLastError(comm);
+  cudaError_t e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) err += std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e);
+  cudaStreamDestroy(stream);
+  if (!err.empty()) return "rank " + std::to_string(rank) + ": " + err;
+  if (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess) return "copying back failed";
+  return run.check();
+}
+
+zpDataType_t randomType(std::mt19937_64& rng) {
+  const zpDataType_t types[] = {zpUint8, zpFloat16, zpFloat32, zpInt64, zpBfloat16, zpFloat64};
+  return types[rng() % 6];
+}
+
+class DeviceRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceRanks, AlltoallvRandomCountsEveryByte) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    std::mt19937_64 rng(seed);
+    for (int round = 0; round < 4; round++) {
+      zpDataType_t dt = randomType(rng);
+      auto counts = zptest::randomCounts(nranks, rng(), 3000, 0.25);
+      EXPECT_EQ(deviceAlltoallvError(comm, rank, counts, dt, rng()), "") << "round " << round;
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST_P(DeviceRanks, SendRecvRingInAGroup) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const int next = (rank + 1) % nranks, prev = (rank - 1 + nranks) % nranks;
+    auto bytesFrom = [&](int src) { return (size_t)1 + (seed + src * 7919) % 100000; };
+    GuardedBuffer sendHost(bytesFrom(rank)), recvHost(bytesFrom(prev));
+    sendHost.fill(seed, rank, next);
+    DeviceMirror send(sendHost), recv(recvHost);
+    ASSERT_TRUE(send.ok() && recv.ok());
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send.data(), sendHost.size(), zpUint8, next, comm, stream));
+    ZP_EXPECT_OK(zpRecv(recv.data(), recvHost.size(), zpUint8, prev, comm, stream));
+    ZP_ASSERT_OK(zpGroupEnd());
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(recv.copyBack());
+    EXPECT_EQ(recvHost.wrongBytes(seed, prev, rank), 0u);
+    EXPECT_EQ(recvHost.guardBytesWritten(), 0u);
+    CUDA_OK(cudaStreamDestroy(stream));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceRanks, ::testing::Values(2, 3, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
+
+TEST(Device, AlltoallvOf64MiBPerRank) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    // 32 MiB to each rank (this one included): 64 MiB sent and received.
+    auto counts = zptest::uniformCounts(nranks, (32u << 20) / 4 + 3);
+    EXPECT_EQ(deviceAlltoallvError(comm, rank, counts, zpFloat32, seed), "");
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// The ordering the user sees: a kernel-like write before the call (an async
+// copy on the same stream) is what gets sent, and a read after the call on
+// the same stream sees what was received, without any host synchronisation
+// in between.
+TEST(Device, CallsAreOrderedOnTheUsersStream) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const int peer = 1 - rank;
+    const size_t bytes = 1 << 20;
+    std::vector<uint8_t> mine(bytes), got(bytes, 0);
+    zptest::fillPattern(mine.data(), bytes, seed, rank, peer);
+    void *send, *recv;
+    CUDA_OK(cudaMalloc(&send, bytes));
+    CUDA_OK(cudaMalloc(&recv, bytes));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaMemcpyAsync(send, mine.data(), bytes, cudaMemcpyHostToDevice, stream));
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(send, bytes, zpUint8, peer, comm, stream));
+    ZP_EXPECT_OK(zpRecv(recv, bytes, zpUint8, peer, comm, stream));
+    ZP_ASSERT_OK(zpGroupEnd());
+    CUDA_OK(cudaMemcpyAsync(got.data(), recv, bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(zptest::wrongPatternBytes(got.data(), bytes, seed, peer, rank), 0u);
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaFree(send));
+    CUDA_OK(cudaFree(recv));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST(Device, NcclCommunicatorIsHandedOut) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    ncclComm_t nccl = nullptr;
+    ZP_ASSERT_OK(zpCommGetNcclComm(comm, &nccl));
+    ASSERT_NE(nccl, nullptr);
+    int count = 0, me = -1;
+    EXPECT_EQ(ncclCommCount(nccl, &count), ncclSuccess);
+    EXPECT_EQ(ncclCommUserRank(nccl, &me), ncclSuccess);
+    EXPECT_EQ(count, nranks);
+    EXPECT_EQ(me, rank);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// ---- Errors: each has a twin on the host path (errors_test.cc) ----
+
+TEST(DeviceErrors, HostAndDeviceBuffersMustMatchTheStream) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    void* dev;
+    CUDA_OK(cudaMalloc(&dev, 64));
+    std::vector<uint8_t> host(64);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpSend(dev, 64, zpUint8, 1 - rank, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("is device memory"), std::string::npos) << zpGetLastError(comm);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpRecv(host.data(), 64, zpUint8, 1 - rank, comm, stream));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("is host memory"), std::string::npos) << zpGetLastError(comm);
+    size_t counts[2] = {8, 8}, displs[2] = {0, 8};
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpAlltoallv(dev, counts, displs, host.data(), counts, displs, zpUint8, comm, stream));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("recvbuff"), std::string::npos) << zpGetLastError(comm);
+    // Nothing was enqueued by the refused calls: the ranks are still in step.
+    zptest::barrier(comm, nranks);
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaFree(dev));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST(DeviceErrors, MismatchedCountsAreInvalidUsageOnEveryRank) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    auto counts = zptest::uniformCounts(nranks, 100);
+    std::vector<size_t> send = counts[rank], recv(nranks, 100);
+    if (rank == 2) recv[0] = 99;  // rank 0 sends 100 elements to rank 2, which expects 99
+    AlltoallvRun run(rank, nranks, send, recv, zpFloat32, seed);
+    DeviceMirror s(run.sendBuffer()), r(run.recvBuffer());
+    ASSERT_TRUE(s.ok() && r.ok());
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAlltoallv(s.data(), run.sendCounts(), run.sendDispls(), r.data(),
+                                                run.recvCounts(), run.recvDispls(), zpFloat32, comm, stream));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 0 sends 100 elements to rank 2 but rank 2 expects 99"),
+              std::string::npos)
+        << zpGetLastError(comm);
+    // Nothing was enqueued: the receive buffer is untouched.
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(r.copyBack());
+    EXPECT_EQ(run.recvBuffer().writtenBytes(), 0u);
+    // And the communicator still works.
+    EXPECT_EQ(deviceAlltoallvError(comm, rank, counts, zpFloat32, seed + 1), "");
+    CUDA_OK(cudaStreamDestroy(stream));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// A rank dies with device work of its peers enqueued on it: the peers learn
+// of it from zpCommGetAsyncError within the timeout, and zpCommAbort ends
+// the device work that waits for the dead rank (the stream drains).
+TEST(DeviceErrors, KilledRankIsAnAsyncErrorAndAbortEndsTheDeviceWork) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(20);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zptest::barrier(comm, nranks);
+    if (rank == 2) _exit(0);  // dies without a word (its peers must not depend on an exit message)
+    void* buf;
+    CUDA_OK(cudaMalloc(&buf, 4096));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // Enqueued: it returns at once, and waits on the device for rank 2.
+    ZP_EXPECT_OK(zpRecv(buf, 4096, zpUint8, 2, comm, stream));
+    auto start = std::chrono::steady_clock::now();
+    zpResult_t async = zpSuccess;
+    ASSERT_TRUE(zptest::waitFor(
+        [&] { return zpCommGetAsyncError(comm, &async) == zpSuccess && async != zpSuccess; }, 30))
+        << "rank " << rank << ": no async error within 30 s";
+    EXPECT_EQ(async, zpRemoteError);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
+    ZP_EXPECT_OK(zpCommAbort(comm));
+    // The aborted NCCL communicator lets the stream move on.
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    cudaFree(buf);
+  }));
+}
+
+TEST(DeviceErrors, CallsAfterAbortAreRefused) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    void* buf;
+    CUDA_OK(cudaMalloc(&buf, 64));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ZP_EXPECT_OK(zpCommAbort(comm));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpSend(buf, 64, zpUint8, 1 - rank, comm, stream));
+    ncclComm_t nccl = nullptr;
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpCommGetNcclComm(comm, &nccl));
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaFree(buf));
+  }));
+}
+
+}  // namespace
