@@ -1,7 +1,9 @@
 // alltoallv_perf: nccl-tests style sweep of an all-to-all with variable
-// counts. Built twice from this file: against Zeppelin (alltoallv_perf, run
-// under zprun) and, with ZP_BENCH_MPI, against MPI (mpi_alltoallv_perf, run
-// under mpirun), so both measure exactly the same traffic the same way.
+// counts. Built from this file against Zeppelin (alltoallv_perf, run under
+// zprun), with ZP_BENCH_MPI against MPI (mpi_alltoallv_perf, run under
+// mpirun) and, in a build with CUDA, with ZP_BENCH_NCCL as NCCL's own grouped
+// ncclSend / ncclRecv (nccl_alltoallv_perf, device buffers only), so all
+// measure exactly the same traffic the same way. -G 1: device buffers.
 //
 // Per size: warmup, a barrier, `iters` timed calls; time = the slowest rank's
 // mean per call. algbw = largest per-rank byte count (max over ranks of
@@ -14,9 +16,13 @@
 #include <vector>
 
 #include "common.h"
+#include "device.h"
 #ifdef ZP_BENCH_MPI
 #include "mpi_comm.h"
 static const char* const kProg = "mpi_alltoallv_perf";
+#elif defined(ZP_BENCH_NCCL)
+#include "nccl_comm.h"
+static const char* const kProg = "nccl_alltoallv_perf";
 #else
 #include "zp_comm.h"
 static const char* const kProg = "alltoallv_perf";
@@ -25,7 +31,9 @@ static const char* const kProg = "alltoallv_perf";
 using namespace zpbench;
 
 int main(int argc, char** argv) {
-  const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/true);
+  Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/true);
+  if (BenchComm::deviceOnly()) opt.gpu = 1;
+  requireDeviceSupport(opt, kProg, BenchComm::supportsDevice());
   BenchComm comm;
   comm.init(&argc, &argv);
   const int n = comm.nranks(), rank = comm.rank();
@@ -46,9 +54,9 @@ int main(int argc, char** argv) {
 
   if (root) {
     char params[512];
-    snprintf(params, sizeof params, "nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d", n,
+    snprintf(params, sizeof params, "nranks %d  pattern %s%s%s  seed %llu  iters %d  warmup %d  datatype %s  check %d  gpu %d", n,
              opt.pattern.c_str(), opt.matrixFile.empty() ? "" : ":", opt.matrixFile.c_str(),
-             (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check);
+             (unsigned long long)opt.seed, opt.iters, opt.warmup, t.name, opt.check, opt.gpu);
     printRunHeader(kProg, comm.describe(), params, nic);
   }
 
@@ -68,11 +76,16 @@ int main(int argc, char** argv) {
     // Touch every page before timing so first-touch faults are not measured.
     memset(sendBuf.data(), 0x11, sendBuf.size());
     memset(recvBuf.data(), 0, recvBuf.size());
+    CallStream stream(opt.gpu);
+    CallBuffer sendCall(sendBuf, opt.gpu), recvCall(recvBuf, opt.gpu);
+    auto call = [&] { comm.alltoallv(sendCall.data(), sl, recvCall.data(), rl, t, stream.get()); };
 
-    for (int i = 0; i < opt.warmup; ++i) comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    for (int i = 0; i < opt.warmup; ++i) call();
+    stream.sync();
     comm.barrier();
     const double t0 = nowSeconds();
-    for (int i = 0; i < opt.iters; ++i) comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+    for (int i = 0; i < opt.iters; ++i) call();
+    stream.sync();
     const double mine = (nowSeconds() - t0) / opt.iters;
     const double timeUs = comm.maxDouble(mine) * 1e6;
 
@@ -81,7 +94,12 @@ int main(int argc, char** argv) {
       const uint64_t seed = sizeSeed(opt.seed, size);
       fillSend(sendBuf.data(), sl, t, seed, rank);
       poisonRecv(recvBuf.data(), rl, t);
-      comm.alltoallv(sendBuf.data(), sl, recvBuf.data(), rl, t);
+      sendCall.toDevice();
+      recvCall.toDevice();
+      call();
+      stream.sync();
+      sendCall.toHost();
+      recvCall.toHost();
       std::string first;
       const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
       if (local != 0)

@@ -118,6 +118,8 @@ Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) 
   addValue(app, "-w", "warmup", "untimed iterations per size (default 5)", intFlag("-w", &o.warmup, 0));
   addValue(app, "-c", "0|1", "check every received byte after the timed loop (default 1)",
            intFlag("-c", &o.check, 0, 1));
+  addValue(app, "-G", "0|1", "1: device buffers, calls on a CUDA stream (a build with CUDA; default 0)",
+           intFlag("-G", &o.gpu, 0, 1));
   addValue(app, "-d", "type",
            "int8 uint8 int32 uint32 int64 uint64 half|float16 float|float32\n"
            "double|float64 bfloat16 (default float)",

@@ -60,6 +60,7 @@ struct Options {
   std::string matrixFile;           // the FILE of -P matrix:FILE
   uint64_t seed = 1;                // -s
   int shift = 1;                    // -S: sendrecv partner distance (rank+S, rank-S)
+  int gpu = 0;                      // -G 1: device buffers on a CUDA stream (bench/device.h)
 };
 // Parses argv (see parseCommandLine). withPattern enables -P / -s, else -S.
 Options parseOptions(int argc, char** argv, const char* prog, bool withPattern);

@@ -30,6 +30,9 @@ class BenchComm {
     return true;
   }
   static const char* limitNote() { return "MPI int counts/displacements overflow"; }
+  // Host buffers only here (-G 1 is refused).
+  static bool supportsDevice() { return false; }
+  static bool deviceOnly() { return false; }
 
   void init(int* argc, char*** argv) {
     check(MPI_Init(argc, argv), "MPI_Init");
@@ -51,7 +54,7 @@ class BenchComm {
   }
 
   void alltoallv(const void* sendBuf, const Layout& s, void* recvBuf, const Layout& r,
-                 const TypeInfo& t) {
+                 const TypeInfo& t, void* /*stream: always NULL*/ = nullptr) {
     toInt(s.counts, &sc_);
     toInt(s.displs, &sd_);
     toInt(r.counts, &rc_);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common.h"
+#include "device.h"
 #include "zp_comm.h"
 
 using namespace zpbench;
@@ -16,6 +17,7 @@ static const char* const kProg = "sendrecv_perf";
 
 int main(int argc, char** argv) {
   const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/false);
+  requireDeviceSupport(opt, kProg);
   BenchComm comm;
   comm.init(&argc, &argv);
   const int n = comm.nranks(), rank = comm.rank();
@@ -29,8 +31,8 @@ int main(int argc, char** argv) {
 
   if (root) {
     char params[256];
-    snprintf(params, sizeof params, "nranks %d  send to rank+%d, receive from rank-%d  iters %d  warmup %d  datatype %s  check %d",
-             n, shift, shift, opt.iters, opt.warmup, t.name, opt.check);
+    snprintf(params, sizeof params, "nranks %d  send to rank+%d, receive from rank-%d  iters %d  warmup %d  datatype %s  check %d  gpu %d",
+             n, shift, shift, opt.iters, opt.warmup, t.name, opt.check, opt.gpu);
     printRunHeader(kProg, comm.describe(), params, nic);
   }
 
@@ -45,13 +47,16 @@ int main(int argc, char** argv) {
     Buffer recvBuf(bytes + kGuardBytes);
     memset(sendBuf.data(), 0x11, sendBuf.size());  // touch pages before timing
     memset(recvBuf.data(), 0, recvBuf.size());
+    CallStream stream(opt.gpu);
+    CallBuffer sendCall(sendBuf, opt.gpu), recvCall(recvBuf, opt.gpu);
+    auto call = [&] { comm.sendrecv(sendCall.data(), next, recvCall.data(), prev, count, t, stream.get()); };
 
-    for (int i = 0; i < opt.warmup; ++i)
-      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+    for (int i = 0; i < opt.warmup; ++i) call();
+    stream.sync();
     comm.barrier();
     const double t0 = nowSeconds();
-    for (int i = 0; i < opt.iters; ++i)
-      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+    for (int i = 0; i < opt.iters; ++i) call();
+    stream.sync();
     const double mine = (nowSeconds() - t0) / opt.iters;
     const double timeUs = comm.maxDouble(mine) * 1e6;
 
@@ -60,7 +65,12 @@ int main(int argc, char** argv) {
       const uint64_t seed = sizeSeed(opt.seed, size);
       fillSend(sendBuf.data(), sl, t, seed, rank);
       poisonRecv(recvBuf.data(), rl, t);
-      comm.sendrecv(sendBuf.data(), next, recvBuf.data(), prev, count, t);
+      sendCall.toDevice();
+      recvCall.toDevice();
+      call();
+      stream.sync();
+      sendCall.toHost();
+      recvCall.toHost();
       std::string first;
       const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
       if (local != 0)

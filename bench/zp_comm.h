@@ -14,11 +14,14 @@
 
 namespace zpbench {
 
-class BenchComm {
+class ZpBenchComm {
  public:
   // Counts and displacements are size_t: every size fits.
   static bool fits(const Matrix&) { return true; }
   static const char* limitNote() { return ""; }
+  // Device buffers on a stream (-G 1), in a build with CUDA.
+  static bool supportsDevice() { return true; }
+  static bool deviceOnly() { return false; }
 
   // routing: a zpRouting_t, or zpRoutingDefault for the library's choice.
   void init(int*, char***, int routing = zpRoutingDefault) {
@@ -32,7 +35,7 @@ class BenchComm {
 
   // A second communicator over the same ranks, with its own routing mode:
   // rank 0 makes a unique id and hands it out over `first`.
-  void initLike(BenchComm& first, int routing) {
+  void initLike(ZpBenchComm& first, int routing) {
     rank_ = first.rank_;
     nranks_ = first.nranks_;
     zpUniqueId id = {};
@@ -55,10 +58,11 @@ class BenchComm {
     return buf;
   }
 
+  // stream: NULL for host buffers, a cudaStream_t for device buffers.
   void alltoallv(const void* sendBuf, const Layout& s, void* recvBuf, const Layout& r,
-                 const TypeInfo& t) {
+                 const TypeInfo& t, void* stream = nullptr) {
     check(zpAlltoallv(sendBuf, s.counts.data(), s.displs.data(), recvBuf, r.counts.data(),
-                      r.displs.data(), zpDataType_t(t.zpType), comm_, nullptr),
+                      r.displs.data(), zpDataType_t(t.zpType), comm_, zpStream_t(stream)),
           "zpAlltoallv");
   }
 
@@ -81,10 +85,10 @@ class BenchComm {
 
   // Sends count elements to peer `to` and receives count from `from`, as one group.
   void sendrecv(const void* sendBuf, int to, void* recvBuf, int from, size_t count,
-                const TypeInfo& t) {
+                const TypeInfo& t, void* stream = nullptr) {
     check(zpGroupStart(), "zpGroupStart");
-    check(zpSend(sendBuf, count, zpDataType_t(t.zpType), to, comm_, nullptr), "zpSend");
-    check(zpRecv(recvBuf, count, zpDataType_t(t.zpType), from, comm_, nullptr), "zpRecv");
+    check(zpSend(sendBuf, count, zpDataType_t(t.zpType), to, comm_, zpStream_t(stream)), "zpSend");
+    check(zpRecv(recvBuf, count, zpDataType_t(t.zpType), from, comm_, zpStream_t(stream)), "zpRecv");
     check(zpGroupEnd(), "zpGroupEnd");
   }
 
@@ -118,7 +122,7 @@ class BenchComm {
     comm_ = nullptr;
   }
 
- private:
+ protected:
   // Block i (k elements) of s goes to rank i; block i of r comes from rank i.
   void exchange(const void* s, void* r, zpDataType_t type, size_t k = 1) {
     std::vector<size_t> counts(size_t(nranks_), k), displs(static_cast<size_t>(nranks_));
@@ -141,5 +145,9 @@ class BenchComm {
   int rank_ = -1;
   int nranks_ = 0;
 };
+
+#ifndef ZP_BENCH_NCCL
+using BenchComm = ZpBenchComm;
+#endif
 
 }  // namespace zpbench

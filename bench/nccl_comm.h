@@ -1,0 +1,69 @@
+// BenchComm over NCCL itself, for nccl_alltoallv_perf: the same traffic as
+// alltoallv_perf moved by NCCL's grouped ncclSend / ncclRecv, so that a GPU
+// run puts Zeppelin and NCCL side by side. NCCL's communicator is the one
+// under Zeppelin's (zpCommGetNcclComm): the same ranks and devices, created
+// by Zeppelin's bootstrap; the benchmark's own control messages (barrier,
+// timings, the check's sums) go through Zeppelin's host path, outside the
+// timed loop.
+#pragma once
+
+#include <nccl.h>
+
+#include "zp_comm.h"
+
+namespace zpbench {
+
+class NcclBenchComm : public ZpBenchComm {
+ public:
+  static bool supportsDevice() { return true; }
+  static bool deviceOnly() { return true; }  // NCCL moves device buffers only
+
+  void init(int* argc, char*** argv) {
+    ZpBenchComm::init(argc, argv);
+    check(zpCommGetNcclComm(comm_, &nccl_), "zpCommGetNcclComm");
+  }
+
+  std::string describe() const {
+    int v = 0;
+    ncclGetVersion(&v);
+    char buf[96];
+    snprintf(buf, sizeof buf, "NCCL %d.%d.%d (grouped ncclSend/ncclRecv)", v / 10000, v / 100 % 100, v % 100);
+    return buf;
+  }
+
+  void alltoallv(const void* sendBuf, const Layout& s, void* recvBuf, const Layout& r, const TypeInfo& t,
+                 void* stream) {
+    const char* sb = static_cast<const char*>(sendBuf);
+    char* rb = static_cast<char*>(recvBuf);
+    ncclCheck(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < nranks_; ++p) {
+      if (s.counts[size_t(p)])
+        ncclCheck(ncclSend(sb + s.displs[size_t(p)] * t.size, s.counts[size_t(p)] * t.size, ncclUint8, p, nccl_,
+                           cudaStream_t(stream)),
+                  "ncclSend");
+      if (r.counts[size_t(p)])
+        ncclCheck(ncclRecv(rb + r.displs[size_t(p)] * t.size, r.counts[size_t(p)] * t.size, ncclUint8, p, nccl_,
+                           cudaStream_t(stream)),
+                  "ncclRecv");
+    }
+    ncclCheck(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+ private:
+  // Zeppelin made the communicator nonblocking: a call may answer
+  // ncclInProgress, and then its state is polled until it settles.
+  void ncclCheck(ncclResult_t r, const char* what) {
+    while (r == ncclInProgress) ncclCommGetAsyncError(nccl_, &r);
+    if (r == ncclSuccess) return;
+    fprintf(stderr, "rank %d: %s failed: %s: %s\n", rank_, what, ncclGetErrorString(r), ncclGetLastError(nccl_));
+    fflush(stderr);
+    zpCommAbort(comm_);
+    exit(1);
+  }
+
+  ncclComm_t nccl_ = nullptr;
+};
+
+using BenchComm = NcclBenchComm;
+
+}  // namespace zpbench
