@@ -218,9 +218,9 @@ zpResult_t Comm::initTransports(int rootFd) {
     DeviceHello theirs;
     memcpy(&theirs, blobs[r].data() + sizeof(int32_t) + sizeof(double), sizeof(theirs));
     if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
-    if (!theirs.usable && noDeviceWhy_.empty())
-      noDeviceWhy_ = r == rank_ ? "rank " + std::to_string(r) + ": " + noDevice
-                                : "rank " + std::to_string(r) + " has no usable CUDA device";
+    // This rank's own reason first (it says what to fix here), else the first rank's that has none.
+    if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
+    if (!theirs.usable && noDeviceWhy_.empty()) noDeviceWhy_ = "rank " + std::to_string(r) + " has no usable CUDA device";
     addresses[r] = blobs[r].substr(head);
   }
   buildCluster(rates);
