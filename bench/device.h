@@ -108,4 +108,16 @@ class CallStream {
 #endif
 };
 
+// The check's call: the host buffers' contents over to the device mirrors,
+// the call, a synchronisation, and the results back to the host buffers.
+template <class Call>
+void runMirrored(CallBuffer& send, CallBuffer& recv, CallStream& stream, Call call) {
+  send.toDevice();
+  recv.toDevice();
+  call();
+  stream.sync();
+  send.toHost();
+  recv.toHost();
+}
+
 }  // namespace zpbench

@@ -65,12 +65,7 @@ int main(int argc, char** argv) {
       const uint64_t seed = sizeSeed(opt.seed, size);
       fillSend(sendBuf.data(), sl, t, seed, rank);
       poisonRecv(recvBuf.data(), rl, t);
-      sendCall.toDevice();
-      recvCall.toDevice();
-      call();
-      stream.sync();
-      sendCall.toHost();
-      recvCall.toHost();
+      runMirrored(sendCall, recvCall, stream, call);
       std::string first;
       const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
       if (local != 0)
