@@ -82,6 +82,16 @@ std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMat
   return run.check();
 }
 
+// As a trainer does: the rank's GPU (its local rank: one node here) is made
+// current before the communicator, so that its buffers and the
+// communicator's device (ZP_CUDA_DEVICE=local, the default) agree.
+zpComm_t initDeviceComm(int rank, int nranks, const zpUniqueId& id) {
+  int count = 1;
+  cudaGetDeviceCount(&count);
+  cudaSetDevice(rank % count);
+  return zptest::initComm(rank, nranks, id);
+}
+
 zpDataType_t randomType(std::mt19937_64& rng) {
   const zpDataType_t types[] = {zpUint8, zpFloat16, zpFloat32, zpInt64, zpBfloat16, zpFloat64};
   return types[rng() % 6];
@@ -94,7 +104,7 @@ TEST_P(DeviceRanks, AlltoallvRandomCountsEveryByte) {
   const int n = GetParam();
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     std::mt19937_64 rng(seed);
     for (int round = 0; round < 4; round++) {
       zpDataType_t dt = randomType(rng);
@@ -110,7 +120,7 @@ TEST_P(DeviceRanks, SendRecvRingInAGroup) {
   const int n = GetParam();
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     const int next = (rank + 1) % nranks, prev = (rank - 1 + nranks) % nranks;
     auto bytesFrom = [&](int src) { return (size_t)1 + (seed + src * 7919) % 100000; };
     GuardedBuffer sendHost(bytesFrom(rank)), recvHost(bytesFrom(prev));
@@ -139,7 +149,7 @@ TEST(Device, AlltoallvOf64MiBPerRank) {
   SKIP_WITHOUT_DEVICE();
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     // 32 MiB to each rank (this one included): 64 MiB sent and received.
     auto counts = zptest::uniformCounts(nranks, (32u << 20) / 4 + 3);
     EXPECT_EQ(deviceAlltoallvError(comm, rank, counts, zpFloat32, seed), "");
@@ -155,7 +165,7 @@ TEST(Device, CallsAreOrderedOnTheUsersStream) {
   SKIP_WITHOUT_DEVICE();
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     const int peer = 1 - rank;
     const size_t bytes = 1 << 20;
     std::vector<uint8_t> mine(bytes), got(bytes, 0);
@@ -183,7 +193,7 @@ TEST(Device, CallsAreOrderedOnTheUsersStream) {
 TEST(Device, NcclCommunicatorIsHandedOut) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     ncclComm_t nccl = nullptr;
     ZP_ASSERT_OK(zpCommGetNcclComm(comm, &nccl));
     ASSERT_NE(nccl, nullptr);
@@ -201,7 +211,7 @@ TEST(Device, NcclCommunicatorIsHandedOut) {
 TEST(DeviceErrors, HostAndDeviceBuffersMustMatchTheStream) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     void* dev;
     CUDA_OK(cudaMalloc(&dev, 64));
     std::vector<uint8_t> host(64);
@@ -227,7 +237,7 @@ TEST(DeviceErrors, MismatchedCountsAreInvalidUsageOnEveryRank) {
   SKIP_WITHOUT_DEVICE();
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     auto counts = zptest::uniformCounts(nranks, 100);
     std::vector<size_t> send = counts[rank], recv(nranks, 100);
     if (rank == 2) recv[0] = 99;  // rank 0 sends 100 elements to rank 2, which expects 99
@@ -259,7 +269,7 @@ TEST(DeviceErrors, KilledRankIsAnAsyncErrorAndAbortEndsTheDeviceWork) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
     zptest::setTimeoutSeconds(20);
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     zptest::barrier(comm, nranks);
     if (rank == 2) _exit(0);  // dies without a word (its peers must not depend on an exit message)
     void* buf;
@@ -286,7 +296,7 @@ TEST(DeviceErrors, KilledRankIsAnAsyncErrorAndAbortEndsTheDeviceWork) {
 TEST(DeviceErrors, CallsAfterAbortAreRefused) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
     void* buf;
     CUDA_OK(cudaMalloc(&buf, 64));
     cudaStream_t stream;

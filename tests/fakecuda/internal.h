@@ -1,0 +1,75 @@
+// What the double's CUDA runtime (runtime.cc) and NCCL (nccl.cc) share:
+// streams with a thread each, the work items they run, and device memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fakecuda {
+
+struct Stream;
+
+// A point in a stream's order: done once `ticket` items of it have completed.
+struct Dep {
+  std::shared_ptr<Stream> stream;
+  uint64_t ticket;
+};
+
+// One piece of work on a stream: it runs on the stream's thread, after every
+// earlier item of the stream and after its deps.
+struct Item {
+  std::vector<Dep> deps;
+  std::function<cudaError_t()> run;
+};
+
+struct Stream {
+  int device = 0;
+  bool legacy = false;    // the NULL stream / cudaStreamLegacy of its device
+  bool blocking = true;   // synchronises with the legacy stream (no cudaStreamNonBlocking)
+  std::deque<Item> queue;
+  uint64_t enqueued = 0, completed = 0;  // items so far
+  cudaError_t error = cudaSuccess;      // the first failure, reported once by a synchronisation
+  cudaError_t injected = cudaSuccess;   // the next item fails with this
+  bool stop = false;
+  std::thread thread;
+};
+
+// One lock and one condition for all streams, events and completions: the
+// double is about order, not speed.
+std::mutex& lock();
+std::condition_variable& changed();
+
+// The stream behind a handle (0, cudaStreamLegacy, cudaStreamPerThread or
+// one made by cudaStreamCreate); null if the handle is not a live stream.
+std::shared_ptr<Stream> streamOf(cudaStream_t handle);
+// Appends an item, with CUDA's implicit order between the legacy stream and
+// blocking streams; returns the item's ticket. Call with lock() held.
+uint64_t enqueueLocked(const std::shared_ptr<Stream>& s, Item item);
+uint64_t enqueue(const std::shared_ptr<Stream>& s, Item item);
+// True once every dep has completed. Call with lock() held.
+bool depsDone(const std::vector<Dep>& deps);
+
+// Device memory: the alias (read-write) of [p, p + bytes) if that range lies
+// inside one device allocation, else null. *device gets its device.
+void* deviceAlias(const void* p, size_t bytes, int* device = nullptr);
+bool isDevicePointer(const void* p, int* device = nullptr);
+void* allocDevice(size_t bytes, int device);
+bool freeDevice(void* p);
+
+// The calling thread's device and its sticky-until-read error.
+int currentDevice();
+cudaError_t setError(cudaError_t e);
+
+// Environment knobs, read once.
+int envInt(const char* name, int dflt);
+
+}  // namespace fakecuda

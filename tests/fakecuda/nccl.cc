@@ -1,0 +1,690 @@
+// The double's NCCL: communicators of separate processes joined by Unix
+// domain sockets of the double's own (not Zeppelin's transports, so a bug
+// there cannot hide itself), grouped point-to-point calls with NCCL's
+// semantics, enqueued on the callers' streams.
+//
+// Sends are rendezvous: a send moves no byte before its receive has been
+// posted (the receiver's "clear to send" arrives), so an ungrouped send that
+// waits for a receive queued behind another send deadlocks as it can on a
+// GPU. A send that waits longer than FAKENCCL_DEADLOCK_SECONDS (default 10)
+// is reported as such a deadlock: a message on stderr, the communicator's
+// async error set to ncclInvalidUsage, and the stream's work failing
+// (cudaErrorLaunchFailure), so a test sees it instead of hanging.
+//
+// A peer that exits without finalizing its communicator makes the
+// communicator's async error ncclRemoteError within a poll interval; work
+// waiting for it stays blocked (NCCL kernels spin) until ncclCommAbort.
+#include <nccl.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+
+#include "tests/fakecuda/fakecuda.h"
+#include "tests/fakecuda/internal.h"
+
+using namespace fakecuda;
+
+namespace {
+
+enum MsgType : uint32_t { kHello = 1, kClearToSend = 2, kData = 3, kBye = 4 };
+struct Msg {
+  uint32_t type;
+  uint32_t from;
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+struct SendOp {
+  int peer;
+  uint64_t seq;
+  const char* src;  // alias
+  size_t bytes;
+  bool cleared = false;  // the receive is posted: its size is ctsBytes
+  size_t ctsBytes = 0;
+  bool sent = false;
+};
+struct RecvOp {
+  int peer;
+  uint64_t seq;
+  char* dst;  // alias
+  size_t bytes;
+  bool done = false;
+};
+
+thread_local std::string tlsLastError;
+std::string& lastErrorText() {
+  static std::string& s = *new std::string;
+  return s;
+}
+ncclResult_t failWith(ncclResult_t r, const std::string& text) {
+  std::lock_guard<std::mutex> l(lock());
+  lastErrorText() = text;
+  return r;
+}
+
+bool writeAll(int fd, const void* p, size_t n) {
+  const char* c = (const char*)p;
+  while (n > 0) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= (size_t)w;
+  }
+  return true;
+}
+
+bool readAll(int fd, void* p, size_t n) {
+  char* c = (char*)p;
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= (size_t)r;
+  }
+  return true;
+}
+
+std::string socketName(uint64_t token, int rank) {
+  char buf[80];
+  snprintf(buf, sizeof buf, "fakenccl-%016llx-%d", (unsigned long long)token, rank);
+  return buf;
+}
+
+sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
+  sockaddr_un a;
+  memset(&a, 0, sizeof(a));
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: the abstract namespace
+  *len = (socklen_t)(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+}  // namespace
+
+struct ncclComm {
+  int rank = 0, nranks = 0, device = 0;
+  uint64_t token = 0;
+  bool blocking = true;
+  std::vector<int> fd;  // by peer; -1 for this rank
+  std::vector<std::unique_ptr<std::mutex>> writeMu;
+  std::vector<uint64_t> sendSeq, recvSeq;  // the next sequence number with each peer
+  // Under lock():
+  std::map<std::pair<int, uint64_t>, SendOp*> sends;
+  std::map<std::pair<int, uint64_t>, RecvOp*> recvs;
+  std::map<std::pair<int, uint64_t>, size_t> earlyClear;  // clear-to-send before the send was posted
+  ncclResult_t state = ncclInProgress;  // init or finalize under way, else ncclSuccess
+  ncclResult_t error = ncclSuccess;
+  std::string errorText;
+  bool aborted = false, finalizing = false, byeSent = false, stopReceiver = false;
+  std::vector<bool> peerBye;
+  int inflight = 0;  // stream items with ops of this communicator
+  std::thread init, receiver;
+  int wake[2] = {-1, -1};
+
+  void setError(ncclResult_t r, const std::string& text) {  // lock() held
+    if (error != ncclSuccess) return;
+    error = r;
+    errorText = text;
+    lastErrorText() = text;
+    fprintf(stderr, "fakenccl: rank %d: %s\n", rank, text.c_str());
+    changed().notify_all();
+  }
+};
+
+namespace {
+
+// ---- Setting up the mesh: rank j connects to every rank below it ----
+ncclResult_t connectMesh(ncclComm* c) {
+  const int deadlineSec = envInt("FAKENCCL_INIT_SECONDS", 120);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadlineSec);
+  socklen_t len;
+  sockaddr_un me = abstractAddress(socketName(c->token, c->rank), &len);
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0 || bind(lfd, (sockaddr*)&me, len) != 0 || listen(lfd, c->nranks) != 0) {
+    if (lfd >= 0) close(lfd);
+    return ncclSystemError;
+  }
+  for (int j = 0; j < c->rank; j++) {
+    sockaddr_un peer = abstractAddress(socketName(c->token, j), &len);
+    for (;;) {
+      int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (connect(fd, (sockaddr*)&peer, len) == 0) {
+        Msg hello{kHello, (uint32_t)c->rank, 0, 0};
+        writeAll(fd, &hello, sizeof hello);
+        c->fd[j] = fd;
+        break;
+      }
+      close(fd);
+      {
+        std::lock_guard<std::mutex> l(lock());
+        if (c->aborted) break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        close(lfd);
+        return ncclRemoteError;
+      }
+      usleep(1000);
+    }
+  }
+  for (int k = c->rank + 1; k < c->nranks; k++) {
+    pollfd p{lfd, POLLIN, 0};
+    for (;;) {
+      if (poll(&p, 1, 100) > 0) break;
+      std::lock_guard<std::mutex> l(lock());
+      if (c->aborted || std::chrono::steady_clock::now() > deadline) {
+        close(lfd);
+        return ncclRemoteError;
+      }
+    }
+    int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    Msg hello;
+    if (fd < 0 || !readAll(fd, &hello, sizeof hello) || hello.type != kHello || (int)hello.from <= c->rank ||
+        (int)hello.from >= c->nranks) {
+      close(lfd);
+      return ncclSystemError;
+    }
+    c->fd[hello.from] = fd;
+  }
+  close(lfd);
+  return ncclSuccess;
+}
+
+// ---- The receiving side: one thread per communicator reads every peer ----
+void receive(ncclComm* c) {
+  std::vector<pollfd> fds;
+  std::vector<int> peerOf;
+  for (int p = 0; p < c->nranks; p++)
+    if (c->fd[p] >= 0) {
+      fds.push_back({c->fd[p], POLLIN, 0});
+      peerOf.push_back(p);
+    }
+  fds.push_back({c->wake[0], POLLIN, 0});
+  std::vector<char> discard;
+  for (;;) {
+    if (poll(fds.data(), fds.size(), 200) < 0 && errno != EINTR) return;
+    if (fds.back().revents) return;  // destroy or abort
+    for (size_t i = 0; i + 1 < fds.size(); i++) {
+      if (fds[i].fd < 0 || !fds[i].revents) continue;
+      const int p = peerOf[i];
+      Msg m;
+      if (!readAll(fds[i].fd, &m, sizeof m)) {
+        std::lock_guard<std::mutex> l(lock());
+        if (!c->peerBye[p] && !c->aborted)
+          c->setError(ncclRemoteError, "rank " + std::to_string(p) +
+                                           " closed its connection without finalizing the communicator (the "
+                                           "process died?)");
+        fds[i].fd = -1;
+        continue;
+      }
+      std::unique_lock<std::mutex> l(lock());
+      if (m.type == kBye) {
+        c->peerBye[p] = true;
+      } else if (m.type == kClearToSend) {
+        auto it = c->sends.find({p, m.seq});
+        if (it != c->sends.end()) {
+          it->second->cleared = true;
+          it->second->ctsBytes = m.bytes;
+        } else {
+          c->earlyClear[{p, m.seq}] = m.bytes;
+        }
+        changed().notify_all();
+      } else if (m.type == kData) {
+        auto it = c->recvs.find({p, m.seq});
+        RecvOp* r = it == c->recvs.end() ? nullptr : it->second;
+        l.unlock();
+        // A receive is posted before its clear-to-send goes out, so it is there.
+        bool ok;
+        if (r && m.bytes <= r->bytes) {
+          ok = readAll(fds[i].fd, r->dst, m.bytes);
+        } else {
+          discard.resize(m.bytes);
+          ok = readAll(fds[i].fd, discard.data(), m.bytes);
+        }
+        l.lock();
+        if (!r) {
+          c->setError(ncclInternalError, "data from rank " + std::to_string(p) + " for no posted receive");
+        } else {
+          if (m.bytes > r->bytes)
+            c->setError(ncclInvalidUsage, "rank " + std::to_string(p) + " sends " + std::to_string(m.bytes) +
+                                              " bytes to rank " + std::to_string(c->rank) + ", which receives " +
+                                              std::to_string(r->bytes));
+          r->done = true;
+          c->recvs.erase(it);
+        }
+        if (!ok && !c->aborted) c->setError(ncclRemoteError, "rank " + std::to_string(p) + " died mid-message");
+        changed().notify_all();
+      }
+    }
+  }
+}
+
+// ---- Groups ----
+struct PendingOp {
+  bool isSend;
+  ncclComm* comm;
+  int peer;
+  void* buf;  // device address
+  size_t bytes;
+  std::shared_ptr<Stream> stream;
+};
+thread_local int tlsGroupDepth = 0;
+thread_local std::vector<PendingOp> tlsGroup;
+
+// Runs on a stream's thread: the group's ops on that stream.
+cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm, std::vector<RecvOp>& recvs,
+                   std::vector<ncclComm*>& recvComm) {
+  std::unique_lock<std::mutex> l(lock());
+  for (size_t i = 0; i < recvs.size(); i++) recvComm[i]->recvs[{recvs[i].peer, recvs[i].seq}] = &recvs[i];
+  for (size_t i = 0; i < sends.size(); i++) {
+    ncclComm* c = sendComm[i];
+    c->sends[{sends[i].peer, sends[i].seq}] = &sends[i];
+    auto early = c->earlyClear.find({sends[i].peer, sends[i].seq});
+    if (early != c->earlyClear.end()) {
+      sends[i].cleared = true;
+      sends[i].ctsBytes = early->second;
+      c->earlyClear.erase(early);
+    }
+  }
+  l.unlock();
+  // Clear to send, for every receive from another process.
+  for (size_t i = 0; i < recvs.size(); i++) {
+    ncclComm* c = recvComm[i];
+    if (recvs[i].peer == c->rank) continue;
+    Msg m{kClearToSend, (uint32_t)c->rank, recvs[i].seq, recvs[i].bytes};
+    std::lock_guard<std::mutex> w(*c->writeMu[recvs[i].peer]);
+    writeAll(c->fd[recvs[i].peer], &m, sizeof m);
+  }
+  const int deadlockSec = envInt("FAKENCCL_DEADLOCK_SECONDS", 10);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadlockSec);
+  cudaError_t result = cudaSuccess;
+  l.lock();
+  for (;;) {
+    bool allDone = true, aborted = false;
+    for (size_t i = 0; i < sends.size(); i++) {
+      SendOp& s = sends[i];
+      ncclComm* c = sendComm[i];
+      aborted |= c->aborted;
+      if (s.sent || c->aborted) continue;
+      if (s.peer == c->rank) {  // to itself: a copy once the receive is posted
+        auto it = c->recvs.find({c->rank, s.seq});
+        if (it == c->recvs.end()) {
+          allDone = false;
+          continue;
+        }
+        RecvOp* r = it->second;
+        if (s.bytes > r->bytes)
+          c->setError(ncclInvalidUsage, "rank " + std::to_string(c->rank) + " sends " + std::to_string(s.bytes) +
+                                            " bytes to itself, which receives " + std::to_string(r->bytes));
+        else
+          memcpy(r->dst, s.src, s.bytes);
+        r->done = true;
+        c->recvs.erase(it);
+        s.sent = true;
+        changed().notify_all();
+        continue;
+      }
+      if (!s.cleared) {
+        allDone = false;
+        continue;
+      }
+      // Clear to send: the bytes go out (without the lock: the receiver reads them).
+      l.unlock();
+      Msg m{kData, (uint32_t)c->rank, s.seq, s.bytes};
+      bool ok;
+      {
+        std::lock_guard<std::mutex> w(*c->writeMu[s.peer]);
+        ok = writeAll(c->fd[s.peer], &m, sizeof m) && writeAll(c->fd[s.peer], s.src, s.bytes);
+      }
+      l.lock();
+      s.sent = true;
+      if (!ok && !c->aborted) c->setError(ncclRemoteError, "rank " + std::to_string(s.peer) + " is gone");
+      if (s.ctsBytes < s.bytes)
+        c->setError(ncclInvalidUsage, "rank " + std::to_string(c->rank) + " sends " + std::to_string(s.bytes) +
+                                          " bytes to rank " + std::to_string(s.peer) + ", which receives " +
+                                          std::to_string(s.ctsBytes));
+    }
+    for (size_t i = 0; i < recvs.size(); i++) {
+      aborted |= recvComm[i]->aborted;
+      if (!recvs[i].done && !recvComm[i]->aborted) allDone = false;
+    }
+    if (allDone || aborted) break;
+    // A send whose receive never comes: with no group around it, both ranks
+    // may be sending first. Reported, and the stream moves on (failed).
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < sends.size(); i++)
+        if (!sends[i].sent && !sends[i].cleared) {
+          ncclComm* c = sendComm[i];
+          c->setError(ncclInvalidUsage,
+                      "ncclSend of " + std::to_string(sends[i].bytes) + " bytes from rank " + std::to_string(c->rank) +
+                          " to rank " + std::to_string(sends[i].peer) + " has waited " + std::to_string(deadlockSec) +
+                          " s for its receive: a deadlock (an ungrouped send before a receive on both ranks?)");
+        }
+      for (size_t i = 0; i < recvs.size(); i++)
+        if (!recvs[i].done)
+          recvComm[i]->setError(ncclInvalidUsage, "ncclRecv from rank " + std::to_string(recvs[i].peer) +
+                                                      " has waited " + std::to_string(deadlockSec) + " s: a deadlock?");
+      result = cudaErrorLaunchFailure;
+      break;
+    }
+    changed().wait_for(l, std::chrono::milliseconds(50));
+  }
+  // Whatever did not finish (abort, deadlock) is forgotten.
+  for (size_t i = 0; i < sends.size(); i++) sendComm[i]->sends.erase({sends[i].peer, sends[i].seq});
+  for (size_t i = 0; i < recvs.size(); i++) {
+    auto it = recvComm[i]->recvs.find({recvs[i].peer, recvs[i].seq});
+    if (it != recvComm[i]->recvs.end() && it->second == &recvs[i]) recvComm[i]->recvs.erase(it);
+  }
+  return result;
+}
+
+ncclResult_t launchGroup(std::vector<PendingOp> ops) {
+  // Every op is checked before any is enqueued.
+  for (PendingOp& op : ops) {
+    std::lock_guard<std::mutex> l(lock());
+    if (op.comm->aborted) return failWith(ncclInvalidUsage, "the communicator was aborted");
+    if (op.comm->error != ncclSuccess) return failWith(op.comm->error, op.comm->errorText);
+  }
+  // One item per stream, with that stream's ops, in call order.
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (PendingOp& op : ops)
+    if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
+  for (auto& s : streams) {
+    auto sends = std::make_shared<std::vector<SendOp>>();
+    auto recvs = std::make_shared<std::vector<RecvOp>>();
+    auto sendComm = std::make_shared<std::vector<ncclComm*>>();
+    auto recvComm = std::make_shared<std::vector<ncclComm*>>();
+    std::vector<ncclComm*> comms;
+    for (PendingOp& op : ops) {
+      if (op.stream != s) continue;
+      char* alias = op.bytes ? (char*)deviceAlias(op.buf, op.bytes) : nullptr;
+      if (op.isSend) {
+        sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, alias, op.bytes});
+        sendComm->push_back(op.comm);
+      } else {
+        recvs->push_back(RecvOp{op.peer, op.comm->recvSeq[op.peer]++, alias, op.bytes});
+        recvComm->push_back(op.comm);
+      }
+      if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    }
+    std::lock_guard<std::mutex> l(lock());
+    for (ncclComm* c : comms) c->inflight++;
+    enqueueLocked(s, Item{{}, [=] {
+                            cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
+                            std::lock_guard<std::mutex> l2(lock());
+                            for (ncclComm* c : comms) c->inflight--;
+                            changed().notify_all();
+                            return e;
+                          }});
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t p2p(bool isSend, const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                 cudaStream_t stream) {
+  static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  if (!comm) return failWith(ncclInvalidArgument, "comm is NULL");
+  if ((int)type < 0 || (int)type >= (int)(sizeof sizes / sizeof sizes[0]))
+    return failWith(ncclInvalidArgument, "invalid datatype");
+  if (peer < 0 || peer >= comm->nranks) return failWith(ncclInvalidArgument, "peer out of range");
+  const size_t bytes = count * sizes[type];
+  int dev = -1;
+  if (bytes && !deviceAlias(buf, bytes, &dev))
+    return failWith(ncclInvalidArgument, std::string(isSend ? "ncclSend" : "ncclRecv") +
+                                             ": the buffer is not device memory of that size (a host pointer?)");
+  if (bytes && dev != comm->device)
+    return failWith(ncclInvalidArgument, "the buffer is on another device than the communicator");
+  auto s = streamOf(stream);
+  if (!s) return failWith(ncclInvalidArgument, "invalid stream");
+  tlsGroup.push_back(PendingOp{isSend, comm, peer, (void*)buf, bytes, s});
+  if (tlsGroupDepth > 0) return ncclSuccess;
+  std::vector<PendingOp> ops;
+  ops.swap(tlsGroup);
+  return launchGroup(std::move(ops));  // a call outside a group is a group of one
+}
+
+void sendBye(ncclComm* c) {
+  for (int p = 0; p < c->nranks; p++)
+    if (c->fd[p] >= 0) {
+      Msg m{kBye, (uint32_t)c->rank, 0, 0};
+      std::lock_guard<std::mutex> w(*c->writeMu[p]);
+      writeAll(c->fd[p], &m, sizeof m);
+    }
+}
+
+void teardown(ncclComm* c) {
+  if (c->init.joinable()) c->init.join();
+  if (c->wake[1] >= 0) {
+    char b = 1;
+    if (write(c->wake[1], &b, 1) < 0) {
+    }
+  }
+  for (int fd : c->fd)
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);  // unblocks a reader or writer stuck on a peer
+  if (c->receiver.joinable()) c->receiver.join();
+  {
+    std::unique_lock<std::mutex> l(lock());
+    changed().wait(l, [&] { return c->inflight == 0; });
+  }
+  for (int fd : c->fd)
+    if (fd >= 0) close(fd);
+  if (c->wake[0] >= 0) close(c->wake[0]);
+  if (c->wake[1] >= 0) close(c->wake[1]);
+  delete c;
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t) {
+  std::lock_guard<std::mutex> l(lock());
+  tlsLastError = lastErrorText();
+  return tlsLastError.c_str();
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (!id) return ncclInvalidArgument;
+  memset(id, 0, sizeof(*id));
+  std::random_device rd;
+  uint64_t token = ((uint64_t)rd() << 32) ^ rd() ^ ((uint64_t)getpid() << 16);
+  memcpy(id->internal, "FAKENCCL", 8);
+  memcpy(id->internal + 8, &token, sizeof token);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+  if (!out) return failWith(ncclInvalidArgument, "comm is NULL");
+  *out = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks) return failWith(ncclInvalidArgument, "bad rank or nranks");
+  if (memcmp(id.internal, "FAKENCCL", 8) != 0) return failWith(ncclInvalidArgument, "not a fakenccl unique id");
+  ncclComm* c = new ncclComm;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->device = currentDevice();
+  memcpy(&c->token, id.internal + 8, sizeof c->token);
+  c->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+  c->fd.assign(nranks, -1);
+  for (int p = 0; p < nranks; p++) c->writeMu.emplace_back(new std::mutex);
+  c->sendSeq.assign(nranks, 0);
+  c->recvSeq.assign(nranks, 0);
+  c->peerBye.assign(nranks, false);
+  if (pipe2(c->wake, O_CLOEXEC) != 0) {
+    delete c;
+    return failWith(ncclSystemError, "pipe failed");
+  }
+  auto setUp = [c] {
+    ncclResult_t r = connectMesh(c);
+    std::lock_guard<std::mutex> l(lock());
+    if (r != ncclSuccess) {
+      c->setError(r, "fakenccl: could not connect the ranks of the communicator");
+    } else if (!c->aborted) {
+      c->receiver = std::thread(receive, c);
+    }
+    c->state = ncclSuccess;
+    changed().notify_all();
+  };
+  *out = c;
+  if (c->blocking) {
+    setUp();
+    if (c->error != ncclSuccess) {
+      ncclResult_t r = c->error;
+      teardown(c);
+      *out = nullptr;
+      return r;
+    }
+    return ncclSuccess;
+  }
+  c->init = std::thread(setUp);
+  return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
+  return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* state) {
+  if (!c || !state) return ncclInvalidArgument;
+  bool bye = false;
+  {
+    std::lock_guard<std::mutex> l(lock());
+    if (c->finalizing && c->state == ncclInProgress && c->inflight == 0) {
+      bye = !c->byeSent;
+      c->byeSent = true;
+      c->state = ncclSuccess;
+    }
+    *state = c->error != ncclSuccess ? c->error : c->state;
+  }
+  if (bye) sendBye(c);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t c, int* count) {
+  if (!c || !count) return ncclInvalidArgument;
+  *count = c->nranks;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int* rank) {
+  if (!c || !rank) return ncclInvalidArgument;
+  *rank = c->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t c, int* device) {
+  if (!c || !device) return ncclInvalidArgument;
+  *device = c->device;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart() {
+  tlsGroupDepth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (tlsGroupDepth == 0) return failWith(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--tlsGroupDepth > 0) return ncclSuccess;
+  std::vector<PendingOp> ops;
+  ops.swap(tlsGroup);
+  return launchGroup(std::move(ops));
+}
+
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p(true, buf, count, type, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return p2p(false, buf, count, type, peer, comm, stream);
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t c) {
+  if (!c) return ncclInvalidArgument;
+  std::unique_lock<std::mutex> l(lock());
+  c->finalizing = true;
+  c->state = ncclInProgress;
+  if (c->blocking) changed().wait(l, [&] { return c->inflight == 0 || c->aborted; });
+  if (c->inflight > 0) return ncclInProgress;
+  c->state = ncclSuccess;
+  const bool bye = !c->byeSent;
+  c->byeSent = true;
+  l.unlock();
+  if (bye) sendBye(c);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+  if (!c) return ncclInvalidArgument;
+  bool bye;
+  {
+    // Destroy waits for the communicator's work, as NCCL does.
+    std::unique_lock<std::mutex> l(lock());
+    changed().wait(l, [&] { return c->inflight == 0 || c->aborted; });
+    bye = !c->byeSent;
+    c->byeSent = true;
+  }
+  if (bye) sendBye(c);
+  teardown(c);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+  if (!c) return ncclInvalidArgument;
+  {
+    std::lock_guard<std::mutex> l(lock());
+    c->aborted = true;
+    changed().notify_all();
+  }
+  teardown(c);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclMemAlloc(void** p, size_t bytes) {
+  if (!p) return ncclInvalidArgument;
+  *p = allocDevice(bytes, currentDevice());
+  return *p ? ncclSuccess : ncclSystemError;
+}
+
+ncclResult_t ncclMemFree(void* p) { return freeDevice(p) ? ncclSuccess : ncclInvalidArgument; }
+
+ncclResult_t fakencclInjectAsyncError(ncclComm_t c, ncclResult_t error) {
+  if (!c) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> l(lock());
+  c->setError(error, "an error injected by the test (fakencclInjectAsyncError)");
+  return ncclSuccess;
+}
+
+}  // extern "C"
