@@ -165,6 +165,11 @@ zpResult_t zpCommAbort(zpComm_t comm);
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
+/* Whether buf suits a data call on comm with this stream (host memory with a
+ * NULL stream, memory of the communicator's GPU with a stream): zpSuccess,
+ * or zpInvalidArgument saying what to pass. For layers built on this API that
+ * must refuse a bad buffer before they queue anything. */
+zpResult_t zpCommCheckBuffer(zpComm_t comm, const void* buf, zpStream_t stream);
 /* The communicator's NCCL communicator (same ranks, its device), for NCCL's own
  * collectives on the same group; Zeppelin keeps ownership (do not destroy it).
  * zpInvalidUsage if the communicator has no device data plane. */
@@ -278,11 +283,14 @@ zpResult_t zpLayoutRankSegments(zpLayout_t layout, int rank, const zpSegment_t**
 zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* layout);
 
 /* A remap moves tokens from one layout to another (and back: inverse = 1,
- * for the backward pass). Tokens already on their target rank are copied
- * locally; the rest move as one zpAlltoallv (through the router across
- * nodes). in and out must not overlap. Collective over the communicator,
- * whose size must equal the layouts' rank count; zpRemapExecute takes the
- * same communicator as zpRemapCreate, and inverse is 0 or 1. */
+ * for the backward pass). Host buffers (NULL stream): tokens already on
+ * their target rank are copied locally; the rest move as one zpAlltoallv
+ * (through the router across nodes). Device buffers (a stream): every run of
+ * tokens is one send and one receive of a single group enqueued on the
+ * stream, this rank's own runs included, with no staging copy. in and out
+ * must not overlap. Collective over the communicator, whose size must equal
+ * the layouts' rank count; zpRemapExecute takes the same communicator as
+ * zpRemapCreate, and inverse is 0 or 1. */
 typedef struct zpRemap* zpRemap_t;
 zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpComm_t comm);
 zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken, zpDataType_t datatype,

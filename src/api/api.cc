@@ -357,6 +357,14 @@ zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
   return zp::failFromException("zpCommUserRank");
 }
 
+zpResult_t zpCommCheckBuffer(zpComm_t comm, const void* buf, zpStream_t stream) try {
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(noted(comm, lookup(comm, "zpCommCheckBuffer", &c)));
+  return noted(comm, checkDataCall("zpCommCheckBuffer", c.get(), zpUint8, stream, {{"buf", buf}}));
+} catch (...) {
+  return zp::failFromException("zpCommCheckBuffer");
+}
+
 zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm) try {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommGetNcclComm", &c)));
