@@ -393,9 +393,14 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
 ncclResult_t launchGroup(std::vector<PendingOp> ops) {
   // Every op is checked before any is enqueued.
   for (PendingOp& op : ops) {
-    std::lock_guard<std::mutex> l(lock());
-    if (op.comm->aborted) return failWith(ncclInvalidUsage, "the communicator was aborted");
-    if (op.comm->error != ncclSuccess) return failWith(op.comm->error, op.comm->errorText);
+    ncclResult_t error;
+    std::string text;
+    {
+      std::lock_guard<std::mutex> l(lock());
+      error = op.comm->aborted ? ncclInvalidUsage : op.comm->error;
+      text = op.comm->aborted ? "the communicator was aborted" : op.comm->errorText;
+    }
+    if (error != ncclSuccess) return failWith(error, text);
   }
   // One item per stream, with that stream's ops, in call order.
   std::vector<std::shared_ptr<Stream>> streams;
