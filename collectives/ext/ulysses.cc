@@ -13,6 +13,9 @@
 
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#ifdef ZP_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -35,6 +38,86 @@ void addInto(char* dst, const char* src, size_t n) {
   for (size_t i = 0; i < n; i++) d[i] += s[i];
 }
 
+// Maximal runs of consecutive positions in v: (first position, count). A
+// layout segment's tokens are consecutive in the packed batch.
+std::vector<std::pair<int64_t, int64_t>> runsOf(const std::vector<int64_t>& v) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t t : v) {
+    if (!runs.empty() && runs.back().first + runs.back().second == t) runs.back().second++;
+    else runs.push_back({t, 1});
+  }
+  return runs;
+}
+
+// The call's shape, as the main function works it out, for the device path.
+struct Exchange {
+  int G, me, heads, myHeads;
+  int direction;
+  size_t ts, row;  // element size; one head of one token, in bytes
+  std::vector<HeadRange> hr;
+  std::vector<int64_t> mine;                // my tokens, as positions in the packed batch
+  std::vector<std::vector<int64_t>> theirs; // every rank's
+  std::vector<size_t> sc, sd, rc, rd;       // the alltoallv's, in elements
+  size_t sTot, rTot;
+};
+
+#ifdef ZP_WITH_CUDA
+zpResult_t cudaFailed(zpComm_t comm, const char* what, cudaError_t e) {
+  return zpSetLastError(comm, zpUnhandledCudaError, "zpUlyssesAlltoall: %s: %s", what, cudaGetErrorString(e));
+}
+
+// Device buffers: pack and unpack with strided device copies
+// (cudaMemcpy2DAsync: one per peer for the head slices, one per segment for
+// the tokens) into staging buffers allocated in stream order, and the
+// zpAlltoallv between them on the stream. Nothing blocks the host on the GPU.
+zpResult_t exchangeOnStream(const Exchange& x, const char* src, char* dst, zpDataType_t datatype, zpComm_t comm,
+                            zpStream_t stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const cudaMemcpyKind d2d = cudaMemcpyDeviceToDevice;
+  char *sb = nullptr, *rb = nullptr;
+  cudaError_t e = cudaMallocAsync((void**)&sb, x.sTot * x.ts + 1, s);
+  if (e == cudaSuccess) e = cudaMallocAsync((void**)&rb, x.rTot * x.ts + 1, s);
+  if (e != cudaSuccess) {
+    if (sb) cudaFreeAsync(sb, s);
+    return cudaFailed(comm, "cudaMallocAsync", e);
+  }
+  const size_t stride = (size_t)x.heads * x.row, mineRow = (size_t)x.myHeads * x.row;
+  for (int p = 0; p < x.G && e == cudaSuccess; p++) {
+    const size_t hpRow = (size_t)(x.hr[p].hi - x.hr[p].lo) * x.row;
+    char* w = sb + x.sd[p] * x.ts;
+    if (x.direction == 0) {
+      // My tokens, p's heads: a strided slice of each token row.
+      if (hpRow && !x.mine.empty())
+        e = cudaMemcpy2DAsync(w, hpRow, src + x.hr[p].lo * x.row, stride, hpRow, x.mine.size(), d2d, s);
+    } else {
+      for (const auto& run : runsOf(x.theirs[p])) {
+        if (e == cudaSuccess) e = cudaMemcpyAsync(w, src + run.first * mineRow, run.second * mineRow, d2d, s);
+        w += run.second * mineRow;
+      }
+    }
+  }
+  zpResult_t res = e == cudaSuccess ? zpAlltoallv(sb, x.sc.data(), x.sd.data(), rb, x.rc.data(), x.rd.data(),
+                                                  datatype, comm, stream)
+                                    : cudaFailed(comm, "packing", e);
+  for (int p = 0; p < x.G && res == zpSuccess && e == cudaSuccess; p++) {
+    const size_t hpRow = (size_t)(x.hr[p].hi - x.hr[p].lo) * x.row;
+    const char* r = rb + x.rd[p] * x.ts;
+    if (x.direction == 0) {
+      for (const auto& run : runsOf(x.theirs[p])) {
+        if (e == cudaSuccess) e = cudaMemcpyAsync(dst + run.first * mineRow, r, run.second * mineRow, d2d, s);
+        r += run.second * mineRow;
+      }
+    } else if (hpRow && !x.mine.empty()) {
+      e = cudaMemcpy2DAsync(dst + x.hr[p].lo * x.row, stride, r, hpRow, hpRow, x.mine.size(), d2d, s);
+    }
+  }
+  if (res == zpSuccess && e != cudaSuccess) res = cudaFailed(comm, "unpacking", e);
+  cudaFreeAsync(sb, s);
+  cudaFreeAsync(rb, s);
+  return res;
+}
+#endif
+
 }  // namespace
 
 zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
@@ -43,7 +126,6 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
   if (!layout) return zpSetLastError(comm, zpInvalidArgument, "%s: layout is NULL", fn);
   size_t ts = zpTypeSize(datatype);
   if (!ts) return zpSetLastError(comm, zpInvalidArgument, "%s: invalid datatype %d", fn, (int)datatype);
-  if (stream) return zpSetLastError(comm, zpInvalidArgument, "%s: device buffers (a non-NULL stream) are not supported yet", fn);
   if (qHeads < 1 || heads < 1 || headDim < 1 || qHeads % heads)
     return zpSetLastError(comm, zpInvalidArgument, "%s: %d query heads, %d heads, head dim %d: need >= 1 and heads dividing query heads",
                     fn, qHeads, heads, headDim);
@@ -105,6 +187,21 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
   size_t inBytes = direction == 0 ? mine.size() * heads * row : (size_t)total * myHeads * row;
   size_t outBytes = direction == 0 ? (size_t)total * myHeads * row : mine.size() * heads * row;
   if ((inBytes && !in) || (outBytes && !out)) return zpSetLastError(comm, zpInvalidArgument, "%s: in or out is NULL", fn);
+  if (stream) {
+    if (in) ZPX_CHECK(zpCommCheckBuffer(comm, in, stream));
+    if (out) ZPX_CHECK(zpCommCheckBuffer(comm, out, stream));
+#ifdef ZP_WITH_CUDA
+    if (direction == 1 && replicated)
+      return zpSetLastError(comm, zpInvalidArgument,
+                            "%s: going back, heads held by several ranks are summed, which device buffers do not "
+                            "support yet",
+                            fn);
+    Exchange x{G, me, heads, myHeads, direction, ts, row, hr, mine, theirs, sc, sd, rc, rd, sTot, rTot};
+    return exchangeOnStream(x, (const char*)in, (char*)out, datatype, comm, stream);
+#else
+    return zpSetLastError(comm, zpInvalidArgument, "%s: a stream means device buffers: this build has no CUDA", fn);
+#endif
+  }
   std::vector<char> sbuf(sTot * ts + 1), rbuf(rTot * ts + 1);
   const char* src = (const char*)in;
   char* dst = (char*)out;

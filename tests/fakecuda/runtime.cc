@@ -404,6 +404,24 @@ cudaError_t cudaFree(void* p) {
   return freeDevice(p) ? cudaSuccess : setError(cudaErrorInvalidValue);
 }
 
+// Stream-ordered allocation: the memory is there at once (no earlier work
+// can touch it), and freed when the stream reaches the free.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
+  if (!p) return setError(cudaErrorInvalidValue);
+  if (!streamOf(stream)) return setError(cudaErrorInvalidResourceHandle);
+  *p = allocDevice(bytes, tlsDevice);
+  return *p ? cudaSuccess : setError(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  if (!p) return cudaSuccess;
+  if (!isDevicePointer(p)) return setError(cudaErrorInvalidValue);
+  enqueue(s, Item{{}, [p] { return freeDevice(p) ? cudaSuccess : cudaErrorInvalidValue; }});
+  return cudaSuccess;
+}
+
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (!p) return setError(cudaErrorInvalidValue);
   *p = malloc(std::max<size_t>(bytes, 1));
