@@ -1,6 +1,7 @@
 // The double's own tests: that it catches the wrong code a GPU would catch
 // (or punish), and that right code gets right results from it.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -234,6 +235,10 @@ TEST(FakeNccl, GroupedExchangeOfRandomSizesMovesEveryByte) {
 // it is reported and the stream fails.
 TEST(FakeNccl, UngroupedSendBeforeReceiveOnBothRanksIsADeadlockReported) {
   setenv("FAKENCCL_DEADLOCK_SECONDS", "2", 1);
+  // The ranks meet (outside the communicator) before either aborts: an abort
+  // would make the other's state a remote error instead.
+  auto* checked = (std::atomic<int>*)mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  new (checked) std::atomic<int>(0);
   EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
     ncclComm_t c = initComm(2, rank, id);
     cudaStream_t st;
@@ -247,9 +252,12 @@ TEST(FakeNccl, UngroupedSendBeforeReceiveOnBothRanksIsADeadlockReported) {
     ncclResult_t state;
     ncclCommGetAsyncError(c, &state);
     if (state != ncclInvalidUsage) return 3;
+    (*checked)++;
+    while (checked->load() < 2) usleep(1000);
     ncclCommAbort(c);
     return 0;
   }));
+  munmap(checked, 4096);
   unsetenv("FAKENCCL_DEADLOCK_SECONDS");
 }
 

@@ -550,6 +550,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     delete c;
     return failWith(ncclSystemError, "pipe failed");
   }
+  // Init is done when the mesh is: a failure after that (a peer that died
+  // right away) is an asynchronous error of a communicator that exists.
   auto setUp = [c] {
     ncclResult_t r = connectMesh(c);
     std::lock_guard<std::mutex> l(lock());
@@ -560,12 +562,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     }
     c->state = ncclSuccess;
     changed().notify_all();
+    return r;
   };
   *out = c;
   if (c->blocking) {
-    setUp();
-    if (c->error != ncclSuccess) {
-      ncclResult_t r = c->error;
+    ncclResult_t r = setUp();
+    if (r != ncclSuccess) {
       teardown(c);
       *out = nullptr;
       return r;
