@@ -15,6 +15,8 @@
 #include "include/zeppelin.h"
 #ifdef ZP_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "collectives/ext/device/kernels.h"
 #endif
 
 namespace {
@@ -53,6 +55,7 @@ std::vector<std::pair<int64_t, int64_t>> runsOf(const std::vector<int64_t>& v) {
 struct Exchange {
   int G, me, heads, myHeads;
   int direction;
+  bool replicated;  // a head on several ranks: going back, their parts are summed
   size_t ts, row;  // element size; one head of one token, in bytes
   std::vector<HeadRange> hr;
   std::vector<int64_t> mine;                // my tokens, as positions in the packed batch
@@ -96,6 +99,8 @@ zpResult_t exchangeOnStream(const Exchange& x, const char* src, char* dst, zpDat
       }
     }
   }
+  if (e == cudaSuccess && x.direction == 1 && x.replicated)
+    e = cudaMemsetAsync(dst, 0, x.mine.size() * stride, s);
   zpResult_t res = e == cudaSuccess ? zpAlltoallv(sb, x.sc.data(), x.sd.data(), rb, x.rc.data(), x.rd.data(),
                                                   datatype, comm, stream)
                                     : cudaFailed(comm, "packing", e);
@@ -108,7 +113,12 @@ zpResult_t exchangeOnStream(const Exchange& x, const char* src, char* dst, zpDat
         r += run.second * mineRow;
       }
     } else if (hpRow && !x.mine.empty()) {
-      e = cudaMemcpy2DAsync(dst + x.hr[p].lo * x.row, stride, r, hpRow, hpRow, x.mine.size(), d2d, s);
+      // A head held by several ranks comes back from each: their parts are
+      // summed (a kernel) into the zeroed output; otherwise each lands once.
+      if (!x.replicated)
+        e = cudaMemcpy2DAsync(dst + x.hr[p].lo * x.row, stride, r, hpRow, hpRow, x.mine.size(), d2d, s);
+      else
+        e = zpx::launchAddStrided(dst + x.hr[p].lo * x.row, stride / x.ts, r, x.mine.size(), hpRow / x.ts, x.ts, s);
     }
   }
   if (res == zpSuccess && e != cudaSuccess) res = cudaFailed(comm, "unpacking", e);
@@ -191,12 +201,7 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
     if (in) ZPX_CHECK(zpCommCheckBuffer(comm, in, stream));
     if (out) ZPX_CHECK(zpCommCheckBuffer(comm, out, stream));
 #ifdef ZP_WITH_CUDA
-    if (direction == 1 && replicated)
-      return zpSetLastError(comm, zpInvalidArgument,
-                            "%s: going back, heads held by several ranks are summed, which device buffers do not "
-                            "support yet",
-                            fn);
-    Exchange x{G, me, heads, myHeads, direction, ts, row, hr, mine, theirs, sc, sd, rc, rd, sTot, rTot};
+    Exchange x{G, me, heads, myHeads, direction, replicated, ts, row, hr, mine, theirs, sc, sd, rc, rd, sTot, rTot};
     return exchangeOnStream(x, (const char*)in, (char*)out, datatype, comm, stream);
 #else
     return zpSetLastError(comm, zpInvalidArgument, "%s: a stream means device buffers: this build has no CUDA", fn);
