@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     for (long i = 0; i < warm + 4 * iters; i++) {  // more samples: T is set from it
       barrier();
       double t0 = now();
-      if (zpRingExchangeStart(r, send[i % 4].data(), bytes, recv[i % 4].data(), bytes) != zpSuccess ||
+      if (zpRingExchangeStart(r, send[i % 4].data(), bytes, recv[i % 4].data(), bytes, nullptr) != zpSuccess ||
           zpRingExchangeWait(r))
         die("ring exchange", comm);
       if (i >= warm) t.push_back(now() - t0);

@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
             memset(recv.data(), 0xA5, size);
           }
           double t0 = now();
-          if (zpRingExchangeStart(ring, send.data(), size, recv.data(), size) != zpSuccess ||
+          if (zpRingExchangeStart(ring, send.data(), size, recv.data(), size, nullptr) != zpSuccess ||
               zpRingExchangeWait(ring) != zpSuccess)
             die("exchange", comm);
           if (it >= warm) t += now() - t0;

@@ -324,10 +324,15 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
  * step, and the receive buffer holds the previous rank's first half, then
  * the next rank's second half). While an exchange runs, its communicator
  * serves no other call, including another ring's exchange: to run the
- * exchanges of several rings at once, give each ring its own communicator. */
+ * exchanges of several rings at once, give each ring its own communicator.
+ * With a stream (device buffers) the exchange is enqueued on it as one group
+ * and zpRingExchangeStart returns; the stream orders its completion (overlap
+ * it with compute on another stream, through events), and
+ * zpRingExchangeWait only returns whether it was enqueued. */
 typedef struct zpRing* zpRing_t;
 zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ranks, int bidirectional);
-zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf, size_t recvBytes);
+zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf, size_t recvBytes,
+                               zpStream_t stream);
 zpResult_t zpRingExchangeWait(zpRing_t ring);
 zpResult_t zpRingDestroy(zpRing_t ring);
 

@@ -257,6 +257,47 @@ TEST_P(DeviceRanks, UlyssesMatchesTheHostPath) {
   }));
 }
 
+// A block goes all the way round the ring on device buffers, its size
+// different for every origin, every exchange enqueued on the stream without
+// a host synchronisation in between; every block checked at the end.
+TEST_P(DeviceRanks, RingPassesEveryBlockRound) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    std::vector<int> order(nranks);
+    for (int i = 0; i < nranks; i++) order[i] = i;
+    zpRing_t ring = nullptr;
+    ZP_ASSERT_OK(zpRingCreate(&ring, comm, nranks, order.data(), 0));
+    auto bytesOf = [&](int origin) { return (size_t)1 + (seed + origin * 977) % 70000; };
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // blocks[k]: the block that started k ranks back.
+    std::vector<void*> blocks(nranks);
+    for (int k = 0; k < nranks; k++) CUDA_OK(cudaMalloc(&blocks[k], bytesOf((rank - k + nranks) % nranks)));
+    std::vector<uint8_t> own(bytesOf(rank));
+    zptest::fillPattern(own.data(), own.size(), seed, rank, 0);
+    CUDA_OK(cudaMemcpyAsync(blocks[0], own.data(), own.size(), cudaMemcpyHostToDevice, stream));
+    for (int k = 0; k + 1 < nranks; k++) {
+      ZP_ASSERT_OK(zpRingExchangeStart(ring, blocks[k], bytesOf((rank - k + nranks) % nranks), blocks[k + 1],
+                                       bytesOf((rank - k - 1 + nranks) % nranks), stream));
+      ZP_ASSERT_OK(zpRingExchangeWait(ring));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (int k = 0; k < nranks; k++) {
+      const int origin = (rank - k + nranks) % nranks;
+      std::vector<uint8_t> got(bytesOf(origin));
+      CUDA_OK(cudaMemcpy(got.data(), blocks[k], got.size(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(zptest::wrongPatternBytes(got.data(), got.size(), seed, origin, 0), 0u) << "the block of rank " << origin;
+      CUDA_OK(cudaFree(blocks[k]));
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+    ZP_EXPECT_OK(zpRingDestroy(ring));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceRanks, ::testing::Values(2, 3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
 

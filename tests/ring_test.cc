@@ -36,8 +36,8 @@ void passAround(zpComm_t comm, const std::vector<int>& ring, int pos, uint64_t s
     int from = ((pos - step) % G + G) % G;  // whose block arrives now
     std::vector<uint8_t>& next = bufs[step % 2];
     next.assign(sizeOf(from) + 16, 0xA5);
-    ASSERT_EQ(zpRingExchangeStart(r, cur.data(), cur.size(), next.data(), sizeOf(from)), zpSuccess);
-    ZP_EXPECT_ERROR(zpInvalidUsage, zpRingExchangeStart(r, cur.data(), cur.size(), next.data(), sizeOf(from)));
+    ASSERT_EQ(zpRingExchangeStart(r, cur.data(), cur.size(), next.data(), sizeOf(from), nullptr), zpSuccess);
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpRingExchangeStart(r, cur.data(), cur.size(), next.data(), sizeOf(from), nullptr));
     ASSERT_EQ(zpRingExchangeWait(r), zpSuccess) << zpGetLastError(comm);
     size_t wrong = 0;
     for (size_t i = 0; i < sizeOf(from); i++) wrong += next[i] != byteOf(seed, from, 0, i);
@@ -79,7 +79,7 @@ TEST_P(RingRanks, VariableBlocksGoRoundEveryRingEveryByteChecked) {
       size_t sz = 1 + mix(seed, step) % 50000;
       std::vector<uint8_t> send(sz), recv(sz, 0xA5);
       for (size_t i = 0; i < sz; i++) send[i] = byteOf(seed, rank, step, i);
-      ASSERT_EQ(zpRingExchangeStart(b, send.data(), sz, recv.data(), sz), zpSuccess);
+      ASSERT_EQ(zpRingExchangeStart(b, send.data(), sz, recv.data(), sz, nullptr), zpSuccess);
       ASSERT_EQ(zpRingExchangeWait(b), zpSuccess) << zpGetLastError(comm);
       int pos = nranks - 1 - rank, prev = rev[(pos + nranks - 1) % nranks], next = rev[(pos + 1) % nranks];
       size_t wrong = 0;
@@ -87,7 +87,7 @@ TEST_P(RingRanks, VariableBlocksGoRoundEveryRingEveryByteChecked) {
       for (size_t i = sz / 2; i < sz; i++) wrong += recv[i] != byteOf(seed, next, step, i);
       EXPECT_EQ(wrong, 0u) << "bidirectional step " << step;
       uint8_t x = (uint8_t)rank, y = 0;
-      ASSERT_EQ(zpRingExchangeStart(a, &x, 1, &y, 1), zpSuccess);
+      ASSERT_EQ(zpRingExchangeStart(a, &x, 1, &y, 1, nullptr), zpSuccess);
       ASSERT_EQ(zpRingExchangeWait(a), zpSuccess);
       EXPECT_EQ(y, (uint8_t)((rank + nranks - 1) % nranks));
     }

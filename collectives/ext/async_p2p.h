@@ -27,9 +27,10 @@ class AsyncP2P {
   AsyncP2P(const AsyncP2P&) = delete;
   AsyncP2P& operator=(const AsyncP2P&) = delete;
 
-  // Hands the ops to the worker, which runs them as one zpGroupStart/End.
+  // Hands the ops to the worker, which runs them as one zpGroupStart/End;
+  // with a stream (device buffers), enqueues the group on it at once.
   // zpInvalidUsage if the previous group was not waited for.
-  zpResult_t start(std::vector<P2POp> ops, const char* fn);
+  zpResult_t start(std::vector<P2POp> ops, const char* fn, zpStream_t stream = nullptr);
   bool finished();   // the group started has finished (wait returns at once)
   zpResult_t wait(const char* fn);
   // Waits for the group in flight, if any, leaving the thread's last error
@@ -38,6 +39,7 @@ class AsyncP2P {
 
  private:
   void loop();
+  zpResult_t runGroup(const std::vector<P2POp>& ops, zpStream_t stream);
 
   zpComm_t comm_;
   std::mutex mu_;

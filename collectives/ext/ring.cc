@@ -46,7 +46,7 @@ zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ra
 }
 
 zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf,
-                                      size_t recvBytes) try {
+                                      size_t recvBytes, zpStream_t stream) try {
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: ring is NULL");
   if ((sendBytes && !sendbuf) || (recvBytes && !recvbuf))
     return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: a NULL buffer with a nonzero size");
@@ -54,14 +54,14 @@ zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBy
   char* recv = (char*)recvbuf;
   if (!ring->bidirectional)
     return ring->exchange.start({{true, send, sendBytes, ring->next}, {false, recv, recvBytes, ring->prev}},
-                                "zpRingExchangeStart");
+                                "zpRingExchangeStart", stream);
   // The first half goes forward, the second backward: both directions of every link carry half.
   size_t sh = sendBytes / 2, rh = recvBytes / 2;
   return ring->exchange.start({{true, send, sh, ring->next},
                                {true, send + sh, sendBytes - sh, ring->prev},
                                {false, recv, rh, ring->prev},
                                {false, recv + rh, recvBytes - rh, ring->next}},
-                              "zpRingExchangeStart");
+                              "zpRingExchangeStart", stream);
 } catch (...) {
   return zpx::failFromException("zpRingExchangeStart");
 }
