@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "src/core/bootstrap.h"
+#include "src/core/comm.h"
 #include "tests/harness.h"
 
 namespace {
@@ -288,6 +289,53 @@ TEST(KilledDuringInit, OthersGetAnErrorFromInitOrTheirFirstCall) {
   std::set<std::string> left = zpShmSegments();
   for (const std::string& s : segmentsBefore) left.erase(s);
   EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << *left.begin();
+}
+
+// A local rank that joins the bootstrap and is gone (exited and reaped)
+// before the others reach the shared-memory setup: they cannot open a pidfd
+// for it (pidfd_open fails), and must still notice within a second or so,
+// not wait for the whole timeout (that error was ignored: 5 s here, 300 by
+// default). Rank 2 stands in for such a rank: it joins with the pid of a
+// child it has already reaped, and never makes its segment.
+TEST(KilledDuringInit, ARankReapedBeforeItsPeersLookIsNoticedAtOnce) {
+  setenv("ZP_NODE_ID", "one-node-for-the-test", 1);
+  auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    if (rank == 2) {
+      pid_t child = fork();
+      if (child == 0) _exit(0);
+      waitpid(child, nullptr, 0);  // reaped: no pidfd can be opened for it
+      zp::IdLayout layout;
+      ASSERT_TRUE(zp::decodeId(id, &layout));
+      zp::RankInfo me;
+      memset(&me, 0, sizeof(me));
+      me.rank = 2;
+      me.pid = child;
+      snprintf(me.nodeId, sizeof(me.nodeId), "%s", "one-node-for-the-test");
+      std::vector<zp::RankInfo> all;
+      int rootFd = -1;
+      ASSERT_EQ(zp::bootstrapExchange(layout, n, me, 10000, &all, &rootFd), zpSuccess) << zpGetLastError(nullptr);
+      // A well-formed second round (rail, rate, no device, no network
+      // address), so that the others go on to the shared-memory setup.
+      std::string blob(sizeof(int32_t) + sizeof(double) + sizeof(zp::DeviceHello), '\0');
+      std::vector<std::string> blobs(n);
+      ASSERT_EQ(zp::bootstrapAllgather(rootFd, 2, blob, 10000, &blobs), zpSuccess) << zpGetLastError(nullptr);
+      sleep(3);  // the stand-in stays until the others are done
+      close(rootFd);
+      return;
+    }
+    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 5000;
+    zpComm_t comm = nullptr;
+    auto start = std::chrono::steady_clock::now();
+    zpResult_t r = zpCommInitRankConfig(&comm, n, id, rank, &cfg);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r, zpRemoteError);
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("died during init"), std::string::npos)
+        << zpGetLastError(nullptr);
+    EXPECT_LT(sec, 2.0) << "noticed only after " << sec << " s";
+  });
+  unsetenv("ZP_NODE_ID");
+  zptest::expectAllOk(exits);
 }
 
 // ---- A peer that is alive but silent ----

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -151,6 +152,17 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 int pidfdOpen(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
+// Whether a peer process has exited: its pidfd is readable, or (no pidfd:
+// it was gone, and reaped, before this rank could open one, or the kernel
+// has no pidfd_open) no process has its pid any more.
+bool processExited(pid_t pid, int pidfd) {
+  if (pidfd >= 0) {
+    pollfd pf = {pidfd, POLLIN, 0};
+    return poll(&pf, 1, 0) > 0;
+  }
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
                              const std::string& text = {}, uint32_t lane = 0) {
   size_t len = std::min<size_t>(text.size(), 512);
@@ -255,14 +267,11 @@ zpResult_t ShmTransport::init() {
       } else if (pfd >= 0) {
         close(pfd);
       }
-      if (p.pidfd >= 0) {
-        pollfd pf = {p.pidfd, POLLIN, 0};
-        if (poll(&pf, 1, 0) > 0) {
-          // It cannot remove its segment any more: do it for it.
-          shm_unlink(pname.c_str());
-          res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
-          break;
-        }
+      if (processExited(p.pid, p.pidfd)) {
+        // It cannot remove its segment any more: do it for it.
+        shm_unlink(pname.c_str());
+        res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
+        break;
       }
       if (nowMs() > deadline) {
         res = fail(zpRemoteError, "rank %d: local rank %d never created its shared memory %s", c.rank, p.rank, pname.c_str());
@@ -296,8 +305,7 @@ zpResult_t ShmTransport::init() {
     for (Peer& p : peers_) {
       if (mine_->mappedBy[p.localIdx].load(std::memory_order_acquire)) continue;
       all = false;
-      pollfd pf = {p.pidfd, POLLIN, 0};
-      if (p.pidfd >= 0 && poll(&pf, 1, 0) > 0) {
+      if (processExited(p.pid, p.pidfd)) {
         shm_unlink(segName(p.rank).c_str());  // it cannot remove its segment any more
         res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
       }
@@ -453,9 +461,7 @@ bool ShmTransport::sleep(uint32_t token, int ms) {
 
 void ShmTransport::checkAlive() {
   for (Peer& p : peers_) {
-    if (p.gone || p.bye || p.pidfd < 0) continue;
-    pollfd pf = {p.pidfd, POLLIN, 0};
-    if (poll(&pf, 1, 0) <= 0) continue;
+    if (p.gone || p.bye || !processExited(p.pid, p.pidfd)) continue;
     // A peer that said goodbye before exiting left cleanly.
     drainCtrl(p);
     // If it died before its init finished, its segment still has a name,
