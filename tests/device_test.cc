@@ -142,6 +142,25 @@ TEST_P(DeviceRanks, SendRecvRingInAGroup) {
   }));
 }
 
+// The plan of a random batch for comm's ranks (rng draws the same on every
+// rank): up to 20 sequences, a quarter of them up to longest tokens, the
+// others up to 300; causal or not. *tokens gets the batch's size if given.
+zpBatchPlan_t randomPlan(zpComm_t comm, std::mt19937_64& rng, int64_t longest, int64_t* tokens) {
+  std::vector<int64_t> lens(1 + rng() % 20);
+  for (auto& l : lens) l = 1 + (rng() % 4 == 0 ? rng() % longest : rng() % 300);
+  zpAttnShape_t shape = {8, 8, 64, 2, (int)(rng() % 2)};
+  zpBatchPlan_t plan = nullptr;
+  if (zpPlanBatch(&plan, (int)lens.size(), lens.data(), &shape, nullptr, comm) != zpSuccess) {
+    ADD_FAILURE() << "zpPlanBatch: " << zpGetLastError(comm);
+    return nullptr;
+  }
+  if (tokens) {
+    *tokens = 0;
+    for (int64_t l : lens) *tokens += l;
+  }
+  return plan;
+}
+
 // A rank's buffer under a layout: its segments' tokens in order, each token
 // tb bytes that depend on (seed, sequence, token, byte).
 std::vector<uint8_t> layoutBuffer(zpLayout_t layout, int rank, size_t tb, uint64_t seed) {
@@ -168,11 +187,8 @@ TEST_P(DeviceRanks, RemapRoundTripsEveryByte) {
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
     zpComm_t comm = initDeviceComm(rank, nranks, id);
     std::mt19937_64 rng(seed);
-    std::vector<int64_t> lens(1 + rng() % 20);
-    for (auto& l : lens) l = 1 + (rng() % 4 == 0 ? rng() % 5000 : rng() % 300);
-    zpAttnShape_t shape = {8, 8, 64, 2, (int)(rng() % 2)};
-    zpBatchPlan_t plan = nullptr;
-    ZP_ASSERT_OK(zpPlanBatch(&plan, (int)lens.size(), lens.data(), &shape, nullptr, comm));
+    zpBatchPlan_t plan = randomPlan(comm, rng, 5000, nullptr);
+    ASSERT_NE(plan, nullptr);
     zpLayout_t linear = nullptr, attention = nullptr;
     ZP_ASSERT_OK(zpPlanGetLayout(plan, zpLinearLayout, &linear));
     ZP_ASSERT_OK(zpPlanGetLayout(plan, zpAttentionLayout, &attention));
@@ -215,15 +231,11 @@ TEST_P(DeviceRanks, UlyssesMatchesTheHostPath) {
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
     zpComm_t comm = initDeviceComm(rank, nranks, id);
     std::mt19937_64 rng(seed);
-    std::vector<int64_t> lens(1 + rng() % 12);
-    for (auto& l : lens) l = 1 + rng() % 200;
-    zpAttnShape_t shape = {8, 8, 64, 2, 1};
-    zpBatchPlan_t plan = nullptr;
-    ZP_ASSERT_OK(zpPlanBatch(&plan, (int)lens.size(), lens.data(), &shape, nullptr, comm));
+    int64_t total = 0, mine = 0;
+    zpBatchPlan_t plan = randomPlan(comm, rng, 300, &total);
+    ASSERT_NE(plan, nullptr);
     zpLayout_t layout = nullptr;
     ZP_ASSERT_OK(zpPlanGetLayout(plan, zpLinearLayout, &layout));
-    int64_t total = 0, mine = 0;
-    for (int64_t l : lens) total += l;
     ZP_ASSERT_OK(zpLayoutRankTokens(layout, rank, &mine));
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
