@@ -203,6 +203,37 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
                        void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                        zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
 
+/* ---- Collectives (NCCL's names and semantics) ----
+ * Collective over the communicator: every rank calls them in the same order
+ * with the same count, datatype, op and root (checked: a rank that differs
+ * makes the call zpInvalidUsage on every rank, naming it, before any data
+ * moves). Counts are in elements of datatype. In place as in NCCL:
+ * sendbuff == recvbuff for all-reduce, broadcast and reduce; for all-gather
+ * sendbuff == recvbuff + rank * sendcount; for reduce-scatter recvbuff ==
+ * sendbuff + rank * recvcount.
+ * float16 and bfloat16 are reduced in float32 and rounded once; zpAvg
+ * divides the sum by the rank count (integers: truncating). Callable inside
+ * zpGroupStart / zpGroupEnd (they run in call order after the group's
+ * sends and receives). Host buffers only so far: a stream is
+ * zpInvalidArgument. */
+typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
+zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                       zpComm_t comm, zpStream_t stream);
+zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, int root,
+                       zpComm_t comm, zpStream_t stream);
+/* The result lands in root's recvbuff only (the others' is not touched). */
+zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op, int root,
+                    zpComm_t comm, zpStream_t stream);
+/* recvbuff holds nranks * sendcount elements, rank r's at r * sendcount. */
+zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
+                       zpStream_t stream);
+/* sendbuff holds nranks * recvcount elements; rank r gets the reduction of
+ * every rank's block r. */
+zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype, zpRedOp_t op,
+                           zpComm_t comm, zpStream_t stream);
+/* Returns once every rank has called it. */
+zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream);
+
 /* ---- Batch plans ----
  * The hierarchical partition planner: where every token of a variable-length
  * batch lives for attention and for the linear layers. Deterministic and

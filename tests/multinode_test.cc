@@ -88,6 +88,16 @@ TEST_P(MultinodeShapes, RemapRoundTripsEveryByteAcrossNodes) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+// The standard collectives across nodes, routing on and off.
+TEST_P(MultinodeShapes, CollectivesAcrossNodesEveryElementChecked) {
+  const Shape& s = GetParam();
+  for (const char* env : {"ZP_TEST_MODE=collectives", "ZP_TEST_MODE=collectives ZP_ROUTING=off"}) {
+    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+  }
+}
+
 // Ring attention across nodes (rings over nodes go through the router)
 // against the float64 reference.
 TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {

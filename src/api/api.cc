@@ -439,6 +439,93 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
   return zp::failFromException("zpAlltoallv");
 }
 
+// ---- The standard collectives ----
+
+// Checks one collective's arguments on this rank (whether the ranks agree is
+// checked inside, across ranks), then runs it or queues it in the group.
+static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream) {
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(lookup(comm, fn, &c));
+  const int n = c->nranks(), me = c->rank();
+  if (a.kind != zp::CollKind::kBarrier) {
+    const size_t ts = zpTypeSize(a.dtype);
+    if (ts == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)a.dtype);
+    const bool reduces = a.kind == zp::CollKind::kAllReduce || a.kind == zp::CollKind::kReduce ||
+                         a.kind == zp::CollKind::kReduceScatter;
+    if (reduces && ((int)a.op < 0 || a.op >= zpNumOps))
+      return zp::fail(zpInvalidArgument, "%s: invalid reduction op %d", fn, (int)a.op);
+    const bool rooted = a.kind == zp::CollKind::kBroadcast || a.kind == zp::CollKind::kReduce;
+    if (rooted && (a.root < 0 || a.root >= n))
+      return zp::fail(zpInvalidArgument, "%s: root %d is not a rank of this communicator (0..%d)", fn, a.root, n - 1);
+    // all-gather and reduce-scatter move n blocks of count: checked before multiplying.
+    const bool blocks = a.kind == zp::CollKind::kAllGather || a.kind == zp::CollKind::kReduceScatter;
+    if (a.count > zp::kMaxCallBytes / ts / (blocks ? (size_t)n : 1))
+      return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
+    // Which buffers this rank reads and writes.
+    const bool readsSend = a.kind != zp::CollKind::kBroadcast || me == a.root;
+    const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
+    if (a.count && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
+    if (a.count && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
+  }
+  if (stream)
+    return zp::fail(zpInvalidArgument,
+                    "%s: device buffers (a stream) are not supported by the collectives yet; pass host buffers and "
+                    "NULL, or use zpCommGetNcclComm and NCCL's own collective",
+                    fn);
+  inGroup(comm);
+  return zp::enqueueCollective(c, [c, a] { return zp::collective(c.get(), a); });
+}
+
+zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                       zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective("zpAllReduce", {zp::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0},
+                                comm, stream));
+} catch (...) {
+  return zp::failFromException("zpAllReduce");
+}
+
+zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, int root,
+                       zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective("zpBroadcast",
+                                {zp::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, zpSum, root}, comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpBroadcast");
+}
+
+zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op, int root,
+                    zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective("zpReduce", {zp::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root},
+                                comm, stream));
+} catch (...) {
+  return zp::failFromException("zpReduce");
+}
+
+zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
+                       zpStream_t stream) try {
+  return noted(comm, collective("zpAllGather",
+                                {zp::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0}, comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpAllGather");
+}
+
+zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype, zpRedOp_t op,
+                           zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective("zpReduceScatter",
+                                {zp::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpReduceScatter");
+}
+
+zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective("zpBarrier", {zp::CollKind::kBarrier, nullptr, nullptr, 0, zpUint8, zpSum, 0}, comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpBarrier");
+}
+
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));

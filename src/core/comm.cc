@@ -23,6 +23,7 @@ const char* opKindName(OpKind kind) {
     case OpKind::kRelayHeader: return "relay header";
     case OpKind::kRelayData: return "relay data";
     case OpKind::kControl: return "relayed control message";
+    case OpKind::kCollective: return "collective";
   }
   return "unknown operation";
 }

@@ -23,8 +23,19 @@ namespace zp {
 // hang. Kinds from kRelayHeader on belong to transports built on other
 // transports (the router's relay): a header describing a chunk, the chunk,
 // and a relayed control message.
-enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3, kControl = 4 };
+enum class OpKind : uint32_t {
+  kP2P = 0,
+  kAlltoallv = 1,
+  kRelayHeader = 2,
+  kRelayData = 3,
+  kControl = 4,
+  kCollective = 5,  // all-reduce, all-gather, reduce-scatter, broadcast, reduce, barrier
+};
 const char* opKindName(OpKind kind);
+// The relay's own kinds (on the relay's lane), as opposed to a user call's.
+inline bool isRelayKind(OpKind kind) {
+  return kind == OpKind::kRelayHeader || kind == OpKind::kRelayData || kind == OpKind::kControl;
+}
 
 // A receive from any rank of another node (the relay's headers).
 constexpr int kAnyRemotePeer = -2;

@@ -46,7 +46,7 @@ struct Ring {
 // calls, lane 1 the router's relays (OpKind::kRelayHeader / kRelayData), so
 // that a relay never waits behind a message its proxy has not asked for yet.
 constexpr int kLanes = 2;
-inline int laneOf(OpKind kind) { return kind >= OpKind::kRelayHeader ? 1 : 0; }
+inline int laneOf(OpKind kind) { return isRelayKind(kind) ? 1 : 0; }
 struct Lane {
   Ring out, in;  // out: in the peer's segment, written here; in: the reverse
   std::deque<Op*> sendq, recvq;

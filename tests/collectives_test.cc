@@ -1,0 +1,343 @@
+// The standard collectives on host buffers: every datatype and op, in place
+// and out of place, counts 0, 1, primes and large, 2 to 8 ranks, inside
+// groups; mismatched calls and a dead rank. Every rank checks every element
+// against a reference it computes itself from every rank's inputs (which
+// depend only on the seed, the rank and the index).
+//
+// Inputs are small integers (and halves), so that sums, products, maxima
+// and minima are exact in every datatype whatever the order of the
+// additions: results are compared exactly. zpAvg divides the sum once; for
+// float16 / bfloat16 the expected value is rounded to the type by the test's
+// own conversion and compared exactly too.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/harness.h"
+
+namespace {
+
+using zptest::GuardedBuffer;
+
+const zpDataType_t kTypes[] = {zpInt8, zpUint8, zpInt32, zpUint32, zpInt64,
+                               zpUint64, zpFloat16, zpFloat32, zpFloat64, zpBfloat16};
+const zpRedOp_t kOps[] = {zpSum, zpProd, zpMax, zpMin, zpAvg};
+
+// ---- The test's own 16-bit float conversions (independent of the library's) ----
+uint16_t toBf16(double v) {  // round to nearest even, through float
+  float f = (float)v;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t lower = x & 0xFFFF, upper = x >> 16;
+  if (lower > 0x8000 || (lower == 0x8000 && (upper & 1))) upper++;
+  return (uint16_t)upper;
+}
+double fromBf16(uint16_t h) {
+  uint32_t x = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+double fromHalf(uint16_t h) {
+  int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+uint16_t toHalf(double v) {  // for values in the normal range or zero: nearest even
+  if (v == 0) return 0;
+  uint16_t sign = v < 0 ? 0x8000 : 0;
+  double a = std::fabs(v);
+  int e;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  double scaled = std::ldexp(a, 11 - e);  // 11 significant bits: [1024, 2048)
+  double r = std::nearbyint(scaled);      // the FPU's nearest even
+  if (r == 2048) {
+    r = 1024;
+    e++;
+  }
+  return sign | (uint16_t)((e + 14) << 10) | (uint16_t)((int)r - 1024);
+}
+
+// Element i of rank r's input for this case, as a double: small integers
+// (1..3 for products, so that 8 ranks stay exact; -8..8 otherwise, 0..8 for
+// unsigned types).
+double inputValue(uint64_t seed, int r, size_t i, zpDataType_t t, zpRedOp_t op) {
+  uint64_t h = seed ^ (uint64_t)r * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 32;
+  if (op == zpProd) return 1 + (double)(h % 3);
+  const bool unsignedType = t == zpUint8 || t == zpUint32 || t == zpUint64;
+  return unsignedType ? (double)(h % 9) : (double)(h % 17) - 8;
+}
+
+void store(void* buf, size_t i, zpDataType_t t, double v) {
+  switch (t) {
+    case zpInt8: ((int8_t*)buf)[i] = (int8_t)v; break;
+    case zpUint8: ((uint8_t*)buf)[i] = (uint8_t)v; break;
+    case zpInt32: ((int32_t*)buf)[i] = (int32_t)v; break;
+    case zpUint32: ((uint32_t*)buf)[i] = (uint32_t)v; break;
+    case zpInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case zpUint64: ((uint64_t*)buf)[i] = (uint64_t)v; break;
+    case zpFloat16: ((uint16_t*)buf)[i] = toHalf(v); break;
+    case zpFloat32: ((float*)buf)[i] = (float)v; break;
+    case zpFloat64: ((double*)buf)[i] = v; break;
+    case zpBfloat16: ((uint16_t*)buf)[i] = toBf16(v); break;
+    default: break;
+  }
+}
+
+double load(const void* buf, size_t i, zpDataType_t t) {
+  switch (t) {
+    case zpInt8: return ((const int8_t*)buf)[i];
+    case zpUint8: return ((const uint8_t*)buf)[i];
+    case zpInt32: return ((const int32_t*)buf)[i];
+    case zpUint32: return ((const uint32_t*)buf)[i];
+    case zpInt64: return (double)((const int64_t*)buf)[i];
+    case zpUint64: return (double)((const uint64_t*)buf)[i];
+    case zpFloat16: return fromHalf(((const uint16_t*)buf)[i]);
+    case zpFloat32: return ((const float*)buf)[i];
+    case zpFloat64: return ((const double*)buf)[i];
+    case zpBfloat16: return fromBf16(((const uint16_t*)buf)[i]);
+    default: return 0;
+  }
+}
+
+bool isInteger(zpDataType_t t) { return t != zpFloat16 && t != zpFloat32 && t != zpFloat64 && t != zpBfloat16; }
+
+// What element i of the reduction over every rank must be, as the type holds it.
+double expected(uint64_t seed, int n, size_t i, zpDataType_t t, zpRedOp_t op) {
+  double acc = inputValue(seed, 0, i, t, op);
+  for (int r = 1; r < n; r++) {
+    double v = inputValue(seed, r, i, t, op);
+    if (op == zpSum || op == zpAvg) acc += v;
+    if (op == zpProd) acc *= v;
+    if (op == zpMax) acc = std::max(acc, v);
+    if (op == zpMin) acc = std::min(acc, v);
+  }
+  if (op == zpAvg) acc = isInteger(t) ? std::trunc(acc / n) : acc / n;
+  // As the type holds it (the float types round once; avg is the only inexact op).
+  std::vector<char> one(8);
+  store(one.data(), 0, t, t == zpFloat32 ? (double)(float)acc : acc);
+  return load(one.data(), 0, t);
+}
+
+// Every element of got[0, count) against the reduction of elements
+// [first, first + count) of the ranks' inputs; "" or what is wrong.
+std::string checkReduced(const void* got, size_t count, size_t first, uint64_t seed, int n, zpDataType_t t,
+                         zpRedOp_t op) {
+  size_t wrong = 0, firstWrong = 0;
+  for (size_t i = 0; i < count; i++)
+    if (load(got, i, t) != expected(seed, n, first + i, t, op) && wrong++ == 0) firstWrong = i;
+  if (!wrong) return "";
+  return std::to_string(wrong) + " of " + std::to_string(count) + " wrong, first at " + std::to_string(firstWrong) +
+         ": " + std::to_string(load(got, firstWrong, t)) + " instead of " +
+         std::to_string(expected(seed, n, first + firstWrong, t, op));
+}
+
+void fillInput(void* buf, size_t count, size_t first, uint64_t seed, int rank, zpDataType_t t, zpRedOp_t op) {
+  for (size_t i = 0; i < count; i++) store(buf, i, t, inputValue(seed, rank, first + i, t, op));
+}
+
+// ---- All-reduce, reduce-scatter, reduce: every type and op ----
+
+class CollectiveRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectiveRanks, AllReduceEveryTypeAndOpInAndOutOfPlace) {
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const size_t counts[] = {0, 1, 7, 1009};
+    int c = 0;
+    for (zpDataType_t t : kTypes)
+      for (zpRedOp_t op : kOps)
+        for (bool inPlace : {false, true}) {
+          const size_t count = counts[c++ % 4], ts = zpTypeSize(t);
+          const uint64_t s = seed + c;
+          GuardedBuffer send(count * ts), recv(count * ts);
+          fillInput(send.data(), count, 0, s, rank, t, op);
+          void* in = send.data();
+          void* out = inPlace ? send.data() : recv.data();
+          ASSERT_EQ(zpAllReduce(in, out, count, t, op, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+          EXPECT_EQ(checkReduced(out, count, 0, s, nranks, t, op), "")
+              << "type " << t << " op " << op << (inPlace ? " in place" : "") << " count " << count;
+          EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u) << "written past the buffers";
+        }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST_P(CollectiveRanks, ReduceScatterAndReduceEveryTypeAndOp) {
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int c = 0;
+    for (zpDataType_t t : kTypes)
+      for (zpRedOp_t op : kOps) {
+        const size_t ts = zpTypeSize(t), count = (size_t)(c % 3 == 0 ? 13 : 1 + c % 5);
+        const uint64_t s = seed + ++c;
+        const bool inPlace = c % 2 == 0;
+        // Reduce-scatter: n blocks of count in, block `rank` out.
+        GuardedBuffer send(count * nranks * ts), recv(count * ts);
+        fillInput(send.data(), count * nranks, 0, s, rank, t, op);
+        void* out = inPlace ? send.data() + (size_t)rank * count * ts : recv.data();
+        ASSERT_EQ(zpReduceScatter(send.data(), out, count, t, op, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+        EXPECT_EQ(checkReduced(out, count, (size_t)rank * count, s, nranks, t, op), "")
+            << "reduce-scatter type " << t << " op " << op;
+        // Reduce to a root that moves round: the others' recvbuff stays untouched.
+        const int root = c % nranks;
+        GuardedBuffer in(count * ts), res(count * ts);
+        fillInput(in.data(), count, 0, s, rank, t, op);
+        ASSERT_EQ(zpReduce(in.data(), res.data(), count, t, op, root, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        if (rank == root)
+          EXPECT_EQ(checkReduced(res.data(), count, 0, s, nranks, t, op), "") << "reduce type " << t << " op " << op;
+        else
+          EXPECT_EQ(res.writtenBytes(), 0u) << "reduce wrote a non-root's recvbuff";
+        EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten() + res.guardBytesWritten(), 0u);
+      }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// ---- All-gather and broadcast: every byte from where it belongs ----
+
+TEST_P(CollectiveRanks, AllGatherAndBroadcastMoveEveryByte) {
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    for (size_t count : {(size_t)0, (size_t)1, (size_t)31, (size_t)100003})
+      for (bool inPlace : {false, true}) {
+        // All-gather of bytes: rank r's block is the pattern (seed, r).
+        GuardedBuffer send(count), recv(count * nranks);
+        char* mine = inPlace ? (char*)recv.data() + (size_t)rank * count : (char*)send.data();
+        zptest::fillPattern((uint8_t*)mine, count, seed + count, rank, 0);
+        ASSERT_EQ(zpAllGather(mine, recv.data(), count, zpUint8, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+        for (int r = 0; r < nranks; r++)
+          EXPECT_EQ(zptest::wrongPatternBytes(recv.data() + (size_t)r * count, count, seed + count, r, 0), 0u)
+              << "the block of rank " << r << ", count " << count;
+        EXPECT_EQ(recv.guardBytesWritten(), 0u);
+        // Broadcast from a root that moves round.
+        const int root = (int)(count % nranks);
+        GuardedBuffer b(count * 8), bout(count * 8);
+        if (rank == root) zptest::fillPattern(b.data(), b.size(), seed, root, 1);
+        void* out = inPlace ? b.data() : bout.data();
+        ASSERT_EQ(zpBroadcast(b.data(), out, count, zpFloat64, root, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_EQ(zptest::wrongPatternBytes((uint8_t*)out, count * 8, seed, root, 1), 0u) << "broadcast " << count;
+        EXPECT_EQ(b.guardBytesWritten() + bout.guardBytesWritten(), 0u);
+      }
+    ZP_EXPECT_OK(zpBarrier(comm, nullptr));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveRanks, ::testing::Values(2, 3, 4, 5, 8),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
+
+TEST(Collectives, AllReduceOfSixteenMiBPerRank) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const size_t count = (4u << 20) + 3;  // float32: 16 MiB and a bit, not a multiple of the rank count
+    std::vector<float> data(count);
+    fillInput(data.data(), count, 0, seed, rank, zpFloat32, zpSum);
+    ASSERT_EQ(zpAllReduce(data.data(), data.data(), count, zpFloat32, zpSum, comm, nullptr), zpSuccess)
+        << zpGetLastError(comm);
+    EXPECT_EQ(checkReduced(data.data(), count, 0, seed, nranks, zpFloat32, zpSum), "");
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// Collectives inside a group run after the group's sends and receives, in
+// call order, and both are right.
+TEST(Collectives, InAGroupWithSendAndRecv) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    GuardedBuffer out(1000), in(1000);
+    zptest::fillPattern(out.data(), 1000, seed, rank, next);
+    std::vector<int64_t> a(100), b(100);
+    fillInput(a.data(), 100, 0, seed, rank, zpInt64, zpSum);
+    fillInput(b.data(), 100, 0, seed + 1, rank, zpInt64, zpMax);
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(out.data(), 1000, zpUint8, next, comm, nullptr));
+    ZP_EXPECT_OK(zpAllReduce(a.data(), a.data(), 100, zpInt64, zpSum, comm, nullptr));
+    ZP_EXPECT_OK(zpRecv(in.data(), 1000, zpUint8, prev, comm, nullptr));
+    ZP_EXPECT_OK(zpAllReduce(b.data(), b.data(), 100, zpInt64, zpMax, comm, nullptr));
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(in.wrongBytes(seed, prev, rank), 0u);
+    EXPECT_EQ(checkReduced(a.data(), 100, 0, seed, nranks, zpInt64, zpSum), "");
+    EXPECT_EQ(checkReduced(b.data(), 100, 0, seed + 1, nranks, zpInt64, zpMax), "");
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// ---- Errors ----
+
+// One rank passes another count (then another op, datatype, root): every
+// rank returns zpInvalidUsage naming it, nothing is written, and the
+// communicator still works.
+TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    GuardedBuffer send(400), recv(400);
+    const bool odd = rank == 2;
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAllReduce(send.data(), recv.data(), odd ? 99 : 100, zpFloat32, zpSum, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 2 calls allreduce of 99 float32 (sum)"), std::string::npos)
+        << zpGetLastError(comm);
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAllReduce(send.data(), recv.data(), 100, zpFloat32, odd ? zpMax : zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAllReduce(send.data(), recv.data(), 100, odd ? zpInt32 : zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpBroadcast(send.data(), recv.data(), 100, zpFloat32, odd ? 1 : 0, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
+                                        : zpAllGather(send.data(), recv.data(), 25, zpFloat32, comm, nullptr));
+    EXPECT_EQ(recv.writtenBytes() + recv.guardBytesWritten(), 0u) << "a refused call wrote";
+    std::vector<int32_t> x(10, rank + 1);
+    ZP_ASSERT_OK(zpAllReduce(x.data(), x.data(), 10, zpInt32, zpSum, comm, nullptr));
+    EXPECT_EQ(x[9], nranks * (nranks + 1) / 2);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST(CollectiveErrors, BadArgumentsAreRefusedBeforeAnythingMoves) {
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    float buf[4] = {};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(buf, buf, 4, (zpDataType_t)42, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(buf, buf, 4, zpFloat32, (zpRedOp_t)9, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(nullptr, buf, 4, zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpReduce(buf, buf, 4, zpFloat32, zpSum, 2, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpBroadcast(buf, buf, 4, zpFloat32, -1, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGather(buf, buf, (size_t)-1, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(buf, buf, 4, zpFloat32, zpSum, comm, (zpStream_t)buf));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpBarrier(nullptr, nullptr));
+    // None of those moved anything: the ranks are still in step.
+    ZP_EXPECT_OK(zpBarrier(comm, nullptr));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+TEST(CollectiveErrors, ADeadRankIsARemoteErrorOnEveryOtherRank) {
+  zptest::Shared<std::atomic<int>> ready;
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(20);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    (*ready)++;
+    ASSERT_TRUE(zptest::waitFor([&] { return ready->load() == nranks; }, 60));
+    if (rank == 1) _exit(0);
+    std::vector<float> x(1000, 1.0f);
+    auto start = std::chrono::steady_clock::now();
+    ZP_EXPECT_ERROR(zpRemoteError, zpAllReduce(x.data(), x.data(), 1000, zpFloat32, zpSum, comm, nullptr));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    zpCommAbort(comm);
+  }));
+}
+
+}  // namespace
