@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -66,6 +67,24 @@ class BenchComm {
   }
 
   void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+  // The standard collectives (coll_perf.cc), sum where they reduce.
+  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(MPI_Allreduce(s, r, int(count), mpiType(t), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  }
+  void allgather(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(MPI_Allgather(s, int(count), mpiType(t), r, int(count), mpiType(t), MPI_COMM_WORLD), "MPI_Allgather");
+  }
+  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(MPI_Reduce_scatter_block(s, r, int(count), mpiType(t), MPI_SUM, MPI_COMM_WORLD),
+          "MPI_Reduce_scatter_block");
+  }
+  // MPI_Bcast has one buffer: the root copies its input there first, as
+  // Zeppelin's root does for separate buffers.
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
+    if (rank_ == root && s != r) memcpy(r, s, count * t.size);
+    check(MPI_Bcast(r, int(count), mpiType(t), root, MPI_COMM_WORLD), "MPI_Bcast");
+  }
 
   // As zp_comm.h: one group of an optional send and an optional receive.
   void sendrecvBytes(const void* sendBuf, size_t sendBytes, int to, void* recvBuf, size_t recvBytes, int from) {

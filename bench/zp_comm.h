@@ -75,6 +75,20 @@ class ZpBenchComm {
     check(zpGroupEnd(), "zpGroupEnd");
   }
 
+  // The standard collectives (coll_perf.cc), sum where they reduce.
+  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(zpAllReduce(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, nullptr), "zpAllReduce");
+  }
+  void allgather(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(zpAllGather(s, r, count, zpDataType_t(t.zpType), comm_, nullptr), "zpAllGather");
+  }
+  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(zpReduceScatter(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, nullptr), "zpReduceScatter");
+  }
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
+    check(zpBroadcast(s, r, count, zpDataType_t(t.zpType), root, comm_, nullptr), "zpBroadcast");
+  }
+
   // Every rank's k values, at every rank, in rank order.
   std::vector<uint64_t> allgatherU64(const std::vector<uint64_t>& mine) {
     std::vector<uint64_t> s, r(mine.size() * size_t(nranks_));

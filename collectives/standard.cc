@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -281,12 +282,12 @@ struct Ring {
 zpResult_t reduceScatterRing(Ring& ring, char* work, const Chunks& ch, zpDataType_t wt, zpRedOp_t op) {
   const int n = ring.c->nranks(), me = ring.c->rank();
   const size_t ts = zpTypeSize(wt);
-  std::vector<char> incoming((ch.count / n + 1) * ts);
+  std::unique_ptr<char[]> incoming(new char[(ch.count / n + 1) * ts]);
   for (int s = 0; s < n - 1; s++) {
     const int sendChunk = ((me - s - 1) % n + n) % n, recvChunk = ((me - s - 2) % n + n) % n;
-    ZP_CHECK(ring.exchange(work + ch.first(sendChunk) * ts, ch.size(sendChunk) * ts, incoming.data(),
+    ZP_CHECK(ring.exchange(work + ch.first(sendChunk) * ts, ch.size(sendChunk) * ts, incoming.get(),
                            ch.size(recvChunk) * ts, ts));
-    reduceBytes(work + ch.first(recvChunk) * ts, incoming.data(), ch.size(recvChunk), wt, op);
+    reduceBytes(work + ch.first(recvChunk) * ts, incoming.get(), ch.size(recvChunk), wt, op);
   }
   return zpSuccess;
 }
@@ -350,14 +351,14 @@ zpResult_t collective(Comm* c, const CollArgs& a) {
       // The whole input in the work type, reduced chunk by chunk round the ring.
       const size_t total = a.kind == CollKind::kReduceScatter ? a.count * (size_t)n : a.count;
       const Chunks ch{total, n};
-      std::vector<char> workBuf;
+      std::unique_ptr<char[]> workBuf;  // not zero-filled: every byte is written first
       char* work;
       if (!isHalf(a.dtype) && a.kind == CollKind::kAllReduce) {
         work = recv;  // reduce in place in the output
         if (send != recv) memmove(recv, send, total * ts);
       } else {
-        workBuf.resize(total * wts);
-        work = workBuf.data();
+        workBuf.reset(new char[total * wts]);
+        work = workBuf.get();
         toWork(send, work, total, a.dtype);
       }
       ZP_CHECK(reduceScatterRing(ring, work, ch, wt, a.op));
