@@ -21,20 +21,11 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
                      void* stream);
 
-// The standard collectives (standard.cc), host buffers.
-enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kBarrier };
-struct CollArgs {
-  CollKind kind;
-  const void* send;
-  void* recv;
-  size_t count;  // all-gather: per rank sent; reduce-scatter: per rank received
-  zpDataType_t dtype;
-  zpRedOp_t op;
-  int root;
-};
-// Checked against every rank's call first (zpInvalidUsage on every rank if
-// any differs); arguments checked by the caller.
-zpResult_t collective(Comm* comm, const CollArgs& args);
+// The standard collectives (standard.cc): checked against every rank's call
+// first (zpInvalidUsage on every rank if any differs; arguments are checked
+// by the caller), then rings on host buffers, or (a stream) NCCL's own
+// collective on the StreamTransport.
+zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
 
 // Groups (thread-local, as in NCCL).
 zpResult_t groupStart();

@@ -313,12 +313,16 @@ void finishAvg(char* work, size_t elems, zpDataType_t wt, zpRedOp_t op, int n) {
 
 }  // namespace
 
-zpResult_t collective(Comm* c, const CollArgs& a) {
+zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   const Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root};
+  // The check runs on the host even for device buffers (it blocks on the
+  // network, never on the GPU): a mismatch fails on every rank before
+  // anything is enqueued, instead of hanging the device.
   ZP_CHECK(checkHeaders(c, seq, mine));
   if (a.kind == CollKind::kBarrier || a.count == 0) return zpSuccess;
+  if (stream) return c->enqueueCollectiveOnStream(a, stream);
 
   const size_t ts = zpTypeSize(a.dtype);
   const zpDataType_t wt = workType(a.dtype);

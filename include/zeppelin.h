@@ -214,8 +214,11 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
  * float16 and bfloat16 are reduced in float32 and rounded once; zpAvg
  * divides the sum by the rank count (integers: truncating). Callable inside
  * zpGroupStart / zpGroupEnd (they run in call order after the group's
- * sends and receives). Host buffers only so far: a stream is
- * zpInvalidArgument. */
+ * sends and receives). With a stream (device buffers) the check above still
+ * runs on the host, then NCCL's own collective is enqueued on the stream on
+ * the communicator's NCCL communicator (NCCL's all-reduce already uses every
+ * NIC and NVLink well). zpBarrier does not use its stream: it is a host
+ * barrier. */
 typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
                        zpComm_t comm, zpStream_t stream);

@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -306,6 +307,75 @@ TEST_P(DeviceRanks, RingPassesEveryBlockRound) {
     }
     CUDA_OK(cudaStreamDestroy(stream));
     ZP_EXPECT_OK(zpRingDestroy(ring));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// The standard collectives on device buffers (NCCL's own, after the host
+// check) give what the host path gives, element for element: inputs are
+// small integers, exact in every order of addition.
+TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const zpDataType_t types[] = {zpInt32, zpFloat32, zpBfloat16, zpFloat64, zpUint8};
+    const zpRedOp_t ops[] = {zpSum, zpMax, zpMin, zpAvg, zpProd};
+    int k = 0;
+    for (zpDataType_t t : types)
+      for (zpRedOp_t op : ops) {
+        const size_t count = 1 + (seed + k++) % 999, ts = zpTypeSize(t);
+        const int root = k % nranks;
+        // Inputs: small integers as the type holds them (bfloat16: the top half of a float).
+        auto fill = [&](GuardedBuffer& b, size_t elems) {
+          std::mt19937_64 r(seed + k * 131 + rank);
+          for (size_t i = 0; i < elems; i++) {
+            const int v = op == zpProd ? 1 + (int)(r() % 2) : (int)(r() % 5);
+            float f = (float)v;
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            switch (t) {
+              case zpInt32: ((int32_t*)b.data())[i] = v; break;
+              case zpFloat32: ((float*)b.data())[i] = f; break;
+              case zpBfloat16: ((uint16_t*)b.data())[i] = (uint16_t)(bits >> 16); break;
+              case zpFloat64: ((double*)b.data())[i] = v; break;
+              default: b.data()[i] = (uint8_t)v;
+            }
+          }
+        };
+        struct Case {
+          const char* name;
+          size_t inElems, outElems;
+          std::function<zpResult_t(const void*, void*, zpStream_t)> call;
+        } cases[] = {
+            {"allreduce", count, count,
+             [&](const void* s, void* r, zpStream_t st) { return zpAllReduce(s, r, count, t, op, comm, st); }},
+            {"reducescatter", count * nranks, count,
+             [&](const void* s, void* r, zpStream_t st) { return zpReduceScatter(s, r, count, t, op, comm, st); }},
+            {"allgather", count, count * nranks,
+             [&](const void* s, void* r, zpStream_t st) { return zpAllGather(s, r, count, t, comm, st); }},
+            {"broadcast", count, count,
+             [&](const void* s, void* r, zpStream_t st) { return zpBroadcast(s, r, count, t, root, comm, st); }},
+            {"reduce", count, count,
+             [&](const void* s, void* r, zpStream_t st) { return zpReduce(s, r, count, t, op, root, comm, st); }},
+        };
+        for (Case& c : cases) {
+          GuardedBuffer in(c.inElems * ts), hostOut(c.outElems * ts), devOut(c.outElems * ts);
+          fill(in, c.inElems);
+          ASSERT_EQ(c.call(in.data(), hostOut.data(), nullptr), zpSuccess) << c.name << ": " << zpGetLastError(comm);
+          DeviceMirror dIn(in), dOut(devOut);
+          ASSERT_TRUE(dIn.ok() && dOut.ok());
+          ASSERT_EQ(c.call(dIn.data(), dOut.data(), stream), zpSuccess) << c.name << ": " << zpGetLastError(comm);
+          CUDA_OK(cudaStreamSynchronize(stream));
+          CUDA_OK(dOut.copyBack());
+          EXPECT_EQ(memcmp(hostOut.storage().data(), devOut.storage().data(), devOut.storage().size()), 0)
+              << c.name << " type " << t << " op " << op << " count " << count;
+        }
+      }
+    CUDA_OK(cudaStreamDestroy(stream));
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }

@@ -467,13 +467,14 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
     if (a.count && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
     if (a.count && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
   }
-  if (stream)
-    return zp::fail(zpInvalidArgument,
-                    "%s: device buffers (a stream) are not supported by the collectives yet; pass host buffers and "
-                    "NULL, or use zpCommGetNcclComm and NCCL's own collective",
-                    fn);
+  // A stream means device buffers (NCCL's collective); a barrier's stream is not used.
+  if (a.kind != zp::CollKind::kBarrier)
+    ZP_CHECK(checkDataCall(fn, c.get(), a.dtype, stream,
+                           {{"sendbuff", a.send}, {"recvbuff", a.recv}}));
+  else
+    stream = nullptr;
   inGroup(comm);
-  return zp::enqueueCollective(c, [c, a] { return zp::collective(c.get(), a); });
+  return zp::enqueueCollective(c, [c, a, stream] { return zp::collective(c.get(), a, stream); });
 }
 
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,

@@ -466,6 +466,12 @@ zpResult_t Comm::enqueueOnStreams(const std::vector<Op*>& ops) {
   return device_->enqueue(ops);
 }
 
+zpResult_t Comm::enqueueCollectiveOnStream(const CollArgs& args, void* stream) {
+  ZP_CHECK(checkUsable());
+  if (!device_) return fail(zpInternalError, "rank %d: a device collective on a communicator without a device data plane", rank_);
+  return device_->enqueueCollective(args, stream);
+}
+
 zpResult_t Comm::runOps(std::vector<Work>& work) {
   std::vector<Comm*> comms;
   for (Work& w : work) {

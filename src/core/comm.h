@@ -102,6 +102,8 @@ class Comm : public TransportSink {
   // Device ops (each with its stream) to the StreamTransport, as one group;
   // returns once they are enqueued. Call with mutex() held.
   zpResult_t enqueueOnStreams(const std::vector<Op*>& ops);
+  // A standard collective to the StreamTransport, on stream.
+  zpResult_t enqueueCollectiveOnStream(const CollArgs& args, void* stream);
   // An error if calls may not run: the communicator is broken, or was destroyed.
   zpResult_t checkUsable() const;
   // Every rank reports its result of collective number collSeq; every rank

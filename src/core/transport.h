@@ -145,6 +145,18 @@ class Transport {
   virtual std::string describe(int peer) const = 0;
 };
 
+// A standard collective's arguments (NCCL's), as the C API takes them.
+enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kBarrier };
+struct CollArgs {
+  CollKind kind;
+  const void* send;
+  void* recv;
+  size_t count;  // all-gather: per rank sent; reduce-scatter: per rank received
+  zpDataType_t dtype;
+  zpRedOp_t op;
+  int root;
+};
+
 // A data plane whose work is ordered on the caller's CUDA stream (NCCL, for
 // device buffers). Unlike a Transport it is not progressed: ops are enqueued
 // on their streams and complete on the device later, and a failure after
@@ -159,6 +171,8 @@ class StreamTransport {
   // receives among them cannot deadlock; returns without waiting for the
   // device. Ops are not marked done: their completion is the stream's.
   virtual zpResult_t enqueue(const std::vector<Op*>& ops) = 0;
+  // Enqueues a standard collective (not kBarrier) on stream.
+  virtual zpResult_t enqueueCollective(const CollArgs& args, void* stream) = 0;
   // A failure after enqueue (zpSuccess if none), its message in *why.
   virtual zpResult_t asyncError(std::string* why) = 0;
   // Ends the device communicator: abort drops queued work at once (a peer

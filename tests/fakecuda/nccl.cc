@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -460,6 +461,162 @@ ncclResult_t p2p(bool isSend, const void* buf, size_t count, ncclDataType_t type
   return launchGroup(std::move(ops));  // a call outside a group is a group of one
 }
 
+// ---- Collectives: every rank's input to every rank (the double's own
+// point-to-point), then each computes its result itself, in rank order ----
+float halfToFloat(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(1024 + m), e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+uint16_t floatToHalf(float f) {  // nearest even, normal range and zero (what tests use)
+  if (f == 0) return std::signbit(f) ? 0x8000 : 0;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  int e;
+  std::frexp(std::fabs(f), &e);
+  float r = std::nearbyint(std::ldexp(std::fabs(f), 11 - e));
+  if (r == 2048) {
+    r = 1024;
+    e++;
+  }
+  if (e + 14 >= 31) return sign | 0x7C00;
+  if (e + 14 <= 0) return sign;  // the double does not make subnormals
+  return sign | (uint16_t)((e + 14) << 10) | (uint16_t)((int)r - 1024);
+}
+float bf16ToFloat(uint16_t h) {
+  uint32_t x = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+uint16_t floatToBf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t lower = x & 0xFFFF, upper = x >> 16;
+  if (lower > 0x8000 || (lower == 0x8000 && (upper & 1))) upper++;
+  return (uint16_t)upper;
+}
+
+template <class T>
+T combine(T a, T b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclProd: return (T)(a * b);
+    case ncclMax: return std::max(a, b);
+    case ncclMin: return std::min(a, b);
+    default: return (T)(a + b);  // sum, avg
+  }
+}
+
+// out[i] = op over r of in[r][i], in rank order; T is how the type adds.
+template <class T, class Load, class Store>
+void reduceAll(const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op, int n, Load load,
+               Store store) {
+  for (size_t i = 0; i < count; i++) {
+    T acc = load(in[0], i);
+    for (int r = 1; r < n; r++) acc = combine(acc, load(in[r], i), op);
+    if (op == ncclAvg) acc = (T)(acc / (T)n);
+    store(out, i, acc);
+  }
+}
+
+template <class T>
+void reduceNative(const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op, int n) {
+  reduceAll<T>(in, out, count, op, n, [](const char* p, size_t i) { return ((const T*)p)[i]; },
+               [](char* p, size_t i, T v) { ((T*)p)[i] = v; });
+}
+
+void reduceTyped(ncclDataType_t t, const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op,
+                 int n) {
+  switch (t) {
+    case ncclInt8: reduceNative<int8_t>(in, out, count, op, n); break;
+    case ncclUint8: reduceNative<uint8_t>(in, out, count, op, n); break;
+    case ncclInt32: reduceNative<int32_t>(in, out, count, op, n); break;
+    case ncclUint32: reduceNative<uint32_t>(in, out, count, op, n); break;
+    case ncclInt64: reduceNative<int64_t>(in, out, count, op, n); break;
+    case ncclUint64: reduceNative<uint64_t>(in, out, count, op, n); break;
+    case ncclFloat32: reduceNative<float>(in, out, count, op, n); break;
+    case ncclFloat64: reduceNative<double>(in, out, count, op, n); break;
+    case ncclFloat16:
+      reduceAll<float>(in, out, count, op, n, [](const char* p, size_t i) { return halfToFloat(((const uint16_t*)p)[i]); },
+                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToHalf(v); });
+      break;
+    case ncclBfloat16:
+      reduceAll<float>(in, out, count, op, n, [](const char* p, size_t i) { return bf16ToFloat(((const uint16_t*)p)[i]); },
+                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToBf16(v); });
+      break;
+    default: break;
+  }
+}
+
+enum class Coll { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+
+ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  if (!comm) return failWith(ncclInvalidArgument, "comm is NULL");
+  if ((int)type < 0 || (int)type >= 10) return failWith(ncclInvalidArgument, "invalid datatype");
+  if ((int)op < 0 || (int)op > (int)ncclAvg) return failWith(ncclInvalidArgument, "invalid reduction op");
+  const int n = comm->nranks, me = comm->rank;
+  if ((kind == Coll::kBroadcast || kind == Coll::kReduce) && (root < 0 || root >= n))
+    return failWith(ncclInvalidArgument, "invalid root");
+  const size_t es = sizes[type];
+  const size_t inBytes = (kind == Coll::kReduceScatter ? count * n : count) * es;
+  const size_t outBytes = (kind == Coll::kAllGather ? count * n : count) * es;
+  const bool readsIn = kind != Coll::kBroadcast || me == root;
+  const bool writesOut = kind != Coll::kReduce || me == root;
+  char* in = readsIn && inBytes ? (char*)deviceAlias(send, inBytes) : nullptr;
+  char* out = writesOut && outBytes ? (char*)deviceAlias(recv, outBytes) : nullptr;
+  if ((readsIn && inBytes && !in) || (writesOut && outBytes && !out))
+    return failWith(ncclInvalidArgument, "a collective's buffer is not device memory of its size (a host pointer?)");
+  auto s = streamOf(stream);
+  if (!s) return failWith(ncclInvalidArgument, "invalid stream");
+  // Which pairs talk, decided alike on every rank: the broadcast's root to
+  // everyone, otherwise everyone to everyone.
+  auto sends = std::make_shared<std::vector<SendOp>>();
+  auto recvs = std::make_shared<std::vector<RecvOp>>();
+  auto tmp = std::make_shared<std::vector<std::vector<char>>>(n);
+  for (int p = 0; p < n; p++) {
+    if (p == me) continue;
+    if (kind != Coll::kBroadcast || me == root) sends->push_back(SendOp{p, comm->sendSeq[p]++, in, inBytes});
+    if (kind == Coll::kBroadcast) {
+      if (p == root) recvs->push_back(RecvOp{p, comm->recvSeq[p]++, out, outBytes});
+    } else {
+      (*tmp)[p].resize(inBytes);
+      recvs->push_back(RecvOp{p, comm->recvSeq[p]++, (*tmp)[p].data(), inBytes});
+    }
+  }
+  auto sendComm = std::make_shared<std::vector<ncclComm*>>(sends->size(), comm);
+  auto recvComm = std::make_shared<std::vector<ncclComm*>>(recvs->size(), comm);
+  std::lock_guard<std::mutex> l(lock());
+  if (comm->aborted || comm->error != ncclSuccess) return comm->aborted ? ncclInvalidUsage : comm->error;
+  comm->inflight++;
+  enqueueLocked(s, Item{{}, [=] {
+                          cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
+                          if (e == cudaSuccess) {
+                            std::vector<const char*> all(n);
+                            for (int p = 0; p < n; p++) all[p] = p == me ? in : (*tmp)[p].data();
+                            switch (kind) {
+                              case Coll::kBroadcast:
+                                if (me == root && out != in && outBytes) memmove(out, in, outBytes);
+                                break;
+                              case Coll::kAllGather:
+                                for (int p = 0; p < n; p++) memmove(out + p * inBytes, all[p], inBytes);
+                                break;
+                              case Coll::kReduceScatter:
+                                for (int p = 0; p < n; p++) all[p] += me * count * es;
+                                reduceTyped(type, all, out, count, op, n);
+                                break;
+                              default:
+                                if (out) reduceTyped(type, all, out, count, op, n);
+                            }
+                          }
+                          std::lock_guard<std::mutex> l2(lock());
+                          comm->inflight--;
+                          changed().notify_all();
+                          return e;
+                        }});
+  return ncclSuccess;
+}
+
 void sendBye(ncclComm* c) {
   for (int p = 0; p < c->nranks; p++)
     if (c->fd[p] >= 0) {
@@ -636,6 +793,27 @@ ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int pe
 
 ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
   return p2p(false, buf, count, type, peer, comm, stream);
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return collective(Coll::kAllReduce, send, recv, count, type, op, 0, comm, stream);
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return collective(Coll::kBroadcast, send, recv, count, type, ncclSum, root, comm, stream);
+}
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+  return collective(Coll::kReduce, send, recv, count, type, op, root, comm, stream);
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return collective(Coll::kAllGather, send, recv, sendcount, type, ncclSum, 0, comm, stream);
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+  return collective(Coll::kReduceScatter, send, recv, recvcount, type, op, 0, comm, stream);
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t c) {

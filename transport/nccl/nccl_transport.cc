@@ -105,6 +105,27 @@ class NcclTransport : public StreamTransport {
     return zpSuccess;
   }
 
+  // NCCL's own collective: zpDataType_t and zpRedOp_t have NCCL's values.
+  zpResult_t enqueueCollective(const CollArgs& a, void* streamHandle) override {
+    if (!comm_) return fail(zpInvalidUsage, "the device communicator was closed");
+    DeviceScope scope(device_);
+    cudaStream_t stream = (cudaStream_t)streamHandle;
+    const ncclDataType_t dt = (ncclDataType_t)a.dtype;
+    const ncclRedOp_t op = (ncclRedOp_t)a.op;
+    ncclResult_t r = ncclSuccess;
+    const char* what = "";
+    switch (a.kind) {
+      case CollKind::kAllReduce: what = "ncclAllReduce"; r = ncclAllReduce(a.send, a.recv, a.count, dt, op, comm_, stream); break;
+      case CollKind::kBroadcast: what = "ncclBroadcast"; r = ncclBroadcast(a.send, a.recv, a.count, dt, a.root, comm_, stream); break;
+      case CollKind::kReduce: what = "ncclReduce"; r = ncclReduce(a.send, a.recv, a.count, dt, op, a.root, comm_, stream); break;
+      case CollKind::kAllGather: what = "ncclAllGather"; r = ncclAllGather(a.send, a.recv, a.count, dt, comm_, stream); break;
+      case CollKind::kReduceScatter: what = "ncclReduceScatter"; r = ncclReduceScatter(a.send, a.recv, a.count, dt, op, comm_, stream); break;
+      case CollKind::kBarrier: return zpSuccess;
+    }
+    if (r == ncclInProgress) r = settle(comm_, nowMs() + timeoutMs_);
+    return r == ncclSuccess ? zpSuccess : ncclFailure(what, r, comm_);
+  }
+
   zpResult_t asyncError(std::string* why) override {
     if (!comm_) return zpSuccess;
     ncclResult_t state = ncclSuccess;
