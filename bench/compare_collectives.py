@@ -4,8 +4,9 @@
 For each of all_reduce_perf, all_gather_perf, reduce_scatter_perf and
 broadcast_perf: zprun -n N <prog> and mpirun -np N mpi_<prog> (the same
 source, the same sizes, every element checked), interleaved --repeat times;
-prints one table of median busbw per size and the ratio. Gloo is not in it
-yet. Exits non-zero if a Zeppelin run fails or reports wrong elements.
+and PyTorch's Gloo (bench/gloo_collectives.py, float32; it has no
+reduce_scatter), prints one table of median busbw per size and the ratios.
+Exits non-zero if a Zeppelin run fails or reports wrong elements.
 
     python3 bench/compare_collectives.py --build build -N 4 -b 1M -e 64M -f 2
 
@@ -20,9 +21,10 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import parse_table  # noqa: E402
+from compare import find_torch_python, parse_table  # noqa: E402
 
 PROGS = ["all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf"]
+GLOO_OPS = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "broadcast_perf": "broadcast"}
 
 
 def main():
@@ -38,11 +40,14 @@ def main():
     mpirun = shutil.which("mpirun")
     mpi = [mpirun, "--oversubscribe", "--allow-run-as-root", "-np", str(a.nranks), "--mca", "pml", "ob1",
            "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+    torch_py = find_torch_python()
+    here = os.path.dirname(os.path.abspath(__file__))
     bad = 0
     print(f"# {a.nranks} ranks, busbw in GB/s (nccl-tests' formulas), median of {a.repeat} interleaved runs")
-    print(f"{'collective':>20} {'size(B)':>11} {'zeppelin':>9} {'open_mpi':>9} {'zp/mpi':>7} {'zp_wrong':>9}")
+    print(f"{'collective':>20} {'size(B)':>11} {'zeppelin':>9} {'open_mpi':>9} {'zp/mpi':>7} {'gloo':>9} {'zp/gloo':>8}"
+          f" {'zp_wrong':>9}")
     for prog in PROGS:
-        zp_runs, mpi_runs = [], []
+        zp_runs, mpi_runs, gloo_runs = [], [], []
         for _ in range(a.repeat):
             cmd = [os.path.join(a.build, "zprun"), "-n", str(a.nranks), os.path.join(a.build, "bench", prog)] + sweep
             p = subprocess.run(cmd, capture_output=True, text=True)
@@ -58,14 +63,23 @@ def main():
                 t = parse_table(p.stdout)
                 if p.returncode == 0 and t:
                     mpi_runs.append(t)
+            if torch_py and prog in GLOO_OPS:
+                p = subprocess.run([torch_py, os.path.join(here, "gloo_collectives.py"), "-o", GLOO_OPS[prog], "-N",
+                                    str(a.nranks), "-b", a.b, "-e", a.e, "-f", a.f], capture_output=True, text=True)
+                t = parse_table(p.stdout)
+                if p.returncode == 0 and t:
+                    gloo_runs.append(t)
         for size in sorted(zp_runs[0]):
             z = statistics.median(r[size]["busbw"] for r in zp_runs)
             wrong = sum(r[size]["wrong"] or 0 for r in zp_runs)
             bad += wrong
             m = statistics.median(r[size]["busbw"] for r in mpi_runs) if mpi_runs else None
+            g = statistics.median(r[size]["busbw"] for r in gloo_runs if size in r) if gloo_runs else None
             ratio = f"{z / m:7.2f}" if m else "    n/a"
             ms = f"{m:9.2f}" if m else "      n/a"
-            print(f"{prog:>20} {size:>11} {z:9.2f} {ms} {ratio} {wrong:>9}")
+            gs = f"{g:9.2f}" if g else "      n/a"
+            gratio = f"{z / g:8.2f}" if g else "     n/a"
+            print(f"{prog:>20} {size:>11} {z:9.2f} {ms} {ratio} {gs} {gratio} {wrong:>9}")
     return 1 if bad else 0
 
 
