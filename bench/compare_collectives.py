@@ -73,8 +73,10 @@ def main():
             z = statistics.median(r[size]["busbw"] for r in zp_runs)
             wrong = sum(r[size]["wrong"] or 0 for r in zp_runs)
             bad += wrong
-            m = statistics.median(r[size]["busbw"] for r in mpi_runs) if mpi_runs else None
-            g = statistics.median(r[size]["busbw"] for r in gloo_runs if size in r) if gloo_runs else None
+            mv = [r[size]["busbw"] for r in mpi_runs if size in r]
+            m = statistics.median(mv) if mv else None
+            gv = [r[size]["busbw"] for r in gloo_runs if size in r]
+            g = statistics.median(gv) if gv else None
             ratio = f"{z / m:7.2f}" if m else "    n/a"
             ms = f"{m:9.2f}" if m else "      n/a"
             gs = f"{g:9.2f}" if g else "      n/a"

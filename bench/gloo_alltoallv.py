@@ -249,7 +249,8 @@ def block_bytes(np, seed, src, dst, count, ts, is_float):
 # ---- the worker ----
 def fmt_row(size, count, tname, time_us, algbw, busbw, wrong):
     w = "N/A" if wrong is None else str(wrong)
-    return f" {size:11d}{count:14d}{tname:>10s}{time_us:9.2f}{algbw:8.2f}{busbw:8.2f}{w:>8s}"
+    # Spaces between the columns: a time of 100 ms or more fills its 9 places.
+    return f" {size:11d} {count:13d} {tname:>9s} {time_us:9.2f} {algbw:7.2f} {busbw:7.2f} {w:>7s}"
 
 
 def worker(rank, a, port, file_weights):
