@@ -24,7 +24,7 @@ struct Split {
 // taken only when it still lowers the time. When no candidate fits, the
 // fastest one.
 Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
-                  const ClusterModel& c, double* seconds) {
+                  const ClusterModel& c, const PlanOptions& opt, double* seconds) {
   // Below one token per chunk a larger ring adds hops and no work per rank.
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
   // Rounding must not split a sequence whose time equals the cap.
@@ -34,7 +34,7 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
   *seconds = bestT;
   if (bestT <= cap) return best;
   auto consider = [&](int G, SeqClass cls) {
-    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? Link::Inter : Link::Intra,
+    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra,
                            shape, c);
     if (t < bestT * (1 - 1e-9)) {
       bestT = t;
@@ -44,8 +44,9 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
   };
   for (int G = 2; G <= c.ranksPerNode && G <= maxG; ++G)
     if (consider(G, SeqClass::IntraNode)) break;
+  const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
   if (bestT > cap)
-    for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
+    for (int k = 2; k <= maxNodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
       if (consider(k * c.ranksPerNode, SeqClass::InterNode)) break;
   *seconds = bestT;
   return best;
@@ -54,15 +55,15 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
 // One attempt at the attention placement for a given cap; returns the ranks of
 // each sequence and the per-rank modelled seconds.
 std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causal,
-                                    const AttnShape& shape, const ClusterModel& c, double cap,
-                                    std::vector<double>& load) {
+                                    const AttnShape& shape, const ClusterModel& c, const PlanOptions& opt,
+                                    double cap, std::vector<double>& load) {
   const int n = c.ranks();
   const int rpn = c.ranksPerNode;
   std::vector<std::vector<int>> ranks(lens.size());
   std::vector<Split> splits(lens.size());
   std::vector<double> piece(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
-    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, &piece[i]);
+    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, opt, &piece[i]);
   }
   // Largest first (longest-processing-time): inter-node rings, then
   // intra-node rings, then whole sequences, each onto the least loaded place;
@@ -155,6 +156,14 @@ void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const Cl
   if (!(c.intraNodeGBps > 0) || !(c.tflops > 0) || !(c.efficiency > 0) || c.efficiency > 1)
     throw std::invalid_argument(
         "planBatch: intraNodeGBps and tflops must be > 0 and efficiency in (0, 1]");
+  for (size_t i = 0; i < c.attnEfficiency.size(); ++i) {
+    const auto& [len, eff] = c.attnEfficiency[i];
+    if (!(len >= 1) || !(eff > 0) || eff > 1 || (i > 0 && !(len > c.attnEfficiency[i - 1].first)))
+      throw std::invalid_argument("planBatch: attention efficiency point " + std::to_string(i) +
+                                  " needs a length >= 1 above the previous point's and an efficiency in (0, 1]");
+  }
+  if (!(c.intraLatency >= 0) || !(c.interLatency >= 0) || !(c.routeEfficiency >= 0) || c.routeEfficiency > 1)
+    throw std::invalid_argument("planBatch: latencies must be >= 0 and routeEfficiency in [0, 1]");
   if (shape.qHeads < 1 || shape.kvHeads < 1 || shape.headDim < 1 || shape.elemBytes < 1)
     throw std::invalid_argument("planBatch: attention shape fields must all be at least 1");
   if (shape.qHeads % shape.kvHeads)
@@ -208,11 +217,11 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
 }  // namespace
 
 BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
-                    const ClusterModel& c) {
+                    const ClusterModel& c, const PlanOptions& opt) {
   validate(lens, shape, c);
   const int n = c.ranks();
   double total = 0;
-  for (int64_t s : lens) total += computeSeconds(attnFlops(s, causal, shape), c);
+  for (int64_t s : lens) total += attnComputeSeconds(attnFlops(s, causal, shape), double(s), c);
   const double mean = total / n;
 
   // Smaller pieces balance better but communicate more: start coarse and
@@ -222,7 +231,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   double cap = mean;
   for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
     std::vector<double> load;
-    auto ranks = place(lens, causal, shape, c, cap, load);
+    auto ranks = place(lens, causal, shape, c, opt, cap, load);
     double imb = imbalance(load);
     if (best.empty() || imb < bestImb - 1e-12) {
       best = std::move(ranks);
@@ -280,7 +289,7 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
   std::vector<double> load(c.ranks(), 0.0);
   for (const SeqPlacement& p : plan.seqs) {
     int G = static_cast<int>(p.ranks.size());
-    Link link = p.cls == SeqClass::InterNode ? Link::Inter : Link::Intra;
+    Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
     double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
     for (int r : p.ranks) load[r] += t;
   }
