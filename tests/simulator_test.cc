@@ -180,11 +180,11 @@ TEST(Simulator, FeasibilityCheck) {
 // and the remap balances them (linear imbalance 1 within a token).
 TEST(Simulator, RemapBalancesLinearLayers) {
   StepConfig cfg = oneLayer();
-  ClusterModel c = node8(2);
-  // Eight of 8192 tokens cost as much as 64 of 1024: balanced attention
-  // gives eight ranks 8192 tokens and eight others 65536.
-  std::vector<int64_t> lens(8, 8192);
-  lens.resize(8 + 512, 1024);
+  ClusterModel c = node8(1);
+  // One of 8192 tokens costs as much as 64 of 1024: balanced attention
+  // gives four ranks 8192 tokens and four others 65536.
+  std::vector<int64_t> lens(4, 8192);
+  lens.resize(4 + 256, 1024);
   auto r = simulateStep(lens, cfg, c);
   const auto &z = find(r, "zeppelin"), &nr = find(r, "zeppelin_noremap");
   EXPECT_GT(z.remapSeconds, 0);
@@ -192,6 +192,27 @@ TEST(Simulator, RemapBalancesLinearLayers) {
   EXPECT_NEAR(z.linearImbalance, 1, 1e-3);
   EXPECT_GT(nr.linearImbalance, 1.5);
   EXPECT_GT(z.nicBytes + z.intraBytes, nr.nicBytes + nr.intraBytes);
+}
+
+// The planner's node-level token balance: on two nodes the same batch's
+// remap crosses the NICs without it and stays inside the nodes with it.
+TEST(Simulator, NodeTokenBalanceKeepsRemapInsideNodes) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8(2);
+  std::vector<int64_t> lens(8, 8192);
+  lens.resize(8 + 512, 1024);
+  cfg.nodeTokenBalance = false;
+  auto off = find(simulateStep(lens, cfg, c), "zeppelin");
+  cfg.nodeTokenBalance = true;
+  auto on = find(simulateStep(lens, cfg, c), "zeppelin");
+  printf("  NIC bytes of one forward: %.3g without node balance, %.3g with; remap %.3g s and %.3g s; attention "
+         "imbalance %.4f and %.4f\n", off.nicBytes, on.nicBytes, off.remapSeconds, on.remapSeconds, off.attnImbalance,
+         on.attnImbalance);
+  EXPECT_GT(off.nicBytes, 1e8);
+  EXPECT_LT(on.nicBytes, off.nicBytes / 10);
+  EXPECT_LT(on.remapSeconds, off.remapSeconds / 2);
+  EXPECT_LT(on.attnImbalance, 1.05);
+  EXPECT_NEAR(on.linearImbalance, 1, 1e-3);
 }
 
 TEST(Calibration, EfficiencyByChunkLength) {

@@ -77,7 +77,12 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
   load.assign(n, 0.0);
   // Least loaded first, lower rank on ties.
   using Entry = std::pair<double, int>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  MinHeap heap;
+  std::vector<MinHeap> nodeHeaps;  // per node, with node-level token balance
+  std::vector<double> nodeTokens(c.nodes, 0.0);
+  const double nodeQuota =
+      std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   for (size_t i : order) {
     const Split& s = splits[i];
     if (s.cls == SeqClass::InterNode) {
@@ -111,7 +116,7 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
       }
       std::sort(bestRanks.begin(), bestRanks.end());
       ranks[i] = bestRanks;
-    } else {
+    } else if (!opt.nodeTokenBalance || c.nodes == 1) {
       // Rings are placed; loads change only through this heap from here on.
       if (heap.empty())
         for (int r = 0; r < n; ++r) heap.push({load[r], r});
@@ -119,8 +124,34 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
       heap.pop();
       heap.push({load[r] + piece[i], r});
       ranks[i] = {r};
+    } else {
+      // Node-level token balance: the least loaded rank among nodes that
+      // still have room for the sequence's tokens under the node's share of
+      // the batch, so the remap to the token-balanced linear layout stays
+      // inside nodes (NVLink) instead of crossing NICs. Whole sequences come
+      // last and shortest last, so the short ones even the nodes' tokens out
+      // while the time balance is kept by choosing the least loaded rank.
+      if (nodeHeaps.empty()) {
+        nodeHeaps.resize(c.nodes);
+        for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({load[r], r});
+      }
+      int bestNode = -1, anyNode = 0;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        double top = nodeHeaps[nd].top().first;
+        if (top < nodeHeaps[anyNode].top().first) anyNode = nd;
+        if (nodeTokens[nd] + lens[i] > nodeQuota) continue;
+        if (bestNode < 0 || top < nodeHeaps[bestNode].top().first) bestNode = nd;
+      }
+      const int nd = bestNode >= 0 ? bestNode : anyNode;
+      int r = nodeHeaps[nd].top().second;
+      nodeHeaps[nd].pop();
+      nodeHeaps[nd].push({load[r] + piece[i], r});
+      ranks[i] = {r};
     }
-    for (int r : ranks[i]) load[r] += piece[i];
+    for (int r : ranks[i]) {
+      load[r] += piece[i];
+      nodeTokens[r / rpn] += double(lens[i]) / ranks[i].size();
+    }
   }
   return ranks;
 }

@@ -15,6 +15,9 @@ namespace zp::plan {
 struct PlanOptions {
   // Rings span at most this many nodes (0: any; 1: every ring inside a node).
   int maxRingNodes = 0;
+  // Whole sequences go to nodes that have room under their share of the
+  // batch's tokens, so the remap stays inside nodes where it can.
+  bool nodeTokenBalance = true;
 };
 
 // Throws std::invalid_argument with a message naming the first problem

@@ -596,15 +596,16 @@ StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, 
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const StepConfig& cfg,
                                          const ClusterModel& c) {
   const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
-  PlanOptions intra;
+  PlanOptions all, intra;
+  all.nodeTokenBalance = intra.nodeTokenBalance = cfg.nodeTokenBalance;
   intra.maxRingNodes = 1;
   ClusterModel noRoute = c;
   noRoute.routeEfficiency = 0;
   std::vector<StrategyResult> r = {
-      zeppelin("zeppelin", lens, cfg, c, PlanOptions(), true),
-      zeppelin("zeppelin_noremap", lens, cfg, c, PlanOptions(), false),
+      zeppelin("zeppelin", lens, cfg, c, all, true),
+      zeppelin("zeppelin_noremap", lens, cfg, c, all, false),
       zeppelin("zeppelin_intranode", lens, cfg, c, intra, true),
-      zeppelin("zeppelin_noroute", lens, cfg, noRoute, PlanOptions(), true),
+      zeppelin("zeppelin_noroute", lens, cfg, noRoute, all, true),
       bestGroup("dp_cp", lens, false, cap, cfg, c),
       bestGroup("allgather_cp", lens, true, cap, cfg, c),
       bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }),

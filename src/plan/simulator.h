@@ -54,6 +54,7 @@ struct StepConfig {
   double usableMemory = 0.9;       // the rest: allocator, workspace, fragmentation
   bool recompute = true;           // full activation recomputation, layer by layer
   double stateBytesPerParam = 16;  // bf16 weights and gradients, fp32 master and Adam, sharded over all ranks
+  bool nodeTokenBalance = true;    // the planner's option of that name (planner.h)
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it

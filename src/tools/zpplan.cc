@@ -44,7 +44,7 @@ struct Options {
   int64_t perRank = 65536;
   int batches = 16, seeds = 5;
   uint64_t seed = 1;
-  bool full = false, json = false, noRecompute = false;
+  bool full = false, json = false, noRecompute = false, noNodeBalance = false;
   std::string preset = "a800", calibrationFile, modelName = "llama-8b", writeCalibration;
   // Options given, applied over the preset, calibration file and model in
   // the order they stand.
@@ -148,6 +148,7 @@ void defineOptions(CLI::App& app, Options* o) {
   model("--head-dim", "head dimension", [](ModelShape* m, int x) { m->attn.headDim = x; });
   model("--elem-bytes", "bytes per element (2)", [](ModelShape* m, int x) { m->attn.elemBytes = x; });
   zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
+  zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
   zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
 }
@@ -209,6 +210,9 @@ int main(int argc, char** argv) {
   }
   cfg.causal = !opt.full;
   cfg.recompute = !opt.noRecompute;
+  cfg.nodeTokenBalance = !opt.noNodeBalance;
+  PlanOptions planOpt;
+  planOpt.nodeTokenBalance = cfg.nodeTokenBalance;
   cfg.linearEfficiency = cal.linearEfficiency;
   cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
   if (!opt.writeCalibration.empty()) {
@@ -250,10 +254,10 @@ int main(int argc, char** argv) {
   if (opt.json) {
     printf("{\"machine\": \"%s\", \"source\": \"%s\", \"model\": {\"name\": \"%s\", \"hidden\": %d, \"ffn\": %d, \"layers\": %d, "
            "\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d}, \"causal\": %s, \"recompute\": %s, \"tokens_per_rank\": %lld, "
-           "\"batches\": %d, \"seeds\": %d, \"seed\": %llu, \"results\": [",
+           "\"node_balance\": %s, \"batches\": %d, \"seeds\": %d, \"seed\": %llu, \"results\": [",
            cal.name.c_str(), cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers, m.attn.qHeads, m.attn.kvHeads,
            m.attn.headDim, cfg.causal ? "true" : "false", cfg.recompute ? "true" : "false", (long long)opt.perRank,
-           opt.batches, opt.seeds, (unsigned long long)opt.seed);
+           cfg.nodeTokenBalance ? "true" : "false", opt.batches, opt.seeds, (unsigned long long)opt.seed);
   } else {
     printf("# machine %s (%s)\n# model %s: hidden %d, ffn %d, %d layers, %d/%d heads of %d; %s, %s\n", cal.name.c_str(),
            cal.source.empty() ? "no source given" : cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers,
@@ -283,7 +287,7 @@ int main(int argc, char** argv) {
         double ms = 0;
         try {
           auto t0 = std::chrono::steady_clock::now();
-          planBatch(lens, cfg.causal, m.attn, c);
+          planBatch(lens, cfg.causal, m.attn, c, planOpt);
           ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           r = simulateStep(lens, cfg, c);
         } catch (const std::invalid_argument& e) {
