@@ -5,7 +5,9 @@
 //   - the router's plan of a uniform alltoallv at 64 and 512 ranks (8 per
 //     node, 4 NICs per node), the size of plan a 512-rank zpAlltoallv makes;
 //   - the check of a 512-rank layout (zpLayoutCreate: every token once);
-//   - the log-sum-exp merge of a block's partial attention output.
+//   - the log-sum-exp merge of a block's partial attention output;
+//   - the reference attention kernel by chunk length (the machine's own
+//     attention efficiency curve, for bench/calibrate.py).
 // CTest runs it briefly as a smoke test (micro_bench_smoke). The remap's and
 // Ulysses' index building and the alltoallv count check need a live
 // communicator of that many ranks and are not here.
@@ -134,6 +136,33 @@ void BM_AttnMergeLse(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(out.size()) * 3 * sizeof(float));
 }
 BENCHMARK(BM_AttnMergeLse)->Arg(1024)->Arg(8192);
+
+// The reference attention kernel (CPU) on a causal block of `chunk` query
+// and key tokens: FLOP/s by chunk length, the curve bench/calibrate.py turns
+// into a calibration's attention efficiency for the machine at hand.
+void BM_AttnRefCausal(benchmark::State& state) {
+  const int64_t chunk = state.range(0);
+  const int qHeads = 2, kvHeads = 1, dim = 64;
+  std::vector<float> q(chunk * qHeads * dim, 0.01f), k(chunk * kvHeads * dim, 0.02f), v(k.size(), 0.03f),
+      out(q.size()), lse(chunk * qHeads);
+  zpAttnBlock_t b = {};
+  b.q = q.data();
+  b.k = k.data();
+  b.v = v.data();
+  b.out = out.data();
+  b.lse = lse.data();
+  b.sq = b.sk = chunk;
+  b.qHeads = qHeads;
+  b.kvHeads = kvHeads;
+  b.headDim = dim;
+  b.scale = 1.0f / std::sqrt(float(dim));
+  b.mask = zpMaskCausal;
+  for (auto _ : state)
+    if (zpAttnRefForward(&b, nullptr) != zpSuccess) state.SkipWithError("zpAttnRefForward failed");
+  // 4 * s^2 * heads * dim, halved for the causal mask (cost_model.h).
+  state.counters["flops"] = benchmark::Counter(2.0 * chunk * chunk * qHeads * dim, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttnRefCausal)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -441,6 +441,24 @@ TEST(Simulator, ZpplanJson) {
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt --ranks 12 >/dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
+  // A calibration file: the preset written out reads back to the same
+  // predictions; the same file with half the peak predicts longer steps.
+  auto output = [](const std::string& args) {
+    std::string out;
+    FILE* q = popen((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR +
+                     "/prolong64k.txt --ranks 16 --batches 2 --seeds 1 --tokens-per-rank 8192 " + args + " 2>&1").c_str(), "r");
+    char line[512];
+    while (q && fgets(line, sizeof line, q)) out += line[0] == '#' ? "" : line;  // the header names the machine
+    if (q) pclose(q);
+    return out;
+  };
+  const std::string cal = testing::TempDir() + "zpplan_h800.json";
+  ASSERT_EQ(std::system((std::string(ZPPLAN_PATH) + " --preset h800 --write-calibration " + cal).c_str()), 0);
+  const std::string preset = output("--preset h800");
+  EXPECT_EQ(output("--calibration " + cal), preset);
+  ASSERT_EQ(std::system(("sed -i 's/\"tflops\": 989.0/\"tflops\": 494.5/' " + cal).c_str()), 0);
+  EXPECT_NE(output("--calibration " + cal), preset);
+  EXPECT_EQ(output("--calibration " + cal), output("--preset h800 --tflops 494.5"));
   for (const char* bad : {"--model llama-9b", "--preset v100", "--kv-heads 5", "--calibration /nonexistent/c.json",
                           "--memory-gib 0", "--route-efficiency 2", "--seeds 0"}) {
     rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt " + bad + " >/dev/null 2>&1").c_str());
