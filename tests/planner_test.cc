@@ -323,40 +323,7 @@ TEST(Planner, ProlongImbalanceTargets) {
   printf("  %d of 18 plans bounded by one sequence's floor\n", floorBound);
 }
 
-TEST(Simulator, BaselinesByHand) {
-  AttnShape sh;
-  ClusterModel c = a800(1);
-  // 8 equal sequences on one node: packing puts one on each rank, no bytes move.
-  std::vector<int64_t> lens(8, 4096);
-  auto r = simulateStep(lens, true, sh, c);
-  ASSERT_EQ(r.size(), 5u);
-  const char* names[] = {"zeppelin", "ring", "allgather", "dynamic_cp", "packing"};
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].name, names[i]);
-  double one = computeSeconds(attnFlops(4096, true, sh), c);
-  EXPECT_DOUBLE_EQ(r[4].stepSeconds, one);
-  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 1.0);
-  EXPECT_EQ(r[4].nicBytes + r[4].intraBytes, 0.0);
-  // Zeppelin keeps them local too: nothing to hide, nothing to move.
-  EXPECT_DOUBLE_EQ(r[0].stepSeconds, one);
-  EXPECT_EQ(r[0].nicBytes + r[0].intraBytes, 0.0);
-  // Ring over 8 ranks of one node: 7 hops of every sequence's K and V, all intra.
-  EXPECT_DOUBLE_EQ(r[1].intraBytes, 8 * 7 * kvBytes(4096, sh));
-  EXPECT_EQ(r[1].nicBytes, 0.0);
-  RingStep st = ringStep(4096, true, 8, Link::Intra, sh, c);
-  EXPECT_NEAR(r[1].stepSeconds, 8 * st.compute + 7 * std::max(8 * st.compute, 8 * st.transfer), 1e-12);
-  // All-gather: 7/8 of all K and V into every rank, then 1/8 of the compute.
-  double kv = kvBytes(8 * 4096, sh);
-  EXPECT_NEAR(r[2].stepSeconds, kv * 7 / 8 / 200e9 + one, 1e-12);
-  EXPECT_NEAR(r[2].intraBytes, kv * 7, 1e-3);
-  // Dynamic CP: each fits one rank's budget, so degree 1.
-  EXPECT_DOUBLE_EQ(r[3].stepSeconds, one);
-  // One sequence of the whole budget: packing is 8x imbalanced, Zeppelin splits it.
-  std::vector<int64_t> big = {8 * 4096};
-  r = simulateStep(big, true, sh, c);
-  EXPECT_DOUBLE_EQ(r[4].attnImbalance, 8.0);
-  EXPECT_LT(r[0].stepSeconds, r[4].stepSeconds / 4);
-  EXPECT_GT(r[0].intraBytes, 0.0);
-}
+// The simulator's baselines by hand: tests/simulator_test.cc.
 
 TEST(Simulator, BatchingRule) {
   SEED_TRACE;
@@ -434,16 +401,24 @@ TEST(Simulator, ZpplanJson) {
   std::string check =
       "import json,sys\n"
       "d=json.load(sys.stdin)\n"
-      "assert d['preset']=='h200' and d['causal'] is True and d['tokens_per_rank']==4096 and d['batches']==2\n"
+      "assert d['machine']=='h200' and d['causal'] is True and d['tokens_per_rank']==4096 and d['batches']==2 and d['seeds']==2\n"
+      "assert d['model']['name']=='llama-3b' and d['model']['layers']==28 and d['recompute'] is True\n"
       "assert [r['ranks'] for r in d['results']]==[16,32]\n"
+      "names=['zeppelin','zeppelin_noremap','zeppelin_intranode','zeppelin_noroute','dp_cp','allgather_cp','dynamic_cp','hybrid_dp','ring_all']\n"
       "for r in d['results']:\n"
-      "  assert r['nodes']==r['ranks']//8 and r['mean_seqs']>0 and r['plan_ms']>=0\n"
+      "  assert r['nodes']==r['ranks']//8 and r['mean_seqs']>0 and r['draws']==4 and r['plan_ms']['median']>0\n"
+      "  assert sorted(r['speedup_over_best'])==['median','p5','p95'] and r['speedup_over_best']['median']>0\n"
+      "  assert sum(r['best_baseline'].values())==4 and 'speedup_over_best_planning_charged' in r\n"
       "  s=r['strategies']\n"
-      "  assert sorted(s)==sorted(['zeppelin','ring','allgather','dynamic_cp','packing'])\n"
+      "  assert list(s)==names\n"
       "  for k,v in s.items():\n"
-      "    assert sorted(v)==sorted(['step_ms','remap_ms','attn_imbalance','nic_bytes','intra_bytes','zeppelin_speedup']),v\n"
-      "    assert v['step_ms']>0 and v['attn_imbalance']>=1\n"
-      "  assert abs(s['zeppelin']['zeppelin_speedup']-1)<1e-9\n"
+      "    assert sorted(v)==sorted(['baseline','reference','step_s','breakdown_s','feasible','peak_mem_gib','group','limit_tokens','zeppelin_speedup']),v\n"
+      "    assert v['step_s']['p5']<=v['step_s']['median']<=v['step_s']['p95'] and v['step_s']['median']>0\n"
+      "    assert sorted(v['breakdown_s'])==['attn','comm','idle','linear','remap']\n"
+      "    assert abs(sum(v['breakdown_s'].values())/v['step_s']['median']-1)<0.5\n"
+      "    assert v['baseline']==(k in names[4:8]) and v['reference']==(k=='ring_all')\n"
+      "  assert s['dp_cp']['group']>=1 and s['zeppelin']['breakdown_s']['linear']>0\n"
+      "  assert abs(s['zeppelin']['zeppelin_speedup']['median']-1)<1e-9\n"
       "print('ok')\n";
   std::string py = testing::TempDir() + "zpplan_check.py";
   {
@@ -451,7 +426,7 @@ TEST(Simulator, ZpplanJson) {
     f << check;
   }
   std::string cmd = std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR +
-                    "/prolong64k.txt --preset h200 --ranks 16,32 --tokens-per-rank 4096 --batches 2 --time --json | python3 " +
+                    "/prolong64k.txt --preset h200 --model llama-3b --ranks 16,32 --tokens-per-rank 4096 --batches 2 --seeds 2 --json | python3 " +
                     py + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -466,6 +441,29 @@ TEST(Simulator, ZpplanJson) {
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt --ranks 12 >/dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
+  // A calibration file: the preset written out reads back to the same
+  // predictions; the same file with half the peak predicts longer steps.
+  auto output = [](const std::string& args) {
+    std::string out;
+    FILE* q = popen((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR +
+                     "/prolong64k.txt --ranks 16 --batches 2 --seeds 1 --tokens-per-rank 8192 " + args + " 2>&1").c_str(), "r");
+    char line[512];
+    while (q && fgets(line, sizeof line, q)) out += line[0] == '#' ? "" : line;  // the header names the machine
+    if (q) pclose(q);
+    return out;
+  };
+  const std::string cal = testing::TempDir() + "zpplan_h800.json";
+  ASSERT_EQ(std::system((std::string(ZPPLAN_PATH) + " --preset h800 --write-calibration " + cal).c_str()), 0);
+  const std::string preset = output("--preset h800");
+  EXPECT_EQ(output("--calibration " + cal), preset);
+  ASSERT_EQ(std::system(("sed -i 's/\"tflops\": 989.0/\"tflops\": 494.5/' " + cal).c_str()), 0);
+  EXPECT_NE(output("--calibration " + cal), preset);
+  EXPECT_EQ(output("--calibration " + cal), output("--preset h800 --tflops 494.5"));
+  for (const char* bad : {"--model llama-9b", "--preset v100", "--kv-heads 5", "--calibration /nonexistent/c.json",
+                          "--memory-gib 0", "--route-efficiency 2", "--seeds 0"}) {
+    rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt " + bad + " >/dev/null 2>&1").c_str());
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << bad;
+  }
 }
 #endif
 

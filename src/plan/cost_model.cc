@@ -1,12 +1,31 @@
 #include "src/plan/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace zp::plan {
+
+Link zeppelinInterLink(const ClusterModel& c) { return c.routeEfficiency > 0 ? Link::Routed : Link::Inter; }
 
 double attnFlops(int64_t len, bool causal, const AttnShape& shape) {
   double s = static_cast<double>(len);
   return 4.0 * s * s * shape.qHeads * shape.headDim * (causal ? 0.5 : 1.0);
+}
+
+double attnEfficiencyAt(double chunk, const ClusterModel& c) {
+  const auto& t = c.attnEfficiency;
+  if (t.empty()) return c.efficiency;
+  if (chunk <= t.front().first) return t.front().second;
+  if (chunk >= t.back().first) return t.back().second;
+  size_t i = 1;
+  while (t[i].first < chunk) ++i;
+  // Kernel efficiency grows roughly with the logarithm of the tile count.
+  double f = std::log(chunk / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
+  return t[i - 1].second + f * (t[i].second - t[i - 1].second);
+}
+
+double attnComputeSeconds(double flops, double chunk, const ClusterModel& c) {
+  return flops / (c.tflops * 1e12 * attnEfficiencyAt(chunk, c));
 }
 
 double computeSeconds(double flops, const ClusterModel& cluster) {
@@ -17,10 +36,20 @@ double kvBytes(int64_t tokens, const AttnShape& shape) {
   return 2.0 * static_cast<double>(tokens) * shape.kvHeads * shape.headDim * shape.elemBytes;
 }
 
-double linkBytesPerSec(Link link, const ClusterModel& cluster) {
-  if (link == Link::Intra) return cluster.intraNodeGBps * 1e9;
-  return cluster.nicGbps * 1e9 / 8.0;
+double linkBytesPerSec(Link link, const ClusterModel& c) {
+  switch (link) {
+    case Link::Intra:
+      return c.intraNodeGBps * 1e9;
+    case Link::Routed:
+      if (c.routeEfficiency > 0) return c.routeEfficiency * c.nicsPerNode * c.nicGbps * 1e9 / 8.0;
+      [[fallthrough]];
+    case Link::Inter:
+      break;
+  }
+  return c.nicGbps * 1e9 / 8.0;
 }
+
+double linkLatency(Link link, const ClusterModel& c) { return link == Link::Intra ? c.intraLatency : c.interLatency; }
 
 double nicShareBytesPerSec(const ClusterModel& cluster) {
   return cluster.nicsPerNode * cluster.nicGbps * 1e9 / 8.0 / cluster.ranksPerNode;
@@ -30,11 +59,18 @@ RingStep ringStep(int64_t len, bool causal, int G, Link link, const AttnShape& s
                   const ClusterModel& cluster) {
   RingStep st;
   double g = G;
-  st.compute = computeSeconds(attnFlops(len, causal, shape), cluster) / (g * g);
+  st.compute = attnComputeSeconds(attnFlops(len, causal, shape) / (g * g), double(len) / G, cluster);
   // The largest chunk a rank holds decides how long its hop takes.
   int64_t chunk = (len + G - 1) / G;
-  st.transfer = G > 1 ? kvBytes(chunk, shape) / linkBytesPerSec(link, cluster) : 0.0;
+  st.transfer = G > 1 ? linkLatency(link, cluster) + kvBytes(chunk, shape) / linkBytesPerSec(link, cluster) : 0.0;
   return st;
+}
+
+RingStep backwardStep(const RingStep& fwd, double latency) {
+  RingStep b;
+  b.compute = kAttnBackwardFlops * fwd.compute;
+  b.transfer = fwd.transfer > 0 ? latency + 2 * (fwd.transfer - latency) : 0.0;
+  return b;
 }
 
 bool ringHides(int64_t len, bool causal, int G, Link link, const AttnShape& shape,

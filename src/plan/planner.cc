@@ -24,7 +24,7 @@ struct Split {
 // taken only when it still lowers the time. When no candidate fits, the
 // fastest one.
 Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
-                  const ClusterModel& c, double* seconds) {
+                  const ClusterModel& c, const PlanOptions& opt, double* seconds) {
   // Below one token per chunk a larger ring adds hops and no work per rank.
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
   // Rounding must not split a sequence whose time equals the cap.
@@ -34,7 +34,7 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
   *seconds = bestT;
   if (bestT <= cap) return best;
   auto consider = [&](int G, SeqClass cls) {
-    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? Link::Inter : Link::Intra,
+    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra,
                            shape, c);
     if (t < bestT * (1 - 1e-9)) {
       bestT = t;
@@ -44,8 +44,9 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
   };
   for (int G = 2; G <= c.ranksPerNode && G <= maxG; ++G)
     if (consider(G, SeqClass::IntraNode)) break;
+  const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
   if (bestT > cap)
-    for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
+    for (int k = 2; k <= maxNodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
       if (consider(k * c.ranksPerNode, SeqClass::InterNode)) break;
   *seconds = bestT;
   return best;
@@ -54,15 +55,15 @@ Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
 // One attempt at the attention placement for a given cap; returns the ranks of
 // each sequence and the per-rank modelled seconds.
 std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causal,
-                                    const AttnShape& shape, const ClusterModel& c, double cap,
-                                    std::vector<double>& load) {
+                                    const AttnShape& shape, const ClusterModel& c, const PlanOptions& opt,
+                                    double cap, std::vector<double>& load) {
   const int n = c.ranks();
   const int rpn = c.ranksPerNode;
   std::vector<std::vector<int>> ranks(lens.size());
   std::vector<Split> splits(lens.size());
   std::vector<double> piece(lens.size());
   for (size_t i = 0; i < lens.size(); ++i) {
-    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, &piece[i]);
+    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, opt, &piece[i]);
   }
   // Largest first (longest-processing-time): inter-node rings, then
   // intra-node rings, then whole sequences, each onto the least loaded place;
@@ -76,7 +77,12 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
   load.assign(n, 0.0);
   // Least loaded first, lower rank on ties.
   using Entry = std::pair<double, int>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  MinHeap heap;
+  std::vector<MinHeap> nodeHeaps;  // per node, with node-level token balance
+  std::vector<double> nodeTokens(c.nodes, 0.0);
+  const double nodeQuota =
+      std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   for (size_t i : order) {
     const Split& s = splits[i];
     if (s.cls == SeqClass::InterNode) {
@@ -110,7 +116,7 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
       }
       std::sort(bestRanks.begin(), bestRanks.end());
       ranks[i] = bestRanks;
-    } else {
+    } else if (!opt.nodeTokenBalance || c.nodes == 1) {
       // Rings are placed; loads change only through this heap from here on.
       if (heap.empty())
         for (int r = 0; r < n; ++r) heap.push({load[r], r});
@@ -118,8 +124,34 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
       heap.pop();
       heap.push({load[r] + piece[i], r});
       ranks[i] = {r};
+    } else {
+      // Node-level token balance: the least loaded rank among nodes that
+      // still have room for the sequence's tokens under the node's share of
+      // the batch, so the remap to the token-balanced linear layout stays
+      // inside nodes (NVLink) instead of crossing NICs. Whole sequences come
+      // last and shortest last, so the short ones even the nodes' tokens out
+      // while the time balance is kept by choosing the least loaded rank.
+      if (nodeHeaps.empty()) {
+        nodeHeaps.resize(c.nodes);
+        for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({load[r], r});
+      }
+      int bestNode = -1, anyNode = 0;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        double top = nodeHeaps[nd].top().first;
+        if (top < nodeHeaps[anyNode].top().first) anyNode = nd;
+        if (nodeTokens[nd] + lens[i] > nodeQuota) continue;
+        if (bestNode < 0 || top < nodeHeaps[bestNode].top().first) bestNode = nd;
+      }
+      const int nd = bestNode >= 0 ? bestNode : anyNode;
+      int r = nodeHeaps[nd].top().second;
+      nodeHeaps[nd].pop();
+      nodeHeaps[nd].push({load[r] + piece[i], r});
+      ranks[i] = {r};
     }
-    for (int r : ranks[i]) load[r] += piece[i];
+    for (int r : ranks[i]) {
+      load[r] += piece[i];
+      nodeTokens[r / rpn] += double(lens[i]) / ranks[i].size();
+    }
   }
   return ranks;
 }
@@ -155,6 +187,14 @@ void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const Cl
   if (!(c.intraNodeGBps > 0) || !(c.tflops > 0) || !(c.efficiency > 0) || c.efficiency > 1)
     throw std::invalid_argument(
         "planBatch: intraNodeGBps and tflops must be > 0 and efficiency in (0, 1]");
+  for (size_t i = 0; i < c.attnEfficiency.size(); ++i) {
+    const auto& [len, eff] = c.attnEfficiency[i];
+    if (!(len >= 1) || !(eff > 0) || eff > 1 || (i > 0 && !(len > c.attnEfficiency[i - 1].first)))
+      throw std::invalid_argument("planBatch: attention efficiency point " + std::to_string(i) +
+                                  " needs a length >= 1 above the previous point's and an efficiency in (0, 1]");
+  }
+  if (!(c.intraLatency >= 0) || !(c.interLatency >= 0) || !(c.routeEfficiency >= 0) || c.routeEfficiency > 1)
+    throw std::invalid_argument("planBatch: latencies must be >= 0 and routeEfficiency in [0, 1]");
   if (shape.qHeads < 1 || shape.kvHeads < 1 || shape.headDim < 1 || shape.elemBytes < 1)
     throw std::invalid_argument("planBatch: attention shape fields must all be at least 1");
   if (shape.qHeads % shape.kvHeads)
@@ -208,11 +248,11 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
 }  // namespace
 
 BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
-                    const ClusterModel& c) {
+                    const ClusterModel& c, const PlanOptions& opt) {
   validate(lens, shape, c);
   const int n = c.ranks();
   double total = 0;
-  for (int64_t s : lens) total += computeSeconds(attnFlops(s, causal, shape), c);
+  for (int64_t s : lens) total += attnComputeSeconds(attnFlops(s, causal, shape), double(s), c);
   const double mean = total / n;
 
   // Smaller pieces balance better but communicate more: start coarse and
@@ -222,7 +262,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   double cap = mean;
   for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
     std::vector<double> load;
-    auto ranks = place(lens, causal, shape, c, cap, load);
+    auto ranks = place(lens, causal, shape, c, opt, cap, load);
     double imb = imbalance(load);
     if (best.empty() || imb < bestImb - 1e-12) {
       best = std::move(ranks);
@@ -280,7 +320,7 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
   std::vector<double> load(c.ranks(), 0.0);
   for (const SeqPlacement& p : plan.seqs) {
     int G = static_cast<int>(p.ranks.size());
-    Link link = p.cls == SeqClass::InterNode ? Link::Inter : Link::Intra;
+    Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
     double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
     for (int r : p.ranks) load[r] += t;
   }

@@ -11,10 +11,19 @@
 
 namespace zp::plan {
 
+// What a caller may restrict (the simulator's variants use them).
+struct PlanOptions {
+  // Rings span at most this many nodes (0: any; 1: every ring inside a node).
+  int maxRingNodes = 0;
+  // Whole sequences go to nodes that have room under their share of the
+  // batch's tokens, so the remap stays inside nodes where it can.
+  bool nodeTokenBalance = true;
+};
+
 // Throws std::invalid_argument with a message naming the first problem
 // (empty batch, a length below 1, a cluster without ranks or rates).
 BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const AttnShape& shape,
-                    const ClusterModel& cluster);
+                    const ClusterModel& cluster, const PlanOptions& options = PlanOptions());
 
 // The plan for rings the caller chose: sequence i on rings[i] (in ring
 // order), chunked as plan.h says; a ring leaving its first rank's node (of

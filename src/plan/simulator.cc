@@ -1,191 +1,622 @@
 #include "src/plan/simulator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
 #include "src/plan/planner.h"
 
 namespace zp::plan {
+
+bool modelPreset(const std::string& name, ModelShape* out) {
+  // hidden, ffn, layers, q heads, kv heads, vocab; head dimension 128 for all.
+  struct P {
+    const char* name;
+    int hidden, ffn, layers, q, kv;
+    int64_t vocab;
+  };
+  static const P presets[] = {
+      {"llama-3b", 3072, 8192, 28, 24, 8, 128256},    // Llama 3.2 3B
+      {"llama-7b", 4096, 11008, 32, 32, 32, 32000},   // Llama 2 7B
+      {"llama-8b", 4096, 14336, 32, 32, 8, 128256},   // Llama 3 / 3.1 8B
+      {"llama-13b", 5120, 13824, 40, 40, 40, 32000},  // Llama 2 13B
+      {"llama-30b", 6656, 17920, 60, 52, 52, 32000},  // LLaMA 30B (32.5B)
+  };
+  for (const P& p : presets)
+    if (name == p.name) {
+      ModelShape m;
+      m.name = p.name;
+      m.hidden = p.hidden;
+      m.ffn = p.ffn;
+      m.layers = p.layers;
+      m.attn.qHeads = p.q;
+      m.attn.kvHeads = p.kv;
+      m.attn.headDim = 128;
+      m.attn.elemBytes = 2;
+      m.vocab = p.vocab;
+      *out = m;
+      return true;
+    }
+  return false;
+}
+
+const char* modelPresetNames() { return "llama-3b, llama-7b, llama-8b, llama-13b, llama-30b"; }
+
+double linearFlopsPerToken(const ModelShape& m) {
+  const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  // QKV projection, output projection, gate + up + down (2 FLOPs per multiply-add).
+  return 2.0 * (h * (q + 2 * kv) + q * h + 3 * h * m.ffn);
+}
+
+double modelParams(const ModelShape& m) {
+  const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  return m.layers * (h * (q + 2 * kv) + q * h + 3 * h * m.ffn + 2 * h) + 2.0 * m.vocab * h;
+}
+
+const std::vector<std::string>& strategyNames() {
+  static const std::vector<std::string> names = {"zeppelin", "zeppelin_noremap", "zeppelin_intranode",
+                                                 "zeppelin_noroute", "dp_cp", "allgather_cp",
+                                                 "dynamic_cp", "hybrid_dp", "ring_all"};
+  return names;
+}
+
+double stateBytesPerRank(const StepConfig& cfg, int n) { return cfg.stateBytesPerParam * modelParams(cfg.model) / n; }
+
 namespace {
 
-struct Tally {
-  std::vector<double> seconds;  // per rank
-  double nic = 0, intra = 0;
-};
-
-// K and V of a ring of G ranks over k nodes: each of G - 1 steps moves every
-// chunk one hop; k of the G hops cross nodes when k > 1.
-void ringBytes(int64_t len, int G, int k, const AttnShape& sh, Tally& t) {
-  if (G < 2) return;
-  double all = (G - 1) * kvBytes(len, sh);
-  double cross = k > 1 ? all * k / G : 0;
-  t.nic += cross;
-  t.intra += all - cross;
-}
-
-StrategyResult finish(const std::string& name, const Tally& t) {
-  StrategyResult r;
-  r.name = name;
-  r.stepSeconds = *std::max_element(t.seconds.begin(), t.seconds.end());
-  r.attnImbalance = imbalance(t.seconds);
-  r.nicBytes = t.nic;
-  r.intraBytes = t.intra;
-  return r;
-}
-
-// Bytes per token a remap moves: q, k and v in, the output back.
-double remapBytesPerToken(const AttnShape& sh) {
-  return double(2 * sh.qHeads + 2 * sh.kvHeads) * sh.headDim * sh.elemBytes;
-}
-
-StrategyResult zeppelin(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
-                        const ClusterModel& c) {
-  BatchPlan p = planBatch(lens, causal, sh, c);
-  Tally t;
-  t.seconds = rankAttnSeconds(p, sh, c);
-  for (const SeqPlacement& s : p.seqs) {
-    int k = 1;
-    for (size_t j = 1; j < s.ranks.size(); ++j)
-      if (s.ranks[j] / c.ranksPerNode != s.ranks[j - 1] / c.ranksPerNode) ++k;
-    ringBytes(s.len, int(s.ranks.size()), k, sh, t);
-  }
-  // Remap: which attention rank holds each token a linear rank holds.
-  std::vector<std::vector<std::pair<Segment, int>>> owner(lens.size());
-  for (size_t r = 0; r < p.attention.ranks.size(); ++r)
-    for (const Segment& s : p.attention.ranks[r]) owner[s.seq].push_back({s, int(r)});
-  for (auto& o : owner)
-    std::sort(o.begin(), o.end(), [](auto& a, auto& b) { return a.first.start < b.first.start; });
-  const double bpt = remapBytesPerToken(sh);
-  const int n = c.ranks();
-  std::vector<double> inB(n, 0), outB(n, 0);
-  for (int r = 0; r < n; ++r)
-    for (const Segment& s : p.linear.ranks[r])
-      for (const auto& [a, ar] : owner[s.seq]) {
-        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
-        if (e <= b || ar == r) continue;
-        double bytes = (e - b) * bpt;
-        bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
-        (cross ? t.nic : t.intra) += bytes;
-        // Each side's time on its link: the busier of sender and receiver decides.
-        double secs = bytes / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
-        inB[ar] += secs;
-        outB[r] += secs;
-      }
-  double remap = 0;
-  for (int r = 0; r < n; ++r) remap = std::max(remap, std::max(inB[r], outB[r]));
-  StrategyResult res = finish("zeppelin", t);
-  res.stepSeconds += remap;
-  res.remapSeconds = remap;
-  return res;
-}
-
-// Transformer Engine's ring over all ranks, zigzag: one packed ring whose
-// steps compute 1/N^2 of every sequence and pass every sequence's chunk.
-StrategyResult ring(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
-                    const ClusterModel& c) {
-  const int n = c.ranks();
-  Tally t;
-  double comp = 0, xfer = 0;
-  for (int64_t l : lens) {
-    RingStep st = ringStep(l, causal, n, c.nodes > 1 ? Link::Inter : Link::Intra, sh, c);
-    comp += st.compute;
-    xfer += st.transfer;
-    ringBytes(l, n, c.nodes, sh, t);
-  }
-  t.seconds.assign(n, comp + (n - 1) * std::max(comp, xfer));
-  return finish("ring", t);
-}
-
-// Llama 3: all-gather K and V of the whole packed batch, then each rank
-// computes its zigzag share of the queries; the gather is not overlapped.
-StrategyResult allgather(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
-                         const ClusterModel& c) {
-  const int n = c.ranks();
-  double total = std::accumulate(lens.begin(), lens.end(), 0.0);
-  double flops = 0;
-  for (int64_t l : lens) flops += attnFlops(l, causal, sh);
-  double kv = kvBytes(1, sh) * total;
-  Tally t;
-  // Each node receives the other nodes' part once over its NICs (split over
-  // its ranks' shares), then every rank gathers the rest within the node.
-  double crossPerNode = c.nodes > 1 ? kv * (c.nodes - 1) / c.nodes : 0;
-  double inter = crossPerNode / c.ranksPerNode / nicShareBytesPerSec(c);
-  double intraPerRank = kv * (n - 1) / n - crossPerNode / c.ranksPerNode;
-  double intra = intraPerRank / linkBytesPerSec(Link::Intra, c);
-  t.nic = crossPerNode * c.nodes;
-  t.intra = intraPerRank * n;
-  t.seconds.assign(n, inter + intra + computeSeconds(flops, c) / n);
-  return finish("allgather", t);
-}
-
-// Sequence indexes, longest first (ties in input order).
-std::vector<size_t> longestFirst(const std::vector<int64_t>& lens) {
-  std::vector<size_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
-  return order;
-}
-
-// Megatron's dynamic CP: each sequence on the smallest power-of-two group of
-// aligned ranks that holds it within the per-rank token budget, groups filled
-// by tokens (the balance Megatron aims at), largest first.
-StrategyResult dynamicCp(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
-                         const ClusterModel& c) {
-  const int n = c.ranks();
-  const int64_t total = std::accumulate(lens.begin(), lens.end(), int64_t{0});
-  const int64_t cap = std::max<int64_t>(1, (total + n - 1) / n);
-  const std::vector<size_t> order = longestFirst(lens);
-  std::vector<int64_t> tokens(n, 0);
-  Tally t;
-  t.seconds.assign(n, 0);
-  for (size_t i : order) {
-    int d = 1;
-    while (d < n && (lens[i] + d - 1) / d > cap) d *= 2;
-    d = std::min(d, n);
-    int bestStart = 0;
-    int64_t bestLoad = -1;
-    for (int s = 0; s + d <= n; s += d) {
-      int64_t m = *std::max_element(tokens.begin() + s, tokens.begin() + s + d);
-      if (bestLoad < 0 || m < bestLoad) {
-        bestLoad = m;
-        bestStart = s;
-      }
-    }
-    int k = d <= c.ranksPerNode ? 1 : d / c.ranksPerNode;
-    double secs = ringSeconds(lens[i], causal, d, k > 1 ? Link::Inter : Link::Intra, sh, c);
-    for (int r = bestStart; r < bestStart + d; ++r) {
-      tokens[r] += lens[i] / d;
-      t.seconds[r] += secs;
-    }
-    ringBytes(lens[i], d, k, sh, t);
-  }
-  return finish("dynamic_cp", t);
-}
-
-// Token-balanced packing, attention local only: each sequence whole on the
-// rank with the fewest tokens so far, longest first.
-StrategyResult packing(const std::vector<int64_t>& lens, bool causal, const AttnShape& sh,
-                       const ClusterModel& c) {
-  const int n = c.ranks();
-  const std::vector<size_t> order = longestFirst(lens);
-  std::vector<int64_t> tokens(n, 0);
-  Tally t;
-  t.seconds.assign(n, 0);
-  for (size_t i : order) {
-    int r = int(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
-    tokens[r] += lens[i];
-    t.seconds[r] += computeSeconds(attnFlops(lens[i], causal, sh), c);
-  }
-  return finish("packing", t);
+// Bytes one layer keeps per token for its backward: the norms' inputs and
+// outputs, q, k, v, the attention output, the MLP's input, gate, up and
+// their product (bf16).
+double layerWorkingBytesPerToken(const ModelShape& m) {
+  const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  return m.attn.elemBytes * (5 * h + q + 2 * kv + 3.0 * m.ffn);
 }
 
 }  // namespace
 
-std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, bool causal,
-                                         const AttnShape& sh, const ClusterModel& c) {
-  return {zeppelin(lens, causal, sh, c), ring(lens, causal, sh, c), allgather(lens, causal, sh, c),
-          dynamicCp(lens, causal, sh, c), packing(lens, causal, sh, c)};
+double activationBytesPerToken(const StepConfig& cfg) {
+  const ModelShape& m = cfg.model;
+  if (cfg.recompute) return m.layers * double(m.hidden) * m.attn.elemBytes + layerWorkingBytesPerToken(m);
+  return m.layers * layerWorkingBytesPerToken(m);
+}
+
+int64_t tokenCapacity(const StepConfig& cfg, int n) {
+  double free = cfg.memoryBytes * cfg.usableMemory - stateBytesPerRank(cfg, n);
+  // Ring buffers: K and V in flight and their gradients, double buffered,
+  // about four times the K and V of the rank's own tokens.
+  double perToken = activationBytesPerToken(cfg) + 4 * kvBytes(1, cfg.model.attn);
+  return free > 0 ? int64_t(free / perToken) : 0;
+}
+
+namespace {
+
+// One ring of attention: the sequences it carries together (one packed
+// ring, as Transformer Engine runs a packed batch; Zeppelin's rings carry one
+// sequence), its ranks in ring order and its link; or an all-gather group
+// (K and V gathered from the group, the rank's share of the queries).
+struct Ring {
+  std::vector<int64_t> lens;
+  std::vector<int> ranks;
+  Link link = Link::Intra;
+  bool allgather = false;
+};
+
+// A strategy's placement of one batch.
+struct Placement {
+  std::vector<Ring> rings;          // in the order they run forward
+  std::vector<double> linTokens;    // per rank, linear layout
+  std::vector<double> attnTokens;   // per rank, attention layout
+  bool remap = false;
+  double remapIn = 0, remapOut = 0;  // seconds of one forward remap phase (q, k, v in; output back)
+  double remapNic = 0, remapIntra = 0;  // bytes of both
+  bool infeasibleAssignment = false;    // the baseline could not keep within its token capacity
+};
+
+struct Cost {
+  double compute = 0, exposed = 0;
+  double total() const { return compute + exposed; }
+};
+
+int nodesOf(const std::vector<int>& ranks, int rpn) {
+  int k = 1;
+  for (size_t j = 1; j < ranks.size(); ++j)
+    if (ranks[j] / rpn != ranks[j - 1] / rpn) ++k;
+  return k;
+}
+
+// Seconds a rank of the ring spends on its sequences, forward or backward.
+Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bool backward) {
+  const AttnShape& sh = cfg.model.attn;
+  const int G = int(ring.ranks.size());
+  const double lat = linkLatency(ring.link, c);
+  Cost out;
+  if (ring.allgather) {
+    double flops = 0, kv = 0, comp = 0;
+    for (int64_t l : ring.lens) {
+      flops = attnFlops(l, cfg.causal, sh) / G;
+      comp += attnComputeSeconds(flops, double(l) / G, c);
+      kv += kvBytes(l, sh);
+    }
+    double comm = 0;
+    if (G > 1) {
+      // A ring all-gather: G - 1 messages; what crosses nodes goes at the
+      // rank's share of the node's NICs (every rank gathers at once).
+      const int k = nodesOf(ring.ranks, c.ranksPerNode);
+      double recv = kv * (G - 1) / G;
+      double cross = k > 1 ? kv * (k - 1) / k : 0;
+      comm = (G - 1) * lat + cross / nicShareBytesPerSec(c) + (recv - cross) / linkBytesPerSec(Link::Intra, c);
+    }
+    // Backward: K and V gathered again, their gradients reduce-scattered.
+    out.compute = comp * (backward ? kAttnBackwardFlops : 1);
+    out.exposed = comm * (backward ? 2 : 1);
+    return out;
+  }
+  RingStep st;
+  double bytes = 0;
+  for (int64_t l : ring.lens) {
+    RingStep s = ringStep(l, cfg.causal, G, ring.link, sh, c);
+    st.compute += s.compute;
+    if (G > 1) bytes += kvBytes((l + G - 1) / G, sh);
+  }
+  // One message per step carries every sequence's chunk.
+  st.transfer = G > 1 ? lat + bytes / linkBytesPerSec(ring.link, c) : 0;
+  if (backward) st = backwardStep(st, lat);
+  out.compute = G * st.compute;
+  out.exposed = (G - 1) * std::max(0.0, st.transfer - st.compute);
+  return out;
+}
+
+// Bytes of one layer's forward on NICs and intra-node links.
+void ringTraffic(const Ring& ring, const AttnShape& sh, int rpn, double* nic, double* intra) {
+  const int G = int(ring.ranks.size());
+  if (G < 2) return;
+  const int k = nodesOf(ring.ranks, rpn);
+  for (int64_t l : ring.lens) {
+    double all = (G - 1) * kvBytes(l, sh);  // every chunk passes every other rank
+    double cross = k > 1 ? all * k / G : 0;
+    *nic += cross;
+    *intra += all - cross;
+  }
+}
+
+// The remap between a plan's linear and attention layouts: the busiest
+// rank's seconds for `bytesPerToken` per moved token (its sends or its
+// receives, whichever take longer; intra-node at the link rate, across nodes
+// at its share of the node's NICs; one message latency per peer).
+double remapSeconds(const BatchPlan& p, const ClusterModel& c, double bytesPerToken, double* nic, double* intra) {
+  const int n = c.ranks();
+  std::vector<std::vector<std::pair<Segment, int>>> owner(p.attention.seqLens.size());
+  for (size_t r = 0; r < p.attention.ranks.size(); ++r)
+    for (const Segment& s : p.attention.ranks[r]) owner[s.seq].push_back({s, int(r)});
+  for (auto& o : owner)
+    std::sort(o.begin(), o.end(), [](auto& a, auto& b) { return a.first.start < b.first.start; });
+  std::vector<double> out(n, 0), in(n, 0);
+  std::vector<std::vector<int>> peers(n);
+  for (int r = 0; r < n; ++r)
+    for (const Segment& s : p.linear.ranks[r]) {
+      auto& o = owner[s.seq];
+      // The first attention segment that may overlap.
+      auto it = std::lower_bound(o.begin(), o.end(), s.start,
+                                 [](const std::pair<Segment, int>& a, int64_t v) { return a.first.start + a.first.count <= v; });
+      for (; it != o.end() && it->first.start < s.start + s.count; ++it) {
+        const auto& [a, ar] = *it;
+        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
+        if (e <= b || ar == r) continue;
+        double bytes = (e - b) * bytesPerToken;
+        bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
+        (cross ? *nic : *intra) += bytes;
+        double secs = bytes / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
+        out[r] += secs;
+        in[ar] += secs;
+        peers[r].push_back(ar * 2 + (cross ? 1 : 0));
+      }
+    }
+  double worst = 0;
+  for (int r = 0; r < n; ++r) {
+    auto& pr = peers[r];
+    std::sort(pr.begin(), pr.end());
+    pr.erase(std::unique(pr.begin(), pr.end()), pr.end());
+    double lat = 0;
+    for (int x : pr) lat += (x & 1) ? c.interLatency : c.intraLatency;
+    worst = std::max(worst, std::max(out[r], in[r]) + lat);
+  }
+  return worst;
+}
+
+// Simulates a placement: one layer scheduled forward, (recomputed forward,)
+// backward; per-rank parts times the layers.
+StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  const ModelShape& m = cfg.model;
+  const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  const double linRate = c.tflops * 1e12 * cfg.linearEfficiency;
+  const double preFlops = 2.0 * h * (q + 2 * kv);  // norm is noise; the QKV projection
+  const double postFlops = linearFlopsPerToken(m) - preFlops;
+  std::vector<Cost> fwdCost(pl.rings.size()), bwdCost(pl.rings.size());
+  for (size_t i = 0; i < pl.rings.size(); ++i) {
+    fwdCost[i] = ringCost(pl.rings[i], cfg, c, false);
+    bwdCost[i] = ringCost(pl.rings[i], cfg, c, true);
+  }
+  std::vector<double> attn(n, 0), comm(n, 0), lin(n, 0);
+  double remapPhase = 0;
+  // One pass (forward or backward) of one layer; returns its time.
+  auto pass = [&](bool backward) {
+    const double mult = backward ? 2.0 : 1.0;
+    std::vector<double> ready(n, 0);
+    auto linear = [&](double flopsPerToken) {
+      for (int r = 0; r < n; ++r) {
+        double t = mult * pl.linTokens[r] * flopsPerToken / linRate;
+        ready[r] += t;
+        lin[r] += t;
+      }
+    };
+    auto barrier = [&](double t) {
+      double mx = *std::max_element(ready.begin(), ready.end()) + t;
+      std::fill(ready.begin(), ready.end(), mx);
+      remapPhase += t;
+    };
+    linear(backward ? postFlops : preFlops);
+    if (pl.remap) barrier(backward ? pl.remapOut : pl.remapIn);
+    for (size_t k = 0; k < pl.rings.size(); ++k) {
+      size_t i = backward ? pl.rings.size() - 1 - k : k;
+      const Cost& cost = backward ? bwdCost[i] : fwdCost[i];
+      double start = 0;
+      for (int r : pl.rings[i].ranks) start = std::max(start, ready[r]);
+      for (int r : pl.rings[i].ranks) {
+        ready[r] = start + cost.total();
+        attn[r] += cost.compute;
+        comm[r] += cost.exposed;
+      }
+    }
+    if (pl.remap) barrier(backward ? pl.remapIn : pl.remapOut);
+    linear(backward ? preFlops : postFlops);
+    return *std::max_element(ready.begin(), ready.end());
+  };
+  double layer = pass(false);
+  if (cfg.recompute) layer += pass(false);
+  layer += pass(true);
+
+  StrategyResult res;
+  res.name = name;
+  res.stepSeconds = layer * m.layers;
+  res.remapSeconds = remapPhase * m.layers;
+  std::vector<double> attnPlus(n);
+  for (int r = 0; r < n; ++r) {
+    res.parts.attn += attn[r] * m.layers / n;
+    res.parts.comm += comm[r] * m.layers / n;
+    res.parts.linear += lin[r] * m.layers / n;
+    attnPlus[r] = attn[r] + comm[r];
+  }
+  res.parts.remap = res.remapSeconds;
+  res.parts.idle = std::max(0.0, res.stepSeconds - res.parts.attn - res.parts.comm - res.parts.linear - res.parts.remap);
+  res.attnImbalance = imbalance(attnPlus);
+  res.linearImbalance = imbalance(pl.linTokens);
+
+  // Memory of every rank.
+  const double states = stateBytesPerRank(cfg, n), act = activationBytesPerToken(cfg);
+  std::vector<double> extra(n, 0);
+  for (const Ring& ring : pl.rings) {
+    const int G = int(ring.ranks.size());
+    if (G < 2) continue;
+    double b = 0;
+    for (int64_t l : ring.lens) b += ring.allgather ? 2 * kvBytes(l, m.attn) : 4 * kvBytes((l + G - 1) / G, m.attn);
+    for (int r : ring.ranks) extra[r] = std::max(extra[r], b);
+  }
+  double peak = 0;
+  for (int r = 0; r < n; ++r) {
+    double mem = states + pl.linTokens[r] * act + extra[r];
+    // The activations count q, k, v and the output of the rank's linear
+    // tokens; attention holds them (and, backward, their gradients) for its
+    // own tokens, which after a remap may be more.
+    if (pl.remap) mem += std::max(0.0, pl.attnTokens[r] - pl.linTokens[r]) * 2 * m.attn.elemBytes * (2 * q + 2 * kv);
+    peak = std::max(peak, mem);
+  }
+  res.peakMemoryBytes = peak;
+  res.feasible = peak <= cfg.memoryBytes * cfg.usableMemory && !pl.infeasibleAssignment;
+  for (const Ring& ring : pl.rings) ringTraffic(ring, m.attn, c.ranksPerNode, &res.nicBytes, &res.intraBytes);
+  res.nicBytes += pl.remapNic;
+  res.intraBytes += pl.remapIntra;
+  return res;
+}
+
+std::vector<double> tokensPerRank(const Layout& l) {
+  std::vector<int64_t> t = rankTokens(l);
+  return std::vector<double>(t.begin(), t.end());
+}
+
+// Zeppelin: the planner's rings in the order it placed them (inter-node
+// rings, intra-node rings, whole sequences; larger first), the remap unless
+// `remap` is false (then the linear layers run on the attention layout).
+StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
+                        const ClusterModel& c, const PlanOptions& opt, bool remap) {
+  const AttnShape& sh = cfg.model.attn;
+  BatchPlan p = planBatch(lens, cfg.causal, sh, c, opt);
+  Placement pl;
+  std::vector<size_t> order(p.seqs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
+    if (x.cls != y.cls) return x.cls > y.cls;
+    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+    return x.len > y.len;
+  });
+  for (size_t i : order) {
+    const SeqPlacement& s = p.seqs[i];
+    pl.rings.push_back({{s.len}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+  }
+  pl.attnTokens = tokensPerRank(p.attention);
+  pl.remap = remap;
+  if (remap) {
+    pl.linTokens = tokensPerRank(p.linear);
+    const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
+    pl.remapIn = remapSeconds(p, c, q + 2 * kv, &pl.remapNic, &pl.remapIntra);
+    pl.remapOut = remapSeconds(p, c, q, &pl.remapNic, &pl.remapIntra);
+  } else {
+    pl.linTokens = pl.attnTokens;
+  }
+  return evaluate(name, pl, cfg, c);
+}
+
+double linearSeconds(int64_t tokens, const StepConfig& cfg, const ClusterModel& c) {
+  return tokens * linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+}
+
+// Sequence indexes by a key, largest first (ties in input order).
+template <class Key>
+std::vector<size_t> largestFirst(size_t count, Key key) {
+  std::vector<size_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
+  return order;
+}
+
+// DP x CP(g): n / g groups of g consecutive ranks, each running one packed
+// ring (Transformer Engine) or all-gather (Llama 3) over the sequences given
+// to it. Sequences go to groups as WLB-LLM assigns them: by estimated cost
+// (attention and linear), largest first, to the cheapest group that still
+// has room for their tokens.
+Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather, int64_t cap,
+                         const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks(), groups = n / g;
+  auto cost = [&](size_t i) {
+    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, cfg.model.attn), double(lens[i]) / g, c) +
+           linearSeconds(lens[i], cfg, c);
+  };
+  std::vector<double> load(groups, 0);
+  std::vector<int64_t> tokens(groups, 0);
+  std::vector<std::vector<int64_t>> members(groups);
+  Placement pl;
+  for (size_t i : largestFirst(lens.size(), cost)) {
+    int best = -1, cheapest = 0;
+    for (int k = 0; k < groups; ++k) {
+      if (tokens[k] < tokens[cheapest] || (tokens[k] == tokens[cheapest] && load[k] < load[cheapest])) cheapest = k;
+      if (tokens[k] + lens[i] > int64_t(g) * cap) continue;
+      if (best < 0 || load[k] < load[best]) best = k;
+    }
+    if (best < 0) {  // no room anywhere: the emptiest group, and the plan is infeasible
+      best = cheapest;
+      pl.infeasibleAssignment = true;
+    }
+    load[best] += cost(i);
+    tokens[best] += lens[i];
+    members[best].push_back(lens[i]);
+  }
+  const Link link = g > c.ranksPerNode ? Link::Inter : Link::Intra;
+  pl.linTokens.assign(n, 0);
+  for (int k = 0; k < groups; ++k) {
+    Ring ring;
+    ring.lens = members[k];
+    for (int r = k * g; r < (k + 1) * g; ++r) {
+      ring.ranks.push_back(r);
+      pl.linTokens[r] = double(tokens[k]) / g;
+    }
+    ring.link = link;
+    ring.allgather = allgather;
+    if (!ring.lens.empty()) pl.rings.push_back(ring);
+  }
+  pl.attnTokens = pl.linTokens;
+  return pl;
+}
+
+// The best group size for this batch: the fastest feasible one (if none is
+// feasible, the fastest, reported infeasible).
+StrategyResult bestGroup(const std::string& name, const std::vector<int64_t>& lens, bool allgather, int64_t cap,
+                         const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  std::vector<int> sizes;
+  for (int g = 1; g <= n; g *= 2)
+    if (n % g == 0) sizes.push_back(g);
+  if (sizes.back() != n) sizes.push_back(n);
+  StrategyResult best;
+  bool have = false;
+  for (int g : sizes) {
+    StrategyResult r = evaluate(name, groupPlacement(lens, g, allgather, cap, cfg, c), cfg, c);
+    r.group = g;
+    if (!have || (r.feasible && !best.feasible) ||
+        (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds)) {
+      best = r;
+      have = true;
+    }
+  }
+  return best;
+}
+
+// Megatron's dynamic context parallelism: each sequence on the smallest
+// power-of-two group that leaves at most `split` of its tokens per rank,
+// aligned groups;
+// sequences largest-workload first onto the group whose busiest rank has the
+// least seq^2 / cp workload (Megatron's balance) and room for the tokens;
+// the sequences that share a group run as one packed ring.
+StrategyResult dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
+                           const ClusterModel& c) {
+  const int n = c.ranks();
+  std::vector<int> cp(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    int d = 1;
+    while (d < n && (lens[i] + d - 1) / d > split) d *= 2;
+    cp[i] = std::min(d, n);
+  }
+  auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
+  std::vector<double> w(n, 0), tokens(n, 0);
+  std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> lengths
+  Placement pl;
+  for (size_t i : largestFirst(lens.size(), work)) {
+    const int d = cp[i];
+    const double share = double(lens[i]) / d;
+    int best = -1, anyBest = 0;
+    double bestW = 0, anyW = std::numeric_limits<double>::infinity();
+    for (int s = 0; s + d <= n; s += d) {
+      double mw = *std::max_element(w.begin() + s, w.begin() + s + d);
+      double mt = *std::max_element(tokens.begin() + s, tokens.begin() + s + d);
+      if (mw < anyW) anyW = mw, anyBest = s;
+      if (mt + share > cap) continue;
+      if (best < 0 || mw < bestW) best = s, bestW = mw;
+    }
+    if (best < 0) best = anyBest, pl.infeasibleAssignment = true;
+    for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
+    groups[{-d, best}].push_back(lens[i]);  // larger groups first
+  }
+  for (auto& [key, members] : groups) {
+    Ring ring;
+    ring.lens = members;
+    for (int r = key.second; r < key.second - key.first; ++r) ring.ranks.push_back(r);
+    ring.link = -key.first > c.ranksPerNode ? Link::Inter : Link::Intra;
+    pl.rings.push_back(ring);
+  }
+  pl.linTokens = tokens;
+  pl.attnTokens = tokens;
+  return evaluate("dynamic_cp", pl, cfg, c);
+}
+
+// Hybrid DP: a sequence of at most `split` tokens stays whole on one rank
+// (data parallel); a longer one gets a ring over the fewest ranks that leave
+// at most `split` per rank (within a node, else whole nodes, one NIC per hop), on the least loaded
+// ones. Largest first, loads in estimated seconds (attention and linear).
+StrategyResult hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
+                          const ClusterModel& c) {
+  const int n = c.ranks(), rpn = c.ranksPerNode;
+  const AttnShape& sh = cfg.model.attn;
+  auto cost = [&](size_t i) {
+    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, sh), double(lens[i]), c) + linearSeconds(lens[i], cfg, c);
+  };
+  std::vector<double> load(n, 0), tokens(n, 0);
+  Placement pl;
+  pl.linTokens.assign(n, 0);
+  for (size_t i : largestFirst(lens.size(), cost)) {
+    int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
+    if (G > rpn) G = std::min(n, (G + rpn - 1) / rpn * rpn);
+    Ring ring;
+    ring.lens = {lens[i]};
+    if (G > rpn) {
+      std::vector<std::pair<double, int>> nodes;
+      for (int nd = 0; nd < c.nodes; ++nd)
+        nodes.push_back({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
+      std::stable_sort(nodes.begin(), nodes.end());
+      std::vector<int> chosen;
+      for (int j = 0; j < G / rpn; ++j) chosen.push_back(nodes[j].second);
+      std::sort(chosen.begin(), chosen.end());
+      for (int nd : chosen)
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.ranks.push_back(r);
+      ring.link = Link::Inter;
+    } else {
+      // The G least loaded ranks of the node where the G-th is least loaded;
+      // a whole sequence prefers ranks with room for its tokens.
+      double bestW = 0;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        std::vector<std::pair<double, int>> rs;
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) {
+          bool room = tokens[r] + double(lens[i]) / G <= cap;
+          rs.push_back({load[r] + (room ? 0 : 1e30), r});
+        }
+        std::stable_sort(rs.begin(), rs.end());
+        if (ring.ranks.empty() || rs[G - 1].first < bestW) {
+          bestW = rs[G - 1].first;
+          ring.ranks.clear();
+          for (int j = 0; j < G; ++j) ring.ranks.push_back(rs[j].second);
+        }
+      }
+      std::sort(ring.ranks.begin(), ring.ranks.end());
+      ring.link = Link::Intra;
+    }
+    const double per = cost(i) / G;
+    for (int r : ring.ranks) {
+      load[r] += per;
+      tokens[r] += double(lens[i]) / G;
+      if (tokens[r] > cap) pl.infeasibleAssignment = true;
+    }
+    pl.rings.push_back(ring);
+  }
+  pl.linTokens = tokens;
+  pl.attnTokens = tokens;
+  return evaluate("hybrid_dp", pl, cfg, c);
+}
+
+// The length above which dynamic_cp and hybrid_dp split a sequence is a
+// setting a practitioner tunes (Megatron's max_seqlen_per_dp_cp_rank): memory
+// allows up to the token capacity, a smaller one spreads long sequences over
+// more ranks. Tuned per batch like dp_cp's group: the capacity, halved down
+// to 1024 tokens, the fastest feasible kept. Every rank still holds at most
+// the capacity.
+template <class Run>
+StrategyResult bestLimit(int64_t cap, Run run) {
+  StrategyResult best;
+  bool have = false;
+  for (int64_t limit = cap; limit >= 1024 || !have; limit /= 2) {
+    StrategyResult r = run(std::max<int64_t>(limit, 1));
+    r.limitTokens = limit;
+    if (!have || (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds)) {
+      best = r;
+      have = true;
+    }
+    if (limit <= 1) break;
+  }
+  return best;
+}
+
+// Transformer Engine's ring over all ranks (CP = the world): one packed ring,
+// zigzag, one NIC per inter-node hop. A reference, not a competitor.
+StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  Placement pl;
+  Ring ring;
+  ring.lens = lens;
+  for (int r = 0; r < n; ++r) ring.ranks.push_back(r);
+  ring.link = c.nodes > 1 ? Link::Inter : Link::Intra;
+  pl.rings.push_back(ring);
+  double total = std::accumulate(lens.begin(), lens.end(), 0.0);
+  pl.linTokens.assign(n, total / n);
+  pl.attnTokens = pl.linTokens;
+  return evaluate("ring_all", pl, cfg, c);
+}
+
+}  // namespace
+
+std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const StepConfig& cfg,
+                                         const ClusterModel& c) {
+  const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
+  PlanOptions all, intra;
+  all.nodeTokenBalance = intra.nodeTokenBalance = cfg.nodeTokenBalance;
+  intra.maxRingNodes = 1;
+  ClusterModel noRoute = c;
+  noRoute.routeEfficiency = 0;
+  std::vector<StrategyResult> r = {
+      zeppelin("zeppelin", lens, cfg, c, all, true),
+      zeppelin("zeppelin_noremap", lens, cfg, c, all, false),
+      zeppelin("zeppelin_intranode", lens, cfg, c, intra, true),
+      zeppelin("zeppelin_noroute", lens, cfg, noRoute, all, true),
+      bestGroup("dp_cp", lens, false, cap, cfg, c),
+      bestGroup("allgather_cp", lens, true, cap, cfg, c),
+      bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }),
+      bestLimit(cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }),
+      ringAll(lens, cfg, c),
+  };
+  for (auto& s : r) {
+    s.baseline = s.name.rfind("zeppelin", 0) != 0 && s.name != "ring_all";
+    s.reference = s.name == "ring_all";
+  }
+  return r;
 }
 
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {

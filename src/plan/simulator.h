@@ -1,10 +1,19 @@
-// The cluster simulator: one layer's forward attention step of a batch on a
-// modelled cluster (cost_model.h), for Zeppelin's plan and four baselines.
-// What a step counts: attention compute plus the transfers it does not hide,
-// on the busiest rank; for Zeppelin also the remap of q, k, v into the
-// attention layout and of the output back (none of the baselines change
-// layout). Linear layers are left out: every strategy but local packing
-// keeps them token balanced, and packing balances tokens too.
+// The cluster simulator: one training step (forward and backward, every
+// layer) of a variable-length batch on a modelled cluster (cost_model.h), for
+// Zeppelin's plan, two variants of it, and the baselines a practitioner would
+// run instead. docs/simulator.md describes the model and what it leaves out.
+//
+// A step, per layer: the linear part before attention (norm, QKV
+// projection), attention, the linear part after it (output projection, MLP);
+// the backward runs the same in reverse at twice the linear FLOPs and 2.5
+// times the attention FLOPs; with full recomputation (the default: long
+// sequences do not fit otherwise) each layer's forward runs again before its
+// backward. Zeppelin adds the remap of q, k, v into the attention layout and
+// of the output back (and of their gradients), an all-to-all every rank waits
+// for. Attention is scheduled ring by ring: a ring starts when every rank of
+// it is free, so ranks wait for each other (idle) as they would. The step is
+// the layer time of the slowest rank times the number of layers (ranks meet
+// at every layer: remaps and rings join them).
 #pragma once
 
 #include <cstdint>
@@ -17,18 +26,87 @@
 
 namespace zp::plan {
 
-struct StrategyResult {
-  std::string name;        // zeppelin, ring, allgather, dynamic_cp, packing
-  double stepSeconds = 0;  // busiest rank, remap included
-  double remapSeconds = 0;  // part of stepSeconds: Zeppelin's remap in and out
-  double attnImbalance = 1;  // max / mean of per-rank attention seconds
-  double nicBytes = 0;     // over all NICs
-  double intraBytes = 0;   // over intra-node links
+// The transformer whose step is simulated.
+struct ModelShape {
+  std::string name = "llama-8b";
+  AttnShape attn;          // heads, head dimension, element bytes
+  int hidden = 4096;
+  int ffn = 14336;         // SwiGLU: gate, up and down projections
+  int layers = 32;
+  int64_t vocab = 128256;  // for the parameter count (memory) only
+};
+// Llama 3.2 3B, Llama 2 7B, Llama 3 8B, Llama 2 13B, LLaMA 30B (their
+// published configurations); false for another name.
+bool modelPreset(const std::string& name, ModelShape* out);
+// The preset names, for messages.
+const char* modelPresetNames();
+// Forward FLOPs per token of one layer's linear parts (projections and MLP).
+double linearFlopsPerToken(const ModelShape& m);
+// Parameters of the whole model.
+double modelParams(const ModelShape& m);
+
+// What else a step depends on.
+struct StepConfig {
+  ModelShape model;
+  bool causal = true;
+  double linearEfficiency = 0.65;  // fraction of peak the projections and MLP reach
+  double memoryBytes = 80.0 * (1 << 30);
+  double usableMemory = 0.9;       // the rest: allocator, workspace, fragmentation
+  bool recompute = true;           // full activation recomputation, layer by layer
+  double stateBytesPerParam = 16;  // bf16 weights and gradients, fp32 master and Adam, sharded over all ranks
+  bool nodeTokenBalance = true;    // the planner's option of that name (planner.h)
 };
 
-// Zeppelin first, then ring, allgather, dynamic_cp, packing.
-std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, bool causal,
-                                         const AttnShape& shape, const ClusterModel& cluster);
+// Bytes one rank needs: model states, stored activations of the tokens it
+// holds for the linear layers, the working set of one layer, and what its
+// attention holds on top (remapped copies, ring buffers, gathered K and V).
+struct MemoryUse {
+  double states = 0, activations = 0, attention = 0;
+  double total() const { return states + activations + attention; }
+};
+double stateBytesPerRank(const StepConfig& cfg, int nranks);
+// Stored bytes per token a rank holds in the linear layout (all layers plus
+// one layer's working set).
+double activationBytesPerToken(const StepConfig& cfg);
+// Tokens a rank can hold for the linear layers within its usable memory,
+// leaving the attention's extra buffers aside (the baselines size their
+// groups by it; the check below is exact).
+int64_t tokenCapacity(const StepConfig& cfg, int nranks);
+
+// The mean over ranks of where a step's time goes; the parts add up to
+// stepSeconds.
+struct Breakdown {
+  double attn = 0;    // attention kernels
+  double comm = 0;    // ring or all-gather communication not hidden behind compute
+  double remap = 0;   // Zeppelin's remaps
+  double linear = 0;  // projections and MLP
+  double idle = 0;    // waiting for other ranks
+};
+
+struct StrategyResult {
+  std::string name;        // see strategyNames()
+  bool baseline = false;   // a competitor (counted for the best feasible baseline)
+  bool reference = false;  // shown for reference only (ring over all ranks)
+  double stepSeconds = 0;  // forward and backward, every layer
+  Breakdown parts;
+  double remapSeconds = 0;   // = parts.remap
+  double attnImbalance = 1;  // max / mean of per-rank attention time (compute and exposed communication)
+  double linearImbalance = 1;  // max / mean of per-rank linear tokens
+  double peakMemoryBytes = 0;  // the fullest rank
+  bool feasible = true;        // peakMemoryBytes within the usable memory
+  int group = 0;               // group size chosen (dp_cp, allgather_cp), else 0
+  int64_t limitTokens = 0;     // length split above, chosen (dynamic_cp, hybrid_dp), else 0
+  double nicBytes = 0;         // one layer's forward, over all NICs
+  double intraBytes = 0;       // the same over intra-node links
+};
+
+// zeppelin, zeppelin_noremap, zeppelin_intranode, zeppelin_noroute,
+// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, ring_all: the order of
+// simulateStep's results.
+const std::vector<std::string>& strategyNames();
+
+std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg,
+                                         const ClusterModel& cluster);
 
 // The batching rule: from a random start in `all` (wrapping), consecutive
 // lengths, skipping any above the budget, until the next would not fit.

@@ -1,17 +1,23 @@
-// zpplan: simulates one layer's forward attention step of variable-length
-// batches on a modelled cluster, for Zeppelin's plan and the baselines
-// (src/plan/simulator.h), and prints the step times and Zeppelin's speedups.
+// zpplan: simulates training steps (forward and backward, every layer) of
+// variable-length batches on a modelled cluster, for Zeppelin's plan, its
+// variants and the baselines (src/plan/simulator.h), over many batches and
+// seeds, and prints each strategy's step time (median and 90% interval),
+// where the time goes, its memory, and Zeppelin's speedup over the best
+// feasible baseline. docs/simulator.md explains the model and the output.
 //
-//   zpplan --file prolong64k.txt --preset a800 --ranks 16,32,64,128 [--json] [--time]
+//   zpplan --file prolong64k.txt --preset a800 --model llama-8b --ranks 16,64,256 [--json]
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "src/plan/calibration.h"
 #include "src/plan/planner.h"
 #include "src/plan/simulator.h"
 #include "src/util/cli.h"
@@ -33,99 +40,147 @@ constexpr int kExitUsage = 2;
 // The command line (CLI11, src/util/cli.h).
 struct Options {
   std::string file;
-  std::vector<int> rankList = {16, 32, 64, 128};
+  std::vector<int> rankList = {16, 32, 64, 128, 256};
   int64_t perRank = 65536;
-  int batches = 8;
+  int batches = 16, seeds = 5;
   uint64_t seed = 1;
-  bool full = false, json = false, timing = false;
-  std::string preset = "a800";
-  // The cluster options given, applied over the preset wherever they stand.
-  std::vector<std::function<void(ClusterModel*)>> clusterOverrides;
-  AttnShape shape;
+  bool full = false, json = false, noRecompute = false, noNodeBalance = false;
+  std::string preset = "a800", calibrationFile, modelName = "llama-8b", writeCalibration;
+  // Options given, applied over the preset, calibration file and model in
+  // the order they stand.
+  std::vector<std::function<void(Calibration*)>> clusterOverrides;
+  std::vector<std::function<void(ModelShape*)>> modelOverrides;
 };
 
-// The cluster model of a preset; false if there is no such preset.
-bool presetModel(const std::string& name, ClusterModel* out) {
-  ClusterModel m;  // a800 defaults
-  if (name == "h200") {
-    m.nicsPerNode = 8;
-    m.nicGbps = 400;
-    m.intraNodeGBps = 450;
-    m.tflops = 989;
-  } else if (name != "a800") {
-    return false;
-  }
-  *out = m;
-  return true;
-}
-
-// An option's value, read by zp's parsers; "bad value for <name>" if it is
-// not one.
-long long integer(const char* name, const std::string& v, long long lo = INT_MIN, long long hi = INT_MAX) {
+long long integer(const char* name, const std::string& v, long long lo = 1, long long hi = INT_MAX) {
   long long x = 0;
-  if (!zp::parseInt(v, lo, hi, &x)) throw zp::cli::UsageError(std::string("bad value for ") + name);
+  if (!zp::parseInt(v, lo, hi, &x))
+    throw zp::cli::UsageError(std::string("bad value for ") + name + " (an integer from " + std::to_string(lo) + ")");
   return x;
 }
-double number(const char* name, const std::string& v) {
+double number(const char* name, const std::string& v, double lo, double hi) {
   double x = 0;
-  if (!zp::parseDouble(v, -DBL_MAX, DBL_MAX, &x)) throw zp::cli::UsageError(std::string("bad value for ") + name);
+  if (!zp::parseDouble(v, lo, hi, &x) || !std::isfinite(x))
+    throw zp::cli::UsageError(std::string("bad value for ") + name + " (a number from " + zp::strprintf("%g to %g", lo, hi) + ")");
   return x;
-}
-std::function<void(const std::string&)> intValue(const char* name, int* out) {
-  return [=](const std::string& v) { *out = (int)integer(name, v); };
 }
 
 void defineOptions(CLI::App& app, Options* o) {
-  zp::cli::configure(app, "usage: zpplan --file LENGTHS [options]\n", 25);
+  zp::cli::configure(app, "usage: zpplan --file LENGTHS [options]\n", 27);
   app.description(
-      "Simulates one layer's forward attention step of variable-length batches on\n"
-      "a modelled cluster, for Zeppelin's plan and the baselines, and prints the\n"
-      "step times and Zeppelin's speedups.");
+      "Simulates training steps (forward and backward, every layer) of\n"
+      "variable-length batches on a modelled cluster, for Zeppelin, its variants\n"
+      "and the baselines, over many batches and seeds; prints step times (median,\n"
+      "90% interval), where the time goes, memory, and Zeppelin's speedup over\n"
+      "the best feasible baseline. See docs/simulator.md.");
   using zp::cli::addValue;
   addValue(app, "--file", "PATH", "one sequence length per line", [o](const std::string& v) { o->file = v; });
-  addValue(app, "--ranks", "LIST", "comma-separated rank counts (default 16,32,64,128)", [o](const std::string& v) {
+  addValue(app, "--ranks", "LIST", "comma-separated rank counts (default 16,32,64,128,256)", [o](const std::string& v) {
     o->rankList.clear();
     std::stringstream ss(v);
-    for (std::string x; std::getline(ss, x, ',');) o->rankList.push_back((int)integer("--ranks", x));
+    for (std::string x; std::getline(ss, x, ',');) o->rankList.push_back((int)integer("--ranks", x, 1, 1 << 22));
   });
   addValue(app, "--tokens-per-rank", "N", "batch budget per rank (default 65536)",
-           [o](const std::string& v) { o->perRank = integer("--tokens-per-rank", v, LLONG_MIN, LLONG_MAX); });
-  addValue(app, "--batches", "N", "batches per rank count (default 8)", intValue("--batches", &o->batches));
-  addValue(app, "--seed", "N", "batch draw seed (default 1)",
+           [o](const std::string& v) { o->perRank = integer("--tokens-per-rank", v, 1, int64_t(1) << 40); });
+  addValue(app, "--batches", "N", "batches per seed (default 16)",
+           [o](const std::string& v) { o->batches = (int)integer("--batches", v); });
+  addValue(app, "--seeds", "N", "seeds, from --seed on (default 5)",
+           [o](const std::string& v) { o->seeds = (int)integer("--seeds", v); });
+  addValue(app, "--seed", "N", "first batch draw seed (default 1)",
            [o](const std::string& v) { o->seed = (uint64_t)integer("--seed", v, 0, LLONG_MAX); });
-  addValue(app, "--preset", "a800|h200", "cluster preset (default a800); the options below\noverride it",
+  addValue(app, "--preset", "NAME", "machine: a800 (default), h800, h200; the options\nbelow override it",
            [o](const std::string& v) {
-             ClusterModel unused;
-             if (!presetModel(v, &unused))
-               throw zp::cli::UsageError("unknown preset '" + v + "' (a800 or h200)");
+             Calibration unused;
+             if (!calibrationPreset(v, &unused))
+               throw zp::cli::UsageError("unknown preset '" + v + "' (" + calibrationPresetNames() + ")");
              o->preset = v;
+             o->calibrationFile.clear();
            });
-  // A cluster option: its value read now, applied over the preset later.
-  auto cluster = [&](const char* name, const char* value, const char* help, auto field) {
-    addValue(app, name, value, help, [o, name, field](const std::string& v) {
-      using T = std::remove_reference_t<decltype(ClusterModel().*field)>;
-      T x;
-      if constexpr (std::is_same<T, int>::value)
-        x = (int)integer(name, v);
-      else
-        x = number(name, v);
-      o->clusterOverrides.push_back([field, x](ClusterModel* m) { m->*field = x; });
+  addValue(app, "--calibration", "FILE", "machine from a calibration file (bench/calibrate.py\nwrites one) instead of a preset",
+           [o](const std::string& v) { o->calibrationFile = v; });
+  addValue(app, "--write-calibration", "FILE", "write the machine in use (preset, file, options) as\na calibration file and exit",
+           [o](const std::string& v) { o->writeCalibration = v; });
+  // A machine option: read now, applied over the preset later.
+  auto machine = [&](const char* name, const char* value, const char* help, double lo, double hi,
+                     std::function<void(Calibration*, double)> set) {
+    addValue(app, name, value, help, [o, name, lo, hi, set](const std::string& v) {
+      double x = number(name, v, lo, hi);
+      o->clusterOverrides.push_back([set, x](Calibration* c) { set(c, x); });
     });
   };
-  cluster("--ranks-per-node", "N", "ranks per node (a800, h200: 8)", &ClusterModel::ranksPerNode);
-  cluster("--nics", "N", "NICs per node (a800: 4, h200: 8)", &ClusterModel::nicsPerNode);
-  cluster("--nic-gbps", "X", "Gbit/s per NIC (a800: 200, h200: 400)", &ClusterModel::nicGbps);
-  cluster("--intra-gbps", "X", "GB/s per rank within a node (a800: 200, h200: 450)", &ClusterModel::intraNodeGBps);
-  cluster("--tflops", "X", "dense bf16 peak per rank (a800: 312, h200: 989)", &ClusterModel::tflops);
-  cluster("--efficiency", "X", "fraction of peak attention kernels reach (0.5)", &ClusterModel::efficiency);
-  addValue(app, "--q-heads", "N", "query heads (default 32)", intValue("--q-heads", &o->shape.qHeads));
-  addValue(app, "--kv-heads", "N", "key/value heads (default 8)", intValue("--kv-heads", &o->shape.kvHeads));
-  addValue(app, "--head-dim", "N", "head dimension (default 128)", intValue("--head-dim", &o->shape.headDim));
-  addValue(app, "--elem-bytes", "N", "bytes per element (default 2)", intValue("--elem-bytes", &o->shape.elemBytes));
+  machine("--ranks-per-node", "N", "ranks per node (8)", 1, 1 << 16, [](Calibration* c, double x) { c->cluster.ranksPerNode = int(x); });
+  machine("--nics", "N", "NICs per node (a800: 4, h800, h200: 8)", 1, 1024, [](Calibration* c, double x) { c->cluster.nicsPerNode = int(x); });
+  machine("--nic-gbps", "X", "Gbit/s per NIC (a800: 200, h800, h200: 400)", 1e-3, 1e9, [](Calibration* c, double x) { c->cluster.nicGbps = x; });
+  machine("--intra-gbps", "X", "GB/s per rank within a node, each way (200; h200: 450)", 1e-3, 1e9,
+          [](Calibration* c, double x) { c->cluster.intraNodeGBps = x; });
+  machine("--tflops", "X", "dense bf16 peak per rank (a800: 312; h800, h200: 989)", 1e-6, 1e9,
+          [](Calibration* c, double x) { c->cluster.tflops = x; });
+  machine("--efficiency", "X", "attention efficiency for every chunk length (replaces\nthe preset's table)", 1e-6, 1,
+          [](Calibration* c, double x) {
+            c->cluster.efficiency = x;
+            c->cluster.attnEfficiency.clear();
+          });
+  machine("--linear-efficiency", "X", "fraction of peak of projections and MLP (0.65)", 1e-6, 1,
+          [](Calibration* c, double x) { c->linearEfficiency = x; });
+  machine("--route-efficiency", "X", "share of a node's NICs a routed ring hop gets (0.8;\n0: no routing)", 0, 1,
+          [](Calibration* c, double x) { c->cluster.routeEfficiency = x; });
+  machine("--intra-latency-us", "X", "per message within a node (10)", 0, 1e9, [](Calibration* c, double x) { c->cluster.intraLatency = x * 1e-6; });
+  machine("--inter-latency-us", "X", "per message across nodes (20)", 0, 1e9, [](Calibration* c, double x) { c->cluster.interLatency = x * 1e-6; });
+  machine("--memory-gib", "X", "memory per rank (a800, h800: 80; h200: 141)", 1e-3, 1e9, [](Calibration* c, double x) { c->memoryGiB = x; });
+  addValue(app, "--model", "NAME", "llama-3b, llama-7b, llama-8b (default), llama-13b,\nllama-30b; the options below override it",
+           [o](const std::string& v) {
+             ModelShape unused;
+             if (!modelPreset(v, &unused))
+               throw zp::cli::UsageError("unknown model '" + v + "' (" + modelPresetNames() + ")");
+             o->modelName = v;
+           });
+  auto model = [&](const char* name, const char* help, std::function<void(ModelShape*, int)> set) {
+    addValue(app, name, "N", help, [o, name, set](const std::string& v) {
+      int x = (int)integer(name, v, 1, 1 << 24);
+      o->modelOverrides.push_back([set, x](ModelShape* m) { set(m, x); });
+    });
+  };
+  model("--hidden", "hidden size", [](ModelShape* m, int x) { m->hidden = x; });
+  model("--ffn", "MLP inner size", [](ModelShape* m, int x) { m->ffn = x; });
+  model("--layers", "layers", [](ModelShape* m, int x) { m->layers = x; });
+  model("--q-heads", "query heads", [](ModelShape* m, int x) { m->attn.qHeads = x; });
+  model("--kv-heads", "key/value heads", [](ModelShape* m, int x) { m->attn.kvHeads = x; });
+  model("--head-dim", "head dimension", [](ModelShape* m, int x) { m->attn.headDim = x; });
+  model("--elem-bytes", "bytes per element (2)", [](ModelShape* m, int x) { m->attn.elemBytes = x; });
+  zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
+  zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
-  zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/planner.md)");
-  zp::cli::addFlag(app, "--time", &o->timing, "also time planning (best of 20, ms)");
+  zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
 }
+
+// The q-th quantile of v (linear between order statistics).
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  double pos = q * (v.size() - 1);
+  size_t i = size_t(pos);
+  if (i + 1 >= v.size()) return v.back();
+  return v[i] + (pos - i) * (v[i + 1] - v[i]);
+}
+
+struct Spread {
+  double median, lo, hi;
+};
+Spread spread(const std::vector<double>& v) { return {quantile(v, 0.5), quantile(v, 0.05), quantile(v, 0.95)}; }
+
+std::string jsonSpread(const Spread& s, double scale = 1) {
+  return zp::strprintf("{\"median\": %.6g, \"p5\": %.6g, \"p95\": %.6g}", s.median * scale, s.lo * scale, s.hi * scale);
+}
+
+// What one strategy did over all batches of one rank count.
+struct Tally {
+  std::vector<double> step, speedup, memGiB;
+  Breakdown parts;  // summed
+  int feasible = 0;
+  std::map<int, int> groups;
+  std::vector<double> limits;  // token limits chosen
+  bool baseline = false, reference = false;
+};
 
 }  // namespace
 
@@ -135,103 +190,194 @@ int main(int argc, char** argv) {
   defineOptions(app, &opt);
   int code = 0;
   if (!zp::cli::parseOptionsOnly(app, argc, argv, "unknown option '%s'", &code)) return code;
-  ClusterModel base;
-  presetModel(opt.preset, &base);
-  for (const auto& set : opt.clusterOverrides) set(&base);
-  const std::string& file = opt.file;
-  const std::vector<int>& rankList = opt.rankList;
-  const int64_t perRank = opt.perRank;
-  const int batches = opt.batches;
-  const uint64_t seed = opt.seed;
-  const bool causal = !opt.full, json = opt.json, timing = opt.timing;
-  const std::string& preset = opt.preset;
-  const AttnShape& sh = opt.shape;
-  if (file.empty()) {
+  Calibration cal;
+  calibrationPreset(opt.preset, &cal);
+  if (!opt.calibrationFile.empty()) {
+    try {
+      cal = readCalibration(opt.calibrationFile);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "zpplan: %s\n", e.what());
+      return kExitUsage;
+    }
+  }
+  for (const auto& set : opt.clusterOverrides) set(&cal);
+  StepConfig cfg;
+  modelPreset(opt.modelName, &cfg.model);
+  for (const auto& set : opt.modelOverrides) set(&cfg.model);
+  if (cfg.model.attn.qHeads % cfg.model.attn.kvHeads) {
+    fprintf(stderr, "zpplan: %d key/value heads do not divide %d query heads\n", cfg.model.attn.kvHeads, cfg.model.attn.qHeads);
+    return kExitUsage;
+  }
+  cfg.causal = !opt.full;
+  cfg.recompute = !opt.noRecompute;
+  cfg.nodeTokenBalance = !opt.noNodeBalance;
+  PlanOptions planOpt;
+  planOpt.nodeTokenBalance = cfg.nodeTokenBalance;
+  cfg.linearEfficiency = cal.linearEfficiency;
+  cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
+  if (!opt.writeCalibration.empty()) {
+    std::ofstream out(opt.writeCalibration);
+    out << calibrationJson(cal);
+    if (!out) {
+      fprintf(stderr, "zpplan: cannot write '%s'\n", opt.writeCalibration.c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (opt.file.empty()) {
     fputs(app.help().c_str(), stderr);
     return kExitUsage;
   }
-  std::ifstream f(file);
+  std::ifstream f(opt.file);
   std::vector<int64_t> all;
-  int64_t x;
-  while (f >> x) all.push_back(x);
+  std::string word;
+  while (f >> word) {
+    long long x = 0;
+    if (!zp::parseInt(word, 1, (long long)1 << 40, &x)) {
+      fprintf(stderr, "zpplan: '%s': '%s' is not a sequence length (an integer from 1 to 2^40)\n", opt.file.c_str(), word.c_str());
+      return kExitUsage;
+    }
+    all.push_back(x);
+  }
   if (all.empty()) {
-    fprintf(stderr, "zpplan: no lengths read from '%s'\n", file.c_str());
-    return 2;
+    fprintf(stderr, "zpplan: no lengths read from '%s'\n", opt.file.c_str());
+    return kExitUsage;
   }
-  if (batches < 1 || perRank < 1) {
-    fprintf(stderr, "zpplan: --batches and --tokens-per-rank must be at least 1\n");
-    return 2;
-  }
+  for (int nranks : opt.rankList)
+    if (nranks % cal.cluster.ranksPerNode != 0) {
+      fprintf(stderr, "zpplan: %d ranks is not a multiple of %d ranks per node\n", nranks, cal.cluster.ranksPerNode);
+      return kExitUsage;
+    }
 
-  if (json) printf("{\"preset\": \"%s\", \"causal\": %s, \"tokens_per_rank\": %lld, \"batches\": %d, \"seed\": %llu, \"results\": [",
-                   preset.c_str(), causal ? "true" : "false", (long long)perRank, batches, (unsigned long long)seed);
+  const std::vector<std::string>& names = strategyNames();
+  const ModelShape& m = cfg.model;
+  if (opt.json) {
+    printf("{\"machine\": \"%s\", \"source\": \"%s\", \"model\": {\"name\": \"%s\", \"hidden\": %d, \"ffn\": %d, \"layers\": %d, "
+           "\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d}, \"causal\": %s, \"recompute\": %s, \"tokens_per_rank\": %lld, "
+           "\"node_balance\": %s, \"batches\": %d, \"seeds\": %d, \"seed\": %llu, \"results\": [",
+           cal.name.c_str(), cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers, m.attn.qHeads, m.attn.kvHeads,
+           m.attn.headDim, cfg.causal ? "true" : "false", cfg.recompute ? "true" : "false", (long long)opt.perRank,
+           cfg.nodeTokenBalance ? "true" : "false", opt.batches, opt.seeds, (unsigned long long)opt.seed);
+  } else {
+    printf("# machine %s (%s)\n# model %s: hidden %d, ffn %d, %d layers, %d/%d heads of %d; %s, %s\n", cal.name.c_str(),
+           cal.source.empty() ? "no source given" : cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers,
+           m.attn.qHeads, m.attn.kvHeads, m.attn.headDim, cfg.causal ? "causal" : "full attention",
+           cfg.recompute ? "full recomputation" : "no recomputation");
+  }
   bool firstRow = true;
-  for (int nranks : rankList) {
-    ClusterModel c = base;
-    if (nranks < 1 || nranks % c.ranksPerNode != 0) {
-      fprintf(stderr, "zpplan: %d ranks is not a multiple of %d ranks per node\n", nranks, c.ranksPerNode);
-      return 2;
-    }
+  for (int nranks : opt.rankList) {
+    ClusterModel c = cal.cluster;
     c.nodes = nranks / c.ranksPerNode;
-    std::mt19937_64 rng(seed);
-    std::vector<StrategyResult> sum;
-    double planMs = 0;
-    size_t seqs = 0;
-    for (int b = 0; b < batches; ++b) {
-      auto lens = formBatch(all, perRank * nranks, rng);
-      seqs += lens.size();
-      std::vector<StrategyResult> r;
-      try {
-        r = simulateStep(lens, causal, sh, c);
-      } catch (const std::invalid_argument& e) {
-        fprintf(stderr, "zpplan: %s\n", e.what());
-        return 2;
-      }
-      if (timing) {
-        double best = 1e30;
-        for (int k = 0; k < 20; ++k) {
-          auto t0 = std::chrono::steady_clock::now();
-          planBatch(lens, causal, sh, c);
-          best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::vector<Tally> tally(names.size());
+    std::vector<double> planMs, bestSpeedup, bestSpeedupCharged;
+    std::map<std::string, int> bestCount;
+    size_t seqs = 0, draws = 0;
+    int zeppelinInfeasible = 0;
+    for (int s = 0; s < opt.seeds; ++s) {
+      std::mt19937_64 rng(opt.seed + s);
+      for (int b = 0; b < opt.batches; ++b, ++draws) {
+        auto lens = formBatch(all, opt.perRank * nranks, rng);
+        if (lens.empty()) {
+          fprintf(stderr, "zpplan: no length of '%s' fits a batch of %lld tokens\n", opt.file.c_str(),
+                  (long long)(opt.perRank * nranks));
+          return kExitUsage;
         }
-        planMs = std::max(planMs, best);
-      }
-      if (sum.empty()) {
-        sum = r;
-        for (auto& s : sum) s.attnImbalance /= batches, s.stepSeconds = s.stepSeconds, s.nicBytes /= batches, s.intraBytes /= batches;
-      } else {
+        seqs += lens.size();
+        std::vector<StrategyResult> r;
+        double ms = 0;
+        try {
+          auto t0 = std::chrono::steady_clock::now();
+          planBatch(lens, cfg.causal, m.attn, c, planOpt);
+          ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          r = simulateStep(lens, cfg, c);
+        } catch (const std::invalid_argument& e) {
+          fprintf(stderr, "zpplan: %s\n", e.what());
+          return kExitUsage;
+        }
+        planMs.push_back(ms);
+        const double zt = r[0].stepSeconds;
+        int best = -1;
         for (size_t k = 0; k < r.size(); ++k) {
-          sum[k].stepSeconds += r[k].stepSeconds;
-          sum[k].remapSeconds += r[k].remapSeconds;
-          sum[k].attnImbalance += r[k].attnImbalance / batches;
-          sum[k].nicBytes += r[k].nicBytes / batches;
-          sum[k].intraBytes += r[k].intraBytes / batches;
+          Tally& t = tally[k];
+          t.step.push_back(r[k].stepSeconds);
+          t.speedup.push_back(r[k].stepSeconds / zt);
+          t.memGiB.push_back(r[k].peakMemoryBytes / double(1 << 30));
+          t.parts.attn += r[k].parts.attn;
+          t.parts.comm += r[k].parts.comm;
+          t.parts.remap += r[k].parts.remap;
+          t.parts.linear += r[k].parts.linear;
+          t.parts.idle += r[k].parts.idle;
+          t.feasible += r[k].feasible;
+          if (r[k].group) t.groups[r[k].group]++;
+          if (r[k].limitTokens) t.limits.push_back(double(r[k].limitTokens));
+          t.baseline = r[k].baseline;
+          t.reference = r[k].reference;
+          if (r[k].baseline && r[k].feasible && (best < 0 || r[k].stepSeconds < r[best].stepSeconds)) best = int(k);
+        }
+        if (!r[0].feasible) ++zeppelinInfeasible;
+        if (best >= 0) {
+          bestCount[r[best].name]++;
+          bestSpeedup.push_back(r[best].stepSeconds / zt);
+          bestSpeedupCharged.push_back(r[best].stepSeconds / (zt + ms * 1e-3));
+        } else {
+          bestCount["(none feasible)"]++;
         }
       }
     }
-    // Step times are summed over the batches, so speedups are ratios of total
-    // time; printed per batch as means.
-    const double zt = sum[0].stepSeconds;
-    if (json) {
-      printf("%s\n  {\"ranks\": %d, \"nodes\": %d, \"mean_seqs\": %.1f, \"plan_ms\": %.3f, \"strategies\": {", firstRow ? "" : ",",
-             nranks, c.nodes, double(seqs) / batches, planMs);
-      for (size_t k = 0; k < sum.size(); ++k)
-        printf("%s\"%s\": {\"step_ms\": %.4f, \"remap_ms\": %.4f, \"attn_imbalance\": %.4f, \"nic_bytes\": %.0f, \"intra_bytes\": %.0f, \"zeppelin_speedup\": %.4f}",
-               k ? ", " : "", sum[k].name.c_str(), sum[k].stepSeconds / batches * 1e3,
-               sum[k].remapSeconds / batches * 1e3, sum[k].attnImbalance,
-               sum[k].nicBytes, sum[k].intraBytes, sum[k].stepSeconds / zt);
+    const double nb = double(draws);
+    const Spread plan = spread(planMs), sp = spread(bestSpeedup), spc = spread(bestSpeedupCharged);
+    std::string bestList;
+    for (const auto& [name, cnt] : bestCount) bestList += (bestList.empty() ? "" : ", ") + name + " " + std::to_string(cnt);
+    auto groupOf = [](const Tally& t) {
+      int g = 0, most = 0;
+      for (const auto& [size, cnt] : t.groups)
+        if (cnt > most) g = size, most = cnt;
+      return g;
+    };
+    if (opt.json) {
+      printf("%s\n  {\"ranks\": %d, \"nodes\": %d, \"draws\": %zu, \"mean_seqs\": %.1f, \"plan_ms\": %s, \"zeppelin_infeasible\": %d, "
+             "\"best_baseline\": {",
+             firstRow ? "" : ",", nranks, c.nodes, draws, seqs / nb, jsonSpread(plan).c_str(), zeppelinInfeasible);
+      bool first = true;
+      for (const auto& [name, cnt] : bestCount) printf("%s\"%s\": %d", first ? "" : ", ", name.c_str(), cnt), first = false;
+      printf("}, \"speedup_over_best\": %s, \"speedup_over_best_planning_charged\": %s, \"strategies\": {",
+             jsonSpread(sp).c_str(), jsonSpread(spc).c_str());
+      for (size_t k = 0; k < names.size(); ++k) {
+        const Tally& t = tally[k];
+        printf("%s\n    \"%s\": {\"baseline\": %s, \"reference\": %s, \"step_s\": %s, \"breakdown_s\": {\"attn\": %.6g, \"comm\": %.6g, "
+               "\"remap\": %.6g, \"linear\": %.6g, \"idle\": %.6g}, \"feasible\": %.4g, \"peak_mem_gib\": %s, \"group\": %d, "
+               "\"limit_tokens\": %.0f, \"zeppelin_speedup\": %s}",
+               k ? "," : "", names[k].c_str(), t.baseline ? "true" : "false", t.reference ? "true" : "false",
+               jsonSpread(spread(t.step)).c_str(), t.parts.attn / nb, t.parts.comm / nb, t.parts.remap / nb,
+               t.parts.linear / nb, t.parts.idle / nb, t.feasible / nb, jsonSpread(spread(t.memGiB)).c_str(), groupOf(t),
+               quantile(t.limits, 0.5), jsonSpread(spread(t.speedup)).c_str());
+      }
       printf("}}");
     } else {
-      printf("%d ranks (%d nodes x %d), %s, %d batches of %lld tokens/rank, mean %.0f seqs%s\n", nranks, c.nodes,
-             c.ranksPerNode, preset.c_str(), batches, (long long)perRank, double(seqs) / batches,
-             timing ? (", planning " + std::to_string(planMs) + " ms (worst batch, best of 20)").c_str() : "");
-      printf("  %-11s %10s %9s %9s %12s %12s %9s\n", "strategy", "step ms", "remap ms", "attn imb", "NIC GB", "intra GB", "zp speedup");
-      for (const auto& s : sum)
-        printf("  %-11s %10.3f %9.3f %9.3f %12.3f %12.3f %9.2fx\n", s.name.c_str(), s.stepSeconds / batches * 1e3,
-               s.remapSeconds / batches * 1e3, s.attnImbalance, s.nicBytes / 1e9, s.intraBytes / 1e9, s.stepSeconds / zt);
+      printf("\n%d ranks (%d nodes x %d), %zu batches (%d seeds x %d) of %lld tokens/rank, mean %.0f seqs; planning %.2f ms "
+             "[%.2f, %.2f]\n",
+             nranks, c.nodes, c.ranksPerNode, draws, opt.seeds, opt.batches, (long long)opt.perRank, seqs / nb, plan.median,
+             plan.lo, plan.hi);
+      printf("  %-19s %22s | %6s %6s %6s %6s %6s | %7s %5s %5s | %s\n", "strategy", "step s: median [90%]", "attn", "comm",
+             "remap", "linear", "idle", "mem GiB", "fits", "g/lim", "zp speedup");
+      for (size_t k = 0; k < names.size(); ++k) {
+        const Tally& t = tally[k];
+        Spread st = spread(t.step), su = spread(t.speedup);
+        int g = groupOf(t);
+        std::string gs = g ? std::to_string(g) : t.limits.empty() ? "-" : zp::strprintf("%.0fK", quantile(t.limits, 0.5) / 1024);
+        printf("  %-19s %6.2f [%6.2f, %6.2f] | %6.2f %6.2f %6.2f %6.2f %6.2f | %7.1f %4.0f%% %5s | %5.2fx [%.2f, %.2f]\n",
+               (names[k] + (t.reference ? " (ref)" : "")).c_str(), st.median, st.lo, st.hi, t.parts.attn / nb,
+               t.parts.comm / nb, t.parts.remap / nb, t.parts.linear / nb, t.parts.idle / nb, quantile(t.memGiB, 0.5),
+               100.0 * t.feasible / nb, gs.c_str(), su.median, su.lo, su.hi);
+      }
+      printf("  best feasible baseline per batch: %s\n", bestList.c_str());
+      if (!bestSpeedup.empty())
+        printf("  Zeppelin over the best feasible baseline: %.2fx [%.2f, %.2f]; planning time charged: %.2fx [%.2f, %.2f]%s\n",
+               sp.median, sp.lo, sp.hi, spc.median, spc.lo, spc.hi,
+               zeppelinInfeasible ? zp::strprintf(" (Zeppelin over memory in %d batches)", zeppelinInfeasible).c_str() : "");
     }
     firstRow = false;
   }
-  if (json) printf("\n]}\n");
+  if (opt.json) printf("\n]}\n");
   return 0;
 }

@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Writes tests/data/longtail_mix.txt: a second length distribution for zpplan,
+built to differ from ProLong64k (whose mean is about 3K tokens with a tail to
+340K). A mix of three kinds of data, seeded (the file is the same every run):
+  70%  chat and instruction turns: log-normal, median 600 tokens, sigma 1.0
+  25%  documents and code files:   log-normal, median 6K tokens, sigma 0.8
+   5%  long documents and books:   log-uniform between 32K and 256K tokens
+Lengths are clipped to [16, 262144].
+    python3 bench/gen_lengths.py [OUT] [COUNT]
+"""
+import math
+import random
+import sys
+
+out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/longtail_mix.txt"
+count = int(sys.argv[2]) if len(sys.argv) > 2 else 40000
+rng = random.Random(20260101)
+lines = []
+for _ in range(count):
+    u = rng.random()
+    if u < 0.70:
+        x = rng.lognormvariate(math.log(600), 1.0)
+    elif u < 0.95:
+        x = rng.lognormvariate(math.log(6000), 0.8)
+    else:
+        x = math.exp(rng.uniform(math.log(32768), math.log(262144)))
+    lines.append(str(min(262144, max(16, int(x)))))
+with open(out, "w") as f:
+    f.write("\n".join(lines) + "\n")

@@ -1,0 +1,316 @@
+// The full-step simulator (src/plan/simulator.h) and its calibration
+// (src/plan/calibration.h): every baseline against a hand-computed case on a
+// one-layer model with a constant attention efficiency and no latency, the
+// memory-feasibility check, and that a calibration changes predictions the
+// way it should (efficiency by chunk length, latency, routing).
+//
+// Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
+#include "src/plan/calibration.h"
+#include "src/plan/planner.h"
+#include "src/plan/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zp::plan {
+namespace {
+
+ClusterModel node8(int nodes = 1) {
+  ClusterModel c;
+  c.nodes = nodes;
+  c.ranksPerNode = 8;
+  c.nicsPerNode = 4;
+  c.nicGbps = 200;
+  c.intraNodeGBps = 200;
+  c.tflops = 312;
+  c.efficiency = 0.5;
+  return c;
+}
+
+// One layer, no recomputation, constant efficiencies: every term by hand.
+StepConfig oneLayer() {
+  StepConfig cfg;
+  modelPreset("llama-8b", &cfg.model);
+  cfg.model.layers = 1;
+  cfg.recompute = false;
+  cfg.linearEfficiency = 0.5;
+  return cfg;
+}
+
+const StrategyResult& find(const std::vector<StrategyResult>& r, const std::string& name) {
+  for (const auto& s : r)
+    if (s.name == name) return s;
+  throw std::runtime_error("no strategy " + name);
+}
+
+// Seconds of the linear parts for `tokens` on one rank: forward, and twice that backward.
+double linearStep(double tokens, const StepConfig& cfg, const ClusterModel& c) {
+  return 3 * tokens * linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+}
+
+// A packed ring of G ranks over sequences `lens` (intra-node link): the
+// forward and backward attention seconds of one rank, from cost_model's
+// steps as the docs state them.
+double ringByHand(const std::vector<int64_t>& lens, int G, const StepConfig& cfg, const ClusterModel& c) {
+  const AttnShape& sh = cfg.model.attn;
+  double comp = 0, bytes = 0;
+  for (int64_t l : lens) {
+    comp += attnFlops(l, true, sh) / G / G / (c.tflops * 1e12 * c.efficiency);
+    if (G > 1) bytes += kvBytes((l + G - 1) / G, sh);
+  }
+  double t = bytes / (c.intraNodeGBps * 1e9);
+  double fwd = G * comp + (G - 1) * std::max(0.0, t - comp);
+  double bwd = G * 2.5 * comp + (G - 1) * std::max(0.0, 2 * t - 2.5 * comp);
+  return fwd + bwd;
+}
+
+TEST(Simulator, ModelPresets) {
+  ModelShape m;
+  ASSERT_TRUE(modelPreset("llama-8b", &m));
+  EXPECT_NEAR(modelParams(m) / 1e9, 8.03, 0.01);  // Llama 3 8B: 8.03 B parameters
+  EXPECT_DOUBLE_EQ(linearFlopsPerToken(m), 2.0 * (4096.0 * 6144 + 4096.0 * 4096 + 3.0 * 4096 * 14336));
+  ASSERT_TRUE(modelPreset("llama-7b", &m));
+  EXPECT_NEAR(modelParams(m) / 1e9, 6.74, 0.01);  // Llama 2 7B
+  ASSERT_TRUE(modelPreset("llama-13b", &m));
+  EXPECT_NEAR(modelParams(m) / 1e9, 13.0, 0.05);
+  ASSERT_TRUE(modelPreset("llama-30b", &m));
+  EXPECT_NEAR(modelParams(m) / 1e9, 32.5, 0.1);
+  ASSERT_TRUE(modelPreset("llama-3b", &m));
+  EXPECT_EQ(m.attn.qHeads, 24);
+  EXPECT_FALSE(modelPreset("llama-9b", &m));
+}
+
+// Eight equal sequences on eight ranks: whole on a rank each is best, and
+// every strategy but the world ring finds it.
+TEST(Simulator, EqualSequencesByHand) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8();
+  std::vector<int64_t> lens(8, 4096);
+  auto r = simulateStep(lens, cfg, c);
+  ASSERT_EQ(r.size(), strategyNames().size());
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(r[i].name, strategyNames()[i]);
+  const double local = linearStep(4096, cfg, c) + ringByHand({4096}, 1, cfg, c);
+  for (const char* name : {"zeppelin", "zeppelin_noremap", "dp_cp", "allgather_cp", "dynamic_cp", "hybrid_dp"}) {
+    SCOPED_TRACE(name);
+    EXPECT_NEAR(find(r, name).stepSeconds, local, local * 1e-9);
+    EXPECT_NEAR(find(r, name).parts.idle, 0, local * 1e-9);
+    EXPECT_TRUE(find(r, name).feasible);
+  }
+  EXPECT_EQ(find(r, "zeppelin").remapSeconds, 0);
+  EXPECT_EQ(find(r, "dp_cp").group, 1);
+  EXPECT_EQ(find(r, "allgather_cp").group, 1);
+  // The world ring: one packed ring of all eight sequences over eight ranks.
+  const auto& ring = find(r, "ring_all");
+  EXPECT_TRUE(ring.reference);
+  EXPECT_FALSE(ring.baseline);
+  EXPECT_TRUE(find(r, "dp_cp").baseline);
+  EXPECT_NEAR(ring.stepSeconds, linearStep(4096, cfg, c) + ringByHand(lens, 8, cfg, c), local * 1e-9);
+  // The parts add up to the step.
+  for (const auto& s : r) {
+    const Breakdown& p = s.parts;
+    EXPECT_NEAR(p.attn + p.comm + p.remap + p.linear + p.idle, s.stepSeconds, s.stepSeconds * 1e-9) << s.name;
+  }
+}
+
+// Memory for 8192 tokens per rank exactly: one sequence of 32768 tokens
+// needs four ranks at least.
+TEST(Simulator, LongSequenceByHand) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8();
+  const double perToken = activationBytesPerToken(cfg) + 4 * kvBytes(1, cfg.model.attn);
+  cfg.memoryBytes = (stateBytesPerRank(cfg, 8) + 8192 * perToken) / cfg.usableMemory * (1 + 1e-9);
+  ASSERT_EQ(tokenCapacity(cfg, 8), 8192);
+  std::vector<int64_t> lens = {32768};
+  auto r = simulateStep(lens, cfg, c);
+  const double step4 = linearStep(8192, cfg, c) + ringByHand(lens, 4, cfg, c);
+  const double step8 = linearStep(4096, cfg, c) + ringByHand(lens, 8, cfg, c);
+  // DP x CP: groups of 1 and 2 cannot hold it; 4 and 8 can, the faster wins.
+  const auto& dp = find(r, "dp_cp");
+  EXPECT_TRUE(dp.feasible);
+  EXPECT_EQ(dp.group, step8 < step4 ? 8 : 4);
+  EXPECT_NEAR(dp.stepSeconds, std::min(step4, step8), step4 * 1e-9);
+  // Dynamic CP and hybrid DP: the split length is tuned; four or eight ranks.
+  for (const char* name : {"dynamic_cp", "hybrid_dp"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(find(r, name).feasible);
+    EXPECT_NEAR(find(r, name).stepSeconds, std::min(step4, step8), step4 * 1e-9);
+  }
+  // All-gather in a group of 8: 7/8 of the K and V in, not hidden, and the
+  // same again backward; the rank's eighth of the compute.
+  const auto& ag = find(r, "allgather_cp");
+  double kv = kvBytes(32768, cfg.model.attn), comp = attnFlops(32768, true, cfg.model.attn) / 8 / (c.tflops * 1e12 * 0.5);
+  double ag8 = linearStep(4096, cfg, c) + comp * 3.5 + 3 * (kv * 7 / 8 / 200e9);
+  double ag4 = linearStep(8192, cfg, c) + comp * 2 * 3.5 + 3 * (kv * 3 / 4 / 200e9);
+  EXPECT_NEAR(ag.stepSeconds, std::min(ag4, ag8), ag8 * 1e-9);
+  EXPECT_EQ(ag.group, ag8 < ag4 ? 8 : 4);
+}
+
+// The feasibility check: below what any layout needs, every strategy,
+// Zeppelin's too, is reported infeasible; the peak memory is the formula's.
+TEST(Simulator, FeasibilityCheck) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8();
+  std::vector<int64_t> lens(8, 4096);
+  const double states = stateBytesPerRank(cfg, 8), act = activationBytesPerToken(cfg);
+  cfg.memoryBytes = (states + 4096 * act) / cfg.usableMemory * 1.0001;
+  auto r = simulateStep(lens, cfg, c);
+  EXPECT_TRUE(find(r, "zeppelin").feasible);
+  EXPECT_NEAR(find(r, "zeppelin").peakMemoryBytes, states + 4096 * act, 1);
+  cfg.memoryBytes = (states + 4000 * act) / cfg.usableMemory;
+  r = simulateStep(lens, cfg, c);
+  for (const auto& s : r) EXPECT_FALSE(s.feasible) << s.name;
+  // One sequence three times what a rank holds: Zeppelin's plan splits it
+  // and fits; DP x CP needs groups of four at least.
+  cfg = oneLayer();
+  cfg.memoryBytes = (states + 20000 * (act + 4 * kvBytes(1, cfg.model.attn))) / cfg.usableMemory;
+  std::vector<int64_t> skew = {60000, 100, 100};
+  r = simulateStep(skew, cfg, c);
+  EXPECT_TRUE(find(r, "zeppelin").feasible);
+  EXPECT_TRUE(find(r, "dp_cp").feasible);
+  EXPECT_GE(find(r, "dp_cp").group, 4);
+}
+
+// Zeppelin's remap: nothing moves when the layouts agree; with a skewed
+// batch the no-remap variant leaves tokens imbalanced for the linear layers
+// and the remap balances them (linear imbalance 1 within a token).
+TEST(Simulator, RemapBalancesLinearLayers) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8(1);
+  // One of 8192 tokens costs as much as 64 of 1024: balanced attention
+  // gives four ranks 8192 tokens and four others 65536.
+  std::vector<int64_t> lens(4, 8192);
+  lens.resize(4 + 256, 1024);
+  auto r = simulateStep(lens, cfg, c);
+  const auto &z = find(r, "zeppelin"), &nr = find(r, "zeppelin_noremap");
+  EXPECT_GT(z.remapSeconds, 0);
+  EXPECT_EQ(nr.remapSeconds, 0);
+  EXPECT_NEAR(z.linearImbalance, 1, 1e-3);
+  EXPECT_GT(nr.linearImbalance, 1.5);
+  EXPECT_GT(z.nicBytes + z.intraBytes, nr.nicBytes + nr.intraBytes);
+}
+
+// The planner's node-level token balance: on two nodes the same batch's
+// remap crosses the NICs without it and stays inside the nodes with it.
+TEST(Simulator, NodeTokenBalanceKeepsRemapInsideNodes) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8(2);
+  std::vector<int64_t> lens(8, 8192);
+  lens.resize(8 + 512, 1024);
+  cfg.nodeTokenBalance = false;
+  auto off = find(simulateStep(lens, cfg, c), "zeppelin");
+  cfg.nodeTokenBalance = true;
+  auto on = find(simulateStep(lens, cfg, c), "zeppelin");
+  printf("  NIC bytes of one forward: %.3g without node balance, %.3g with; remap %.3g s and %.3g s; attention "
+         "imbalance %.4f and %.4f\n", off.nicBytes, on.nicBytes, off.remapSeconds, on.remapSeconds, off.attnImbalance,
+         on.attnImbalance);
+  EXPECT_GT(off.nicBytes, 1e8);
+  EXPECT_LT(on.nicBytes, off.nicBytes / 10);
+  EXPECT_LT(on.remapSeconds, off.remapSeconds / 2);
+  EXPECT_LT(on.attnImbalance, 1.05);
+  EXPECT_NEAR(on.linearImbalance, 1, 1e-3);
+}
+
+TEST(Calibration, EfficiencyByChunkLength) {
+  ClusterModel c = node8();
+  c.attnEfficiency = {{1000, 0.2}, {4000, 0.6}};
+  EXPECT_DOUBLE_EQ(attnEfficiencyAt(500, c), 0.2);
+  EXPECT_DOUBLE_EQ(attnEfficiencyAt(9000, c), 0.6);
+  EXPECT_NEAR(attnEfficiencyAt(2000, c), 0.4, 1e-12);  // halfway in log(length)
+  AttnShape sh;
+  RingStep st = ringStep(8000, true, 4, Link::Intra, sh, c);  // chunks of 2000 tokens
+  EXPECT_NEAR(st.compute, attnFlops(8000, true, sh) / 16 / (312e12 * 0.4), 1e-15);
+  // Lower efficiency at short chunks makes splitting short sequences costlier:
+  // the world ring slows down more than whole-sequence placement.
+  StepConfig cfg = oneLayer();
+  ClusterModel flat = node8(), curve = node8();
+  curve.attnEfficiency = {{512, 0.1}, {8192, 0.5}};
+  std::vector<int64_t> lens(8, 8192);
+  auto a = simulateStep(lens, cfg, flat), b = simulateStep(lens, cfg, curve);
+  EXPECT_NEAR(find(a, "dp_cp").stepSeconds, find(b, "dp_cp").stepSeconds, 1e-12);  // whole sequences at 0.5 both
+  EXPECT_GT(find(b, "ring_all").parts.attn, 2 * find(a, "ring_all").parts.attn);     // chunks of 1024 at ~0.2
+}
+
+TEST(Calibration, LatencyAddsPerMessage) {
+  StepConfig cfg = oneLayer();
+  ClusterModel c = node8();
+  std::vector<int64_t> lens(8, 512);  // short: every ring transfer exposed
+  auto a = simulateStep(lens, cfg, c);
+  c.intraLatency = 50e-6;
+  auto b = simulateStep(lens, cfg, c);
+  // The world ring: 7 exposed steps forward and 7 backward, each 50 us later.
+  EXPECT_NEAR(find(b, "ring_all").stepSeconds - find(a, "ring_all").stepSeconds, 14 * 50e-6, 1e-9);
+  EXPECT_NEAR(find(b, "dp_cp").stepSeconds, find(a, "dp_cp").stepSeconds, 1e-12);  // no messages at g = 1
+  RingStep st = ringStep(4096, true, 4, Link::Intra, AttnShape(), c);
+  c.intraLatency = 0;
+  EXPECT_NEAR(st.transfer - ringStep(4096, true, 4, Link::Intra, AttnShape(), c).transfer, 50e-6, 1e-15);
+}
+
+TEST(Calibration, RoutingSpeedsUpZeppelinsInterNodeRings) {
+  ClusterModel c = node8(2);
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Routed, c), linkBytesPerSec(Link::Inter, c));  // no routing: one NIC
+  EXPECT_EQ(zeppelinInterLink(c), Link::Inter);
+  c.routeEfficiency = 0.8;
+  EXPECT_EQ(zeppelinInterLink(c), Link::Routed);
+  EXPECT_DOUBLE_EQ(linkBytesPerSec(Link::Routed, c), 0.8 * 4 * 25e9);
+  // One sequence that must span both nodes, short enough that one NIC
+  // cannot hide its ring: routing lowers Zeppelin's time, not the baselines'.
+  StepConfig cfg = oneLayer();
+  std::vector<int64_t> lens = {32768};
+  ClusterModel off = node8(2);
+  auto a = simulateStep(lens, cfg, off), b = simulateStep(lens, cfg, c);
+  EXPECT_LT(find(b, "zeppelin").stepSeconds, find(a, "zeppelin").stepSeconds);
+  EXPECT_DOUBLE_EQ(find(b, "zeppelin_noroute").stepSeconds, find(a, "zeppelin").stepSeconds);
+  EXPECT_DOUBLE_EQ(find(b, "dp_cp").stepSeconds, find(a, "dp_cp").stepSeconds);
+}
+
+TEST(Calibration, FileRoundTripAndErrors) {
+  Calibration h;
+  ASSERT_TRUE(calibrationPreset("h200", &h));
+  Calibration back = parseCalibration(calibrationJson(h), "x");
+  EXPECT_EQ(back.name, "h200");
+  EXPECT_EQ(back.cluster.nicsPerNode, 8);
+  EXPECT_DOUBLE_EQ(back.cluster.intraNodeGBps, 450);
+  EXPECT_DOUBLE_EQ(back.memoryGiB, 141);
+  EXPECT_EQ(back.cluster.attnEfficiency, h.cluster.attnEfficiency);
+  EXPECT_NEAR(back.cluster.interLatency, h.cluster.interLatency, 1e-15);
+  // Keys replace the base preset's values; the rest stay.
+  Calibration c = parseCalibration(R"({"base": "h800", "nic_gbps": 100, "attention_efficiency": [[100, 0.1], [1000, 0.3]]})", "x");
+  EXPECT_DOUBLE_EQ(c.cluster.nicGbps, 100);
+  EXPECT_DOUBLE_EQ(c.cluster.tflops, 989);
+  EXPECT_DOUBLE_EQ(attnEfficiencyAt(1000, c.cluster), 0.3);
+  auto error = [](const std::string& text) {
+    try {
+      parseCalibration(text, "cal.json");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(R"({"nic_gpbs": 100})").find("unknown key /nic_gpbs"), std::string::npos);
+  EXPECT_NE(error(R"({"tflops": -1})").find("/tflops = -1 is out of range"), std::string::npos);
+  EXPECT_NE(error(R"({"route_efficiency": 1.5})").find("/route_efficiency"), std::string::npos);
+  EXPECT_NE(error(R"({"attention_efficiency": [[1000, 0.3], [100, 0.5]]})").find("/attention_efficiency/1"), std::string::npos);
+  EXPECT_NE(error(R"({"attention_efficiency": [[1000, 1.3]]})").find("(0, 1]"), std::string::npos);
+  EXPECT_NE(error(R"({"base": "v100"})").find("names no preset"), std::string::npos);
+  EXPECT_NE(error("{\"tflops\": 1,\n}").find("line 2"), std::string::npos) << error("{\"tflops\": 1,\n}");
+  EXPECT_NE(error("[1]").find("JSON object"), std::string::npos);
+  EXPECT_THROW(readCalibration("/nonexistent/cal.json"), std::runtime_error);
+}
+
+// The planner refuses a bad efficiency table rather than dividing by zero.
+TEST(Calibration, PlannerChecksTheModel) {
+  ClusterModel c = node8();
+  c.attnEfficiency = {{1000, 0.0}};
+  EXPECT_THROW(planBatch({4096}, true, AttnShape(), c), std::invalid_argument);
+  c.attnEfficiency = {};
+  c.routeEfficiency = 2;
+  EXPECT_THROW(planBatch({4096}, true, AttnShape(), c), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace zp::plan
