@@ -15,6 +15,33 @@ namespace zp {
 // that came from negative ints are caught instead of wrapping around.
 constexpr size_t kMaxCallBytes = size_t(1) << 48;
 
+// The standard collectives (collectives/coll.cc).
+enum class CollKind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+  kAllGatherv,
+  kReduceScatterv
+};
+struct CollArgs {
+  CollKind kind = CollKind::kBarrier;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  size_t count = 0;  // count, sendcount (all-gather, all-gatherv) or recvcount (reduce-scatter)
+  zpDataType_t dtype = zpUint8;
+  zpRedOp_t op = zpSum;
+  int root = 0;
+  const size_t* counts = nullptr;  // the v calls' recvcounts
+  const size_t* displs = nullptr;  // all-gatherv's rdispls
+};
+// Runs one collective (under the communicator's lock): every rank's
+// arguments are compared first, and all fail alike if they disagree.
+zpResult_t collective(Comm* comm, const CollArgs& args);
+const char* collectiveName(CollKind kind);
+
 zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype);
 

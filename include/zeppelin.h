@@ -177,6 +177,64 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
                        void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                        zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
 
+/* ---- Collectives ----
+ * NCCL's calls under NCCL's names and semantics (ncclAllReduce, ...), for
+ * host buffers (stream NULL). Collective over the communicator: every rank
+ * calls the same collectives in the same order, with the same count,
+ * datatype, op and root. Before any data moves, the ranks compare these: if
+ * any two disagree (or a rank passed an invalid argument), every rank
+ * returns an error naming the ranks and values (zpInvalidUsage; the rank
+ * whose own argument was invalid returns zpInvalidArgument) and no buffer is
+ * written. Counts are in elements. float16 and bfloat16 are reduced in
+ * float32 and rounded once at the end. zpAvg is the sum divided by the rank
+ * count (integers: truncated toward zero, like C's division). Integer sums
+ * and products wrap around (two's complement) on overflow.
+ *
+ * In place as in NCCL: sendbuff == recvbuff for all-reduce, broadcast and
+ * reduce; for all-gather sendbuff == recvbuff + rank * sendcount elements;
+ * for reduce-scatter recvbuff == sendbuff + rank * recvcount elements. Any
+ * other overlap of send and receive buffers is zpInvalidArgument.
+ *
+ * Inside zpGroupStart / zpGroupEnd they are queued with the group's sends
+ * and receives and run at zpGroupEnd: the point-to-point calls first, then
+ * the collectives in the order they were called. */
+typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
+
+/* recvbuff = op over all ranks of sendbuff (count elements each). */
+zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                       zpComm_t comm, zpStream_t stream);
+/* Copies count elements of root's sendbuff into every rank's recvbuff
+ * (sendbuff is read on root only; NULL elsewhere is fine). */
+zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, int root,
+                       zpComm_t comm, zpStream_t stream);
+/* Like zpAllReduce, with the result on root only (recvbuff is written on
+ * root only; NULL elsewhere is fine). */
+zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op, int root,
+                    zpComm_t comm, zpStream_t stream);
+/* recvbuff (nranks * sendcount elements) = every rank's sendbuff, in rank order. */
+zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
+                       zpStream_t stream);
+/* sendbuff holds nranks * recvcount elements; rank r gets block r of their
+ * reduction over all ranks. */
+zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
+                           zpRedOp_t op, zpComm_t comm, zpStream_t stream);
+/* Returns once every rank has called it. */
+zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream);
+/* All-gather with per-rank counts (MPI_Allgatherv): rank r contributes
+ * sendcount elements, which must equal recvcounts[r] on every rank; they
+ * land at element rdispls[r] of every rank's recvbuff. recvcounts must be the
+ * same on every rank; displacements are each rank's own (receive ranges must
+ * not overlap). In place: sendbuff == recvbuff + rdispls[rank] elements. */
+zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t recvcounts[],
+                        const size_t rdispls[], zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
+/* Reduce-scatter with per-rank counts (MPI_Reduce_scatter): sendbuff holds
+ * sum(recvcounts) elements; rank r gets the recvcounts[r] elements that start
+ * at element recvcounts[0] + ... + recvcounts[r-1], reduced over all ranks.
+ * recvcounts must be the same on every rank. In place: recvbuff == sendbuff
+ * + that offset. */
+zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t recvcounts[], zpDataType_t datatype,
+                            zpRedOp_t op, zpComm_t comm, zpStream_t stream);
+
 /* ---- Batch plans ----
  * The hierarchical partition planner: where every token of a variable-length
  * batch lives for attention and for the linear layers. Deterministic and

@@ -81,6 +81,9 @@ TEST(Params, TheConfigurationsDefaultsAreTheTables) {
   EXPECT_EQ(c.shmSpinUs, std::stoi(zp::findParam("ZP_SHM_SPIN_US")->dflt));
   EXPECT_EQ(c.routeChunkBytes, size("ZP_ROUTE_CHUNK"));
   EXPECT_EQ(c.routeDirectBelow, size("ZP_ROUTE_DIRECT_BELOW"));
+  EXPECT_EQ(c.collAlgo, zp::CollAlgo::kAuto);
+  EXPECT_STREQ(zp::findParam("ZP_COLL_ALGO")->dflt, "auto");
+  EXPECT_EQ(c.collRingAbove, size("ZP_COLL_RING_ABOVE"));
 }
 
 TEST(Params, ValuesAreCheckedAgainstTheTable) {

@@ -384,6 +384,107 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
   return zp::failFromException("zpAlltoallv");
 }
 
+// ---- The standard collectives ----
+// A non-NULL stream gets the answer every data call gives it in this build
+// (the device path plugs in here, one place for all of them). The rest of
+// the checks run inside the call, on every rank together (collectives/coll.cc).
+static zpResult_t collective(const zp::CollArgs& args, zpComm_t comm, zpStream_t stream) {
+  const char* fn = zp::collectiveName(args.kind);
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(lookup(comm, fn, &c));
+  if (stream) return checkDataCall(fn, zpUint8, stream);
+  inGroup(comm);
+  // The per-rank arrays are copied: in a group they are read at zpGroupEnd.
+  auto counts = std::make_shared<std::vector<size_t>>();
+  auto displs = std::make_shared<std::vector<size_t>>();
+  if (args.counts) counts->assign(args.counts, args.counts + c->nranks());
+  if (args.displs) displs->assign(args.displs, args.displs + c->nranks());
+  return zp::enqueueCollective(c, [c, args, counts, displs] {
+    zp::CollArgs a = args;
+    if (a.counts) a.counts = counts->data();
+    if (a.displs) a.displs = displs->data();
+    return zp::collective(c.get(), a);
+  });
+}
+
+static zp::CollArgs collArgs(zp::CollKind kind, const void* sendbuff, void* recvbuff, size_t count,
+                             zpDataType_t datatype, zpRedOp_t op = zpSum, int root = 0) {
+  zp::CollArgs a;
+  a.kind = kind;
+  a.sendbuff = sendbuff;
+  a.recvbuff = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
+  a.op = op;
+  a.root = root;
+  return a;
+}
+
+zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                       zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op), comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpAllReduce");
+}
+
+zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, int root,
+                       zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, zpSum, root),
+                                comm, stream));
+} catch (...) {
+  return zp::failFromException("zpBroadcast");
+}
+
+zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op, int root,
+                    zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root), comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpReduce");
+}
+
+zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
+                       zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype), comm,
+                                stream));
+} catch (...) {
+  return zp::failFromException("zpAllGather");
+}
+
+zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
+                           zpRedOp_t op, zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op),
+                                comm, stream));
+} catch (...) {
+  return zp::failFromException("zpReduceScatter");
+}
+
+zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collective(collArgs(zp::CollKind::kBarrier, nullptr, nullptr, 0, zpUint8), comm, stream));
+} catch (...) {
+  return zp::failFromException("zpBarrier");
+}
+
+zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t recvcounts[],
+                        const size_t rdispls[], zpDataType_t datatype, zpComm_t comm, zpStream_t stream) try {
+  zp::CollArgs a = collArgs(zp::CollKind::kAllGatherv, sendbuff, recvbuff, sendcount, datatype);
+  a.counts = recvcounts;
+  a.displs = rdispls;
+  return noted(comm, collective(a, comm, stream));
+} catch (...) {
+  return zp::failFromException("zpAllGatherv");
+}
+
+zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t recvcounts[], zpDataType_t datatype,
+                            zpRedOp_t op, zpComm_t comm, zpStream_t stream) try {
+  zp::CollArgs a = collArgs(zp::CollKind::kReduceScatterv, sendbuff, recvbuff, 0, datatype, op);
+  a.counts = recvcounts;
+  return noted(comm, collective(a, comm, stream));
+} catch (...) {
+  return zp::failFromException("zpReduceScatterv");
+}
+
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));

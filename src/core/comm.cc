@@ -22,6 +22,7 @@ const char* opKindName(OpKind kind) {
     case OpKind::kRelayHeader: return "relay header";
     case OpKind::kRelayData: return "relay data";
     case OpKind::kControl: return "relayed control message";
+    case OpKind::kCollective: return "collective";
   }
   return "unknown operation";
 }
@@ -486,6 +487,13 @@ zpResult_t Comm::agreeOnResult(uint64_t seq, zpResult_t mine, const std::string&
   }
   if (first != zpSuccess) return fail(first, "rank %d: %s", rank_, firstMsg.c_str());
   return zpSuccess;
+}
+
+void Comm::breakComm(zpResult_t code, const std::string& why) {
+  if (asyncError_ != zpSuccess) return;
+  setAsyncError(code, why);
+  dropOps(code, why);
+  passOnFault(code, why);
 }
 
 void Comm::leave(bool abort) {

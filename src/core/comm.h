@@ -99,6 +99,10 @@ class Comm : public TransportSink {
   // returns zpRemoteError within a wait slice (100 ms), so that zpCommAbort
   // never waits for it to time out.
   void requestAbort() { abortRequested_ = true; }
+  // Marks the communicator broken (if it is not yet) and tells every peer,
+  // which fail what they have pending with it: for a call that stopped
+  // halfway, after which the pairs' message streams no longer line up.
+  void breakComm(zpResult_t code, const std::string& why);
 
  private:
   Comm() = default;

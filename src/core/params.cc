@@ -54,6 +54,11 @@ const std::vector<Param> kParams = {
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
    "microseconds a waiting rank polls (yielding its core) before it sleeps"},
+  // Collectives.
+  {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree",
+   "the standard collectives' algorithms: by size (auto), always rings, or always recursive doubling / trees"},
+  {"ZP_COLL_RING_ABOVE", K::kSize, R::kSetting, "256K", "0..1P",
+   "with ZP_COLL_ALGO=auto, rings from this many bytes per rank on (measured: docs/collectives.md)"},
   // Launchers: zprun sets these, zpCommInitFromEnv and the tools read them.
   {"ZP_RANK", K::kInt, R::kLauncher, "", "0..16777216", "this process's rank"},
   {"ZP_NRANKS", K::kInt, R::kLauncher, "", "1..16777216", "the number of ranks"},

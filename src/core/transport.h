@@ -23,8 +23,20 @@ namespace zp {
 // hang. Kinds from kRelayHeader on belong to transports built on other
 // transports (the router's relay): a header describing a chunk, the chunk,
 // and a relayed control message.
-enum class OpKind : uint32_t { kP2P = 0, kAlltoallv = 1, kRelayHeader = 2, kRelayData = 3, kControl = 4 };
+// kCollective (the standard collectives, collectives/coll.cc) came later,
+// so it is numbered after the relay's kinds: test with isRelayKind, not <.
+enum class OpKind : uint32_t {
+  kP2P = 0,
+  kAlltoallv = 1,
+  kRelayHeader = 2,
+  kRelayData = 3,
+  kControl = 4,
+  kCollective = 5
+};
 const char* opKindName(OpKind kind);
+inline bool isRelayKind(OpKind kind) {
+  return kind == OpKind::kRelayHeader || kind == OpKind::kRelayData || kind == OpKind::kControl;
+}
 
 // A receive from any rank of another node (the relay's headers).
 constexpr int kAnyRemotePeer = -2;
@@ -37,6 +49,13 @@ constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 // Defined by the layer that planned a routed op's path (src/route/relay.h);
 // the executor carries the pointer without looking at it.
 struct RoutedXfer;
+
+// How a receive reduces what arrives into its buffer (collectives): fn(dst,
+// a, b, bytes) stores a op b elementwise; bytes is a multiple of elemSize.
+struct OpReducer {
+  void (*fn)(void* dst, const void* a, const void* b, size_t bytes);
+  size_t elemSize;
+};
 
 struct Op {
   bool isSend = false;
@@ -58,6 +77,11 @@ struct Op {
   // A collective's transfer planned by the router (its id and pieces); null
   // for point-to-point calls, which the relay routes itself.
   const RoutedXfer* routed = nullptr;
+  // Receives only, and only on a transport whose canReduce() is true: the
+  // bytes are not stored but reduced, buf[i] = reduceSrc[i] op bytes[i]
+  // (reduceSrc may equal buf), while they are copied in.
+  const OpReducer* reduce = nullptr;
+  const void* reduceSrc = nullptr;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;
@@ -108,6 +132,8 @@ class Transport {
   // A control message with a sequence number from kSeqFirstControl on, from
   // peer; true if this transport took it.
   virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
+  // Whether receives may carry an OpReducer (Op::reduce).
+  virtual bool canReduce() const { return false; }
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.

@@ -46,7 +46,7 @@ struct Ring {
 // calls, lane 1 the router's relays (OpKind::kRelayHeader / kRelayData), so
 // that a relay never waits behind a message its proxy has not asked for yet.
 constexpr int kLanes = 2;
-inline int laneOf(OpKind kind) { return kind >= OpKind::kRelayHeader ? 1 : 0; }
+inline int laneOf(OpKind kind) { return isRelayKind(kind) ? 1 : 0; }
 struct Lane {
   Ring out, in;  // out: in the peer's segment, written here; in: the reverse
   std::deque<Op*> sendq, recvq;
@@ -64,6 +64,9 @@ class ShmTransport : public Transport {
   ~ShmTransport();
 
   void post(Op* op) override;
+  // Receives reduce while they copy: from the ring's fragments, or from the
+  // sender's memory in slices that stay in cache (see progressRecv).
+  bool canReduce() const override { return true; }
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;

@@ -258,7 +258,7 @@ void UcxTransport::submit(Op* op, bool meta) {
   s.parts++;
   s.reqs.push_back(r);
   ucs_status_ptr_t st;
-  bool relay = op->kind >= OpKind::kRelayHeader;
+  bool relay = isRelayKind(op->kind);
   uint64_t type = relay ? kTagRelay : meta ? kTagMeta : kTagData;
   if (op->isSend) {
     prm.cb.send = sendCb;
