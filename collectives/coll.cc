@@ -742,6 +742,81 @@ zpResult_t runData(Call& k) {
 
 const char* collectiveName(CollKind kind) { return collName(kind); }
 
+zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
+                     std::unique_ptr<Comm>* child) {
+  const int n = parent->nranks(), me = parent->rank();
+  std::string localMsg = localCheck == zpSuccess ? "" : lastError();
+  // Every rank's (color, key, whether its arguments were good), by an
+  // all-gather: a rank that calls another collective meanwhile is caught by
+  // the descriptor check like any other.
+  int32_t mine[3] = {color, key, localCheck == zpSuccess ? 1 : 0};
+  std::vector<int32_t> all(3 * (size_t)n);
+  CollArgs a;
+  a.kind = CollKind::kAllGather;
+  a.sendbuff = mine;
+  a.recvbuff = all.data();
+  a.count = 3;
+  a.dtype = zpInt32;
+  ZP_CHECK(collective(parent, a));
+  // Every rank takes the exchange's sequence number, also those that join no
+  // child, so that the parent's numbering stays the same everywhere.
+  const uint64_t seq = parent->nextCollSeq();
+  if (localCheck != zpSuccess) return fail(localCheck, "rank %d: %s", me, localMsg.c_str());
+  for (int r = 0; r < n; r++)
+    if (!all[3 * r + 2])
+      return fail(zpInvalidUsage, "rank %d: zpCommSplit: rank %d passed an invalid argument (its zpGetLastError says "
+                  "which)", me, r);
+  if (color == ZP_SPLIT_NOCOLOR) return zpSuccess;
+  std::vector<int> members;
+  for (int r = 0; r < n; r++)
+    if (all[3 * r] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int x, int y) { return all[3 * x + 1] < all[3 * y + 1]; });
+  const int newRank = (int)(std::find(members.begin(), members.end(), me) - members.begin());
+  // The child's secret: the parent's, this split's number and the color, so
+  // that siblings and later splits never share a name in /dev/shm.
+  uint8_t secret[16];
+  // (splitmix64 steps over all of them: every output byte depends on each.)
+  auto mix = [](uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  uint64_t x = mix(seq ^ mix((uint64_t)(uint32_t)color));
+  for (int i = 0; i < 16; i++) x = mix(x ^ parent->secret()[i]);
+  uint64_t h[2] = {mix(x), mix(x ^ 0x5a5a5a5a5a5a5a5aull)};
+  memcpy(secret, h, 16);
+  // The transports' blob round, among the child's members over the parent:
+  // the sizes, then the blobs (a UCX address has no fixed size).
+  auto exchange = [&](const std::string& blob, std::vector<std::string>* out) -> zpResult_t {
+    const int m = (int)members.size();
+    out->assign(m, std::string());
+    std::vector<uint64_t> sizes(m, 0);
+    sizes[newRank] = blob.size();
+    Steps st(parent, seq, 1);
+    for (int i = 0; i < m; i++)
+      if (i != newRank) {
+        st.send(members[i], &sizes[newRank], sizeof(uint64_t), 1);
+        st.recv(members[i], &sizes[i], sizeof(uint64_t), 1);
+      }
+    ZP_CHECK(st.run());
+    for (int i = 0; i < m; i++) {
+      if (sizes[i] > (1u << 20))
+        return fail(zpInternalError, "rank %d: zpCommSplit: rank %d's transport address is %llu bytes", me,
+                    members[i], (unsigned long long)sizes[i]);
+      (*out)[i].resize(sizes[i]);
+    }
+    (*out)[newRank] = blob;
+    for (int i = 0; i < m; i++)
+      if (i != newRank) {
+        st.send(members[i], blob.data(), blob.size(), 2);
+        st.recv(members[i], &(*out)[i][0], sizes[i], 2);
+      }
+    return st.run();
+  };
+  return Comm::createChild(*parent, members, newRank, cfg, secret, exchange, child);
+}
+
 zpResult_t collective(Comm* c, const CollArgs& a) {
   const int n = c->nranks(), me = c->rank();
   // This rank's own arguments first; a rank with bad ones still takes part in

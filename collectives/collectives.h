@@ -42,6 +42,13 @@ struct CollArgs {
 zpResult_t collective(Comm* comm, const CollArgs& args);
 const char* collectiveName(CollKind kind);
 
+// zpCommSplit's collective part, under the parent's lock: every rank's
+// (color, key) and the verdict on them (localCheck: this rank's own
+// arguments, its message in lastError()), then the child's transports set up
+// through the parent. *child stays empty for ZP_SPLIT_NOCOLOR.
+zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
+                     std::unique_ptr<Comm>* child);
+
 zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype);
 

@@ -146,6 +146,20 @@ zpResult_t zpCommAbort(zpComm_t comm);
  * that aborted or found the ranks out of step, ...). Polling it also moves
  * pending work forward, so a rank between calls learns of such errors. */
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
+/* NCCL's ncclCommSplit: collective over comm. Ranks passing the same color
+ * (>= 0) form a new communicator, ranked by key (ties by their rank in comm);
+ * a rank passing ZP_SPLIT_NOCOLOR takes part but gets *newcomm = NULL. The
+ * new communicator is made through comm's own transports (no new
+ * rendezvous): it has its own sequence of calls, errors, abort and destroy,
+ * uses the same node identities and NICs, and lives on after comm is
+ * destroyed. config NULL: comm's settings (any config: comm's node ids).
+ * Not inside a group. If any rank passes a bad argument (color below
+ * ZP_SPLIT_NOCOLOR, newcomm NULL, a bad config), every rank fails: that rank
+ * with zpInvalidArgument, the others with zpInvalidUsage naming it.
+ * Calls complete before they return, so a communicator has nothing to flush
+ * before zpCommDestroy: there is no zpCommFinalize. */
+#define ZP_SPLIT_NOCOLOR (-1)
+zpResult_t zpCommSplit(zpComm_t comm, int color, int key, zpComm_t* newcomm, zpConfig_t* config);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
 
