@@ -98,7 +98,14 @@ std::function<void(const std::string&)> numberFlag(const char* flag, double lo, 
   };
 }
 
+const char* const kOpNames[5] = {"sum", "prod", "max", "min", "avg"};
+
 Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) {
+  return parseOptions(argc, argv, prog, withPattern ? Flags::kPattern : Flags::kShift);
+}
+
+Options parseOptions(int argc, char** argv, const char* prog, Flags flags) {
+  const bool withPattern = flags == Flags::kPattern;
   Options o;
   o.type = findType("float");
   bool factorGiven = false;
@@ -147,6 +154,16 @@ Options parseOptions(int argc, char** argv, const char* prog, bool withPattern) 
         throw zp::cli::UsageError("bad -s '" + v + "': expected a non-negative integer");
       o.seed = s;
     });
+  } else if (flags == Flags::kCollective) {
+    addValue(app, "-o", "op", "reduction: sum prod max min avg (default sum)", [&](const std::string& v) {
+      for (int i = 0; i < 5; i++)
+        if (v == kOpNames[i]) {
+          o.op = i;
+          return;
+        }
+      throw zp::cli::UsageError("unknown op '" + v + "'");
+    });
+    addValue(app, "-r", "root", "broadcast's root rank (default 0)", intFlag("-r", &o.root, 0));
   } else {
     addValue(app, "-S", "shift", "send to rank+shift, receive from rank-shift (default 1)",
              intFlag("-S", &o.shift, 1));

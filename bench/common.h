@@ -60,9 +60,16 @@ struct Options {
   std::string matrixFile;           // the FILE of -P matrix:FILE
   uint64_t seed = 1;                // -s
   int shift = 1;                    // -S: sendrecv partner distance (rank+S, rank-S)
+  int op = 0;                       // -o sum|prod|max|min|avg (a zpRedOp_t; collectives only)
+  int root = 0;                     // -r (broadcast)
 };
+// What a program sweeps: alltoallv (-P, -s), a pair (-S), or a standard
+// collective (-o, -r).
+enum class Flags { kPattern, kShift, kCollective };
+extern const char* const kOpNames[5];  // by zpRedOp_t
 // Parses argv (see parseCommandLine). withPattern enables -P / -s, else -S.
 Options parseOptions(int argc, char** argv, const char* prog, bool withPattern);
+Options parseOptions(int argc, char** argv, const char* prog, Flags flags);
 // The rank a launcher (zprun, mpirun, torchrun) gave this process, or 0:
 // lets code that runs before the communicator exists print only once.
 int launcherRank();

@@ -95,6 +95,28 @@ class BenchComm {
     return out;
   }
 
+  // The standard collectives, as coll_perf.cc calls them (op: a zpRedOp_t).
+  void allReduce(const void* s, void* r, size_t count, const TypeInfo& t, int op) {
+    check(MPI_Allreduce(s, r, int(count), mpiType(t), mpiOp(op), MPI_COMM_WORLD), "MPI_Allreduce");
+  }
+  void allGather(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(MPI_Allgather(s, int(count), mpiType(t), r, int(count), mpiType(t), MPI_COMM_WORLD), "MPI_Allgather");
+  }
+  void reduceScatter(const void* s, void* r, size_t count, const TypeInfo& t, int op) {
+    check(MPI_Reduce_scatter_block(s, r, int(count), mpiType(t), mpiOp(op), MPI_COMM_WORLD),
+          "MPI_Reduce_scatter_block");
+  }
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
+    // MPI_Bcast works in one buffer: the root's is its send buffer.
+    check(MPI_Bcast(rank_ == root ? const_cast<void*>(s) : r, int(count), mpiType(t), root, MPI_COMM_WORLD),
+          "MPI_Bcast");
+  }
+  static const char* unsupported(const TypeInfo& t, int op, bool reduces) {
+    if (reduces && (t.zpType == zpFloat16 || t.zpType == zpBfloat16)) return "MPI has no 16-bit float reductions";
+    if (reduces && op == zpAvg) return "MPI has no average";
+    return nullptr;
+  }
+
   void finalize() { check(MPI_Finalize(), "MPI_Finalize"); }
 
  private:
@@ -119,6 +141,15 @@ class BenchComm {
         return MPI_DOUBLE;
       default:
         return MPI_UINT16_T;  // half, bfloat16
+    }
+  }
+
+  static MPI_Op mpiOp(int op) {
+    switch (op) {
+      case zpProd: return MPI_PROD;
+      case zpMax: return MPI_MAX;
+      case zpMin: return MPI_MIN;
+      default: return MPI_SUM;
     }
   }
 

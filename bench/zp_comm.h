@@ -113,6 +113,22 @@ class BenchComm {
     return sum;
   }
 
+  // The standard collectives (coll_perf.cc); op is a zpRedOp_t.
+  void allReduce(const void* s, void* r, size_t count, const TypeInfo& t, int op) {
+    check(zpAllReduce(s, r, count, zpDataType_t(t.zpType), zpRedOp_t(op), comm_, nullptr), "zpAllReduce");
+  }
+  void allGather(const void* s, void* r, size_t count, const TypeInfo& t) {
+    check(zpAllGather(s, r, count, zpDataType_t(t.zpType), comm_, nullptr), "zpAllGather");
+  }
+  void reduceScatter(const void* s, void* r, size_t count, const TypeInfo& t, int op) {
+    check(zpReduceScatter(s, r, count, zpDataType_t(t.zpType), zpRedOp_t(op), comm_, nullptr), "zpReduceScatter");
+  }
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
+    check(zpBroadcast(s, r, count, zpDataType_t(t.zpType), root, comm_, nullptr), "zpBroadcast");
+  }
+  // Every type and op (MPI has no 16-bit float reductions and no average).
+  static const char* unsupported(const TypeInfo&, int, bool) { return nullptr; }
+
   void finalize() {
     check(zpCommDestroy(comm_), "zpCommDestroy");
     comm_ = nullptr;
