@@ -18,6 +18,7 @@
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
+#include "tests/plan_fixtures.h"
 #include "src/plan/simulator.h"
 
 #include <gtest/gtest.h>
@@ -45,17 +46,7 @@ uint64_t testSeed() {
 
 #define SEED_TRACE SCOPED_TRACE("seed " + std::to_string(testSeed()) + " (ZP_TEST_SEED repeats it)")
 
-ClusterModel a800(int nodes) {
-  ClusterModel c;
-  c.nodes = nodes;
-  c.ranksPerNode = 8;
-  c.nicsPerNode = 4;
-  c.nicGbps = 200;
-  c.intraNodeGBps = 200;
-  c.tflops = 312;
-  c.efficiency = 0.5;
-  return c;
-}
+ClusterModel a800(int nodes) { return zptest::a800Model(nodes); }
 
 // Checks every rule of plan.h against an independent recomputation.
 void checkPlan(const BatchPlan& p, const std::vector<int64_t>& lens, bool causal,

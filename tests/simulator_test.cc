@@ -7,6 +7,7 @@
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "src/plan/calibration.h"
 #include "src/plan/planner.h"
+#include "tests/plan_fixtures.h"
 #include "src/plan/simulator.h"
 
 #include <gtest/gtest.h>
@@ -20,17 +21,7 @@
 namespace zp::plan {
 namespace {
 
-ClusterModel node8(int nodes = 1) {
-  ClusterModel c;
-  c.nodes = nodes;
-  c.ranksPerNode = 8;
-  c.nicsPerNode = 4;
-  c.nicGbps = 200;
-  c.intraNodeGBps = 200;
-  c.tflops = 312;
-  c.efficiency = 0.5;
-  return c;
-}
+ClusterModel node8(int nodes = 1) { return zptest::a800Model(nodes); }
 
 // One layer, no recomputation, constant efficiencies: every term by hand.
 StepConfig oneLayer() {
