@@ -27,6 +27,13 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
 // collective on the StreamTransport.
 zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
 
+// zpCommSplit's collective part, under the parent's lock: every rank's
+// (color, key) and the verdict on them (localCheck: this rank's own
+// arguments, its message in lastError()), then the child's transports set up
+// through the parent. *child stays empty for ZP_SPLIT_NOCOLOR.
+zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
+                     std::unique_ptr<Comm>* child);
+
 // Groups (thread-local, as in NCCL).
 zpResult_t groupStart();
 zpResult_t groupEnd();

@@ -39,7 +39,7 @@ namespace {
 // a step number from bit 40 (0 the header check, 1.. the ring's steps, and
 // two of their own for the broadcast and the reduce's gather), the sequence.
 constexpr uint64_t kCollectiveXfer = 1ull << 61;
-constexpr uint64_t kStepBroadcast = 0xFFFF, kStepGather = 0xFFFE;
+constexpr uint64_t kStepBroadcast = 0xFFFF, kStepGather = 0xFFFE, kStepSplit = 0xFFF0;
 uint64_t xferId(uint64_t seq, uint64_t step) { return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1)); }
 
 const char* kindName(CollKind k) {
@@ -311,7 +311,79 @@ void finishAvg(char* work, size_t elems, zpDataType_t wt, zpRedOp_t op, int n) {
   });
 }
 
+uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
+
+zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
+                     std::unique_ptr<Comm>* child) {
+  const int n = parent->nranks(), me = parent->rank();
+  const std::string localMsg = localCheck == zpSuccess ? "" : lastError();
+  // Every rank's (color, key, whether its own arguments were good), by an
+  // all-gather: a rank calling something else meanwhile is caught by the
+  // collective's header check like any other.
+  int32_t mine[3] = {color, key, localCheck == zpSuccess ? 1 : 0};
+  std::vector<int32_t> all(3 * (size_t)n);
+  ZP_CHECK(collective(parent, CollArgs{CollKind::kAllGather, mine, all.data(), 3, zpInt32, zpSum, 0}, nullptr));
+  // Every rank takes the next sequence number, those that join no child too,
+  // so that the parent's numbering stays the same everywhere.
+  const uint64_t seq = parent->nextCollSeq();
+  if (localCheck != zpSuccess) return fail(localCheck, "rank %d: %s", me, localMsg.c_str());
+  for (int r = 0; r < n; r++)
+    if (!all[3 * r + 2])
+      return fail(zpInvalidUsage, "rank %d: zpCommSplit: rank %d passed an invalid argument (its zpGetLastError says "
+                  "which)", me, r);
+  if (color == ZP_SPLIT_NOCOLOR) return zpSuccess;
+  std::vector<int> members;
+  for (int r = 0; r < n; r++)
+    if (all[3 * r] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int x, int y) { return all[3 * x + 1] < all[3 * y + 1]; });
+  const int newRank = (int)(std::find(members.begin(), members.end(), me) - members.begin());
+  // The child's secret (it names the child's shared memory): the parent's,
+  // this split's number and the color, so that siblings and later splits
+  // never share a name.
+  uint64_t x = splitmix(seq ^ splitmix((uint64_t)(uint32_t)color));
+  for (int i = 0; i < 16; i++) x = splitmix(x ^ parent->secret()[i]);
+  const uint64_t h[2] = {splitmix(x), splitmix(x ^ 0x5a5a5a5a5a5a5a5aull)};
+  uint8_t secret[16];
+  memcpy(secret, h, 16);
+  // The transports' blob round among the child's members, over the parent:
+  // the sizes, then the blobs (a UCX address has no fixed size).
+  int round = 0;
+  auto exchange = [&](const std::string& blob, std::vector<std::string>* out) -> zpResult_t {
+    const int m = (int)members.size();
+    out->assign(m, std::string());
+    std::vector<uint64_t> sizes(m, 0);
+    sizes[newRank] = blob.size();
+    std::vector<Op> ops;
+    for (int i = 0; i < m; i++)
+      if (i != newRank) {
+        ops.push_back(makeOp(OpKind::kCollective, true, members[i], &sizes[newRank], sizeof(uint64_t), 1));
+        ops.push_back(makeOp(OpKind::kCollective, false, members[i], &sizes[i], sizeof(uint64_t), 1));
+      }
+    ZP_CHECK(run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++)));
+    for (int i = 0; i < m; i++) {
+      if (sizes[i] > (1u << 20))
+        return fail(zpInternalError, "rank %d: zpCommSplit: rank %d's transport address is %llu bytes", me, members[i],
+                    (unsigned long long)sizes[i]);
+      (*out)[i].resize(sizes[i]);
+    }
+    (*out)[newRank] = blob;
+    ops.clear();
+    for (int i = 0; i < m; i++)
+      if (i != newRank) {
+        ops.push_back(makeOp(OpKind::kCollective, true, members[i], (void*)blob.data(), blob.size(), 1));
+        ops.push_back(makeOp(OpKind::kCollective, false, members[i], &(*out)[i][0], sizes[i], 1));
+      }
+    return run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++));
+  };
+  return Comm::createChild(*parent, members, newRank, cfg, secret, exchange, child);
+}
 
 zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();

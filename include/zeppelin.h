@@ -170,6 +170,20 @@ zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
  * or zpInvalidArgument saying what to pass. For layers built on this API that
  * must refuse a bad buffer before they queue anything. */
 zpResult_t zpCommCheckBuffer(zpComm_t comm, const void* buf, zpStream_t stream);
+/* NCCL's ncclCommSplit: collective over comm. Ranks passing the same color
+ * (>= 0) form a new communicator, ranked by key (ties by their rank in comm);
+ * a rank passing ZP_SPLIT_NOCOLOR takes part but gets *newcomm = NULL. The
+ * new communicator is made through comm's own transports (no new
+ * rendezvous): it has its own sequence of calls, errors, abort and destroy,
+ * uses the same node identities and NICs (and, in a build with CUDA, gets an
+ * NCCL communicator of its own), and lives on after comm is destroyed.
+ * config NULL: comm's settings. Not inside a group. If any rank passes a bad
+ * argument (color below ZP_SPLIT_NOCOLOR, newcomm NULL, a bad config), every
+ * rank fails: that rank with zpInvalidArgument, the others with
+ * zpInvalidUsage naming it. Host calls complete before they return, so there
+ * is no zpCommFinalize; zpCommDestroy waits for device work. */
+#define ZP_SPLIT_NOCOLOR (-1)
+zpResult_t zpCommSplit(zpComm_t comm, int color, int key, zpComm_t* newcomm, zpConfig_t* config);
 /* The communicator's NCCL communicator (same ranks, its device), for NCCL's own
  * collectives on the same group; Zeppelin keeps ownership (do not destroy it).
  * zpInvalidUsage if the communicator has no device data plane. */

@@ -428,6 +428,29 @@ TEST(Device, CallsAreOrderedOnTheUsersStream) {
   }));
 }
 
+// A split communicator gets an NCCL communicator of its own: device calls on
+// two children at once (a 2 x 2 grid of 4 ranks) move the right bytes.
+TEST(Device, SplitCommunicatorsCarryDeviceCalls) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t world = initDeviceComm(rank, nranks, id);
+    zpComm_t row = nullptr;
+    ZP_ASSERT_OK(zpCommSplit(world, rank / 2, rank, &row, nullptr));
+    ncclComm_t nccl = nullptr;
+    ZP_ASSERT_OK(zpCommGetNcclComm(row, &nccl));
+    int count = 0;
+    EXPECT_EQ(ncclCommCount(nccl, &count), ncclSuccess);
+    EXPECT_EQ(count, 2);
+    const int me = rank % 2;
+    EXPECT_EQ(deviceAlltoallvError(row, me, zptest::randomCounts(2, seed + rank / 2, 5000, 0.1), zpFloat32,
+                                   seed + rank / 2),
+              "");
+    ZP_EXPECT_OK(zpCommDestroy(row));
+    ZP_EXPECT_OK(zpCommDestroy(world));
+  }));
+}
+
 TEST(Device, NcclCommunicatorIsHandedOut) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {

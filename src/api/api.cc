@@ -180,6 +180,16 @@ zpResult_t zpGetUniqueId(zpUniqueId* id) try {
   return zp::failFromException("zpGetUniqueId");
 }
 
+// A new handle for a communicator made here (init or split).
+static zpComm_t newHandle(std::unique_ptr<zp::Comm> impl) {
+  zp::Relay::enable(impl.get());
+  zpComm* h = new zpComm;
+  h->impl = std::move(impl);
+  std::lock_guard<std::mutex> lock(gHandlesMu);
+  gHandles.insert(h);
+  return h;
+}
+
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) try {
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitRank: comm is NULL");
   *comm = nullptr;
@@ -190,12 +200,7 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int r
   ZP_CHECK(zp::resolveConfig(config, &cfg));
   std::unique_ptr<zp::Comm> impl;
   ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, &impl));
-  zp::Relay::enable(impl.get());
-  zpComm* h = new zpComm;
-  h->impl = std::move(impl);
-  std::lock_guard<std::mutex> lock(gHandlesMu);
-  gHandles.insert(h);
-  *comm = h;
+  *comm = newHandle(std::move(impl));
   return zpSuccess;
 } catch (...) {
   return zp::failFromException("zpCommInitRankConfig");
@@ -355,6 +360,36 @@ zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
   return zpSuccess;
 } catch (...) {
   return zp::failFromException("zpCommUserRank");
+}
+
+static zpResult_t split(zpComm_t comm, int color, int key, zpComm_t* newcomm, zpConfig_t* config) {
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(lookup(comm, "zpCommSplit", &c));
+  if (zp::groupOpen())
+    return zp::fail(zpInvalidUsage, "zpCommSplit: called inside a group (zpGroupStart); call it outside");
+  if (newcomm) *newcomm = nullptr;
+  // This rank's own arguments; a bad one still takes part in the exchange,
+  // so that every rank fails at once rather than at its timeout.
+  zp::Config cfg = c->cfg();
+  zpResult_t local = zpSuccess;
+  if (!newcomm) local = zp::fail(zpInvalidArgument, "zpCommSplit: newcomm is NULL");
+  else if (color < ZP_SPLIT_NOCOLOR)
+    local = zp::fail(zpInvalidArgument, "zpCommSplit: color %d is negative (only ZP_SPLIT_NOCOLOR = %d may be)",
+                     color, ZP_SPLIT_NOCOLOR);
+  else if (config) local = zp::resolveConfig(config, &cfg);
+  std::unique_ptr<zp::Comm> child;
+  {
+    std::lock_guard<std::mutex> lock(c->mutex());
+    ZP_CHECK(zp::commSplit(c.get(), color, key, local, cfg, &child));
+  }
+  if (child) *newcomm = newHandle(std::move(child));
+  return zpSuccess;
+}
+
+zpResult_t zpCommSplit(zpComm_t comm, int color, int key, zpComm_t* newcomm, zpConfig_t* config) try {
+  return noted(comm, split(comm, color, key, newcomm, config));
+} catch (...) {
+  return zp::failFromException("zpCommSplit");
 }
 
 zpResult_t zpCommCheckBuffer(zpComm_t comm, const void* buf, zpStream_t stream) try {

@@ -159,7 +159,7 @@ void Comm::buildCluster(const std::vector<double>& rates) {
 
 // Shared memory within the node; UCX to other nodes. The second bootstrap
 // round carries each rank's rail, its NIC's rate and its UCX worker address.
-zpResult_t Comm::initTransports(int rootFd) {
+zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   sendSeq_.assign(nranks_, 0);
   recvSeq_.assign(nranks_, 0);
   nodeOf_.assign(nranks_, -1);
@@ -206,7 +206,7 @@ zpResult_t Comm::initTransports(int rootFd) {
     blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) +
            std::string((const char*)&hello, sizeof(hello)) + address;
   std::vector<std::string> blobs(nranks_);
-  zpResult_t ex = bootstrapAllgather(rootFd, rank_, blob, cfg_.timeoutMs, &blobs);
+  zpResult_t ex = exchange(blob, &blobs);
   ZP_CHECK(res);
   ZP_CHECK(ex);
   rail_.assign(nranks_, 0);
@@ -237,8 +237,10 @@ zpResult_t Comm::initTransports(int rootFd) {
     ZP_INFO(kSubInit, "rank %d: no device data plane: %s", rank_, noDeviceWhy_.c_str());
     return zpSuccess;
   }
-  int device = -1;
-  ZP_CHECK(chooseDevice(localIndex_[rank_], &device));
+  // A split child stays on its parent's device (as ncclCommSplit does); a
+  // new communicator picks one by ZP_CUDA_DEVICE.
+  int device = inheritedDevice_;
+  if (device < 0) ZP_CHECK(chooseDevice(localIndex_[rank_], &device));
   return createNcclTransport(std::string(hello.ncclId, sizeof(hello.ncclId)), nranks_, rank_, device, cfg_.timeoutMs,
                              &device_);
 }
@@ -290,11 +292,36 @@ zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Confi
   gethostname(mine.hostname, sizeof(mine.hostname) - 1);
   int rootFd = -1;
   ZP_CHECK(bootstrapExchange(c->id_, nranks, mine, cfg.timeoutMs, &c->ranks_, &rootFd));
-  zpResult_t res = c->initTransports(rootFd);
+  zpResult_t res = c->initTransports([&](const std::string& blob, std::vector<std::string>* all) {
+    return bootstrapAllgather(rootFd, rank, blob, cfg.timeoutMs, all);
+  });
   close(rootFd);
   ZP_CHECK(res);
   ZP_INFO(kSubInit, "rank %d/%d on node '%s' (pid %d): communicator ready", rank, nranks, cfg.nodeId.c_str(),
           (int)getpid());
+  *out = std::move(c);
+  return zpSuccess;
+}
+
+zpResult_t Comm::createChild(const Comm& parent, const std::vector<int>& members, int rank, const Config& cfg,
+                             const uint8_t secret[16], const BlobExchange& exchange, std::unique_ptr<Comm>* out) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->rank_ = rank;
+  c->nranks_ = (int)members.size();
+  c->cfg_ = cfg;
+  // The node identity stays the parent's: the ranks' records come from it.
+  c->cfg_.nodeId = parent.cfg_.nodeId;
+  c->id_ = parent.id_;
+  c->id_.flags = 0;
+  memcpy(c->id_.secret, secret, sizeof(c->id_.secret));
+  for (size_t i = 0; i < members.size(); i++) {
+    RankInfo info = parent.ranks_[members[i]];
+    info.rank = (int32_t)i;
+    c->ranks_.push_back(info);
+  }
+  if (parent.device_) c->inheritedDevice_ = parent.device_->device();
+  ZP_CHECK(c->initTransports(exchange));
+  ZP_INFO(kSubInit, "rank %d/%d (rank %d of the parent): split communicator ready", rank, c->nranks_, parent.rank_);
   *out = std::move(c);
   return zpSuccess;
 }

@@ -40,6 +40,18 @@ class Comm : public TransportSink {
  public:
   // Bootstrap, then shared memory within the node and UCX across nodes.
   static zpResult_t create(int nranks, const zpUniqueId& id, int rank, const Config& cfg, std::unique_ptr<Comm>* out);
+  // Every rank gives a blob and gets every rank's (all->size() == nranks).
+  using BlobExchange = std::function<zpResult_t(const std::string& mine, std::vector<std::string>* all)>;
+  // A communicator of some of parent's ranks (zpCommSplit): parent's ranks
+  // `members`, in their new order, this one being members[rank]. No
+  // bootstrap: the ranks' identities come from the parent, and the blob
+  // round that sets up the transports (NIC rail and rate, device hello, UCX
+  // address) runs through `exchange` (over the parent's transports).
+  // `secret` names its shared resources, different for every child.
+  static zpResult_t createChild(const Comm& parent, const std::vector<int>& members, int rank, const Config& cfg,
+                                const uint8_t secret[16], const BlobExchange& exchange, std::unique_ptr<Comm>* out);
+  // The secret of the unique id this communicator was made from (or derived).
+  const uint8_t* secret() const { return id_.secret; }
   ~Comm() override;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -120,7 +132,7 @@ class Comm : public TransportSink {
 
  private:
   Comm() = default;
-  zpResult_t initTransports(int rootFd);
+  zpResult_t initTransports(const BlobExchange& exchange);
   zpResult_t chooseNic(std::string* nic, int* rail, double* bitsPerSec);
   void buildCluster(const std::vector<double>& rates);
   void progressLoop();
@@ -154,6 +166,7 @@ class Comm : public TransportSink {
   std::vector<std::unique_ptr<Transport>> installed_;  // by layers above
   std::unique_ptr<StreamTransport> device_;             // device buffers on streams (NCCL), if any
   std::string noDeviceWhy_;
+  int inheritedDevice_ = -1;  // a split child's: its parent's device
   std::vector<Transport*> transports_;  // shm, net if there is one, then the installed ones
   std::vector<Transport*> byPeer_;      // the transport that reaches each peer
   std::vector<std::pair<int, std::pair<uint64_t, std::string>>> earlyControl_;  // control messages nobody took yet
