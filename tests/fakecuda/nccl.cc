@@ -257,6 +257,12 @@ bool sendMsg(Comm& c, int p, const Hdr& h, const void* payload) {
   std::lock_guard<std::mutex> lk(*c.outMu[p]);
   if (c.out[p] < 0) return false;
   if (writeAll(c.out[p], &h, sizeof h) && (!h.len || writeAll(c.out[p], payload, h.len))) return true;
+  {
+    // A peer that said goodbye may be gone already; so may everyone while
+    // this rank finalizes: not a death.
+    std::lock_guard<std::mutex> g(c.mu);
+    if (c.bye[p] || c.finalizing || c.finalized || c.closing) return false;
+  }
   peerDied(c, p, "is unreachable (broken connection)");
   return false;
 }
