@@ -453,6 +453,54 @@ TEST(FakeNccl, SingleProcessBasics) {
   (void)cudaGetLastError();
 }
 
+// A group spanning two communicators on one stream progresses as one (as
+// NCCL's group launch does): rank 0 sends on A and receives on B, rank 1 the
+// other way round. Run one after the other, each rank would wait for an op
+// queued behind its own.
+TEST(FakeNccl, GroupAcrossCommunicatorsDoesNotDeadlock) {
+  ncclComm_t a[2], b[2];
+  int devs[2] = {0, 1};
+  NK(ncclCommInitAll(a, 2, devs));
+  NK(ncclCommInitAll(b, 2, devs));
+  cudaStream_t s[2];
+  void *x[2], *y[2];
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    CK(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking));
+    CK(cudaMalloc(&x[r], 1024));
+    CK(cudaMalloc(&y[r], 1024));
+    CK(cudaMemset(x[r], 10 + r, 1024));
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    NK(ncclGroupStart());
+    if (r == 0) {
+      NK(ncclSend(x[0], 1024, ncclInt8, 1, a[0], s[0]));
+      NK(ncclRecv(y[0], 1024, ncclInt8, 1, b[0], s[0]));
+    } else {
+      NK(ncclSend(x[1], 1024, ncclInt8, 0, b[1], s[1]));
+      NK(ncclRecv(y[1], 1024, ncclInt8, 0, a[1], s[1]));
+    }
+    NK(ncclGroupEnd());
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    CK(cudaStreamSynchronize(s[r]));
+    char h[1024];
+    CK(cudaMemcpy(h, y[r], 1024, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(10 + (1 - r), h[1023]);
+  }
+  for (int r = 0; r < 2; r++) {
+    NK(ncclCommDestroy(a[r]));
+    NK(ncclCommDestroy(b[r]));
+    CK(cudaSetDevice(r));
+    CK(cudaFree(x[r]));
+    CK(cudaFree(y[r]));
+    CK(cudaStreamDestroy(s[r]));
+  }
+  CK(cudaSetDevice(0));
+}
+
 // ---- multi-process scenarios (fakecuda_rank) ----
 
 struct RankRun {

@@ -164,6 +164,7 @@ struct Comm {
   std::map<uint64_t, std::string> statusRep;
   uint64_t nextReq = 0;
   std::vector<char> bye, gone;
+  std::vector<char> inDone;  // progress thread saw EOF (the fd stays open until teardown: no reuse races)
   struct Blocked {
     std::string what;
     Clock::time_point since;
@@ -372,7 +373,7 @@ void progressLoop(CommPtr cp) {
     std::vector<pollfd> fds{{c.wakeFd, POLLIN, 0}};
     std::vector<int> who{-1};
     for (int p = 0; p < c.nranks; p++)
-      if (c.in[p] >= 0) {
+      if (c.in[p] >= 0 && !c.inDone[p]) {
         fds.push_back({c.in[p], POLLIN, 0});
         who.push_back(p);
       }
@@ -395,9 +396,7 @@ void progressLoop(CommPtr cp) {
         orderly = c.bye[p];
       }
       if (!orderly) peerDied(c, p, r == 0 ? "closed its connection" : "broke its connection");
-      shutdown(c.in[p], SHUT_RDWR);
-      close(c.in[p]);
-      c.in[p] = -1;
+      c.inDone[p] = 1;
     }
   }
 }
@@ -530,6 +529,7 @@ CommPtr newComm(const uint8_t key[16], int nranks, int rank, bool blocking) {
   c->recvSeq.assign(nranks, 0);
   c->bye.assign(nranks, 0);
   c->gone.assign(nranks, 0);
+  c->inDone.assign(nranks, 0);
   c->wakeFd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   return c;
 }
@@ -727,10 +727,22 @@ void reduce(ncclDataType_t t, const std::vector<const char*>& in, size_t count, 
 
 // ---- batches: the operations of one group on one stream ----
 
-struct Batch {
+// The operations of one group on one stream, possibly of several
+// communicators: like the kernels of one NCCL group, they progress together,
+// so nothing in a group waits for a later member of the same group.
+struct BatchOp {
   CommPtr c;
-  std::vector<P2P> p2p;
-  std::vector<Coll> coll;
+  bool isP2P;
+  P2P p2p;
+  Coll coll;
+  bool skip = false;  // its communicator failed or was aborted
+  std::shared_ptr<RecvSlot> slot;
+  std::vector<char> own;  // a collective's own input, copied before any write
+};
+
+struct Batch {
+  std::vector<BatchOp> ops;
+  std::vector<CommPtr> comms;  // each communicator once
 };
 
 std::string p2pName(const Comm& c, const P2P& o) {
@@ -745,6 +757,13 @@ std::string p2pName(const Comm& c, const P2P& o) {
   return b;
 }
 
+std::string collDesc(const Comm& c, const Coll& o) {
+  char b[200];
+  snprintf(b, sizeof b, "%s #%llu (%zu x %s) on rank %d", collName(o.kind), (unsigned long long)o.seq, o.count,
+           typeName(o.dt), c.rank);
+  return b;
+}
+
 // Device bytes of a buffer when the op runs (pinned host memory is itself).
 char* runAlias(const void* p, size_t n) {
   if (n == 0) return (char*)p;
@@ -753,16 +772,15 @@ char* runAlias(const void* p, size_t n) {
 }
 
 struct CollPlan {
-  size_t inBytes;                  // what each rank contributes
-  std::vector<int> sendTo;         // peers this rank sends to
-  std::vector<int> recvFrom;       // peers this rank waits for
-  std::vector<size_t> sendOffset;  // offset in this rank's input per peer (ReduceScatter)
-  size_t sendBytes;                // bytes sent to each peer
+  size_t inBytes;           // what this rank's sendbuff holds
+  std::vector<int> sendTo;  // peers this rank sends to
+  std::vector<int> recvFrom;
+  size_t sendBytes;  // bytes sent to each peer
 };
 
 CollPlan planColl(const Comm& c, const Coll& o) {
   CollPlan p;
-  size_t es = typeSize(o.dt), n = o.count * es;
+  size_t n = o.count * typeSize(o.dt);
   p.sendBytes = n;
   p.inBytes = n;
   auto allOthers = [&](std::vector<int>& v) {
@@ -792,191 +810,216 @@ CollPlan planColl(const Comm& c, const Coll& o) {
   return p;
 }
 
-cudaError_t runBatch(Batch& b) {
-  Comm& c = *b.c;
-  std::unique_lock<std::mutex> lk(c.mu);
-  c.running++;
-  struct Done {
-    Comm& c;
-    ~Done() {
-      // c.mu is held here (the lock guard below is destroyed after us).
-      c.running--;
-      c.queued--;
-      c.cv.notify_all();
-    }
-  } done{c};
-  if (c.aborted) return cudaSuccess;  // undefined data, the stream moves on
-  c.opsRun++;
-  if (E().failAfterOps >= 0 && c.opsRun > E().failAfterOps && c.asyncErr == ncclSuccess) {
-    ncclComplain("communicator %s rank %d: FAKENCCL_FAIL_AFTER_OPS=%ld reached: operation %ld fails with %s",
-                 c.idHex().c_str(), c.rank, E().failAfterOps, c.opsRun, ncclGetErrorString((ncclResult_t)E().failResult));
-    c.fail((ncclResult_t)E().failResult);
+// An op whose communicator has an error does not complete by itself (NCCL's
+// kernels spin): it waits for the abort, then the stream moves on.
+void failOp(BatchOp& op, std::unique_lock<std::mutex>& lk, ncclResult_t why, const std::string& what) {
+  if (why != ncclSuccess) op.c->fail(why);
+  spinUntilAbort(*op.c, lk, what);
+  op.skip = true;
+}
+
+// Skips ops of failed or aborted communicators; true if op may go on.
+bool usable(BatchOp& op, std::unique_lock<std::mutex>& lk, const std::string& what) {
+  if (op.skip) return false;
+  if (op.c->aborted) {
+    op.skip = true;
+    return false;
   }
-  if (c.asyncErr != ncclSuccess) {
-    spinUntilAbort(c, lk, "an operation issued");
-    return cudaSuccess;
+  if (op.c->asyncErr != ncclSuccess) {
+    failOp(op, lk, ncclSuccess, what);
+    return false;
+  }
+  return true;
+}
+
+void runCollective(BatchOp& op, std::unique_lock<std::mutex>& lk) {
+  Comm& c = *op.c;
+  const Coll& o = op.coll;
+  CollPlan p = planColl(c, o);
+  std::string name = collDesc(c, o);
+  for (int peer : p.recvFrom) {
+    std::pair<uint64_t, int> k{o.seq, peer};
+    std::string what = name + ", waiting for rank " + std::to_string(peer) + "'s part";
+    if (!opWait(c, lk, [&] { return c.collIn.count(k) > 0; }, what, peer)) {
+      op.skip = true;
+      return;
+    }
+    if (c.collIn[k].size() != p.sendBytes) {
+      ncclComplain("communicator %s: %s: rank %d sent %zu bytes, this rank expected %zu (different counts or types "
+                   "on different ranks)",
+                   c.idHex().c_str(), name.c_str(), peer, c.collIn[k].size(), p.sendBytes);
+      return failOp(op, lk, ncclInvalidUsage, name);
+    }
+  }
+  std::map<int, std::vector<char>> got;
+  for (int peer : p.recvFrom) {
+    got[peer] = std::move(c.collIn[{o.seq, peer}]);
+    c.collIn.erase({o.seq, peer});
+  }
+  size_t n = o.count * typeSize(o.dt);
+  bool writes = !(o.kind == CollKind::Reduce && c.rank != o.root);
+  size_t outBytes = o.kind == CollKind::AllGather ? n * c.nranks : n;
+  char* out = writes ? runAlias(o.recvbuff, outBytes) : nullptr;
+  if (writes && !out) {
+    ncclComplain("%s: recvbuff %p was freed before the operation ran", name.c_str(), o.recvbuff);
+    return failOp(op, lk, ncclUnhandledCudaError, name);
+  }
+  lk.unlock();
+  auto input = [&](int r) -> const char* { return r == c.rank ? op.own.data() : got[r].data(); };
+  switch (o.kind) {
+    case CollKind::AllReduce:
+    case CollKind::Reduce:
+      if (writes) {
+        std::vector<const char*> in;
+        for (int r = 0; r < c.nranks; r++) in.push_back(input(r));
+        reduce(o.dt, in, o.count, o.op, out);
+      }
+      break;
+    case CollKind::Broadcast:
+      memmove(out, input(o.root), n);
+      break;
+    case CollKind::AllGather:
+      for (int r = 0; r < c.nranks; r++) memmove(out + (size_t)r * n, input(r), n);
+      break;
+    case CollKind::ReduceScatter: {
+      std::vector<const char*> in;
+      for (int r = 0; r < c.nranks; r++) in.push_back(r == c.rank ? op.own.data() + (size_t)c.rank * n : input(r));
+      reduce(o.dt, in, o.count, o.op, out);
+      break;
+    }
+  }
+  lk.lock();
+}
+
+cudaError_t runBatch(Batch& b) {
+  for (auto& cp : b.comms) {
+    Comm& c = *cp;
+    std::lock_guard<std::mutex> lk(c.mu);
+    c.running++;
+    c.opsRun++;
+    if (E().failAfterOps >= 0 && c.opsRun > E().failAfterOps && c.asyncErr == ncclSuccess && !c.aborted) {
+      ncclComplain("communicator %s rank %d: FAKENCCL_FAIL_AFTER_OPS=%ld reached: operation %ld fails with %s",
+                   c.idHex().c_str(), c.rank, E().failAfterOps, c.opsRun,
+                   ncclGetErrorString((ncclResult_t)E().failResult));
+      c.fail((ncclResult_t)E().failResult);
+    }
   }
 
-  // 1. Post every receive of the group: after this nothing in the group can
-  //    wait on another member of the group.
-  std::vector<std::shared_ptr<RecvSlot>> slots(b.p2p.size());
-  for (size_t i = 0; i < b.p2p.size(); i++) {
-    const P2P& o = b.p2p[i];
-    if (o.send) continue;
+  // 1. Post every receive of the group (RTR to its sender).
+  for (auto& op : b.ops) {
+    if (!op.isP2P || op.p2p.send) continue;
+    Comm& c = *op.c;
+    std::unique_lock<std::mutex> lk(c.mu);
+    std::string name = p2pName(c, op.p2p);
+    if (!usable(op, lk, name)) continue;
     auto s = std::make_shared<RecvSlot>();
-    s->bytes = o.count * typeSize(o.dt);
-    s->dst = runAlias(o.buf, s->bytes);
+    s->bytes = op.p2p.count * typeSize(op.p2p.dt);
+    s->dst = runAlias(op.p2p.buf, s->bytes);
     if (!s->dst) {
-      ncclComplain("%s: its buffer %p was freed before the operation ran", p2pName(c, o).c_str(), o.buf);
-      c.fail(ncclUnhandledCudaError);
-      spinUntilAbort(c, lk, p2pName(c, o));
-      return cudaSuccess;
+      ncclComplain("%s: its buffer %p was freed before the operation ran", name.c_str(), op.p2p.buf);
+      failOp(op, lk, ncclUnhandledCudaError, name);
+      continue;
     }
-    c.slots[{o.peer, o.seq}] = s;
-    slots[i] = s;
+    c.slots[{op.p2p.peer, op.p2p.seq}] = s;
+    op.slot = s;
     lk.unlock();
-    sendMsg(c, o.peer, Hdr{RTR, (int32_t)o.dt, o.seq, s->bytes, 0}, nullptr);
-    lk.lock();
+    sendMsg(c, op.p2p.peer, Hdr{RTR, (int32_t)op.p2p.dt, op.p2p.seq, s->bytes, 0}, nullptr);
   }
 
   // 2. Contributions to collectives (buffered at their destinations).
-  std::vector<std::vector<char>> own(b.coll.size());
-  for (size_t i = 0; i < b.coll.size(); i++) {
-    const Coll& o = b.coll[i];
-    CollPlan p = planColl(c, o);
-    const char* in = runAlias(o.sendbuff, p.inBytes);
-    if (!in) {
-      ncclComplain("%s #%llu on rank %d: sendbuff %p was freed before it ran", collName(o.kind),
-                   (unsigned long long)o.seq, c.rank, o.sendbuff);
-      c.fail(ncclUnhandledCudaError);
-      spinUntilAbort(c, lk, collName(o.kind));
-      return cudaSuccess;
+  for (auto& op : b.ops) {
+    if (op.isP2P) continue;
+    Comm& c = *op.c;
+    std::unique_lock<std::mutex> lk(c.mu);
+    std::string name = collDesc(c, op.coll);
+    if (!usable(op, lk, name)) continue;
+    CollPlan p = planColl(c, op.coll);
+    bool reads = op.coll.kind != CollKind::Broadcast || c.rank == op.coll.root;
+    if (reads) {
+      const char* in = runAlias(op.coll.sendbuff, p.inBytes);
+      if (!in) {
+        ncclComplain("%s: sendbuff %p was freed before the operation ran", name.c_str(), op.coll.sendbuff);
+        failOp(op, lk, ncclUnhandledCudaError, name);
+        continue;
+      }
+      op.own.assign(in, in + p.inBytes);  // in-place operations are allowed
     }
-    bool needsOwn = o.kind != CollKind::Broadcast || c.rank == o.root;
-    if (needsOwn) own[i].assign(in, in + p.inBytes);  // before any write: in-place is allowed
     lk.unlock();
     for (int peer : p.sendTo) {
-      size_t off = o.kind == CollKind::ReduceScatter ? (size_t)peer * p.sendBytes : 0;
-      sendMsg(c, peer, Hdr{COLL, 0, o.seq, 0, p.sendBytes}, own[i].data() + off);
+      size_t off = op.coll.kind == CollKind::ReduceScatter ? (size_t)peer * p.sendBytes : 0;
+      sendMsg(c, peer, Hdr{COLL, 0, op.coll.seq, 0, p.sendBytes}, op.own.data() + off);
     }
-    lk.lock();
   }
 
   // 3. Sends: each waits until its receive is posted (rendezvous).
-  for (const P2P& o : b.p2p) {
-    if (!o.send) continue;
+  for (auto& op : b.ops) {
+    if (!op.isP2P || !op.p2p.send) continue;
+    Comm& c = *op.c;
+    const P2P& o = op.p2p;
+    std::unique_lock<std::mutex> lk(c.mu);
     std::string name = p2pName(c, o);
+    if (!usable(op, lk, name)) continue;
     std::pair<int, uint64_t> k{o.peer, o.seq};
-    if (!opWait(c, lk, [&] { return c.rtr.count(k) > 0; }, name + ", waiting for the matching ncclRecv", o.peer))
-      return cudaSuccess;
+    if (!opWait(c, lk, [&] { return c.rtr.count(k) > 0; }, name + ", waiting for the matching ncclRecv", o.peer)) {
+      op.skip = true;
+      continue;
+    }
     auto [rbytes, rtype] = c.rtr[k];
     c.rtr.erase(k);
     size_t bytes = o.count * typeSize(o.dt);
     if (rbytes != bytes || rtype != (int)o.dt) {
       char msg[600];
+      size_t rts = typeSize((ncclDataType_t)rtype);
       snprintf(msg, sizeof msg,
                "%s: the matching ncclRecv on rank %d receives %zu bytes (%zu x %s); NCCL requires the same count "
                "and datatype on both sides (ncclInvalidUsage on both ranks)",
-               name.c_str(), o.peer, rbytes, typeSize((ncclDataType_t)rtype) ? rbytes / typeSize((ncclDataType_t)rtype) : 0,
-               typeName(rtype));
+               name.c_str(), o.peer, rbytes, rts ? rbytes / rts : 0, typeName(rtype));
       ncclComplain("communicator %s: %s", c.idHex().c_str(), msg);
       c.fail(ncclInvalidUsage);
       lk.unlock();
       sendMsg(c, o.peer, Hdr{SIZE_ERR, 0, o.seq, 0, strlen(msg)}, msg);
       lk.lock();
-      spinUntilAbort(c, lk, name);
-      return cudaSuccess;
+      failOp(op, lk, ncclInvalidUsage, name);
+      continue;
     }
     const char* src = runAlias(o.buf, bytes);
     if (!src) {
       ncclComplain("%s: its buffer %p was freed before the operation ran", name.c_str(), o.buf);
-      c.fail(ncclUnhandledCudaError);
-      spinUntilAbort(c, lk, name);
-      return cudaSuccess;
+      failOp(op, lk, ncclUnhandledCudaError, name);
+      continue;
     }
     lk.unlock();
     bool ok = sendMsg(c, o.peer, Hdr{DATA, 0, o.seq, 0, bytes}, src);
     lk.lock();
-    if (!ok) {
-      spinUntilAbort(c, lk, name);
-      return cudaSuccess;
-    }
+    if (!ok) failOp(op, lk, ncclSuccess, name);
   }
 
   // 4. Receives complete when their bytes are in.
-  for (size_t i = 0; i < b.p2p.size(); i++) {
-    const P2P& o = b.p2p[i];
-    if (o.send) continue;
-    auto s = slots[i];
-    std::string name = p2pName(c, o);
-    bool ok = opWait(c, lk, [&] { return s->done || s->failed; }, name + ", waiting for the matching ncclSend", o.peer);
-    c.slots.erase({o.peer, o.seq});
-    if (!ok) return cudaSuccess;
-    if (s->failed) {
-      spinUntilAbort(c, lk, name);
-      return cudaSuccess;
-    }
+  for (auto& op : b.ops) {
+    if (!op.isP2P || op.p2p.send || !op.slot) continue;
+    Comm& c = *op.c;
+    std::unique_lock<std::mutex> lk(c.mu);
+    std::string name = p2pName(c, op.p2p);
+    auto s = op.slot;
+    bool ok = opWait(c, lk, [&] { return s->done || s->failed; }, name + ", waiting for the matching ncclSend",
+                     op.p2p.peer);
+    c.slots.erase({op.p2p.peer, op.p2p.seq});
+    if (ok && s->failed) failOp(op, lk, ncclSuccess, name);
   }
 
-  // 5. Collectives: every input that this rank needs, then the result.
-  for (size_t i = 0; i < b.coll.size(); i++) {
-    const Coll& o = b.coll[i];
-    CollPlan p = planColl(c, o);
-    char what[200];
-    for (int peer : p.recvFrom) {
-      snprintf(what, sizeof what, "%s #%llu (%zu x %s) on rank %d, waiting for rank %d's part", collName(o.kind),
-               (unsigned long long)o.seq, o.count, typeName(o.dt), c.rank, peer);
-      if (!opWait(c, lk, [&] { return c.collIn.count({o.seq, peer}) > 0; }, what, peer)) return cudaSuccess;
-      if (c.collIn[{o.seq, peer}].size() != p.sendBytes) {
-        ncclComplain("communicator %s: %s #%llu: rank %d sent %zu bytes, rank %d expected %zu (different counts or "
-                     "types on different ranks)",
-                     c.idHex().c_str(), collName(o.kind), (unsigned long long)o.seq, peer,
-                     c.collIn[{o.seq, peer}].size(), c.rank, p.sendBytes);
-        c.fail(ncclInvalidUsage);
-        spinUntilAbort(c, lk, collName(o.kind));
-        return cudaSuccess;
-      }
-    }
-    std::map<int, std::vector<char>> got;
-    for (int peer : p.recvFrom) {
-      got[peer] = std::move(c.collIn[{o.seq, peer}]);
-      c.collIn.erase({o.seq, peer});
-    }
-    size_t es = typeSize(o.dt), n = o.count * es;
-    bool writes = !(o.kind == CollKind::Reduce && c.rank != o.root);
-    size_t outBytes = o.kind == CollKind::AllGather ? n * c.nranks : n;
-    char* out = writes ? runAlias(o.recvbuff, outBytes) : nullptr;
-    if (writes && !out) {
-      ncclComplain("%s on rank %d: recvbuff %p was freed before it ran", collName(o.kind), c.rank, o.recvbuff);
-      c.fail(ncclUnhandledCudaError);
-      spinUntilAbort(c, lk, collName(o.kind));
-      return cudaSuccess;
-    }
-    lk.unlock();
-    auto input = [&](int r) -> const char* { return r == c.rank ? own[i].data() : got[r].data(); };
-    switch (o.kind) {
-      case CollKind::AllReduce:
-      case CollKind::Reduce:
-        if (writes) {
-          std::vector<const char*> in;
-          for (int r = 0; r < c.nranks; r++) in.push_back(input(r));
-          reduce(o.dt, in, o.count, o.op, out);
-        }
-        break;
-      case CollKind::Broadcast:
-        memmove(out, input(o.root), n);
-        break;
-      case CollKind::AllGather:
-        for (int r = 0; r < c.nranks; r++) memmove(out + (size_t)r * n, input(r), n);
-        break;
-      case CollKind::ReduceScatter: {
-        std::vector<const char*> in;
-        for (int r = 0; r < c.nranks; r++) in.push_back(r == c.rank ? own[i].data() + (size_t)c.rank * n : input(r));
-        reduce(o.dt, in, o.count, o.op, out);
-        break;
-      }
-    }
-    lk.lock();
+  // 5. Collectives: every input this rank needs, then the result.
+  for (auto& op : b.ops) {
+    if (op.isP2P) continue;
+    std::unique_lock<std::mutex> lk(op.c->mu);
+    if (!usable(op, lk, collDesc(*op.c, op.coll))) continue;
+    runCollective(op, lk);
+  }
+
+  for (auto& cp : b.comms) {
+    std::lock_guard<std::mutex> lk(cp->mu);
+    cp->running--;
+    cp->queued--;
+    cp->cv.notify_all();
   }
   return cudaSuccess;
 }
@@ -995,7 +1038,7 @@ thread_local int tlGroupDepth = 0;
 thread_local std::vector<Pending> tlGroupOps;
 thread_local ncclResult_t tlGroupErr = ncclSuccess;
 
-// Enqueues the gathered operations, one batch per (communicator, stream).
+// Enqueues the gathered operations, one batch per stream.
 ncclResult_t flushGroup() {
   std::vector<Pending> ops;
   ops.swap(tlGroupOps);
@@ -1006,42 +1049,43 @@ ncclResult_t flushGroup() {
                  ncclGetErrorString(err), ops.size());
     return err;
   }
-  std::vector<std::pair<std::pair<Comm*, Stream*>, Batch>> batches;
-  std::vector<StreamPtr> streams;
+  std::vector<std::pair<StreamPtr, std::shared_ptr<Batch>>> batches;
   for (auto& p : ops) {
-    std::pair<Comm*, Stream*> k{p.c.get(), p.s.get()};
-    auto it = std::find_if(batches.begin(), batches.end(), [&](auto& x) { return x.first == k; });
+    auto it = std::find_if(batches.begin(), batches.end(), [&](auto& x) { return x.first == p.s; });
     if (it == batches.end()) {
-      batches.push_back({k, Batch{p.c, {}, {}}});
-      streams.push_back(p.s);
+      batches.push_back({p.s, std::make_shared<Batch>()});
       it = batches.end() - 1;
     }
+    Batch& b = *it->second;
+    if (std::find(b.comms.begin(), b.comms.end(), p.c) == b.comms.end()) b.comms.push_back(p.c);
     Comm& c = *p.c;
     std::lock_guard<std::mutex> lk(c.mu);
-    if (p.isP2P) {
-      p.p2p.seq = p.p2p.send ? ++c.sendSeq[p.p2p.peer] : ++c.recvSeq[p.p2p.peer];
-      it->second.p2p.push_back(p.p2p);
-    } else {
-      p.coll.seq = ++c.collSeq;
-      it->second.coll.push_back(p.coll);
-    }
+    BatchOp op;
+    op.c = p.c;
+    op.isP2P = p.isP2P;
+    op.p2p = p.p2p;
+    op.coll = p.coll;
+    // Sequence numbers in issue order: the n-th send to a peer matches that
+    // peer's n-th receive from this rank, as NCCL matches them.
+    if (p.isP2P) op.p2p.seq = p.p2p.send ? ++c.sendSeq[p.p2p.peer] : ++c.recvSeq[p.p2p.peer];
+    else op.coll.seq = ++c.collSeq;
+    b.ops.push_back(std::move(op));
   }
   bool anyNonblocking = false;
-  for (size_t i = 0; i < batches.size(); i++) {
-    Comm& c = *batches[i].second.c;
-    {
-      std::lock_guard<std::mutex> lk(c.mu);
-      c.queued++;
-      if (!c.blocking) {
+  for (auto& [s, batch] : batches) {
+    for (auto& cp : batch->comms) {
+      std::lock_guard<std::mutex> lk(cp->mu);
+      cp->queued++;
+      if (!cp->blocking) {
         anyNonblocking = true;
         // ncclInProgress for a while, as a nonblocking group end can be.
-        c.busyUntil = Clock::now() + std::chrono::microseconds(E().nonblockingUs ? rand() % E().nonblockingUs : 0);
+        cp->busyUntil = Clock::now() + std::chrono::microseconds(E().nonblockingUs ? rand() % E().nonblockingUs : 0);
       }
     }
-    auto batch = std::make_shared<Batch>(std::move(batches[i].second));
     Work w;
-    w.fn = [batch] { return runBatch(*batch); };
-    enqueue(streams[i], std::move(w));
+    auto b = batch;
+    w.fn = [b] { return runBatch(*b); };
+    enqueue(s, std::move(w));
   }
   return anyNonblocking ? ncclInProgress : ncclSuccess;
 }
