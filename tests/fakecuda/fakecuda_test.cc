@@ -483,9 +483,22 @@ TEST(FakeNccl, GroupAcrossCommunicatorsDoesNotDeadlock) {
     }
     NK(ncclGroupEnd());
   }
+  // Polled with a deadline, so that a regression fails instead of hanging.
+  for (int r = 0; r < 2; r++) {
+    auto t0 = Clock::now();
+    while (cudaStreamQuery(s[r]) == cudaErrorNotReady && Clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (cudaStreamQuery(s[r]) != cudaSuccess) {
+      ADD_FAILURE() << "the group across two communicators did not complete within 20 s";
+      for (int q = 0; q < 2; q++) {
+        ncclCommAbort(a[q]);
+        ncclCommAbort(b[q]);
+      }
+      return;
+    }
+  }
   for (int r = 0; r < 2; r++) {
     CK(cudaSetDevice(r));
-    CK(cudaStreamSynchronize(s[r]));
     char h[1024];
     CK(cudaMemcpy(h, y[r], 1024, cudaMemcpyDeviceToHost));
     EXPECT_EQ(10 + (1 - r), h[1023]);
