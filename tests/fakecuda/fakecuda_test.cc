@@ -469,7 +469,10 @@ TEST(FakeNccl, GroupAcrossCommunicatorsDoesNotDeadlock) {
     CK(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking));
     CK(cudaMalloc(&x[r], 1024));
     CK(cudaMalloc(&y[r], 1024));
-    CK(cudaMemset(x[r], 10 + r, 1024));
+    // On the stream itself: cudaMemset goes to the legacy stream, which a
+    // non-blocking stream does not wait for (the double caught exactly that
+    // in this test's first version).
+    CK(cudaMemsetAsync(x[r], 10 + r, 1024, s[r]));
   }
   for (int r = 0; r < 2; r++) {
     CK(cudaSetDevice(r));
