@@ -111,6 +111,15 @@ TEST(FakeCudaMemory, CopiesPointerAttributesAndBounds) {
   EXPECT_EQ(cudaMemoryTypeHost, a.type);
   EXPECT_EQ(pinned, a.hostPointer);
 
+  // A strided copy: 10 rows of 5 bytes, host pitch 100, device pitch 8.
+  std::vector<char> rows(1000), rowsBack(1000, 0);
+  for (int i = 0; i < 1000; i++) rows[i] = (char)(i % 101);
+  CK(cudaMemcpy2DAsync(d, 8, rows.data(), 100, 5, 10, cudaMemcpyHostToDevice, cudaStreamPerThread));
+  CK(cudaMemcpy2DAsync(rowsBack.data(), 100, d, 8, 5, 10, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+  CK(cudaStreamSynchronize(cudaStreamPerThread));
+  for (int r = 0; r < 10; r++)
+    for (int c = 0; c < 100; c++) ASSERT_EQ(c < 5 ? rows[r * 100 + c] : 0, rowsBack[r * 100 + c]);
+
   // Bounds: a copy past the end is refused at the call.
   EXPECT_EQ(cudaErrorInvalidValue, cudaMemcpy(d + 1, h.data(), 1000, cudaMemcpyHostToDevice));
   EXPECT_EQ(cudaErrorInvalidValue, cudaGetLastError());
@@ -611,6 +620,16 @@ void expectAllPassed(const RankRun& run) {
   }
 }
 
+// Shows the timings the ranks measured ("... after N s", "... took N s").
+void printTimings(const RankRun& run) {
+  for (size_t r = 0; r < run.stderr_.size(); r++) {
+    std::istringstream in(run.stderr_[r]);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("rank ", 0) == 0) printf("  [rank %zu] %s\n", r, line.c_str());
+  }
+}
+
 TEST(FakeNcclProcesses, GroupedExchangeOfRandomSizes) {
   for (int n : {2, 3, 4}) {
     for (uint64_t seed : {1u, 2u}) {
@@ -627,6 +646,7 @@ TEST(FakeNcclProcesses, UngroupedSendSendDeadlockIsReported) {
   std::vector<std::vector<std::string>> env(2, {"FAKENCCL_DEADLOCK_SECONDS=2"});
   RankRun run = runRanks("deadlock", 2, env, 60);
   expectAllPassed(run);
+  printTimings(run);
   for (int r = 0; r < 2; r++) {
     EXPECT_NE(std::string::npos, run.stderr_[r].find("DEADLOCK")) << run.stderr_[r];
     // The report names both ranks and both operations.
@@ -645,6 +665,7 @@ TEST(FakeNcclProcesses, ReceiveSmallerThanSendIsInvalidUsage) {
 TEST(FakeNcclProcesses, DeadPeerIsAnAsyncErrorAndAbortUnblocks) {
   RankRun run = runRanks("deadpeer", 2, {}, 60);
   expectAllPassed(run);
+  printTimings(run);
   EXPECT_LT(run.seconds, 10);
 }
 
