@@ -526,6 +526,44 @@ TEST(FakeNccl, GroupAcrossCommunicatorsDoesNotDeadlock) {
   CK(cudaSetDevice(0));
 }
 
+// ncclCommDestroy waits for the communicator's queued work (slow streams
+// here): when it returns, the exchange is done without any synchronise.
+TEST(FakeNccl, DestroyWaitsForQueuedWork) {
+  ncclComm_t c[2];
+  int devs[2] = {0, 1};
+  NK(ncclCommInitAll(c, 2, devs));
+  cudaStream_t s[2];
+  void* x[2];
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    CK(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking));
+    CK(fakecudaStreamSetDelay(s[r], 50000));
+    CK(cudaMalloc(&x[r], 64));
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaSetDevice(r));
+    NK(ncclGroupStart());
+    NK(ncclSend(x[r], 64, ncclInt8, 1 - r, c[r], s[r]));
+    NK(ncclRecv(x[r], 64, ncclInt8, 1 - r, c[r], s[r]));
+    NK(ncclGroupEnd());
+  }
+  EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(s[0]));
+  std::thread other([&] { EXPECT_EQ(ncclSuccess, ncclCommDestroy(c[1])); });
+  NK(ncclCommDestroy(c[0]));
+  other.join();
+  if (cudaStreamQuery(s[0]) != cudaSuccess || cudaStreamQuery(s[1]) != cudaSuccess) {
+    // Without its communicator the work may never finish: leave it (a
+    // cudaFree would wait for it forever).
+    ADD_FAILURE() << "ncclCommDestroy returned before its queued work was done";
+    return;
+  }
+  for (int r = 0; r < 2; r++) {
+    CK(cudaStreamDestroy(s[r]));
+    CK(cudaFree(x[r]));
+  }
+  CK(cudaSetDevice(0));
+}
+
 // ---- multi-process scenarios (fakecuda_rank) ----
 
 struct RankRun {
