@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   if (zpPlanCreate(&plan, 1, &len, causal ? 1 : 0, n, rpn, offs, ring.data()) != zpSuccess) die("zpPlanCreate", comm);
   TimedKernel kern;
   kern.blockTokens = (double)tokens;
-  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0};
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0, zpFloat32};
   zpAttention_t attn = nullptr;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
   std::vector<float> q(tokens * H * D, 0.5f), k(tokens * Hk * D, 0.5f), v(tokens * Hk * D, 0.5f),
@@ -202,13 +202,13 @@ int main(int argc, char** argv) {
     for (long i = 0; i < warm + iters; i++) {
       barrier();
       double t0 = now();
-      if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data()) != zpSuccess)
+      if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
         die("zpAttentionForward", comm);
       double t1 = now();
       barrier();
       double t2 = now();
       if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), q.data(), dq.data(),
-                              dk.data(), dv.data()) != zpSuccess)
+                              dk.data(), dv.data(), nullptr) != zpSuccess)
         die("zpAttentionBackward", comm);
       double t3 = now();
       if (i >= warm) {

@@ -130,7 +130,7 @@ void BM_AttnMergeLse(benchmark::State& state) {
   const int heads = 32, dim = 128;
   std::vector<float> out(sq * heads * dim, 0.5f), part(out.size(), 0.25f), lse(sq * heads, 1.0f), plse(lse.size(), 0.5f);
   for (auto _ : state) {
-    zpAttnMergeLse(out.data(), lse.data(), part.data(), plse.data(), sq, heads, dim);
+    zpAttnMergeLse(out.data(), lse.data(), part.data(), plse.data(), sq, heads, dim, nullptr);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(out.size()) * 3 * sizeof(float));
@@ -157,6 +157,7 @@ void BM_AttnRefCausal(benchmark::State& state) {
   b.headDim = dim;
   b.scale = 1.0f / std::sqrt(float(dim));
   b.mask = zpMaskCausal;
+  b.datatype = zpFloat32;
   for (auto _ : state)
     if (zpAttnRefForward(&b, nullptr) != zpSuccess) state.SkipWithError("zpAttnRefForward failed");
   // 4 * s^2 * heads * dim, halved for the causal mask (cost_model.h).

@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
   check(zpPlanGetLayout(plan, zpAttentionLayout, &att), "zpPlanGetLayout");
   zpRemap_t remap = nullptr;
   check(zpRemapCreate(&remap, lin, att, gComm), "zpRemapCreate");
-  zpAttnConfig_t cfg = {kHeads, kKvHeads, kHeadDim, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 1};
+  zpAttnConfig_t cfg = {kHeads, kKvHeads, kHeadDim, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 1, zpFloat32};
   zpAttention_t attn = nullptr;
   check(zpAttentionCreate(&attn, plan, &cfg, gComm), "zpAttentionCreate");
   int64_t Tl = 0, Ta = 0;
@@ -331,7 +331,8 @@ int main(int argc, char** argv) {
     memcpy(&k[t * HkD], &qkvAtt[t * kQkv + HD], HkD * sizeof(float));
     memcpy(&v[t * HkD], &qkvAtt[t * kQkv + HD + HkD], HkD * sizeof(float));
   }
-  check(zpAttentionForward(attn, q.data(), k.data(), v.data(), oAtt.data(), lse.data()), "zpAttentionForward");
+  check(zpAttentionForward(attn, q.data(), k.data(), v.data(), oAtt.data(), lse.data(), nullptr),
+        "zpAttentionForward");
   std::vector<float> oLin(Tl * HD), y(x), pre(Tl * kMlp), h(Tl * kMlp), z(Tl * kHidden);
   check(zpRemapExecute(remap, oAtt.data(), oLin.data(), HD, zpFloat32, 1, gComm, nullptr), "remap attention out");
   matmul(oLin.data(), w.o.data(), y.data(), Tl, HD, kHidden, true);
@@ -362,7 +363,7 @@ int main(int argc, char** argv) {
   matmulBt(dy.data(), w.o.data(), dOLin.data(), Tl, kHidden, HD);
   check(zpRemapExecute(remap, dOLin.data(), dOAtt.data(), HD, zpFloat32, 0, gComm, nullptr), "remap dout");
   check(zpAttentionBackward(attn, q.data(), k.data(), v.data(), oAtt.data(), lse.data(), dOAtt.data(), dq.data(),
-                            dk.data(), dv.data()),
+                            dk.data(), dv.data(), nullptr),
         "zpAttentionBackward");
   for (int64_t t = 0; t < Ta; t++) {
     memcpy(&dqkvAtt[t * kQkv], &dq[t * HD], HD * sizeof(float));

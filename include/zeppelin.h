@@ -390,6 +390,9 @@ zpResult_t zpRingDestroy(zpRing_t ring);
  * same way): one call per (query block, key/value block) pair. Layouts:
  * q, out, dout, dq [sq, qHeads, headDim]; k, v, dk, dv [sk, kvHeads,
  * headDim] (kvHeads divides qHeads: GQA); lse [qHeads, sq], natural log.
+ * Types: the inputs q, k, v and dout are of datatype (zpFloat32,
+ * zpBfloat16 or zpFloat16); out, lse, dq, dk and dv are always float32 (the
+ * driver accumulates in float32 and rounds once at the end).
  * zpMaskCausal is a diagonal block (sq == sk, query i sees keys 0..i);
  * zpMaskSkip blocks are never passed to kernels (zigzag chunking makes many
  * pairs empty). Forward writes out and lse of this block (a row that sees
@@ -399,15 +402,19 @@ zpResult_t zpRingDestroy(zpRing_t ring);
  * for kernels that say they can: zpAttnConfig_t.kernelAccumulates), out and
  * lse already hold the rows' result over earlier blocks and the kernel folds
  * this block into them as zpAttnMergeLse would, saving the driver a pass
- * over the output. */
+ * over the output.
+ * stream NULL: host buffers, the work done when the kernel returns. A
+ * stream: device buffers, and the kernel may only enqueue its work on that
+ * stream and return (no host synchronisation, no other stream unless joined
+ * back to it by events); the driver orders everything else after it. */
 typedef enum { zpMaskFull = 0, zpMaskCausal = 1, zpMaskSkip = 2 } zpAttnMask_t;
 typedef struct {
-  const float* q;
-  const float* k;
-  const float* v;
+  const void* q;
+  const void* k;
+  const void* v;
   float* out;
   float* lse;
-  const float* dout; /* backward only */
+  const void* dout; /* backward only */
   float* dq;
   float* dk;
   float* dv;
@@ -416,14 +423,20 @@ typedef struct {
   float scale; /* softmax scale, usually 1/sqrt(headDim) */
   zpAttnMask_t mask;
   int accumulate; /* forward: fold into out and lse instead of overwriting them */
+  zpDataType_t datatype; /* of q, k, v, dout: zpFloat32, zpBfloat16 or zpFloat16 */
+  zpStream_t stream;     /* NULL: host buffers; else the stream to enqueue on */
 } zpAttnBlock_t;
 typedef zpResult_t (*zpAttnKernel_t)(const zpAttnBlock_t* block, void* user);
-/* The reference CPU kernels (float32 in and out, float64 inside, exact softmax). */
+/* The reference kernels (float64 inside, exact softmax). With a NULL stream
+ * they run on the host; with a stream they enqueue a simple device kernel
+ * (one thread per query row and head, head dims up to 256) in a build with
+ * CUDA. */
 zpResult_t zpAttnRefForward(const zpAttnBlock_t* block, void* user);
 zpResult_t zpAttnRefBackward(const zpAttnBlock_t* block, void* user);
-/* Folds a block's partial result (partOut, partLse) into (out, lse). */
+/* Folds a block's partial result (partOut, partLse) into (out, lse): host
+ * buffers, or device buffers with a stream (enqueued on it). */
 zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int qHeads,
-                          int headDim);
+                          int headDim, zpStream_t stream);
 
 /* ---- Ring attention driver ----
  * Runs attention forward and backward for every sequence of a batch plan,
@@ -437,17 +450,31 @@ zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const fl
  * log-sum-exp (zpAttnMergeLse), or folded in by the kernel itself
  * (kernelAccumulates).
  *
- * Buffers are host memory in the plan's attention layout of this rank, T
- * tokens (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):
- * q, out, dout, dq [T, qHeads, headDim]; k, v, dk, dv [T, kvHeads, headDim];
- * lse [qHeads, T] (natural log). Every element of out, lse, dq, dk and dv is
- * written. Collective over the communicator the plan's rings refer to (its
- * size must equal the plan's rank count); every rank passes the same plan.
- * The calls use the communicator for their whole length: no other call on it
- * may run meanwhile. If a kernel fails, the call returns its error on that
- * rank once the exchange in flight is over; its ring peers then fail with
- * zpRemoteError after the timeout, or at once if the caller aborts the
- * communicator (zpCommAbort), as with NCCL. */
+ * Buffers are in the plan's attention layout of this rank, T tokens
+ * (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):
+ * q, out, dout, dq [T, qHeads, headDim]; k, v, dk, dv [T, kvHeads, headDim],
+ * all of the config's datatype; lse [qHeads, T] (natural log), float32.
+ * Every element of out, lse, dq, dk and dv is written. Collective over the
+ * communicator the plan's rings refer to (its size must equal the plan's
+ * rank count); every rank passes the same plan. The calls use the
+ * communicator for their whole length: no other call on it may run
+ * meanwhile.
+ *
+ * stream NULL: host buffers; the call returns when the results are there.
+ * A stream: device buffers (each checked as zpCommCheckBuffer does); the
+ * whole pass is enqueued and the call returns without waiting for the GPU.
+ * The kernels, merges, gradient additions and fills run on the stream; the
+ * exchanges run on an internal stream of the driver, forked from and joined
+ * back to the caller's stream by events, so they overlap the kernels, and
+ * the caller's work before and after the call is ordered with the pass.
+ * Local sequences are spread over the exchanges in proportion to their cost
+ * (on the host they fill each wait until the exchange is over).
+ *
+ * If a kernel fails, the call returns its error on that rank once the
+ * exchange in flight is over; its ring peers then fail with zpRemoteError
+ * after the timeout, or at once if the caller aborts the communicator
+ * (zpCommAbort), as with NCCL. With a stream, failures after the call
+ * returned (a dead peer) arrive through zpCommGetAsyncError. */
 typedef struct {
   int qHeads;
   int kvHeads;  /* divides qHeads (grouped-query attention) */
@@ -457,14 +484,16 @@ typedef struct {
   zpAttnKernel_t backward; /* e.g. zpAttnRefBackward; may be NULL for forward only */
   void* user;              /* passed to the kernels */
   int kernelAccumulates;   /* nonzero: the forward kernel honours zpAttnBlock_t.accumulate */
+  zpDataType_t datatype;   /* of every buffer but lse: zpFloat32, zpBfloat16 or zpFloat16 */
 } zpAttnConfig_t;
 typedef struct zpAttention* zpAttention_t;
 /* Local (no communication). The driver keeps what it needs of the plan. */
 zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAttnConfig_t* config, zpComm_t comm);
-zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
-                              float* lse);
-zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v, const float* out,
-                               const float* lse, const float* dout, float* dq, float* dk, float* dv);
+zpResult_t zpAttentionForward(zpAttention_t attn, const void* q, const void* k, const void* v, void* out, float* lse,
+                              zpStream_t stream);
+zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k, const void* v, const void* out,
+                               const float* lse, const void* dout, void* dq, void* dk, void* dv, zpStream_t stream);
+/* Waits for the driver's device work, if any, and frees it. */
 zpResult_t zpAttentionDestroy(zpAttention_t attn);
 
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */

@@ -173,15 +173,15 @@ inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int
   std::vector<float> out(T * H * D, nan), lse(H * T, nan), dq(T * H * D, nan), dk(T * Hk * D, nan),
       dv(T * Hk * D, nan);
 
-  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, c.accumulate ? 1 : 0};
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, c.accumulate ? 1 : 0, zpFloat32};
   zpAttention_t attn = nullptr;
   std::string err;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess)
     err = std::string("zpAttentionCreate: ") + zpGetLastError(nullptr);
-  else if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data()) != zpSuccess)
+  else if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
     err = std::string("forward: ") + zpGetLastError(nullptr);
   else if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                               dk.data(), dv.data()) != zpSuccess)
+                               dk.data(), dv.data(), nullptr) != zpSuccess)
     err = std::string("backward: ") + zpGetLastError(nullptr);
   if (attn) zpAttentionDestroy(attn);
   if (!err.empty()) {

@@ -52,7 +52,7 @@ TEST(AttentionRef, SingleBlockMatchesTheReference) {
         zptest::referenceAttention(q.data(), k.data(), v.data(), dout.data(), s, H, Hk, D, scale, causal);
     std::vector<float> out(s * H * D, NAN), lse(H * s, NAN), dq(s * H * D, 0), dk(s * Hk * D, 0), dv(s * Hk * D, 0);
     zpAttnBlock_t b = {q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                       dv.data(), s, s, H, Hk, D, scale, causal ? zpMaskCausal : zpMaskFull};
+                       dv.data(), s, s, H, Hk, D, scale, causal ? zpMaskCausal : zpMaskFull, 0, zpFloat32, nullptr};
     ASSERT_EQ(zpAttnRefForward(&b, nullptr), zpSuccess);
     ASSERT_EQ(zpAttnRefBackward(&b, nullptr), zpSuccess);
     EXPECT_LT(relErr(out, ref.out), 1e-5);
@@ -96,9 +96,9 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
            vv = rows(v, p.kc * m, p.kc * m + m, Hk, D);
       std::vector<float> po(m * H * D, NAN), pl(H * m, NAN);
       zpAttnBlock_t b = {qq.data(), kk.data(), vv.data(), po.data(), pl.data(), nullptr, nullptr, nullptr, nullptr,
-                         m, m, H, Hk, D, scale, p.mask};
+                         m, m, H, Hk, D, scale, p.mask, 0, zpFloat32, nullptr};
       ASSERT_EQ(zpAttnRefForward(&b, nullptr), zpSuccess);
-      ASSERT_EQ(zpAttnMergeLse(qo[p.qc].data(), ql[p.qc].data(), po.data(), pl.data(), m, H, D), zpSuccess);
+      ASSERT_EQ(zpAttnMergeLse(qo[p.qc].data(), ql[p.qc].data(), po.data(), pl.data(), m, H, D, nullptr), zpSuccess);
     }
     // The same blocks folded in by the kernel itself (accumulate) give the
     // same rows as the merge.
@@ -109,7 +109,7 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
         auto qq = rows(q, p.qc * m, p.qc * m + m, H, D), kk = rows(k, p.kc * m, p.kc * m + m, Hk, D),
              vv = rows(v, p.kc * m, p.kc * m + m, Hk, D);
         zpAttnBlock_t b = {qq.data(), kk.data(), vv.data(), ao.data(), al.data(), nullptr, nullptr, nullptr, nullptr,
-                           m, m, H, Hk, D, scale, p.mask, 1};
+                           m, m, H, Hk, D, scale, p.mask, 1, zpFloat32, nullptr};
         ASSERT_EQ(zpAttnRefForward(&b, nullptr), zpSuccess);
       }
       double worst = 0;
@@ -132,7 +132,7 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
       auto qq = rows(q, p.qc * m, p.qc * m + m, H, D), kk = rows(k, p.kc * m, p.kc * m + m, Hk, D),
            vv = rows(v, p.kc * m, p.kc * m + m, Hk, D), dd = rows(dout, p.qc * m, p.qc * m + m, H, D);
       zpAttnBlock_t b = {qq.data(), kk.data(), vv.data(), qo[p.qc].data(), ql[p.qc].data(), dd.data(),
-                         gq[p.qc].data(), gk[p.kc].data(), gv[p.kc].data(), m, m, H, Hk, D, scale, p.mask};
+                         gq[p.qc].data(), gk[p.kc].data(), gv[p.kc].data(), m, m, H, Hk, D, scale, p.mask, 0, zpFloat32, nullptr};
       ASSERT_EQ(zpAttnRefBackward(&b, nullptr), zpSuccess);
     }
     for (int c = 0; c < 2; c++) {
@@ -148,7 +148,7 @@ TEST(AttentionRef, BlocksMergedByLseEqualTheWhole) {
 
 TEST(AttentionRef, BadBlocksGetClearErrors) {
   float x = 0;
-  zpAttnBlock_t b = {&x, &x, &x, &x, &x, nullptr, nullptr, nullptr, nullptr, 2, 3, 4, 3, 8, 1, zpMaskFull};
+  zpAttnBlock_t b = {&x, &x, &x, &x, &x, nullptr, nullptr, nullptr, nullptr, 2, 3, 4, 3, 8, 1, zpMaskFull, 0, zpFloat32, nullptr};
   ZP_EXPECT_ERROR(zpInvalidArgument, zpAttnRefForward(&b, nullptr));  // 3 does not divide 4
   b.kvHeads = 2;
   b.mask = zpMaskCausal;

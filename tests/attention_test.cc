@@ -102,7 +102,7 @@ TEST(Attention, BadArgumentsAndPlansGetClearErrors) {
     zpBatchPlan_t three = nullptr;
     int ranks3[] = {0, 2, 1};
     ZP_ASSERT_OK(zpPlanCreate(&three, 2, lens, 0, 3, 0, offs, ranks3));
-    zpAttnConfig_t cfg = {4, 2, 8, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr};
+    zpAttnConfig_t cfg = {4, 2, 8, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpFloat32};
     zpAttention_t attn = nullptr;
     ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionCreate(&attn, three, &cfg, comm));
     EXPECT_NE(std::string(zpGetLastError(nullptr)).find("3 ranks"), std::string::npos) << zpGetLastError(nullptr);
@@ -121,9 +121,9 @@ TEST(Attention, BadArgumentsAndPlansGetClearErrors) {
     c2 = cfg;
     c2.backward = nullptr;
     ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &c2, comm));
-    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionForward(attn, nullptr, nullptr, nullptr, nullptr, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionForward(attn, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr));
     ZP_EXPECT_ERROR(zpInvalidUsage, zpAttentionBackward(attn, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                                        nullptr, nullptr, nullptr));
+                                                        nullptr, nullptr, nullptr, nullptr));
     ZP_EXPECT_OK(zpAttentionDestroy(attn));
     ZP_EXPECT_ERROR(zpInvalidArgument, zpAttentionDestroy(nullptr));
     zpPlanDestroy(three);
@@ -146,7 +146,7 @@ TEST(Attention, AFailingKernelIsAnErrorNotAHang) {
     ZP_ASSERT_OK(zpPlanCreate(&plan, 2, lens, 1, 3, 0, offs, ranks));
     FailingKernel fk;
     fk.rank = rank;
-    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, failingForward, zpAttnRefBackward, &fk};
+    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, failingForward, zpAttnRefBackward, &fk, 0, zpFloat32};
     zpAttention_t attn = nullptr;
     ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
     zpLayout_t layout = nullptr;
@@ -155,7 +155,7 @@ TEST(Attention, AFailingKernelIsAnErrorNotAHang) {
     ZP_ASSERT_OK(zpLayoutRankTokens(layout, rank, &T));
     std::vector<float> q(T * 16, 0.5f), out(T * 16), lse(T * 2);
     auto start = std::chrono::steady_clock::now();
-    zpResult_t r = zpAttentionForward(attn, q.data(), q.data(), q.data(), out.data(), lse.data());
+    zpResult_t r = zpAttentionForward(attn, q.data(), q.data(), q.data(), out.data(), lse.data(), nullptr);
     if (rank == 0) {
       EXPECT_EQ(r, zpInvalidUsage);
       EXPECT_NE(std::string(zpGetLastError(nullptr)).find("forward block kernel failed"), std::string::npos)
@@ -193,12 +193,12 @@ TEST(Attention, ARankThatDiesIsAnErrorOnEveryOtherRank) {
     zpBatchPlan_t plan = nullptr;
     ZP_ASSERT_OK(zpPlanCreate(&plan, 1, lens, 1, 4, 0, offs, ranks));
     int me = rank;
-    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, dyingForward, zpAttnRefBackward, &me, 0};
+    zpAttnConfig_t cfg = {2, 2, 8, 0.0f, dyingForward, zpAttnRefBackward, &me, 0, zpFloat32};
     zpAttention_t attn = nullptr;
     ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
     std::vector<float> x(500 * 16, 0.25f), out(500 * 16), lse(500 * 2);
     auto start = std::chrono::steady_clock::now();
-    zpResult_t r = zpAttentionForward(attn, x.data(), x.data(), x.data(), out.data(), lse.data());
+    zpResult_t r = zpAttentionForward(attn, x.data(), x.data(), x.data(), out.data(), lse.data(), nullptr);
     EXPECT_NE(r, zpSuccess) << "rank " << rank << " finished although rank 2 died";
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
     zpAttentionDestroy(attn);

@@ -1,7 +1,9 @@
 /* The public header from C: compiled as C99 with -pedantic -Wall -Werror and
  * linked against the shared library, as a C user would. Runs a single-rank
  * communicator: version, config initializer, init, alltoallv and a grouped
- * send/receive to itself, an error, destroy. Exits 0 when all is well. */
+ * send/receive to itself, an error, the attention driver on host buffers
+ * (the reference kernels, bfloat16 inputs), destroy. Exits 0 when all is
+ * well. */
 #include "zeppelin.h"
 
 #include <stdio.h>
@@ -38,6 +40,17 @@ int main(void) {
   double self[5];
   size_t sendcounts[1] = {5}, sdispls[1] = {0}, recvcounts[1] = {5}, rdispls[1] = {1};
   unsigned char poison[sizeof(double)];
+  /* Attention: one local sequence of 3 tokens, 1 head of dim 2; bfloat16
+   * inputs of 1.0 (0x3F80), so out is 1.0 and lse log(3) (every score 0). */
+  int64_t attnLen[1] = {3};
+  size_t attnOffs[2] = {0, 1};
+  int attnRanks[1] = {0};
+  unsigned short ones[6] = {0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80}, zeros[6] = {0, 0, 0, 0, 0, 0};
+  unsigned short attnOut[6];
+  float attnLse[3];
+  zpBatchPlan_t plan = NULL;
+  zpAttention_t attn = NULL;
+  zpAttnConfig_t attnCfg;
 
   CHECK(sizeof(zpUniqueId) == ZP_UNIQUE_ID_BYTES);
   CHECK(cfg.size == sizeof(zpConfig_t) && cfg.magic == ZP_CONFIG_MAGIC && cfg.version == ZP_VERSION_CODE);
@@ -70,6 +83,19 @@ int main(void) {
   CHECK_OK(zpRecv(self, 5, zpFloat64, 0, comm, NULL));
   CHECK_OK(zpGroupEnd());
   CHECK(memcmp(self, send, sizeof(send)) == 0);
+
+  memset(&attnCfg, 0, sizeof(attnCfg));
+  attnCfg.qHeads = attnCfg.kvHeads = 1;
+  attnCfg.headDim = 2;
+  attnCfg.forward = zpAttnRefForward;
+  attnCfg.datatype = zpBfloat16;
+  CHECK_OK(zpPlanCreate(&plan, 1, attnLen, 0, 1, 0, attnOffs, attnRanks));
+  CHECK_OK(zpAttentionCreate(&attn, plan, &attnCfg, comm));
+  CHECK_OK(zpAttentionForward(attn, zeros, zeros, ones, attnOut, attnLse, NULL));
+  for (i = 0; i < 6; i++) CHECK(attnOut[i] == 0x3F80);
+  for (i = 0; i < 3; i++) CHECK(attnLse[i] > 1.0986f && attnLse[i] < 1.0987f);
+  CHECK_OK(zpAttentionDestroy(attn));
+  CHECK_OK(zpPlanDestroy(plan));
 
   CHECK(zpSend(send, 5, (zpDataType_t)42, 0, comm, NULL) == zpInvalidArgument);
   CHECK(strlen(zpGetLastError(comm)) > 0);

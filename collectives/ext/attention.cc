@@ -18,10 +18,19 @@
 // partial gradient of b_t, which is added once X_t is over; after the last
 // step one more exchange brings every rank its own block's full gradient
 // (G hops, so the gradients never wait for a kernel).
+//
+// The same schedule runs on the host (NULL stream) or on a device stream:
+// every copy, fill, merge and addition goes through Mem, which does it at
+// once on the host or enqueues it on the caller's stream; exchanges run on
+// the driver's own stream, forked from the caller's stream when they start
+// and joined back when they are waited for, so the device sees the order
+// the host path has (an exchange overlaps the kernels between its start and
+// its wait) and the host never waits for the GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <new>
@@ -30,8 +39,14 @@
 #include <vector>
 
 #include "collectives/ext/async_p2p.h"
+#include "collectives/ext/device/attn_kernels.h"
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#ifdef ZP_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "collectives/ext/device/kernels.h"
+#endif
 
 namespace {
 
@@ -50,10 +65,12 @@ struct Group {
   int pos = 0;                             // this rank's position
   std::vector<std::vector<Chunk>> blocks;  // blocks[j]: the chunks of ring position j, by sequence
   std::vector<int64_t> tokens;             // tokens of each block
-  // Kept from call to call (no allocation or page faults per step): my own
-  // packed block; blocks and gradients in flight (double buffered); a
-  // gradient received. Each holds keys (or their gradient), then values.
-  std::vector<float> own, kv[2], grad[2], part;
+  // A pass's buffers (in its arena): my own packed block; blocks and
+  // gradients in flight (double buffered); a gradient received. Each holds
+  // keys (or their gradient), then values; blocks in the input type,
+  // gradients in float32.
+  char *own = nullptr, *kv[2] = {nullptr, nullptr};
+  float *grad[2] = {nullptr, nullptr}, *part = nullptr;
   int64_t ownAt = -1;  // >= 0: my block lies in my buffers from this token on, in block order (no packing)
   std::vector<char> written;  // forward: my chunk c already holds a result
   int G() const { return (int)ranks.size(); }
@@ -69,18 +86,36 @@ struct zpAttention {
   bool causal = false;
   int H = 0, Hk = 0, D = 0;
   float scale = 1;
+  zpDataType_t dt = zpFloat32;  // of every buffer but lse
+  size_t es = 4;                // its size
   zpAttnKernel_t fwd = nullptr, bwd = nullptr;
   void* user = nullptr;
   bool kernelAccumulates = false;
+  zpComm_t comm = nullptr;
   int64_t T = 0;                  // this rank's tokens
   std::vector<Group> groups;      // the rings this rank is in, in run order
   std::vector<LocalSeq> locals;   // this rank's local sequences
   std::unique_ptr<zpx::AsyncP2P> xchg;
-  std::vector<float> lseAcc, partOut, partLse;  // a call's scratch (see Pass)
-  std::vector<size_t> lseAt;
+  std::vector<char> hostArena;    // the host path's scratch, kept from call to call (no page faults per call)
+#ifdef ZP_WITH_CUDA
+  // The device path's exchange stream and its fork and join events, made at
+  // the first call with a stream.
+  cudaStream_t xs = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+#endif
 
   size_t qRow() const { return (size_t)H * D; }
   size_t kvRow() const { return (size_t)Hk * D; }
+  ~zpAttention() {
+#ifdef ZP_WITH_CUDA
+    if (xs) {
+      cudaStreamSynchronize(xs);
+      cudaStreamDestroy(xs);
+    }
+    if (fork) cudaEventDestroy(fork);
+    if (join) cudaEventDestroy(join);
+#endif
+  }
 };
 
 namespace {
@@ -104,52 +139,280 @@ zpResult_t forPairs(const std::vector<Chunk>& qs, const std::vector<Chunk>& ks, 
   return zpSuccess;
 }
 
-// One forward or backward call: the user's buffers, the queue of local
-// sequences left, and the per-group buffers.
-class Pass {
+// Conversion between float32 and an input type on the host.
+struct HostConvert {
+  void* dst;
+  const void* src;
+  size_t n;
+  bool toF32;
+  template <class T>
+  void run() {
+    if (toF32) {
+      const zpx::Convert<float, T> c{(float*)dst, (const T*)src, n};
+      for (size_t i = 0; i < n; i++) c(i);
+    } else {
+      const zpx::Convert<T, float> c{(T*)dst, (const float*)src, n};
+      for (size_t i = 0; i < n; i++) c(i);
+    }
+  }
+};
+
+// Where a pass moves its bytes: on the host, at once, or enqueued on the
+// caller's stream (device buffers). A device call that fails is kept and
+// reported by check().
+class Mem {
  public:
-  Pass(zpAttention* a, bool backward) : a_(a), backward_(backward) {
-    for (const LocalSeq& l : a->locals) localsLeft_.push_back(l);
+  explicit Mem(zpStream_t stream) : stream_(stream) {}
+  bool device() const { return stream_ != nullptr; }
+  zpStream_t stream() const { return stream_; }
+
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (!bytes) return;
+#ifdef ZP_WITH_CUDA
+    if (device()) return note(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()), "cudaMemcpyAsync");
+#endif
+    memcpy(dst, src, bytes);
+  }
+  // rows rows of width bytes.
+  void copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+    if (!width || !rows) return;
+#ifdef ZP_WITH_CUDA
+    if (device())
+      return note(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, s()),
+                  "cudaMemcpy2DAsync");
+#endif
+    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+  }
+  void fill(float* p, float value, size_t n) {
+#ifdef ZP_WITH_CUDA
+    if (device()) return note(zpx::launchFillF32(p, value, n, s()), "the fill kernel");
+#endif
+    std::fill(p, p + n, value);
+  }
+  // dst[i] += src[i]
+  void add(float* dst, const float* src, size_t n) {
+#ifdef ZP_WITH_CUDA
+    if (device()) return note(zpx::launchAddStrided(dst, n, src, 1, n, sizeof(float), s()), "the add kernel");
+#endif
+    for (size_t e = 0; e < n; e++) dst[e] += src[e];
+  }
+  zpResult_t merge(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int H, int D) {
+    return zpAttnMergeLse(out, lse, partOut, partLse, sq, H, D, stream_);
+  }
+  // n elements between float32 and an input type (one of them float32).
+  void convert(void* dst, zpDataType_t dstType, const void* src, zpDataType_t srcType, size_t n) {
+#ifdef ZP_WITH_CUDA
+    if (device()) return note(zpx::launchConvert(dst, dstType, src, srcType, n, s()), "the conversion kernel");
+#endif
+    HostConvert host{dst, src, n, dstType == zpFloat32};
+    zpx::withInputType(dstType == zpFloat32 ? srcType : dstType, host);
   }
 
-  // Forward buffers.
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
-  float *out = nullptr, *lse = nullptr;
-  // Backward buffers (q, k, v as above; out and lse are inputs).
-  const float *outIn = nullptr, *lseIn = nullptr, *dout = nullptr;
-  float *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  zpResult_t check(zpComm_t comm, const char* fn) const {
+    if (failed_.empty()) return zpSuccess;
+    return zpSetLastError(comm, zpUnhandledCudaError, "%s: %s", fn, failed_.c_str());
+  }
+
+ private:
+  zpStream_t stream_;
+  std::string failed_;
+#ifdef ZP_WITH_CUDA
+  cudaStream_t s() const { return (cudaStream_t)stream_; }
+  void note(cudaError_t e, const char* what) {
+    if (e != cudaSuccess && failed_.empty()) failed_ = std::string(what) + ": " + cudaGetErrorString(e);
+  }
+#endif
+};
+
+// One forward or backward call: the caller's buffers, the pass's scratch,
+// the queue of local sequences left.
+class Pass {
+ public:
+  Pass(zpAttention* a, bool backward, zpStream_t stream) : a_(a), backward_(backward), mem_(stream) {
+    for (const LocalSeq& l : a->locals) {
+      localsLeft_.push_back(l);
+      localCostTotal_ += localCost(l);
+    }
+    for (const Group& g : a->groups) waitsTotal_ += backward ? g.G() + 1 : g.G() - 1;
+  }
+  ~Pass() { release(); }
+
+  // The caller's buffers. Inputs of the datatype: q, k, v, dout; the
+  // caller's outputs (and backward's out) of the datatype; lse float32.
+  const char *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  void* userOut = nullptr;        // forward's out
+  const void* userOutIn = nullptr; // backward's out
+  float* lse = nullptr;
+  const float* lseIn = nullptr;
+  void *userDq = nullptr, *userDk = nullptr, *userDv = nullptr;
 
   zpResult_t run(const char* fn) {
     fn_ = fn;
-    prepare();
-    ZPX_CHECK(backward_ ? runBackward() : runForward());
-    while (!localsLeft_.empty()) ZPX_CHECK(runLocal());
-    if (!backward_) finishLse();
-    return zpSuccess;
+    zpResult_t r = allocate();
+    if (r == zpSuccess) {
+      prepare();
+      r = backward_ ? runBackward() : runForward();
+    }
+    while (r == zpSuccess && !localsLeft_.empty()) r = runLocal();
+    if (r == zpSuccess) finish();
+    release();
+    if (r == zpSuccess) r = mem_.check(a_->comm, fn_);
+    return r;
   }
 
  private:
   zpAttention* a_;
   bool backward_;
+  Mem mem_;
   const char* fn_ = "";
   std::deque<LocalSeq> localsLeft_;
-  // Kept in the driver from call to call (no page faults on every call).
-  std::vector<float>& lseAcc_ = a_->lseAcc;  // merged (forward) or given (backward) lse of my chunks, [H, count] each
-  std::vector<size_t>& lseAt_ = a_->lseAt;   // where each group's part of lseAcc_ starts
-  std::vector<float>& partOut_ = a_->partOut;
-  std::vector<float>& partLse_ = a_->partLse;
+  double localCostTotal_ = 0, localCostDone_ = 0;
+  int waitsTotal_ = 0, waitsDone_ = 0;
+  // The accumulators, float32: the caller's buffers for float32, else scratch.
+  float *out = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const float* outIn = nullptr;
+  // Scratch: merged (forward) or given (backward) lse of my ring chunks,
+  // [H, count] each, group gi's from lseAt_[gi] on; a block's partial result.
+  float *lseAcc_ = nullptr, *partOut_ = nullptr, *partLse_ = nullptr;
+  std::vector<size_t> lseAt_;
+  char* arena_ = nullptr;  // device: allocated on the caller's stream for this pass
+  bool released_ = false;
 
-  size_t kvFloats(const Group& g, int j) const { return 2 * (size_t)g.tokens[j] * a_->kvRow(); }
+  bool device() const { return mem_.device(); }
+  size_t es() const { return a_->es; }
+  double localCost(const LocalSeq& l) const { return (double)l.len * l.len * (a_->causal ? 0.5 : 1.0); }
+  size_t kvElems(const Group& g, int j) const { return 2 * (size_t)g.tokens[j] * a_->kvRow(); }
+
+  // Carves the pass's scratch out of one allocation: the host's kept one,
+  // or one allocated in stream order on the caller's stream.
+  zpResult_t allocate() {
+    const size_t kr = a_->kvRow(), qr = a_->qRow(), H = a_->H;
+    std::vector<std::pair<void**, size_t>> parts;  // (where the pointer goes, bytes)
+    lseAt_.assign(a_->groups.size() + 1, 0);
+    int64_t rowsMost = 0;
+    for (const LocalSeq& l : a_->locals) rowsMost = std::max(rowsMost, l.len);
+    for (size_t gi = 0; gi < a_->groups.size(); gi++) {
+      Group& g = a_->groups[gi];
+      size_t most = 0;
+      for (int j = 0; j < g.G(); j++) most = std::max(most, kvElems(g, j));
+      parts.push_back({(void**)&g.own, g.ownAt < 0 ? kvElems(g, g.pos) * es() : 0});
+      for (int i = 0; i < 2; i++) {
+        parts.push_back({(void**)&g.kv[i], most * es()});
+        parts.push_back({(void**)&g.grad[i], backward_ ? most * sizeof(float) : 0});
+      }
+      parts.push_back({(void**)&g.part, backward_ ? most * sizeof(float) : 0});
+      for (const Chunk& c : g.blocks[g.pos]) rowsMost = std::max(rowsMost, c.count);
+      lseAt_[gi + 1] = lseAt_[gi] + (size_t)g.tokens[g.pos] * H;
+    }
+    parts.push_back({(void**)&lseAcc_, lseAt_.back() * sizeof(float)});
+    parts.push_back({(void**)&partOut_, backward_ ? 0 : rowsMost * qr * sizeof(float)});
+    parts.push_back({(void**)&partLse_, rowsMost * H * sizeof(float)});
+    const bool f32 = a_->dt == zpFloat32;
+    const size_t T = (size_t)a_->T;
+    if (!backward_) {
+      out = (float*)userOut;
+      if (!f32) parts.push_back({(void**)&out, T * qr * sizeof(float)});
+    } else {
+      outIn = (const float*)userOutIn;
+      dq = (float*)userDq;
+      dk = (float*)userDk;
+      dv = (float*)userDv;
+      if (!f32) {
+        parts.push_back({(void**)&outIn, T * qr * sizeof(float)});
+        parts.push_back({(void**)&dq, T * qr * sizeof(float)});
+        parts.push_back({(void**)&dk, T * kr * sizeof(float)});
+        parts.push_back({(void**)&dv, T * kr * sizeof(float)});
+      }
+    }
+    auto round = [](size_t b) { return (b + 255) / 256 * 256; };
+    size_t total = 0;
+    for (auto& p : parts) total += round(p.second);
+    if (!device()) {
+      if (a_->hostArena.size() < total) a_->hostArena.resize(total);
+      arena_ = a_->hostArena.data();
+    } else if (total) {
+#ifdef ZP_WITH_CUDA
+      cudaError_t e = cudaMallocAsync((void**)&arena_, total, (cudaStream_t)mem_.stream());
+      if (e != cudaSuccess) {
+        arena_ = nullptr;
+        return zpSetLastError(a_->comm, zpUnhandledCudaError, "%s: cudaMallocAsync of %zu bytes of scratch: %s", fn_,
+                              total, cudaGetErrorString(e));
+      }
+#endif
+    }
+    size_t at = 0;
+    for (auto& p : parts) {
+      if (p.second) *p.first = arena_ + at;
+      at += round(p.second);
+    }
+    return zpSuccess;
+  }
+
+  // Device: the exchange stream joins the caller's stream, then the scratch
+  // is freed in stream order (after everything that uses it).
+  void release() {
+    if (released_) return;
+    released_ = true;
+    a_->xchg->drain();
+#ifdef ZP_WITH_CUDA
+    if (device()) {
+      joinExchange();
+      if (arena_) cudaFreeAsync(arena_, (cudaStream_t)mem_.stream());
+    }
+#endif
+  }
+
+  // ---- Exchanges: on the host by the exchange's thread; on the device on the
+  // driver's stream, forked from the caller's stream and joined back ----
+  zpResult_t startExchange(std::vector<zpx::P2POp> ops) {
+    if (!device()) return a_->xchg->start(std::move(ops), fn_);
+#ifdef ZP_WITH_CUDA
+    cudaError_t e = cudaEventRecord(a_->fork, (cudaStream_t)mem_.stream());
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(a_->xs, a_->fork, 0);
+    if (e != cudaSuccess)
+      return zpSetLastError(a_->comm, zpUnhandledCudaError, "%s: forking the exchange stream: %s", fn_,
+                            cudaGetErrorString(e));
+    return a_->xchg->start(std::move(ops), fn_, (zpStream_t)a_->xs);
+#else
+    return zpInternalError;
+#endif
+  }
+#ifdef ZP_WITH_CUDA
+  zpResult_t joinExchange() {
+    cudaError_t e = cudaEventRecord(a_->join, a_->xs);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)mem_.stream(), a_->join, 0);
+    if (e != cudaSuccess)
+      return zpSetLastError(a_->comm, zpUnhandledCudaError, "%s: joining the exchange stream: %s", fn_,
+                            cudaGetErrorString(e));
+    return zpSuccess;
+  }
+#endif
+
+  // Waits for the exchange in flight, running local sequences meanwhile: on
+  // the host until it is over; on the device (where the host cannot see
+  // it end) each wait takes an equal share of the local work's cost.
+  zpResult_t waitFilling() {
+    if (!device()) {
+      while (!localsLeft_.empty() && !a_->xchg->finished()) ZPX_CHECK(runLocal());
+      return a_->xchg->wait(fn_);
+    }
+    const double due = localCostTotal_ * ++waitsDone_ / std::max(waitsTotal_, 1);
+    while (!localsLeft_.empty() && localCostDone_ < due) ZPX_CHECK(runLocal());
+    ZPX_CHECK(a_->xchg->wait(fn_));
+#ifdef ZP_WITH_CUDA
+    ZPX_CHECK(joinExchange());
+#endif
+    return zpSuccess;
+  }
 
   // The keys and values of the block held at step t (ring position j).
   struct Held {
-    float *k, *v;
+    const char *k, *v;
   };
   Held held(Group& g, int t, int j) {
-    const size_t half = (size_t)g.tokens[j] * a_->kvRow();
-    if (t == 0 && g.ownAt >= 0)
-      return {const_cast<float*>(k) + g.ownAt * a_->kvRow(), const_cast<float*>(v) + g.ownAt * a_->kvRow()};
-    float* b = t == 0 ? g.own.data() : g.kv[t % 2].data();
+    const size_t half = (size_t)g.tokens[j] * a_->kvRow() * es();
+    if (t == 0 && g.ownAt >= 0) return {k + g.ownAt * a_->kvRow() * es(), v + g.ownAt * a_->kvRow() * es()};
+    const char* b = t == 0 ? g.own : g.kv[t % 2];
     return {b, b + half};
   }
   // Sending the block held at step t and receiving the next one into
@@ -159,83 +422,83 @@ class Pass {
   void sendHeld(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
     const int j = posMod(g.pos - t, g.G());
     const Held h = held(g, t, j);
-    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * es();
     if (t > 0) {
-      ops->push_back({true, h.k, 2 * bytes, peer});
+      ops->push_back({true, (void*)h.k, 2 * bytes, peer});
       return;
     }
-    ops->push_back({true, h.k, bytes, peer});
-    ops->push_back({true, h.v, bytes, peer});
+    ops->push_back({true, (void*)h.k, bytes, peer});
+    ops->push_back({true, (void*)h.v, bytes, peer});
   }
   void recvNext(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
     const int j = posMod(g.pos - t - 1, g.G());
     const Held h = held(g, t + 1, j);
-    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * sizeof(float);
+    const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * es();
     if (t > 0) {
-      ops->push_back({false, h.k, 2 * bytes, peer});
+      ops->push_back({false, (void*)h.k, 2 * bytes, peer});
       return;
     }
-    ops->push_back({false, h.k, bytes, peer});
-    ops->push_back({false, h.v, bytes, peer});
+    ops->push_back({false, (void*)h.k, bytes, peer});
+    ops->push_back({false, (void*)h.v, bytes, peer});
   }
 
-  // Sizes the group buffers, packs my key/value chunks where they do not lie
-  // together in the caller's buffers, zeroes what kernels add into, and
-  // (backward) gathers my chunks' lse in the kernels' [H, count] layout.
+  // Packs my key/value chunks where they do not lie together in the
+  // caller's buffers, zeroes what kernels add into, and (backward) gathers
+  // my chunks' lse in the kernels' [H, count] layout and widens out to
+  // float32 if it is not.
   void prepare() {
-    const size_t kr = a_->kvRow(), qr = a_->qRow();
-    lseAt_.assign(a_->groups.size() + 1, 0);
-    for (size_t gi = 0; gi < a_->groups.size(); gi++) {
-      Group& g = a_->groups[gi];
+    const size_t kr = a_->kvRow(), qr = a_->qRow(), kb = kr * es();
+    const int H = a_->H;
+    for (Group& g : a_->groups) {
       const int64_t n = g.tokens[g.pos];
-      size_t most = 0;
-      for (int j = 0; j < g.G(); j++) most = std::max(most, kvFloats(g, j));
-      for (std::vector<float>* b : {&g.kv[0], &g.kv[1], &g.grad[0], &g.grad[1], &g.part}) b->resize(most);
-      const std::vector<Chunk>& mine = g.blocks[g.pos];
-      if (g.ownAt < 0) {
-        g.own.resize(kvFloats(g, g.pos));
-        for (const Chunk& c : mine) {
-          memcpy(&g.own[c.blockOff * kr], k + c.userOff * kr, c.count * kr * sizeof(float));
-          memcpy(&g.own[(n + c.blockOff) * kr], v + c.userOff * kr, c.count * kr * sizeof(float));
+      if (g.ownAt < 0)
+        for (const Chunk& c : g.blocks[g.pos]) {
+          mem_.copy(g.own + c.blockOff * kb, k + c.userOff * kb, c.count * kb);
+          mem_.copy(g.own + (n + c.blockOff) * kb, v + c.userOff * kb, c.count * kb);
         }
-      }
       g.written.assign(g.blocks[g.pos].size(), 0);
-      lseAt_[gi + 1] = lseAt_[gi] + (size_t)n * a_->H;
     }
-    if (!backward_) {
-      lseAcc_.resize(lseAt_.back());
-    } else {
-      std::fill(dq, dq + a_->T * qr, 0.0f);
-      // Ring chunks' dk and dv are written whole at the end; the kernels
-      // add into local sequences' in place.
-      for (const LocalSeq& l : a_->locals) {
-        std::fill(dk + l.userOff * kr, dk + (l.userOff + l.len) * kr, 0.0f);
-        std::fill(dv + l.userOff * kr, dv + (l.userOff + l.len) * kr, 0.0f);
-      }
-      // The kernels take a chunk's lse as [H, count]: gather mine from [H, T].
-      lseAcc_.resize(lseAt_.back());
-      for (size_t gi = 0; gi < a_->groups.size(); gi++)
-        for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos])
-          for (int h = 0; h < a_->H; h++)
-            memcpy(&lseAcc_[lseAt_[gi] + c.blockOff * a_->H + h * c.count], lseIn + h * a_->T + c.userOff,
-                   c.count * sizeof(float));
+    if (!backward_) return;
+    if (a_->dt != zpFloat32) mem_.convert((void*)outIn, zpFloat32, userOutIn, a_->dt, (size_t)a_->T * qr);
+    mem_.fill(dq, 0.0f, (size_t)a_->T * qr);
+    // Ring chunks' dk and dv are written whole at the end; the kernels
+    // add into local sequences' in place.
+    for (const LocalSeq& l : a_->locals) {
+      mem_.fill(dk + l.userOff * kr, 0.0f, l.len * kr);
+      mem_.fill(dv + l.userOff * kr, 0.0f, l.len * kr);
     }
+    // The kernels take a chunk's lse as [H, count]: gather mine from [H, T].
+    for (size_t gi = 0; gi < a_->groups.size(); gi++)
+      for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos])
+        mem_.copy2D(&lseAcc_[lseAt_[gi] + c.blockOff * H], c.count * sizeof(float), lseIn + c.userOff,
+                    a_->T * sizeof(float), c.count * sizeof(float), H);
   }
 
-  // Scatters the merged lse of my chunks to [H, T]; a chunk that saw no
-  // block at all is the empty merge (out 0, lse -inf).
-  void finishLse() {
-    for (size_t gi = 0; gi < a_->groups.size(); gi++)
-      for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos]) {
-        if (!a_->groups[gi].written[&c - &a_->groups[gi].blocks[a_->groups[gi].pos][0]]) {
-          std::fill(out + c.userOff * a_->qRow(), out + (c.userOff + c.count) * a_->qRow(), 0.0f);
-          std::fill(&lseAcc_[lseAt_[gi] + c.blockOff * a_->H], &lseAcc_[lseAt_[gi] + (c.blockOff + c.count) * a_->H],
-                    -INFINITY);
+  // Forward: scatters the merged lse of my chunks to [H, T] (a chunk that
+  // saw no block at all is the empty merge: out 0, lse -inf). Both: rounds
+  // the float32 accumulators into the caller's buffers if they are not float32.
+  void finish() {
+    const size_t qr = a_->qRow(), kr = a_->kvRow(), T = (size_t)a_->T;
+    const int H = a_->H;
+    if (!backward_) {
+      for (size_t gi = 0; gi < a_->groups.size(); gi++)
+        for (const Chunk& c : a_->groups[gi].blocks[a_->groups[gi].pos]) {
+          float* acc = &lseAcc_[lseAt_[gi] + c.blockOff * H];
+          if (!a_->groups[gi].written[&c - &a_->groups[gi].blocks[a_->groups[gi].pos][0]]) {
+            mem_.fill(out + c.userOff * qr, 0.0f, c.count * qr);
+            mem_.fill(acc, -INFINITY, c.count * H);
+          }
+          mem_.copy2D(lse + c.userOff, T * sizeof(float), acc, c.count * sizeof(float), c.count * sizeof(float), H);
         }
-        for (int h = 0; h < a_->H; h++)
-          memcpy(lse + h * a_->T + c.userOff, &lseAcc_[lseAt_[gi] + c.blockOff * a_->H + h * c.count],
-                 c.count * sizeof(float));
-      }
+    }
+    if (a_->dt == zpFloat32) return;
+    if (!backward_) {
+      mem_.convert(userOut, a_->dt, out, zpFloat32, T * qr);
+      return;
+    }
+    mem_.convert(userDq, a_->dt, dq, zpFloat32, T * qr);
+    mem_.convert(userDk, a_->dt, dk, zpFloat32, T * kr);
+    mem_.convert(userDv, a_->dt, dv, zpFloat32, T * kr);
   }
 
   zpAttnBlock_t blockFor(int64_t sq, int64_t sk, zpAttnMask_t mask) const {
@@ -248,6 +511,8 @@ class Pass {
     b.headDim = a_->D;
     b.scale = a_->scale;
     b.mask = mask;
+    b.datatype = a_->dt;
+    b.stream = mem_.stream();
     return b;
   }
 
@@ -267,47 +532,42 @@ class Pass {
   zpResult_t runLocal() {
     LocalSeq l = localsLeft_.front();
     localsLeft_.pop_front();
+    localCostDone_ += localCost(l);
     const int H = a_->H;
+    const size_t qb = a_->qRow() * es(), kb = a_->kvRow() * es(), T4 = a_->T * sizeof(float), n4 = l.len * sizeof(float);
     zpAttnBlock_t b = blockFor(l.len, l.len, a_->causal ? zpMaskCausal : zpMaskFull);
-    b.q = q + l.userOff * a_->qRow();
-    b.k = k + l.userOff * a_->kvRow();
-    b.v = v + l.userOff * a_->kvRow();
-    partLse_.resize((size_t)H * l.len);
-    b.lse = partLse_.data();
+    b.q = q + l.userOff * qb;
+    b.k = k + l.userOff * kb;
+    b.v = v + l.userOff * kb;
+    b.lse = partLse_;
     if (!backward_) {
       b.out = out + l.userOff * a_->qRow();
       ZPX_CHECK(callKernel(b));
-      for (int h = 0; h < H; h++) memcpy(lse + h * a_->T + l.userOff, &partLse_[h * l.len], l.len * sizeof(float));
+      mem_.copy2D(lse + l.userOff, T4, partLse_, n4, n4, H);
       return zpSuccess;
     }
-    for (int h = 0; h < H; h++) memcpy(&partLse_[h * l.len], lseIn + h * a_->T + l.userOff, l.len * sizeof(float));
+    mem_.copy2D(partLse_, n4, lseIn + l.userOff, T4, n4, H);
     b.out = const_cast<float*>(outIn) + l.userOff * a_->qRow();
-    b.dout = dout + l.userOff * a_->qRow();
+    b.dout = dout + l.userOff * qb;
     b.dq = dq + l.userOff * a_->qRow();
     b.dk = dk + l.userOff * a_->kvRow();
     b.dv = dv + l.userOff * a_->kvRow();
     return callKernel(b);
   }
 
-  // Waits for the exchange in flight, running local sequences meanwhile.
-  zpResult_t waitFilling() {
-    while (!localsLeft_.empty() && !a_->xchg->finished()) ZPX_CHECK(runLocal());
-    return a_->xchg->wait(fn_);
-  }
-
   // Forward step: my query chunks of group g against block buf of position j.
   zpResult_t forwardStep(size_t gi, int j, Held buf) {
     Group& g = a_->groups[gi];
-    const size_t kr = a_->kvRow(), qr = a_->qRow();
+    const size_t kb = a_->kvRow() * es(), qr = a_->qRow();
     return forPairs(g.blocks[g.pos], g.blocks[j], [&](const Chunk& cq, const Chunk& ck) -> zpResult_t {
       zpAttnMask_t mask = maskOf(a_->causal, cq, ck);
       if (mask == zpMaskSkip) return zpSuccess;
       zpAttnBlock_t b = blockFor(cq.count, ck.count, mask);
       float* accOut = out + cq.userOff * qr;
       float* accLse = &lseAcc_[lseAt_[gi] + cq.blockOff * a_->H];
-      b.q = q + cq.userOff * qr;
-      b.k = buf.k + ck.blockOff * kr;
-      b.v = buf.v + ck.blockOff * kr;
+      b.q = q + cq.userOff * qr * es();
+      b.k = buf.k + ck.blockOff * kb;
+      b.v = buf.v + ck.blockOff * kb;
       // In place: the chunk's first block (nothing to merge with), or any
       // block if the kernel folds it in itself.
       char& written = g.written[&cq - &g.blocks[g.pos][0]];
@@ -318,12 +578,10 @@ class Pass {
         written = 1;
         return callKernel(b);
       }
-      partOut_.resize(cq.count * qr);
-      partLse_.resize(cq.count * a_->H);
-      b.out = partOut_.data();
-      b.lse = partLse_.data();
+      b.out = partOut_;
+      b.lse = partLse_;
       ZPX_CHECK(callKernel(b));
-      return zpAttnMergeLse(accOut, accLse, partOut_.data(), partLse_.data(), cq.count, a_->H, a_->D);
+      return mem_.merge(accOut, accLse, partOut_, partLse_, cq.count, a_->H, a_->D);
     });
   }
 
@@ -377,11 +635,11 @@ class Pass {
       const Chunk &cq = *w.cq, &ck = *w.ck;
       zpAttnBlock_t b = blockFor(w.rows, ck.count, w.mask);
       const int64_t at = cq.userOff + w.row0;
-      b.q = q + at * qr;
-      b.k = buf.k + ck.blockOff * kr;
-      b.v = buf.v + ck.blockOff * kr;
+      b.q = q + at * qr * es();
+      b.k = buf.k + ck.blockOff * kr * es();
+      b.v = buf.v + ck.blockOff * kr * es();
       b.out = const_cast<float*>(outIn) + at * qr;
-      b.dout = dout + at * qr;
+      b.dout = dout + at * qr * es();
       b.dq = dq + at * qr;
       b.dk = grad + ck.blockOff * kr;
       b.dv = grad + (nk + ck.blockOff) * kr;
@@ -389,22 +647,14 @@ class Pass {
       if (w.rows == cq.count) {
         b.lse = const_cast<float*>(lse);
       } else {  // some rows of the chunk: their lse as [H, rows]
-        partLse_.resize((size_t)H * w.rows);
-        for (int h = 0; h < H; h++)
-          memcpy(&partLse_[h * w.rows], lse + h * cq.count + w.row0, w.rows * sizeof(float));
-        b.lse = partLse_.data();
+        mem_.copy2D(partLse_, w.rows * sizeof(float), lse + w.row0, cq.count * sizeof(float), w.rows * sizeof(float),
+                    H);
+        b.lse = partLse_;
       }
       ZPX_CHECK(callKernel(b));
     }
     return zpSuccess;
   }
-
-  // Declared after the buffers an exchange uses, so that on an early return
-  // the exchange in flight ends before they are freed.
-  struct DrainOnExit {
-    zpx::AsyncP2P* x;
-    ~DrainOnExit() { x->drain(); }
-  };
 
   static int posMod(int a, int G) { return ((a % G) + G) % G; }
   int prevOf(const Group& g) const { return g.ranks[posMod(g.pos - 1, g.G())]; }
@@ -412,14 +662,13 @@ class Pass {
 
   zpResult_t runForward() {
     const size_t n = a_->groups.size();
-    DrainOnExit drain{a_->xchg.get()};
     // X_t of group gi: forward b_t (held in src), bring b_{t+1}.
     auto startX = [&](size_t gi, int t) {
       Group& g = a_->groups[gi];
       std::vector<zpx::P2POp> ops;
       sendHeld(&ops, g, t, nextOf(g));
       recvNext(&ops, g, t, prevOf(g));
-      return a_->xchg->start(std::move(ops), fn_);
+      return startExchange(std::move(ops));
     };
     if (n) ZPX_CHECK(startX(0, 0));
     for (size_t gi = 0; gi < n; gi++) {
@@ -444,8 +693,8 @@ class Pass {
     for (size_t gi = 0; gi < a_->groups.size(); gi++) {
       Group& g = a_->groups[gi];
       const int G = g.G(), next = nextOf(g), prev = prevOf(g);
-      std::vector<float>*grad = g.grad, &part = g.part;
-      DrainOnExit drain{a_->xchg.get()};
+      float** grad = g.grad;
+      float* part = g.part;
       auto block = [&](int t) { return posMod(g.pos - t, G); };
       // X_t: forward b_t and the finished gradient of b_{t-1}; bring b_{t+1}
       // and the previous rank's partial gradient of b_t. t = G: the last
@@ -457,23 +706,23 @@ class Pass {
       const int64_t nMine = g.tokens[g.pos];
       const size_t half = (size_t)nMine * kr;
       const bool direct = g.ownAt >= 0;
-      float* gk = direct ? dk + g.ownAt * kr : part.data();
-      float* gv = direct ? dv + g.ownAt * kr : part.data() + half;
+      float* gk = direct ? dk + g.ownAt * kr : part;
+      float* gv = direct ? dv + g.ownAt * kr : part + half;
       auto startX = [&](int t) {
         std::vector<zpx::P2POp> ops;
         if (t < G - 1) sendHeld(&ops, g, t, next);
         if (t >= 1) {
-          const size_t half = kvFloats(g, block(t - 1)) / 2;
-          ops.push_back({true, grad[(t - 1) % 2].data(), half * sizeof(float), next});
-          ops.push_back({true, grad[(t - 1) % 2].data() + half, half * sizeof(float), next});
+          const size_t half = kvElems(g, block(t - 1)) / 2;
+          ops.push_back({true, grad[(t - 1) % 2], half * sizeof(float), next});
+          ops.push_back({true, grad[(t - 1) % 2] + half, half * sizeof(float), next});
         }
         if (t < G - 1) recvNext(&ops, g, t, prev);
         if (t >= 1) {
-          const size_t size = kvFloats(g, block(t)) / 2;
-          ops.push_back({false, t == G ? gk : part.data(), size * sizeof(float), prev});
-          ops.push_back({false, t == G ? gv : part.data() + size, size * sizeof(float), prev});
+          const size_t size = kvElems(g, block(t)) / 2;
+          ops.push_back({false, t == G ? gk : part, size * sizeof(float), prev});
+          ops.push_back({false, t == G ? gv : part + size, size * sizeof(float), prev});
         }
-        return a_->xchg->start(std::move(ops), fn_);
+        return startExchange(std::move(ops));
       };
       // My own block's work is split: half goes round the ring with the
       // other ranks' shares (step 0, while the first block arrives), half
@@ -482,35 +731,33 @@ class Pass {
       std::vector<Work> ownEarly = backwardWork(g, g.pos), ownLate = splitHalf(&ownEarly);
       ZPX_CHECK(startX(0));
       for (int t = 0; t < G; t++) {
-        float* acc = grad[t % 2].data();
-        const size_t size = kvFloats(g, block(t));
-        std::fill(acc, acc + size, 0.0f);
+        float* acc = grad[t % 2];
+        const size_t size = kvElems(g, block(t));
+        mem_.fill(acc, 0.0f, size);
         if (t == 0)
           ZPX_CHECK(runBackwardWork(gi, ownEarly, held(g, 0, g.pos), nMine, acc));
         else
           ZPX_CHECK(runBackwardWork(gi, backwardWork(g, block(t)), held(g, t, block(t)), g.tokens[block(t)], acc));
         ZPX_CHECK(waitFilling());
-        if (t >= 1)
-          for (size_t e = 0; e < size; e++) acc[e] += part[e];
+        if (t >= 1) mem_.add(acc, part, size);
         ZPX_CHECK(startX(t + 1));
       }
       // grad[G % 2] went out with X_{G-1}: free for the late half.
-      float* late = grad[G % 2].data();
+      float* late = grad[G % 2];
       if (!ownLate.empty()) {
-        std::fill(late, late + 2 * half, 0.0f);
+        mem_.fill(late, 0.0f, 2 * half);
         ZPX_CHECK(runBackwardWork(gi, ownLate, held(g, 0, g.pos), nMine, late));
       }
       ZPX_CHECK(waitFilling());
       // My block's whole gradient: what the last hop brought plus the late half.
-      if (!ownLate.empty())
-        for (size_t e = 0; e < half; e++) {
-          gk[e] += late[e];
-          gv[e] += late[half + e];
-        }
+      if (!ownLate.empty()) {
+        mem_.add(gk, late, half);
+        mem_.add(gv, late + half, half);
+      }
       if (direct) continue;
       for (const Chunk& c : g.blocks[g.pos]) {
-        memcpy(dk + c.userOff * kr, &part[c.blockOff * kr], c.count * kr * sizeof(float));
-        memcpy(dv + c.userOff * kr, &part[(nMine + c.blockOff) * kr], c.count * kr * sizeof(float));
+        mem_.copy(dk + c.userOff * kr, &part[c.blockOff * kr], c.count * kr * sizeof(float));
+        mem_.copy(dv + c.userOff * kr, &part[(nMine + c.blockOff) * kr], c.count * kr * sizeof(float));
       }
     }
     return zpSuccess;
@@ -620,6 +867,9 @@ zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAt
   if (!c.forward) return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: no forward kernel");
   if (!(c.scale >= 0) || std::isinf(c.scale))
     return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: softmax scale %g", (double)c.scale);
+  if (c.datatype != zpFloat32 && c.datatype != zpBfloat16 && c.datatype != zpFloat16)
+    return zpSetLastError(comm, zpInvalidArgument, "zpAttentionCreate: datatype %d (zpFloat32, zpBfloat16 or zpFloat16)",
+                          (int)c.datatype);
   try {
     auto a = std::make_unique<zpAttention>();
     a->causal = causal != 0;
@@ -631,6 +881,9 @@ zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAt
     a->bwd = c.backward;
     a->user = c.user;
     a->kernelAccumulates = c.kernelAccumulates != 0;
+    a->dt = c.datatype;
+    a->es = zpTypeSize(c.datatype);
+    a->comm = comm;
     ZPX_CHECK(buildSchedule(a.get(), plan, n, me));
     a->xchg = std::make_unique<zpx::AsyncP2P>(comm);
     *attn = a.release();
@@ -642,19 +895,48 @@ zpResult_t zpAttentionCreate(zpAttention_t* attn, zpBatchPlan_t plan, const zpAt
   return zpx::failFromException("zpAttentionCreate");
 }
 
-zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k, const float* v, float* out,
-                                     float* lse) try {
+namespace {
+
+// The buffers of a call suit its stream (zpCommCheckBuffer), and with a
+// stream the driver has its exchange stream and events.
+zpResult_t checkCall(zpAttention* a, const char* fn, std::initializer_list<std::pair<const char*, const void*>> bufs,
+                     zpStream_t stream) {
+  for (const auto& b : bufs)
+    if (b.second && zpCommCheckBuffer(a->comm, b.second, stream) != zpSuccess) {
+      const std::string why = zpGetLastError(a->comm);
+      return zpSetLastError(a->comm, zpInvalidArgument, "%s: %s: %s", fn, b.first, why.c_str());
+    }
+  if (!stream) return zpSuccess;
+#ifdef ZP_WITH_CUDA
+  cudaError_t e = cudaSuccess;
+  if (!a->xs) e = cudaStreamCreateWithFlags(&a->xs, cudaStreamNonBlocking);
+  if (e == cudaSuccess && !a->fork) e = cudaEventCreateWithFlags(&a->fork, cudaEventDisableTiming);
+  if (e == cudaSuccess && !a->join) e = cudaEventCreateWithFlags(&a->join, cudaEventDisableTiming);
+  if (e != cudaSuccess)
+    return zpSetLastError(a->comm, zpUnhandledCudaError, "%s: making the exchange stream: %s", fn,
+                          cudaGetErrorString(e));
+  return zpSuccess;
+#else
+  return zpSetLastError(a->comm, zpInvalidArgument, "%s: a stream means device buffers: this build has no CUDA", fn);
+#endif
+}
+
+}  // namespace
+
+zpResult_t zpAttentionForward(zpAttention_t attn, const void* q, const void* k, const void* v, void* out, float* lse,
+                              zpStream_t stream) try {
   const char* fn = "zpAttentionForward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (attn->T > 0 && (!q || !k || !v || !out || !lse))
     return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL buffer among q, k, v, out, lse (this rank holds %lld tokens)", fn,
                     (long long)attn->T);
+  ZPX_CHECK(checkCall(attn, fn, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}}, stream));
   try {
-    Pass pass(attn, false);
-    pass.q = q;
-    pass.k = k;
-    pass.v = v;
-    pass.out = out;
+    Pass pass(attn, false, stream);
+    pass.q = (const char*)q;
+    pass.k = (const char*)k;
+    pass.v = (const char*)v;
+    pass.userOut = out;
     pass.lse = lse;
     return pass.run(fn);
   } catch (const std::bad_alloc&) {
@@ -664,9 +946,9 @@ zpResult_t zpAttentionForward(zpAttention_t attn, const float* q, const float* k
   return zpx::failFromException("zpAttentionForward");
 }
 
-zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* k, const float* v,
-                                      const float* out, const float* lse, const float* dout, float* dq, float* dk,
-                                      float* dv) try {
+zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k, const void* v, const void* out,
+                               const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                               zpStream_t stream) try {
   const char* fn = "zpAttentionBackward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (!attn->bwd) return zpSetLastError(nullptr, zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);
@@ -674,17 +956,21 @@ zpResult_t zpAttentionBackward(zpAttention_t attn, const float* q, const float* 
     return zpSetLastError(nullptr, zpInvalidArgument,
                     "%s: a NULL buffer among q, k, v, out, lse, dout, dq, dk, dv (this rank holds %lld tokens)", fn,
                     (long long)attn->T);
+  ZPX_CHECK(checkCall(attn, fn,
+                      {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}, {"dout", dout}, {"dq", dq},
+                       {"dk", dk}, {"dv", dv}},
+                      stream));
   try {
-    Pass pass(attn, true);
-    pass.q = q;
-    pass.k = k;
-    pass.v = v;
-    pass.outIn = out;
+    Pass pass(attn, true, stream);
+    pass.q = (const char*)q;
+    pass.k = (const char*)k;
+    pass.v = (const char*)v;
+    pass.userOutIn = out;
     pass.lseIn = lse;
-    pass.dout = dout;
-    pass.dq = dq;
-    pass.dk = dk;
-    pass.dv = dv;
+    pass.dout = (const char*)dout;
+    pass.userDq = dq;
+    pass.userDk = dk;
+    pass.userDv = dv;
     return pass.run(fn);
   } catch (const std::bad_alloc&) {
     return zpSetLastError(nullptr, zpSystemError, "%s: out of memory", fn);

@@ -1,11 +1,17 @@
-// The reference CPU attention block kernel (float32 in and out, float64
-// inside, exact softmax), the example of the block-kernel contract in
-// include/zeppelin.h, and the log-sum-exp merge of partial outputs.
+// The reference attention block kernels (float64 inside, exact softmax),
+// the example of the block-kernel contract in include/zeppelin.h, and the
+// log-sum-exp merge of partial outputs: on the host, or enqueued on a
+// stream. Both run the functors of device/attn_kernels.h, so the host and
+// the device do the same arithmetic.
 #include <cmath>
 #include <vector>
 
+#include "collectives/ext/device/attn_kernels.h"
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#ifdef ZP_WITH_CUDA
+#include "collectives/ext/device/kernels.h"
+#endif
 
 namespace {
 
@@ -24,54 +30,57 @@ zpResult_t checkBlock(const zpAttnBlock_t* b, const char* fn, bool backward) {
     return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL pointer among q, k, v, out, lse", fn);
   if (backward && !empty && (!b->dout || !b->dq || !b->dk || !b->dv))
     return zpSetLastError(nullptr, zpInvalidArgument, "%s: a NULL pointer among dout, dq, dk, dv", fn);
+  if (b->datatype != zpFloat32 && b->datatype != zpBfloat16 && b->datatype != zpFloat16)
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: datatype %d (float32, bfloat16 or float16)", fn,
+                          (int)b->datatype);
+  if (b->stream && b->headDim > zpx::kAttnRefMaxHeadDim)
+    return zpSetLastError(nullptr, zpInvalidArgument, "%s: the device reference kernel takes head dims up to %d, not %d",
+                          fn, zpx::kAttnRefMaxHeadDim, b->headDim);
   return zpSuccess;
 }
+
+#ifdef ZP_WITH_CUDA
+zpResult_t cudaFailed(const char* fn, cudaError_t e) {
+  return zpSetLastError(nullptr, zpUnhandledCudaError, "%s: launching the kernel: %s", fn, cudaGetErrorString(e));
+}
+#endif
+
+// Enqueues the device kernel of a block with a stream.
+zpResult_t refOnStream(const zpAttnBlock_t* b, const char* fn, bool backward) {
+#ifdef ZP_WITH_CUDA
+  cudaError_t e = zpx::launchAttnRef(*b, backward);
+  return e == cudaSuccess ? zpSuccess : cudaFailed(fn, e);
+#else
+  (void)backward;
+  return zpSetLastError(nullptr, zpInvalidArgument, "%s: a stream means device buffers: this build has no CUDA", fn);
+#endif
+}
+
+// The host kernels: every row in order.
+struct HostRef {
+  const zpAttnBlock_t& b;
+  bool backward;
+  template <class T>
+  void run() {
+    const zpx::AttnRefBlock<T> k = zpx::AttnRefBlock<T>::of(b);
+    const size_t rows = (size_t)b.sq * b.qHeads;
+    if (backward) {
+      if (b.mask == zpMaskSkip || b.sq == 0 || b.sk == 0) return;
+      for (size_t i = 0; i < rows; i++) k.backward(i, [](float* p, float v) { *p += v; });
+      return;
+    }
+    std::vector<double> acc(b.headDim);
+    for (size_t i = 0; i < rows; i++) k.forward(i, acc.data());
+  }
+};
 
 }  // namespace
 
 zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) try {
   ZPX_CHECK(checkBlock(b, "zpAttnRefForward", false));
-  const int64_t sq = b->sq, sk = b->sk;
-  const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
-  std::vector<double> s(sk), acc(D);
-  for (int64_t i = 0; i < sq; i++)
-    for (int h = 0; h < H; h++) {
-      float* o = b->out + (i * H + h) * D;
-      float& lse = b->lse[h * sq + i];
-      int64_t n = b->mask == zpMaskSkip ? 0 : b->mask == zpMaskCausal ? i + 1 : sk;
-      if (n == 0) {  // nothing visible: out 0, lse -inf (adds nothing when merged)
-        if (b->accumulate) continue;
-        for (int d = 0; d < D; d++) o[d] = 0;
-        lse = -INFINITY;
-        continue;
-      }
-      const float* qi = b->q + (i * H + h) * D;
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; j++) {
-        const float* kj = b->k + (j * Hk + h / g) * D;
-        double dot = 0;
-        for (int d = 0; d < D; d++) dot += (double)qi[d] * kj[d];
-        s[j] = dot * b->scale;
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < n; j++) {
-        double p = std::exp(s[j] - mx);
-        sum += p;
-        const float* vj = b->v + (j * Hk + h / g) * D;
-        for (int d = 0; d < D; d++) acc[d] += p * vj[d];
-      }
-      const double blockLse = mx + std::log(sum);
-      if (b->accumulate && lse != -INFINITY) {  // fold into the running result, as zpAttnMergeLse does
-        const double m = std::max<double>(lse, blockLse), wa = std::exp(lse - m), wb = std::exp(blockLse - m);
-        for (int d = 0; d < D; d++) o[d] = (float)((wa * o[d] + wb * acc[d] / sum) / (wa + wb));
-        lse = (float)(m + std::log(wa + wb));
-        continue;
-      }
-      for (int d = 0; d < D; d++) o[d] = (float)(acc[d] / sum);
-      lse = (float)blockLse;
-    }
+  if (b->stream) return refOnStream(b, "zpAttnRefForward", false);
+  HostRef run{*b, false};
+  zpx::withInputType(b->datatype, run);
   return zpSuccess;
 } catch (...) {
   return zpx::failFromException("zpAttnRefForward");
@@ -79,65 +88,31 @@ zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) try {
 
 zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) try {
   ZPX_CHECK(checkBlock(b, "zpAttnRefBackward", true));
-  const int64_t sq = b->sq, sk = b->sk;
-  const int H = b->qHeads, Hk = b->kvHeads, D = b->headDim, g = H / Hk;
-  if (b->mask == zpMaskSkip || sq == 0 || sk == 0) return zpSuccess;
-  for (int64_t i = 0; i < sq; i++)
-    for (int h = 0; h < H; h++) {
-      const float* qi = b->q + (i * H + h) * D;
-      const float* doi = b->dout + (i * H + h) * D;
-      const float* oi = b->out + (i * H + h) * D;
-      // Against the full row's out and lse (of all blocks merged), so that
-      // the blocks' gradients add up to the full gradient.
-      double Di = 0;
-      for (int d = 0; d < D; d++) Di += (double)doi[d] * oi[d];
-      double lse = b->lse[h * sq + i];
-      int64_t n = b->mask == zpMaskCausal ? i + 1 : sk;
-      float* dqi = b->dq + (i * H + h) * D;
-      for (int64_t j = 0; j < n; j++) {
-        const float* kj = b->k + (j * Hk + h / g) * D;
-        const float* vj = b->v + (j * Hk + h / g) * D;
-        double dot = 0, dp = 0;
-        for (int d = 0; d < D; d++) {
-          dot += (double)qi[d] * kj[d];
-          dp += (double)doi[d] * vj[d];
-        }
-        double p = std::exp(dot * b->scale - lse);
-        double ds = p * (dp - Di) * b->scale;
-        float* dkj = b->dk + (j * Hk + h / g) * D;
-        float* dvj = b->dv + (j * Hk + h / g) * D;
-        for (int d = 0; d < D; d++) {
-          dqi[d] += (float)(ds * kj[d]);
-          dkj[d] += (float)(ds * qi[d]);
-          dvj[d] += (float)(p * doi[d]);
-        }
-      }
-    }
+  if (b->stream) return refOnStream(b, "zpAttnRefBackward", true);
+  HostRef run{*b, true};
+  zpx::withInputType(b->datatype, run);
   return zpSuccess;
 } catch (...) {
   return zpx::failFromException("zpAttnRefBackward");
 }
 
-zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq,
-                                 int qHeads, int headDim) try {
+zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int qHeads,
+                          int headDim, zpStream_t stream) try {
   if (sq < 0 || qHeads < 1 || headDim < 1)
-    return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: sq %lld, %d heads, head dim %d", (long long)sq, qHeads, headDim);
-  if (sq && (!out || !lse || !partOut || !partLse)) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: NULL pointer");
-  for (int64_t i = 0; i < sq; i++)
-    for (int h = 0; h < qHeads; h++) {
-      float& l = lse[h * sq + i];
-      double a = l, c = partLse[h * sq + i];
-      if (c == -INFINITY) continue;
-      double m = std::max(a, c), wa = a == -INFINITY ? 0 : std::exp(a - m), wc = std::exp(c - m);
-      const float fa = (float)(wa / (wa + wc)), fc = (float)(wc / (wa + wc));
-      float* o = out + (i * qHeads + h) * headDim;
-      const float* po = partOut + (i * qHeads + h) * headDim;
-      if (fa == 0)  // the accumulator was empty (and may hold anything)
-        for (int d = 0; d < headDim; d++) o[d] = po[d];
-      else
-        for (int d = 0; d < headDim; d++) o[d] = fa * o[d] + fc * po[d];
-      l = (float)(m + std::log(wa + wc));
-    }
+    return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: sq %lld, %d heads, head dim %d", (long long)sq,
+                          qHeads, headDim);
+  if (sq && (!out || !lse || !partOut || !partLse))
+    return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: NULL pointer");
+  if (stream) {
+#ifdef ZP_WITH_CUDA
+    cudaError_t e = zpx::launchMergeLse(out, lse, partOut, partLse, sq, qHeads, headDim, (cudaStream_t)stream);
+    return e == cudaSuccess ? zpSuccess : cudaFailed("zpAttnMergeLse", e);
+#else
+    return zpSetLastError(nullptr, zpInvalidArgument, "zpAttnMergeLse: a stream means device buffers: this build has no CUDA");
+#endif
+  }
+  const zpx::MergeLse merge{out, lse, partOut, partLse, sq, qHeads, headDim};
+  for (size_t i = 0; i < (size_t)sq * qHeads; i++) merge(i);
   return zpSuccess;
 } catch (...) {
   return zpx::failFromException("zpAttnMergeLse");

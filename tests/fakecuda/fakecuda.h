@@ -33,6 +33,13 @@ cudaError_t fakecudaInjectStreamError(cudaStream_t stream, cudaError_t error);
  * NCCL would make it): ncclCommGetAsyncError reports it from now on. */
 ncclResult_t fakencclInjectAsyncError(ncclComm_t comm, ncclResult_t error);
 
+/* How many times so far a thread of this process waited in the runtime for
+ * device work (cudaStreamSynchronize, cudaEventSynchronize,
+ * cudaDeviceSynchronize, and the synchronous cudaMemcpy, cudaMemset and
+ * cudaFree, which wait the same way): a call that must only enqueue shows
+ * as a change of this count. */
+unsigned long long fakecudaHostWaits(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -110,6 +110,8 @@ std::shared_ptr<Stream> legacyStream(int device) {
 
 thread_local std::map<int, std::shared_ptr<Stream>> tlsPerThread;
 
+std::atomic<unsigned long long> gHostWaits{0};  // fakecudaHostWaits
+
 // Waits (lock held) until the stream has completed `ticket` items.
 void waitTicket(std::unique_lock<std::mutex>& l, const std::shared_ptr<Stream>& s, uint64_t ticket) {
   gChanged.wait(l, [&] { return s->completed >= ticket; });
@@ -487,6 +489,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  gHostWaits++;
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(gMu);
@@ -505,6 +508,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  gHostWaits++;
   std::unique_lock<std::mutex> l(gMu);
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> all;
   for (auto& s : gAllStreams)
@@ -549,6 +553,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  gHostWaits++;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(gMu);
   if (e->stream) waitTicket(l, e->stream, e->ticket);
@@ -642,6 +647,8 @@ void* fakecudaAlias(const void* devPtr, size_t bytes) {
   }
   return a;
 }
+
+unsigned long long fakecudaHostWaits(void) { return gHostWaits.load(); }
 
 cudaError_t fakecudaInjectStreamError(cudaStream_t stream, cudaError_t error) {
   auto s = streamOf(stream);

@@ -4,12 +4,7 @@
 // its host aliases (tests/fakecuda/ext_kernels.cc); a GPU never calls it.
 #include "collectives/ext/device/kernels.h"
 
-#ifdef ZPX_HOST_KERNELS
-// tests/fakecuda/ext_kernels.cc includes this file after fakecuda.h.
-#define ZPX_HD
-#else
-#define ZPX_HD __host__ __device__
-#endif
+#include "collectives/ext/device/attn_kernels.h"
 
 namespace zpx {
 
@@ -32,6 +27,12 @@ struct AddStrided {
 };
 
 #ifdef ZPX_HOST_KERNELS
+// On the double: threads of a block run one after another, so a plain add
+// is the atomic one.
+struct AtomicAdd {
+  void operator()(float* p, float v) const { *p += v; }
+};
+
 // On the double: the whole index range on the stream's thread, in order.
 template <class F>
 cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
@@ -50,6 +51,16 @@ cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
       &launch, sizeof launch);
 }
 #else
+struct AtomicAdd {
+  ZPX_HD void operator()(float* p, float v) const {
+#ifdef __CUDA_ARCH__
+    atomicAdd(p, v);
+#else
+    *p += v;
+#endif
+  }
+};
+
 template <class F>
 __global__ void forEachKernel(F f, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) f(i);
@@ -65,6 +76,45 @@ cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
 }
 #endif
 
+// The reference kernels, one thread per (query row, head): the forward
+// row's accumulator in local memory, the backward's key/value gradients
+// added atomically (on a GPU their order, and so their last bits, vary).
+template <class T>
+struct AttnRefForwardKernel {
+  AttnRefBlock<T> b;
+  ZPX_HD void operator()(size_t i) const {
+    double acc[kAttnRefMaxHeadDim];
+    b.forward(i, acc);
+  }
+  template <class Map>
+  AttnRefForwardKernel mapped(Map map) const {
+    return {b.mapped(map)};
+  }
+};
+
+template <class T>
+struct AttnRefBackwardKernel {
+  AttnRefBlock<T> b;
+  ZPX_HD void operator()(size_t i) const { b.backward(i, AtomicAdd{}); }
+  template <class Map>
+  AttnRefBackwardKernel mapped(Map map) const {
+    return {b.mapped(map)};
+  }
+};
+
+struct RefLaunch {
+  const zpAttnBlock_t& block;
+  bool backward;
+  size_t rows;
+  cudaStream_t stream;
+  cudaError_t* e;
+  template <class T>
+  void run() {
+    const AttnRefBlock<T> b = AttnRefBlock<T>::of(block);
+    *e = backward ? forEach(AttnRefBackwardKernel<T>{b}, rows, stream) : forEach(AttnRefForwardKernel<T>{b}, rows, stream);
+  }
+};
+
 }  // namespace
 
 cudaError_t launchAddStrided(void* dst, size_t dstStride, const void* src, size_t rows, size_t width, size_t elem,
@@ -74,6 +124,41 @@ cudaError_t launchAddStrided(void* dst, size_t dstStride, const void* src, size_
   if (elem == 8)
     return forEach(AddStrided<double>{(double*)dst, (const double*)src, rows, width, dstStride}, rows * width, stream);
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launchFillF32(float* dst, float value, size_t n, cudaStream_t stream) {
+  return forEach(FillF32{dst, value, n}, n, stream);
+}
+
+cudaError_t launchConvert(void* dst, zpDataType_t dstType, const void* src, zpDataType_t srcType, size_t n,
+                          cudaStream_t stream) {
+  if (srcType == zpFloat32 && dstType == zpFloat32)
+    return cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream);
+  const bool toF32 = dstType == zpFloat32;
+  const zpDataType_t other = toF32 ? srcType : dstType;
+  if (!toF32 && srcType != zpFloat32) return cudaErrorInvalidValue;
+  if (other == zpBfloat16)
+    return toF32 ? forEach(Convert<float, Bf16>{(float*)dst, (const Bf16*)src, n}, n, stream)
+                 : forEach(Convert<Bf16, float>{(Bf16*)dst, (const float*)src, n}, n, stream);
+  if (other == zpFloat16)
+    return toF32 ? forEach(Convert<float, Half>{(float*)dst, (const Half*)src, n}, n, stream)
+                 : forEach(Convert<Half, float>{(Half*)dst, (const float*)src, n}, n, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launchMergeLse(float* out, float* lse, const float* partOut, const float* partLse, int64_t sq, int heads,
+                           int headDim, cudaStream_t stream) {
+  return forEach(MergeLse{out, lse, partOut, partLse, sq, heads, headDim}, (size_t)sq * heads, stream);
+}
+
+cudaError_t launchAttnRef(const zpAttnBlock_t& block, bool backward) {
+  const cudaStream_t stream = (cudaStream_t)block.stream;
+  const size_t rows = (size_t)block.sq * block.qHeads;
+  if (block.headDim > kAttnRefMaxHeadDim) return cudaErrorInvalidValue;
+  cudaError_t e = cudaErrorInvalidValue;
+  RefLaunch launch{block, backward, rows, stream, &e};
+  withInputType(block.datatype, launch);
+  return e;
 }
 
 }  // namespace zpx
