@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -98,18 +99,24 @@ bool readAll(int fd, void* p, size_t n) {
   return true;
 }
 
-std::string socketName(uint64_t token, int rank) {
-  char buf[80];
-  snprintf(buf, sizeof buf, "fakenccl-%016llx-%d", (unsigned long long)token, rank);
+// Each rank listens on a socket file (not the abstract namespace, which is
+// per network namespace: ranks of an emulated cluster live in different
+// ones but share the file system), in $TMPDIR or /tmp, removed once every
+// peer has connected.
+std::string socketPath(uint64_t token, int rank) {
+  const char* dir = getenv("TMPDIR");
+  char buf[sizeof(sockaddr_un::sun_path)];
+  snprintf(buf, sizeof buf, "%s/fakenccl-%016llx-%d", dir && *dir && strlen(dir) < 60 ? dir : "/tmp",
+           (unsigned long long)token, rank);
   return buf;
 }
 
-sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
+sockaddr_un socketAddress(const std::string& path, socklen_t* len) {
   sockaddr_un a;
   memset(&a, 0, sizeof(a));
   a.sun_family = AF_UNIX;
-  memcpy(a.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: the abstract namespace
-  *len = (socklen_t)(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  memcpy(a.sun_path, path.data(), std::min(path.size(), sizeof(a.sun_path) - 1));
+  *len = (socklen_t)sizeof(a);
   return a;
 }
 
@@ -152,14 +159,19 @@ ncclResult_t connectMesh(ncclComm* c) {
   const int deadlineSec = envInt("FAKENCCL_INIT_SECONDS", 120);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadlineSec);
   socklen_t len;
-  sockaddr_un me = abstractAddress(socketName(c->token, c->rank), &len);
+  const std::string path = socketPath(c->token, c->rank);
+  sockaddr_un me = socketAddress(path, &len);
   int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (lfd < 0 || bind(lfd, (sockaddr*)&me, len) != 0 || listen(lfd, c->nranks) != 0) {
     if (lfd >= 0) close(lfd);
     return ncclSystemError;
   }
+  struct Unlink {
+    const std::string& path;
+    ~Unlink() { unlink(path.c_str()); }
+  } unlinkOnReturn{path};
   for (int j = 0; j < c->rank; j++) {
-    sockaddr_un peer = abstractAddress(socketName(c->token, j), &len);
+    sockaddr_un peer = socketAddress(socketPath(c->token, j), &len);
     for (;;) {
       int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (connect(fd, (sockaddr*)&peer, len) == 0) {
