@@ -11,17 +11,13 @@
 #include <signal.h>
 
 #include <atomic>
-#include <chrono>
-#include <cmath>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "tests/device_attention_check.h"
 #include "tests/harness.h"
-#ifdef ZP_TEST_DOUBLE
-#include "tests/fakecuda/fakecuda.h"
-#endif
 
 namespace {
 
@@ -587,134 +583,11 @@ TEST(DeviceErrors, CallsAfterAbortAreRefused) {
   }));
 }
 
-// ---- The attention driver on devices ----
+// ---- The attention driver on devices (tests/device_attention_check.h) ----
 
-// Test inputs are multiples of 1/64 in [-2, 2]: exact in float32, bfloat16
-// and float16, so every type's inputs are the same numbers, written here
-// without rounding (and read back by an independent decoder).
-uint16_t exactBits(float x, zpDataType_t dt) {
-  uint32_t b;
-  memcpy(&b, &x, 4);
-  if (dt == zpBfloat16) return (uint16_t)(b >> 16);
-  if (x == 0) return (uint16_t)((b >> 16) & 0x8000);
-  const int e = (int)((b >> 23) & 0xFF) - 127 + 15;  // normal in float16 for these values
-  return (uint16_t)(((b >> 16) & 0x8000) | e << 10 | ((b >> 13) & 0x3FF));
-}
-double widen(const void* base, size_t i, zpDataType_t dt) {
-  if (dt == zpFloat32) return ((const float*)base)[i];
-  const uint16_t h = ((const uint16_t*)base)[i];
-  if (dt == zpBfloat16) {
-    const uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-  }
-  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
-  const double mag = e == 0x1F ? (m ? NAN : INFINITY) : e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
-  return h & 0x8000 ? -mag : mag;
-}
-// Half the spacing of datatype's numbers at x: the most a correctly rounded
-// x may be off.
-double halfUlp(double x, zpDataType_t dt) {
-  if (dt == zpFloat32 || x == 0 || !std::isfinite(x)) return 0;
-  int e = 0;
-  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
-  const int bits = dt == zpBfloat16 ? 8 : 11;
-  double ulp = std::ldexp(1.0, e - bits);
-  if (dt == zpFloat16) ulp = std::max(ulp, std::ldexp(1.0, -24));
-  return ulp / 2;
-}
-
-// The user's block kernel on the device path: it checks that it is given
-// the caller's stream, device buffers and the datatype, then enqueues the
-// reference kernel.
-struct KernelSpy {
-  zpStream_t stream = nullptr;
-  zpDataType_t datatype = zpFloat32;
-  int calls = 0, wrongStream = 0, hostBuffers = 0, wrongType = 0;
-  void look(const zpAttnBlock_t* b) {
-    calls++;
-    if (b->stream != stream) wrongStream++;
-    if (b->datatype != datatype) wrongType++;
-    for (const void* p : {b->q, b->k, b->v, (const void*)b->out, (const void*)b->lse, b->dout, (const void*)b->dq,
-                          (const void*)b->dk, (const void*)b->dv}) {
-      cudaPointerAttributes a;
-      if (p && (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice)) hostBuffers++;
-    }
-  }
-};
-zpResult_t spyForward(const zpAttnBlock_t* b, void* user) {
-  ((KernelSpy*)user)->look(b);
-  return zpAttnRefForward(b, nullptr);
-}
-zpResult_t spyBackward(const zpAttnBlock_t* b, void* user) {
-  ((KernelSpy*)user)->look(b);
-  return zpAttnRefBackward(b, nullptr);
-}
-
-// A batch for n ranks with rings of every kind (rng draws alike on every
-// rank): one long sequence over all ranks and a short one over the same
-// ring (they travel together; the short one has empty chunks), one over the
-// first and last rank in reverse order, and a local sequence on each rank.
-zpBatchPlan_t attentionPlan(int n, int causal, std::mt19937_64& rng) {
-  std::vector<int64_t> lens = {100 + (int64_t)(rng() % 300), 1 + (int64_t)(rng() % (3 * n)), 50 + (int64_t)(rng() % 150)};
-  std::vector<size_t> offs = {0};
-  std::vector<int> ranks;
-  for (int r = 0; r < n; r++) ranks.push_back(r);
-  offs.push_back(ranks.size());
-  for (int r = 0; r < n; r++) ranks.push_back(r);
-  offs.push_back(ranks.size());
-  ranks.push_back(n - 1);
-  ranks.push_back(0);
-  offs.push_back(ranks.size());
-  for (int r = 0; r < n; r++) {
-    lens.push_back(1 + (int64_t)(rng() % 150));
-    ranks.push_back(r);
-    offs.push_back(ranks.size());
-  }
-  zpBatchPlan_t plan = nullptr;
-  if (zpPlanCreate(&plan, (int)lens.size(), lens.data(), causal, n, 0, offs.data(), ranks.data()) != zpSuccess)
-    ADD_FAILURE() << "zpPlanCreate: " << zpGetLastError(nullptr);
-  return plan;
-}
-
-// A host copy and a device copy of one of the driver's buffers.
-struct AttnBuffer {
-  std::vector<uint8_t> host;
-  void* dev = nullptr;
-  AttnBuffer(size_t bytes, uint8_t poison) : host(bytes, poison) {
-    if (cudaMalloc(&dev, bytes ? bytes : 1) == cudaSuccess && bytes)
-      cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice);
-  }
-  ~AttnBuffer() { cudaFree(dev); }
-  cudaError_t copyBack() { return cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost); }
-};
-
-std::atomic<bool> gGateOpen{false};
-// A host function that holds its stream until the gate opens (or 20 s pass,
-// which the test reports): work enqueued behind it cannot run, so a call
-// that waited for it would never return.
-std::atomic<bool> gGateTimedOut{false};
-void CUDART_CB holdStream(void*) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!gGateOpen.load())
-    if (std::chrono::steady_clock::now() > end) {
-      gGateTimedOut = true;
-      return;
-    }
-}
-
-// Forward and backward on device buffers against the host driver on the
-// same numbers, in float32, bfloat16 and float16, GQA, causal or not, the
-// kernel folding blocks in itself or not. The whole pass is enqueued
-// behind a stream that is held until both calls have returned (so nothing
-// in them waited for the device), and on the double no call waited for any
-// stream. float32: every result equal to the host's bit for bit (the same
-// kernels in the same order); bfloat16 and float16: the host's float32
-// result correctly rounded (within half a unit in the last place; lse is
-// float32 and equal). On a GPU the key/value gradients add atomically in
-// any order: there the bound is 1e-5 relative, 1 ulp for 16-bit types
-// (unverified: nothing has run on a GPU).
+// Forward and backward against the host driver, in float32, bfloat16 and
+// float16, GQA, causal or not, the kernel folding blocks in itself or not
+// (both of each among the first two types), enqueued behind a held stream.
 class DeviceAttention : public ::testing::TestWithParam<int> {};
 
 TEST_P(DeviceAttention, ForwardAndBackwardMatchTheHostDriver) {
@@ -724,113 +597,18 @@ TEST_P(DeviceAttention, ForwardAndBackwardMatchTheHostDriver) {
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
     zpComm_t comm = initDeviceComm(rank, nranks, id);
     std::mt19937_64 rng(seed);
-    const int H = 4, Hk = 2, D = 16;
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // Causal or not, kernel folding or not: random, but both of each among
-    // the first two types.
     const int causal0 = (int)(rng() % 2), accumulate0 = (int)(rng() % 2);
     int round = 0;
     for (zpDataType_t dt : {zpFloat32, zpBfloat16, zpFloat16}) {
       const int causal = round == 2 ? (int)(rng() % 2) : causal0 ^ round;
       const int accumulate = round == 2 ? (int)(rng() % 2) : accumulate0 ^ round;
       round++;
-      zpBatchPlan_t plan = attentionPlan(nranks, causal, rng);
-      ASSERT_NE(plan, nullptr);
-      zpLayout_t layout = nullptr;
-      int64_t T = 0;
-      ZP_ASSERT_OK(zpPlanGetLayout(plan, zpAttentionLayout, &layout));
-      ZP_ASSERT_OK(zpLayoutRankTokens(layout, rank, &T));
-      const size_t es = zpTypeSize(dt), qn = T * H * D, kn = T * Hk * D;
-      // Inputs: this rank's own numbers (rng stays the same on every rank).
-      std::mt19937_64 mine(rng() + rank);
-      auto input = [&](size_t elems, std::vector<float>* f32, AttnBuffer* dev) {
-        f32->resize(elems);
-        for (size_t i = 0; i < elems; i++) {
-          (*f32)[i] = (float)((int)(mine() % 257) - 128) / 64;
-          if (dt == zpFloat32)
-            memcpy(&dev->host[i * 4], &(*f32)[i], 4);
-          else {
-            const uint16_t b = exactBits((*f32)[i], dt);
-            memcpy(&dev->host[i * 2], &b, 2);
-          }
-        }
-        return cudaMemcpy(dev->dev, dev->host.data(), dev->host.size(), cudaMemcpyHostToDevice);
-      };
-      AttnBuffer q(qn * es, 0), k(kn * es, 0), v(kn * es, 0), dout(qn * es, 0);
-      std::vector<float> qf, kf, vf, doutf;
-      CUDA_OK(input(qn, &qf, &q));
-      CUDA_OK(input(kn, &kf, &k));
-      CUDA_OK(input(kn, &vf, &v));
-      CUDA_OK(input(qn, &doutf, &dout));
-      // Outputs poisoned with NaN (0xFF bytes) on both paths.
-      AttnBuffer out(qn * es, 0xFF), lse(H * T * 4, 0xFF), dq(qn * es, 0xFF), dk(kn * es, 0xFF), dv(kn * es, 0xFF);
-
-      // The device pass, enqueued behind a held stream.
-      KernelSpy spy;
-      spy.stream = stream;
-      spy.datatype = dt;
-      zpAttnConfig_t cfg = {H, Hk, D, 0.0f, spyForward, spyBackward, &spy, accumulate, dt};
-      zpAttention_t attn = nullptr;
-      ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
-      gGateOpen = false;
-      CUDA_OK(cudaLaunchHostFunc(stream, holdStream, nullptr));
-#ifdef ZP_TEST_DOUBLE
-      const unsigned long long waits = fakecudaHostWaits();
-#endif
-      zpResult_t fr = zpAttentionForward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream);
-      zpResult_t br = zpAttentionBackward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, dout.dev, dq.dev,
-                                          dk.dev, dv.dev, stream);
-#ifdef ZP_TEST_DOUBLE
-      EXPECT_EQ(fakecudaHostWaits(), waits) << "the pass waited for the device";
-#endif
-      gGateOpen = true;
-      ASSERT_EQ(fr, zpSuccess) << zpGetLastError(comm);
-      ASSERT_EQ(br, zpSuccess) << zpGetLastError(comm);
-      CUDA_OK(cudaStreamSynchronize(stream));
-      EXPECT_FALSE(gGateTimedOut.load()) << "a call waited for the held stream";
-      EXPECT_GT(spy.calls, 0);
-      EXPECT_EQ(spy.wrongStream, 0) << "of " << spy.calls << " kernel calls";
-      EXPECT_EQ(spy.hostBuffers, 0);
-      EXPECT_EQ(spy.wrongType, 0);
-      ZP_EXPECT_OK(zpAttentionDestroy(attn));
-      for (AttnBuffer* b : {&out, &lse, &dq, &dk, &dv}) CUDA_OK(b->copyBack());
-
-      // The host driver on the same numbers, float32; backward from the
-      // device's own out and lse.
-      std::vector<float> outH(qn, NAN), lseH(H * T, NAN), dqH(qn, NAN), dkH(kn, NAN), dvH(kn, NAN), outIn(qn);
-      for (size_t i = 0; i < qn; i++) outIn[i] = (float)widen(out.host.data(), i, dt);
-      zpAttnConfig_t hostCfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, accumulate, zpFloat32};
-      ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &hostCfg, comm));
-      ZP_ASSERT_OK(zpAttentionForward(attn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), nullptr));
-      ZP_ASSERT_OK(zpAttentionBackward(attn, qf.data(), kf.data(), vf.data(), outIn.data(),
-                                       (const float*)lse.host.data(), doutf.data(), dqH.data(), dkH.data(),
-                                       dvH.data(), nullptr));
-      ZP_EXPECT_OK(zpAttentionDestroy(attn));
-
-      // Compared element by element: how many are off by more than the bound.
-      auto offBy = [&](const char* name, const AttnBuffer& got, zpDataType_t gotType, const std::vector<float>& want) {
-        size_t bad = 0, first = SIZE_MAX;
-        for (size_t i = 0; i < want.size(); i++) {
-          const double g = widen(got.host.data(), i, gotType), w = want[i];
-#ifdef ZP_TEST_DOUBLE
-          const double bound = halfUlp(w, gotType);
-#else
-          const double bound = gotType == zpFloat32 ? 1e-5 * std::fabs(w) + 1e-6 : 2 * halfUlp(w, gotType);
-#endif
-          const bool same = (std::isnan(g) && std::isnan(w)) || g == w || std::fabs(g - w) <= bound;
-          if (!same && bad++ == 0) first = i;
-        }
-        EXPECT_EQ(bad, 0u) << name << " (" << zpTypeSize(gotType) * 8 << "-bit, rank " << rank << "): " << bad << " of "
-                           << want.size() << " off; the first at " << first << ": "
-                           << (first == SIZE_MAX ? 0 : widen(got.host.data(), first, gotType)) << " vs "
-                           << (first == SIZE_MAX ? 0 : want[first]);
-      };
-      offBy("out", out, dt, outH);
-      offBy("lse", lse, zpFloat32, lseH);
-      offBy("dq", dq, dt, dqH);
-      offBy("dk", dk, dt, dkH);
-      offBy("dv", dv, dt, dvH);
+      zpBatchPlan_t plan = zptest::deviceAttentionPlan(nranks, causal, 0, rng);
+      ASSERT_NE(plan, nullptr) << zpGetLastError(nullptr);
+      EXPECT_EQ(zptest::deviceAttentionError(comm, rank, plan, dt, accumulate, stream, rng()), "")
+          << (causal ? "causal" : "not causal");
       zpPlanDestroy(plan);
     }
     CUDA_OK(cudaStreamDestroy(stream));
@@ -849,7 +627,7 @@ TEST(DeviceErrors, AttentionBuffersMustMatchTheStream) {
   zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
     zpComm_t comm = initDeviceComm(rank, nranks, id);
     std::mt19937_64 rng(7);
-    zpBatchPlan_t plan = attentionPlan(nranks, 1, rng);
+    zpBatchPlan_t plan = zptest::deviceAttentionPlan(nranks, 1, 0, rng);
     ASSERT_NE(plan, nullptr);
     zpLayout_t layout = nullptr;
     int64_t T = 0;
@@ -858,7 +636,7 @@ TEST(DeviceErrors, AttentionBuffersMustMatchTheStream) {
     zpAttnConfig_t cfg = {2, 1, 8, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpBfloat16};
     zpAttention_t attn = nullptr;
     ZP_ASSERT_OK(zpAttentionCreate(&attn, plan, &cfg, comm));
-    AttnBuffer q(T * 16 * 2, 0), kv(T * 8 * 2, 0), out(T * 16 * 2, 0), lse(T * 2 * 4, 0);
+    zptest::DeviceBuffer q(T * 16 * 2, 0), kv(T * 8 * 2, 0), out(T * 16 * 2, 0), lse(T * 2 * 4, 0);
     std::vector<float> hostLse(T * 2);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

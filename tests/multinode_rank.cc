@@ -30,6 +30,12 @@
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
 //            left, and every rank must get an error (not hang) within
 //            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
+//   device   (zp_multinode_rank_double: built against the CUDA/NCCL test
+//            double, whose NCCL ranks meet on socket files, so across
+//            network namespaces) device buffers across nodes: alltoallv with
+//            random counts, every byte checked, and the attention driver on
+//            device buffers against the host driver on rings that span nodes
+//            (tests/device_attention_check.h), in float32 and bfloat16.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -45,6 +51,11 @@
 #include "src/core/bootstrap.h"
 #include "tests/attention_check.h"
 #include "tests/checks.h"
+#ifdef ZP_TEST_DOUBLE
+#include <nccl.h>
+
+#include "tests/device_attention_check.h"
+#endif
 
 namespace {
 
@@ -382,6 +393,65 @@ int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return 0;
 }
 
+#ifdef ZP_TEST_DOUBLE
+// A checked alltoallv with the buffers in device memory (AlltoallvRun's
+// buffers, guards included, copied there and back).
+std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMatrix& counts, zpDataType_t dt,
+                                 uint64_t seed, cudaStream_t stream) {
+  zptest::AlltoallvRun run(rank, counts, dt, seed);
+  run.recvBuffer().poison();
+  zptest::DeviceBuffer send(run.sendBuffer().storage().size(), 0), recv(run.recvBuffer().storage().size(), 0);
+  memcpy(send.host.data(), run.sendBuffer().storage().data(), send.host.size());
+  memcpy(recv.host.data(), run.recvBuffer().storage().data(), recv.host.size());
+  if (!send.dev || !recv.dev || send.toDevice() != cudaSuccess || recv.toDevice() != cudaSuccess)
+    return "device buffers failed";
+  if (zpAlltoallv((char*)send.dev + run.sendBuffer().offset(), run.sendCounts(), run.sendDispls(),
+                  (char*)recv.dev + run.recvBuffer().offset(), run.recvCounts(), run.recvDispls(), dt, comm,
+                  stream) != zpSuccess)
+    return std::string("zpAlltoallv: ") + zpGetLastError(comm);
+  if (cudaStreamSynchronize(stream) != cudaSuccess || recv.toHost() != cudaSuccess) return "the stream failed";
+  memcpy(run.recvBuffer().storage().data(), recv.host.data(), recv.host.size());
+  return run.check();
+}
+
+int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  std::string err;
+  ncclComm_t nccl = nullptr;
+  int device = -1;
+  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess)
+    err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  cudaStream_t stream = nullptr;
+  if (err.empty() && (cudaSetDevice(device) != cudaSuccess ||
+                      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess))
+    err = "no stream on device " + std::to_string(device);
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 3 && err.empty(); round++) {
+    err = deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.2), zpFloat32, rng(), stream);
+    if (!err.empty()) err = "alltoallv: " + err;
+  }
+  const int rpn = envInt("ZP_LOCAL_NRANKS", n);
+  int round = 0;
+  for (zpDataType_t dt : {zpFloat32, zpBfloat16}) {
+    if (!err.empty()) break;
+    zpBatchPlan_t plan = zptest::deviceAttentionPlan(n, (int)(rng() % 2), rpn, rng);
+    if (!plan) {
+      err = std::string("zpPlanCreate: ") + zpGetLastError(nullptr);
+      break;
+    }
+    err = zptest::deviceAttentionError(comm, rank, plan, dt, round++ % 2, stream, rng());
+    zpPlanDestroy(plan);
+  }
+  if (stream) cudaStreamDestroy(stream);
+  zpCommDestroy(comm);
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d (device %d): %s\n", rank, device, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main() {
@@ -437,6 +507,9 @@ int main() {
   if (mode == "remap") return remapMode(comm, rank, n, seed);
   if (mode == "collectives") return collectivesMode(comm, rank, n, seed);
   if (mode == "attention") return attentionMode(comm, rank, n, seed);
+#ifdef ZP_TEST_DOUBLE
+  if (mode == "device") return deviceMode(comm, rank, n, seed);
+#endif
 
   if (mode == "idle") {
     const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);

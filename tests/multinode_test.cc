@@ -112,6 +112,20 @@ TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+#ifdef ZP_MULTINODE_RANK_DOUBLE_PATH
+// Device buffers across nodes, on the CUDA/NCCL test double (whose NCCL
+// ranks meet on socket files, so across the cluster's network namespaces):
+// alltoallv every byte checked, and the attention driver on rings that
+// span nodes against the host driver.
+TEST_F(Multinode, DeviceCallsAcrossNodesOnTheDouble) {
+  CommandResult r = run("ZP_TEST_MODE=device " ZPRUN_PATH
+                        " --timeout 240 --nodes 2 --ranks-per-node 2 --nics-per-node 2 --nic-rate 1gbit "
+                        ZP_MULTINODE_RANK_DOUBLE_PATH);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), 4u) << r.output;
+}
+#endif
+
 TEST_P(MultinodeShapes, AlltoallvAndSendRecvEveryByteChecked) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "");

@@ -1,0 +1,271 @@
+// The attention driver on device buffers against the host driver on the
+// same numbers (tests/device_test.cc on one node, tests/multinode_rank.cc
+// across the nodes of an emulated cluster): "" when every result is within
+// its bound, else what was wrong. Without gtest, for both.
+//
+// Forward and backward run on device buffers of a datatype, enqueued behind
+// a host function that holds the stream until both calls have returned (a
+// call that waited for the device would never return; the hold gives up
+// after 20 s and the check says so), and with the double (ZP_TEST_DOUBLE)
+// no call may wait for any stream (fakecudaHostWaits). The user's kernels
+// must see the caller's stream, device buffers and the datatype. Then the
+// host driver runs forward on the same numbers in float32, and backward
+// from the device's own out and lse. Bounds: float32 equal bit for bit (the
+// same kernels in the same order); bfloat16 and float16 the host's float32
+// result correctly rounded (within half a unit in the last place); lse
+// equal. On a GPU the reference kernel adds key/value gradients atomically
+// in any order: there the bound is 1e-5 relative for float32 and one unit
+// in the last place for 16-bit types (unverified: nothing has run on a GPU).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "include/zeppelin.h"
+#ifdef ZP_TEST_DOUBLE
+#include "tests/fakecuda/fakecuda.h"
+#endif
+
+namespace zptest {
+
+// Test inputs are multiples of 1/64 in [-2, 2]: exact in float32, bfloat16
+// and float16, so every type's inputs are the same numbers, written here
+// without rounding (and read back by a decoder of the test's own).
+inline uint16_t exactBits(float x, zpDataType_t dt) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  if (dt == zpBfloat16) return (uint16_t)(b >> 16);
+  if (x == 0) return (uint16_t)((b >> 16) & 0x8000);
+  const int e = (int)((b >> 23) & 0xFF) - 127 + 15;  // normal in float16 for these values
+  return (uint16_t)(((b >> 16) & 0x8000) | e << 10 | ((b >> 13) & 0x3FF));
+}
+inline double widen(const void* base, size_t i, zpDataType_t dt) {
+  if (dt == zpFloat32) return ((const float*)base)[i];
+  const uint16_t h = ((const uint16_t*)base)[i];
+  if (dt == zpBfloat16) {
+    const uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+  }
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double mag = e == 0x1F ? (m ? NAN : INFINITY) : e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return h & 0x8000 ? -mag : mag;
+}
+// Half the spacing of datatype's numbers at x: the most a correctly rounded
+// x may be off.
+inline double halfUlp(double x, zpDataType_t dt) {
+  if (dt == zpFloat32 || x == 0 || !std::isfinite(x)) return 0;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const int bits = dt == zpBfloat16 ? 8 : 11;
+  double ulp = std::ldexp(1.0, e - bits);
+  if (dt == zpFloat16) ulp = std::max(ulp, std::ldexp(1.0, -24));
+  return ulp / 2;
+}
+
+// The user's block kernel on the device path: it checks that it is given
+// the caller's stream, device buffers and the datatype, then enqueues the
+// reference kernel.
+struct KernelSpy {
+  zpStream_t stream = nullptr;
+  zpDataType_t datatype = zpFloat32;
+  int calls = 0, wrongStream = 0, hostBuffers = 0, wrongType = 0;
+  void look(const zpAttnBlock_t* b) {
+    calls++;
+    if (b->stream != stream) wrongStream++;
+    if (b->datatype != datatype) wrongType++;
+    for (const void* p : {b->q, b->k, b->v, (const void*)b->out, (const void*)b->lse, b->dout, (const void*)b->dq,
+                          (const void*)b->dk, (const void*)b->dv}) {
+      cudaPointerAttributes a;
+      if (p && (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice)) hostBuffers++;
+    }
+  }
+  static zpResult_t forward(const zpAttnBlock_t* b, void* user) {
+    ((KernelSpy*)user)->look(b);
+    return zpAttnRefForward(b, nullptr);
+  }
+  static zpResult_t backward(const zpAttnBlock_t* b, void* user) {
+    ((KernelSpy*)user)->look(b);
+    return zpAttnRefBackward(b, nullptr);
+  }
+};
+
+// A batch for n ranks with rings of every kind (rng draws alike on every
+// rank): one long sequence over all ranks and a short one over the same
+// ring (they travel together; the short one has empty chunks), one over the
+// first and last rank in reverse order, and a local sequence on each rank.
+// Across nodes both rings span nodes.
+inline zpBatchPlan_t deviceAttentionPlan(int n, int causal, int ranksPerNode, std::mt19937_64& rng) {
+  std::vector<int64_t> lens = {100 + (int64_t)(rng() % 300), 1 + (int64_t)(rng() % (3 * n)),
+                               50 + (int64_t)(rng() % 150)};
+  std::vector<size_t> offs = {0};
+  std::vector<int> ranks;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int r = 0; r < n; r++) ranks.push_back(r);
+    offs.push_back(ranks.size());
+  }
+  ranks.push_back(n - 1);
+  ranks.push_back(0);
+  offs.push_back(ranks.size());
+  for (int r = 0; r < n; r++) {
+    lens.push_back(1 + (int64_t)(rng() % 150));
+    ranks.push_back(r);
+    offs.push_back(ranks.size());
+  }
+  zpBatchPlan_t plan = nullptr;
+  zpPlanCreate(&plan, (int)lens.size(), lens.data(), causal, n, ranksPerNode, offs.data(), ranks.data());
+  return plan;
+}
+
+// A host copy and a device copy of one of the driver's buffers.
+struct DeviceBuffer {
+  std::vector<uint8_t> host;
+  void* dev = nullptr;
+  DeviceBuffer(size_t bytes, uint8_t fill) : host(bytes, fill) {
+    if (cudaMalloc(&dev, bytes ? bytes : 1) != cudaSuccess) dev = nullptr;
+    if (dev && bytes) cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  ~DeviceBuffer() { cudaFree(dev); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  cudaError_t toDevice() { return cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice); }
+  cudaError_t toHost() { return cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost); }
+};
+
+// A host function that holds its stream until the gate opens (or 20 s pass,
+// which it records): work enqueued behind it cannot run.
+struct StreamGate {
+  std::atomic<bool> open{false}, timedOut{false};
+  static void CUDART_CB hold(void* p) {
+    StreamGate* g = (StreamGate*)p;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!g->open.load())
+      if (std::chrono::steady_clock::now() > end) {
+        g->timedOut = true;
+        return;
+      }
+  }
+};
+
+// One forward and backward pass of dt on plan (heads 4, key/value heads 2,
+// head dim 16) on stream, checked as the header says.
+inline std::string deviceAttentionError(zpComm_t comm, int rank, zpBatchPlan_t plan, zpDataType_t dt, int accumulate,
+                                        cudaStream_t stream, uint64_t seed) {
+  const int H = 4, Hk = 2, D = 16;
+  std::string where = "rank " + std::to_string(rank) + ", " + std::to_string(zpTypeSize(dt) * 8) + "-bit " +
+                      (dt == zpBfloat16 ? "bfloat16" : dt == zpFloat16 ? "float16" : "float32") +
+                      (accumulate ? ", kernel folds blocks: " : ": ");
+  auto zpFailed = [&](const char* what) { return where + what + ": " + zpGetLastError(comm); };
+  zpLayout_t layout = nullptr;
+  int64_t T = 0;
+  if (zpPlanGetLayout(plan, zpAttentionLayout, &layout) != zpSuccess ||
+      zpLayoutRankTokens(layout, rank, &T) != zpSuccess)
+    return zpFailed("the plan's layout");
+  const size_t es = zpTypeSize(dt), qn = T * H * D, kn = T * Hk * D;
+  // Inputs: this rank's own numbers.
+  std::mt19937_64 mine(seed + rank);
+  auto input = [&](size_t elems, std::vector<float>* f32, DeviceBuffer* dev) {
+    f32->resize(elems);
+    for (size_t i = 0; i < elems; i++) {
+      (*f32)[i] = (float)((int)(mine() % 257) - 128) / 64;
+      if (dt == zpFloat32) {
+        memcpy(&dev->host[i * 4], &(*f32)[i], 4);
+      } else {
+        const uint16_t b = exactBits((*f32)[i], dt);
+        memcpy(&dev->host[i * 2], &b, 2);
+      }
+    }
+    return dev->toDevice();
+  };
+  DeviceBuffer q(qn * es, 0), k(kn * es, 0), v(kn * es, 0), dout(qn * es, 0);
+  // Outputs poisoned with NaN (0xFF bytes).
+  DeviceBuffer out(qn * es, 0xFF), lse(H * T * 4, 0xFF), dq(qn * es, 0xFF), dk(kn * es, 0xFF), dv(kn * es, 0xFF);
+  std::vector<float> qf, kf, vf, doutf;
+  for (DeviceBuffer* b : {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv})
+    if (!b->dev) return where + "cudaMalloc failed";
+  if (input(qn, &qf, &q) != cudaSuccess || input(kn, &kf, &k) != cudaSuccess || input(kn, &vf, &v) != cudaSuccess ||
+      input(qn, &doutf, &dout) != cudaSuccess)
+    return where + "copying the inputs failed";
+
+  // The device pass, enqueued behind a held stream.
+  KernelSpy spy;
+  spy.stream = stream;
+  spy.datatype = dt;
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, KernelSpy::forward, KernelSpy::backward, &spy, accumulate, dt};
+  zpAttention_t attn = nullptr;
+  if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate");
+  StreamGate gate;
+  if (cudaLaunchHostFunc(stream, StreamGate::hold, &gate) != cudaSuccess) return where + "cudaLaunchHostFunc failed";
+#ifdef ZP_TEST_DOUBLE
+  const unsigned long long waits = fakecudaHostWaits();
+#endif
+  zpResult_t fr = zpAttentionForward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream);
+  std::string err = fr == zpSuccess ? "" : zpFailed("zpAttentionForward");
+  zpResult_t br = zpAttentionBackward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, dout.dev, dq.dev, dk.dev,
+                                      dv.dev, stream);
+  if (br != zpSuccess && err.empty()) err = zpFailed("zpAttentionBackward");
+#ifdef ZP_TEST_DOUBLE
+  if (fakecudaHostWaits() != waits && err.empty()) err = where + "the pass waited for the device";
+#endif
+  gate.open = true;
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  zpAttentionDestroy(attn);
+  if (!err.empty()) return err;
+  if (synced != cudaSuccess) return where + "cudaStreamSynchronize: " + cudaGetErrorString(synced);
+  if (gate.timedOut) return where + "a call waited for the held stream";
+  if (spy.calls == 0 || spy.wrongStream || spy.hostBuffers || spy.wrongType)
+    return where + "of " + std::to_string(spy.calls) + " kernel calls, " + std::to_string(spy.wrongStream) +
+           " on another stream, " + std::to_string(spy.hostBuffers) + " buffers not on the device, " +
+           std::to_string(spy.wrongType) + " of another type";
+  for (DeviceBuffer* b : {&out, &lse, &dq, &dk, &dv})
+    if (b->toHost() != cudaSuccess) return where + "copying the results back failed";
+
+  // The host driver on the same numbers, float32; backward from the
+  // device's own out and lse.
+  std::vector<float> outH(qn, NAN), lseH(H * T, NAN), dqH(qn, NAN), dkH(kn, NAN), dvH(kn, NAN), outIn(qn);
+  for (size_t i = 0; i < qn; i++) outIn[i] = (float)widen(out.host.data(), i, dt);
+  zpAttnConfig_t hostCfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, accumulate, zpFloat32};
+  if (zpAttentionCreate(&attn, plan, &hostCfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate (host)");
+  if (zpAttentionForward(attn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), nullptr) != zpSuccess)
+    err = zpFailed("zpAttentionForward (host)");
+  else if (zpAttentionBackward(attn, qf.data(), kf.data(), vf.data(), outIn.data(), (const float*)lse.host.data(),
+                               doutf.data(), dqH.data(), dkH.data(), dvH.data(), nullptr) != zpSuccess)
+    err = zpFailed("zpAttentionBackward (host)");
+  zpAttentionDestroy(attn);
+  if (!err.empty()) return err;
+
+  // Element by element: how many are off by more than the bound.
+  auto offBy = [&](const char* name, const DeviceBuffer& got, zpDataType_t gotType, const std::vector<float>& want) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+      const double g = widen(got.host.data(), i, gotType), w = want[i];
+#ifdef ZP_TEST_DOUBLE
+      const double bound = halfUlp(w, gotType);
+#else
+      const double bound = gotType == zpFloat32 ? 1e-5 * std::fabs(w) + 1e-6 : 2 * halfUlp(w, gotType);
+#endif
+      const bool same = (std::isnan(g) && std::isnan(w)) || g == w || std::fabs(g - w) <= bound;
+      if (!same && bad++ == 0) first = i;
+    }
+    if (!bad) return std::string();
+    char text[200];
+    snprintf(text, sizeof text, "%s: %zu of %zu off, the first at %zu: %.9g vs %.9g; ", name, bad, want.size(), first,
+             widen(got.host.data(), first, gotType), (double)want[first]);
+    return std::string(text);
+  };
+  err = offBy("out", out, dt, outH) + offBy("lse", lse, zpFloat32, lseH) + offBy("dq", dq, dt, dqH) +
+        offBy("dk", dk, dt, dkH) + offBy("dv", dv, dt, dvH);
+  return err.empty() ? "" : where + err;
+}
+
+}  // namespace zptest
