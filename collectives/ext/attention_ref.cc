@@ -51,7 +51,7 @@ zpResult_t refOnStream(const zpAttnBlock_t* b, const char* fn, bool backward) {
   cudaError_t e = zpx::launchAttnRef(*b, backward);
   return e == cudaSuccess ? zpSuccess : cudaFailed(fn, e);
 #else
-  (void)backward;
+  (void)b, (void)backward;
   return zpSetLastError(nullptr, zpInvalidArgument, "%s: a stream means device buffers: this build has no CUDA", fn);
 #endif
 }
