@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "tests/device_attention_check.h"
+#include "tests/device_checks.h"
 #include "tests/harness.h"
 
 namespace {
 
 using zptest::AlltoallvRun;
+using zptest::DeviceMirror;
+using zptest::deviceAlltoallvError;
 using zptest::GuardedBuffer;
 
 // Skips the test (in the parent, before any rank starts) when this process
@@ -40,49 +42,6 @@ using zptest::GuardedBuffer;
     cudaError_t e_ = (call);                                                              \
     ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);                \
   } while (0)
-
-// A copy of a host buffer's whole storage (its guards included) in device
-// memory, and back: the device call writes where the host call would.
-class DeviceMirror {
- public:
-  explicit DeviceMirror(GuardedBuffer& host) : host_(host) {
-    if (cudaMalloc(&dev_, host.storage().size()) != cudaSuccess) dev_ = nullptr;
-    if (dev_) cudaMemcpy(dev_, host.storage().data(), host.storage().size(), cudaMemcpyHostToDevice);
-  }
-  ~DeviceMirror() {
-    if (dev_) cudaFree(dev_);
-  }
-  bool ok() const { return dev_ != nullptr; }
-  void* data() const { return (char*)dev_ + host_.offset(); }
-  cudaError_t copyBack() {
-    return cudaMemcpy(host_.storage().data(), dev_, host_.storage().size(), cudaMemcpyDeviceToHost);
-  }
-
- private:
-  GuardedBuffer& host_;
-  void* dev_ = nullptr;
-};
-
-// One rank's checked alltoallv on device buffers and a stream of its own.
-std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMatrix& counts, zpDataType_t dt,
-                                 uint64_t seed) {
-  AlltoallvRun run(rank, counts, dt, seed);
-  run.recvBuffer().poison();
-  DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
-  if (!send.ok() || !recv.ok()) return "cudaMalloc failed";
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate failed";
-  zpResult_t r = zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
-                             run.recvDispls(), dt, comm, stream);
-  std::string err;
-  if (r != zpSuccess) err = std::string("zpAlltoallv: ") + zpGetErrorString(r) + ": " + zpGetLastError(comm);
-  cudaError_t e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) err += std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e);
-  cudaStreamDestroy(stream);
-  if (!err.empty()) return "rank " + std::to_string(rank) + ": " + err;
-  if (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess) return "copying back failed";
-  return run.check();
-}
 
 // As a trainer does: the rank's GPU (its local rank: one node here) is made
 // current before the communicator, so that its buffers and the
@@ -583,7 +542,7 @@ TEST(DeviceErrors, CallsAfterAbortAreRefused) {
   }));
 }
 
-// ---- The attention driver on devices (tests/device_attention_check.h) ----
+// ---- The attention driver on devices (tests/device_checks.h) ----
 
 // Forward and backward against the host driver, in float32, bfloat16 and
 // float16, GQA, causal or not, the kernel folding blocks in itself or not

@@ -35,7 +35,7 @@
 //            network namespaces) device buffers across nodes: alltoallv with
 //            random counts, every byte checked, and the attention driver on
 //            device buffers against the host driver on rings that span nodes
-//            (tests/device_attention_check.h), in float32 and bfloat16.
+//            (tests/device_checks.h), in float32 and bfloat16.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -54,7 +54,7 @@
 #ifdef ZP_TEST_DOUBLE
 #include <nccl.h>
 
-#include "tests/device_attention_check.h"
+#include "tests/device_checks.h"
 #endif
 
 namespace {
@@ -394,26 +394,6 @@ int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
 }
 
 #ifdef ZP_TEST_DOUBLE
-// A checked alltoallv with the buffers in device memory (AlltoallvRun's
-// buffers, guards included, copied there and back).
-std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMatrix& counts, zpDataType_t dt,
-                                 uint64_t seed, cudaStream_t stream) {
-  zptest::AlltoallvRun run(rank, counts, dt, seed);
-  run.recvBuffer().poison();
-  zptest::DeviceBuffer send(run.sendBuffer().storage().size(), 0), recv(run.recvBuffer().storage().size(), 0);
-  memcpy(send.host.data(), run.sendBuffer().storage().data(), send.host.size());
-  memcpy(recv.host.data(), run.recvBuffer().storage().data(), recv.host.size());
-  if (!send.dev || !recv.dev || send.toDevice() != cudaSuccess || recv.toDevice() != cudaSuccess)
-    return "device buffers failed";
-  if (zpAlltoallv((char*)send.dev + run.sendBuffer().offset(), run.sendCounts(), run.sendDispls(),
-                  (char*)recv.dev + run.recvBuffer().offset(), run.recvCounts(), run.recvDispls(), dt, comm,
-                  stream) != zpSuccess)
-    return std::string("zpAlltoallv: ") + zpGetLastError(comm);
-  if (cudaStreamSynchronize(stream) != cudaSuccess || recv.toHost() != cudaSuccess) return "the stream failed";
-  memcpy(run.recvBuffer().storage().data(), recv.host.data(), recv.host.size());
-  return run.check();
-}
-
 int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::string err;
   ncclComm_t nccl = nullptr;
@@ -426,7 +406,7 @@ int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     err = "no stream on device " + std::to_string(device);
   std::mt19937_64 rng(seed);
   for (int round = 0; round < 3 && err.empty(); round++) {
-    err = deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.2), zpFloat32, rng(), stream);
+    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.2), zpFloat32, rng());
     if (!err.empty()) err = "alltoallv: " + err;
   }
   const int rpn = envInt("ZP_LOCAL_NRANKS", n);

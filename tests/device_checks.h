@@ -1,8 +1,9 @@
-// The attention driver on device buffers against the host driver on the
-// same numbers (tests/device_test.cc on one node, tests/multinode_rank.cc
-// across the nodes of an emulated cluster): "" when every result is within
-// its bound, else what was wrong. Without gtest, for both.
+// Checks of device calls shared by tests/device_test.cc (one node) and
+// tests/multinode_rank.cc (across the nodes of an emulated cluster): ""
+// when all is right, else what was wrong. Without gtest, for both.
 //
+// deviceAttentionError: the attention driver on device buffers against the
+// host driver on the same numbers.
 // Forward and backward run on device buffers of a datatype, enqueued behind
 // a host function that holds the stream until both calls have returned (a
 // call that waited for the device would never return; the hold gives up
@@ -32,11 +33,56 @@
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "tests/checks.h"
 #ifdef ZP_TEST_DOUBLE
 #include "tests/fakecuda/fakecuda.h"
 #endif
 
 namespace zptest {
+
+// A copy of a host buffer's whole storage (its guards included) in device
+// memory, and back: the device call writes where the host call would.
+class DeviceMirror {
+ public:
+  explicit DeviceMirror(GuardedBuffer& host) : host_(host) {
+    if (cudaMalloc(&dev_, host.storage().size()) != cudaSuccess) dev_ = nullptr;
+    if (dev_) cudaMemcpy(dev_, host.storage().data(), host.storage().size(), cudaMemcpyHostToDevice);
+  }
+  ~DeviceMirror() {
+    if (dev_) cudaFree(dev_);
+  }
+  bool ok() const { return dev_ != nullptr; }
+  void* data() const { return (char*)dev_ + host_.offset(); }
+  cudaError_t copyBack() {
+    return cudaMemcpy(host_.storage().data(), dev_, host_.storage().size(), cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  GuardedBuffer& host_;
+  void* dev_ = nullptr;
+};
+
+// One rank's checked alltoallv on device buffers and a stream of its own.
+inline std::string deviceAlltoallvError(zpComm_t comm, int rank, const zptest::CountMatrix& counts, zpDataType_t dt,
+                                        uint64_t seed) {
+  AlltoallvRun run(rank, counts, dt, seed);
+  run.recvBuffer().poison();
+  DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
+  if (!send.ok() || !recv.ok()) return "cudaMalloc failed";
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate failed";
+  zpResult_t r = zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
+                             run.recvDispls(), dt, comm, stream);
+  std::string err;
+  if (r != zpSuccess) err = std::string("zpAlltoallv: ") + zpGetErrorString(r) + ": " + zpGetLastError(comm);
+  cudaError_t e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) err += std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e);
+  cudaStreamDestroy(stream);
+  if (!err.empty()) return "rank " + std::to_string(rank) + ": " + err;
+  if (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess) return "copying back failed";
+  return run.check();
+}
+
 
 // Test inputs are multiples of 1/64 in [-2, 2]: exact in float32, bfloat16
 // and float16, so every type's inputs are the same numbers, written here
