@@ -17,6 +17,12 @@
 //              driver merges partial outputs on the CPU (0)
 //   -C         causal (zigzag)
 //   -n/-w      timed / warm-up passes (default 5 / 1)
+//   -G 1       device buffers on a CUDA stream (a build with CUDA): the
+//              kernel is a host function on the stream that sleeps for its
+//              share (it holds the stream as a kernel would, without a GPU
+//              kernel of its own), the driver's merges and additions are
+//              device kernels, exchanges run on the driver's own stream, and
+//              every pass and exchange ends with a stream synchronisation
 // Columns: per step = pass time / G (G kernel steps, G-1 exchanges forward;
 // backward also carries the key/value gradients, so its C is measured with
 // twice the bytes); vs max = per step / max(T, C) (1.00: the slower of the
@@ -38,6 +44,7 @@
 #include <vector>
 
 #include "common.h"
+#include "device.h"
 #include "src/util/cli.h"
 #include "src/util/strings.h"
 #include "zeppelin.h"
@@ -75,8 +82,21 @@ zpResult_t timedKernel(const zpAttnBlock_t* b, void* user) {
   const TimedKernel* k = (const TimedKernel*)user;
   double share = (double)b->sq * (double)b->sk / (k->blockTokens * k->blockTokens);
   if (b->mask == zpMaskCausal) share /= 2;
-  sleepUntil(now() + k->seconds * share);
-  return zpSuccess;
+  if (!b->stream) {
+    sleepUntil(now() + k->seconds * share);
+    return zpSuccess;
+  }
+#ifdef ZP_BENCH_CUDA
+  // On the stream: a host function holds it for the kernel's time.
+  double* seconds = new double(k->seconds * share);
+  auto sleepFor = [](void* p) {
+    sleepUntil(now() + *(double*)p);
+    delete (double*)p;
+  };
+  if (cudaLaunchHostFunc((cudaStream_t)b->stream, sleepFor, seconds) == cudaSuccess) return zpSuccess;
+  delete seconds;
+#endif
+  return zpUnhandledCudaError;
 }
 
 double median(std::vector<double> v) {
@@ -89,10 +109,10 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   size_t blockBytes = 8u << 20;
   std::vector<double> rs = {0.25, 0.5, 1, 2, 4};
-  long iters = 5, warm = 1, accumulate = 1;
+  long iters = 5, warm = 1, accumulate = 1, gpu = 0;
   bool causal = false;
   CLI::App app("", "attn_perf");
-  zp::cli::configure(app, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-C] [-n N] [-w N]\n", 14);
+  zp::cli::configure(app, "usage: attn_perf [-b BYTES] [-r R1,R2,...] [-a 0|1] [-C] [-n N] [-w N] [-G 0|1]\n", 14);
   app.description("How much of a ring's communication the attention driver hides behind a\n"
                   "block kernel that takes a set time T, a multiple of C (one block's exchange).");
   zp::cli::addValue(app, "-b", "BYTES", "key/value block per rank, keys and values (default 8M)",
@@ -118,6 +138,7 @@ int main(int argc, char** argv) {
   zp::cli::addFlag(app, "-C", &causal, "causal (zigzag)");
   zp::cli::addValue(app, "-n", "N", "timed passes (default 5)", zpbench::intFlag("-n", &iters, 1));
   zp::cli::addValue(app, "-w", "N", "warm-up passes (default 1)", zpbench::intFlag("-w", &warm, 0));
+  zp::cli::addValue(app, "-G", "0|1", "device buffers on a CUDA stream (default 0)", zpbench::intFlag("-G", &gpu, 0, 1));
   const int H = 8, Hk = 8, D = 64;
   const size_t tokenBytes = 2 * (size_t)Hk * D * sizeof(float);
   zpbench::parseCommandLine(app, argc, argv, [&] {
@@ -125,6 +146,11 @@ int main(int argc, char** argv) {
       throw zp::cli::UsageError(zp::strprintf("-b must be at least %zu bytes", tokenBytes));
   });
   const int64_t tokens = (int64_t)(blockBytes / tokenBytes);
+  if (gpu && !zpbench::kDeviceBuild) {
+    fprintf(stderr, "attn_perf: -G 1 needs a build with CUDA (ZP_WITH_CUDA)\n");
+    return 2;
+  }
+  if (gpu) zpbench::useLocalDevice();
   zpComm_t comm;
   if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
   int n, rank;
@@ -149,6 +175,35 @@ int main(int argc, char** argv) {
       die("barrier", comm);
   };
 
+  // -G 1: the stream of every call, device buffers, and the wait that ends
+  // a timed exchange or pass (the device's time, as in nccl-tests).
+  zpStream_t stream = nullptr;
+  std::vector<void*> deviceBuffers;
+  auto buffer = [&](std::vector<float>& host) -> void* {
+#ifdef ZP_BENCH_CUDA
+    if (gpu) {
+      void* d = nullptr;
+      zpbench::cudaCheck(cudaMalloc(&d, host.size() * sizeof(float)), "cudaMalloc");
+      zpbench::cudaCheck(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+      deviceBuffers.push_back(d);
+      return d;
+    }
+#endif
+    return host.data();
+  };
+  auto finish = [&] {
+#ifdef ZP_BENCH_CUDA
+    if (stream) zpbench::cudaCheck(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+#endif
+  };
+#ifdef ZP_BENCH_CUDA
+  if (gpu) {
+    cudaStream_t s = nullptr;
+    zpbench::cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream = (zpStream_t)s;
+  }
+#endif
+
   // C: one block's exchange alone (and twice the bytes, for backward).
   auto exchangeSeconds = [&](size_t bytes) {
     zpRing_t r = nullptr;
@@ -156,14 +211,20 @@ int main(int argc, char** argv) {
     // Buffers taken in turn, as the driver's are: one pair used again and
     // again would stay in the caches and make C look shorter than a
     // block's transfer in a pass.
-    std::vector<std::vector<char>> send(4, std::vector<char>(bytes, 1)), recv(4, std::vector<char>(bytes, 0));
+    std::vector<std::vector<float>> send(4, std::vector<float>(bytes / 4, 1)), recv(4, std::vector<float>(bytes / 4, 0));
+    std::vector<void*> sendAt, recvAt;
+    for (int i = 0; i < 4; i++) {
+      sendAt.push_back(buffer(send[i]));
+      recvAt.push_back(buffer(recv[i]));
+    }
     std::vector<double> t;
     for (long i = 0; i < warm + 4 * iters; i++) {  // more samples: T is set from it
       barrier();
       double t0 = now();
-      if (zpRingExchangeStart(r, send[i % 4].data(), bytes, recv[i % 4].data(), bytes, nullptr) != zpSuccess ||
+      if (zpRingExchangeStart(r, sendAt[i % 4], bytes, recvAt[i % 4], bytes, stream) != zpSuccess ||
           zpRingExchangeWait(r))
         die("ring exchange", comm);
+      finish();
       if (i >= warm) t.push_back(now() - t0);
     }
     zpRingDestroy(r);
@@ -181,14 +242,20 @@ int main(int argc, char** argv) {
   zpAttnConfig_t cfg = {H, Hk, D, 0.0f, timedKernel, timedKernel, &kern, accumulate ? 1 : 0, zpFloat32};
   zpAttention_t attn = nullptr;
   if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
-  std::vector<float> q(tokens * H * D, 0.5f), k(tokens * Hk * D, 0.5f), v(tokens * Hk * D, 0.5f),
-      out(tokens * H * D), lse(tokens * H), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> qh(tokens * H * D, 0.5f), kh(tokens * Hk * D, 0.5f), vh(tokens * Hk * D, 0.5f),
+      outh(tokens * H * D), lseh(tokens * H), dqh(qh.size()), dkh(kh.size()), dvh(vh.size());
+  void *q = buffer(qh), *k = buffer(kh), *v = buffer(vh), *out = buffer(outh), *dq = buffer(dqh), *dk = buffer(dkh),
+       *dv = buffer(dvh);
+  float* lse = (float*)buffer(lseh);
 
   if (rank == 0) {
-    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, %s; %s\n", n,
+    printf("# attn_perf: ring of %d ranks (%s), one sequence of %lld tokens, %lld per rank, %s; %s; %s\n", n,
            rpn >= n ? "one node" : "across nodes", (long long)len, (long long)tokens,
            causal ? "causal (zigzag)" : "not causal",
-           accumulate ? "the kernel folds blocks in (-a 1)" : "the driver merges blocks on the CPU (-a 0)");
+           accumulate ? "the kernel folds blocks in (-a 1)"
+                      : gpu ? "the driver merges blocks by device kernels (-a 0)"
+                            : "the driver merges blocks on the CPU (-a 0)",
+           gpu ? "device buffers on a stream (-G 1)" : "host buffers");
     printf("# key/value block %zu bytes; C (one block's exchange alone) = %.3f ms, backward (with gradients) = %.3f ms\n",
            kvBytes, C * 1e3, C2 * 1e3);
     printf("#\n# %6s %9s | %12s %12s %8s %7s | %12s %12s %8s %7s\n", "T/C", "T(ms)", "fwd pass(ms)", "per step(ms)",
@@ -202,14 +269,14 @@ int main(int argc, char** argv) {
     for (long i = 0; i < warm + iters; i++) {
       barrier();
       double t0 = now();
-      if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
-        die("zpAttentionForward", comm);
+      if (zpAttentionForward(attn, q, k, v, out, lse, stream) != zpSuccess) die("zpAttentionForward", comm);
+      finish();
       double t1 = now();
       barrier();
       double t2 = now();
-      if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), q.data(), dq.data(),
-                              dk.data(), dv.data(), nullptr) != zpSuccess)
+      if (zpAttentionBackward(attn, q, k, v, out, lse, q, dq, dk, dv, stream) != zpSuccess)
         die("zpAttentionBackward", comm);
+      finish();
       double t3 = now();
       if (i >= warm) {
         tf.push_back(t1 - t0);
@@ -227,6 +294,10 @@ int main(int argc, char** argv) {
   }
   zpAttentionDestroy(attn);
   zpPlanDestroy(plan);
+#ifdef ZP_BENCH_CUDA
+  for (void* d : deviceBuffers) cudaFree(d);
+  if (stream) cudaStreamDestroy((cudaStream_t)stream);
+#endif
   zpCommDestroy(comm);
   return 0;
 }

@@ -27,7 +27,21 @@ constexpr bool kDeviceBuild = true;
 constexpr bool kDeviceBuild = false;
 #endif
 
-// Exits 2 with a message if -G 1 was asked of a build or peer without it.
+// Makes this rank's GPU current, as a trainer does (torch.cuda.set_device(
+// local_rank)): its local rank (ZP_LOCAL_RANK, set by zprun) modulo the
+// visible devices, the device a communicator takes by default
+// (ZP_CUDA_DEVICE=local), so that the buffers are on the communicator's GPU.
+inline void useLocalDevice() {
+#ifdef ZP_BENCH_CUDA
+  int count = 0;
+  cudaCheck(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  const char* local = getenv("ZP_LOCAL_RANK");
+  if (count > 0) cudaCheck(cudaSetDevice((local ? atoi(local) : 0) % count), "cudaSetDevice");
+#endif
+}
+
+// Exits 2 with a message if -G 1 was asked of a build or peer without it;
+// else makes the rank's GPU current (useLocalDevice).
 inline void requireDeviceSupport(const Options& o, const char* prog, bool peerSupportsIt = true) {
   if (!o.gpu) return;
   if (!kDeviceBuild || !peerSupportsIt) {
@@ -36,6 +50,7 @@ inline void requireDeviceSupport(const Options& o, const char* prog, bool peerSu
               kDeviceBuild ? "a library with device buffers (MPI here has none)" : "a build with CUDA (ZP_WITH_CUDA)");
     exit(2);
   }
+  useLocalDevice();
 }
 
 // What a call reads or writes: the host buffer, or (-G 1) its device mirror.
