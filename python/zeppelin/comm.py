@@ -26,6 +26,18 @@ SUM, PROD, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.M
 _ROUTING = {None: -1, "default": -1, "off": 0, "rail": 1, "balanced": 2}
 
 
+def _as_tuple(values):
+    """A hashable, comparable copy of counts (lists, tuples, arrays, tensors)."""
+    if values is None:
+        return None
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        return tuple(values)
+    except TypeError:
+        return (values,)  # not a sequence: _counts says so
+
+
 def _end(count, displ):
     return displ + count if count else 0
 
@@ -151,7 +163,7 @@ class Communicator:
         check(_lib.lib.zpCommUserRank(handle, ctypes.byref(r)), handle)
         self._size, self._rank = n.value, r.value
         self._has_device = None
-        self._a2a_key = self._a2a_arrays = None
+        self._a2a = None  # (key, size_t arrays, send extent, recv extent, lists) of the last alltoallv
 
     @classmethod
     def from_unique_id(cls, unique_id, size, rank, timeout=None, routing=None, node_id=None, net_devices=None):
@@ -336,24 +348,28 @@ class Communicator:
         to back. Returns recv."""
         fn = "alltoallv"
         h = self._handle()
-        sc = self._counts(fn, "sendcounts", sendcounts)
-        rc = self._counts(fn, "recvcounts", recvcounts)
-        sd = self._counts(fn, "sdispls", sdispls, sc)
-        rd = self._counts(fn, "rdispls", rdispls, rc)
         (sb, rb), s = self._bufs(fn, [(send, "send", False), (recv, "recv", True)], stream)
-        for counts, displs, b, what in ((sc, sd, sb, "send"), (rc, rd, rb, "recv")):
-            if max(map(_end, counts, displs)) <= b.numel:
-                continue
-            for p in range(self._size):
-                if counts[p] and displs[p] + counts[p] > b.numel:
-                    raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements" % (
-                        fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
-        # The size_t arrays of the last counts, reused: a training loop repeats them.
-        key = (sc, sd, rc, rd)
-        if self._a2a_key != key:
+        # A training loop repeats its counts: the last ones' checks and size_t
+        # arrays are kept, keyed by the values passed.
+        key = (_as_tuple(sendcounts), _as_tuple(recvcounts), _as_tuple(sdispls), _as_tuple(rdispls))
+        last = self._a2a
+        if last is None or last[0] != key:
+            sc = self._counts(fn, "sendcounts", sendcounts)
+            rc = self._counts(fn, "recvcounts", recvcounts)
+            sd = self._counts(fn, "sdispls", sdispls, sc)
+            rd = self._counts(fn, "rdispls", rdispls, rc)
             A = _lib.c_size_t * self._size
-            self._a2a_key, self._a2a_arrays = key, (A(*sc), A(*sd), A(*rc), A(*rd))
-        a = self._a2a_arrays
+            last = (key, (A(*sc), A(*sd), A(*rc), A(*rd)), max(map(_end, sc, sd)), max(map(_end, rc, rd)),
+                    (sc, sd, rc, rd))
+            self._a2a = last
+        if last[2] > sb.numel or last[3] > rb.numel:
+            sc, sd, rc, rd = last[4]
+            for counts, displs, b, what in ((sc, sd, sb, "send"), (rc, rd, rb, "recv")):
+                for p in range(self._size):
+                    if counts[p] and displs[p] + counts[p] > b.numel:
+                        raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements"
+                                              % (fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
+        a = last[1]
         self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
         return recv
 

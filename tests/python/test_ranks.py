@@ -143,6 +143,23 @@ def test_alltoallv_default_displacements_and_return(comm):
     assert torch.equal(recv, expect)
 
 
+def test_alltoallv_repeated_counts_are_still_checked(comm):
+    # The package keeps the last counts' checks: the same counts with a buffer
+    # that is too short must still be refused, and new counts taken.
+    n = comm.size
+    send, recv = torch.ones(5 * n), torch.zeros(5 * n)
+    for _ in range(2):
+        comm.alltoallv(send, [5] * n, recv, [5] * n)
+    with pytest.raises(zeppelin.InvalidArgument):
+        comm.alltoallv(send, [5] * n, torch.zeros(5 * n - 1), [5] * n)
+    with pytest.raises(zeppelin.InvalidArgument):
+        comm.alltoallv(send[:-1], np.array([5] * n), recv, [5] * n)
+    recv.zero_()
+    comm.alltoallv(send, [4] * n, recv, torch.tensor([4] * n))
+    assert recv.sum() == 4 * n and (recv[:4 * n] == 1).all()
+    still_works(comm)
+
+
 def test_send_recv_in_a_group(comm):
     n, me = comm.size, comm.rank
     # Everyone sends a different-size message to everyone else at once.
