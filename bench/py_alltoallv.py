@@ -7,8 +7,9 @@ size/N to every rank) and every round, runs alltoallv_perf under zprun and
 this script's worker under zprun (which goes first alternates) (zeppelin.init(), torch float32 CPU tensors,
 Communicator.alltoallv), and prints both bus bandwidths and their ratio
 (median over the rounds). The worker also times the bare C function
-through ctypes on the same tensors (a control: py/ctypes is the package's own
-Python work alone). All measure alike: warmup, a barrier, `iters`
+through ctypes on the same tensors, in alternating batches with the
+package's call (a control: py/ctypes is the package's own Python work
+alone, measured under the same load). All measure alike: warmup, a barrier, `iters`
 timed calls, time = the slowest rank's mean per call, algbw = bytes per rank /
 time, busbw = algbw x (N-1)/N. The worker checks one call's every element.
 
@@ -63,17 +64,25 @@ def worker(args):
                 "ctypes": lambda: _lib.lib.zpAlltoallv(send.data_ptr(), arr, disp, recv.data_ptr(), arr, disp,
                                                        zeppelin.FLOAT32, comm.handle, None),
             }
-            for name in ("py", "ctypes"):
-                call = calls[name]
+            # Batches of `iters` calls of each, alternating (which goes first
+            # alternates too), `batches` times: both see the machine's load
+            # alike; each batch's time is the slowest rank's, the median counts.
+            for call in calls.values():
                 for _ in range(args.warmup):
                     call()
-                comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    call()
-                mine = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64)
-                comm.all_reduce(mine, op=zeppelin.MAX)
-                t_us = float(mine[0]) * 1e6
+            times = {name: [] for name in calls}
+            for b in range(args.batches):
+                for name in (("py", "ctypes") if b % 2 == 0 else ("ctypes", "py")):
+                    call = calls[name]
+                    comm.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(args.iters):
+                        call()
+                    mine = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64)
+                    comm.all_reduce(mine, op=zeppelin.MAX)
+                    times[name].append(float(mine[0]) * 1e6)
+            for name in calls:
+                t_us = statistics.median(times[name])
                 algbw = per * n * 4 / (t_us * 1e3)
                 if me == 0:
                     print("%s %d %.2f %.3f %d" % (name, per * n * 4, t_us, algbw * (n - 1) / n, int(wrong[0])),
@@ -98,7 +107,7 @@ def c_busbw(args, size):
 def py_busbw(args, size):
     """(time, busbw) of the package's call and of the bare ctypes call."""
     out = run([args.zprun, "-n", str(args.nranks), sys.executable, os.path.abspath(__file__), "--worker",
-               "-s", str(size), "-n", str(args.iters), "-w", str(args.warmup)])
+               "-s", str(size), "-n", str(args.iters), "-w", str(args.warmup), "-B", str(args.batches)])
     rows = {l.split()[0]: l.split() for l in out.splitlines() if l.startswith(("py ", "ctypes "))}
     if int(rows["py"][4]) != 0:
         sys.exit("py_alltoallv: %s wrong elements at %d bytes" % (rows["py"][4], size))
@@ -113,6 +122,8 @@ def main():
     ap.add_argument("-r", "--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup", type=int, default=5)
+    ap.add_argument("-B", "--batches", type=int, default=6,
+                    help="alternating batches of py and ctypes calls in one worker (default 6)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]

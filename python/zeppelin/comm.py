@@ -6,7 +6,7 @@ import enum
 import threading
 
 from . import _lib
-from ._buffers import DTYPE_NAMES, buffer, same_dtype
+from ._buffers import buffer, same_dtype
 from .errors import InvalidArgument, InvalidUsage, check, error_from
 
 SPLIT_NOCOLOR = _lib.SPLIT_NOCOLOR
@@ -433,7 +433,3 @@ class Communicator:
     def barrier(self):
         """zpBarrier: returns once every rank has called it (a host barrier)."""
         self._check(_lib.lib.zpBarrier(self._handle(), None))
-
-
-def dtype_name(code):
-    return DTYPE_NAMES[code]
