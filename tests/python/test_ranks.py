@@ -11,6 +11,7 @@ raise the right exception, and the communicator must still work after them.
 
 import ctypes
 import os
+import time
 import zlib
 
 import numpy as np
@@ -297,6 +298,24 @@ def test_from_unique_id_and_context_manager(comm):
     assert c2.handle is None
     with pytest.raises(zeppelin.InvalidUsage):
         c2.barrier()
+
+
+def test_abort_reaches_the_peers(comm):
+    # Rank 0 aborts a communicator of every rank; the others' next call on it
+    # fails with RemoteError (at once, not after the timeout), and its
+    # asynchronous error says so too. The parent communicator is untouched.
+    sub = comm.split(0)
+    if comm.rank == 0:
+        sub.abort()
+        assert sub.handle is None
+    else:
+        t0 = time.monotonic()
+        with pytest.raises(zeppelin.RemoteError):
+            sub.barrier()
+        assert time.monotonic() - t0 < min(10.0, float(os.environ.get("ZP_TIMEOUT", "300")) / 2)
+        assert isinstance(sub.get_async_error(), zeppelin.RemoteError)
+        sub.destroy()
+    still_works(comm)
 
 
 # ---- bad inputs: the right exception, and the communicator still works ----
