@@ -66,7 +66,8 @@ const std::vector<Param> kParams = {
   {"ZP_UNIQUE_ID", K::kString, R::kLauncher, "", "", "the zpUniqueId, hex-encoded"},
   {"ZP_LAUNCHER", K::kString, R::kLauncher, "", "", "the launcher that started the rank (zprun)"},
   {"ZP_MASTER_PORT", K::kInt, R::kLauncher, "", "1..65535",
-   "under torchrun or mpirun with MASTER_ADDR: the port of rank 0's rendezvous (default: MASTER_PORT + 1)"},
+   "under torchrun, srun, or mpirun with MASTER_ADDR: the port of rank 0's rendezvous (default: MASTER_PORT + 1; "
+   "under srun without MASTER_PORT, one derived from SLURM_JOB_ID and SLURM_STEP_ID)"},
   {"ZP_NODE_RANK", K::kInt, R::kCluster, "", "0..65535", "zprun's emulated cluster: this rank's node"},
   {"ZP_NNODES", K::kInt, R::kCluster, "", "1..65536", "zprun's emulated cluster: the number of nodes"},
   {"ZP_NICS_PER_NODE", K::kInt, R::kCluster, "", "1..1024", "zprun's emulated cluster: NICs of each node"},
