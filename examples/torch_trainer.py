@@ -256,6 +256,127 @@ def compare(name, got, want):
     return float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
 
 
+# ---- the distributed run ----
+
+def import_zeppelin():
+    """The zeppelin package: installed, or this source tree's python/."""
+    try:
+        import zeppelin
+    except ImportError:
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
+        import zeppelin
+    import zeppelin.autograd
+    return zeppelin
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def set_flat_grads(model, flat):
+    at = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.grad.copy_(flat[at:at + n].view_as(p))
+        at += n
+
+
+PHASES = ["plan", "linear", "remap", "attention", "backward", "remap_bwd", "attention_bwd", "all_reduce",
+          "optimizer", "step"]
+
+
+def distributed_step(model, comm, zp, lengths, ids, kernel, timer):
+    """One step on this rank's share of the batch; returns the batch's loss (summed over ranks)."""
+    c = model.c
+    za = zp.autograd
+    with timer("plan"):
+        plan = zp.plan_batch(lengths, comm, causal=True, q_heads=c.heads, kv_heads=c.kv_heads,
+                             head_dim=c.head_dim, elem_bytes=4)
+        index, pos, target = token_positions(lengths, plan.linear_layout.segments(comm.rank))
+        targets = torch.where(target >= 0, ids[target.clamp(min=0)], torch.full_like(target, -1))
+        ntargets = sum(n - 1 for n in lengths)
+
+    def attend(qkv):
+        """qkv of my linear-layout tokens -> attention output of the same tokens."""
+        def attention(x):
+            q, k, v = split_qkv(x, c)
+            return za.ring_attention(q, k, v, plan, comm, kernel=kernel).reshape(x.shape[0], -1)
+        x = timer.region("remap", lambda y: za.remap(y, plan, "linear->attention", comm), qkv)
+        o = timer.region("attention", attention, x)
+        return timer.region("remap", lambda y: za.remap(y, plan, "attention->linear", comm), o)
+
+    model.zero_grad()
+    loss = model(ids[index], pos, targets, ntargets, attend, timer)
+    with timer("backward"):
+        loss.backward()
+    with timer("all_reduce"):
+        flat = flat_grads(model)
+        comm.all_reduce(flat)
+        set_flat_grads(model, flat)
+        total = loss.detach().reshape(1).clone()
+        comm.all_reduce(total)
+    return total[0]
+
+
+def run_distributed(a, c, batches):
+    zp = import_zeppelin()
+    with zp.init() as comm:
+        me = comm.rank
+        model = Model(c, a.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+        ref = None if a.no_check else Model(c, a.seed)
+        ref_opt = None if ref is None else torch.optim.AdamW(ref.parameters(), lr=a.lr)
+        worst = 0.0
+        times = []
+        if me == 0:
+            print(f"torch_trainer: {comm.size} ranks, {a.steps} steps of {a.tokens} tokens (lengths from "
+                  f"{os.path.basename(a.lengths)} / {a.scale}), {c.layers} layers, dim {c.dim}, {c.heads} query / "
+                  f"{c.kv_heads} key-value heads, kernel {a.kernel}", flush=True)
+        for step, (lengths, ids) in enumerate(batches):
+            timer = Timer()
+            t0 = time.perf_counter()
+            loss = distributed_step(model, comm, zp, lengths, ids, a.kernel, timer)
+            with timer("optimizer"):
+                opt.step()
+            timer.add("step", time.perf_counter() - t0)
+            times.append(timer.t)
+            line = f"step {step}: {len(lengths)} sequences, {len(ids)} tokens, loss {loss.item():.6f}"
+            if ref is not None:
+                ref_loss, ref_grads = reference_step(ref, lengths, ids)
+                ref_opt.step()
+                diffs = {"loss": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item())}
+                for n, p in model.named_parameters():
+                    diffs[n] = compare(n, p.grad, ref_grads[n])
+                name = max(diffs, key=diffs.get)
+                worst = max(worst, diffs[name])
+                line += (f" (one process, float64: {ref_loss.item():.6f}); largest difference {diffs[name]:.2e} "
+                         f"({name})")
+            if me == 0:
+                print(line, flush=True)
+        # The slowest rank's time per phase, mean over the steps after the first.
+        keep = times[1:] or times
+        mean = torch.tensor([sum(t.get(p, 0.0) for t in keep) / len(keep) for p in PHASES] + [worst],
+                            dtype=torch.float64)
+        comm.all_reduce(mean, op=zp.MAX)
+        if me == 0:
+            ms = dict(zip(PHASES, (mean[:-1] * 1e3).tolist()))
+            ms["linear_bwd"] = ms["backward"] - ms["remap_bwd"] - ms["attention_bwd"]
+            print("time per step, ms (slowest rank, mean of steps 1..%d): " % (len(times) - 1) +
+                  ", ".join("%s %.1f" % (p, ms[p]) for p in ["step", "plan", "linear", "remap", "attention",
+                                                           "backward", "linear_bwd", "remap_bwd",
+                                                           "attention_bwd", "all_reduce", "optimizer"]),
+                  flush=True)
+        worst = float(mean[-1])
+        if a.no_check:
+            return 0
+        ok = worst <= a.rtol
+        if me == 0:
+            print("%s: loss and every gradient of %d steps on %d ranks within %.1e of the one-process float64 "
+                  "run (largest difference %.2e)" % ("PASS" if ok else "FAIL", len(times), comm.size, a.rtol, worst),
+                  flush=True)
+        return 0 if ok else 1
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3)
@@ -274,6 +395,7 @@ def main(argv):
                     help="largest allowed difference to the reference, relative to its largest magnitude")
     ap.add_argument("--ranks", type=int, default=0, help="1: the one-process run only (default: from the environment)")
     ap.add_argument("--no-check", action="store_true", help="distributed: skip the one-process reference")
+    ap.add_argument("--kernel", default="torch", help="ring attention's block kernel: torch, reference (C) or flash")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     c = Config(a)
