@@ -145,8 +145,11 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, i
  * zprun (ZP_RANK, ZP_NRANKS, ZP_UNIQUE_ID), torchrun (RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT; rank 0 hosts the rendezvous), or Open MPI's
  * mpirun (OMPI_COMM_WORLD_RANK / _SIZE, with MASTER_ADDR / MASTER_PORT, or on
- * a single node with no address given, a rendezvous file in /dev/shm).
- * config may be NULL. */
+ * a single node with no address given, a rendezvous file in /dev/shm), or
+ * Slurm's srun (SLURM_PROCID, SLURM_NTASKS; rank 0 hosts the rendezvous at
+ * MASTER_ADDR, else at the first host of SLURM_STEP_NODELIST; its port is
+ * ZP_MASTER_PORT, else MASTER_PORT + 1, else one derived from SLURM_JOB_ID
+ * and SLURM_STEP_ID). config may be NULL. */
 zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config);
 /* Frees the communicator. Local: peers that later wait on this rank get
  * zpRemoteError. Work still queued on streams is waited for (up to the

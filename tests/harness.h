@@ -237,7 +237,9 @@ inline void clearLauncherEnv() {
   for (const char* v : {"ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "ZP_LOCAL_RANK", "ZP_LOCAL_NRANKS", "ZP_LAUNCHER",
                         "ZP_MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                         "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                        "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"})
+                        "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS",
+                        "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
+                        "SLURM_STEP_ID"})
     unsetenv(v);
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "src/core/bootstrap.h"
+#include "src/util/strings.h"
 #include "tests/harness.h"
 
 namespace {
@@ -321,6 +322,71 @@ TEST(InitFromEnv, MpirunVariablesOnOneNodeUseAFileThatIsRemovedAfterInit) {
   EXPECT_EQ(left, 0u) << "the rendezvous file of job " << job << " was left in /dev/shm";
 }
 
+// srun: SLURM_PROCID / SLURM_NTASKS, the master the first host of the step's
+// compressed node list (here 127.0.0.[1-4]: 127.0.0.1), the port after MASTER_PORT.
+TEST(InitFromEnv, SlurmVariablesWithTheMasterFromTheNodeList) {
+  int port = freePortPair();
+  ASSERT_GT(port, 0) << "no free loopback port pair";
+  jobFromEnv(4, [&](int rank, int n) {
+    setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+    setenv("SLURM_NTASKS", std::to_string(n).c_str(), 1);
+    setenv("SLURM_LOCALID", std::to_string(rank).c_str(), 1);
+    setenv("SLURM_STEP_NODELIST", "127.0.0.[1-4],zpnosuchhost[01-02]", 1);
+    setenv("SLURM_JOB_NODELIST", "zpnosuchhost[01-02]", 1);  // the step's list wins
+    setenv("SLURM_JOB_ID", "4242", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  }, zptest::testCaseSeed());
+}
+
+// MASTER_ADDR overrides the node list (whose hosts do not resolve here), and
+// without any port the tasks agree on one derived from the job and step ids.
+TEST(InitFromEnv, SlurmVariablesWithMasterAddrAndNoPort) {
+  uint64_t seed = zptest::testCaseSeed();
+  std::string job = std::to_string(1000 + seed % 100000), step = std::to_string(getpid() % 1000);
+  jobFromEnv(2, [&](int rank, int n) {
+    setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+    setenv("SLURM_NTASKS", std::to_string(n).c_str(), 1);
+    setenv("SLURM_STEP_NODELIST", "zpnosuchhost[07,09]", 1);
+    setenv("SLURM_JOB_ID", job.c_str(), 1);
+    setenv("SLURM_STEP_ID", step.c_str(), 1);
+    setenv("MASTER_ADDR", "localhost", 1);
+  }, seed);
+}
+
+TEST(InitFromEnv, FirstHostOfASlurmHostList) {
+  struct Case {
+    const char* list;
+    const char* first;  // nullptr: refused
+  } cases[] = {
+      {"node01", "node01"},
+      {"node[01-04,07]", "node01"},
+      {"node[07,01-04]", "node07"},
+      {"gpu[3]", "gpu3"},
+      {"a,b[1-2]", "a"},
+      {"node[001-100],login1", "node001"},
+      {"rack[2-3]-n[05-06].ib", "rack2-n05.ib"},
+      {"127.0.0.[1-4]", "127.0.0.1"},
+      {"", nullptr},
+      {",node1", nullptr},
+      {"node[", nullptr},
+      {"node[]", nullptr},
+      {"node[a-b]", nullptr},
+      {"node]1", nullptr},
+      {"node[1[2]]", nullptr},
+  };
+  for (const Case& c : cases) {
+    std::string host = "unchanged";
+    bool ok = zp::firstHostOfList(c.list, &host);
+    if (c.first) {
+      EXPECT_TRUE(ok) << c.list;
+      EXPECT_EQ(host, c.first) << c.list;
+    } else {
+      EXPECT_FALSE(ok) << c.list << " gave " << host;
+      EXPECT_EQ(host, "unchanged") << c.list;
+    }
+  }
+}
+
 TEST(InitFromEnv, MissingOrBadEnvironmentIsRefused) {
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
@@ -342,6 +408,14 @@ TEST(InitFromEnv, MissingOrBadEnvironmentIsRefused) {
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "70000"}},
        zpInvalidArgument},
       {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "x"}}, zpInvalidArgument},
+      {{{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}, {"MASTER_ADDR", "127.0.0.1"}}, zpInvalidArgument},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "four"}, {"MASTER_ADDR", "127.0.0.1"}}, zpInvalidArgument},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "2"}, {"MASTER_ADDR", "127.0.0.1"}},
+       zpInvalidArgument},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, zpInvalidUsage},  // no master at all
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "node[01-"}}, zpInvalidUsage},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"ZP_MASTER_PORT", "0"}},
+       zpInvalidArgument},
   };
   for (const Case& c : cases) {
     std::string desc;

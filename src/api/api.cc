@@ -247,11 +247,15 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
   zpUniqueId id;
   std::string idFile;
   const char* how = nullptr;
-  auto fromMaster = [&](const char* launcher) -> zpResult_t {
+  // Rank 0 hosts the rendezvous at addr. The port: ZP_MASTER_PORT, else the
+  // one after MASTER_PORT, else (srun) defaultPort.
+  auto fromMaster = [&](const char* launcher, const std::string& addr, long long defaultPort = 0) -> zpResult_t {
     long long port = 0;
     std::string zpPort = env("ZP_MASTER_PORT");
     if (!zpPort.empty()) {
       if (!zp::parseInt(zpPort, 1LL, 65535LL, &port)) return zp::fail(zpInvalidArgument, "ZP_MASTER_PORT='%s' is not a port", zpPort.c_str());
+    } else if (defaultPort > 0 && env("MASTER_PORT").empty()) {
+      port = defaultPort;
     } else {
       // MASTER_PORT itself belongs to the launcher's own store (torchrun), so use the next one.
       if (!zp::parseInt(env("MASTER_PORT"), 1LL, 65534LL, &port))
@@ -259,9 +263,10 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
       port += 1;
     }
     how = launcher;
-    std::string seed = env("MASTER_ADDR") + ":" + std::to_string(port) + ":" + std::to_string(nranks) + ":" +
-                       env("TORCHELASTIC_RUN_ID") + env("OMPI_MCA_ess_base_jobid");
-    return zp::makeRank0Id(env("MASTER_ADDR"), (int)port, seed, &id);
+    std::string seed = addr + ":" + std::to_string(port) + ":" + std::to_string(nranks) + ":" +
+                       env("TORCHELASTIC_RUN_ID") + env("OMPI_MCA_ess_base_jobid") + env("SLURM_JOB_ID") + "." +
+                       env("SLURM_STEP_ID");
+    return zp::makeRank0Id(addr, (int)port, seed, &id);
   };
   zp::Config cfg;
   ZP_CHECK(zp::resolveConfig(config, &cfg));
@@ -278,7 +283,7 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
         !zp::parseInt(env("OMPI_COMM_WORLD_SIZE"), 1LL, 1LL << 24, &nranks))
       return zp::fail(zpInvalidArgument, "OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE are not valid");
     if (!env("MASTER_ADDR").empty() && !env("MASTER_PORT").empty()) {
-      ZP_CHECK(fromMaster("mpirun"));
+      ZP_CHECK(fromMaster("mpirun", env("MASTER_ADDR")));
     } else {
       std::string job = env("OMPI_MCA_ess_base_jobid");
       if (job.empty()) job = env("PMIX_NAMESPACE");
@@ -294,10 +299,30 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
                       env("WORLD_SIZE").c_str());
     if (env("MASTER_ADDR").empty() || env("MASTER_PORT").empty())
       return zp::fail(zpInvalidUsage, "RANK and WORLD_SIZE are set but MASTER_ADDR / MASTER_PORT are not");
-    ZP_CHECK(fromMaster("torchrun"));
+    ZP_CHECK(fromMaster("torchrun", env("MASTER_ADDR")));
+  } else if (!env("SLURM_PROCID").empty() && !env("SLURM_NTASKS").empty()) {
+    // srun: one task per rank; rank 0 (the first task, on the first node of
+    // the step) hosts the rendezvous.
+    long long localId = 0;
+    if (!zp::parseInt(env("SLURM_PROCID"), 0LL, 1LL << 24, &rank) || !zp::parseInt(env("SLURM_NTASKS"), 1LL, 1LL << 24, &nranks))
+      return zp::fail(zpInvalidArgument, "SLURM_PROCID='%s' / SLURM_NTASKS='%s' are not valid", env("SLURM_PROCID").c_str(),
+                      env("SLURM_NTASKS").c_str());
+    if (!env("SLURM_LOCALID").empty() && !zp::parseInt(env("SLURM_LOCALID"), 0LL, nranks - 1, &localId))
+      return zp::fail(zpInvalidArgument, "SLURM_LOCALID='%s' is not a task index below %lld", env("SLURM_LOCALID").c_str(), nranks);
+    std::string master = env("MASTER_ADDR"), list = env("SLURM_STEP_NODELIST");
+    if (list.empty()) list = env("SLURM_JOB_NODELIST");
+    if (master.empty() && !zp::firstHostOfList(list, &master))
+      return zp::fail(zpInvalidUsage, "srun: no MASTER_ADDR, and SLURM_STEP_NODELIST / SLURM_JOB_NODELIST ('%s') names no first host",
+                      list.c_str());
+    // Without a port given, one every task derives from the job and step ids
+    // (in [20000, 40000): below the usual ephemeral range).
+    long long job = 0, step = 0;
+    zp::parseInt(env("SLURM_JOB_ID"), 0LL, 1LL << 40, &job);
+    zp::parseInt(env("SLURM_STEP_ID"), 0LL, 1LL << 40, &step);
+    ZP_CHECK(fromMaster("srun", master, 20000 + (job * 97 + step) % 20000));
   } else {
     return zp::fail(zpInvalidUsage,
-                    "zpCommInitFromEnv: no launcher environment: start the program with zprun, torchrun or mpirun "
+                    "zpCommInitFromEnv: no launcher environment: start the program with zprun, torchrun, mpirun or srun "
                     "(or set ZP_RANK, ZP_NRANKS and ZP_UNIQUE_ID)");
   }
   if (rank >= nranks) return zp::fail(zpInvalidArgument, "%s: rank %lld is not below the world size %lld", how, rank, nranks);

@@ -135,4 +135,29 @@ std::string formatBitsPerSec(double bps) {
   return strprintf("%.4g bit/s", bps);
 }
 
+bool firstHostOfList(const std::string& list, std::string* host) {
+  std::string out;
+  size_t i = 0;
+  while (i < list.size() && list[i] != ',') {
+    if (list[i] == ']') return false;
+    if (list[i] != '[') {
+      out += list[i++];
+      continue;
+    }
+    // A bracket group "[01-04,07]": its first entry's first number, as written
+    // (zero padding is part of the host name).
+    size_t close = list.find(']', i);
+    if (close == std::string::npos) return false;
+    std::string group = list.substr(i + 1, close - i - 1);
+    std::string first = group.substr(0, group.find_first_of(",-"));
+    if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return false;
+    if (group.find('[') != std::string::npos) return false;
+    out += first;
+    i = close + 1;
+  }
+  if (out.empty()) return false;
+  *host = out;
+  return true;
+}
+
 }  // namespace zp

@@ -36,4 +36,10 @@ bool parseBitsPerSec(const std::string& text, double* bitsPerSec);
 // "1.25 Gbit/s", or "unknown" for 0.
 std::string formatBitsPerSec(double bitsPerSec);
 
+// The first host of a Slurm host list, whose compressed form names ranges in
+// brackets: "node[01-04,07],gpu3" -> "node01", "rack[1-2]-n[5-6]" ->
+// "rack1-n5". False on an empty or malformed list (unbalanced brackets, an
+// empty or non-numeric range).
+bool firstHostOfList(const std::string& hostlist, std::string* host);
+
 }  // namespace zp

@@ -1,0 +1,402 @@
+"""Communicators, groups and the data calls (point to point, alltoallv, collectives)."""
+
+import contextlib
+import ctypes
+import enum
+import threading
+
+from . import _lib
+from ._buffers import DTYPE_NAMES, buffer, same_dtype
+from .errors import InvalidArgument, InvalidUsage, check, error_from
+
+SPLIT_NOCOLOR = _lib.SPLIT_NOCOLOR
+UNIQUE_ID_BYTES = _lib.UNIQUE_ID_BYTES
+
+
+class ReduceOp(enum.IntEnum):
+    """zpRedOp_t. float16 and bfloat16 are reduced in float32; AVG on integers truncates."""
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+SUM, PROD, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG
+_ROUTING = {None: -1, "default": -1, "off": 0, "rail": 1, "balanced": 2}
+
+
+def _op(op):
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            raise InvalidArgument("unknown reduction %r (sum, prod, max, min, avg)" % op) from None
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidArgument("unknown reduction %r (sum, prod, max, min, avg)" % (op,)) from None
+
+
+def _config(timeout=None, routing=None, node_id=None, net_devices=None):
+    """A zpConfig_t (None when nothing is set: the environment's settings)."""
+    if timeout is None and routing is None and node_id is None and net_devices is None:
+        return None
+    c = _lib.Config(ctypes.sizeof(_lib.Config), _lib.CONFIG_MAGIC, _version_code(), _lib.CONFIG_UNDEF_INT,
+                    _lib.CONFIG_UNDEF_INT, None, None)
+    if timeout is not None:
+        ms = int(round(float(timeout) * 1000))
+        if ms < 1:
+            raise InvalidArgument("timeout=%r: give seconds, at least 0.001" % (timeout,))
+        c.timeoutMs = ms
+    if routing is not None:
+        if routing not in _ROUTING:
+            raise InvalidArgument("routing=%r: one of off, rail, balanced" % (routing,))
+        c.routing = _ROUTING[routing]
+    if node_id is not None:
+        c.nodeId = str(node_id).encode()
+    if net_devices is not None:
+        c.netDevices = (net_devices if isinstance(net_devices, str) else ",".join(net_devices)).encode()
+    return c
+
+
+def _version_code():
+    v = ctypes.c_int()
+    check(_lib.lib.zpGetVersion(ctypes.byref(v)))
+    return v.value
+
+
+def version():
+    """The library's version as (major, minor, patch)."""
+    v = _version_code()
+    return v // 10000, v // 100 % 100, v % 100
+
+
+# ---- groups ----
+_tls = threading.local()
+
+
+def _group_keep():
+    """The buffers of calls queued in this thread's open group (None outside
+    one): they must live until zpGroupEnd runs the calls."""
+    return getattr(_tls, "keep", None)
+
+
+@contextlib.contextmanager
+def group():
+    """zpGroupStart / zpGroupEnd: the calls inside run together when the
+    outermost group ends (a rank can then send to and receive from many
+    peers without deadlock). The buffers passed inside are kept alive until
+    then. Nests."""
+    check(_lib.lib.zpGroupStart())
+    outer = _group_keep() is None
+    if outer:
+        _tls.keep = []
+    try:
+        yield
+    except BaseException:
+        r = _lib.lib.zpGroupEnd()  # ends the group; the body's exception is the one to see
+        if outer:
+            _tls.keep = None
+        del r
+        raise
+    r = _lib.lib.zpGroupEnd()
+    if outer:
+        _tls.keep = None
+    check(r)
+
+
+def get_unique_id():
+    """A new zpUniqueId as bytes (and, in this process, the rendezvous
+    service the ranks meet at). Share it with the other ranks out of band;
+    it holds a secret: treat it as a password."""
+    uid = _lib.UniqueId()
+    check(_lib.lib.zpGetUniqueId(ctypes.byref(uid)))
+    return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
+
+
+def init(timeout=None, routing=None, node_id=None, net_devices=None):
+    """The communicator a launcher describes in the environment
+    (zpCommInitFromEnv): zprun, torchrun (python3 -m torch.distributed.run),
+    Open MPI's mpirun, Slurm's srun. Collective over the job's ranks.
+    timeout (seconds), routing, node_id, net_devices: zpConfig_t's fields
+    (None: from ZP_TIMEOUT etc.)."""
+    h = _lib.Comm()
+    c = _config(timeout, routing, node_id, net_devices)
+    check(_lib.lib.zpCommInitFromEnv(ctypes.byref(h), ctypes.byref(c) if c else None))
+    return Communicator(h.value)
+
+
+class Communicator:
+    """A zpComm_t. Use as a context manager: leaving the block destroys it, or
+    aborts it if the block raised (so peers fail at once instead of waiting
+    for the timeout)."""
+
+    def __init__(self, handle):
+        if not handle:
+            raise InvalidArgument("Communicator: no handle")
+        self._h = handle
+        n, r = ctypes.c_int(), ctypes.c_int()
+        check(_lib.lib.zpCommCount(handle, ctypes.byref(n)), handle)
+        check(_lib.lib.zpCommUserRank(handle, ctypes.byref(r)), handle)
+        self._size, self._rank = n.value, r.value
+        self._has_device = None
+
+    @classmethod
+    def from_unique_id(cls, unique_id, size, rank, timeout=None, routing=None, node_id=None, net_devices=None):
+        """zpCommInitRankConfig: collective over size processes that share unique_id
+        (bytes from get_unique_id)."""
+        uid = bytes(unique_id)
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise InvalidArgument("unique_id: %d bytes, a zpUniqueId has %d" % (len(uid), UNIQUE_ID_BYTES))
+        cid = _lib.UniqueId()
+        ctypes.memmove(ctypes.addressof(cid), uid, UNIQUE_ID_BYTES)  # bytes with NULs: not a c_char assignment
+        h = _lib.Comm()
+        c = _config(timeout, routing, node_id, net_devices)
+        check(_lib.lib.zpCommInitRankConfig(ctypes.byref(h), int(size), cid, int(rank),
+                                            ctypes.byref(c) if c else None))
+        return cls(h.value)
+
+    # ---- identity and lifetime ----
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def handle(self):
+        """The zpComm_t as an int (for other bindings), or None once destroyed."""
+        return self._h
+
+    def _handle(self):
+        if not self._h:
+            raise InvalidUsage("the communicator was destroyed or aborted")
+        return self._h
+
+    def _check(self, r):
+        if r != 0:
+            raise error_from(r, self._h)
+
+    @property
+    def has_device(self):
+        """Whether device (CUDA) buffers can be used: a build with CUDA, a GPU
+        and ZP_CUDA_DEVICE not none."""
+        if self._has_device is None:
+            nccl = ctypes.c_void_p()
+            self._has_device = _lib.lib.zpCommGetNcclComm(self._handle(), ctypes.byref(nccl)) == 0
+        return self._has_device
+
+    def destroy(self):
+        """zpCommDestroy (local; waits for queued device work)."""
+        if self._h:
+            h, self._h = self._h, None
+            check(_lib.lib.zpCommDestroy(h), None)
+
+    def abort(self):
+        """zpCommAbort: destroys it and tells every peer to fail its pending and
+        future calls on this communicator at once."""
+        if self._h:
+            h, self._h = self._h, None
+            check(_lib.lib.zpCommAbort(h), None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.destroy()
+        else:
+            self.abort()
+        return False
+
+    def __del__(self):
+        try:
+            if self._h and _lib is not None and _lib.lib is not None:
+                _lib.lib.zpCommDestroy(self._h)
+                self._h = None
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<zeppelin.Communicator rank %d of %d%s>" % (self._rank, self._size, "" if self._h else " destroyed")
+
+    def get_async_error(self):
+        """None, or the exception (not raised) of the error that broke the
+        communicator: a dead peer, a peer that aborted, failed device work.
+        Polling also moves pending work forward."""
+        e = ctypes.c_int()
+        self._check(_lib.lib.zpCommGetAsyncError(self._handle(), ctypes.byref(e)))
+        if e.value == 0:
+            return None
+        return error_from(e.value, self._h)
+
+    def split(self, color, key=None, timeout=None, routing=None, node_id=None, net_devices=None):
+        """zpCommSplit: collective; ranks with the same color >= 0 form a new
+        communicator ranked by key (default: this rank). SPLIT_NOCOLOR: take
+        part, get None. Settings not given are this communicator's."""
+        h = _lib.Comm()
+        c = _config(timeout, routing, node_id, net_devices)
+        if key is None:
+            key = self._rank
+        self._check(_lib.lib.zpCommSplit(self._handle(), int(color), int(key), ctypes.byref(h),
+                                         ctypes.byref(c) if c else None))
+        return Communicator(h.value) if h.value else None
+
+    # ---- buffers ----
+    def _bufs(self, fn, args, stream, same_dtypes=True):
+        """Checks the (object, name, writable) args of one call; returns their
+        Bufs and the stream to pass (None: host memory)."""
+        bufs = [buffer(o, "%s: %s" % (fn, name), writable, stream) for o, name, writable in args]
+        if same_dtypes:
+            same_dtype(bufs, fn)
+        devices = {(b.device, b.device_index) for b in bufs}
+        if len(devices) > 1:
+            raise InvalidArgument("%s: buffers on different devices: %s" % (
+                fn, ", ".join("%s:%d" % d if d[0] == "cuda" else d[0] for d in sorted(devices))))
+        device = bufs[0].device
+        if device == "cuda":
+            if not self.has_device:
+                raise InvalidArgument("%s: CUDA buffers, but this communicator has no device data plane (a build "
+                                      "without CUDA, no GPU, or ZP_CUDA_DEVICE=none); pass CPU tensors" % fn)
+            if stream is None:
+                stream = bufs[0].stream
+                if stream is None:
+                    raise InvalidArgument("%s: device buffers need a stream (stream=...)" % fn)
+            for b in bufs:
+                self._check(_lib.lib.zpCommCheckBuffer(self._h, b.ptr, stream))
+        elif stream is not None:
+            raise InvalidArgument("%s: a stream was given for host buffers (a stream means CUDA memory)" % fn)
+        keep = _group_keep()
+        if keep is not None:
+            keep.extend(bufs)
+        return bufs, stream
+
+    # ---- point to point ----
+    def _peer(self, fn, peer):
+        if not isinstance(peer, int) or not 0 <= peer < self._size:
+            raise InvalidArgument("%s: peer %r is not a rank in [0, %d)" % (fn, peer, self._size))
+        return peer
+
+    def send(self, tensor, peer, stream=None):
+        """zpSend of the whole tensor to peer (matched in call order with its recv)."""
+        h = self._handle()
+        self._peer("send", peer)
+        (b,), s = self._bufs("send", [(tensor, "tensor", False)], stream)
+        self._check(_lib.lib.zpSend(b.ptr, b.numel, b.dtype, peer, h, s))
+
+    def recv(self, tensor, peer, stream=None):
+        """zpRecv into the whole tensor from peer; its size must equal the send's."""
+        h = self._handle()
+        self._peer("recv", peer)
+        (b,), s = self._bufs("recv", [(tensor, "tensor", True)], stream)
+        self._check(_lib.lib.zpRecv(b.ptr, b.numel, b.dtype, peer, h, s))
+        return tensor
+
+    # ---- alltoallv ----
+    def _counts(self, fn, name, values, default_from=None):
+        if values is None:
+            out, acc = [], 0
+            for c in default_from:  # exclusive prefix sums: blocks back to back
+                out.append(acc)
+                acc += c
+            return out
+        try:
+            vals = [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+        except (TypeError, ValueError):
+            raise InvalidArgument("%s: %s must be %d integers" % (fn, name, self._size)) from None
+        if len(vals) != self._size:
+            raise InvalidArgument("%s: %s has %d entries, the communicator %d ranks" % (fn, name, len(vals),
+                                                                                       self._size))
+        for p, v in enumerate(vals):
+            if v < 0:
+                raise InvalidArgument("%s: %s[%d] = %d is negative" % (fn, name, p, v))
+        return vals
+
+    def alltoallv(self, send, sendcounts, recv, recvcounts, sdispls=None, rdispls=None, stream=None):
+        """zpAlltoallv: sendcounts[p] elements from element sdispls[p] of send go
+        to rank p, which receives them at element rdispls[rank] of recv. Counts
+        and displacements in elements; displacements default to the blocks back
+        to back. Returns recv."""
+        fn = "alltoallv"
+        h = self._handle()
+        sc = self._counts(fn, "sendcounts", sendcounts)
+        rc = self._counts(fn, "recvcounts", recvcounts)
+        sd = self._counts(fn, "sdispls", sdispls, sc)
+        rd = self._counts(fn, "rdispls", rdispls, rc)
+        (sb, rb), s = self._bufs(fn, [(send, "send", False), (recv, "recv", True)], stream)
+        for counts, displs, b, what in ((sc, sd, sb, "send"), (rc, rd, rb, "recv")):
+            for p in range(self._size):
+                if counts[p] and displs[p] + counts[p] > b.numel:
+                    raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements" % (
+                        fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
+        A = _lib.c_size_t * self._size
+        self._check(_lib.lib.zpAlltoallv(sb.ptr, A(*sc), A(*sd), rb.ptr, A(*rc), A(*rd), sb.dtype, h, s))
+        return recv
+
+    # ---- collectives ----
+    @staticmethod
+    def _numel(fn, buf, name, want, why):
+        if buf.numel != want:
+            raise InvalidArgument("%s: %s has %d elements, it needs %d (%s)" % (fn, name, buf.numel, want, why))
+
+    def _root(self, fn, root):
+        if not isinstance(root, int) or not 0 <= root < self._size:
+            raise InvalidArgument("%s: root %r is not a rank in [0, %d)" % (fn, root, self._size))
+        return root
+
+    def all_reduce(self, tensor, op=SUM, out=None, stream=None):
+        """zpAllReduce; in place unless out is given. Returns the result."""
+        fn, h, op = "all_reduce", self._handle(), _op(op)
+        target = tensor if out is None else out
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
+        self._numel(fn, rb, "out", sb.numel, "as many as tensor")
+        self._check(_lib.lib.zpAllReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, h, s))
+        return target
+
+    def broadcast(self, tensor, root=0, out=None, stream=None):
+        """zpBroadcast of root's tensor; in place unless out is given."""
+        fn, h = "broadcast", self._handle()
+        self._root(fn, root)
+        target = tensor if out is None else out
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
+        self._numel(fn, rb, "out", sb.numel, "as many as tensor")
+        self._check(_lib.lib.zpBroadcast(sb.ptr, rb.ptr, sb.numel, sb.dtype, root, h, s))
+        return target
+
+    def reduce(self, tensor, root=0, op=SUM, out=None, stream=None):
+        """zpReduce to root (in place unless out is given; only root's is written)."""
+        fn, h, op = "reduce", self._handle(), _op(op)
+        self._root(fn, root)
+        target = tensor if out is None else out
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
+        self._numel(fn, rb, "out", sb.numel, "as many as tensor")
+        self._check(_lib.lib.zpReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, root, h, s))
+        return target
+
+    def all_gather(self, tensor, out, stream=None):
+        """zpAllGather: out holds size x tensor's elements, rank r's at r x count."""
+        fn, h = "all_gather", self._handle()
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
+        self._numel(fn, rb, "out", sb.numel * self._size, "%d ranks x %d" % (self._size, sb.numel))
+        self._check(_lib.lib.zpAllGather(sb.ptr, rb.ptr, sb.numel, sb.dtype, h, s))
+        return out
+
+    def reduce_scatter(self, tensor, out, op=SUM, stream=None):
+        """zpReduceScatter: tensor holds size x out's elements; out gets the
+        reduction of every rank's block number rank."""
+        fn, h, op = "reduce_scatter", self._handle(), _op(op)
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
+        self._numel(fn, sb, "tensor", rb.numel * self._size, "%d ranks x %d" % (self._size, rb.numel))
+        self._check(_lib.lib.zpReduceScatter(sb.ptr, rb.ptr, rb.numel, sb.dtype, op, h, s))
+        return out
+
+    def barrier(self):
+        """zpBarrier: returns once every rank has called it (a host barrier)."""
+        self._check(_lib.lib.zpBarrier(self._handle(), None))
+
+
+def dtype_name(code):
+    return DTYPE_NAMES[code]

@@ -1,0 +1,551 @@
+"""Batch plans, layouts, remaps, and thin bindings of the Ulysses exchange,
+rings and the ring-attention driver (for autograd functions built on them)."""
+
+import ctypes
+import math
+
+from . import _lib
+from ._buffers import FLOAT32, buffer
+from .comm import Communicator
+from .errors import INVALID_USAGE, InvalidArgument, InvalidUsage, check, error_from
+
+ATTENTION, LINEAR = 0, 1  # zpLayoutKind_t
+LOCAL, INTRA_NODE, INTER_NODE = 0, 1, 2  # a sequence's class in a plan
+
+
+def _int64s(values, what):
+    try:
+        vals = [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+    except (TypeError, ValueError):
+        raise InvalidArgument("%s must be a sequence of integers" % what) from None
+    return vals, (ctypes.c_int64 * max(len(vals), 1))(*vals)
+
+
+def _comm_handle(comm):
+    if not isinstance(comm, Communicator):
+        raise InvalidArgument("expected a zeppelin.Communicator, got %s" % type(comm).__name__)
+    return comm._handle()
+
+
+def _shape(obj):
+    s = getattr(obj, "shape", None)
+    return tuple(int(x) for x in s) if s is not None else None
+
+
+def _empty_like(obj, shape):
+    """An uninitialised tensor or array of obj's kind, dtype and device."""
+    mod = type(obj).__module__
+    if mod.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=obj.dtype, device=obj.device)
+    if mod == "numpy":
+        import numpy
+        return numpy.empty(shape, dtype=obj.dtype)
+    raise InvalidArgument("out=None needs a torch tensor or NumPy array input (got %s); pass out"
+                          % type(obj).__name__)
+
+
+# ---- layouts ----
+class Layout:
+    """Where every token of a batch lives: per rank, an ordered list of
+    segments (seq, start, count); a rank's buffer holds its segments' tokens
+    back to back, each token as elems_per_token elements."""
+
+    def __init__(self, handle, owner=None):
+        self._h = handle
+        self._owner = owner  # the plan that owns a plan's layout; None: this object owns it
+        n, s, lens = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int64)()
+        check(_lib.lib.zpLayoutGetInfo(handle, ctypes.byref(n), ctypes.byref(s), ctypes.byref(lens)))
+        self.nranks = n.value
+        self.lengths = [lens[i] for i in range(s.value)]
+        self.cu_seqlens = [0]
+        for L in self.lengths:
+            self.cu_seqlens.append(self.cu_seqlens[-1] + L)
+        self._segs = []
+        for r in range(self.nranks):
+            p, c = ctypes.POINTER(_lib.Segment)(), _lib.c_size_t()
+            check(_lib.lib.zpLayoutRankSegments(handle, r, ctypes.byref(p), ctypes.byref(c)))
+            self._segs.append([(p[i].seq, p[i].start, p[i].count) for i in range(c.value)])
+        self.tokens_per_rank = [sum(c for _, _, c in segs) for segs in self._segs]
+
+    @classmethod
+    def create(cls, lengths, segments):
+        """zpLayoutCreate: segments[r] is rank r's list of (seq, start, count);
+        every token of every sequence must be on exactly one rank."""
+        lens, arr = _int64s(lengths, "lengths")
+        offs, flat = [0], []
+        for segs in segments:
+            for seq, start, count in segs:
+                flat.append(_lib.Segment(int(seq), int(start), int(count)))
+            offs.append(len(flat))
+        h = _lib.LayoutH()
+        check(_lib.lib.zpLayoutCreate(ctypes.byref(h), len(lens), arr, len(segments), _lib.size_array(offs),
+                                      (_lib.Segment * max(len(flat), 1))(*flat)))
+        return cls(h.value)
+
+    @property
+    def handle(self):
+        return self._h
+
+    @property
+    def total_tokens(self):
+        return self.cu_seqlens[-1]
+
+    def segments(self, rank):
+        """Rank's segments, in buffer order: a list of (seq, start, count)."""
+        return list(self._segs[rank])
+
+    def tokens(self, rank):
+        return self.tokens_per_rank[rank]
+
+    def ranges(self, rank):
+        """Rank's tokens as [begin, end) ranges of the packed batch (sequences
+        back to back in order, cu_seqlens), in buffer order."""
+        return [(self.cu_seqlens[s] + a, self.cu_seqlens[s] + a + c) for s, a, c in self._segs[rank]]
+
+    def index_list(self, rank):
+        """Rank's tokens as indices into the packed batch, in buffer order."""
+        return [i for b, e in self.ranges(rank) for i in range(b, e)]
+
+    def indices(self, rank, device=None):
+        """index_list as a torch int64 tensor (for index_select on a packed batch)."""
+        import torch
+        return torch.tensor(self.index_list(rank), dtype=torch.int64, device=device)
+
+    def shard(self, packed, rank):
+        """Rank's rows of a packed batch [total_tokens, ...] (torch or NumPy), in buffer order."""
+        if _shape(packed) is None or _shape(packed)[0] != self.total_tokens:
+            raise InvalidArgument("shard: the packed batch needs %d rows, got shape %s" % (self.total_tokens,
+                                                                                        _shape(packed)))
+        if type(packed).__module__.startswith("torch"):
+            return packed.index_select(0, self.indices(rank, packed.device))
+        import numpy
+        return packed[numpy.asarray(self.index_list(rank), dtype=numpy.int64)]
+
+    def unshard(self, shards, out=None):
+        """The packed batch from every rank's shard (the inverse of shard)."""
+        if len(shards) != self.nranks:
+            raise InvalidArgument("unshard: %d shards for %d ranks" % (len(shards), self.nranks))
+        first = shards[0]
+        if out is None:
+            out = _empty_like(first, (self.total_tokens,) + tuple(_shape(first)[1:]))
+        for r, s in enumerate(shards):
+            if _shape(s)[0] != self.tokens(r):
+                raise InvalidArgument("unshard: rank %d's shard has %d rows, the layout gives it %d"
+                                      % (r, _shape(s)[0], self.tokens(r)))
+            at = 0
+            for b, e in self.ranges(r):
+                out[b:e] = s[at:at + e - b]
+                at += e - b
+        return out
+
+    def close(self):
+        if self._h and self._owner is None:
+            _lib.lib.zpLayoutDestroy(self._h)
+        self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<zeppelin.Layout %d ranks, %d sequences, tokens per rank %s>" % (
+            self.nranks, len(self.lengths), self.tokens_per_rank)
+
+
+# ---- plans ----
+class BatchPlan:
+    """A zpBatchPlan_t: which ranks attend each sequence (its ring), and the
+    attention and linear layouts of the batch."""
+
+    def __init__(self, handle):
+        self._h = handle
+        n, s, lens, causal = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int()
+        check(_lib.lib.zpPlanGetInfo(handle, ctypes.byref(n), ctypes.byref(s), ctypes.byref(lens),
+                                     ctypes.byref(causal)))
+        self.nranks, self.causal = n.value, bool(causal.value)
+        self.lengths = [lens[i] for i in range(s.value)]
+        self._layouts = {}
+
+    @classmethod
+    def from_rings(cls, lengths, rings, nranks, causal=True, ranks_per_node=0):
+        """zpPlanCreate: sequence s runs on the ranks rings[s] in ring order
+        (one rank: local), chunked as the planner does."""
+        lens, arr = _int64s(lengths, "lengths")
+        if len(rings) != len(lens):
+            raise InvalidArgument("from_rings: %d rings for %d sequences" % (len(rings), len(lens)))
+        offs, flat = [0], []
+        for ring in rings:
+            flat.extend(int(r) for r in ring)
+            offs.append(len(flat))
+        h = _lib.Plan()
+        check(_lib.lib.zpPlanCreate(ctypes.byref(h), len(lens), arr, int(bool(causal)), int(nranks),
+                                    int(ranks_per_node), _lib.size_array(offs),
+                                    (ctypes.c_int * max(len(flat), 1))(*flat)))
+        return cls(h.value)
+
+    @property
+    def handle(self):
+        return self._h
+
+    def _layout(self, kind):
+        if kind not in self._layouts:
+            h = _lib.LayoutH()
+            check(_lib.lib.zpPlanGetLayout(self._h, kind, ctypes.byref(h)))
+            self._layouts[kind] = Layout(h.value, owner=self)
+        return self._layouts[kind]
+
+    @property
+    def attention_layout(self):
+        return self._layout(ATTENTION)
+
+    @property
+    def linear_layout(self):
+        """Tokens balanced across ranks (contiguous runs), for the linear layers."""
+        return self._layout(LINEAR)
+
+    def sequence(self, seq):
+        """(class, ranks) of sequence seq: class LOCAL, INTRA_NODE or INTER_NODE,
+        ranks its ring in order."""
+        cls, n, ranks = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int)()
+        check(_lib.lib.zpPlanSequence(self._h, int(seq), ctypes.byref(cls), ctypes.byref(n), ctypes.byref(ranks)))
+        return cls.value, [ranks[i] for i in range(n.value)]
+
+    def close(self):
+        if self._h:
+            for lay in self._layouts.values():
+                lay._h = None
+            _lib.lib.zpPlanDestroy(self._h)
+        self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<zeppelin.BatchPlan %d ranks, %d sequences%s>" % (self.nranks, len(self.lengths),
+                                                                  ", causal" if self.causal else "")
+
+
+def plan_batch(lengths, comm_or_nranks, causal=True, q_heads=32, kv_heads=8, head_dim=128, elem_bytes=2,
+               nodes=1, nics_per_node=1, nic_gbps=200.0, intra_node_gbps=200.0, tflops=312.0, efficiency=0.5):
+    """zpPlanBatch: the hierarchical partition of a batch of sequence lengths.
+    With a Communicator, for its cluster (nodes, ranks per node, NICs and
+    their measured rate); with a rank count, for the cluster model the other
+    arguments give (default one A800-like node). The attention shape
+    (heads, head_dim, elem_bytes) weighs compute against communication."""
+    lens, arr = _int64s(lengths, "lengths")
+    shape = _lib.AttnShape(int(q_heads), int(kv_heads), int(head_dim), int(elem_bytes), int(bool(causal)))
+    h = _lib.Plan()
+    if isinstance(comm_or_nranks, Communicator):
+        cluster, comm = None, comm_or_nranks._handle()
+    else:
+        n = int(comm_or_nranks)
+        if n < 1 or n % int(nodes):
+            raise InvalidArgument("plan_batch: %d ranks do not fill %d nodes evenly" % (n, nodes))
+        cluster = _lib.ClusterModel(int(nodes), n // int(nodes), int(nics_per_node), float(nic_gbps),
+                                    float(intra_node_gbps), float(tflops), float(efficiency))
+        cluster, comm = ctypes.byref(cluster), None
+    check(_lib.lib.zpPlanBatch(ctypes.byref(h), len(lens), arr, ctypes.byref(shape), cluster, comm), comm)
+    return BatchPlan(h.value)
+
+
+# ---- remaps ----
+def _rows(fn, obj, tokens, elems_per_token, name):
+    """Elements per token of a [tokens, ...] buffer."""
+    shape = _shape(obj)
+    if elems_per_token is None:
+        if not shape:
+            raise InvalidArgument("%s: %s has no shape; pass elems_per_token" % (fn, name))
+        if shape[0] != tokens:
+            raise InvalidArgument("%s: %s has %d rows (shape %s), this rank's layout holds %d tokens"
+                                  % (fn, name, shape[0], shape, tokens))
+        return math.prod(shape[1:])
+    return int(elems_per_token)
+
+
+class Remap:
+    """zpRemapCreate: moves tokens from one layout to another (and back with
+    inverse=True) over comm, whose size must equal the layouts' rank count."""
+
+    def __init__(self, from_layout, to_layout, comm):
+        self.source, self.target, self.comm = from_layout, to_layout, comm
+        h = _lib.RemapH()
+        ch = _comm_handle(comm)
+        check(_lib.lib.zpRemapCreate(ctypes.byref(h), from_layout.handle, to_layout.handle, ch), ch)
+        self._h = h.value
+
+    def execute(self, inp, out=None, inverse=False, elems_per_token=None, stream=None):
+        """zpRemapExecute: inp holds this rank's tokens of the source layout
+        (the target's if inverse) as [tokens, ...]; returns out (allocated
+        like inp when None) in the other layout. in and out must not overlap."""
+        fn = "Remap.execute"
+        if not self._h:
+            raise InvalidUsage("%s: the remap was closed" % fn)
+        src, dst = (self.target, self.source) if inverse else (self.source, self.target)
+        r = self.comm.rank
+        ept = _rows(fn, inp, src.tokens(r), elems_per_token, "inp")
+        if out is None:
+            out = _empty_like(inp, (dst.tokens(r),) + _shape(inp)[1:])
+        (ib, ob), s = self.comm._bufs(fn, [(inp, "inp", False), (out, "out", True)], stream)
+        if ib.numel != src.tokens(r) * ept:
+            raise InvalidArgument("%s: inp has %d elements, %d tokens x %d per token expected"
+                                  % (fn, ib.numel, src.tokens(r), ept))
+        if ob.numel != dst.tokens(r) * ept:
+            raise InvalidArgument("%s: out has %d elements, %d tokens x %d per token expected"
+                                  % (fn, ob.numel, dst.tokens(r), ept))
+        h = self.comm._handle()
+        check(_lib.lib.zpRemapExecute(self._h, ib.ptr, ob.ptr, ept, ib.dtype, int(bool(inverse)), h, s), h)
+        return out
+
+    __call__ = execute
+
+    def close(self):
+        if self._h:
+            _lib.lib.zpRemapDestroy(self._h)
+        self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---- Ulysses ----
+def ulysses_heads(rank, size, q_heads, heads):
+    """[lo, hi) of the heads (of a tensor with `heads` heads) that rank holds
+    in the head-parallel layout (as the C library assigns them)."""
+    qlo, qhi = rank * q_heads // size, (rank + 1) * q_heads // size
+    if qlo == qhi:
+        return 0, 0
+    g = q_heads // heads
+    return qlo // g, (qhi + g - 1) // g
+
+
+def ulysses_alltoall(inp, layout, q_heads, heads, head_dim, direction, comm, out=None, stream=None):
+    """zpUlyssesAlltoall. direction 0: inp [this rank's tokens, heads, head_dim]
+    in layout order -> out [all tokens in cu_seqlens order, my heads,
+    head_dim]; direction 1 the reverse (heads held by several ranks, GQA,
+    are summed: float32 / float64). Returns out (allocated when None)."""
+    fn = "ulysses_alltoall"
+    if direction not in (0, 1):
+        raise InvalidArgument("%s: direction %r is 0 or 1" % (fn, direction))
+    if q_heads < 1 or heads < 1 or head_dim < 1 or q_heads % heads:
+        raise InvalidArgument("%s: %d query heads, %d heads, head_dim %d: need >= 1 and heads dividing query heads"
+                              % (fn, q_heads, heads, head_dim))
+    r = comm.rank
+    lo, hi = ulysses_heads(r, comm.size, q_heads, heads)
+    seq_shape = (layout.tokens(r), heads, head_dim)
+    head_shape = (layout.total_tokens, hi - lo, head_dim)
+    in_shape, out_shape = (seq_shape, head_shape) if direction == 0 else (head_shape, seq_shape)
+    if out is None:
+        out = _empty_like(inp, out_shape)
+    (ib, ob), s = comm._bufs(fn, [(inp, "inp", False), (out, "out", True)], stream)
+    for b, shp, name in ((ib, in_shape, "inp"), (ob, out_shape, "out")):
+        if b.numel != math.prod(shp):
+            raise InvalidArgument("%s: %s has %d elements, shape %s expected" % (fn, name, b.numel, shp))
+    h = comm._handle()
+    check(_lib.lib.zpUlyssesAlltoall(ib.ptr, ob.ptr, layout.handle, int(q_heads), int(heads), int(head_dim),
+                                     ib.dtype, int(direction), h, s), h)
+    return out
+
+
+# ---- rings ----
+class Ring:
+    """zpRingCreate over ranks of comm (in ring order; default all). An
+    exchange sends this rank's block to the next rank and receives the
+    previous rank's: start() returns at once, wait() returns its result.
+    The buffers are kept alive until wait()."""
+
+    def __init__(self, comm, ranks=None, bidirectional=False):
+        self.comm = comm
+        self.ranks = list(range(comm.size)) if ranks is None else [int(x) for x in ranks]
+        h = _lib.RingH()
+        ch = _comm_handle(comm)
+        check(_lib.lib.zpRingCreate(ctypes.byref(h), ch, len(self.ranks),
+                                    (ctypes.c_int * max(len(self.ranks), 1))(*self.ranks),
+                                    int(bool(bidirectional))), ch)
+        self._h = h.value
+        self._inflight = None
+
+    def start(self, send, recv, stream=None):
+        """zpRingExchangeStart of all of send's bytes into all of recv's."""
+        fn = "Ring.start"
+        if not self._h:
+            raise InvalidUsage("%s: the ring was closed" % fn)
+        if self._inflight is not None:
+            raise InvalidUsage("%s: an exchange is in flight; wait() for it first" % fn)
+        (sb, rb), s = self.comm._bufs(fn, [(send, "send", False), (recv, "recv", True)], stream,
+                                      same_dtypes=False)
+        check(_lib.lib.zpRingExchangeStart(self._h, sb.ptr, sb.nbytes, rb.ptr, rb.nbytes, s), self.comm.handle)
+        self._inflight = (sb, rb)
+        return recv
+
+    def wait(self):
+        """zpRingExchangeWait: the exchange's result (raises its error)."""
+        if self._inflight is None:
+            raise InvalidUsage("Ring.wait: no exchange in flight")
+        r = _lib.lib.zpRingExchangeWait(self._h)
+        self._inflight = None
+        check(r, self.comm.handle)
+
+    def exchange(self, send, recv, stream=None):
+        self.start(send, recv, stream)
+        self.wait()
+        return recv
+
+    def close(self):
+        if self._h:
+            if self._inflight is not None:
+                _lib.lib.zpRingExchangeWait(self._h)
+                self._inflight = None
+            _lib.lib.zpRingDestroy(self._h)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---- the ring-attention driver ----
+MASK_FULL, MASK_CAUSAL = 0, 1
+
+
+class AttnBlock:
+    """One (query block, key/value block) pair handed to a Python kernel: the
+    zpAttnBlock_t's sizes, and its buffers as float32 arrays (array(name)) or
+    torch tensors (tensor(name)) that alias Zeppelin's memory."""
+
+    def __init__(self, ptr):
+        b = ptr.contents
+        self._b = b
+        self.sq, self.sk = b.sq, b.sk
+        self.q_heads, self.kv_heads, self.head_dim = b.qHeads, b.kvHeads, b.headDim
+        self.scale, self.mask, self.accumulate = b.scale, b.mask, bool(b.accumulate)
+
+    def _shape(self, name):
+        if name in ("q", "out", "dout", "dq"):
+            return (self.sq, self.q_heads, self.head_dim)
+        if name in ("k", "v", "dk", "dv"):
+            return (self.sk, self.kv_heads, self.head_dim)
+        if name == "lse":
+            return (self.q_heads, self.sq)
+        raise KeyError(name)
+
+    def has(self, name):
+        return bool(getattr(self._b, name))
+
+    def array(self, name):
+        import numpy
+        shape = self._shape(name)
+        p = getattr(self._b, name)
+        if not p:
+            raise InvalidArgument("AttnBlock: %s is not set in this call" % name)
+        return numpy.ctypeslib.as_array(p, shape=shape)
+
+    def tensor(self, name):
+        import torch
+        return torch.from_numpy(self.array(name))
+
+
+class Attention:
+    """zpAttentionCreate: ring attention over plan's rings on comm. forward /
+    backward: Python callables kernel(AttnBlock) (an exception in one becomes
+    this rank's error, re-raised from forward()/backward(); the ring peers
+    then fail with RemoteError), or None for the C reference kernels. Buffers
+    are float32, in the plan's attention layout of this rank."""
+
+    def __init__(self, plan, comm, q_heads, kv_heads, head_dim, scale=0.0, forward=None, backward=None,
+                 kernel_accumulates=False):
+        self.plan, self.comm = plan, comm
+        self.q_heads, self.kv_heads, self.head_dim = int(q_heads), int(kv_heads), int(head_dim)
+        self._error = None
+        self._fw = _lib.AttnKernel(self._wrap(forward)) if forward else None
+        self._bw = _lib.AttnKernel(self._wrap(backward)) if backward else None
+        cfg = _lib.AttnConfig(self.q_heads, self.kv_heads, self.head_dim, float(scale),
+                              ctypes.cast(self._fw, ctypes.c_void_p).value if self._fw else _lib.ATTN_REF_FORWARD,
+                              ctypes.cast(self._bw, ctypes.c_void_p).value if self._bw else _lib.ATTN_REF_BACKWARD,
+                              None, int(bool(kernel_accumulates)))
+        h = _lib.AttentionH()
+        ch = _comm_handle(comm)
+        check(_lib.lib.zpAttentionCreate(ctypes.byref(h), plan.handle, ctypes.byref(cfg), ch), ch)
+        self._h = h.value
+        self.tokens = plan.attention_layout.tokens(comm.rank)
+
+    def _wrap(self, kernel):
+        def call(block_ptr, user):
+            try:
+                kernel(AttnBlock(block_ptr))
+                return 0
+            except BaseException as e:  # noqa: B902 (a kernel's exception must not cross into C)
+                if self._error is None:
+                    self._error = e
+                _lib.lib.zpSetLastError(ctypes.c_void_p(self.comm.handle), ctypes.c_int(INVALID_USAGE),
+                                        b"%s", ("attention kernel raised %s: %s" % (type(e).__name__, e)).encode())
+                return INVALID_USAGE
+        return call
+
+    def _args(self, fn, named):
+        T, H, K, D = self.tokens, self.q_heads, self.kv_heads, self.head_dim
+        want = {"q": T * H * D, "k": T * K * D, "v": T * K * D, "out": T * H * D, "lse": H * T,
+                "dout": T * H * D, "dq": T * H * D, "dk": T * K * D, "dv": T * K * D}
+        bufs = []
+        for name, obj, writable in named:
+            b = buffer(obj, "%s: %s" % (fn, name), writable)
+            if b.device != "cpu" or b.dtype != FLOAT32:
+                raise InvalidArgument("%s: %s must be a float32 host buffer" % (fn, name))
+            if b.numel != want[name]:
+                raise InvalidArgument("%s: %s has %d elements, %d expected (%d tokens)" % (fn, name, b.numel,
+                                                                                        want[name], T))
+            bufs.append(b)
+        return bufs
+
+    def _run(self, f, bufs):
+        self._error = None
+        r = f(self._h, *[b.ptr for b in bufs])
+        if r != 0:
+            err, self._error = self._error, None
+            exc = error_from(r, self.comm.handle)
+            if err is not None:
+                raise exc from err
+            raise exc
+
+    def forward(self, q, k, v, out, lse):
+        """zpAttentionForward: fills out [T, q_heads, head_dim] and lse [q_heads, T]."""
+        bufs = self._args("Attention.forward", [("q", q, False), ("k", k, False), ("v", v, False),
+                                                ("out", out, True), ("lse", lse, True)])
+        self._run(_lib.lib.zpAttentionForward, bufs)
+        return out, lse
+
+    def backward(self, q, k, v, out, lse, dout, dq, dk, dv):
+        """zpAttentionBackward: fills dq, dk and dv."""
+        bufs = self._args("Attention.backward", [("q", q, False), ("k", k, False), ("v", v, False),
+                                                 ("out", out, False), ("lse", lse, False), ("dout", dout, False),
+                                                 ("dq", dq, True), ("dk", dk, True), ("dv", dv, True)])
+        self._run(_lib.lib.zpAttentionBackward, bufs)
+        return dq, dk, dv
+
+    def close(self):
+        if self._h:
+            _lib.lib.zpAttentionDestroy(self._h)
+        self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,162 @@
+"""The bindings in one process: the library's location, the exceptions,
+buffers and dtypes, plans built from a rank count, and the attention driver
+with Python kernels on a one-rank communicator."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import zeppelin
+from zeppelin import _lib
+
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)
+    yield c
+    c.destroy()
+
+
+def run_python(code, env_extra=None, drop=()):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYTHON_DIR
+    for k in drop:
+        env.pop(k, None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          cwd="/")
+
+
+def test_every_result_code_has_its_class():
+    classes = [zeppelin.error_class(c) for c in range(1, 8)]
+    assert classes == [zeppelin.CudaError, zeppelin.ZpSystemError, zeppelin.InternalError, zeppelin.InvalidArgument,
+                       zeppelin.InvalidUsage, zeppelin.RemoteError, zeppelin.InProgress]
+    for code, cls in enumerate(classes, start=1):
+        assert issubclass(cls, zeppelin.ZeppelinError) and cls.code == code
+        # the library's own name for the code is what the class stands for
+        assert _lib.lib.zpGetErrorString(code).decode()
+    assert zeppelin.error_class(99) is zeppelin.ZeppelinError
+    assert issubclass(zeppelin.InvalidArgument, ValueError)
+    assert not issubclass(zeppelin.ZpSystemError, SystemError)
+
+
+def test_a_c_error_carries_the_library_text():
+    # zpLayoutCreate refuses a token on no rank; the exception holds C's own message.
+    with pytest.raises(zeppelin.InvalidArgument) as info:
+        zeppelin.Layout.create([4], [[(0, 0, 3)]])
+    assert info.value.code == 4
+    assert info.value.message == str(info.value)
+    assert info.value.message == _lib.lib.zpGetLastError(None).decode()
+    assert "token" in info.value.message or "seq" in info.value.message
+
+
+def test_library_location():
+    assert os.path.samefile(zeppelin.library_path, os.environ.get("ZEPPELIN_LIBRARY", zeppelin.library_path))
+    r = run_python("import zeppelin", {"ZEPPELIN_LIBRARY": "/nonexistent/libzeppelin.so"})
+    assert r.returncode != 0 and "cannot load libzeppelin.so" in r.stderr and "/nonexistent" in r.stderr
+
+
+def test_imports_and_works_without_torch_or_numpy():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
+            "import zeppelin\n"
+            "c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)\n"
+            "import array; x = array.array('d', [1.5, 2.5]); c.all_reduce(x, op='max')\n"
+            "out = bytearray(8); c.alltoallv(b'zeppelin', [8], out, [8]); assert out == b'zeppelin'\n"
+            "c.destroy(); print('ok', list(x))")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok [1.5, 2.5]"
+
+
+def test_dtypes():
+    for t, code in [(torch.int8, 0), (torch.uint8, 1), (torch.int32, 2), (torch.int64, 4), (torch.float16, 6),
+                    (torch.float32, 7), (torch.float64, 8), (torch.bfloat16, 9)]:
+        assert zeppelin.dtype_of(t) == code and zeppelin.dtype_of(torch.zeros(1, dtype=t)) == code
+    for name, code in [("int8", 0), ("uint8", 1), ("int32", 2), ("uint32", 3), ("int64", 4), ("uint64", 5),
+                       ("float16", 6), ("float32", 7), ("float64", 8)]:
+        assert zeppelin.dtype_of(np.dtype(name)) == code
+        assert _lib.lib.zpTypeSize(code) == np.dtype(name).itemsize
+    assert zeppelin.dtype_of(torch.bool) is None and zeppelin.dtype_of(np.complex64) is None
+
+
+def test_one_rank_calls_and_offsets(comm):
+    assert (comm.rank, comm.size) == (0, 1)
+    # a view's data_ptr includes its offset
+    base = torch.arange(10, dtype=torch.float32)
+    out = torch.zeros(4)
+    comm.alltoallv(base[3:7], [4], out, [4])
+    assert out.tolist() == [3, 4, 5, 6]
+    # numpy slices too, and a big-endian array is refused
+    a = np.arange(10, dtype=np.int64)
+    o = np.zeros(3, dtype=np.int64)
+    comm.broadcast(a[5:8], out=o)
+    assert o.tolist() == [5, 6, 7]
+    with pytest.raises(zeppelin.InvalidArgument):
+        comm.all_reduce(np.zeros(3, dtype=">f4"))
+
+
+def test_plans_from_a_rank_count_and_from_rings():
+    lens = [1000, 300, 40, 7, 2000]
+    plan = zeppelin.plan_batch(lens, 4, nodes=2)
+    assert plan.nranks == 4 and plan.lengths == lens and plan.causal
+    for lay in (plan.attention_layout, plan.linear_layout):
+        assert sorted(i for r in range(4) for i in lay.index_list(r)) == list(range(sum(lens)))
+        assert lay.indices(1).dtype == torch.int64
+    rings = [[0, 1, 2, 3], [1], [2], [3], [3, 2]]
+    p2 = zeppelin.BatchPlan.from_rings(lens, rings, 4, causal=False)
+    for s, ring in enumerate(rings):
+        assert p2.sequence(s)[1] == ring
+    # sequence 0 is split over all 4 ranks, 250 tokens each (not causal: contiguous quarters)
+    assert [(q, a, c) for r in range(4) for (q, a, c) in p2.attention_layout.segments(r) if q == 0] == \
+        [(0, 0, 250), (0, 250, 250), (0, 500, 250), (0, 750, 250)]
+    with pytest.raises(zeppelin.InvalidArgument):
+        zeppelin.BatchPlan.from_rings(lens, [[0, 0]] + rings[1:], 4)  # a rank twice in a ring
+    with pytest.raises(zeppelin.InvalidArgument):
+        zeppelin.plan_batch([], 4)
+
+
+def numpy_forward(block):
+    """A block kernel in NumPy (float64 inside), the reference's contract."""
+    q, k, v = block.array("q").astype(np.float64), block.array("k"), block.array("v")
+    H, K = block.q_heads, block.kv_heads
+    out, lse = block.array("out"), block.array("lse")
+    for h in range(H):
+        s = q[:, h, :] @ k[:, h // (H // K), :].T.astype(np.float64) * block.scale
+        if block.mask == 1:
+            s = np.where(np.tril(np.ones(s.shape, bool)), s, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        out[:, h, :] = (p / p.sum(axis=1, keepdims=True)) @ v[:, h // (H // K), :]
+        lse[h, :] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+
+
+def test_python_kernels_match_the_reference_and_their_exceptions_surface(comm):
+    lens = [37, 5, 64]
+    plan = zeppelin.BatchPlan.from_rings(lens, [[0]] * 3, 1)
+    g = np.random.default_rng(7)
+    T = sum(lens)
+    q, k, v = (g.standard_normal((T, h, 16)).astype(np.float32) for h in (4, 2, 2))
+    ref = zeppelin.Attention(plan, comm, 4, 2, 16)
+    o1, l1 = np.zeros((T, 4, 16), np.float32), np.zeros((4, T), np.float32)
+    ref.forward(q, k, v, o1, l1)
+    mine = zeppelin.Attention(plan, comm, 4, 2, 16, forward=numpy_forward)
+    o2, l2 = np.full_like(o1, np.nan), np.full_like(l1, np.nan)
+    mine.forward(q, k, v, o2, l2)
+    np.testing.assert_allclose(o2, o1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6)
+
+    def failing(block):
+        raise ValueError("kernel broke on purpose")
+    bad = zeppelin.Attention(plan, comm, 4, 2, 16, forward=failing)
+    with pytest.raises(zeppelin.ZeppelinError) as info:
+        bad.forward(q, k, v, o2, l2)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "kernel broke on purpose" in str(info.value)
+    mine.forward(q, k, v, o2, l2)  # the communicator and the other driver still work
+    np.testing.assert_allclose(o2, o1, rtol=1e-5, atol=1e-6)
