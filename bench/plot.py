@@ -22,6 +22,7 @@
 import argparse
 import json
 import sys
+import textwrap
 
 import matplotlib
 
@@ -44,7 +45,7 @@ def plot_bandwidth(a):
     d = json.load(open(a.table))
     metric = a.metric
     ops = list(dict.fromkeys(r["op"] for r in d["rows"]))
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(ops), figsize=(max(6.4, 4.2 * len(ops)), 4.0), squeeze=False)
     limit = d.get("limit_per_rank_GBps")
     for ax, op in zip(axes[0], ops):
         rows = sorted((r for r in d["rows"] if r["op"] == op), key=lambda r: r["size"])
@@ -66,8 +67,8 @@ def plot_bandwidth(a):
     axes[0][0].set_ylabel(f"{metric} (GB/s)")
     axes[0][0].legend(fontsize=7)
     extra = f", pattern {d['pattern']}" if d.get("pattern") else ""
-    fig.suptitle(a.title or f"{d['nranks']} ranks on one machine{extra}; median of {d.get('repeat', 1)} "
-                 "interleaved runs (shared machine)", fontsize=9)
+    fig.suptitle(textwrap.fill(a.title or f"{d['nranks']} ranks on one machine{extra}; median of "
+                               f"{d.get('repeat', 1)} interleaved runs (a shared machine)", 90), fontsize=9)
     fig.tight_layout()
     fig.savefig(a.output, dpi=110)
     print("wrote " + a.output)
@@ -97,7 +98,7 @@ def plot_nics(a):
     if not rows:
         sys.exit(f"plot.py: no route_perf rows in {a.table}")
     cases = list(dict.fromkeys((r[0], r[1]) for r in rows))
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.0 * len(cases), 3.6), squeeze=False, sharey=False)
+    fig, axes = plt.subplots(1, len(cases), figsize=(max(6.4, 4.0 * len(cases)), 3.8), squeeze=False, sharey=False)
     for ax, (pattern, size) in zip(axes[0], cases):
         modes = [r for r in rows if (r[0], r[1]) == (pattern, size)]
         nics = len(modes[0][4])
@@ -116,8 +117,8 @@ def plot_nics(a):
         ax.set_ylim(0, top * 1.15)
     axes[0][0].set_ylabel("MiB sent per call, node 0's NICs")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(a.title or "route_perf: bytes each NIC of node 0 sent per call (tx counters), "
-                 "time per call above the bars", fontsize=9)
+    fig.suptitle(textwrap.fill(a.title or "route_perf: bytes each NIC of node 0 sent per call (tx counters), "
+                               "time per call above the bars", 90), fontsize=9)
     fig.tight_layout()
     fig.savefig(a.output, dpi=110)
     print("wrote " + a.output)

@@ -76,17 +76,19 @@ def whole(y, index, total, comm):
 
 
 def lengths_for(n, key):
+    """n + 1 short sequences (gradcheck calls the function twice per input element)."""
     g = gen("lengths", n, key)
-    return [int(x) for x in torch.randint(1, 4 * n + 3, (2 * n + 1,), generator=g)]
+    return [int(x) for x in torch.randint(1, n + 3, (n + 1,), generator=g)]
 
 
 def ring_plan(comm, lengths, causal=True):
-    """A plan with rings of our choosing: sequence s on a ring of 1..N ranks in a
-    rotated order, so local sequences, partial rings and all-rank rings mix."""
+    """A plan with rings of our choosing: sequence s on a ring of N - s % N ranks
+    (the first on all ranks) in a rotated order, so all-rank rings, partial rings
+    and local sequences mix."""
     n = comm.size
     rings = []
     for s in range(len(lengths)):
-        size = 1 + s % n
+        size = n - s % n
         rings.append([(s + i) % n for i in range(size)])
     return zeppelin.BatchPlan.from_rings(lengths, rings, n, causal=causal)
 
@@ -108,24 +110,24 @@ def test_remap_gradcheck(comm, kind, direction):
         src, dst = dst, src
     total = src.total_tokens
     si, di = src.indices(comm.rank), dst.indices(comm.rank)
-    w = torch.rand(total, 2, generator=gen("remap w", kind), dtype=torch.float64) + 0.5
-    x = torch.randn(total, 2, generator=gen("remap x", kind), dtype=torch.float64, requires_grad=True)
+    w = torch.rand(total, 1, generator=gen("remap w", kind), dtype=torch.float64) + 0.5
+    x = torch.randn(total, 1, generator=gen("remap x", kind), dtype=torch.float64, requires_grad=True)
 
     def f(x):
         mine = _Replicated.apply(x, comm).index_select(0, si)
         y = za.remap(mine, plan, direction, comm)
-        assert y.shape == (dst.tokens(comm.rank), 2)
+        assert y.shape == (dst.tokens(comm.rank), 1)
         return whole(y * w.index_select(0, di), di, total, comm)
 
     assert torch.equal(f(x).detach(), x.detach() * w)  # the rows land where the other layout says
     assert torch.autograd.gradcheck(f, (x,))
 
 
-@pytest.mark.parametrize("q_heads,heads", [(4, 4), (4, 2), (6, 3), (3, 1)])
+@pytest.mark.parametrize("q_heads,heads", [(4, 4), (4, 2), (3, 1)])
 def test_ulysses_gradcheck(comm, q_heads, heads):
     lengths = lengths_for(comm.size, "ulysses")
     layout = ring_plan(comm, lengths).linear_layout
-    total, d = layout.total_tokens, 2
+    total, d = layout.total_tokens, 1
     lo, hi = zeppelin.ulysses_heads(comm.rank, comm.size, q_heads, heads)
     mine = layout.indices(comm.rank)
     x = torch.randn(total, heads, d, generator=gen("uly x", q_heads, heads), dtype=torch.float64,
@@ -205,11 +207,11 @@ def test_ring_attention_matches_float64(comm, kernel, causal):
 
 
 def test_ring_attention_gradcheck(comm):
-    lengths = [2 * comm.size + 1, 3, 2 * comm.size, 2]
+    lengths = [2 * comm.size + 1, 3, 2]  # on rings of N, N - 1 and N - 2 ranks
     plan = ring_plan(comm, lengths)
     f = distributed_attention(comm, plan, "torch")
     # float32 inside: a step of 1e-3 keeps rounding (~1e-7 / 1e-3) under the tolerance.
-    assert torch.autograd.gradcheck(f, tuple(attention_inputs(sum(lengths), 2, 1, 2, "gradcheck")),
+    assert torch.autograd.gradcheck(f, tuple(attention_inputs(sum(lengths), 2, 1, 1, "gradcheck")),
                                     eps=1e-3, atol=2e-3, rtol=1e-2)
 
 
