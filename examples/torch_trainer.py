@@ -285,13 +285,21 @@ PHASES = ["plan", "linear", "remap", "attention", "backward", "linear_bwd", "rem
           "all_reduce", "optimizer", "step"]
 
 
-def distributed_step(model, comm, zp, lengths, ids, kernel, timer):
+def distributed_step(model, comm, zp, lengths, ids, kernel, plan_kind, timer):
     """One step on this rank's share of the batch; returns the batch's loss (summed over ranks)."""
     c = model.c
     za = zp.autograd
     with timer("plan"):
-        plan = zp.plan_batch(lengths, comm, causal=True, q_heads=c.heads, kv_heads=c.kv_heads,
-                             head_dim=c.head_dim, elem_bytes=4)
+        if plan_kind == "planner":
+            # The planner weighs attention compute against communication; it is given
+            # its default shape (a llama-8b layer: 32 query / 8 key-value heads of 128,
+            # bf16) so that it places this toy model's batch as it would a real one's
+            # (with the toy's own shape every sequence is cheapest kept local).
+            plan = zp.plan_batch(lengths, comm, causal=True)
+        else:  # ring-all: plain ring attention, every sequence of >= 2 tokens per rank over all ranks
+            n = comm.size
+            rings = [list(range(n)) if L >= 2 * n else [s % n] for s, L in enumerate(lengths)]
+            plan = zp.BatchPlan.from_rings(lengths, rings, n, causal=True)
         index, pos, target = token_positions(lengths, plan.linear_layout.segments(comm.rank))
         targets = torch.where(target >= 0, ids[target.clamp(min=0)], torch.full_like(target, -1))
         ntargets = sum(n - 1 for n in lengths)
@@ -300,7 +308,8 @@ def distributed_step(model, comm, zp, lengths, ids, kernel, timer):
         """qkv of my linear-layout tokens -> attention output of the same tokens."""
         def attention(x):
             q, k, v = split_qkv(x, c)
-            return za.ring_attention(q, k, v, plan, comm, kernel=kernel).reshape(x.shape[0], -1)
+            out = za.ring_attention(q, k, v, plan, comm, kernel=kernel)
+            return out.reshape(x.shape[0], c.heads * c.head_dim)
         x = timer.region("remap", lambda y: za.remap(y, plan, "linear->attention", comm), qkv)
         o = timer.region("attention", attention, x)
         return timer.region("remap", lambda y: za.remap(y, plan, "attention->linear", comm), o)
@@ -315,7 +324,8 @@ def distributed_step(model, comm, zp, lengths, ids, kernel, timer):
         set_flat_grads(model, flat)
         total = loss.detach().reshape(1).clone()
         comm.all_reduce(total)
-    return total[0]
+    classes = [plan.sequence(s)[0] for s in range(len(lengths))]
+    return total[0], [classes.count(k) for k in (zp.LOCAL, zp.INTRA_NODE, zp.INTER_NODE)]
 
 
 def run_distributed(a, c, batches):
@@ -331,16 +341,17 @@ def run_distributed(a, c, batches):
         if me == 0:
             print(f"torch_trainer: {comm.size} ranks, {a.steps} steps of {a.tokens} tokens (lengths from "
                   f"{os.path.basename(a.lengths)} / {a.scale}), {c.layers} layers, dim {c.dim}, {c.heads} query / "
-                  f"{c.kv_heads} key-value heads, kernel {a.kernel}", flush=True)
+                  f"{c.kv_heads} key-value heads, plan {a.plan}, kernel {a.kernel}", flush=True)
         for step, (lengths, ids) in enumerate(batches):
             timer = Timer()
             t0 = time.perf_counter()
-            loss = distributed_step(model, comm, zp, lengths, ids, a.kernel, timer)
+            loss, rings = distributed_step(model, comm, zp, lengths, ids, a.kernel, a.plan, timer)
             with timer("optimizer"):
                 opt.step()
             timer.add("step", time.perf_counter() - t0)
             times.append(timer.t)
-            line = f"step {step}: {len(lengths)} sequences, {len(ids)} tokens, loss {loss.item():.6f}"
+            line = (f"step {step}: {len(lengths)} sequences ({rings[0]} local, {rings[1]} on rings within a node, "
+                    f"{rings[2]} across nodes), {len(ids)} tokens, loss {loss.item():.6f}")
             if ref is not None:
                 ref_loss, ref_grads = reference_step(ref, lengths, ids)
                 ref_opt.step()
@@ -396,6 +407,8 @@ def main(argv):
                     help="largest allowed difference to the reference, relative to its largest magnitude")
     ap.add_argument("--ranks", type=int, default=0, help="1: the one-process run only (default: from the environment)")
     ap.add_argument("--no-check", action="store_true", help="distributed: skip the one-process reference")
+    ap.add_argument("--plan", default="planner", choices=["planner", "ring-all"],
+                    help="planner: zeppelin.plan_batch (default); ring-all: every sequence on a ring of all ranks")
     ap.add_argument("--kernel", default="torch", help="ring attention's block kernel: torch, reference (C) or flash")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
