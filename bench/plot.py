@@ -45,9 +45,13 @@ def plot_bandwidth(a):
     d = json.load(open(a.table))
     metric = a.metric
     ops = list(dict.fromkeys(r["op"] for r in d["rows"]))
-    fig, axes = plt.subplots(1, len(ops), figsize=(max(6.4, 4.2 * len(ops)), 4.0), squeeze=False)
+    cols = min(2, len(ops))
+    rows_n = (len(ops) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(6.4 if cols == 1 else 10, 0.4 + 3.6 * rows_n), squeeze=False)
     limit = d.get("limit_per_rank_GBps")
-    for ax, op in zip(axes[0], ops):
+    for ax in axes.flat[len(ops):]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, ops):
         rows = sorted((r for r in d["rows"] if r["op"] == op), key=lambda r: r["size"])
         sizes = [r["size"] for r in rows]
         for key, label, color, marker in PEERS:
@@ -61,10 +65,10 @@ def plot_bandwidth(a):
         ax.set_xticks(sizes)
         ax.set_xticklabels([size_label(s) for s in sizes], fontsize=7, rotation=45)
         ax.set_xlabel("bytes per rank")
+        ax.set_ylabel(f"{metric} (GB/s)")
         ax.set_title(op, fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
-    axes[0][0].set_ylabel(f"{metric} (GB/s)")
     axes[0][0].legend(fontsize=7)
     extra = f", pattern {d['pattern']}" if d.get("pattern") else ""
     fig.suptitle(textwrap.fill(a.title or f"{d['nranks']} ranks on one machine{extra}; median of "

@@ -299,7 +299,8 @@ def distributed_step(model, comm, zp, lengths, ids, kernel, plan_kind, timer):
         else:  # ring-all: plain ring attention, every sequence of >= 2 tokens per rank over all ranks
             n = comm.size
             rings = [list(range(n)) if L >= 2 * n else [s % n] for s, L in enumerate(lengths)]
-            plan = zp.BatchPlan.from_rings(lengths, rings, n, causal=True)
+            per_node = int(os.environ.get("ZP_LOCAL_NRANKS", os.environ.get("LOCAL_WORLD_SIZE", "0")))
+            plan = zp.BatchPlan.from_rings(lengths, rings, n, causal=True, ranks_per_node=per_node)
         index, pos, target = token_positions(lengths, plan.linear_layout.segments(comm.rank))
         targets = torch.where(target >= 0, ids[target.clamp(min=0)], torch.full_like(target, -1))
         ntargets = sum(n - 1 for n in lengths)
