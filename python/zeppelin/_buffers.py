@@ -57,25 +57,31 @@ def dtype_of(obj):
     return DTYPES.get(name)
 
 
+_TORCH_CODES = {}  # torch.dtype -> zpDataType_t (None: unsupported), filled as dtypes are seen
+
+
 def _torch(obj, what):
-    name = str(obj.dtype)[6:]
-    if name not in DTYPES:
-        raise InvalidArgument("%s: torch dtype %s is not supported (one of %s)" % (what, obj.dtype, ", ".join(DTYPES)))
-    if getattr(obj, "is_sparse", False):
+    # The hot path of every call: a few attribute reads, no string work.
+    dt = obj.dtype
+    code = _TORCH_CODES.get(dt, -1)
+    if code == -1:
+        code = _TORCH_CODES[dt] = DTYPES.get(str(dt)[6:])
+    if code is None:
+        raise InvalidArgument("%s: torch dtype %s is not supported (one of %s)" % (what, dt, ", ".join(DTYPES)))
+    if obj.is_sparse:
         raise InvalidArgument("%s: a sparse tensor cannot be sent; pass a dense one" % what)
     if not obj.is_contiguous():
         raise InvalidArgument("%s: the tensor is not contiguous (shape %s, strides %s); pass .contiguous()"
                               % (what, tuple(obj.shape), tuple(obj.stride())))
-    dev = obj.device
-    if dev.type not in ("cpu", "cuda"):
-        raise InvalidArgument("%s: a tensor on device %s; Zeppelin takes CPU tensors, or CUDA tensors in a "
-                              "build with CUDA" % (what, dev))
-    stream = None
-    if dev.type == "cuda":
+    if obj.is_cuda:
         import torch
-        stream = torch.cuda.current_stream(dev).cuda_stream
-    return Buf(obj, obj.data_ptr(), obj.numel(), DTYPES[name], dev.type,
-               dev.index if dev.index is not None else -1, stream=stream)
+        dev = obj.device
+        return Buf(obj, obj.data_ptr(), obj.numel(), code, "cuda", dev.index,
+                   stream=torch.cuda.current_stream(dev).cuda_stream)
+    if not obj.is_cpu:
+        raise InvalidArgument("%s: a tensor on device %s; Zeppelin takes CPU tensors, or CUDA tensors in a "
+                              "build with CUDA" % (what, obj.device))
+    return Buf(obj, obj.data_ptr(), obj.numel(), code)
 
 
 def _numpy(obj, what, writable):
@@ -178,15 +184,28 @@ _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _release_buffer.restype = None
 
 
+_KIND = {}  # type -> "torch" | "numpy" | "dlpack" | "buffer"
+
+
+def _kind(obj):
+    t = type(obj)
+    k = _KIND.get(t)
+    if k is None:
+        k = _KIND[t] = ("torch" if _is_torch(obj) else "numpy" if _is_numpy(obj) else
+                        "dlpack" if hasattr(obj, "__dlpack__") else "buffer")
+    return k
+
+
 def buffer(obj, what, writable=False, stream=None):
     """The Buf of one call argument (what names it in errors)."""
     if obj is None:
         raise InvalidArgument("%s is None" % what)
-    if _is_torch(obj):
+    k = _kind(obj)
+    if k == "torch":
         return _torch(obj, what)
-    if _is_numpy(obj):
+    if k == "numpy":
         return _numpy(obj, what, writable)
-    if hasattr(obj, "__dlpack__"):
+    if k == "dlpack":
         return _dlpack(obj, what, stream)
     return _memoryview(obj, what, writable)
 

@@ -26,6 +26,10 @@ SUM, PROD, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.M
 _ROUTING = {None: -1, "default": -1, "off": 0, "rail": 1, "balanced": 2}
 
 
+def _end(count, displ):
+    return displ + count if count else 0
+
+
 def _op(op):
     if isinstance(op, str):
         try:
@@ -76,10 +80,14 @@ def version():
 _tls = threading.local()
 
 
+_groups_open = [0]  # groups open in any thread: the thread-local is read only then
+_groups_lock = threading.Lock()
+
+
 def _group_keep():
     """The buffers of calls queued in this thread's open group (None outside
     one): they must live until zpGroupEnd runs the calls."""
-    return getattr(_tls, "keep", None)
+    return getattr(_tls, "keep", None) if _groups_open[0] else None
 
 
 @contextlib.contextmanager
@@ -89,21 +97,23 @@ def group():
     peers without deadlock). The buffers passed inside are kept alive until
     then. Nests."""
     check(_lib.lib.zpGroupStart())
-    outer = _group_keep() is None
+    outer = getattr(_tls, "keep", None) is None
     if outer:
         _tls.keep = []
+        with _groups_lock:
+            _groups_open[0] += 1
     try:
         yield
     except BaseException:
-        r = _lib.lib.zpGroupEnd()  # ends the group; the body's exception is the one to see
+        _lib.lib.zpGroupEnd()  # ends the group; the body's exception is the one to see
+        raise
+    else:
+        check(_lib.lib.zpGroupEnd())
+    finally:
         if outer:
             _tls.keep = None
-        del r
-        raise
-    r = _lib.lib.zpGroupEnd()
-    if outer:
-        _tls.keep = None
-    check(r)
+            with _groups_lock:
+                _groups_open[0] -= 1
 
 
 def get_unique_id():
@@ -141,6 +151,7 @@ class Communicator:
         check(_lib.lib.zpCommUserRank(handle, ctypes.byref(r)), handle)
         self._size, self._rank = n.value, r.value
         self._has_device = None
+        self._a2a_key = self._a2a_arrays = None
 
     @classmethod
     def from_unique_id(cls, unique_id, size, rank, timeout=None, routing=None, node_id=None, net_devices=None):
@@ -249,20 +260,23 @@ class Communicator:
     def _bufs(self, fn, args, stream, same_dtypes=True):
         """Checks the (object, name, writable) args of one call; returns their
         Bufs and the stream to pass (None: host memory)."""
-        bufs = [buffer(o, "%s: %s" % (fn, name), writable, stream) for o, name, writable in args]
-        if same_dtypes:
-            same_dtype(bufs, fn)
-        devices = {(b.device, b.device_index) for b in bufs}
-        if len(devices) > 1:
-            raise InvalidArgument("%s: buffers on different devices: %s" % (
-                fn, ", ".join("%s:%d" % d if d[0] == "cuda" else d[0] for d in sorted(devices))))
-        device = bufs[0].device
-        if device == "cuda":
+        try:
+            bufs = [buffer(o, name, writable, stream) for o, name, writable in args]
+        except InvalidArgument as e:  # named here, not formatted on every call
+            raise InvalidArgument("%s: %s" % (fn, e)) from None
+        first = bufs[0]
+        for b in bufs:
+            if same_dtypes and b.dtype != first.dtype:
+                same_dtype(bufs, fn)
+            if b.device != first.device or b.device_index != first.device_index:
+                raise InvalidArgument("%s: buffers on different devices: %s" % (fn, ", ".join(
+                    "%s:%d" % (x.device, x.device_index) if x.device == "cuda" else x.device for x in bufs)))
+        if first.device == "cuda":
             if not self.has_device:
                 raise InvalidArgument("%s: CUDA buffers, but this communicator has no device data plane (a build "
                                       "without CUDA, no GPU, or ZP_CUDA_DEVICE=none); pass CPU tensors" % fn)
             if stream is None:
-                stream = bufs[0].stream
+                stream = first.stream
                 if stream is None:
                     raise InvalidArgument("%s: device buffers need a stream (stream=...)" % fn)
             for b in bufs:
@@ -304,15 +318,15 @@ class Communicator:
                 acc += c
             return out
         try:
-            vals = [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+            vals = list(map(int, values.tolist() if hasattr(values, "tolist") else values))
         except (TypeError, ValueError):
             raise InvalidArgument("%s: %s must be %d integers" % (fn, name, self._size)) from None
         if len(vals) != self._size:
             raise InvalidArgument("%s: %s has %d entries, the communicator %d ranks" % (fn, name, len(vals),
                                                                                        self._size))
-        for p, v in enumerate(vals):
-            if v < 0:
-                raise InvalidArgument("%s: %s[%d] = %d is negative" % (fn, name, p, v))
+        if vals and min(vals) < 0:
+            p = next(i for i, v in enumerate(vals) if v < 0)
+            raise InvalidArgument("%s: %s[%d] = %d is negative" % (fn, name, p, vals[p]))
         return vals
 
     def alltoallv(self, send, sendcounts, recv, recvcounts, sdispls=None, rdispls=None, stream=None):
@@ -328,12 +342,19 @@ class Communicator:
         rd = self._counts(fn, "rdispls", rdispls, rc)
         (sb, rb), s = self._bufs(fn, [(send, "send", False), (recv, "recv", True)], stream)
         for counts, displs, b, what in ((sc, sd, sb, "send"), (rc, rd, rb, "recv")):
+            if max(map(_end, counts, displs)) <= b.numel:
+                continue
             for p in range(self._size):
                 if counts[p] and displs[p] + counts[p] > b.numel:
                     raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements" % (
                         fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
-        A = _lib.c_size_t * self._size
-        self._check(_lib.lib.zpAlltoallv(sb.ptr, A(*sc), A(*sd), rb.ptr, A(*rc), A(*rd), sb.dtype, h, s))
+        # The size_t arrays of the last counts, reused: a training loop repeats them.
+        key = (sc, sd, rc, rd)
+        if self._a2a_key != key:
+            A = _lib.c_size_t * self._size
+            self._a2a_key, self._a2a_arrays = key, (A(*sc), A(*sd), A(*rc), A(*rd))
+        a = self._a2a_arrays
+        self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
         return recv
 
     # ---- collectives ----
