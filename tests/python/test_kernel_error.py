@@ -1,7 +1,8 @@
 """An exception in a Python block kernel becomes an error on every rank, not a
 hang: rank N-1's kernel raises (in forward, then in backward); ring_attention
 raises there with the kernel's exception as __cause__, aborts the
-communicator, and every other rank of the ring fails with RemoteError, long
+communicator, and every other rank fails with RemoteError (in its attention
+call, or in its next call if its share did not need the failing rank), long
 before the timeout (ZP_TIMEOUT, 300 s unless set). Each case runs on a child
 communicator (comm.split) so the parent, still usable, brings the ranks
 back together afterwards. Run under zprun -n N, N >= 2.
@@ -55,8 +56,11 @@ def test_kernel_exception_fails_every_rank(comm, phase):
     t0 = time.monotonic()
     with pytest.raises(zeppelin.ZeppelinError) as info:
         out = za.ring_attention(q, k, v, plan, child, kernel=Failing(bad, phase))
-        assert phase == "backward"
-        out.sum().backward()
+        if phase == "backward":
+            out.sum().backward()
+        # A rank whose share did not wait on the failing rank's blocks may finish
+        # its call (its sends were buffered); its next call on the communicator fails.
+        child.barrier()
     took = time.monotonic() - t0
     e = info.value
     if bad:
