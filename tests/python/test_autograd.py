@@ -25,7 +25,7 @@ import torch
 
 import zeppelin
 import zeppelin.autograd as za
-from zeppelin.kernels import TorchKernel
+from zeppelin.kernels import TorchKernel, flash_available
 
 SEED = int(os.environ.get("ZP_TEST_SEED", "20261125"))
 
@@ -247,6 +247,11 @@ def test_bad_inputs_leave_the_communicator_usable(comm):
         za.ring_attention(q.int(), k, k, plan, comm)
     with pytest.raises(zeppelin.InvalidArgument, match="q .T, H, d."):
         za.ring_attention(q, k[:, :, :1], k, plan, comm)
+    if not flash_available():  # the capability check: a clear error, nothing sent
+        with pytest.raises(zeppelin.ZeppelinError, match="flash_attn does not import or no GPU"):
+            za.ring_attention(q, k, k, plan, comm, kernel="flash")
+    with pytest.raises(ValueError, match="kernel must be"):
+        za.ring_attention(q, k, k, plan, comm, kernel="fast")
     with pytest.raises(zeppelin.InvalidArgument, match="communicator"):
         za.remap(torch.zeros(T, 3), plan, "attention->linear")
     with pytest.raises(zeppelin.InvalidArgument, match="direction"):
