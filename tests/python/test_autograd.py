@@ -17,7 +17,6 @@ with a float64 attention in torch at float32 precision.
 """
 
 import math
-import os
 import zlib
 
 import pytest
@@ -27,16 +26,8 @@ import zeppelin
 import zeppelin.autograd as za
 from zeppelin.kernels import TorchKernel, flash_available
 
-SEED = int(os.environ.get("ZP_TEST_SEED", "20261125"))
-
-
-@pytest.fixture(scope="module")
-def comm():
-    c = zeppelin.init()
-    if c.rank == 0:
-        print("\nseed %d (ZP_TEST_SEED), %d ranks" % (SEED, c.size))
-    yield c
-    c.destroy()
+# The job's communicator (a module fixture) and the seed every rank shares.
+from test_ranks import SEED, comm  # noqa: E402,F401
 
 
 def gen(*key):
