@@ -131,11 +131,16 @@ def test_alltoallv(comm, kind, case):
 
 
 def test_alltoallv_default_displacements_and_return(comm):
+    # Rank s sends (s + 1) * (d + 2) elements to rank d: send and receive counts
+    # differ, so each buffer's blocks lie back to back by its own counts.
     n, me = comm.size, comm.rank
-    send = torch.arange(n * 3, dtype=torch.float32) + 100 * me
-    out = comm.alltoallv(send, [3] * n, torch.zeros(n * 3), [3] * n)
-    expect = torch.cat([torch.arange(me * 3, me * 3 + 3, dtype=torch.float32) + 100 * s for s in range(n)])
-    assert torch.equal(out, expect)
+    cnt = [[(s + 1) * (d + 2) for d in range(n)] for s in range(n)]
+    send = torch.cat([torch.full((cnt[me][d],), float(100 * me + d)) for d in range(n)])
+    recv = torch.full((sum(cnt[s][me] for s in range(n)),), -1.0)
+    out = comm.alltoallv(send, cnt[me], recv, [cnt[s][me] for s in range(n)])
+    assert out is recv
+    expect = torch.cat([torch.full((cnt[s][me],), float(100 * s + me)) for s in range(n)])
+    assert torch.equal(recv, expect)
 
 
 def test_send_recv_in_a_group(comm):
