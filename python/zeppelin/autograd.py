@@ -13,7 +13,8 @@ driver, for PyTorch models trained on variable-length packed batches.
   exchange, [my tokens, heads, d] -> [all tokens, my heads, d] (inverse: back);
   backward is the exchange the other way. For GQA keys and values (heads <
   q_heads) a head goes to every rank whose query heads use it, and the way back
-  sums those copies: that sum is the key/value gradient of the shared head.
+  sums those copies: that sum is the key/value gradient of the shared head
+  (in float32 for bfloat16 and float16, which the C library does not sum).
 - ring_attention(q, k, v, plan, comm, kernel="torch"): causal (as the plan
   says) attention of every sequence over the plan's rings, q [T, H, d], k, v
   [T, Hk, d] in the attention layout; backward runs zpAttentionBackward. The
@@ -83,17 +84,24 @@ def remap(x, plan, direction="linear->attention", comm=None):
 
 
 # ---- Ulysses ----
+def _exchange(x, layout, q_heads, heads, comm, direction):
+    """ulysses_alltoall of x; the way back sums copies of shared heads, which the C
+    library does in float32 or float64 only: other dtypes go through float32."""
+    if direction == 1 and heads < q_heads and x.dtype not in (torch.float32, torch.float64):
+        return _exchange(x.float(), layout, q_heads, heads, comm, direction).to(x.dtype)
+    return ulysses_alltoall(x.contiguous(), layout, q_heads, heads, x.shape[-1], direction, comm)
+
+
 class _UlyssesFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout, q_heads, heads, comm, direction):
         ctx.args = (layout, q_heads, heads, comm, direction)
-        return ulysses_alltoall(x.contiguous(), layout, q_heads, heads, x.shape[-1], direction, comm)
+        return _exchange(x, layout, q_heads, heads, comm, direction)
 
     @staticmethod
     def backward(ctx, g):
         layout, q_heads, heads, comm, direction = ctx.args
-        return (ulysses_alltoall(g.contiguous(), layout, q_heads, heads, g.shape[-1], 1 - direction, comm),
-                None, None, None, None, None)
+        return _exchange(g, layout, q_heads, heads, comm, 1 - direction), None, None, None, None, None
 
 
 def ulysses(x, layout, heads, comm, q_heads=None, inverse=False):
@@ -101,7 +109,7 @@ def ulysses(x, layout, heads, comm, q_heads=None, inverse=False):
     Forward: x [this rank's tokens, heads, d] -> [every token in cu_seqlens order,
     this rank's heads, d] (ulysses_heads tells which); inverse=True: back.
     q_heads (default heads): the query heads; keys and values of GQA pass
-    heads = q_heads / group. Summing copies of a head needs float32 or float64."""
+    heads = q_heads / group. Copies of a head are summed in float32 for 16-bit dtypes."""
     q_heads = heads if q_heads is None else q_heads
     if x.dim() != 3:
         raise InvalidArgument("ulysses: x must be [tokens, heads, head_dim], got shape %s" % (tuple(x.shape),))

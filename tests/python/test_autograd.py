@@ -149,6 +149,24 @@ def test_ulysses_gradcheck(comm, q_heads, heads):
     assert torch.autograd.gradcheck(back, (x,))
 
 
+def test_ulysses_bfloat16_gqa(comm):
+    """Key/value heads shared by several ranks' query heads, in bfloat16: the way back
+    sums the copies (in float32: the C library sums float32 and float64 only)."""
+    layout = ring_plan(comm, lengths_for(comm.size, "uly bf16")).linear_layout
+    lo, hi = zeppelin.ulysses_heads(comm.rank, comm.size, 8, 2)
+    mine = layout.indices(comm.rank)
+    x = torch.randn(layout.total_tokens, 2, 4, generator=gen("uly bf16"), dtype=torch.float64)
+    mx = x.index_select(0, mine).to(torch.bfloat16).requires_grad_()
+    y = za.ulysses(mx, layout, 2, comm, q_heads=8)
+    assert y.dtype == torch.bfloat16 and torch.equal(y.double(), x[:, lo:hi].to(torch.bfloat16).double())
+    y.backward(torch.ones_like(y))
+    copies = torch.zeros(2)
+    for r in range(comm.size):
+        a, b = zeppelin.ulysses_heads(r, comm.size, 8, 2)
+        copies[a:b] += 1
+    assert torch.equal(mx.grad.float(), copies[None, :, None].expand(mx.shape))
+
+
 def reference_attention(q, k, v, lengths, causal=True):
     """float64 attention of every sequence of a packed batch, in torch."""
     rep = q.shape[1] // k.shape[1]
