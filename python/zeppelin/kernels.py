@@ -126,14 +126,25 @@ class FlashKernel(BlockKernel):
         sq, sk = q.shape[0], k.shape[0]
         out, lse, _ = self.fai.flash_attn_varlen_func(g[0], g[1], g[2], self._cu(sq), self._cu(sk), sq, sk,
                                                       softmax_scale=scale, causal=causal, return_attn_probs=True)
-        return out.float().cpu(), lse[:, :sq].float().cpu()
+        # lse is [H, total_q] or, in older releases, [batch, H, max_seqlen]
+        return out.float().cpu(), lse.reshape(-1, lse.shape[-1])[:, :sq].float().cpu()
 
     def backward(self, q, k, v, out, lse, dout, causal, scale):
+        # The low-level backward, since it takes the row's merged lse (a block's own
+        # forward would not); its parameters differ between releases, so by name.
+        import inspect
+        fn = self.fai._flash_attn_varlen_backward
         g = [t.to(self.device, self.dtype) for t in (q, k, v, out, dout)]
         sq, sk = q.shape[0], k.shape[0]
         dq, dk, dv = (torch.empty_like(t) for t in g[:3])
-        self.fai._flash_attn_varlen_backward(g[4], g[0], g[1], g[2], g[3], lse.to(self.device).contiguous(),
-                                             dq, dk, dv, self._cu(sq), self._cu(sk), sq, sk, 0.0, scale, causal)
+        args = {"dout": g[4], "q": g[0], "k": g[1], "v": g[2], "out": g[3],
+                "softmax_lse": lse.to(self.device).contiguous(), "dq": dq, "dk": dk, "dv": dv,
+                "cu_seqlens_q": self._cu(sq), "cu_seqlens_k": self._cu(sk), "max_seqlen_q": sq, "max_seqlen_k": sk,
+                "dropout_p": 0.0, "softmax_scale": scale, "causal": causal, "window_size": (-1, -1),
+                "window_size_left": -1, "window_size_right": -1, "softcap": 0.0, "alibi_slopes": None,
+                "deterministic": False, "rng_state": None}
+        params = inspect.signature(fn).parameters
+        fn(**{name: args[name] for name in params if name in args})
         return dq.float().cpu(), dk.float().cpu(), dv.float().cpu()
 
 
