@@ -3,10 +3,12 @@
 alltoallv_perf (the same call from C), in one run, interleaved.
 
 For every size (bytes per rank, the uniform pattern: every rank sends
-size/N to every rank) and every round, runs alltoallv_perf under zprun, then
-this script's worker under zprun (zeppelin.init(), torch float32 CPU tensors,
+size/N to every rank) and every round, runs alltoallv_perf under zprun and
+this script's worker under zprun (which goes first alternates) (zeppelin.init(), torch float32 CPU tensors,
 Communicator.alltoallv), and prints both bus bandwidths and their ratio
-(median over the rounds). Both measure alike: warmup, a barrier, `iters`
+(median over the rounds). The worker also times the bare C function
+through ctypes on the same tensors (a control: py/ctypes is the package's own
+Python work alone). All measure alike: warmup, a barrier, `iters`
 timed calls, time = the slowest rank's mean per call, algbw = bytes per rank /
 time, busbw = algbw x (N-1)/N. The worker checks one call's every element.
 
@@ -33,8 +35,10 @@ def parse_size(text):
 
 def worker(args):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    import ctypes
     import torch
     import zeppelin
+    from zeppelin import _lib
     torch.set_num_threads(1)
     with zeppelin.init() as comm:
         n, me = comm.size, comm.rank
@@ -49,18 +53,31 @@ def worker(args):
                                 for s in range(n)])
             wrong = torch.tensor([int((recv != expect).sum())], dtype=torch.int64)
             comm.all_reduce(wrong)
-            for _ in range(args.warmup):
-                comm.alltoallv(send, counts, recv, counts)
-            comm.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                comm.alltoallv(send, counts, recv, counts)
-            mine = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64)
-            comm.all_reduce(mine, op=zeppelin.MAX)
-            t_us = float(mine[0]) * 1e6
-            algbw = per * n * 4 / (t_us * 1e3)
-            if me == 0:
-                print("py %d %.2f %.3f %d" % (per * n * 4, t_us, algbw * (n - 1) / n, int(wrong[0])), flush=True)
+            # The package's call, and (the control) the bare C function through
+            # ctypes on the same tensors: their difference is the package's own
+            # Python work, with this process's buffers and scheduling alike.
+            arr = (ctypes.c_size_t * n)(*counts)
+            disp = (ctypes.c_size_t * n)(*[per * p for p in range(n)])
+            calls = {
+                "py": lambda: comm.alltoallv(send, counts, recv, counts),
+                "ctypes": lambda: _lib.lib.zpAlltoallv(send.data_ptr(), arr, disp, recv.data_ptr(), arr, disp,
+                                                       zeppelin.FLOAT32, comm.handle, None),
+            }
+            for name in ("py", "ctypes"):
+                call = calls[name]
+                for _ in range(args.warmup):
+                    call()
+                comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    call()
+                mine = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64)
+                comm.all_reduce(mine, op=zeppelin.MAX)
+                t_us = float(mine[0]) * 1e6
+                algbw = per * n * 4 / (t_us * 1e3)
+                if me == 0:
+                    print("%s %d %.2f %.3f %d" % (name, per * n * 4, t_us, algbw * (n - 1) / n, int(wrong[0])),
+                          flush=True)
 
 
 def run(cmd):
@@ -79,12 +96,13 @@ def c_busbw(args, size):
 
 
 def py_busbw(args, size):
+    """(time, busbw) of the package's call and of the bare ctypes call."""
     out = run([args.zprun, "-n", str(args.nranks), sys.executable, os.path.abspath(__file__), "--worker",
                "-s", str(size), "-n", str(args.iters), "-w", str(args.warmup)])
-    row = [l.split() for l in out.splitlines() if l.startswith("py ")][-1]
-    if int(row[4]) != 0:
-        sys.exit("py_alltoallv: %s wrong elements at %d bytes" % (row[4], size))
-    return float(row[2]), float(row[3])
+    rows = {l.split()[0]: l.split() for l in out.splitlines() if l.startswith(("py ", "ctypes "))}
+    if int(rows["py"][4]) != 0:
+        sys.exit("py_alltoallv: %s wrong elements at %d bytes" % (rows["py"][4], size))
+    return (float(rows["py"][2]), float(rows["py"][3])), (float(rows["ctypes"][2]), float(rows["ctypes"][3]))
 
 
 def main():
@@ -105,21 +123,27 @@ def main():
     os.environ.setdefault("ZEPPELIN_LIBRARY", os.path.abspath(os.path.join(args.build, "libzeppelin.so")))
     print("# %d ranks, float32, uniform pattern, %d iters + %d warmup per run, %d interleaved rounds; "
           "library %s" % (args.nranks, args.iters, args.warmup, args.rounds, os.environ["ZEPPELIN_LIBRARY"]))
-    print("# %10s %12s %12s %12s %12s %8s" % ("bytes", "C time(us)", "C busbw", "py time(us)", "py busbw",
-                                               "py/C"))
+    print("# %10s %11s %9s %11s %9s %11s %9s %7s %9s" % ("bytes", "C us", "C busbw", "py us", "py busbw",
+                                                           "ctypes us", "ct busbw", "py/C", "py/ctypes"))
     worst = None
     for size in args.sizes:
-        c, py = [], []
-        for _ in range(args.rounds):
-            c.append(c_busbw(args, size))
-            py.append(py_busbw(args, size))
-        ct, cb = statistics.median(t for t, _ in c), statistics.median(b for _, b in c)
-        pt, pb = statistics.median(t for t, _ in py), statistics.median(b for _, b in py)
-        ratio = pb / cb if cb > 0 else 0.0
+        c, py, ct = [], [], []
+        for rnd in range(args.rounds):  # which goes first alternates
+            if rnd % 2 == 0:
+                c.append(c_busbw(args, size))
+            p, q = py_busbw(args, size)
+            py.append(p)
+            ct.append(q)
+            if rnd % 2 == 1:
+                c.append(c_busbw(args, size))
+        med = [(statistics.median(t for t, _ in x), statistics.median(b for _, b in x)) for x in (c, py, ct)]
+        ratio = med[1][1] / med[0][1] if med[0][1] > 0 else 0.0
         worst = ratio if worst is None else min(worst, ratio)
-        print("  %10d %12.1f %12.2f %12.1f %12.2f %8.3f" % (size, ct, cb, pt, pb, ratio), flush=True)
-        print("#   rounds C busbw %s  py busbw %s" % (" ".join("%.2f" % b for _, b in c),
-                                                        " ".join("%.2f" % b for _, b in py)))
+        print("  %10d %11.1f %9.3f %11.1f %9.3f %11.1f %9.3f %7.3f %9.3f" % (
+            size, med[0][0], med[0][1], med[1][0], med[1][1], med[2][0], med[2][1], ratio, med[1][1] / med[2][1]),
+            flush=True)
+        for name, x in (("C", c), ("py", py), ("ctypes", ct)):
+            print("#   %-6s busbw per round: %s" % (name, " ".join("%.3f" % b for _, b in x)))
     print("# worst py/C busbw ratio %.3f (goal >= 0.90: %s)" % (worst, "met" if worst >= 0.9 else "NOT met"))
 
 

@@ -46,7 +46,27 @@ def _empty_like(obj, shape):
 
 
 # ---- layouts ----
-class Layout:
+class _Owned:
+    """A C handle freed by close(), by leaving a with block, or when collected."""
+
+    def close(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Layout(_Owned):
     """Where every token of a batch lives: per rank, an ordered list of
     segments (seq, start, count); a rank's buffer holds its segments' tokens
     back to back, each token as elems_per_token elements."""
@@ -144,19 +164,13 @@ class Layout:
             _lib.lib.zpLayoutDestroy(self._h)
         self._h = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self):
         return "<zeppelin.Layout %d ranks, %d sequences, tokens per rank %s>" % (
             self.nranks, len(self.lengths), self.tokens_per_rank)
 
 
 # ---- plans ----
-class BatchPlan:
+class BatchPlan(_Owned):
     """A zpBatchPlan_t: which ranks attend each sequence (its ring), and the
     attention and linear layouts of the batch."""
 
@@ -221,12 +235,6 @@ class BatchPlan:
             _lib.lib.zpPlanDestroy(self._h)
         self._h = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self):
         return "<zeppelin.BatchPlan %d ranks, %d sequences%s>" % (self.nranks, len(self.lengths),
                                                                   ", causal" if self.causal else "")
@@ -272,7 +280,7 @@ def _rows(fn, obj, tokens, elems_per_token, name):
     return int(elems_per_token)
 
 
-class Remap:
+class Remap(_Owned):
     """zpRemapCreate: moves tokens from one layout to another (and back with
     inverse=True) over comm, whose size must equal the layouts' rank count."""
 
@@ -312,12 +320,6 @@ class Remap:
         if self._h:
             _lib.lib.zpRemapDestroy(self._h)
         self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 # ---- Ulysses ----
@@ -360,7 +362,7 @@ def ulysses_alltoall(inp, layout, q_heads, heads, head_dim, direction, comm, out
 
 
 # ---- rings ----
-class Ring:
+class Ring(_Owned):
     """zpRingCreate over ranks of comm (in ring order; default all). An
     exchange sends this rank's block to the next rank and receives the
     previous rank's: start() returns at once, wait() returns its result.
@@ -411,19 +413,6 @@ class Ring:
             _lib.lib.zpRingDestroy(self._h)
         self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 # ---- the ring-attention driver ----
 MASK_FULL, MASK_CAUSAL = 0, 1
@@ -466,7 +455,7 @@ class AttnBlock:
         return torch.from_numpy(self.array(name))
 
 
-class Attention:
+class Attention(_Owned):
     """zpAttentionCreate: ring attention over plan's rings on comm. forward /
     backward: Python callables kernel(AttnBlock) (an exception in one becomes
     this rank's error, re-raised from forward()/backward(); the ring peers
@@ -547,9 +536,3 @@ class Attention:
         if self._h:
             _lib.lib.zpAttentionDestroy(self._h)
         self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -160,3 +160,27 @@ def test_python_kernels_match_the_reference_and_their_exceptions_surface(comm):
     assert "kernel broke on purpose" in str(info.value)
     mine.forward(q, k, v, o2, l2)  # the communicator and the other driver still work
     np.testing.assert_allclose(o2, o1, rtol=1e-5, atol=1e-6)
+
+
+def test_init_under_an_srun_environment():
+    # Two processes described as srun describes its tasks; the master is the
+    # first host of the compressed node list (127.0.0.[1-2] -> 127.0.0.1).
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import zeppelin, numpy as np\n"
+            "with zeppelin.init() as c:\n"
+            "    x = np.array([c.rank + 1], dtype=np.int64); c.all_reduce(x)\n"
+            "    print(c.rank, c.size, x[0])\n")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, SLURM_NTASKS="2", SLURM_STEP_NODELIST="127.0.0.[1-2]",
+               SLURM_JOB_ID="4242", ZP_MASTER_PORT=str(port), ZP_TIMEOUT="30")
+    for k in ("ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        env.pop(k, None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/") for r in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, err
+        assert out.split() == [str(r), "2", "3"]
