@@ -16,6 +16,7 @@ Standard library only.
 """
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -111,8 +112,9 @@ def add_sweep_options(ap, factor):
 
 
 def add_output_options(ap):
-    """--show and --repeat."""
+    """--show, --repeat and --json."""
     ap.add_argument("--show", action="store_true", help="also print each program's output")
+    ap.add_argument("--json", metavar="FILE", help="also write the table to FILE as JSON (for bench/plot.py)")
     ap.add_argument("--repeat", "-R", type=int, default=3,
                     help="runs of each program, interleaved; the table shows each size's median (default 3)")
 
@@ -183,6 +185,14 @@ def run_rounds(script, repeat, zp, peers, notes):
                         if p.keep_note(line):
                             notes.append(f"{p.name}: " + line[2:])
     return False, zp_wrong
+
+
+def write_json(path, meta, rows):
+    """The side by side table as JSON for bench/plot.py: meta (nranks, limit_per_rank_GBps,
+    ...) and rows, one per (op, size), each peer's {time, algbw, busbw} or null."""
+    with open(path, "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    print(f"# wrote {path}")
 
 
 def report(notes, zp_failed, zp_wrong):
@@ -287,10 +297,12 @@ def main(argv):
     hdr = ("size(B)", "zp_busbw", "mpi_busbw", "zp/mpi", "gloo_busbw", "zp/gloo",
            "zp_algbw", "limit/rk", "algbw/lim", "zp_wrong")
     print("%12s %9s %9s %7s %10s %7s %9s %9s %9s %8s" % hdr)
+    json_rows = []
     for size in sorted(zp):
         z = zp[size]
         m = mpi.get(size)
         g = gloo.get(size)
+        json_rows.append({"op": "alltoallv", "size": size, "zeppelin": z, "mpi": m, "gloo": g})
         mb = m["busbw"] if m else None
         gb = g["busbw"] if g else None
         print("%12d %9s %9s %7s %10s %7s %9s %9s %9s %8s" % (
@@ -298,6 +310,9 @@ def main(argv):
             fmt(gb), fmt(ratio(z["busbw"], gb), ".2f"), fmt(z["algbw"]), fmt(limit),
             fmt(ratio(z["algbw"], limit), ".2f"),
             "N/A" if z["wrong"] is None else str(z["wrong"])))
+    if a.json:
+        write_json(a.json, {"bench": "compare.py", "nranks": N, "pattern": a.P, "datatype": a.d,
+                            "repeat": a.repeat, "limit_per_rank_GBps": limit}, json_rows)
     return report(notes, zp_failed, zp_wrong)
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import find_torch_python, parse_table  # noqa: E402
+from compare import find_torch_python, parse_table, write_json  # noqa: E402
 
 PROGS = ["all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf"]
 GLOO_OPS = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "broadcast_perf": "broadcast"}
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("-e", default="64M")
     ap.add_argument("-f", default="2")
     ap.add_argument("-R", "--repeat", type=int, default=3)
+    ap.add_argument("--json", metavar="FILE", help="also write the table (and memcpy_limit's limit) to FILE as JSON")
     a = ap.parse_args()
     sweep = ["-b", a.b, "-e", a.e, "-f", a.f, "-c", "1"]
     mpirun = shutil.which("mpirun")
@@ -43,6 +44,15 @@ def main():
     torch_py = find_torch_python()
     here = os.path.dirname(os.path.abspath(__file__))
     bad = 0
+    limit = None  # the machine's copy limit per rank, for the figures of bench/plot.py
+    if a.json:
+        p = subprocess.run([os.path.join(a.build, "bench", "memcpy_limit"), "-r", str(a.nranks)],
+                           capture_output=True, text=True)
+        for line in p.stdout.splitlines():
+            if line.startswith("copy_limit_per_rank_GBps="):
+                limit = float(line.split("=", 1)[1])
+        print(f"# memcpy_limit -r {a.nranks}: {limit} GB/s per rank")
+    json_rows = []
     print(f"# {a.nranks} ranks, busbw in GB/s (nccl-tests' formulas), median of {a.repeat} interleaved runs")
     print(f"{'collective':>20} {'size(B)':>11} {'zeppelin':>9} {'open_mpi':>9} {'zp/mpi':>7} {'gloo':>9} {'zp/gloo':>8}"
           f" {'zp_wrong':>9}")
@@ -82,6 +92,11 @@ def main():
             gs = f"{g:9.2f}" if g else "      n/a"
             gratio = f"{z / g:8.2f}" if g else "     n/a"
             print(f"{prog:>20} {size:>11} {z:9.2f} {ms} {ratio} {gs} {gratio} {wrong:>9}")
+            json_rows.append({"op": prog.replace("_perf", ""), "size": size, "zeppelin": {"busbw": z},
+                              "mpi": {"busbw": m} if m else None, "gloo": {"busbw": g} if g else None})
+    if a.json:
+        write_json(a.json, {"bench": "compare_collectives.py", "nranks": a.nranks, "repeat": a.repeat,
+                            "limit_per_rank_GBps": limit}, json_rows)
     return 1 if bad else 0
 
 

@@ -182,6 +182,7 @@ class BatchPlan(_Owned):
         self.nranks, self.causal = n.value, bool(causal.value)
         self.lengths = [lens[i] for i in range(s.value)]
         self._layouts = {}
+        self.comm = None  # plan_batch's Communicator, if it was given one (the autograd functions' default)
 
     @classmethod
     def from_rings(cls, lengths, rings, nranks, causal=True, ranks_per_node=0):
@@ -259,7 +260,10 @@ def plan_batch(lengths, comm_or_nranks, causal=True, q_heads=32, kv_heads=8, hea
                                     float(intra_node_gbps), float(tflops), float(efficiency))
         cluster, comm = ctypes.byref(cluster), None
     check(_lib.lib.zpPlanBatch(ctypes.byref(h), len(lens), arr, ctypes.byref(shape), cluster, comm), comm)
-    return BatchPlan(h.value)
+    plan = BatchPlan(h.value)
+    if comm is not None:
+        plan.comm = comm_or_nranks
+    return plan
 
 
 # ---- remaps ----
