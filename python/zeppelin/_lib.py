@@ -64,7 +64,7 @@ class AttnBlock(ctypes.Structure):
     _fields_ = [("q", _fp), ("k", _fp), ("v", _fp), ("out", _fp), ("lse", _fp), ("dout", _fp),
                 ("dq", _fp), ("dk", _fp), ("dv", _fp), ("sq", c_int64), ("sk", c_int64),
                 ("qHeads", c_int), ("kvHeads", c_int), ("headDim", c_int), ("scale", ctypes.c_float),
-                ("mask", c_int), ("accumulate", c_int)]
+                ("mask", c_int), ("accumulate", c_int), ("datatype", c_int), ("stream", c_void_p)]
 
 
 AttnKernel = ctypes.CFUNCTYPE(Result, ctypes.POINTER(AttnBlock), c_void_p)
@@ -72,7 +72,8 @@ AttnKernel = ctypes.CFUNCTYPE(Result, ctypes.POINTER(AttnBlock), c_void_p)
 
 class AttnConfig(ctypes.Structure):
     _fields_ = [("qHeads", c_int), ("kvHeads", c_int), ("headDim", c_int), ("scale", ctypes.c_float),
-                ("forward", c_void_p), ("backward", c_void_p), ("user", c_void_p), ("kernelAccumulates", c_int)]
+                ("forward", c_void_p), ("backward", c_void_p), ("user", c_void_p), ("kernelAccumulates", c_int),
+                ("datatype", c_int)]
 
 
 def _candidates():
@@ -150,10 +151,10 @@ _SIGNATURES = {
     "zpRingExchangeWait": (Result, [RingH]),
     "zpRingDestroy": (Result, [RingH]),
     "zpAttentionCreate": (Result, [_P(AttentionH), Plan, _P(AttnConfig), Comm]),
-    "zpAttentionForward": (Result, [AttentionH] + [c_void_p] * 5),
-    "zpAttentionBackward": (Result, [AttentionH] + [c_void_p] * 9),
+    "zpAttentionForward": (Result, [AttentionH] + [c_void_p] * 6),  # q k v out lse stream
+    "zpAttentionBackward": (Result, [AttentionH] + [c_void_p] * 10),  # ... dq dk dv stream
     "zpAttentionDestroy": (Result, [AttentionH]),
-    "zpAttnMergeLse": (Result, [c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_int]),
+    "zpAttnMergeLse": (Result, [c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_int, c_void_p]),
     "zpTypeSize": (c_size_t, [c_int]),
     "zpSetLastError": (Result, [Comm, c_int, c_char_p]),  # called with "%s" and one string
 }

@@ -429,6 +429,10 @@ class AttnBlock:
         self.sq, self.sk = b.sq, b.sk
         self.q_heads, self.kv_heads, self.head_dim = b.qHeads, b.kvHeads, b.headDim
         self.scale, self.mask, self.accumulate = b.scale, b.mask, bool(b.accumulate)
+        if b.datatype != FLOAT32 or b.stream:
+            # The package runs the driver on float32 host buffers only (Attention below).
+            raise InvalidArgument("AttnBlock: a float32 host block was expected (datatype %d, stream %s)" %
+                                  (b.datatype, b.stream))
 
     def _shape(self, name):
         if name in ("q", "out", "dout", "dq"):
@@ -472,7 +476,7 @@ class Attention(_Owned):
         cfg = _lib.AttnConfig(self.q_heads, self.kv_heads, self.head_dim, float(scale),
                               ctypes.cast(self._fw, ctypes.c_void_p).value if self._fw else _lib.ATTN_REF_FORWARD,
                               ctypes.cast(self._bw, ctypes.c_void_p).value if self._bw else _lib.ATTN_REF_BACKWARD,
-                              None, int(bool(kernel_accumulates)))
+                              None, int(bool(kernel_accumulates)), FLOAT32)
         h = _lib.AttentionH()
         ch = _comm_handle(comm)
         check(_lib.lib.zpAttentionCreate(ctypes.byref(h), plan.handle, ctypes.byref(cfg), ch), ch)
@@ -509,7 +513,7 @@ class Attention(_Owned):
 
     def _run(self, f, bufs):
         self._error = None
-        r = f(self._h, *[b.ptr for b in bufs])
+        r = f(self._h, *[b.ptr for b in bufs], None)  # NULL stream: host buffers
         if r != 0:
             err, self._error = self._error, None
             exc = error_from(r, self.comm.handle)
