@@ -96,8 +96,9 @@ zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id) {
 // ---- The header check ----
 // count: the v calls' total of recvcounts (their per-rank counts agree
 // when countsHash does).
+// settings: the ones that choose the algorithm, which must agree too.
 struct Header {
-  uint64_t kind, count, dtype, op, root, countsHash;
+  uint64_t kind, count, dtype, op, root, countsHash, settings = 0;
   bool operator==(const Header& o) const {
     return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root &&
            countsHash == o.countsHash;
@@ -143,6 +144,10 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
     if (!(all[r] == all[0]))
       return fail(zpInvalidUsage, "rank %d: rank 0 calls %s but rank %d calls %s", me, describe(all[0]).c_str(), r,
                   describe(all[r]).c_str());
+  for (int r = 1; r < n; r++)
+    if (all[r].settings != all[0].settings)
+      return fail(zpInvalidUsage, "rank %d: ranks 0 and %d choose collective algorithms differently (ZP_COLL_ALGO, "
+                  "ZP_COLL_RING_ABOVE must be the same on every rank)", me, r);
   return zpSuccess;
 }
 
@@ -259,6 +264,19 @@ void reduceElems(void* dst, const void* a, const void* b, size_t elems, zpDataTy
     using T = std::remove_pointer_t<decltype(tag)>;
     reduce3((T*)dst, (const T*)a, (const T*)b, elems, op);
   });
+}
+
+// out = in[0] op in[1] op ... op in[k-1], in that order for every element,
+// a cache-sized piece at a time (one pass over memory, not k-1). out may be
+// in[0], no other.
+void reduceMany(void* out, const std::vector<const char*>& in, size_t elems, zpDataType_t wt, zpRedOp_t op) {
+  const size_t es = zpTypeSize(wt), piece = (32u << 10) / es;
+  for (size_t at = 0; at < elems; at += piece) {
+    const size_t len = std::min(piece, elems - at), skip = at * es;
+    char* o = (char*)out + skip;
+    reduceElems(o, in[0] + skip, in[1] + skip, len, wt, op);
+    for (size_t r = 2; r < in.size(); r++) reduceElems(o, o, in[r] + skip, len, wt, op);
+  }
 }
 
 // The transports' reduce-while-copying: one reducer per (work type, op).
@@ -424,12 +442,26 @@ struct Call {
         wts(zpTypeSize(workType(args.dtype))),
         step(comm, seq) {}
 
-  // Rings from this many bytes per rank on (the same on every rank: it
-  // depends only on what the header check made sure is the same).
-  bool ring(size_t bytesPerRank) const {
-    if (c->cfg().collAlgo != CollAlgo::kAuto) return c->cfg().collAlgo == CollAlgo::kRing;
-    return bytesPerRank >= c->cfg().collRingAbove;
+  // The family of algorithms for this many bytes per rank: the same on
+  // every rank, as it depends only on what the header check made sure is
+  // the same (the settings included). Below the threshold the latency ones;
+  // from it on, on one node, direct exchange (single-copy shared memory
+  // gains nothing from a ring's n-1 hops, and every hop is a wait for a
+  // peer that may not be running), across nodes rings.
+  enum class Family { kLatency, kRing, kDirect };
+  Family family(size_t bytesPerRank) const {
+    switch (c->cfg().collAlgo) {
+      case CollAlgo::kRing: return Family::kRing;
+      case CollAlgo::kTree: return Family::kLatency;
+      case CollAlgo::kDirect: return Family::kDirect;
+      case CollAlgo::kAuto: break;
+    }
+    if (bytesPerRank < c->cfg().collRingAbove) return Family::kLatency;
+    for (int p = 0; p < n; p++)
+      if (!c->isLocal(p)) return Family::kRing;
+    return Family::kDirect;
   }
+  bool ring(size_t bytesPerRank) const { return family(bytesPerRank) == Family::kRing; }
 
   // ---- Rings ----
   // Reduce-scatter round the ring over blocks `b` of the work type: src holds
@@ -480,6 +512,13 @@ struct Call {
       ZP_CHECK(ringReduceScatter(src, b, 0, [&](int, int blk) { return w + b.off[blk] * wts; }));
       return ringAllGather(w, wts, b, 1, nullptr);
     }
+    if (family(bytes) == Family::kDirect) {
+      // Direct reduce-scatter (rank r ends with block r reduced into w),
+      // then direct all-gather of the blocks: two rounds in all.
+      Blocks b = Blocks::even(count, n);
+      ZP_CHECK(reduceScatter(src, w + b.off[me] * wts, b, Family::kDirect));
+      return allGatherDirect(w, wts, b, nullptr);
+    }
     // Recursive doubling among the largest power of two p of ranks; the n-p
     // others first hand their data to a partner below p and get the result
     // back at the end. a op b == b op a bit for bit (IEEE), so every rank
@@ -520,46 +559,58 @@ struct Call {
 
   // ---- Reduce-scatter over blocks b: src the whole input in the work type, out this rank's block ----
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b) {
+    return reduceScatter(src, out, b, family(b.total * wts / n));
+  }
+  zpResult_t reduceScatter(const char* src, char* out, const Blocks& b, Family f) {
     const size_t mine = b.cnt[me] * wts;
     if (n == 1) {
       if (src != out && mine) memmove(out, src, mine);
       return zpSuccess;
     }
-    if (ring(b.total * wts / n)) {
+    if (f == Family::kRing) {
       // Partials alternate between two scratch blocks; the last round (it
       // brings this rank's own block) reduces into out.
       char* acc[2] = {scratch(kScratchAcc0, b.maxCnt * wts), scratch(kScratchAcc1, b.maxCnt * wts)};
       return ringReduceScatter(src, b, -1, [&](int s, int) { return s == n - 2 ? out : acc[s % 2]; });
     }
-    // Direct: every rank sends each block to its owner and reduces the n-1
-    // it gets in rank order (a fixed order, the same bits on every run).
+    // Direct: every rank sends each block to its owner, which reduces the
+    // n it has in one pass: its own first (so that in place, where out is
+    // its own block, each element is read before it is written), then the
+    // others' in rank order (a fixed order, the same bits on every run).
     char* in = scratch(kScratchAcc0, mine * n);
+    std::vector<const char*> blocks(1, src + b.off[me] * wts);
     for (int i = 1; i < n; i++) {
       const int to = mod(me + i, n), from = mod(me - i, n);
       step.send(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
       step.recv(from, in + mine * from, mine, wts);
     }
     ZP_CHECK(step.run(3000));
-    if (!mine) return zpSuccess;
-    memcpy(in + mine * me, src + b.off[me] * wts, mine);
-    reduceElems(out, in, in + mine, b.cnt[me], wt, a.op);
-    for (int r = 2; r < n; r++) reduceElems(out, out, in + mine * r, b.cnt[me], wt, a.op);
+    for (int r = 0; r < n; r++)
+      if (r != me) blocks.push_back(in + mine * r);
+    if (mine) reduceMany(out, blocks, b.cnt[me], wt, a.op);
     return zpSuccess;
+  }
+
+  // Direct all-gather in buf (element size es) over blocks b: this rank's
+  // block (at `first` if given, else in buf) to every other rank, theirs
+  // from them, in one round. hasAll as in ringAllGather.
+  zpResult_t allGatherDirect(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1) {
+    const char* from = first ? first : buf + b.off[me] * es;
+    for (int i = 1; i < n; i++) {
+      const int to = mod(me + i, n), src = mod(me - i, n);
+      if (to != hasAll) step.send(to, from, b.cnt[me] * es, es);
+      if (me != hasAll) step.recv(src, buf + b.off[src] * es, b.cnt[src] * es, es);
+    }
+    return step.run(4000);
   }
 
   // ---- All-gather over blocks b (the user's type, user displacements) ----
   zpResult_t allGather(const char* sendbuff, char* recvbuff, const Blocks& b) {
     char* mine = recvbuff + b.off[me] * ts;
-    if (n > 1 && ring(b.total * ts / n)) {
+    if (n > 1 && ring(b.total * ts / n))
       ZP_CHECK(ringAllGather(recvbuff, ts, b, 0, sendbuff));
-    } else if (n > 1) {
-      for (int i = 1; i < n; i++) {
-        const int to = mod(me + i, n), from = mod(me - i, n);
-        step.send(to, sendbuff, b.cnt[me] * ts, ts);
-        step.recv(from, recvbuff + b.off[from] * ts, b.cnt[from] * ts, ts);
-      }
-      ZP_CHECK(step.run(4000));
-    }
+    else if (n > 1)
+      ZP_CHECK(allGatherDirect(recvbuff, ts, b, sendbuff));
     if (sendbuff != mine && b.cnt[me]) memmove(mine, sendbuff, b.cnt[me] * ts);
     return zpSuccess;
   }
@@ -570,9 +621,10 @@ struct Call {
     const int root = a.root;
     const char* sb = (const char*)a.send;
     char* rb = (char*)a.recv;
-    if (n > 1 && ring(bytes / n)) {
-      // Scatter from the root, then all-gather round the ring (the root
-      // takes nothing back): the root sends the buffer once, not n-1 times.
+    const Family f = family(bytes / n);
+    if (n > 1 && f != Family::kLatency) {
+      // Scatter from the root, then all-gather (the root takes nothing
+      // back): the root sends the buffer once, not n-1 times.
       Blocks b = Blocks::even(a.count, n);
       if (me == root) {
         for (int p = 0; p < n; p++)
@@ -581,7 +633,9 @@ struct Call {
         step.recv(root, rb + b.off[me] * ts, b.cnt[me] * ts, ts);
       }
       ZP_CHECK(step.run(5000));
-      ZP_CHECK(ringAllGather(me == root ? (char*)sb : rb, ts, b, 0, nullptr, root));
+      char* buf = me == root ? (char*)sb : rb;
+      ZP_CHECK(f == Family::kRing ? ringAllGather(buf, ts, b, 0, nullptr, root)
+                                  : allGatherDirect(buf, ts, b, nullptr, root));
     } else if (n > 1) {
       // Binomial tree over ranks counted from the root: log2(n) rounds.
       const int vr = mod(me - root, n);
@@ -611,7 +665,7 @@ struct Call {
       if (out != src) memmove(out, src, bytes);
       return zpSuccess;
     }
-    if (ring(bytes)) {
+    if (family(bytes) != Family::kLatency) {
       // Reduce-scatter (rank r ends with block r), then every block to the root.
       Blocks b = Blocks::even(count, n);
       char* mine = me == root ? out + b.off[me] * wts : scratch(kScratchMine, b.maxCnt * wts);
@@ -730,6 +784,7 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
+  mine.settings = (uint64_t)c->cfg().collAlgo << 56 ^ c->cfg().collRingAbove;
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];

@@ -148,7 +148,8 @@ void fillInput(void* buf, size_t count, size_t first, uint64_t seed, int rank, z
 // ---- All-reduce, reduce-scatter, reduce: every type and op ----
 
 // Every case runs with each family of algorithms forced (ZP_COLL_ALGO):
-// rings, and the latency ones (recursive doubling, trees, direct exchange).
+// rings, the latency ones (recursive doubling, trees, direct exchange) and
+// the one-node bandwidth ones (direct exchange).
 class CollectiveRanks : public ::testing::TestWithParam<std::tuple<int, const char*>> {
  protected:
   int ranks() const { return std::get<0>(GetParam()); }
@@ -319,7 +320,7 @@ TEST_P(CollectiveRanks, AllGathervAndReduceScattervUnevenCounts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveRanks,
-                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8), ::testing::Values("ring", "tree")),
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8), ::testing::Values("ring", "tree", "direct")),
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
                            return std::to_string(std::get<0>(p.param)) + "_" + std::get<1>(p.param);
                          });

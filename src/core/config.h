@@ -21,7 +21,7 @@ constexpr uint64_t kRouteDefaultChunkBytes = 512u << 10;
 constexpr uint64_t kRouteDefaultDirectBelow = 512u << 10;
 
 enum class ShmProto { kAuto, kCma, kCopy };
-enum class CollAlgo { kAuto, kRing, kTree };
+enum class CollAlgo { kAuto, kRing, kTree, kDirect };
 // The standard collectives move at least this many bytes per rank by ring,
 // fewer by recursive doubling, trees or direct exchange (ZP_COLL_RING_ABOVE;
 // measured with bench/coll_threshold.py: docs/collectives.md).
@@ -40,7 +40,7 @@ struct Config {
   // The router's settings (src/route/router.h).
   size_t routeChunkBytes = kRouteDefaultChunkBytes;    // ZP_ROUTE_CHUNK: relays move chunks of this size
   size_t routeDirectBelow = kRouteDefaultDirectBelow;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
-  CollAlgo collAlgo = CollAlgo::kAuto;           // ZP_COLL_ALGO=auto|ring|tree
+  CollAlgo collAlgo = CollAlgo::kAuto;           // ZP_COLL_ALGO=auto|ring|tree|direct
   size_t collRingAbove = kCollDefaultRingAbove;  // ZP_COLL_RING_ABOVE
 };
 

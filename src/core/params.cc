@@ -55,9 +55,10 @@ const std::vector<Param> kParams = {
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
    "microseconds a waiting rank polls (yielding its core) before it sleeps"},
   // The standard collectives.
-  {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree",
-   "the standard collectives' algorithms: by size (auto), always rings, or always the latency ones (recursive "
-   "doubling, binomial trees, direct exchange)"},
+  {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
+   "the standard collectives' algorithms: by size and shape (auto); always rings; always the latency ones "
+   "(recursive doubling, binomial trees, direct exchange); or always the one-node bandwidth ones (all-gather and "
+   "reduce-scatter by direct exchange, all-reduce as the two)"},
   {"ZP_COLL_RING_ABOVE", K::kSize, R::kSetting, "256K", "0..1P",
    "with ZP_COLL_ALGO=auto, rings from this many bytes per rank on (measured: docs/collectives.md)"},
   // Device path (builds with CUDA).
