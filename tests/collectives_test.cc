@@ -152,17 +152,22 @@ void fillInput(void* buf, size_t count, size_t first, uint64_t seed, int rank, z
 // the one-node bandwidth ones (direct exchange).
 class CollectiveRanks : public ::testing::TestWithParam<std::tuple<int, const char*>> {
  protected:
-  int ranks() const { return std::get<0>(GetParam()); }
-  // In each rank, before its communicator is made.
-  void forceAlgorithm() const { setenv("ZP_COLL_ALGO", std::get<1>(GetParam()), 1); }
+  // Runs body(comm, rank, nranks, seed) on the parameter's ranks, each with
+  // the algorithm forced before its communicator is made.
+  void onEveryRank(const std::function<void(zpComm_t, int, int, uint64_t)>& body) const {
+    const uint64_t seed = zptest::testCaseSeed();
+    const char* algo = std::get<1>(GetParam());
+    zptest::expectAllOk(zptest::runRanks(std::get<0>(GetParam()), [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv("ZP_COLL_ALGO", algo, 1);
+      zpComm_t comm = zptest::initComm(rank, nranks, id);
+      body(comm, rank, nranks, seed);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
 };
 
 TEST_P(CollectiveRanks, AllReduceEveryTypeAndOpInAndOutOfPlace) {
-  const int n = ranks();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    forceAlgorithm();
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     const size_t counts[] = {0, 1, 7, 1009};
     int c = 0;
     for (zpDataType_t t : kTypes)
@@ -179,16 +184,11 @@ TEST_P(CollectiveRanks, AllReduceEveryTypeAndOpInAndOutOfPlace) {
               << "type " << t << " op " << op << (inPlace ? " in place" : "") << " count " << count;
           EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u) << "written past the buffers";
         }
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 TEST_P(CollectiveRanks, ReduceScatterAndReduceEveryTypeAndOp) {
-  const int n = ranks();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    forceAlgorithm();
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     int c = 0;
     for (zpDataType_t t : kTypes)
       for (zpRedOp_t op : kOps) {
@@ -214,18 +214,13 @@ TEST_P(CollectiveRanks, ReduceScatterAndReduceEveryTypeAndOp) {
           EXPECT_EQ(res.writtenBytes(), 0u) << "reduce wrote a non-root's recvbuff";
         EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten() + res.guardBytesWritten(), 0u);
       }
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 // ---- All-gather and broadcast: every byte from where it belongs ----
 
 TEST_P(CollectiveRanks, AllGatherAndBroadcastMoveEveryByte) {
-  const int n = ranks();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    forceAlgorithm();
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     for (size_t count : {(size_t)0, (size_t)1, (size_t)31, (size_t)100003})
       for (bool inPlace : {false, true}) {
         // All-gather of bytes: rank r's block is the pattern (seed, r).
@@ -248,14 +243,13 @@ TEST_P(CollectiveRanks, AllGatherAndBroadcastMoveEveryByte) {
         EXPECT_EQ(b.guardBytesWritten() + bout.guardBytesWritten(), 0u);
       }
     ZP_EXPECT_OK(zpBarrier(comm, nullptr));
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 // ---- The v calls: per-rank counts (zeros among them), gaps between the
 // all-gatherv's blocks that must stay untouched ----
 
-// Rank r's count of case c: the same on every rank, one in four zero.
+// Per-rank counts from a seed (the same on every rank), about one in four zero.
 std::vector<size_t> unevenCounts(uint64_t seed, int n, size_t maxCount) {
   std::mt19937_64 rng(seed);
   std::vector<size_t> counts(n);
@@ -264,11 +258,7 @@ std::vector<size_t> unevenCounts(uint64_t seed, int n, size_t maxCount) {
 }
 
 TEST_P(CollectiveRanks, AllGathervAndReduceScattervUnevenCounts) {
-  const int n = ranks();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    forceAlgorithm();
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     int c = 0;
     for (zpDataType_t t : kTypes)
       for (zpRedOp_t op : kOps) {
@@ -315,8 +305,7 @@ TEST_P(CollectiveRanks, AllGathervAndReduceScattervUnevenCounts) {
         }
         EXPECT_EQ(all.guardBytesWritten() + mine.guardBytesWritten(), 0u);
       }
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveRanks,
