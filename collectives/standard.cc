@@ -352,11 +352,17 @@ char* scratch(Slot slot, size_t bytes) {
 class Step {
  public:
   Step(Comm* c, uint64_t seq) : c_(c), seq_(seq) {}
+  // From now on peers are indices into members (null: ranks), and tags
+  // start at tagBase (a subgroup's rounds get ids of their own).
+  void within(const std::vector<int>* members, uint64_t tagBase) {
+    members_ = members;
+    tagBase_ = tagBase;
+  }
   void send(int peer, const void* buf, size_t bytes, size_t ts) {
-    ops_.push_back(makeOp(OpKind::kCollective, true, peer, (void*)buf, bytes, ts));
+    ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
   }
   void recv(int peer, void* buf, size_t bytes, size_t ts) {
-    ops_.push_back(makeOp(OpKind::kCollective, false, peer, buf, bytes, ts));
+    ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
   }
   // Receives bytes of wt and stores dst = a op them: while copying where the
   // transport can, else into scratch and reduced once the round is done.
@@ -364,7 +370,7 @@ class Step {
     recv(peer, dst, bytes, zpTypeSize(wt));
     if (!bytes) return;
     Op& o = ops_.back();
-    if (c_->transportFor(peer)->canReduce()) {
+    if (c_->transportFor(rankOf(peer))->canReduce()) {
       o.reduce = &kReducers[(size_t)wt * zpNumOps + (size_t)op];
       o.reduceSrc = a;
       return;
@@ -376,7 +382,7 @@ class Step {
     if (ops_.empty()) return zpSuccess;
     char* base = pending_.empty() ? nullptr : scratch(kScratchPending, pendingBytes_);
     for (Pending& p : pending_) ops_[p.op].buf = base + p.at;
-    ZP_CHECK(zp::run(c_, ops_, xferId(seq_, tag)));
+    ZP_CHECK(zp::run(c_, ops_, xferId(seq_, tagBase_ + tag)));
     for (Pending& p : pending_) reduceElems(p.dst, p.a, base + p.at, p.bytes / zpTypeSize(p.wt), p.wt, p.redop);
     ops_.clear();
     pending_.clear();
@@ -393,8 +399,11 @@ class Step {
     zpDataType_t wt;
     zpRedOp_t redop;
   };
+  int rankOf(int peer) const { return members_ ? (*members_)[peer] : peer; }
   Comm* c_;
   uint64_t seq_;
+  const std::vector<int>* members_ = nullptr;
+  uint64_t tagBase_ = 0;
   std::vector<Op> ops_;  // zp::run takes their addresses only once they are all here
   std::vector<Pending> pending_;
   size_t pendingBytes_ = 0;
@@ -428,7 +437,7 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 struct Call {
   Comm* c;
   const CollArgs& a;
-  const int n, me;
+  int n, me;  // the ranks the algorithms run over and my index among them (see within)
   const zpDataType_t wt;  // the work type
   const size_t ts, wts;   // the user's and the work type's element sizes
   Step step;
@@ -462,6 +471,47 @@ struct Call {
     return Family::kDirect;
   }
   bool ring(size_t bytesPerRank) const { return family(bytesPerRank) == Family::kRing; }
+
+  // Runs f with the algorithms over some of the ranks (members, in the
+  // order they take): n and me are their count and my index among them.
+  template <class F>
+  zpResult_t within(const std::vector<int>& members, uint64_t tagBase, F f) {
+    const int n0 = n, me0 = me;
+    n = (int)members.size();
+    me = (int)(std::find(members.begin(), members.end(), c->rank()) - members.begin());
+    step.within(&members, tagBase);
+    const zpResult_t r = f();
+    n = n0;
+    me = me0;
+    step.within(nullptr, 0);
+    return r;
+  }
+
+  // The ranks of my node (local) and the ranks at my place on every node
+  // (rail, in the order of the nodes' first ranks): false unless there are
+  // two nodes or more with the same number of ranks each.
+  bool nodeGroups(std::vector<int>* local, std::vector<int>* rail) const {
+    const std::vector<int>& nodeOf = c->nodeOf();
+    std::vector<int> nodes;  // in order of their first rank
+    std::vector<std::vector<int>> ranksOf;
+    for (int r = 0; r < n; r++) {
+      const size_t i = (size_t)(std::find(nodes.begin(), nodes.end(), nodeOf[r]) - nodes.begin());
+      if (i == nodes.size()) {
+        nodes.push_back(nodeOf[r]);
+        ranksOf.emplace_back();
+      }
+      ranksOf[i].push_back(r);
+    }
+    if (nodes.size() < 2) return false;
+    for (const std::vector<int>& rs : ranksOf)
+      if (rs.size() != ranksOf[0].size()) return false;
+    const size_t mine = (size_t)(std::find(nodes.begin(), nodes.end(), nodeOf[me]) - nodes.begin());
+    *local = ranksOf[mine];
+    const size_t place = (size_t)(std::find(local->begin(), local->end(), me) - local->begin());
+    rail->clear();
+    for (const std::vector<int>& rs : ranksOf) rail->push_back(rs[place]);
+    return true;
+  }
 
   // ---- Rings ----
   // Reduce-scatter round the ring over blocks `b` of the work type: src holds
@@ -504,6 +554,26 @@ struct Call {
     if (n == 1 || count == 0) {
       if (src != w && bytes) memmove(w, src, bytes);
       return zpSuccess;
+    }
+    std::vector<int> local, rail;
+    if (ring(bytes) && nodeGroups(&local, &rail)) {
+      // Hierarchical: reduce-scatter inside the node (direct exchange over
+      // shared memory), so that local rank l holds shard l reduced over
+      // its node; then the all-reduce of shard l among the ranks at place l
+      // of every node, a ring over the network, every local rank's over its
+      // own NIC at once (rail-aligned); then all-gather of the shards
+      // inside the node. Each NIC carries 2(N-1)/N of a shard, not of the
+      // buffer.
+      const Blocks bl = Blocks::even(count, (int)local.size());
+      const int place = (int)(std::find(local.begin(), local.end(), me) - local.begin());
+      char* shard = w + bl.off[place] * wts;
+      ZP_CHECK(within(local, 10000, [&] { return reduceScatter(src, shard, bl, Family::kDirect); }));
+      ZP_CHECK(within(rail, 20000, [&] {
+        const Blocks br = Blocks::even(bl.cnt[place], n);
+        ZP_CHECK(ringReduceScatter(shard, br, 0, [&](int, int blk) { return shard + br.off[blk] * wts; }));
+        return ringAllGather(shard, wts, br, 1, nullptr);
+      }));
+      return within(local, 30000, [&] { return allGatherDirect(w, wts, bl, nullptr); });
     }
     if (ring(bytes)) {
       // Rank r ends the reduce-scatter with block r+1, reduced where it lies
