@@ -108,9 +108,29 @@ int main(int argc, char** argv) {
     };
     for (int i = 0; i < opt.warmup; ++i) call();
     comm.barrier();
+    // On an emulated cluster, each NIC's transmitted bytes over the timed
+    // calls, read by the first rank of each node (its namespace's NICs).
+    const NicInfo nic = nicInfo();
+    const int nics = getenv("ZP_NICS_PER_NODE") ? atoi(getenv("ZP_NICS_PER_NODE")) : 0;
+    const bool nicReader = nics > 0 && rank % nic.ranksPerNode == 0;
+    const std::vector<uint64_t> tx0 = nicReader ? nicTxBytes(nics) : std::vector<uint64_t>();
     const double t0 = nowSeconds();
     for (int i = 0; i < opt.iters; ++i) call();
     const double timeUs = comm.maxDouble((nowSeconds() - t0) / opt.iters) * 1e6;
+    std::string nicLine;
+    if (nics > 0) {
+      const std::vector<uint64_t> tx1 = nicReader ? nicTxBytes(nics) : std::vector<uint64_t>();
+      for (int node = 0; node < n / nic.ranksPerNode; node++) {
+        nicLine += node ? "; node " + std::to_string(node) + ":" : "#   MiB per call sent by each NIC, node 0:";
+        for (int k = 0; k < nics; k++) {
+          const bool mine = nicReader && nic.nodeOf(rank) == node;
+          const unsigned long long b = comm.sumU64(mine ? tx1[k] - tx0[k] : 0);
+          char cell[32];
+          snprintf(cell, sizeof cell, " %.1f", b / 1048576.0 / opt.iters);
+          nicLine += cell;
+        }
+      }
+    }
 
     long long wrong = -1;
     if (opt.check) {
@@ -140,6 +160,7 @@ int main(int argc, char** argv) {
     busbwSum += busbw;
     ++rows;
     if (root) printTableRow(bytes, kColl == kAllGather ? outElems : inElems, t.name, timeUs, algbw, busbw, wrong);
+    if (root && !nicLine.empty()) printf("%s\n", nicLine.c_str());
   }
   if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
   comm.finalize();

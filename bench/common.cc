@@ -498,6 +498,19 @@ NicInfo nicInfo() {
   return n;
 }
 
+std::vector<uint64_t> nicTxBytes(int nics) {
+  std::vector<uint64_t> out(nics, 0);
+  for (int k = 0; k < nics; k++) {
+    std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/tx_bytes";
+    if (FILE* f = fopen(path.c_str(), "r")) {
+      unsigned long long v = 0;
+      if (fscanf(f, "%llu", &v) == 1) out[k] = v;
+      fclose(f);
+    }
+  }
+  return out;
+}
+
 double nicPercent(const NicInfo& nic, double bytes, double timeUs) {
   if (nic.bitsPerSec <= 0 || timeUs <= 0) return -1;
   return 100.0 * bytes * 8 * nic.ranksPerNic / (timeUs * 1e-6) / nic.bitsPerSec;

@@ -173,6 +173,9 @@ NicInfo nicInfo();
 // Percent of one NIC's rate that a rank moving `bytes` across nodes in
 // `timeUs` uses, counting the ranks that share its NIC.
 double nicPercent(const NicInfo& nic, double bytes, double timeUs);
+// This node's NICs' transmitted bytes (the tx counters of zpnic0, zpnic1,
+// ...; TCP/IP headers and retransmissions included; 0 where there is none).
+std::vector<uint64_t> nicTxBytes(int nics);
 
 // The lines every benchmark prints before its table: the library, the run's
 // parameters (`params`), the shared-memory protocol, the %nic legend.

@@ -80,20 +80,6 @@ int routingOf(const std::string& mode) {
 }
 #endif
 
-// This node's NICs' transmitted bytes (interfaces zpnic0, zpnic1, ...).
-std::vector<uint64_t> nicTxBytes(int nics) {
-  std::vector<uint64_t> out(nics, 0);
-  for (int k = 0; k < nics; k++) {
-    std::string path = "/sys/class/net/zpnic" + std::to_string(k) + "/statistics/tx_bytes";
-    if (FILE* f = fopen(path.c_str(), "r")) {
-      unsigned long long v = 0;
-      if (fscanf(f, "%llu", &v) == 1) out[k] = v;
-      fclose(f);
-    }
-  }
-  return out;
-}
-
 uint8_t expected(int src, int dst, size_t i, uint64_t seed) {
   uint64_t x = seed ^ (uint64_t)src * 0x9E3779B97F4A7C15ull ^ (uint64_t)dst * 0xC2B2AE3D27D4EB4Full ^ i;
   x ^= x >> 31;
@@ -268,12 +254,12 @@ int main(int argc, char** argv) {
         BenchComm& comm = comms[m];
         for (int w = 0; w < warmup; w++) runOnce(comm, t, sbuf, rbuf, false, seed);
         comm.barrier();
-        std::vector<uint64_t> tx0 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
+        std::vector<uint64_t> tx0 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         double t0 = nowSeconds();
         for (int it = 0; it < iters; it++) runOnce(comm, t, sbuf, rbuf, false, seed);
         double mine = (nowSeconds() - t0) / iters;
         comm.barrier();  // every rank done: every byte of the loop has left its NIC
-        std::vector<uint64_t> tx1 = reportsNics ? nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
+        std::vector<uint64_t> tx1 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         // Counters of the interval, and the time of the slowest rank (in ns).
         std::vector<uint64_t> row(nics + 1);
         for (int k = 0; k < nics; k++) row[k] = (tx1[k] - tx0[k]) / iters;

@@ -1,23 +1,31 @@
 // The standard collectives, with NCCL's semantics, on host buffers: a
-// check that every rank called the same thing, then rings.
+// check that every rank called the same thing, then the data by one of two
+// families of algorithms.
 //
 // Every call starts with each rank's header (which collective, count,
-// datatype, op, root) sent to every other rank: a rank that differs makes
-// the call zpInvalidUsage on every rank, naming it, before any data moves.
-// The exchange is also zpBarrier. Then:
-//   reduce-scatter  a ring of n-1 steps: each rank sends a partial chunk to
-//                   the next and adds the previous rank's into its own; rank
-//                   r ends with chunk r fully reduced;
-//   all-reduce      reduce-scatter, then an all-gather ring of n-1 steps;
-//   all-gather      the ring of n-1 steps;
-//   reduce          reduce-scatter, then every rank's chunk to the root;
-//   broadcast       the root sends to every rank.
-// float16 and bfloat16 travel and add in float32 and are rounded once at
+// datatype, op, root, a hash of the v calls' recvcounts) sent to every other
+// rank: a rank that differs makes the call zpInvalidUsage on every rank,
+// naming it, before any data moves. The exchange is also zpBarrier.
+//
+// Then, by the bytes each rank holds (ZP_COLL_RING_ABOVE; ZP_COLL_ALGO
+// forces one family):
+//  - latency, below the threshold: recursive doubling (all-reduce),
+//    binomial trees (broadcast, reduce), direct exchange (all-gather(v),
+//    reduce-scatter(v)): log2(n) or one round of messages;
+//  - bandwidth, from the threshold on: rings. Reduce-scatter(v) is a ring of
+//    n-1 steps, each rank sending a partial block to the next and reducing
+//    the previous rank's into its own; all-reduce is that, then an all-gather
+//    ring (each rank sends 2(n-1)/n of the buffer, the least possible);
+//    broadcast scatters from the root, then all-gathers; reduce is a
+//    reduce-scatter, then every rank's block to the root.
+// A receive that reduces does so as the bytes arrive where the transport
+// can (shared memory: Op::reduce, out of the ring's fragments or the
+// sender's memory by single copy), else right after its step from scratch.
+// float16 and bfloat16 travel and reduce in float32 and are rounded once at
 // the end, as the API promises (twice the bytes on the wire for them).
-// Across nodes the rings' steps go through the relay like any collective's
-// messages. A hierarchical algorithm (reduce-scatter in the node, one rail
-// per shard across nodes) and a latency algorithm for small counts are not
-// here yet.
+// Across nodes the steps go through the relay like any collective's
+// messages; a hierarchical algorithm (reduce-scatter in the node, one rail
+// per shard across nodes) is not here yet.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,10 +44,10 @@ namespace zp {
 namespace {
 
 // Transfer ids of the relay for these calls, apart from alltoallv's: bit 61,
-// a step number from bit 40 (0 the header check, 1.. the ring's steps, and
-// two of their own for the broadcast and the reduce's gather), the sequence.
+// a step tag from bit 40 (0 the header check, then each algorithm's own,
+// the same on both ends of every message), the sequence.
 constexpr uint64_t kCollectiveXfer = 1ull << 61;
-constexpr uint64_t kStepBroadcast = 0xFFFF, kStepGather = 0xFFFE, kStepSplit = 0xFFF0;
+constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFFF0;
 uint64_t xferId(uint64_t seq, uint64_t step) { return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1)); }
 
 const char* kindName(CollKind k) {
@@ -50,6 +58,8 @@ const char* kindName(CollKind k) {
     case CollKind::kAllGather: return "allgather";
     case CollKind::kReduceScatter: return "reducescatter";
     case CollKind::kBarrier: return "barrier";
+    case CollKind::kAllGatherv: return "allgatherv";
+    case CollKind::kReduceScatterv: return "reducescatterv";
   }
   return "collective";
 }
@@ -84,20 +94,37 @@ zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id) {
 }
 
 // ---- The header check ----
+// count: the v calls' total of recvcounts (their per-rank counts agree
+// when countsHash does).
+// settings: the ones that choose the algorithm, which must agree too.
 struct Header {
-  uint64_t kind, count, dtype, op, root;
+  uint64_t kind, count, dtype, op, root, countsHash, settings = 0;
   bool operator==(const Header& o) const {
-    return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root;
+    return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root &&
+           countsHash == o.countsHash;
   }
 };
+
+bool isV(CollKind k) { return k == CollKind::kAllGatherv || k == CollKind::kReduceScatterv; }
+bool reduces(CollKind k) {
+  return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter ||
+         k == CollKind::kReduceScatterv;
+}
+
+uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' bytes
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)counts[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  return h;
+}
 
 std::string describe(const Header& h) {
   CollKind k = (CollKind)h.kind;
   std::string s = kindName(k);
   if (k == CollKind::kBarrier) return s;
   s += " of " + std::to_string(h.count) + " " + typeName((zpDataType_t)h.dtype);
-  if (k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter)
-    s += std::string(" (") + opName((zpRedOp_t)h.op) + ")";
+  if (isV(k)) s += " in all, split by recvcounts with hash " + std::to_string(h.countsHash % 100000);
+  if (reduces(k)) s += std::string(" (") + opName((zpRedOp_t)h.op) + ")";
   if (k == CollKind::kBroadcast || k == CollKind::kReduce) s += " to root " + std::to_string(h.root);
   return s;
 }
@@ -117,6 +144,10 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
     if (!(all[r] == all[0]))
       return fail(zpInvalidUsage, "rank %d: rank 0 calls %s but rank %d calls %s", me, describe(all[0]).c_str(), r,
                   describe(all[r]).c_str());
+  for (int r = 1; r < n; r++)
+    if (all[r].settings != all[0].settings)
+      return fail(zpInvalidUsage, "rank %d: ranks 0 and %d choose collective algorithms differently (ZP_COLL_ALGO, "
+                  "ZP_COLL_RING_ABOVE must be the same on every rank)", me, r);
   return zpSuccess;
 }
 
@@ -184,21 +215,22 @@ uint16_t floatToBf16(float f) {  // round to nearest even
   return (uint16_t)(x >> 16);
 }
 
+// dst[i] = a[i] op b[i] (dst may be a or b); zpAvg sums, divided at the end.
 template <class T>
-void reduceInto(T* acc, const T* in, size_t n, zpRedOp_t op) {
+void reduce3(T* dst, const T* a, const T* b, size_t n, zpRedOp_t op) {
   switch (op) {
     case zpSum:
     case zpAvg:
-      for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] + in[i]);
+      for (size_t i = 0; i < n; i++) dst[i] = (T)(a[i] + b[i]);
       break;
     case zpProd:
-      for (size_t i = 0; i < n; i++) acc[i] = (T)(acc[i] * in[i]);
+      for (size_t i = 0; i < n; i++) dst[i] = (T)(a[i] * b[i]);
       break;
     case zpMax:
-      for (size_t i = 0; i < n; i++) acc[i] = std::max(acc[i], in[i]);
+      for (size_t i = 0; i < n; i++) dst[i] = std::max(a[i], b[i]);
       break;
     case zpMin:
-      for (size_t i = 0; i < n; i++) acc[i] = std::min(acc[i], in[i]);
+      for (size_t i = 0; i < n; i++) dst[i] = std::min(a[i], b[i]);
       break;
     default: break;
   }
@@ -227,12 +259,45 @@ void dispatch(zpDataType_t t, F f) {
   }
 }
 
-void reduceBytes(void* acc, const void* in, size_t elems, zpDataType_t wt, zpRedOp_t op) {
+void reduceElems(void* dst, const void* a, const void* b, size_t elems, zpDataType_t wt, zpRedOp_t op) {
   dispatch(wt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    reduceInto((T*)acc, (const T*)in, elems, op);
+    reduce3((T*)dst, (const T*)a, (const T*)b, elems, op);
   });
 }
+
+// out = in[0] op in[1] op ... op in[k-1], in that order for every element,
+// a cache-sized piece at a time (one pass over memory, not k-1). out may be
+// in[0], no other.
+void reduceMany(void* out, const std::vector<const char*>& in, size_t elems, zpDataType_t wt, zpRedOp_t op) {
+  const size_t es = zpTypeSize(wt), piece = (32u << 10) / es;
+  for (size_t at = 0; at < elems; at += piece) {
+    const size_t len = std::min(piece, elems - at), skip = at * es;
+    char* o = (char*)out + skip;
+    reduceElems(o, in[0] + skip, in[1] + skip, len, wt, op);
+    for (size_t r = 2; r < in.size(); r++) reduceElems(o, o, in[r] + skip, len, wt, op);
+  }
+}
+
+// The transports' reduce-while-copying: one reducer per (work type, op).
+template <int T, int O>
+void reduceBytes(void* dst, const void* a, const void* b, size_t bytes) {
+  reduceElems(dst, a, b, bytes / zpTypeSize((zpDataType_t)T), (zpDataType_t)T, (zpRedOp_t)O);
+}
+template <int T>
+constexpr OpReducer reducerOf(int o) {
+  return OpReducer{o == 0   ? reduceBytes<T, 0>
+                   : o == 1 ? reduceBytes<T, 1>
+                   : o == 2 ? reduceBytes<T, 2>
+                   : o == 3 ? reduceBytes<T, 3>
+                            : reduceBytes<T, 4>,
+                   T == zpInt8 || T == zpUint8 ? 1u : T == zpInt64 || T == zpUint64 || T == zpFloat64 ? 8u : 4u};
+}
+#define ZP_REDUCERS(T) reducerOf<T>(0), reducerOf<T>(1), reducerOf<T>(2), reducerOf<T>(3), reducerOf<T>(4)
+const OpReducer kReducers[zpNumTypes * zpNumOps] = {ZP_REDUCERS(0), ZP_REDUCERS(1), ZP_REDUCERS(2), ZP_REDUCERS(3),
+                                                    ZP_REDUCERS(4), ZP_REDUCERS(5), ZP_REDUCERS(6), ZP_REDUCERS(7),
+                                                    ZP_REDUCERS(8), ZP_REDUCERS(9)};
+#undef ZP_REDUCERS
 
 // Work buffers: the data in its work type (float32 for the 16-bit floats).
 void toWork(const void* src, void* dst, size_t elems, zpDataType_t t) {
@@ -253,55 +318,455 @@ void fromWork(const void* src, void* dst, size_t elems, zpDataType_t t) {
     memmove(dst, src, elems * zpTypeSize(t));
 }
 
-// ---- Rings ----
-// Chunk c of a buffer of `count` elements cut into n: [first(c), first(c+1)).
-struct Chunks {
-  size_t count;
-  int n;
-  size_t first(int c) const { return count * (size_t)c / (size_t)n; }
-  size_t size(int c) const { return first(c + 1) - first(c); }
+// ---- Steps ----
+// Scratch memory of the calling thread (a call runs under its
+// communicator's lock, in one thread), kept between calls so that large
+// collectives do not fault fresh pages in every time.
+// Each use has its own slot, so that no two of one call share memory.
+enum Slot {
+  kScratchPending,  // receives whose transport cannot reduce (Step)
+  kScratchAcc0,     // partial results: ring reduce-scatter, recursive doubling, direct reduce-scatter
+  kScratchAcc1,     // the ring's other partial; the reduce tree's
+  kScratchMine,     // a non-root's block of reduce's reduce-scatter
+  kScratchHalf,     // float16 / bfloat16 in float32
+  kScratchCount
+};
+char* scratch(Slot slot, size_t bytes) {
+  struct Buf {
+    std::unique_ptr<char[]> p;
+    size_t cap = 0;
+  };
+  thread_local Buf bufs[kScratchCount];
+  Buf& b = bufs[slot];
+  if (b.cap < bytes) {
+    b.p.reset();  // the old one first: the two need not fit at once
+    b.cap = std::max(bytes, b.cap + b.cap / 2);
+    b.p.reset(new char[b.cap]);  // not zero-filled: every byte is written before it is read
+  }
+  return b.p.get();
+}
+
+// One round of a call's messages: its sends and receives run together. tag
+// names the round in the relay's transfer ids, the same at both ends of each
+// message (ranks run different numbers of rounds in the trees).
+class Step {
+ public:
+  Step(Comm* c, uint64_t seq) : c_(c), seq_(seq) {}
+  // From now on peers are indices into members (null: ranks), and tags
+  // start at tagBase (a subgroup's rounds get ids of their own).
+  void within(const std::vector<int>* members, uint64_t tagBase) {
+    members_ = members;
+    tagBase_ = tagBase;
+  }
+  void send(int peer, const void* buf, size_t bytes, size_t ts) {
+    ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
+  }
+  void recv(int peer, void* buf, size_t bytes, size_t ts) {
+    ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
+  }
+  // Receives bytes of wt and stores dst = a op them: while copying where the
+  // transport can, else into scratch and reduced once the round is done.
+  void recvReduce(int peer, void* dst, const void* a, size_t bytes, zpDataType_t wt, zpRedOp_t op) {
+    recv(peer, dst, bytes, zpTypeSize(wt));
+    if (!bytes) return;
+    Op& o = ops_.back();
+    if (c_->transportFor(rankOf(peer))->canReduce()) {
+      o.reduce = &kReducers[(size_t)wt * zpNumOps + (size_t)op];
+      o.reduceSrc = a;
+      return;
+    }
+    pending_.push_back({ops_.size() - 1, pendingBytes_, dst, a, bytes, wt, op});
+    pendingBytes_ += (bytes + 63) & ~size_t(63);
+  }
+  zpResult_t run(uint64_t tag) {
+    if (ops_.empty()) return zpSuccess;
+    char* base = pending_.empty() ? nullptr : scratch(kScratchPending, pendingBytes_);
+    for (Pending& p : pending_) ops_[p.op].buf = base + p.at;
+    ZP_CHECK(zp::run(c_, ops_, xferId(seq_, tagBase_ + tag)));
+    for (Pending& p : pending_) reduceElems(p.dst, p.a, base + p.at, p.bytes / zpTypeSize(p.wt), p.wt, p.redop);
+    ops_.clear();
+    pending_.clear();
+    pendingBytes_ = 0;
+    return zpSuccess;
+  }
+
+ private:
+  struct Pending {
+    size_t op, at;  // which op, where in scratch
+    void* dst;
+    const void* a;
+    size_t bytes;
+    zpDataType_t wt;
+    zpRedOp_t redop;
+  };
+  int rankOf(int peer) const { return members_ ? (*members_)[peer] : peer; }
+  Comm* c_;
+  uint64_t seq_;
+  const std::vector<int>* members_ = nullptr;
+  uint64_t tagBase_ = 0;
+  std::vector<Op> ops_;  // zp::run takes their addresses only once they are all here
+  std::vector<Pending> pending_;
+  size_t pendingBytes_ = 0;
 };
 
-struct Ring {
+// A buffer cut into n blocks, in elements: block b is [off[b], off[b] + cnt[b]).
+struct Blocks {
+  std::vector<size_t> off, cnt;
+  size_t maxCnt = 0, total = 0;
+  static Blocks even(size_t count, int n) {  // count cut as evenly as can be
+    std::vector<size_t> c(n);
+    for (int i = 0; i < n; i++) c[i] = count * (i + 1) / n - count * i / n;
+    return of(c.data(), nullptr, n);
+  }
+  static Blocks of(const size_t* counts, const size_t* displs, int n) {  // packed without displs
+    Blocks b;
+    for (int i = 0; i < n; i++) {
+      b.off.push_back(displs ? displs[i] : b.total);
+      b.cnt.push_back(counts[i]);
+      b.total += counts[i];
+      b.maxCnt = std::max(b.maxCnt, counts[i]);
+    }
+    return b;
+  }
+};
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// One call on host buffers, with what its algorithms need. Each algorithm
+// uses its own range of round tags (the header check is 0).
+struct Call {
   Comm* c;
-  uint64_t seq;
-  int step = 0;  // numbers the steps, so that every step has its own relay id
-  int next() const { return (c->rank() + 1) % c->nranks(); }
-  int prev() const { return (c->rank() + c->nranks() - 1) % c->nranks(); }
-  // Sends [s, s + sbytes) to the next rank, receives rbytes from the previous into r.
-  zpResult_t exchange(const void* s, size_t sbytes, void* r, size_t rbytes, size_t ts) {
-    std::vector<Op> ops;
-    ops.push_back(makeOp(OpKind::kCollective, true, next(), (void*)s, sbytes, ts));
-    ops.push_back(makeOp(OpKind::kCollective, false, prev(), r, rbytes, ts));
-    return run(c, ops, xferId(seq, (uint64_t)++step));
+  const CollArgs& a;
+  int n, me;  // the ranks the algorithms run over and my index among them (see within)
+  const zpDataType_t wt;  // the work type
+  const size_t ts, wts;   // the user's and the work type's element sizes
+  Step step;
+  Call(Comm* comm, const CollArgs& args, uint64_t seq)
+      : c(comm),
+        a(args),
+        n(comm->nranks()),
+        me(comm->rank()),
+        wt(workType(args.dtype)),
+        ts(zpTypeSize(args.dtype)),
+        wts(zpTypeSize(workType(args.dtype))),
+        step(comm, seq) {}
+
+  // The family of algorithms for this many bytes per rank: the same on
+  // every rank, as it depends only on what the header check made sure is
+  // the same (the settings included). Below the threshold the latency ones;
+  // from it on, on one node, direct exchange (single-copy shared memory
+  // gains nothing from a ring's n-1 hops, and every hop is a wait for a
+  // peer that may not be running), across nodes rings.
+  enum class Family { kLatency, kRing, kDirect };
+  Family family(size_t bytesPerRank) const {
+    switch (c->cfg().collAlgo) {
+      case CollAlgo::kRing: return Family::kRing;
+      case CollAlgo::kTree: return Family::kLatency;
+      case CollAlgo::kDirect: return Family::kDirect;
+      case CollAlgo::kAuto: break;
+    }
+    if (bytesPerRank < c->cfg().collRingAbove) return Family::kLatency;
+    for (int p = 0; p < n; p++)
+      if (!c->isLocal(p)) return Family::kRing;
+    return Family::kDirect;
+  }
+  bool ring(size_t bytesPerRank) const { return family(bytesPerRank) == Family::kRing; }
+
+  // Runs f with the algorithms over some of the ranks (members, in the
+  // order they take): n and me are their count and my index among them.
+  template <class F>
+  zpResult_t within(const std::vector<int>& members, uint64_t tagBase, F f) {
+    const int n0 = n, me0 = me;
+    n = (int)members.size();
+    me = (int)(std::find(members.begin(), members.end(), c->rank()) - members.begin());
+    step.within(&members, tagBase);
+    const zpResult_t r = f();
+    n = n0;
+    me = me0;
+    step.within(nullptr, 0);
+    return r;
+  }
+
+  // The ranks of my node (local) and the ranks at my place on every node
+  // (rail, in the order of the nodes' first ranks): false unless there are
+  // two nodes or more with the same number of ranks each.
+  bool nodeGroups(std::vector<int>* local, std::vector<int>* rail) const {
+    const std::vector<int>& nodeOf = c->nodeOf();
+    std::vector<int> nodes;  // in order of their first rank
+    std::vector<std::vector<int>> ranksOf;
+    for (int r = 0; r < n; r++) {
+      const size_t i = (size_t)(std::find(nodes.begin(), nodes.end(), nodeOf[r]) - nodes.begin());
+      if (i == nodes.size()) {
+        nodes.push_back(nodeOf[r]);
+        ranksOf.emplace_back();
+      }
+      ranksOf[i].push_back(r);
+    }
+    if (nodes.size() < 2) return false;
+    for (const std::vector<int>& rs : ranksOf)
+      if (rs.size() != ranksOf[0].size()) return false;
+    const size_t mine = (size_t)(std::find(nodes.begin(), nodes.end(), nodeOf[me]) - nodes.begin());
+    *local = ranksOf[mine];
+    const size_t place = (size_t)(std::find(local->begin(), local->end(), me) - local->begin());
+    rail->clear();
+    for (const std::vector<int>& rs : ranksOf) rail->push_back(rs[place]);
+    return true;
+  }
+
+  // ---- Rings ----
+  // Reduce-scatter round the ring over blocks `b` of the work type: src holds
+  // this rank's contribution to every block. Rank r sends block r+k first
+  // and ends holding block r+k+1 reduced over every rank, at acc(n-2, block);
+  // acc(s, block) is where round s leaves its partial result (it must stay
+  // put until round s+1 has sent it).
+  template <class Acc>
+  zpResult_t ringReduceScatter(const char* src, const Blocks& b, int k, Acc acc) {
+    const int right = mod(me + 1, n), left = mod(me - 1, n);
+    for (int s = 0; s < n - 1; s++) {
+      const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
+      const char* from = s == 0 ? src + b.off[sb] * wts : acc(s - 1, sb);
+      step.send(right, from, b.cnt[sb] * wts, wts);
+      step.recvReduce(left, acc(s, rb), src + b.off[rb] * wts, b.cnt[rb] * wts, wt, a.op);
+      ZP_CHECK(step.run(1 + (uint64_t)s));
+    }
+    return zpSuccess;
+  }
+
+  // All-gather round the ring in buf (element size es) over blocks `b`:
+  // rank r starts holding block r+k (at `first` if given, else in buf) and
+  // ends holding all. A rank that has every block already (hasAll:
+  // broadcast's root) takes none, and its left neighbour sends it none.
+  zpResult_t ringAllGather(char* buf, size_t es, const Blocks& b, int k, const char* first, int hasAll = -1) {
+    const int right = mod(me + 1, n), left = mod(me - 1, n);
+    for (int s = 0; s < n - 1; s++) {
+      const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
+      const char* from = s == 0 && first ? first : buf + b.off[sb] * es;
+      if (right != hasAll) step.send(right, from, b.cnt[sb] * es, es);
+      if (me != hasAll) step.recv(left, buf + b.off[rb] * es, b.cnt[rb] * es, es);
+      ZP_CHECK(step.run(1000 + (uint64_t)s));
+    }
+    return zpSuccess;
+  }
+
+  // ---- All-reduce: count elements of the work type from src into w (src may be w) ----
+  zpResult_t allReduce(const char* src, char* w, size_t count) {
+    const size_t bytes = count * wts;
+    if (n == 1 || count == 0) {
+      if (src != w && bytes) memmove(w, src, bytes);
+      return zpSuccess;
+    }
+    std::vector<int> local, rail;
+    if (ring(bytes) && nodeGroups(&local, &rail)) {
+      // Hierarchical: reduce-scatter inside the node (direct exchange over
+      // shared memory), so that local rank l holds shard l reduced over
+      // its node; then the all-reduce of shard l among the ranks at place l
+      // of every node, a ring over the network, every local rank's over its
+      // own NIC at once (rail-aligned); then all-gather of the shards
+      // inside the node. Each NIC carries 2(N-1)/N of a shard, not of the
+      // buffer.
+      const Blocks bl = Blocks::even(count, (int)local.size());
+      const int place = (int)(std::find(local.begin(), local.end(), me) - local.begin());
+      char* shard = w + bl.off[place] * wts;
+      ZP_CHECK(within(local, 10000, [&] { return reduceScatter(src, shard, bl, Family::kDirect); }));
+      ZP_CHECK(within(rail, 20000, [&] {
+        const Blocks br = Blocks::even(bl.cnt[place], n);
+        ZP_CHECK(ringReduceScatter(shard, br, 0, [&](int, int blk) { return shard + br.off[blk] * wts; }));
+        return ringAllGather(shard, wts, br, 1, nullptr);
+      }));
+      return within(local, 30000, [&] { return allGatherDirect(w, wts, bl, nullptr); });
+    }
+    if (ring(bytes)) {
+      // Rank r ends the reduce-scatter with block r+1, reduced where it lies
+      // in w; block r is never written until the all-gather brings it.
+      Blocks b = Blocks::even(count, n);
+      ZP_CHECK(ringReduceScatter(src, b, 0, [&](int, int blk) { return w + b.off[blk] * wts; }));
+      return ringAllGather(w, wts, b, 1, nullptr);
+    }
+    if (family(bytes) == Family::kDirect) {
+      // Direct reduce-scatter (rank r ends with block r reduced into w),
+      // then direct all-gather of the blocks: two rounds in all.
+      Blocks b = Blocks::even(count, n);
+      ZP_CHECK(reduceScatter(src, w + b.off[me] * wts, b, Family::kDirect));
+      return allGatherDirect(w, wts, b, nullptr);
+    }
+    // Recursive doubling among the largest power of two p of ranks; the n-p
+    // others first hand their data to a partner below p and get the result
+    // back at the end. a op b == b op a bit for bit (IEEE), so every rank
+    // ends with the same bits.
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    if (me >= p) {
+      step.send(me - p, src, bytes, wts);
+      ZP_CHECK(step.run(2000));
+      step.recv(me - p, w, bytes, wts);
+      return step.run(kStepResult);
+    }
+    // Rounds alternate between w and a scratch buffer: a round reads one
+    // (and sends it) while the incoming data is reduced into the other.
+    char* bufs[2] = {w, scratch(kScratchAcc0, bytes)};
+    int cur = src == w ? 0 : -1;  // -1: still src
+    auto at = [&](int i) { return i < 0 ? src : bufs[i]; };
+    if (me < n - p) {
+      step.recvReduce(me + p, bufs[0], src, bytes, wt, a.op);
+      ZP_CHECK(step.run(2000));
+      cur = 0;
+    }
+    uint64_t tag = 2001;
+    for (int mask = 1; mask < p; mask <<= 1, tag++) {
+      const int peer = me ^ mask, next = cur == 0 ? 1 : 0;
+      step.send(peer, at(cur), bytes, wts);
+      step.recvReduce(peer, bufs[next], at(cur), bytes, wt, a.op);
+      ZP_CHECK(step.run(tag));
+      cur = next;
+    }
+    if (cur != 0) memcpy(w, at(cur), bytes);
+    if (me < n - p) {
+      step.send(me + p, w, bytes, wts);
+      ZP_CHECK(step.run(kStepResult));
+    }
+    return zpSuccess;
+  }
+
+  // ---- Reduce-scatter over blocks b: src the whole input in the work type, out this rank's block ----
+  zpResult_t reduceScatter(const char* src, char* out, const Blocks& b) {
+    return reduceScatter(src, out, b, family(b.total * wts / n));
+  }
+  zpResult_t reduceScatter(const char* src, char* out, const Blocks& b, Family f) {
+    const size_t mine = b.cnt[me] * wts;
+    if (n == 1) {
+      if (src != out && mine) memmove(out, src, mine);
+      return zpSuccess;
+    }
+    if (f == Family::kRing) {
+      // Partials alternate between two scratch blocks; the last round (it
+      // brings this rank's own block) reduces into out.
+      char* acc[2] = {scratch(kScratchAcc0, b.maxCnt * wts), scratch(kScratchAcc1, b.maxCnt * wts)};
+      return ringReduceScatter(src, b, -1, [&](int s, int) { return s == n - 2 ? out : acc[s % 2]; });
+    }
+    // Direct: every rank sends each block to its owner, which reduces the
+    // n it has in one pass: its own first (so that in place, where out is
+    // its own block, each element is read before it is written), then the
+    // others' in rank order (a fixed order, the same bits on every run).
+    char* in = scratch(kScratchAcc0, mine * n);
+    std::vector<const char*> blocks(1, src + b.off[me] * wts);
+    for (int i = 1; i < n; i++) {
+      const int to = mod(me + i, n), from = mod(me - i, n);
+      step.send(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
+      step.recv(from, in + mine * from, mine, wts);
+    }
+    ZP_CHECK(step.run(3000));
+    for (int r = 0; r < n; r++)
+      if (r != me) blocks.push_back(in + mine * r);
+    if (mine) reduceMany(out, blocks, b.cnt[me], wt, a.op);
+    return zpSuccess;
+  }
+
+  // Direct all-gather in buf (element size es) over blocks b: this rank's
+  // block (at `first` if given, else in buf) to every other rank, theirs
+  // from them, in one round. hasAll as in ringAllGather.
+  zpResult_t allGatherDirect(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1) {
+    const char* from = first ? first : buf + b.off[me] * es;
+    for (int i = 1; i < n; i++) {
+      const int to = mod(me + i, n), src = mod(me - i, n);
+      if (to != hasAll) step.send(to, from, b.cnt[me] * es, es);
+      if (me != hasAll) step.recv(src, buf + b.off[src] * es, b.cnt[src] * es, es);
+    }
+    return step.run(4000);
+  }
+
+  // ---- All-gather over blocks b (the user's type, user displacements) ----
+  zpResult_t allGather(const char* sendbuff, char* recvbuff, const Blocks& b) {
+    char* mine = recvbuff + b.off[me] * ts;
+    if (n > 1 && ring(b.total * ts / n))
+      ZP_CHECK(ringAllGather(recvbuff, ts, b, 0, sendbuff));
+    else if (n > 1)
+      ZP_CHECK(allGatherDirect(recvbuff, ts, b, sendbuff));
+    if (sendbuff != mine && b.cnt[me]) memmove(mine, sendbuff, b.cnt[me] * ts);
+    return zpSuccess;
+  }
+
+  // ---- Broadcast ----
+  zpResult_t broadcast() {
+    const size_t bytes = a.count * ts;
+    const int root = a.root;
+    const char* sb = (const char*)a.send;
+    char* rb = (char*)a.recv;
+    const Family f = family(bytes / n);
+    if (n > 1 && f != Family::kLatency) {
+      // Scatter from the root, then all-gather (the root takes nothing
+      // back): the root sends the buffer once, not n-1 times.
+      Blocks b = Blocks::even(a.count, n);
+      if (me == root) {
+        for (int p = 0; p < n; p++)
+          if (p != root) step.send(p, sb + b.off[p] * ts, b.cnt[p] * ts, ts);
+      } else {
+        step.recv(root, rb + b.off[me] * ts, b.cnt[me] * ts, ts);
+      }
+      ZP_CHECK(step.run(5000));
+      char* buf = me == root ? (char*)sb : rb;
+      ZP_CHECK(f == Family::kRing ? ringAllGather(buf, ts, b, 0, nullptr, root)
+                                  : allGatherDirect(buf, ts, b, nullptr, root));
+    } else if (n > 1) {
+      // Binomial tree over ranks counted from the root: log2(n) rounds.
+      const int vr = mod(me - root, n);
+      int mask = 1;
+      while (mask < n) {
+        if (vr & mask) {
+          step.recv(mod(vr - mask + root, n), rb, bytes, ts);
+          ZP_CHECK(step.run(5001));
+          break;
+        }
+        mask <<= 1;
+      }
+      const char* from = me == root ? sb : rb;
+      for (mask >>= 1; mask > 0; mask >>= 1)
+        if (vr + mask < n) step.send(mod(vr + mask + root, n), from, bytes, ts);
+      ZP_CHECK(step.run(5001));
+    }
+    if (me == root && sb != rb) memmove(rb, sb, bytes);
+    return zpSuccess;
+  }
+
+  // ---- Reduce: src count elements of the work type; out (the root's) as many ----
+  zpResult_t reduce(const char* src, char* out, size_t count) {
+    const int root = a.root;
+    const size_t bytes = count * wts;
+    if (n == 1) {
+      if (out != src) memmove(out, src, bytes);
+      return zpSuccess;
+    }
+    if (family(bytes) != Family::kLatency) {
+      // Reduce-scatter (rank r ends with block r), then every block to the root.
+      Blocks b = Blocks::even(count, n);
+      char* mine = me == root ? out + b.off[me] * wts : scratch(kScratchMine, b.maxCnt * wts);
+      ZP_CHECK(reduceScatter(src, mine, b));
+      if (me == root) {
+        for (int p = 0; p < n; p++)
+          if (p != root && b.cnt[p]) step.recv(p, out + b.off[p] * wts, b.cnt[p] * wts, wts);
+      } else if (b.cnt[me]) {
+        step.send(root, mine, b.cnt[me] * wts, wts);
+      }
+      return step.run(kStepGather);
+    }
+    // Binomial tree toward the root; inner ranks add their children's
+    // partials into scratch (the root into out).
+    const int vr = mod(me - root, n);
+    char* acc = me == root ? out : scratch(kScratchAcc1, bytes);
+    const char* cur = src;  // what this rank holds so far
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (vr & mask) {
+        step.send(mod(vr - mask + root, n), cur, bytes, wts);
+        return step.run(6000 + (uint64_t)mask);
+      }
+      if (vr + mask < n) {
+        step.recvReduce(mod(vr + mask + root, n), acc, cur, bytes, wt, a.op);
+        ZP_CHECK(step.run(6000 + (uint64_t)mask));
+        cur = acc;
+      }
+    }
+    return zpSuccess;
   }
 };
-
-// Reduce-scatter in place on work (count elements of wt in n chunks): rank r
-// ends with chunk r holding every rank's chunk r reduced.
-zpResult_t reduceScatterRing(Ring& ring, char* work, const Chunks& ch, zpDataType_t wt, zpRedOp_t op) {
-  const int n = ring.c->nranks(), me = ring.c->rank();
-  const size_t ts = zpTypeSize(wt);
-  std::unique_ptr<char[]> incoming(new char[(ch.count / n + 1) * ts]);
-  for (int s = 0; s < n - 1; s++) {
-    const int sendChunk = ((me - s - 1) % n + n) % n, recvChunk = ((me - s - 2) % n + n) % n;
-    ZP_CHECK(ring.exchange(work + ch.first(sendChunk) * ts, ch.size(sendChunk) * ts, incoming.get(),
-                           ch.size(recvChunk) * ts, ts));
-    reduceBytes(work + ch.first(recvChunk) * ts, incoming.get(), ch.size(recvChunk), wt, op);
-  }
-  return zpSuccess;
-}
-
-// All-gather in place on buf: rank r holds chunk r; every rank ends with all.
-zpResult_t allGatherRing(Ring& ring, char* buf, const Chunks& ch, size_t ts) {
-  const int n = ring.c->nranks(), me = ring.c->rank();
-  for (int s = 0; s < n - 1; s++) {
-    const int sendChunk = ((me - s) % n + n) % n, recvChunk = ((me - s - 1) % n + n) % n;
-    ZP_CHECK(ring.exchange(buf + ch.first(sendChunk) * ts, ch.size(sendChunk) * ts, buf + ch.first(recvChunk) * ts,
-                           ch.size(recvChunk) * ts, ts));
-  }
-  return zpSuccess;
-}
 
 void finishAvg(char* work, size_t elems, zpDataType_t wt, zpRedOp_t op, int n) {
   if (op != zpAvg) return;
@@ -388,77 +853,85 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
 zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
-  const Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root};
+  Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
+  mine.settings = (uint64_t)c->cfg().collAlgo << 56 ^ c->cfg().collRingAbove;
+  if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
+    mine.count = 0;
+    for (int p = 0; p < n; p++) mine.count += a.counts[p];
+    mine.countsHash = hashCounts(a.counts, n);
+  }
   // The check runs on the host even for device buffers (it blocks on the
   // network, never on the GPU): a mismatch fails on every rank before
   // anything is enqueued, instead of hanging the device.
   ZP_CHECK(checkHeaders(c, seq, mine));
-  if (a.kind == CollKind::kBarrier || a.count == 0) return zpSuccess;
+  if (a.kind == CollKind::kBarrier || (isV(a.kind) ? mine.count : a.count) == 0) return zpSuccess;
   if (stream) return c->enqueueCollectiveOnStream(a, stream);
 
-  const size_t ts = zpTypeSize(a.dtype);
-  const zpDataType_t wt = workType(a.dtype);
-  const size_t wts = zpTypeSize(wt);
-  Ring ring{c, seq};
+  Call k(c, a, seq);
+  const bool half = isHalf(a.dtype);
   const char* send = (const char*)a.send;
   char* recv = (char*)a.recv;
-
   switch (a.kind) {
-    case CollKind::kAllGather: {
+    case CollKind::kAllGather:
+    case CollKind::kAllGatherv: {
       // Every rank's block travels as it is: no arithmetic, no work type.
-      const Chunks ch{a.count * (size_t)n, n};
-      if (send != recv + (size_t)me * a.count * ts) memmove(recv + (size_t)me * a.count * ts, send, a.count * ts);
-      return allGatherRing(ring, recv, ch, ts);
-    }
-    case CollKind::kBroadcast: {
-      std::vector<Op> ops;
-      if (me == a.root) {
-        if (send != recv) memmove(recv, send, a.count * ts);
-        for (int p = 0; p < n; p++)
-          if (p != me) ops.push_back(makeOp(OpKind::kCollective, true, p, recv, a.count * ts, ts));
+      std::vector<size_t> counts(n, a.count), displs(n);
+      if (a.kind == CollKind::kAllGatherv) {
+        counts.assign(a.counts, a.counts + n);
+        displs.assign(a.displs, a.displs + n);
       } else {
-        ops.push_back(makeOp(OpKind::kCollective, false, a.root, recv, a.count * ts, ts));
+        for (int p = 0; p < n; p++) displs[p] = (size_t)p * a.count;
       }
-      return run(c, ops, xferId(seq, kStepBroadcast));
+      return k.allGather(send, recv, Blocks::of(counts.data(), displs.data(), n));
     }
-    case CollKind::kAllReduce:
-    case CollKind::kReduce:
-    case CollKind::kReduceScatter: {
-      // The whole input in the work type, reduced chunk by chunk round the ring.
-      const size_t total = a.kind == CollKind::kReduceScatter ? a.count * (size_t)n : a.count;
-      const Chunks ch{total, n};
-      std::unique_ptr<char[]> workBuf;  // not zero-filled: every byte is written first
-      char* work;
-      if (!isHalf(a.dtype) && a.kind == CollKind::kAllReduce) {
-        work = recv;  // reduce in place in the output
-        if (send != recv) memmove(recv, send, total * ts);
-      } else {
-        workBuf.reset(new char[total * wts]);
-        work = workBuf.get();
-        toWork(send, work, total, a.dtype);
-      }
-      ZP_CHECK(reduceScatterRing(ring, work, ch, wt, a.op));
-      finishAvg(work + ch.first(me) * wts, ch.size(me), wt, a.op, n);
-      if (a.kind == CollKind::kReduceScatter) {
-        fromWork(work + ch.first(me) * wts, recv, ch.size(me), a.dtype);
+    case CollKind::kBroadcast:
+      return k.broadcast();
+    case CollKind::kAllReduce: {
+      if (!half) {
+        ZP_CHECK(k.allReduce(send, recv, a.count));
+        finishAvg(recv, a.count, k.wt, a.op, n);
         return zpSuccess;
       }
-      if (a.kind == CollKind::kAllReduce) {
-        ZP_CHECK(allGatherRing(ring, work, ch, wts));
-        fromWork(work, recv, total, a.dtype);
+      char* w = scratch(kScratchHalf, a.count * k.wts);
+      toWork(send, w, a.count, a.dtype);
+      ZP_CHECK(k.allReduce(w, w, a.count));
+      finishAvg(w, a.count, k.wt, a.op, n);
+      fromWork(w, recv, a.count, a.dtype);
+      return zpSuccess;
+    }
+    case CollKind::kReduceScatter:
+    case CollKind::kReduceScatterv: {
+      std::vector<size_t> counts(n, a.count);
+      if (a.kind == CollKind::kReduceScatterv) counts.assign(a.counts, a.counts + n);
+      const Blocks b = Blocks::of(counts.data(), nullptr, n);
+      const char* src = send;
+      char* out = recv;
+      if (half) {
+        char* w = scratch(kScratchHalf, (b.total + b.cnt[me]) * k.wts);
+        toWork(send, w, b.total, a.dtype);
+        src = w;
+        out = w + b.total * k.wts;
+      }
+      ZP_CHECK(k.reduceScatter(src, out, b));
+      finishAvg(out, b.cnt[me], k.wt, a.op, n);
+      if (half) fromWork(out, recv, b.cnt[me], a.dtype);
+      return zpSuccess;
+    }
+    case CollKind::kReduce: {
+      const bool root = me == a.root;
+      if (!half) {
+        ZP_CHECK(k.reduce(send, recv, a.count));
+        if (root) finishAvg(recv, a.count, k.wt, a.op, n);
         return zpSuccess;
       }
-      // Reduce: every rank's reduced chunk to the root.
-      std::vector<Op> ops;
-      if (me == a.root) {
-        for (int p = 0; p < n; p++)
-          if (p != me && ch.size(p))
-            ops.push_back(makeOp(OpKind::kCollective, false, p, work + ch.first(p) * wts, ch.size(p) * wts, wts));
-      } else if (ch.size(me)) {
-        ops.push_back(makeOp(OpKind::kCollective, true, a.root, work + ch.first(me) * wts, ch.size(me) * wts, wts));
+      char* w = scratch(kScratchHalf, 2 * a.count * k.wts);
+      char* out = w + a.count * k.wts;
+      toWork(send, w, a.count, a.dtype);
+      ZP_CHECK(k.reduce(w, out, a.count));
+      if (root) {
+        finishAvg(out, a.count, k.wt, a.op, n);
+        fromWork(out, recv, a.count, a.dtype);
       }
-      ZP_CHECK(run(c, ops, xferId(seq, kStepGather)));
-      if (me == a.root) fromWork(work, recv, total, a.dtype);
       return zpSuccess;
     }
     case CollKind::kBarrier:

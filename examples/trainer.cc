@@ -1,8 +1,16 @@
 // trainer: a custom trainer built on Zeppelin's public API, one transformer
-// layer forward and backward on a packed batch of variable-length sequences,
-// checked against a single-process run of the same layer.
+// layer forward and backward on packed batches of variable-length
+// sequences, data parallel x context parallel, checked against a
+// single-process run of the same layer.
 //
-//   build/zprun -n 4 build/examples/trainer [--tokens N] [--scale S] [--seed X] [--lengths FILE]
+//   build/zprun -n 4 build/examples/trainer [--dp D] [--tokens N] [--scale S] [--seed X] [--lengths FILE]
+//
+// The ranks form a D x C grid (C = nranks / D; D defaults to 2 when the rank
+// count is even) by two zpCommSplit calls: the C ranks of a context-parallel
+// group (consecutive ranks) share one batch of N tokens, planned, remapped
+// and attended over their group's communicator; the D groups draw different
+// batches. The weight gradients and the loss are summed over the whole job
+// with zpAllReduce, as a data-parallel step would.
 //
 // The layer (float32; hidden 64, 4 query heads and 2 key/value heads of 16,
 // MLP 128, causal):
@@ -11,10 +19,10 @@
 //   o = attention(q, k, v)             zpAttentionForward, reference kernels
 //   o  --inverse remap-->              linear layout
 //   y = x + o Wo;  z = y + gelu(y W1) W2;  loss = sum(z * g)
-// and back by hand, with zpAttentionBackward in the middle. The weight
-// gradients are summed over ranks on rank 0. The single-process run is the
-// same layer in float64 over the whole batch, with its own attention; every
-// rank compares its rows of dx, rank 0 the loss and the weight gradients.
+// and back by hand, with zpAttentionBackward in the middle. The
+// single-process run is the same layer in float64 over each whole batch,
+// with its own attention; every rank compares its rows of dx, rank 0 the
+// loss and the weight gradients summed over the D batches.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -206,15 +214,17 @@ double relError(const float* got, const double* want, size_t n) {
 
 void usage() {
   fprintf(stderr,
-          "usage: trainer [--tokens N (4096)] [--scale S (16)] [--seed X] [--lengths FILE]\n"
-          "  Draws sequence lengths from FILE (one per line; default tests/data/prolong64k.txt\n"
-          "  of the source tree), divides them by S, until the batch holds N tokens.\n");
+          "usage: trainer [--dp D] [--tokens N (4096)] [--scale S (16)] [--seed X] [--lengths FILE]\n"
+          "  D data-parallel groups (default 2 for an even rank count, else 1), each of nranks / D\n"
+          "  context-parallel ranks sharing a batch. Draws sequence lengths from FILE (one per line;\n"
+          "  default tests/data/prolong64k.txt of the source tree), divides them by S, until each\n"
+          "  batch holds N tokens.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t tokens = 4096, scale = 16;
+  int64_t tokens = 4096, scale = 16, dpArg = 0;
   uint64_t seed = 0;
   bool seedGiven = false;
   std::string lengthsFile = ZP_SOURCE_DIR "/tests/data/prolong64k.txt";
@@ -225,7 +235,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     char* end = nullptr;
-    if (a == "--tokens") {
+    if (a == "--dp") {
+      dpArg = strtoll(argv[++i], &end, 10);
+      if (end && !*end && dpArg < 1) end = nullptr;
+    } else if (a == "--tokens") {
       tokens = strtoll(argv[++i], &end, 10);
     } else if (a == "--scale") {
       scale = strtoll(argv[++i], &end, 10);
@@ -257,40 +270,74 @@ int main(int argc, char** argv) {
   }
 
   check(zpCommInitFromEnv(&gComm, nullptr), "zpCommInitFromEnv");
-  int rank = 0, n = 1;
-  zpCommUserRank(gComm, &rank);
-  zpCommCount(gComm, &n);
-  // Rank 0 picks the seed (fresh unless given); every rank draws the same batch.
-  if (rank == 0 && !seedGiven) seed = std::random_device{}();
-  zpGroupStart();
-  for (int p = 1; p < n && rank == 0; p++) zpSend(&seed, 1, zpUint64, p, gComm, nullptr);
-  if (rank != 0) zpRecv(&seed, 1, zpUint64, 0, gComm, nullptr);
-  check(zpGroupEnd(), "sharing the seed");
+  int worldRank = 0, worldN = 1;
+  zpCommUserRank(gComm, &worldRank);
+  zpCommCount(gComm, &worldN);
+  const int dp = dpArg ? (int)dpArg : worldN % 2 == 0 ? 2 : 1, cp = worldN / dp;
+  if (dp > worldN || worldN % dp) {
+    if (worldRank == 0) fprintf(stderr, "trainer: --dp %d does not divide %d ranks\n", dp, worldN);
+    zpCommDestroy(gComm);
+    return 2;
+  }
+  // The grid: my context-parallel group (consecutive ranks, one batch) and
+  // my data-parallel group (the ranks at my place in every other batch's
+  // group; the job-wide sums below could run on it too, but the whole job
+  // is what a data-parallel step sums over when every rank holds weights).
+  const int dpIndex = worldRank / cp;
+  zpComm_t cpComm = nullptr, dpComm = nullptr;
+  check(zpCommSplit(gComm, dpIndex, worldRank % cp, &cpComm, nullptr), "zpCommSplit (context-parallel groups)");
+  check(zpCommSplit(gComm, worldRank % cp, dpIndex, &dpComm, nullptr), "zpCommSplit (data-parallel groups)");
+  int rank = 0, n = 1, dpRank = 0;
+  zpCommUserRank(cpComm, &rank);  // from here on rank and n are my place in my batch's group
+  zpCommCount(cpComm, &n);
+  zpCommUserRank(dpComm, &dpRank);
+  if (dpRank != dpIndex) die("zpCommSplit: the data-parallel group's ranks are out of order");
+  // Rank 0 picks the seed (fresh unless given), and every rank gets it.
+  if (worldRank == 0 && !seedGiven) seed = std::random_device{}();
+  check(zpBroadcast(&seed, &seed, 1, zpUint64, 0, gComm, nullptr), "sharing the seed");
 
   std::mt19937_64 rng(seed);
-  std::vector<int64_t> lens;
-  int64_t total = 0;
-  while (total < tokens) {
-    int64_t l = std::max<int64_t>(1, pool[rng() % pool.size()] / scale);
-    l = std::min(l, tokens - total);
-    lens.push_back(l);
-    total += l;
-  }
-  const int nseq = (int)lens.size();
+  // The weights, the same everywhere; then each batch from a seed of its own.
   std::uniform_real_distribution<float> uni(-1, 1);
-  auto draw = [&](size_t count, float amp) {
+  auto draw = [&](std::mt19937_64& from, size_t count, float amp) {
     std::vector<float> v(count);
-    for (float& e : v) e = amp * uni(rng);
+    for (float& e : v) e = amp * uni(from);
     return v;
   };
   Weights w;
-  w.qkv = draw(kHidden * kQkv, 0.25f);
-  w.o = draw(kHeads * kHeadDim * kHidden, 0.25f);
-  w.w1 = draw(kHidden * kMlp, 0.25f);
-  w.w2 = draw(kMlp * kHidden, 0.25f);
-  const std::vector<float> X = draw(total * kHidden, 1.0f), G = draw(total * kHidden, 1.0f);
+  w.qkv = draw(rng, kHidden * kQkv, 0.25f);
+  w.o = draw(rng, kHeads * kHeadDim * kHidden, 0.25f);
+  w.w1 = draw(rng, kHidden * kMlp, 0.25f);
+  w.w2 = draw(rng, kMlp * kHidden, 0.25f);
+  struct Batch {
+    std::vector<int64_t> lens;
+    std::vector<float> X, G;
+  };
+  auto drawBatch = [&](int d) {
+    std::mt19937_64 brng(seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(d + 1)));
+    Batch b;
+    int64_t sum = 0;
+    while (sum < tokens) {
+      int64_t l = std::max<int64_t>(1, pool[brng() % pool.size()] / scale);
+      l = std::min(l, tokens - sum);
+      b.lens.push_back(l);
+      sum += l;
+    }
+    b.X = draw(brng, sum * kHidden, 1.0f);
+    b.G = draw(brng, sum * kHidden, 1.0f);
+    return b;
+  };
+  const Batch mine = drawBatch(dpIndex);
+  const std::vector<int64_t>& lens = mine.lens;
+  const std::vector<float>& X = mine.X;
+  const std::vector<float>& G = mine.G;
+  int64_t total = 0;
+  for (int64_t l : lens) total += l;
+  const int nseq = (int)lens.size();
   std::vector<int64_t> cu(nseq + 1, 0);
   for (int s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
+  zpComm_t worldComm = gComm;
+  gComm = cpComm;  // the batch's plan, remap and attention run on its group
 
   // The plan, for this communicator's cluster, and the remap between layouts.
   zpAttnShape_t shape = {kHeads, kKvHeads, kHeadDim, 4, 1};
@@ -376,47 +423,37 @@ int main(int argc, char** argv) {
   matmulBt(dqkvLin.data(), w.qkv.data(), dx.data(), Tl, kQkv, kHidden, true);
   const double t2 = now();
 
-  // Weight gradients and the loss, summed on rank 0.
-  grads.back() = 0;
-  std::vector<double> sum(grads.size(), 0.0), lossSum(1, loss);
-  if (rank == 0) {
-    std::vector<float> part(grads.size());
-    std::vector<double> lossPart(1);
-    for (int i = 0; i < (int)grads.size() - 1; i++) sum[i] = grads[i];
-    for (int p = 1; p < n; p++) {
-      zpGroupStart();
-      zpRecv(part.data(), part.size(), zpFloat32, p, gComm, nullptr);
-      zpRecv(lossPart.data(), 1, zpFloat64, p, gComm, nullptr);
-      check(zpGroupEnd(), "gathering gradients");
-      for (size_t i = 0; i < part.size(); i++) sum[i] += part[i];
-      lossSum[0] += lossPart[0];
-    }
-  } else {
-    zpGroupStart();
-    zpSend(grads.data(), grads.size(), zpFloat32, 0, gComm, nullptr);
-    zpSend(lossSum.data(), 1, zpFloat64, 0, gComm, nullptr);
-    check(zpGroupEnd(), "sending gradients");
-  }
+  // Weight gradients summed over every rank of the job (each batch's
+  // group holds its batch's share, the groups their batches'), in place;
+  // the loss in float64.
+  grads.pop_back();
+  check(zpAllReduce(grads.data(), grads.data(), grads.size(), zpFloat32, zpSum, worldComm, nullptr),
+        "summing the weight gradients");
+  double lossSum = loss;
+  check(zpAllReduce(&lossSum, &lossSum, 1, zpFloat64, zpSum, worldComm, nullptr), "summing the loss");
+  const std::vector<double> sum(grads.begin(), grads.end());
 
-  // The single-process run, and the comparison.
-  const Reference ref = referenceLayer(X, G, w, lens);
+  // The single-process runs (each batch; rank 0 sums them), and the comparison.
+  Reference ref = referenceLayer(X, G, w, lens);
   std::vector<double> refDx(Tl * kHidden);
   for (int64_t t = 0; t < Tl; t++)
     for (int e = 0; e < kHidden; e++) refDx[t * kHidden + e] = ref.dx[rows[t] * kHidden + e];
+  if (worldRank == 0)
+    for (int d = 1; d < dp; d++) {
+      const Batch b = drawBatch(d);
+      const Reference r = referenceLayer(b.X, b.G, w, b.lens);
+      ref.loss += r.loss;
+      for (auto pr : {std::make_pair(&ref.dqkv, &r.dqkv), std::make_pair(&ref.dwo, &r.dwo),
+                      std::make_pair(&ref.dw1, &r.dw1), std::make_pair(&ref.dw2, &r.dw2)})
+        for (size_t i = 0; i < pr.first->size(); i++) (*pr.first)[i] += (*pr.second)[i];
+    }
   const double bound = 1e-4;  // float32 sums over 64-128 terms against float64
   double dxErr = relError(dx.data(), refDx.data(), refDx.size());
-  // Every rank's dx error, to rank 0.
-  std::vector<double> dxErrs(n, 0.0);
-  if (rank == 0) {
-    dxErrs[0] = dxErr;
-    zpGroupStart();
-    for (int p = 1; p < n; p++) zpRecv(&dxErrs[p], 1, zpFloat64, p, gComm, nullptr);
-    check(zpGroupEnd(), "gathering dx errors");
-  } else {
-    check(zpSend(&dxErr, 1, zpFloat64, 0, gComm, nullptr), "sending the dx error");
-  }
+  // Every rank's dx error, everywhere.
+  std::vector<double> dxErrs(worldN, 0.0);
+  check(zpAllGather(&dxErr, dxErrs.data(), 1, zpFloat64, worldComm, nullptr), "gathering dx errors");
   int failed = 0;
-  if (rank == 0) {
+  if (worldRank == 0) {
     int local = 0, intra = 0, inter = 0;
     for (int s = 0; s < nseq; s++) {
       int cls = 0, gsz = 0;
@@ -435,34 +472,35 @@ int main(int argc, char** argv) {
     auto slice = [&](size_t from, size_t count) {
       return std::vector<double>(sum.begin() + from, sum.begin() + from + count);
     };
-    const double errs[5] = {std::fabs(lossSum[0] - ref.loss) / std::max(1.0, std::fabs(ref.loss)),
+    const double errs[5] = {std::fabs(lossSum - ref.loss) / std::max(1.0, std::fabs(ref.loss)),
                             rel(slice(0, nW[0]), ref.dqkv), rel(slice(nW[0], nW[1]), ref.dwo),
                             rel(slice(nW[0] + nW[1], nW[2]), ref.dw1),
                             rel(slice(nW[0] + nW[1] + nW[2], nW[3]), ref.dw2)};
     double worstDx = 0;
     for (double e : dxErrs) worstDx = std::max(worstDx, e);
-    printf("# trainer: %d ranks, seed %llu, %d sequences, %lld tokens (lengths from %s / %lld)\n", n,
-           (unsigned long long)seed, nseq, (long long)total, lengthsFile.c_str(), (long long)scale);
+    printf("# trainer: %d ranks as %d data-parallel x %d context-parallel (zpCommSplit), seed %llu\n", worldN, dp, cp,
+           (unsigned long long)seed);
+    printf("# batch 0 of %d: %d sequences, %lld tokens (lengths from %s / %lld)\n", dp, nseq, (long long)total,
+           lengthsFile.c_str(), (long long)scale);
     printf("# plan: %d local, %d intra-node rings, %d inter-node rings; layer: hidden %d, %d/%d heads of %d, mlp %d\n",
            local, intra, inter, kHidden, kHeads, kKvHeads, kHeadDim, kMlp);
     printf("# rank 0: forward %.1f ms, backward %.1f ms\n", (t1 - t0) * 1e3, (t2 - t1) * 1e3);
-    printf("# relative error vs the single-process float64 run (max |err| / max |ref|, bound %.0e):\n", bound);
+    printf("# weight gradients and loss: zpAllReduce over all %d ranks\n", worldN);
+    printf("# relative error vs the single-process float64 runs (max |err| / max |ref|, bound %.0e):\n", bound);
     printf("#   loss %.2e  dWqkv %.2e  dWo %.2e  dW1 %.2e  dW2 %.2e  dx (worst rank) %.2e\n", errs[0], errs[1],
            errs[2], errs[3], errs[4], worstDx);
     for (double e : errs) failed |= !(e < bound);
     failed |= !(worstDx < bound);
     printf("%s\n", failed ? "FAIL" : "PASS");
   }
-  check(zpGroupStart(), "zpGroupStart");
   // Everyone learns the verdict, so every rank's exit code tells it.
-  if (rank == 0)
-    for (int p = 1; p < n; p++) zpSend(&failed, 1, zpInt32, p, gComm, nullptr);
-  else
-    zpRecv(&failed, 1, zpInt32, 0, gComm, nullptr);
-  check(zpGroupEnd(), "sharing the verdict");
+  check(zpBroadcast(&failed, &failed, 1, zpInt32, 0, worldComm, nullptr), "sharing the verdict");
   zpAttentionDestroy(attn);
   zpRemapDestroy(remap);
   zpPlanDestroy(plan);
-  zpCommDestroy(gComm);
+  zpCommDestroy(cpComm);
+  zpCommDestroy(dpComm);
+  gComm = worldComm;
+  zpCommDestroy(worldComm);
   return failed ? 1 : 0;
 }

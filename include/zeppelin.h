@@ -253,6 +253,23 @@ zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
                            zpComm_t comm, zpStream_t stream);
 /* Returns once every rank has called it. */
 zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream);
+/* All-gather with per-rank counts (MPI_Allgatherv): rank r contributes
+ * sendcount elements, which must equal recvcounts[r]; they land at element
+ * rdispls[r] of every rank's recvbuff. recvcounts must be the same on every
+ * rank (checked with the rest of the call); rdispls are each rank's own, and
+ * its receive ranges must not overlap. In place: sendbuff == recvbuff +
+ * rdispls[rank] elements. With a stream: one NCCL broadcast per rank's
+ * block, in one NCCL group. */
+zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t recvcounts[],
+                        const size_t rdispls[], zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
+/* Reduce-scatter with per-rank counts (MPI_Reduce_scatter): sendbuff holds
+ * recvcounts[0] + ... + recvcounts[nranks-1] elements; rank r gets the
+ * recvcounts[r] of them that start at element recvcounts[0] + ... +
+ * recvcounts[r-1], reduced over every rank. recvcounts must be the same on
+ * every rank. In place: recvbuff == sendbuff + that offset. With a stream:
+ * one NCCL reduce per rank's block, in one NCCL group. */
+zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t recvcounts[], zpDataType_t datatype,
+                            zpRedOp_t op, zpComm_t comm, zpStream_t stream);
 
 /* ---- Batch plans ----
  * The hierarchical partition planner: where every token of a variable-length

@@ -10,10 +10,13 @@
 // float16 / bfloat16 the expected value is rounded to the type by the test's
 // own conversion and compared exactly too.
 #include <cmath>
+#include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/harness.h"
@@ -144,13 +147,27 @@ void fillInput(void* buf, size_t count, size_t first, uint64_t seed, int rank, z
 
 // ---- All-reduce, reduce-scatter, reduce: every type and op ----
 
-class CollectiveRanks : public ::testing::TestWithParam<int> {};
+// Every case runs with each family of algorithms forced (ZP_COLL_ALGO):
+// rings, the latency ones (recursive doubling, trees, direct exchange) and
+// the one-node bandwidth ones (direct exchange).
+class CollectiveRanks : public ::testing::TestWithParam<std::tuple<int, const char*>> {
+ protected:
+  // Runs body(comm, rank, nranks, seed) on the parameter's ranks, each with
+  // the algorithm forced before its communicator is made.
+  void onEveryRank(const std::function<void(zpComm_t, int, int, uint64_t)>& body) const {
+    const uint64_t seed = zptest::testCaseSeed();
+    const char* algo = std::get<1>(GetParam());
+    zptest::expectAllOk(zptest::runRanks(std::get<0>(GetParam()), [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv("ZP_COLL_ALGO", algo, 1);
+      zpComm_t comm = zptest::initComm(rank, nranks, id);
+      body(comm, rank, nranks, seed);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
+};
 
 TEST_P(CollectiveRanks, AllReduceEveryTypeAndOpInAndOutOfPlace) {
-  const int n = GetParam();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     const size_t counts[] = {0, 1, 7, 1009};
     int c = 0;
     for (zpDataType_t t : kTypes)
@@ -167,15 +184,11 @@ TEST_P(CollectiveRanks, AllReduceEveryTypeAndOpInAndOutOfPlace) {
               << "type " << t << " op " << op << (inPlace ? " in place" : "") << " count " << count;
           EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u) << "written past the buffers";
         }
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 TEST_P(CollectiveRanks, ReduceScatterAndReduceEveryTypeAndOp) {
-  const int n = GetParam();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     int c = 0;
     for (zpDataType_t t : kTypes)
       for (zpRedOp_t op : kOps) {
@@ -201,17 +214,13 @@ TEST_P(CollectiveRanks, ReduceScatterAndReduceEveryTypeAndOp) {
           EXPECT_EQ(res.writtenBytes(), 0u) << "reduce wrote a non-root's recvbuff";
         EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten() + res.guardBytesWritten(), 0u);
       }
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
 // ---- All-gather and broadcast: every byte from where it belongs ----
 
 TEST_P(CollectiveRanks, AllGatherAndBroadcastMoveEveryByte) {
-  const int n = GetParam();
-  const uint64_t seed = zptest::testCaseSeed();
-  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
     for (size_t count : {(size_t)0, (size_t)1, (size_t)31, (size_t)100003})
       for (bool inPlace : {false, true}) {
         // All-gather of bytes: rank r's block is the pattern (seed, r).
@@ -234,12 +243,76 @@ TEST_P(CollectiveRanks, AllGatherAndBroadcastMoveEveryByte) {
         EXPECT_EQ(b.guardBytesWritten() + bout.guardBytesWritten(), 0u);
       }
     ZP_EXPECT_OK(zpBarrier(comm, nullptr));
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  }));
+  });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveRanks, ::testing::Values(2, 3, 4, 5, 8),
-                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
+// ---- The v calls: per-rank counts (zeros among them), gaps between the
+// all-gatherv's blocks that must stay untouched ----
+
+// Per-rank counts from a seed (the same on every rank), about one in four zero.
+std::vector<size_t> unevenCounts(uint64_t seed, int n, size_t maxCount) {
+  std::mt19937_64 rng(seed);
+  std::vector<size_t> counts(n);
+  for (size_t& x : counts) x = rng() % 4 == 0 ? 0 : 1 + rng() % maxCount;
+  return counts;
+}
+
+TEST_P(CollectiveRanks, AllGathervAndReduceScattervUnevenCounts) {
+  onEveryRank([&](zpComm_t comm, int rank, int nranks, uint64_t seed) {
+    int c = 0;
+    for (zpDataType_t t : kTypes)
+      for (zpRedOp_t op : kOps) {
+        const uint64_t s = seed + ++c;
+        const size_t ts = zpTypeSize(t);
+        const bool inPlace = c % 2 == 0;
+        const std::vector<size_t> counts = unevenCounts(s, nranks, c % 3 == 0 ? 3000 : 9);
+        size_t total = 0, before = 0;
+        for (int p = 0; p < nranks; p++) {
+          if (p < rank) before += counts[p];
+          total += counts[p];
+        }
+        // Reduce-scatterv: the whole input, this rank's block out.
+        GuardedBuffer send(total * ts), recv(counts[rank] * ts);
+        fillInput(send.data(), total, 0, s, rank, t, op);
+        void* out = inPlace ? send.data() + before * ts : recv.data();
+        ASSERT_EQ(zpReduceScatterv(send.data(), out, counts.data(), t, op, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_EQ(checkReduced(out, counts[rank], before, s, nranks, t, op), "")
+            << "reduce-scatterv type " << t << " op " << op << (inPlace ? " in place" : "");
+        EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
+        if (op != zpSum) continue;
+        // All-gatherv of this type: blocks in reverse rank order with a gap
+        // of (rank of the block) elements before each; the gaps stay poison.
+        std::vector<size_t> displs(nranks);
+        size_t at = 0;
+        for (int p = nranks - 1; p >= 0; p--) {
+          at += (size_t)p;
+          displs[p] = at;
+          at += counts[p];
+        }
+        GuardedBuffer mine(counts[rank] * ts), all(at * ts);
+        char* in = inPlace ? (char*)all.data() + displs[rank] * ts : (char*)mine.data();
+        fillInput(in, counts[rank], 0, s, rank, t, op);
+        ASSERT_EQ(zpAllGatherv(in, counts[rank], all.data(), counts.data(), displs.data(), t, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        for (int p = 0; p < nranks; p++) {
+          std::vector<char> want(counts[p] * ts + 1);  // the input rank p filled in
+          fillInput(want.data(), counts[p], 0, s, p, t, op);
+          EXPECT_EQ(memcmp(all.data() + displs[p] * ts, want.data(), counts[p] * ts), 0)
+              << "all-gatherv: the block of rank " << p << ", type " << t;
+          const size_t gap = (size_t)p;  // the gap before block p
+          EXPECT_EQ(zptest::unpoisonedBytes(all.data() + (displs[p] - gap) * ts, gap * ts), 0u) << "a gap was written";
+        }
+        EXPECT_EQ(all.guardBytesWritten() + mine.guardBytesWritten(), 0u);
+      }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveRanks,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 8), ::testing::Values("ring", "tree", "direct")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
+                           return std::to_string(std::get<0>(p.param)) + "_" + std::get<1>(p.param);
+                         });
 
 TEST(Collectives, AllReduceOfSixteenMiBPerRank) {
   const uint64_t seed = zptest::testCaseSeed();
@@ -254,6 +327,58 @@ TEST(Collectives, AllReduceOfSixteenMiBPerRank) {
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }
+
+// Large calls reduce while they copy, over both shared-memory protocols:
+// single copy (the receiver reads the sender's memory a slice at a time and
+// reduces each) and copy (fragments through the ring, reduced as they are
+// taken out): a 64 MiB all-reduce, then a reduce-scatterv and an
+// all-gatherv of uneven blocks, every element checked.
+class LargeCollectives : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LargeCollectives, ReduceWhileCopyingEveryElement) {
+  const uint64_t seed = zptest::testCaseSeed();
+  const std::string proto = GetParam();
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setShmProto(proto.c_str());
+    setenv("ZP_COLL_ALGO", "ring", 1);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    if (proto == "cma") {
+      const size_t count = (16u << 20) + 5;  // float32: 64 MiB and a bit
+      std::vector<float> data(count);
+      fillInput(data.data(), count, 0, seed, rank, zpFloat32, zpSum);
+      ASSERT_EQ(zpAllReduce(data.data(), data.data(), count, zpFloat32, zpSum, comm, nullptr), zpSuccess)
+          << zpGetLastError(comm);
+      EXPECT_EQ(checkReduced(data.data(), count, 0, seed, nranks, zpFloat32, zpSum), "");
+    }
+    const std::vector<size_t> counts = {(3u << 20) + 1, 0, 777777, (1u << 20) + 3};  // int32 elements
+    size_t total = 0, before = 0;
+    for (int p = 0; p < nranks; p++) {
+      if (p < rank) before += counts[p];
+      total += counts[p];
+    }
+    std::vector<int32_t> in(total), out(counts[rank] + 1, -1);
+    fillInput(in.data(), total, 0, seed + 1, rank, zpInt32, zpMax);
+    ASSERT_EQ(zpReduceScatterv(in.data(), out.data(), counts.data(), zpInt32, zpMax, comm, nullptr), zpSuccess)
+        << zpGetLastError(comm);
+    EXPECT_EQ(checkReduced(out.data(), counts[rank], before, seed + 1, nranks, zpInt32, zpMax), "");
+    EXPECT_EQ(out[counts[rank]], -1) << "written past the block";
+    std::vector<size_t> displs(nranks);
+    for (int p = 0; p < nranks; p++) displs[p] = p == 0 ? 0 : displs[p - 1] + counts[p - 1];
+    std::vector<int32_t> all(total);
+    ASSERT_EQ(zpAllGatherv(in.data() + before, counts[rank], all.data(), counts.data(), displs.data(), zpInt32, comm,
+                           nullptr),
+              zpSuccess)
+        << zpGetLastError(comm);
+    for (int p = 0; p < nranks; p++) {
+      std::vector<int32_t> want(counts[p]);
+      fillInput(want.data(), counts[p], displs[p], seed + 1, p, zpInt32, zpMax);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + (long)displs[p])) << "the block of rank " << p;
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, LargeCollectives, ::testing::Values("cma", "copy"));
 
 // Collectives inside a group run after the group's sends and receives, in
 // call order, and both are right.
@@ -298,6 +423,15 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
     ZP_EXPECT_ERROR(zpInvalidUsage, zpBroadcast(send.data(), recv.data(), 100, zpFloat32, odd ? 1 : 0, comm, nullptr));
     ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
                                         : zpAllGather(send.data(), recv.data(), 25, zpFloat32, comm, nullptr));
+    // The v calls: one rank's recvcounts differ (the same total), then its sendcount and its entry.
+    std::vector<size_t> counts = {1, 2, 3, 4};
+    if (odd) counts = {1, 3, 2, 4};
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpReduceScatterv(send.data(), recv.data(), counts.data(), zpFloat32, zpSum, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 2 calls reducescatterv"), std::string::npos)
+        << zpGetLastError(comm);
+    const size_t displs[] = {0, 1, 4, 7};
+    ZP_EXPECT_ERROR(zpInvalidUsage, zpAllGatherv(send.data(), counts[rank], recv.data(), counts.data(), displs,
+                                                 zpFloat32, comm, nullptr));
     EXPECT_EQ(recv.writtenBytes() + recv.guardBytesWritten(), 0u) << "a refused call wrote";
     std::vector<int32_t> x(10, rank + 1);
     ZP_ASSERT_OK(zpAllReduce(x.data(), x.data(), 10, zpInt32, zpSum, comm, nullptr));
@@ -318,6 +452,14 @@ TEST(CollectiveErrors, BadArgumentsAreRefusedBeforeAnythingMoves) {
     ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGather(buf, buf, (size_t)-1, zpFloat32, comm, nullptr));
     ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(buf, buf, 4, zpFloat32, zpSum, comm, (zpStream_t)buf));
     ZP_EXPECT_ERROR(zpInvalidArgument, zpBarrier(nullptr, nullptr));
+    const size_t counts[] = {2, 2}, displs[] = {0, 2}, overlapping[] = {0, 1}, huge[] = {(size_t)-1, 1};
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGatherv(buf, 2, buf, nullptr, displs, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGatherv(buf, 2, buf, counts, nullptr, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGatherv(buf, 3, buf, counts, displs, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGatherv(buf, 2, buf, counts, overlapping, zpFloat32, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("ranks 0 and 1 overlap"), std::string::npos) << zpGetLastError(comm);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpReduceScatterv(buf, buf, huge, zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpReduceScatterv(buf, nullptr, counts, zpFloat32, zpSum, comm, nullptr));
     // None of those moved anything: the ranks are still in step.
     ZP_EXPECT_OK(zpBarrier(comm, nullptr));
     ZP_EXPECT_OK(zpCommDestroy(comm));

@@ -306,6 +306,14 @@ TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
             }
           }
         };
+        // The v calls: rank p's block has count + p elements (p % 3 == 2: none), packed in rank order.
+        std::vector<size_t> counts(nranks), displs(nranks);
+        size_t total = 0;
+        for (int p = 0; p < nranks; p++) {
+          counts[p] = p % 3 == 2 ? 0 : count + (size_t)p;
+          displs[p] = total;
+          total += counts[p];
+        }
         struct Case {
           const char* name;
           size_t inElems, outElems;
@@ -321,6 +329,14 @@ TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
              [&](const void* s, void* r, zpStream_t st) { return zpBroadcast(s, r, count, t, root, comm, st); }},
             {"reduce", count, count,
              [&](const void* s, void* r, zpStream_t st) { return zpReduce(s, r, count, t, op, root, comm, st); }},
+            {"allgatherv", counts[rank], total,
+             [&](const void* s, void* r, zpStream_t st) {
+               return zpAllGatherv(s, counts[rank], r, counts.data(), displs.data(), t, comm, st);
+             }},
+            {"reducescatterv", total, counts[rank],
+             [&](const void* s, void* r, zpStream_t st) {
+               return zpReduceScatterv(s, r, counts.data(), t, op, comm, st);
+             }},
         };
         for (Case& c : cases) {
           GuardedBuffer in(c.inElems * ts), hostOut(c.outElems * ts), devOut(c.outElems * ts);

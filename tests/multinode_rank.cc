@@ -192,7 +192,8 @@ int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
 // Remap round trips between random layouts: the same on every rank (seeded).
 // The standard collectives across nodes (their rings' steps to other
 // nodes go through the relay): all-reduce, all-gather, reduce-scatter,
-// broadcast and reduce of integers, every element checked.
+// broadcast, reduce, all-gatherv and reduce-scatterv of integers, every
+// element checked.
 int collectivesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::string err;
   const size_t count = 100003;
@@ -228,6 +229,38 @@ int collectivesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   if (err.empty() && zpReduce(a.data(), red.data(), count, zpInt64, zpMin, 0, comm, nullptr) != zpSuccess)
     err = std::string("reduce: ") + zpGetLastError(comm);
   if (err.empty() && rank == 0 && red != want) err = "reduce: wrong data";  // a holds want everywhere
+  // The v calls, uneven blocks (rank r: r * 1000 + 17 elements), and a
+  // small all-reduce (recursive doubling below ZP_COLL_RING_ABOVE).
+  std::vector<size_t> counts(n), displs(n);
+  size_t total = 0;
+  for (int r = 0; r < n; r++) {
+    counts[r] = (size_t)r * 1000 + 17;
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::vector<int64_t> vin(total), vout(total, -1);
+  for (size_t i = 0; i < total; i++) vin[i] = value(rank, i);
+  if (err.empty() && zpReduceScatterv(vin.data(), vout.data(), counts.data(), zpInt64, zpSum, comm, nullptr) != zpSuccess)
+    err = std::string("reducescatterv: ") + zpGetLastError(comm);
+  for (size_t i = 0; i < counts[rank] && err.empty(); i++) {
+    int64_t s = 0;
+    for (int r = 0; r < n; r++) s += value(r, displs[rank] + i);
+    if (vout[i] != s) err = "reducescatterv: element " + std::to_string(i) + " is wrong";
+  }
+  if (err.empty() && zpAllGatherv(vin.data() + displs[rank], counts[rank], vout.data(), counts.data(), displs.data(),
+                                  zpInt64, comm, nullptr) != zpSuccess)
+    err = std::string("allgatherv: ") + zpGetLastError(comm);
+  if (err.empty() && vout != vin) {
+    for (int r = 0; r < n && err.empty(); r++)
+      for (size_t i = 0; i < counts[r] && err.empty(); i++)
+        if (vout[displs[r] + i] != value(r, displs[r] + i)) err = "allgatherv: rank " + std::to_string(r) + "'s block is wrong";
+  }
+  std::vector<int64_t> small(7);
+  for (size_t i = 0; i < 7; i++) small[i] = value(rank, i);
+  if (err.empty() && zpAllReduce(small.data(), small.data(), 7, zpInt64, zpSum, comm, nullptr) != zpSuccess)
+    err = std::string("small allreduce: ") + zpGetLastError(comm);
+  for (size_t i = 0; i < 7 && err.empty(); i++)
+    if (small[i] != want[i]) err = "small allreduce: wrong data";
   // A rank done with its part of the reduce may still relay others' chunks
   // to the root: destroy stays for them.
   if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);

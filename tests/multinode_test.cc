@@ -98,6 +98,14 @@ TEST_P(MultinodeShapes, CollectivesAcrossNodesEveryElementChecked) {
   }
 }
 
+// One rank per node, three nodes: the hierarchical all-reduce's node steps
+// are empty and its rail ring spans every rank.
+TEST_F(Multinode, CollectivesWithOneRankPerNode) {
+  CommandResult r = zprun(3, 1, 1, "ZP_TEST_MODE=collectives");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), 3u) << r.output;
+}
+
 // Ring attention across nodes (rings over nodes go through the router)
 // against the float64 reference.
 TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {

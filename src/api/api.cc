@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "include/zeppelin.h"
@@ -501,9 +503,55 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
 
 // ---- The standard collectives ----
 
+// The v calls' counts (and all-gatherv's displacements) on this rank: no
+// sum past the call's limit, all-gatherv's sendcount equal to its own
+// recvcounts entry, receive ranges that do not overlap. Whether the ranks'
+// recvcounts agree is checked across ranks, with the rest of the call.
+static zpResult_t checkCounts(const char* fn, const zp::CollArgs& a, int n, int me, size_t ts, size_t* sendElems,
+                              size_t* recvElems) {
+  if (!a.counts) return zp::fail(zpInvalidArgument, "%s: recvcounts is NULL", fn);
+  const bool gather = a.kind == zp::CollKind::kAllGatherv;
+  if (gather && !a.displs) return zp::fail(zpInvalidArgument, "%s: rdispls is NULL", fn);
+  const size_t maxElems = zp::kMaxCallBytes / ts;
+  size_t total = 0;
+  for (int p = 0; p < n; p++) {
+    if (a.counts[p] > maxElems - total)
+      return zp::fail(zpInvalidArgument, "%s: recvcounts[%d]=%zu is too large (a negative value cast to size_t?)", fn, p,
+                      a.counts[p]);
+    total += a.counts[p];
+  }
+  if (!gather) {
+    *sendElems = total;
+    *recvElems = a.counts[me];
+    return zpSuccess;
+  }
+  if (a.count != a.counts[me])
+    return zp::fail(zpInvalidArgument, "%s: rank %d's sendcount %zu differs from its recvcounts[%d]=%zu", fn, me, a.count,
+                    me, a.counts[me]);
+  std::vector<std::pair<size_t, int>> ranges;  // (first element, rank), non-empty ones
+  for (int p = 0; p < n; p++) {
+    if (a.displs[p] > maxElems - a.counts[p])
+      return zp::fail(zpInvalidArgument, "%s: rdispls[%d]=%zu is too large (a negative value cast to size_t?)", fn, p,
+                      a.displs[p]);
+    if (a.counts[p]) ranges.push_back({a.displs[p], p});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  size_t end = 0;
+  for (size_t i = 0; i < ranges.size(); i++) {
+    if (i && ranges[i].first < end)
+      return zp::fail(zpInvalidArgument, "%s: the receive ranges of ranks %d and %d overlap", fn, ranges[i - 1].second,
+                      ranges[i].second);
+    end = ranges[i].first + a.counts[ranges[i].second];
+  }
+  *sendElems = a.count;
+  *recvElems = end;
+  return zpSuccess;
+}
+
 // Checks one collective's arguments on this rank (whether the ranks agree is
 // checked inside, across ranks), then runs it or queues it in the group.
-static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream) {
+static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream,
+                             std::shared_ptr<const std::vector<size_t>> keep = nullptr) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
   const int n = c->nranks(), me = c->rank();
@@ -511,7 +559,7 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
     const size_t ts = zpTypeSize(a.dtype);
     if (ts == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)a.dtype);
     const bool reduces = a.kind == zp::CollKind::kAllReduce || a.kind == zp::CollKind::kReduce ||
-                         a.kind == zp::CollKind::kReduceScatter;
+                         a.kind == zp::CollKind::kReduceScatter || a.kind == zp::CollKind::kReduceScatterv;
     if (reduces && ((int)a.op < 0 || a.op >= zpNumOps))
       return zp::fail(zpInvalidArgument, "%s: invalid reduction op %d", fn, (int)a.op);
     const bool rooted = a.kind == zp::CollKind::kBroadcast || a.kind == zp::CollKind::kReduce;
@@ -521,11 +569,14 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
     const bool blocks = a.kind == zp::CollKind::kAllGather || a.kind == zp::CollKind::kReduceScatter;
     if (a.count > zp::kMaxCallBytes / ts / (blocks ? (size_t)n : 1))
       return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
+    size_t sendElems = a.count, recvElems = a.count;
+    if (a.kind == zp::CollKind::kAllGatherv || a.kind == zp::CollKind::kReduceScatterv)
+      ZP_CHECK(checkCounts(fn, a, n, me, ts, &sendElems, &recvElems));
     // Which buffers this rank reads and writes.
     const bool readsSend = a.kind != zp::CollKind::kBroadcast || me == a.root;
     const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
-    if (a.count && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
-    if (a.count && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
+    if (sendElems && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
+    if (recvElems && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
   }
   // A stream means device buffers (NCCL's collective); a barrier's stream is not used.
   if (a.kind != zp::CollKind::kBarrier)
@@ -534,7 +585,7 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
   else
     stream = nullptr;
   inGroup(comm);
-  return zp::enqueueCollective(c, [c, a, stream] { return zp::collective(c.get(), a, stream); });
+  return zp::enqueueCollective(c, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
 }
 
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
@@ -578,6 +629,39 @@ zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
                                 stream));
 } catch (...) {
   return zp::failFromException("zpReduceScatter");
+}
+
+// The v calls run later inside a group: the call keeps its own copy of the counts.
+static zpResult_t collectiveV(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream) {
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(lookup(comm, fn, &c));
+  const size_t n = (size_t)c->nranks();
+  auto counts = std::make_shared<std::vector<size_t>>();
+  if (a.counts) counts->assign(a.counts, a.counts + n);
+  if (a.displs) counts->insert(counts->end(), a.displs, a.displs + n);
+  if (a.counts) a.counts = counts->data();
+  if (a.displs) a.displs = counts->data() + n;
+  return collective(fn, a, comm, stream, counts);
+}
+
+zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t recvcounts[],
+                        const size_t rdispls[], zpDataType_t datatype, zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collectiveV("zpAllGatherv",
+                                 {zp::CollKind::kAllGatherv, sendbuff, recvbuff, sendcount, datatype, zpSum, 0,
+                                  recvcounts, rdispls},
+                                 comm, stream));
+} catch (...) {
+  return zp::failFromException("zpAllGatherv");
+}
+
+zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t recvcounts[], zpDataType_t datatype,
+                            zpRedOp_t op, zpComm_t comm, zpStream_t stream) try {
+  return noted(comm, collectiveV("zpReduceScatterv",
+                                 {zp::CollKind::kReduceScatterv, sendbuff, recvbuff, 0, datatype, op, 0, recvcounts,
+                                  nullptr},
+                                 comm, stream));
+} catch (...) {
+  return zp::failFromException("zpReduceScatterv");
 }
 
 zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {

@@ -76,6 +76,10 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   c.shmSpinUs = (int)spin;
   ZP_CHECK(paramSize("ZP_ROUTE_CHUNK", &c.routeChunkBytes));
   ZP_CHECK(paramSize("ZP_ROUTE_DIRECT_BELOW", &c.routeDirectBelow));
+  int algo = -1;  // auto, ring, tree, direct: CollAlgo's order
+  ZP_CHECK(paramEnum("ZP_COLL_ALGO", &algo));
+  if (algo >= 0) c.collAlgo = (CollAlgo)algo;
+  ZP_CHECK(paramSize("ZP_COLL_RING_ABOVE", &c.collRingAbove));
   *out = c;
   return zpSuccess;
 }

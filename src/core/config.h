@@ -21,6 +21,11 @@ constexpr uint64_t kRouteDefaultChunkBytes = 512u << 10;
 constexpr uint64_t kRouteDefaultDirectBelow = 512u << 10;
 
 enum class ShmProto { kAuto, kCma, kCopy };
+enum class CollAlgo { kAuto, kRing, kTree, kDirect };
+// The standard collectives move at least this many bytes per rank by ring,
+// fewer by recursive doubling, trees or direct exchange (ZP_COLL_RING_ABOVE;
+// measured with bench/coll_threshold.py: docs/collectives.md).
+constexpr size_t kCollDefaultRingAbove = 256u << 10;
 
 struct Config {
   int timeoutMs = 300 * 1000;    // ZP_TIMEOUT (seconds)
@@ -35,6 +40,8 @@ struct Config {
   // The router's settings (src/route/router.h).
   size_t routeChunkBytes = kRouteDefaultChunkBytes;    // ZP_ROUTE_CHUNK: relays move chunks of this size
   size_t routeDirectBelow = kRouteDefaultDirectBelow;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
+  CollAlgo collAlgo = CollAlgo::kAuto;           // ZP_COLL_ALGO=auto|ring|tree|direct
+  size_t collRingAbove = kCollDefaultRingAbove;  // ZP_COLL_RING_ABOVE
 };
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);

@@ -54,6 +54,13 @@ const std::vector<Param> kParams = {
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
    "microseconds a waiting rank polls (yielding its core) before it sleeps"},
+  // The standard collectives.
+  {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
+   "the standard collectives' algorithms: by size and shape (auto); always rings; always the latency ones "
+   "(recursive doubling, binomial trees, direct exchange); or always the one-node bandwidth ones (all-gather and "
+   "reduce-scatter by direct exchange, all-reduce as the two)"},
+  {"ZP_COLL_RING_ABOVE", K::kSize, R::kSetting, "256K", "0..1P",
+   "with ZP_COLL_ALGO=auto, rings from this many bytes per rank on (measured: docs/collectives.md)"},
   // Device path (builds with CUDA).
   {"ZP_CUDA_DEVICE", K::kString, R::kSetting, "local", "local|current|none|0..",
    "the GPU of this rank's device data plane: local (the local rank modulo the visible devices), current (the "

@@ -49,6 +49,14 @@ constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 // the executor carries the pointer without looking at it.
 struct RoutedXfer;
 
+// How a receive reduces what arrives into its buffer (the collectives):
+// fn(dst, a, b, bytes) stores a op b elementwise; bytes is a multiple of
+// elemSize.
+struct OpReducer {
+  void (*fn)(void* dst, const void* a, const void* b, size_t bytes);
+  size_t elemSize;
+};
+
 struct Op {
   bool isSend = false;
   int peer = -1;  // a rank, or kAnyRemotePeer
@@ -72,6 +80,11 @@ struct Op {
   // The CUDA stream (cudaStream_t) a device op is ordered on; null for host
   // buffers, which the Transports move. Device ops go to the StreamTransport.
   void* stream = nullptr;
+  // Receives only, on a transport whose canReduce() is true: the bytes are
+  // not stored but reduced, buf[i] = reduceSrc[i] op incoming[i] (reduceSrc
+  // may equal buf), while they are copied in: no pass over a temporary.
+  const OpReducer* reduce = nullptr;
+  const void* reduceSrc = nullptr;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;
@@ -122,6 +135,8 @@ class Transport {
   // A control message with a sequence number from kSeqFirstControl on, from
   // peer; true if this transport took it.
   virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
+  // Whether receives may carry an OpReducer (Op::reduce).
+  virtual bool canReduce() const { return false; }
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.
@@ -146,15 +161,19 @@ class Transport {
 };
 
 // A standard collective's arguments (NCCL's), as the C API takes them.
-enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kBarrier };
+enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kBarrier, kAllGatherv, kReduceScatterv };
 struct CollArgs {
   CollKind kind;
   const void* send;
   void* recv;
-  size_t count;  // all-gather: per rank sent; reduce-scatter: per rank received
+  size_t count;  // all-gather(v): this rank's sendcount; reduce-scatter: per rank received; reduce-scatterv: 0
   zpDataType_t dtype;
   zpRedOp_t op;
   int root;
+  // The v calls: recvcounts (nranks of them) and all-gatherv's rdispls, in
+  // elements; the caller keeps them alive until the call has run.
+  const size_t* counts = nullptr;
+  const size_t* displs = nullptr;
 };
 
 // A data plane whose work is ordered on the caller's CUDA stream (NCCL, for

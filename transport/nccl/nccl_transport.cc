@@ -120,6 +120,32 @@ class NcclTransport : public StreamTransport {
       case CollKind::kReduce: what = "ncclReduce"; r = ncclReduce(a.send, a.recv, a.count, dt, op, a.root, comm_, stream); break;
       case CollKind::kAllGather: what = "ncclAllGather"; r = ncclAllGather(a.send, a.recv, a.count, dt, comm_, stream); break;
       case CollKind::kReduceScatter: what = "ncclReduceScatter"; r = ncclReduceScatter(a.send, a.recv, a.count, dt, op, comm_, stream); break;
+      case CollKind::kAllGatherv:
+      case CollKind::kReduceScatterv: {
+        // NCCL has no v calls: one broadcast (or reduce) per rank's block,
+        // grouped so that NCCL runs them together.
+        const size_t es = zpTypeSize(a.dtype);
+        int n = 0, me = 0;
+        ncclCommCount(comm_, &n);
+        ncclCommUserRank(comm_, &me);
+        what = a.kind == CollKind::kAllGatherv ? "ncclBroadcast (all-gatherv)" : "ncclReduce (reduce-scatterv)";
+        r = ncclGroupStart();
+        size_t off = 0;
+        for (int p = 0; p < n && r == ncclSuccess; p++) {
+          if (a.counts[p] == 0) continue;
+          if (a.kind == CollKind::kAllGatherv) {
+            char* block = (char*)a.recv + a.displs[p] * es;
+            r = ncclBroadcast(p == me ? a.send : block, block, a.counts[p], dt, p, comm_, stream);
+          } else {
+            r = ncclReduce((const char*)a.send + off * es, p == me ? a.recv : nullptr, a.counts[p], dt, op, p,
+                           comm_, stream);
+          }
+          off += a.counts[p];
+        }
+        ncclResult_t end = ncclGroupEnd();  // closed whatever happened inside it
+        if (r == ncclSuccess) r = end;
+        break;
+      }
       case CollKind::kBarrier: return zpSuccess;
     }
     if (r == ncclInProgress) r = settle(comm_, nowMs() + timeoutMs_);

@@ -27,6 +27,8 @@ constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
 constexpr uint64_t kRecord = 64;  // records are multiples of this
+// A reducing single-copy receive reads this much at a time (fits in L2).
+constexpr size_t kReduceSlice = 256 << 10;
 
 struct alignas(64) RingCtl {
   alignas(64) std::atomic<uint64_t> head;  // written by the producer
@@ -655,15 +657,28 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       continue;
     }
     if (h->type == kRts) {
-      // Single copy: pull the sender's bytes straight into the receive buffer.
+      // Single copy: pull the sender's bytes straight into the receive
+      // buffer; or, for a reducing receive, a slice at a time into a buffer
+      // that stays in cache, reduced into the receive buffer at once.
       size_t done = 0;
       int err = 0;
-      while (done < op->bytes) {
-        iovec liov = {(char*)op->buf + done, op->bytes - done};
-        iovec riov = {(void*)(uintptr_t)(h->addr + done), op->bytes - done};
-        ssize_t n = process_vm_readv(p.pid, &liov, 1, &riov, 1, 0);
-        if (n <= 0) { err = n < 0 ? errno : EIO; break; }
-        done += n;
+      const size_t slice = op->reduce ? kReduceSlice - kReduceSlice % op->reduce->elemSize : op->bytes;
+      thread_local std::vector<char> sliceBuf;
+      if (op->reduce && sliceBuf.size() < slice) sliceBuf.resize(slice);
+      while (done < op->bytes && !err) {
+        const size_t want = std::min(slice, op->bytes - done);
+        char* to = op->reduce ? sliceBuf.data() : (char*)op->buf + done;
+        size_t got = 0;
+        while (got < want) {
+          iovec liov = {to + got, want - got};
+          iovec riov = {(void*)(uintptr_t)(h->addr + done + got), want - got};
+          ssize_t n = process_vm_readv(p.pid, &liov, 1, &riov, 1, 0);
+          if (n <= 0) { err = n < 0 ? errno : EIO; break; }
+          got += n;
+        }
+        if (err) break;
+        if (op->reduce) op->reduce->fn((char*)op->buf + done, (const char*)op->reduceSrc + done, to, want);
+        done += want;
       }
       uint64_t seq = h->seq;
       if (ringPop(l.in, h)) p.dirty = true;
@@ -685,7 +700,11 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
-    if (h->len) memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);  // buf may be NULL when empty
+    if (h->len && op->reduce)  // fragments hold whole elements: fragMax_ is a multiple of 64
+      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, (const char*)h + kRecord,
+                     h->len);
+    else if (h->len)
+      memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);  // buf may be NULL when empty
     op->progressed += h->len;
     if (ringPop(l.in, h)) p.dirty = true;
     if (op->progressed == op->bytes) {

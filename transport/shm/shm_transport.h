@@ -10,7 +10,8 @@
 //  - eager / copy: fragments through the data ring (two copies, pipelined);
 //  - cma: the sender posts its buffer's address, the receiver pulls the bytes
 //    with process_vm_readv straight into its buffer (one copy) and answers
-//    with a FIN. Used above ZP_SHM_EAGER when the receiver could read this
+//    with a FIN (a reducing receive pulls slices and reduces each into its
+//    buffer while it is in cache). Used above ZP_SHM_EAGER when the receiver could read this
 //    process's memory at init (ptrace rules allow it).
 //
 // Waiting: a rank sleeps on a futex in its segment ("doorbell") that every
@@ -64,6 +65,9 @@ class ShmTransport : public Transport {
   ~ShmTransport();
 
   void post(Op* op) override;
+  // Receives reduce while they copy: from the ring's fragments, or from the
+  // sender's memory in slices that stay in cache (see progressRecv).
+  bool canReduce() const override { return true; }
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;
