@@ -130,6 +130,8 @@ _SIGNATURES = {
     "zpReduce": (Result, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, Comm, Stream]),
     "zpAllGather": (Result, [c_void_p, c_void_p, c_size_t, c_int, Comm, Stream]),
     "zpReduceScatter": (Result, [c_void_p, c_void_p, c_size_t, c_int, c_int, Comm, Stream]),
+    "zpAllGatherv": (Result, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_int, Comm, Stream]),
+    "zpReduceScatterv": (Result, [c_void_p, c_void_p, c_void_p, c_int, c_int, Comm, Stream]),
     "zpBarrier": (Result, [Comm, Stream]),
     "zpPlanBatch": (Result, [_P(Plan), c_int, _P(c_int64), _P(AttnShape), _P(ClusterModel), Comm]),
     "zpPlanCreate": (Result, [_P(Plan), c_int, _P(c_int64), c_int, c_int, c_int, _P(c_size_t), _P(c_int)]),

@@ -430,6 +430,35 @@ class Communicator:
         self._check(_lib.lib.zpReduceScatter(sb.ptr, rb.ptr, rb.numel, sb.dtype, op, h, s))
         return out
 
+    def all_gatherv(self, tensor, out, recvcounts, rdispls=None, stream=None):
+        """zpAllGatherv: rank r's tensor (recvcounts[r] elements) lands at
+        element rdispls[r] of out (default: blocks back to back); recvcounts
+        must be the same on every rank."""
+        fn, h = "all_gatherv", self._handle()
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
+        rc = self._counts(fn, "recvcounts", recvcounts)
+        rd = self._counts(fn, "rdispls", rdispls, rc)
+        self._numel(fn, sb, "tensor", rc[self._rank], "recvcounts[%d]" % self._rank)
+        end = max(map(_end, rc, rd))
+        if end > rb.numel:
+            raise InvalidArgument("%s: out has %d elements, the blocks end at element %d" % (fn, rb.numel, end))
+        A = _lib.c_size_t * self._size
+        self._check(_lib.lib.zpAllGatherv(sb.ptr, sb.numel, rb.ptr, A(*rc), A(*rd), sb.dtype, h, s))
+        return out
+
+    def reduce_scatterv(self, tensor, out, recvcounts, op=SUM, stream=None):
+        """zpReduceScatterv: tensor holds sum(recvcounts) elements; out gets
+        the recvcounts[rank] of them at this rank's offset, reduced over every
+        rank; recvcounts must be the same on every rank."""
+        fn, h, op = "reduce_scatterv", self._handle(), _op(op)
+        (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
+        rc = self._counts(fn, "recvcounts", recvcounts)
+        self._numel(fn, sb, "tensor", sum(rc), "the sum of recvcounts")
+        self._numel(fn, rb, "out", rc[self._rank], "recvcounts[%d]" % self._rank)
+        A = _lib.c_size_t * self._size
+        self._check(_lib.lib.zpReduceScatterv(sb.ptr, rb.ptr, A(*rc), sb.dtype, op, h, s))
+        return out
+
     def barrier(self):
         """zpBarrier: returns once every rank has called it (a host barrier)."""
         self._check(_lib.lib.zpBarrier(self._handle(), None))

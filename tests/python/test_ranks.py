@@ -263,6 +263,28 @@ def test_all_gather_and_reduce_scatter(comm):
     assert torch.equal(got, sum(f[me * count:(me + 1) * count] for f in full))
 
 
+def test_all_gatherv_and_reduce_scatterv(comm):
+    n, me = comm.size, comm.rank
+    counts = [(7 * r + 3) % 11 for r in range(n)]  # uneven, one may be 0
+    displs = [sum(counts[:r]) + 2 * r for r in range(n)]  # gaps of 2 that must stay untouched
+    total = displs[-1] + counts[-1] + 1
+    data = [values(rng("gatherv", r), counts[r], torch.int32) for r in range(n)]
+    out = torch.full((total,), -1, dtype=torch.int32)
+    comm.all_gatherv(data[me], out, counts, displs)
+    want = torch.full((total,), -1, dtype=torch.int32)
+    for r in range(n):
+        want[displs[r]:displs[r] + counts[r]] = data[r]
+    assert torch.equal(out, want)
+    full = [values(rng("rsv", r), sum(counts), torch.int64) for r in range(n)]
+    got = torch.full((counts[me],), -1, dtype=torch.int64)
+    comm.reduce_scatterv(full[me], got, counts, op=zeppelin.MAX)
+    lo = sum(counts[:me])
+    assert torch.equal(got, torch.stack([f[lo:lo + counts[me]] for f in full]).max(dim=0).values)
+    with pytest.raises(zeppelin.InvalidArgument, match="recvcounts"):
+        comm.all_gatherv(data[me], out, counts[:-1])
+    comm.barrier()  # still usable
+
+
 def test_barrier(comm):
     comm.barrier()
     comm.barrier()
