@@ -41,8 +41,8 @@ bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
 zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
                       int peer, void* stream);
-// Queues a collective (runs it at once outside a group).
-zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
+// Queues a collective (runs it at once outside a group); fn names it in errors.
+zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, const char* fn, std::function<zpResult_t()> run);
 // True if the calling thread's open group has calls queued on comm.
 bool groupUses(Comm* comm);
 

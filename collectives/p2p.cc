@@ -60,8 +60,8 @@ zpResult_t groupEnd() {
     it->second.push_back(&e.second);
   }
   for (auto& d : device) {
-    std::lock_guard<std::mutex> lock(d.first->mutex());
-    zpResult_t r = d.first->enqueueOnStreams(d.second);
+    Comm::Call call(d.first, "zpGroupEnd");
+    zpResult_t r = call.status() == zpSuccess ? d.first->enqueueOnStreams(d.second) : call.status();
     if (res == zpSuccess) res = r;
   }
   if (!p2p.empty()) {
@@ -75,18 +75,23 @@ zpResult_t groupEnd() {
       }
       it->ops.push_back(&e.second);
     }
-    // Lock in address order so that two threads' groups cannot deadlock.
+    // Held in address order so that two threads' groups cannot deadlock.
     std::vector<Comm*> comms;
     for (auto& w : work) comms.push_back(w.comm);
     std::sort(comms.begin(), comms.end());
-    for (Comm* c : comms) c->mutex().lock();
-    zpResult_t r = work.empty() ? zpSuccess : Comm::runOps(work);
-    for (Comm* c : comms) c->mutex().unlock();
+    std::vector<std::unique_ptr<Comm::Call>> calls;
+    zpResult_t r = zpSuccess;
+    for (Comm* c : comms) {
+      calls.push_back(std::make_unique<Comm::Call>(c, "zpGroupEnd"));
+      if (r == zpSuccess) r = calls.back()->status();
+    }
+    if (r == zpSuccess && !work.empty()) r = Comm::runOps(work);
+    calls.clear();
     if (res == zpSuccess) res = r;
   }
   for (auto& e : colls) {
-    std::lock_guard<std::mutex> lock(e.first->mutex());
-    zpResult_t r = e.second();
+    Comm::Call call(e.first.get(), "zpGroupEnd");
+    zpResult_t r = call.status() == zpSuccess ? e.second() : call.status();
     if (res == zpSuccess) res = r;
   }
   return res;
@@ -107,19 +112,21 @@ zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf,
     tlsGroup.p2p.emplace_back(comm, op);
     return zpSuccess;
   }
-  std::lock_guard<std::mutex> lock(comm->mutex());
+  Comm::Call call(comm.get(), fn);
+  ZP_CHECK(call.status());
   std::vector<Op*> ops{&op};
   // On a stream, as in NCCL: a send alone waits (on the device) for its
   // receive, so two ranks that both send first deadlock; use a group.
   return stream ? comm->enqueueOnStreams(ops) : comm->runOps(ops);
 }
 
-zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {
+zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, const char* fn, std::function<zpResult_t()> run) {
   if (tlsGroup.depth > 0) {
     tlsGroup.collectives.emplace_back(comm, std::move(run));
     return zpSuccess;
   }
-  std::lock_guard<std::mutex> lock(comm->mutex());
+  Comm::Call call(comm.get(), fn);
+  ZP_CHECK(call.status());
   return run();
 }
 

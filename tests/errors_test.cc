@@ -804,3 +804,58 @@ TEST(Errors, DestroyWhileAnotherThreadsGroupHoldsCallsIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 16, item 8: two threads running calls on one communicator at once.
+// Each rank's calls then meet the peers' in whatever order the lock gives
+// them, which differs between ranks, so data got mixed silently. Now the
+// second thread's call is refused at once, saying why, and the first
+// thread's call completes with the right bytes. Before, rank 0's second
+// call waited for the lock and then for a peer that never joined it.
+TEST(Errors, SecondThreadCallingWhileACallRunsIsRefused) {
+  setenv("ZP_TIMEOUT", "10", 1);
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    std::vector<float> data(1000);
+    if (rank == 1) {
+      usleep(1500 * 1000);  // rank 0's receive waits meanwhile
+      for (size_t i = 0; i < data.size(); i++) data[i] = (float)i + 0.5f;
+      ZP_EXPECT_OK(zpSend(data.data(), data.size(), zpFloat32, 0, comm, nullptr));
+      zptest::barrier(comm, nranks);
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+      return;
+    }
+    std::atomic<bool> recvDone{false};
+    zpResult_t recvResult = zpInternalError;
+    std::thread receiver([&] {
+      recvResult = zpRecv(data.data(), data.size(), zpFloat32, 1, comm, nullptr);
+      recvDone = true;
+    });
+    usleep(300 * 1000);  // the receiver is in its call
+    EXPECT_FALSE(recvDone.load());
+    float in = 1, out = 0;
+    auto start = std::chrono::steady_clock::now();
+    zp::clearLastError();
+    zpResult_t r = zpAllReduce(&in, &out, 1, zpFloat32, zpSum, comm, nullptr);
+    double took = zptest::secondsSince(start);
+    std::string why = zpGetLastError(nullptr);
+    EXPECT_EQ(r, zpInvalidUsage) << why;
+    EXPECT_NE(why.find("another thread is running a call on this communicator"), std::string::npos) << why;
+    EXPECT_LT(took, 0.5) << "the second thread's call waited instead of being refused";
+    receiver.join();
+    EXPECT_EQ(recvResult, zpSuccess) << zpGetLastError(comm);
+    for (size_t i = 0; i < data.size(); i++)
+      if (data[i] != (float)i + 0.5f) {
+        ADD_FAILURE() << "element " << i << " is " << data[i];
+        break;
+      }
+    // Calls one after the other from different threads are fine.
+    std::thread([&] { zptest::barrier(comm, nranks); }).join();
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, 120);
+  unsetenv("ZP_TIMEOUT");
+  zptest::expectAllOk(exits);
+}
+
+}  // namespace

@@ -658,3 +658,216 @@ TEST(Abort, FromAnotherThreadInterruptsABlockedCall) {
 }
 
 }  // namespace
+
+namespace {
+
+// NCCL's pattern: one thread blocked in a call, another polling
+// zpCommGetAsyncError. The poller reads the error while the call's thread
+// sets it (the poller cannot take the lock): that read must be
+// synchronised (a TSan build reports it otherwise), and the poller must see
+// the error once the call has failed. Three rounds, one communicator each.
+struct PollRound {
+  std::atomic<int> polling{0};  // round number whose poller runs
+  std::atomic<int> aborted{0};  // round number rank 1 aborted
+};
+
+TEST(AsyncError, PollingFromAnotherThreadWhileACallFailsIsRaceFree) {
+  constexpr int kRounds = 3;
+  zptest::Shared<PollRound> round;
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(30);
+    zpComm_t base = zptest::initComm(rank, nranks, id);
+    std::vector<zpComm_t> comms = zptest::makeMoreComms(base, rank, nranks, kRounds);
+    for (int k = 1; k <= kRounds; k++) {
+      zpComm_t comm = comms[k - 1];
+      if (rank == 1) {
+        ASSERT_TRUE(zptest::waitFor([&] { return round->polling == k; }, 60));
+        usleep(200 * 1000);  // rank 0's call is blocked and its poller polls
+        ZP_EXPECT_OK(zpCommAbort(comm));
+        round->aborted = k;
+        continue;
+      }
+      std::atomic<bool> callDone{false};
+      std::atomic<long> polls{0};
+      zpResult_t seen = zpSuccess;
+      std::thread poller([&] {
+        round->polling = k;
+        auto end = Clock::now() + std::chrono::seconds(25);
+        zpResult_t e = zpSuccess;
+        // Until the error shows, and on after the call returned (it must stay).
+        while (Clock::now() < end && (e == zpSuccess || !callDone)) {
+          if (zpCommGetAsyncError(comm, &e) != zpSuccess) break;
+          polls++;
+        }
+        seen = e;
+      });
+      float x = 0;
+      zpResult_t got = zpRecv(&x, 1, zpFloat32, 1, comm, nullptr);  // rank 1 aborts instead of sending
+      callDone = true;
+      poller.join();
+      EXPECT_EQ(got, zpRemoteError) << "round " << k << ": " << zpGetLastError(comm);
+      EXPECT_EQ(seen, zpRemoteError) << "round " << k << ": the poller never saw the error";
+      EXPECT_GT(polls.load(), 10) << "round " << k;
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }
+    if (rank == 0) ASSERT_TRUE(zptest::waitFor([&] { return round->aborted == kRounds; }, 60));
+    ZP_EXPECT_OK(zpCommDestroy(base));
+  }, 120);
+  zptest::expectAllOk(exits);
+}
+
+}  // namespace
+
+namespace {
+
+// Opens up to n connections to addr without waiting for each handshake
+// (a full accept queue would make a blocking connect wait for SYN retries).
+std::vector<int> idleConnections(const sockaddr_storage& addr, int n) {
+  std::vector<int> fds;
+  socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  for (int i = 0; i < n; i++) {
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    if (connect(fd, (const sockaddr*)&addr, len) != 0 && errno != EINPROGRESS) {
+      close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// Lines of `path` that contain `what`.
+int linesWith(const std::string& path, const char* what) {
+  FILE* f = fopen(path.c_str(), "r");
+  if (!f) return -1;
+  int count = 0;
+  char line[4096];
+  while (fgets(line, sizeof(line), f))
+    if (strstr(line, what)) count++;
+  fclose(f);
+  return count;
+}
+
+// Issue 16, item 4: thousands of connections that never send a header used
+// to fill the root's table of pending connections (4096), after which it
+// closed every new one, a real rank's included, and logged a line per
+// dropped connection. Now strangers are evicted oldest first, so the ranks
+// get in while the idle connections stay open, and the log says little.
+TEST(Bootstrap, ThousandsOfIdleConnectionsDoNotCrowdOutTheRanks) {
+  rlimit lim;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  // The root (here, in the parent) holds one end of each connection, the parent the other.
+  const int kIdle = (int)std::min<rlim_t>(5000, (lim.rlim_max - 300) / 2);
+  printf("[ info ] %d idle connections\n", kIdle);
+  rlimit raised = lim;
+  raised.rlim_cur = lim.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
+  // The root logs into the parent's stderr: counted from a file.
+  std::string logPath = "/tmp/zp-dos-log-" + std::to_string(getpid());
+  fflush(stderr);
+  int savedStderr = dup(2);
+  int logFd = open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(logFd, 0);
+  dup2(logFd, 2);
+  close(logFd);
+
+  zpUniqueId uid;
+  ASSERT_EQ(zpGetUniqueId(&uid), zpSuccess);
+  zp::IdLayout layout;
+  ASSERT_TRUE(zp::decodeId(uid, &layout));
+  zptest::Shared<Gate> gate;
+  std::vector<int> idle;
+  zptest::RunOptions opts;
+  opts.timeoutSec = 90;
+  opts.afterFork = [&] {  // in the parent, after the fork: no rank holds these
+    idle = idleConnections(zp::idAddress(layout), kIdle);
+    usleep(500 * 1000);  // the root takes them in
+    gate->open = 2;
+  };
+  auto start = Clock::now();
+  auto exits = zptest::runRanksWithId(uid, 4, [&](int rank, int n, const zpUniqueId& id) {
+    ASSERT_TRUE(zptest::waitFor([&] { return gate->open == 2; }, 60));
+    zptest::setTimeoutSeconds(30);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    zptest::barrier(comm, n);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, opts);
+  double took = zptest::secondsSince(start);
+  fflush(stderr);
+  dup2(savedStderr, 2);
+  close(savedStderr);
+  for (int fd : idle) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lim), 0);
+  zptest::expectAllOk(exits);
+  EXPECT_EQ((int)idle.size(), kIdle);
+  EXPECT_LT(took, 30) << "init took " << took << " s";
+  int dropLines = linesWith(logPath, "bootstrap root: dropped");
+  EXPECT_LE(dropLines, took + 3) << "more than one line per second about dropped connections";
+  printf("[ info ] init with %d idle connections open took %.2f s; %d log lines about dropped connections\n",
+         (int)idle.size(), took, dropLines);
+  unlink(logPath.c_str());
+}
+
+// Issue 16, item 4: a root out of file descriptors (accept4 fails with
+// EMFILE) polled its listening socket, still readable, in a tight loop. The
+// root runs in a child whose RLIMIT_NOFILE is low; idle connections use up
+// its descriptors; its CPU time over two seconds must stay small, and ranks
+// must still be admitted (the oldest stranger makes room).
+struct RootChild {
+  std::atomic<int> ready{0};
+  zpUniqueId id;
+  std::atomic<int> measure{0};  // 1: start, 2: stop
+  std::atomic<double> cpuSec{-1};
+  std::atomic<int> done{0};
+};
+
+TEST(Bootstrap, RootOutOfFileDescriptorsDoesNotSpinAndStillAdmitsRanks) {
+  zptest::Shared<RootChild> root;
+  pid_t child = fork();
+  if (child == 0) {
+    rlimit low = {48, 48};
+    if (setrlimit(RLIMIT_NOFILE, &low) != 0) _exit(2);
+    if (zpGetUniqueId(&root->id) != zpSuccess) _exit(3);
+    root->ready = 1;
+    while (root->measure != 1) usleep(1000);
+    auto cpu = [] {
+      timespec t;
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+      return t.tv_sec + t.tv_nsec * 1e-9;
+    };
+    double c0 = cpu();
+    while (root->measure != 2) usleep(1000);
+    root->cpuSec = cpu() - c0;
+    while (root->done == 0) usleep(1000);
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  ASSERT_TRUE(zptest::waitFor([&] { return root->ready == 1; }, 20));
+  zp::IdLayout layout;
+  ASSERT_TRUE(zp::decodeId(root->id, &layout));
+  std::vector<int> idle = idleConnections(zp::idAddress(layout), 200);
+  usleep(300 * 1000);  // the root has taken what it can: out of descriptors now
+  root->measure = 1;
+  usleep(2000 * 1000);
+  root->measure = 2;
+  ASSERT_TRUE(zptest::waitFor([&] { return root->cpuSec >= 0; }, 10));
+  double cpuSec = root->cpuSec;
+  auto exits = zptest::runRanksWithId(root->id, 3, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(30);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    zptest::barrier(comm, n);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, 90);
+  root->done = 1;
+  int st = 0;
+  waitpid(child, &st, 0);
+  for (int fd : idle) close(fd);
+  zptest::expectAllOk(exits);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the root's process ended with " << st;
+  EXPECT_EQ(idle.size(), 200u);
+  EXPECT_LT(cpuSec, 0.05) << "the root used " << cpuSec << " s of CPU in 2 s while out of file descriptors";
+  printf("[ info ] root out of descriptors: %.3f s of CPU in 2 s\n", cpuSec);
+}
+
+}  // namespace

@@ -406,7 +406,8 @@ static zpResult_t split(zpComm_t comm, int color, int key, zpComm_t* newcomm, zp
   else if (config) local = zp::resolveConfig(config, &cfg);
   std::unique_ptr<zp::Comm> child;
   {
-    std::lock_guard<std::mutex> lock(c->mutex());
+    zp::Comm::Call call(c.get(), "zpCommSplit");
+    ZP_CHECK(call.status());
     ZP_CHECK(zp::commSplit(c.get(), color, key, local, cfg, &child));
   }
   if (child) *newcomm = newHandle(std::move(child));
@@ -488,7 +489,7 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
   ZP_CHECK(checkDataCall("zpAlltoallv", c.get(), datatype, stream,
                          {{"sendbuff", sendbuff}, {"recvbuff", recvbuff}}));
   inGroup(comm);
-  return zp::enqueueCollective(c, [=] {
+  return zp::enqueueCollective(c, "zpAlltoallv", [=] {
     return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
   });
 }
@@ -585,7 +586,7 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
   else
     stream = nullptr;
   inGroup(comm);
-  return zp::enqueueCollective(c, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
+  return zp::enqueueCollective(c, fn, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
 }
 
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,

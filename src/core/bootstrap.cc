@@ -4,8 +4,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "src/core/config.h"
@@ -26,10 +28,13 @@ struct JoinReply {
 // A connection to the root that has not presented a full, valid header yet.
 struct Pending {
   int fd;
+  uint64_t acceptedMs;
   uint64_t deadlineMs;
   size_t got = 0;
   JoinHeader hdr;
-  std::string peer;
+  std::string peer;    // address and port, for the log
+  std::string source;  // address only: the bound per source
+  bool knowsSecret = false;  // its secret matched: a real rank, never evicted
 };
 
 // Limit on one rank's transport address (second round).
@@ -38,6 +43,19 @@ constexpr uint32_t kMaxBlob = 64 << 10;
 // A connection that hands over less than a header within this time is dropped:
 // a real rank sends its header right after connecting.
 constexpr int kHeaderTimeoutMs = 10000;
+// Connections that have not shown the secret yet: at most this many in all
+// and from one address; a new one beyond either bound evicts the oldest
+// (idle ones age, a real rank's header arrives at once), so that strangers
+// never crowd out a rank. An evicted rank is told to retry (kBusyStatus).
+constexpr size_t kMaxPending = 4096;
+constexpr size_t kMaxPendingPerSource = 512;
+// New connections taken per turn of the loop (their headers are read on the next).
+constexpr int kAcceptBatch = 64;
+// accept4 out of descriptors (EMFILE, ENFILE): the listening socket rests
+// this long instead of being polled again at once (it stays readable).
+constexpr int kAcceptPauseMs = 100;
+// The status of a reply that asks a rank to connect again.
+constexpr int32_t kBusyStatus = zpInProgress;
 
 void sendReply(int fd, zpResult_t status, const std::string& msg,
                const std::vector<RankInfo>* table, uint64_t deadlineMs) {
@@ -50,31 +68,92 @@ void sendReply(int fd, zpResult_t status, const std::string& msg,
   if (table) sendAll(fd, table->data(), table->size() * sizeof(RankInfo), deadlineMs);
 }
 
+// One line per second at most about dropped connections (a flood of
+// strangers must not flood the log), with how many went unmentioned.
+class DropLog {
+ public:
+  void note(const std::string& peer, const char* why) {
+    uint64_t now = nowMs();
+    if (lastMs_ && now - lastMs_ < 1000) {
+      unlogged_++;
+      return;
+    }
+    if (unlogged_)
+      ZP_WARN(kSubBootstrap, "bootstrap root: dropped connection from %s: %s (and %llu more since the last such line)",
+              peer.c_str(), why, (unsigned long long)unlogged_);
+    else
+      ZP_WARN(kSubBootstrap, "bootstrap root: dropped connection from %s: %s", peer.c_str(), why);
+    lastMs_ = now;
+    unlogged_ = 0;
+  }
+  void flush() {
+    if (unlogged_) ZP_WARN(kSubBootstrap, "bootstrap root: dropped %llu more connections", (unsigned long long)unlogged_);
+    unlogged_ = 0;
+  }
+
+ private:
+  uint64_t lastMs_ = 0;
+  uint64_t unlogged_ = 0;
+};
+
+std::string sourceOf(const sockaddr_storage& a) {
+  std::string s = addrToString(a);
+  size_t colon = s.rfind(':');  // "host:port" or "[v6]:port"
+  return colon == std::string::npos ? s : s.substr(0, colon);
+}
+
 // Serves one communicator's rendezvous, then returns.
 void rootMain(int listenFd, IdLayout id) {
-  std::vector<Pending> pending;
+  std::vector<Pending> pending;  // in order of arrival
+  std::map<std::string, size_t> perSource;  // pending connections by source address
   std::vector<int> rankFd;  // by rank, -1 until joined
   std::vector<RankInfo> table;
   int nranks = -1, joined = 0;
   uint64_t joinDeadline = UINT64_MAX;  // set by the first rank, from its timeout
+  uint64_t listenPausedUntil = 0;
   int rankTimeoutMs = 0;
   std::string failure;
+  DropLog dropLog;
 
-  auto dropPending = [&](size_t i, const char* why) {
-    ZP_WARN(kSubBootstrap, "bootstrap root: dropped connection from %s: %s", pending[i].peer.c_str(), why);
-    close(pending[i].fd);
+  auto forget = [&](size_t i) {
+    auto it = perSource.find(pending[i].source);
+    if (it != perSource.end() && --it->second == 0) perSource.erase(it);
     pending.erase(pending.begin() + i);
+  };
+  auto dropPending = [&](size_t i, const char* why) {
+    dropLog.note(pending[i].peer, why);
+    close(pending[i].fd);
+    forget(i);
+  };
+  // Makes room by dropping the oldest connection that has not shown the
+  // secret (from `source` if given); false if there is none.
+  auto evictOldest = [&](const std::string* source, const char* why) {
+    for (size_t i = 0; i < pending.size(); i++) {
+      if (pending[i].knowsSecret || (source && pending[i].source != *source)) continue;
+      // In case it is a rank whose header is still on its way: ask it to retry.
+      JoinReply r;
+      memset(&r, 0, sizeof(r));
+      r.magic = kIdMagic;
+      r.status = kBusyStatus;
+      snprintf(r.message, sizeof(r.message), "the bootstrap root is busy: connect again");
+      (void)!send(pending[i].fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
+      dropPending(i, why);
+      return true;
+    }
+    return false;
   };
 
   while (failure.empty() && (nranks < 0 || joined < nranks)) {
+    uint64_t now = nowMs();
+    bool listening = now >= listenPausedUntil;
     std::vector<pollfd> fds;
-    fds.push_back({listenFd, POLLIN, 0});
+    fds.push_back({listening ? listenFd : -1, POLLIN, 0});
     for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
     for (int fd : rankFd)
       if (fd >= 0) fds.push_back({fd, POLLIN, 0});  // a joined rank that closes has died
-    uint64_t now = nowMs();
     uint64_t next = joinDeadline;
     for (auto& p : pending) next = std::min(next, p.deadlineMs);
+    if (!listening) next = std::min(next, listenPausedUntil);
     int waitMs = next == UINT64_MAX ? 1000 : (int)std::min<uint64_t>(next > now ? next - now : 0, 1000);
     int rc = poll(fds.data(), fds.size(), waitMs);
     if (rc < 0 && errno != EINTR) { failure = std::string("poll: ") + strerror(errno); break; }
@@ -100,27 +179,21 @@ void rootMain(int listenFd, IdLayout id) {
           continue;
         }
         if (n > 0) p.got += n;
-        // Reject garbage as soon as the magic is readable.
-        if (p.got >= sizeof(uint32_t) && p.hdr.magic != kIdMagic) { dropPending(i, "bad magic (not a Zeppelin rank)"); continue; }
-        if (p.got >= offsetof(JoinHeader, nranks) && memcmp(p.hdr.secret, id.secret, sizeof(id.secret)) != 0) {
-          dropPending(i, "wrong secret (a rank of another communicator, or a stranger)");
+        std::string err;
+        JoinCheck check = checkJoinHeader(p.hdr, p.got, id.secret, nranks, rankFd, &err);
+        if (check == JoinCheck::kStranger) {
+          dropPending(i, err.c_str());
           continue;
         }
-        if (p.got < sizeof(JoinHeader)) continue;
+        p.knowsSecret = p.got >= offsetof(JoinHeader, nranks);
+        if (check == JoinCheck::kIncomplete) continue;
         const JoinHeader& h = p.hdr;
         int r = h.info.rank;
-        std::string err;
-        if (h.nranks <= 0 || h.nranks > (1 << 20)) err = "bad nranks " + std::to_string(h.nranks);
-        else if (nranks >= 0 && h.nranks != nranks)
-          err = "rank " + std::to_string(r) + " says nranks=" + std::to_string(h.nranks) +
-                " but earlier ranks said " + std::to_string(nranks);
-        else if (r < 0 || r >= h.nranks) err = "rank " + std::to_string(r) + " out of range [0," + std::to_string(h.nranks) + ")";
-        else if (nranks >= 0 && rankFd[r] >= 0) err = "rank " + std::to_string(r) + " joined twice";
-        if (!err.empty()) {
+        if (check == JoinCheck::kInvalid) {
           ZP_WARN(kSubBootstrap, "bootstrap root: refused %s: %s", p.peer.c_str(), err.c_str());
           sendReply(p.fd, zpInvalidUsage, err, nullptr, nowMs() + 1000);
           close(p.fd);
-          pending.erase(pending.begin() + i);
+          forget(i);
           continue;
         }
         if (nranks < 0) {
@@ -135,29 +208,50 @@ void rootMain(int listenFd, IdLayout id) {
         if (joinDeadline == UINT64_MAX) joinDeadline = now + (uint64_t)std::max(h.timeoutMs, 1000);
         rankTimeoutMs = std::max(rankTimeoutMs, (int)h.timeoutMs);
         ZP_TRACE(kSubBootstrap, "bootstrap root: rank %d/%d joined from %s", r, nranks, p.peer.c_str());
-        pending.erase(pending.begin() + i);
+        forget(i);
         continue;
       }
       if (now >= p.deadlineMs) dropPending(i, "no complete header in time");
     }
-    // New connections.
-    if (fds[0].revents & POLLIN) {
-      sockaddr_storage from;
-      socklen_t len = sizeof(from);
-      int fd = accept4(listenFd, (sockaddr*)&from, &len, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        if (pending.size() >= 4096) {
-          close(fd);
-        } else {
-          Pending p;
-          p.fd = fd;
-          p.deadlineMs = nowMs() + kHeaderTimeoutMs;
-          p.peer = addrToString(from);
-          pending.push_back(p);
+    // New connections, a batch per turn.
+    if (listening && (fds[0].revents & POLLIN)) {
+      for (int a = 0; a < kAcceptBatch; a++) {
+        sockaddr_storage from;
+        socklen_t len = sizeof(from);
+        int fd = accept4(listenFd, (sockaddr*)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Out of descriptors: the oldest stranger makes room for the
+            // next in the queue (a rank may be behind it); with none to
+            // evict, the listening socket rests: it stays readable, and
+            // polling it again at once would spin.
+            if (evictOldest(nullptr, "evicted: the root is out of file descriptors")) continue;
+            dropLog.note("the listening socket", strerror(errno));
+            listenPausedUntil = nowMs() + kAcceptPauseMs;
+          }
+          break;  // EAGAIN: none left; ECONNABORTED and the like: next turn
         }
+        Pending p;
+        p.fd = fd;
+        p.acceptedMs = nowMs();
+        p.deadlineMs = p.acceptedMs + kHeaderTimeoutMs;
+        p.peer = addrToString(from);
+        p.source = sourceOf(from);
+        if (perSource[p.source] >= kMaxPendingPerSource)
+          evictOldest(&p.source, "evicted: too many connections without a header from this address");
+        else if (pending.size() >= kMaxPending)
+          evictOldest(nullptr, "evicted: too many connections without a header");
+        if (pending.size() >= kMaxPending) {  // every one knows the secret (cannot happen with real ranks)
+          dropLog.note(p.peer, "refused: too many ranks connecting at once");
+          close(fd);
+          continue;
+        }
+        perSource[p.source]++;
+        pending.push_back(std::move(p));
       }
     }
   }
+  dropLog.flush();
 
   for (auto& p : pending) close(p.fd);
   close(listenFd);
@@ -201,6 +295,29 @@ void rootMain(int listenFd, IdLayout id) {
 }
 
 }  // namespace
+
+JoinCheck checkJoinHeader(const JoinHeader& h, size_t got, const uint8_t secret[16], int nranks,
+                          const std::vector<int>& rankFd, std::string* why) {
+  // Garbage is rejected as soon as the magic, then the secret, is readable.
+  if (got >= sizeof(uint32_t) && h.magic != kIdMagic) {
+    *why = "bad magic (not a Zeppelin rank)";
+    return JoinCheck::kStranger;
+  }
+  if (got >= offsetof(JoinHeader, nranks) && memcmp(h.secret, secret, sizeof(h.secret)) != 0) {
+    *why = "wrong secret (a rank of another communicator, or a stranger)";
+    return JoinCheck::kStranger;
+  }
+  if (got < sizeof(JoinHeader)) return JoinCheck::kIncomplete;
+  int r = h.info.rank;
+  if (h.nranks <= 0 || h.nranks > (1 << 20)) *why = "bad nranks " + std::to_string(h.nranks);
+  else if (nranks >= 0 && h.nranks != nranks)
+    *why = "rank " + std::to_string(r) + " says nranks=" + std::to_string(h.nranks) + " but earlier ranks said " +
+           std::to_string(nranks);
+  else if (r < 0 || r >= h.nranks) *why = "rank " + std::to_string(r) + " out of range [0," + std::to_string(h.nranks) + ")";
+  else if (nranks >= 0 && (r >= (int)rankFd.size() || rankFd[r] >= 0)) *why = "rank " + std::to_string(r) + " joined twice";
+  else if (h.timeoutMs <= 0) *why = "bad timeout " + std::to_string(h.timeoutMs) + " ms";
+  return why->empty() ? JoinCheck::kComplete : JoinCheck::kInvalid;
+}
 
 sockaddr_storage idAddress(const IdLayout& id) {
   sockaddr_storage s;
@@ -308,10 +425,6 @@ zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& min
   uint64_t deadline = nowMs() + timeoutMs;
   int fd = -1;
   sockaddr_storage rootAddr = idAddress(id);
-  zpResult_t r = connectUntil(rootAddr, deadline, &fd);
-  if (r != zpSuccess)
-    return fail(r, "rank %d: cannot reach the bootstrap root at %s within %d ms: %s", mine.rank,
-                addrToString(rootAddr).c_str(), timeoutMs, lastError());
   JoinHeader h;
   memset(&h, 0, sizeof(h));
   h.magic = kIdMagic;
@@ -320,16 +433,31 @@ zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& min
   h.timeoutMs = timeoutMs;
   h.info = mine;
   JoinReply reply;
-  r = sendAll(fd, &h, sizeof(h), deadline);
-  if (r == zpSuccess) r = recvAll(fd, &reply, sizeof(reply), deadline);
-  if (r != zpSuccess) {
+  // The root may evict this connection before reading it (strangers flood
+  // it): it then says so, and the rank connects again within its timeout.
+  for (int attempt = 0;; attempt++) {
+    zpResult_t r = connectUntil(rootAddr, deadline, &fd);
+    if (r != zpSuccess)
+      return fail(r, "rank %d: cannot reach the bootstrap root at %s within %d ms: %s", mine.rank,
+                  addrToString(rootAddr).c_str(), timeoutMs, lastError());
+    r = sendAll(fd, &h, sizeof(h), deadline);
+    if (r == zpSuccess) r = recvAll(fd, &reply, sizeof(reply), deadline);
+    if (r != zpSuccess) {
+      close(fd);
+      return fail(zpRemoteError, "rank %d: bootstrap with %s failed: %s (did every rank of %d start?)",
+                  mine.rank, addrToString(rootAddr).c_str(), lastError(), nranks);
+    }
+    if (reply.magic != kIdMagic) {
+      close(fd);
+      return fail(zpRemoteError, "rank %d: bootstrap root sent a bad reply", mine.rank);
+    }
+    if (reply.status != kBusyStatus) break;
     close(fd);
-    return fail(zpRemoteError, "rank %d: bootstrap with %s failed: %s (did every rank of %d start?)",
-                mine.rank, addrToString(rootAddr).c_str(), lastError(), nranks);
-  }
-  if (reply.magic != kIdMagic) {
-    close(fd);
-    return fail(zpRemoteError, "rank %d: bootstrap root sent a bad reply", mine.rank);
+    fd = -1;
+    if (nowMs() >= deadline)
+      return fail(zpRemoteError, "rank %d: the bootstrap root at %s stayed too busy to admit it for %d ms (%d tries)",
+                  mine.rank, addrToString(rootAddr).c_str(), timeoutMs, attempt + 1);
+    usleep(std::min(1000 * (1 << std::min(attempt, 6)), 50000));
   }
   if (reply.status != zpSuccess) {
     close(fd);
@@ -337,7 +465,7 @@ zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& min
     return fail((zpResult_t)reply.status, "rank %d: bootstrap failed: %s", mine.rank, reply.message);
   }
   all->resize(nranks);
-  r = recvAll(fd, all->data(), nranks * sizeof(RankInfo), deadline);
+  zpResult_t r = recvAll(fd, all->data(), nranks * sizeof(RankInfo), deadline);
   if (r != zpSuccess) {
     close(fd);
     return fail(zpRemoteError, "rank %d: bootstrap table lost: %s", mine.rank, lastError());

@@ -79,4 +79,12 @@ struct JoinHeader {
   RankInfo info;
 };
 
+// What the root makes of the first `got` bytes of a connection's header: a
+// stranger (bad magic or secret: dropped), not complete yet, a header that is
+// invalid for this communicator (refused, *why says why), or a rank's valid
+// join. nranks is -1 until the first rank joined; rankFd[r] >= 0 once rank r has.
+enum class JoinCheck { kIncomplete, kStranger, kInvalid, kComplete };
+JoinCheck checkJoinHeader(const JoinHeader& h, size_t got, const uint8_t secret[16], int nranks,
+                          const std::vector<int>& rankFd, std::string* why);
+
 }  // namespace zp

@@ -59,11 +59,32 @@ TransportContext Comm::transportContext() {
   return ctx;
 }
 
+Comm::Call::Call(Comm* c, const char* fn) : c_(c), status_(zpSuccess) {
+  std::thread::id none;
+  if (!c->caller_.compare_exchange_strong(none, std::this_thread::get_id())) {
+    c_ = nullptr;
+    status_ = fail(zpInvalidUsage,
+                   "rank %d: %s: another thread is running a call on this communicator; calls on one communicator "
+                   "must come from one thread at a time (their order would differ between ranks)",
+                   c->rank_, fn);
+    return;
+  }
+  c->mu_.lock();
+}
+
+Comm::Call::~Call() {
+  if (!c_) return;
+  c_->mu_.unlock();
+  c_->caller_.store(std::thread::id());
+}
+
 void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
-  if (asyncError_ != zpSuccess) return;
-  asyncError_ = code;
+  // With mu_ held: the first failure wins; the code is published last, so a
+  // reader without the lock never sees a code before its message is written.
+  if (asyncError_.load(std::memory_order_relaxed) != zpSuccess) return;
   asyncMsg_ = msg;
   asyncFromPeer_ = fromPeer;
+  asyncError_.store(code, std::memory_order_release);
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
@@ -383,7 +404,9 @@ zpResult_t Comm::pollAsyncError() {
     if (deviceError != zpSuccess) setAsyncError(deviceError, "rank " + std::to_string(rank_) + ": " + why);
     mu_.unlock();
   }
-  return asyncError_;
+  // Another thread's call holds the lock: it drives progress, and whatever
+  // it has found is already published.
+  return asyncError_.load(std::memory_order_acquire);
 }
 
 void Comm::passOnFault(zpResult_t code, const std::string& why) {

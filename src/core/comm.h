@@ -91,13 +91,35 @@ class Comm : public TransportSink {
 
   // One call at a time per communicator; whoever holds it drives progress.
   std::mutex& mutex() { return mu_; }
+  // A call's hold on the communicator: mutex(), and the mark that this
+  // thread runs a call on it. A call from a second thread while one runs is
+  // refused (zpInvalidUsage) instead of waiting for the lock: NCCL leaves
+  // concurrent use of one communicator undefined, and here the two threads'
+  // calls would meet in a different order on each rank, mixing their data.
+  // Not for zpCommGetAsyncError, zpCommAbort or zpCommDestroy, which may
+  // come from any thread.
+  class Call {
+   public:
+    Call(Comm* c, const char* fn);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    // zpSuccess if held; else the error (already recorded with fail()).
+    zpResult_t status() const { return status_; }
+
+   private:
+    Comm* c_;
+    zpResult_t status_;
+  };
   // The next collective's sequence number (the same on every rank).
   uint64_t nextCollSeq() { return collSeq_++; }
-  // A failure that broke the communicator, and its message.
-  zpResult_t asyncError() const { return asyncError_; }
+  // A failure that broke the communicator (any thread), and its message
+  // (with mutex() held: it is written under the lock, before the code).
+  zpResult_t asyncError() const { return asyncError_.load(std::memory_order_acquire); }
   const std::string& asyncMessage() const { return asyncMsg_; }
   // Between calls: drives progress when no call holds the lock, so that a
   // caller who polls learns of a peer's failure; returns the async error.
+  // From any thread, while another runs a call (NCCL's polling pattern).
   zpResult_t pollAsyncError();
 
   // TransportSink.
@@ -172,6 +194,7 @@ class Comm : public TransportSink {
   std::vector<std::pair<int, std::pair<uint64_t, std::string>>> earlyControl_;  // control messages nobody took yet
 
   std::mutex mu_;
+  std::atomic<std::thread::id> caller_{};  // the thread running a call (Call), if any
   std::thread progressThread_;
   std::atomic<bool> progressStop_{false};
 
@@ -182,7 +205,10 @@ class Comm : public TransportSink {
   // Status reports of collectives, by (peer, collective sequence).
   std::map<std::pair<int, uint64_t>, std::pair<zpResult_t, std::string>> statuses_;
 
-  zpResult_t asyncError_ = zpSuccess;
+  // Set only with mu_ held (transports' callbacks run inside progress(),
+  // under the lock), but read by pollAsyncError without it while another
+  // thread's call holds it: an atomic, stored after the message.
+  std::atomic<zpResult_t> asyncError_{zpSuccess};
   std::string asyncMsg_;
   bool asyncFromPeer_ = false;  // a peer told us; else we found it and tell the peers
   bool faultSent_ = false;
