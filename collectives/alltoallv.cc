@@ -98,22 +98,8 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
   return runAll(c, ops);
 }
 
-// The same verdict on every rank, from the whole matrix.
 zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
-  const int n = c->nranks();
-  const size_t rowLen = countRowLen(n);
-  for (int i = 1; i < n; i++)
-    if (rows[(size_t)i * rowLen + 2 * n] != rows[2 * n])
-      return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
-                  c->rank(), (unsigned long long)rows[2 * n], i, (unsigned long long)rows[(size_t)i * rowLen + 2 * n]);
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < n; j++) {
-      uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
-      if (sent != expected)
-        return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
-                    c->rank(), i, (unsigned long long)sent, j, j, (unsigned long long)expected);
-    }
-  return zpSuccess;
+  return checkCountMatrix(c->rank(), c->nranks(), rows);
 }
 
 zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
@@ -267,6 +253,36 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
       break;
     }
   return c->agreeOnResult(seq, res, msg);
+}
+
+
+// The same verdict on every rank, from the whole matrix (peers' rows came
+// over the wire: bounded here before anyone multiplies them).
+zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows) {
+  const size_t rowLen = countRowLen(n);
+  if (n < 1 || rows.size() != (size_t)n * rowLen)
+    return fail(zpInternalError, "rank %d: alltoallv: a count matrix of %zu values for %d ranks", me, rows.size(), n);
+  for (int i = 0; i < n; i++) {
+    uint64_t ts = rows[(size_t)i * rowLen + 2 * n];
+    if (ts != 1 && ts != 2 && ts != 4 && ts != 8)
+      return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sent a datatype size of %llu bytes", me, i,
+                  (unsigned long long)ts);
+    if (ts != rows[2 * n])
+      return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
+                  me, (unsigned long long)rows[2 * n], i, (unsigned long long)ts);
+    for (int j = 0; j < 2 * n; j++)
+      if (rows[(size_t)i * rowLen + j] > kMaxCallBytes / ts)
+        return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sent a count of %llu elements, beyond any call", me,
+                    i, (unsigned long long)rows[(size_t)i * rowLen + j]);
+  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      uint64_t sent = rows[(size_t)i * rowLen + j], expected = rows[(size_t)j * rowLen + n + i];
+      if (sent != expected)
+        return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sends %llu elements to rank %d but rank %d expects %llu",
+                    me, i, (unsigned long long)sent, j, j, (unsigned long long)expected);
+    }
+  return zpSuccess;
 }
 
 }  // namespace zp

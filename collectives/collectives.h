@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
@@ -20,6 +21,12 @@ constexpr size_t kMaxCallBytes = size_t(1) << 48;
 zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
                      void* stream);
+
+// alltoallv's count matrix, every rank's row [sendcounts..., recvcounts...,
+// type size] as gathered from the peers: zpInvalidUsage (the same on every
+// rank) if a datatype size or a count is impossible or a pair of ranks
+// disagrees. me only names this rank in the message.
+zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 
 // The standard collectives (standard.cc): checked against every rank's call
 // first (zpInvalidUsage on every rank if any differs; arguments are checked

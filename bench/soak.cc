@@ -1,0 +1,247 @@
+// Soak: many init/destroy cycles, then a long loop of checked collectives,
+// on ranks this program forks itself (rank 0 hosts each communicator's
+// bootstrap root, as with a torchrun-style id). Prints, per rank, the open
+// file descriptors, threads and resident memory after a warm-up and at the
+// end, and the /dev/shm entries, so that growth per cycle or per call shows.
+// Every byte of every call is checked (fresh random counts and data each
+// call, poisoned receive buffers). Exit status 1 on a wrong byte, a failed
+// call, or descriptors, threads or /dev/shm entries that grew.
+//
+//   soak -r 4 -c 10000 -n 20000        (issue 16's soak)
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "include/zeppelin.h"
+#include "src/util/cli.h"
+#include "src/util/strings.h"
+
+namespace {
+
+constexpr int kMaxRanks = 64;
+
+struct Usage {
+  long fds = 0, threads = 0, shm = 0;
+  long rssBytes = 0;
+};
+
+long countDir(const char* path) {
+  DIR* d = opendir(path);
+  if (!d) return -1;
+  long n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+Usage usageNow() {
+  Usage u;
+  u.fds = countDir("/proc/self/fd") - 1;  // less the directory's own
+  u.threads = countDir("/proc/self/task");
+  u.shm = countDir("/dev/shm");
+  FILE* f = fopen("/proc/self/statm", "r");
+  long size = 0, resident = 0;
+  if (f) {
+    if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  u.rssBytes = resident * sysconf(_SC_PAGESIZE);
+  return u;
+}
+
+// Memory shared by the ranks (mapped before the fork).
+struct Board {
+  std::atomic<long> idSeq{-1};  // the cycle whose id is in `id`
+  zpUniqueId id;
+  std::atomic<int> failures{0};
+  std::atomic<long long> wrongBytes{0};
+  Usage cyclesStart[kMaxRanks], cyclesEnd[kMaxRanks], callsStart[kMaxRanks], callsEnd[kMaxRanks];
+  char firstError[512];
+  std::atomic<int> errorClaimed{0};
+};
+
+void reportError(Board* b, const std::string& what) {
+  b->failures++;
+  if (b->errorClaimed.exchange(1) == 0) snprintf(b->firstError, sizeof(b->firstError), "%s", what.c_str());
+}
+
+// The id of cycle c: rank 0 makes it (its process hosts the root), the others wait for it.
+bool idOfCycle(Board* b, int rank, long c, zpUniqueId* id) {
+  if (rank == 0) {
+    if (zpGetUniqueId(&b->id) != zpSuccess) return false;
+    b->idSeq = c;
+  } else {
+    while (b->idSeq.load() != c) usleep(50);
+  }
+  *id = b->id;
+  return true;
+}
+
+// One checked alltoallv of a random matrix (up to maxBytes per rank) and
+// one checked all-reduce; false after reporting if anything was wrong.
+bool checkedCalls(Board* b, zpComm_t comm, int rank, int n, size_t maxBytes, uint64_t seed) {
+  zpbench::Options o;
+  o.type = zpbench::findType("int32");
+  o.pattern = "random";
+  o.seed = seed;
+  size_t bytes = 4 * n + zpbench::mix64(seed) % (maxBytes + 1);
+  zpbench::Matrix m = zpbench::buildMatrix(o, n, bytes, {});
+  zpbench::Layout s = zpbench::sendLayout(m, rank), r = zpbench::recvLayout(m, rank);
+  zpbench::Buffer send(s.totalElems * o.type->size), recv(r.totalElems * o.type->size + zpbench::kGuardBytes);
+  zpbench::fillSend(send.data(), s, *o.type, seed, rank);
+  zpbench::poisonRecv(recv.data(), r, *o.type);
+  zpResult_t res = zpAlltoallv(send.data(), s.counts.data(), s.displs.data(), recv.data(), r.counts.data(),
+                               r.displs.data(), zpInt32, comm, nullptr);
+  if (res != zpSuccess) {
+    reportError(b, zp::strprintf("rank %d: zpAlltoallv: %s", rank, zpGetLastError(comm)));
+    return false;
+  }
+  std::string first;
+  size_t wrong = zpbench::checkRun(send.data(), s, recv.data(), r, *o.type, seed, rank, &first);
+  if (wrong) {
+    b->wrongBytes += (long long)wrong;
+    reportError(b, zp::strprintf("rank %d: alltoallv: %zu wrong bytes: %s", rank, wrong, first.c_str()));
+    return false;
+  }
+  // All-reduce: element i of rank q is a function of (seed, q, i); the sum is known.
+  const size_t count = 1 + zpbench::mix64(seed ^ 0x5eed) % 4096;
+  auto value = [&](int q, size_t i) { return (int64_t)(zpbench::mix64(seed + 977 * q + i) % 1000003) - 500000; };
+  std::vector<int64_t> in(count), out(count, INT64_MIN);
+  for (size_t i = 0; i < count; i++) in[i] = value(rank, i);
+  if (zpAllReduce(in.data(), out.data(), count, zpInt64, zpSum, comm, nullptr) != zpSuccess) {
+    reportError(b, zp::strprintf("rank %d: zpAllReduce: %s", rank, zpGetLastError(comm)));
+    return false;
+  }
+  for (size_t i = 0; i < count; i++) {
+    int64_t want = 0;
+    for (int q = 0; q < n; q++) want += value(q, i);
+    if (out[i] != want) {
+      b->wrongBytes += 8;
+      reportError(b, zp::strprintf("rank %d: all-reduce element %zu is %lld, not %lld", rank, i,
+                                   (long long)out[i], (long long)want));
+      return false;
+    }
+  }
+  return true;
+}
+
+void rankMain(Board* b, int rank, int n, long cycles, long warmCycles, long calls, long warmCalls, size_t maxBytes,
+              uint64_t seed) {
+  // Init/destroy cycles; the first warmCycles settle caches and pools.
+  for (long c = 0; c < cycles + warmCycles; c++) {
+    if (c == warmCycles) b->cyclesStart[rank] = usageNow();
+    zpUniqueId id;
+    zpComm_t comm = nullptr;
+    if (!idOfCycle(b, rank, c, &id) || zpCommInitRank(&comm, n, id, rank) != zpSuccess) {
+      reportError(b, zp::strprintf("rank %d: cycle %ld: init: %s", rank, c, zpGetLastError(nullptr)));
+      return;
+    }
+    if (zpCommDestroy(comm) != zpSuccess) {
+      reportError(b, zp::strprintf("rank %d: cycle %ld: destroy: %s", rank, c, zpGetLastError(nullptr)));
+      return;
+    }
+  }
+  b->cyclesEnd[rank] = usageNow();
+  // One communicator, many checked calls.
+  zpUniqueId id;
+  zpComm_t comm = nullptr;
+  if (!idOfCycle(b, rank, cycles + warmCycles, &id) || zpCommInitRank(&comm, n, id, rank) != zpSuccess) {
+    reportError(b, zp::strprintf("rank %d: init for the call loop: %s", rank, zpGetLastError(nullptr)));
+    return;
+  }
+  for (long k = 0; k < calls + warmCalls; k++) {
+    if (k == warmCalls) b->callsStart[rank] = usageNow();
+    if (!checkedCalls(b, comm, rank, n, maxBytes, zpbench::mix64(seed + (uint64_t)k))) break;
+  }
+  b->callsEnd[rank] = usageNow();
+  zpCommDestroy(comm);
+}
+
+void printPhase(const char* name, long count, const char* unit, const Usage* start, const Usage* end, int n) {
+  printf("# %s: %ld %s after warm-up\n", name, count, unit);
+  printf("%5s %12s %12s %12s %12s %14s %14s %16s\n", "rank", "fds start", "fds end", "threads st", "threads end",
+         "RSS start KB", "RSS end KB", "RSS B/" "step");
+  for (int r = 0; r < n; r++)
+    printf("%5d %12ld %12ld %12ld %12ld %14ld %14ld %16.2f\n", r, start[r].fds, end[r].fds, start[r].threads,
+           end[r].threads, start[r].rssBytes >> 10, end[r].rssBytes >> 10,
+           count ? double(end[r].rssBytes - start[r].rssBytes) / double(count) : 0.0);
+  printf("# /dev/shm entries: %ld at the start, %ld at the end\n", start[0].shm, end[0].shm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nranks = 4;
+  long cycles = 1000, calls = 2000, warmCycles = 50, warmCalls = 200;
+  size_t maxBytes = 1 << 20;
+  uint64_t seed = 1;
+  CLI::App app("", "soak");
+  zp::cli::configure(app, "usage: soak [-r ranks] [-c cycles] [-n calls] [-b maxbytes] [-W warmcycles] "
+                          "[-w warmcalls] [-s seed]\n", 14);
+  app.description("Init/destroy cycles, then checked alltoallv + all-reduce calls, on ranks forked here;\n"
+                  "prints fds, threads, /dev/shm entries and RSS after warm-up and at the end.");
+  zp::cli::addValue(app, "-r", "ranks", "ranks (default 4)", zpbench::intFlag("-r", &nranks, 1, kMaxRanks));
+  zp::cli::addValue(app, "-c", "cycles", "init/destroy cycles after warm-up (default 1000)",
+                    zpbench::intFlag("-c", &cycles, 0));
+  zp::cli::addValue(app, "-n", "calls", "checked call pairs after warm-up (default 2000)",
+                    zpbench::intFlag("-n", &calls, 0));
+  zp::cli::addValue(app, "-b", "maxbytes", "largest alltoallv per rank, K/M/G suffixes (default 1M)",
+                    zpbench::bytesFlag("-b", &maxBytes));
+  zp::cli::addValue(app, "-W", "warmcycles", "warm-up cycles (default 50)", zpbench::intFlag("-W", &warmCycles, 0));
+  zp::cli::addValue(app, "-w", "warmcalls", "warm-up call pairs (default 200)", zpbench::intFlag("-w", &warmCalls, 0));
+  zp::cli::addValue(app, "-s", "seed", "seed of counts and data (default 1)", zpbench::intFlag("-s", &seed, 0, LLONG_MAX));
+  zpbench::parseCommandLine(app, argc, argv);
+
+  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    perror("soak: mmap");
+    return 1;
+  }
+  Board* b = new (mem) Board();
+  long shmBefore = countDir("/dev/shm");
+  fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nranks; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      rankMain(b, r, nranks, cycles, warmCycles, calls, warmCalls, maxBytes, seed);
+      fflush(stdout);
+      _exit(0);
+    }
+    pids.push_back(p);
+  }
+  bool crashed = false;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) crashed = true;
+  }
+  long shmAfter = countDir("/dev/shm");
+
+  printPhase("init/destroy cycles", cycles, "cycles", b->cyclesStart, b->cyclesEnd, nranks);
+  printPhase("checked calls (alltoallv + all-reduce)", calls, "call pairs", b->callsStart, b->callsEnd, nranks);
+  printf("# /dev/shm entries before the ranks started: %ld, after they exited: %ld\n", shmBefore, shmAfter);
+  bool grew = false;
+  for (int r = 0; r < nranks; r++) {
+    grew |= b->cyclesEnd[r].fds > b->cyclesStart[r].fds || b->cyclesEnd[r].threads > b->cyclesStart[r].threads;
+    grew |= b->callsEnd[r].fds > b->callsStart[r].fds || b->callsEnd[r].threads > b->callsStart[r].threads;
+  }
+  grew |= b->cyclesEnd[0].shm > b->cyclesStart[0].shm || shmAfter > shmBefore;
+  printf("# wrong bytes: %lld; failed calls: %d%s%s\n", b->wrongBytes.load(), b->failures.load(),
+         b->failures ? "; first: " : "", b->failures ? b->firstError : "");
+  if (crashed) printf("# a rank crashed\n");
+  if (grew) printf("# descriptors, threads or /dev/shm entries grew\n");
+  return crashed || grew || b->failures || b->wrongBytes ? 1 : 0;
+}
