@@ -7,8 +7,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <chrono>
 #include <climits>
@@ -830,16 +833,16 @@ TEST(Bootstrap, RootOutOfFileDescriptorsDoesNotSpinAndStillAdmitsRanks) {
     if (setrlimit(RLIMIT_NOFILE, &low) != 0) _exit(2);
     if (zpGetUniqueId(&root->id) != zpSuccess) _exit(3);
     root->ready = 1;
-    while (root->measure != 1) usleep(1000);
+    while (root->measure != 1) usleep(20 * 1000);
     auto cpu = [] {
       timespec t;
       clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
       return t.tv_sec + t.tv_nsec * 1e-9;
     };
     double c0 = cpu();
-    while (root->measure != 2) usleep(1000);
+    while (root->measure != 2) usleep(20 * 1000);
     root->cpuSec = cpu() - c0;
-    while (root->done == 0) usleep(1000);
+    while (root->done == 0) usleep(20 * 1000);
     _exit(0);
   }
   ASSERT_GT(child, 0);
@@ -853,12 +856,14 @@ TEST(Bootstrap, RootOutOfFileDescriptorsDoesNotSpinAndStillAdmitsRanks) {
   root->measure = 2;
   ASSERT_TRUE(zptest::waitFor([&] { return root->cpuSec >= 0; }, 10));
   double cpuSec = root->cpuSec;
+  zptest::RunOptions rankOpts;
+  rankOpts.timeoutSec = 90;
   auto exits = zptest::runRanksWithId(root->id, 3, [&](int rank, int n, const zpUniqueId& id) {
     zptest::setTimeoutSeconds(30);
     zpComm_t comm = zptest::initComm(rank, n, id);
     zptest::barrier(comm, n);
     ZP_EXPECT_OK(zpCommDestroy(comm));
-  }, 90);
+  }, rankOpts);
   root->done = 1;
   int st = 0;
   waitpid(child, &st, 0);

@@ -29,6 +29,15 @@
 #include "src/core/log.h"  // zp::clearLastError: each error check sees only its own message
 #include "tests/checks.h"
 
+// In an ASan build a rank's leaks are checked before it leaves (_exit skips
+// LeakSanitizer's check at exit).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/lsan_interface.h>
+#define ZP_TEST_LEAK_CHECK 1
+#endif
+#endif
+
 namespace zptest {
 
 // How one rank process ended.
@@ -59,7 +68,11 @@ inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, co
       body(r, nranks, id);
       fflush(stdout);
       fflush(stderr);
-      _exit(::testing::Test::HasFailure() ? 1 : 0);
+      int leaked = 0;
+#ifdef ZP_TEST_LEAK_CHECK
+      leaked = __lsan_do_recoverable_leak_check();
+#endif
+      _exit(::testing::Test::HasFailure() ? 1 : leaked ? 23 : 0);
     }
     pids[r] = pid;
   }

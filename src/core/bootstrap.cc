@@ -1,5 +1,6 @@
 #include "src/core/bootstrap.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -114,6 +115,8 @@ void rootMain(int listenFd, IdLayout id) {
   int rankTimeoutMs = 0;
   std::string failure;
   DropLog dropLog;
+  // Accepts come in batches until the queue is empty: never block in one.
+  fcntl(listenFd, F_SETFL, fcntl(listenFd, F_GETFL) | O_NONBLOCK);
 
   auto forget = [&](size_t i) {
     auto it = perSource.find(pending[i].source);
