@@ -785,7 +785,23 @@ TEST(Bootstrap, ThousandsOfIdleConnectionsDoNotCrowdOutTheRanks) {
   opts.timeoutSec = 90;
   opts.afterFork = [&] {  // in the parent, after the fork: no rank holds these
     idle = idleConnections(zp::idAddress(layout), kIdle);
-    usleep(500 * 1000);  // the root takes them in
+    // Every handshake done (the root accepted them, or has them queued),
+    // then time for the root to take them in: its table is full now.
+    std::vector<pollfd> pfds;
+    for (int fd : idle) pfds.push_back({fd, POLLOUT, 0});
+    auto end = Clock::now() + std::chrono::seconds(20);
+    size_t done = 0;
+    while (done < pfds.size() && Clock::now() < end) {
+      poll(pfds.data(), pfds.size(), 100);
+      done = 0;
+      for (pollfd& p : pfds)
+        if (p.revents || p.fd < 0) {
+          p.fd = -1;  // connected (or refused): poll it no more
+          done++;
+        }
+    }
+    printf("[ info ] %zu of %zu handshakes done\n", done, pfds.size());
+    usleep(1000 * 1000);
     gate->open = 2;
   };
   auto start = Clock::now();
