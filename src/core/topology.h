@@ -83,7 +83,8 @@
 // name or a NIC index into the node's "nics". The file's affinity (given or
 // by the rule) is final: ZP_NET_DEVICES does not apply to a topology file.
 // Limits: 65536 nodes, 65536 ranks per node and 2^22 in all, 1024 NICs per
-// node and 2^20 in all, 1024 NUMA nodes and 1024 GPUs per node.
+// node and 2^20 in all, 1024 NUMA nodes and 1024 GPUs per node; the file at
+// most 16 MiB and 2^20 JSON values (its parse then stays under about 250 MB).
 // tests/data/topo_2x4x4.json is a documented example.
 //
 // Errors (a bad file, a bad ZP_NIC_RATE_BPS) are zpInvalidArgument with a
