@@ -196,6 +196,11 @@ UcxTransport::~UcxTransport() {
   if (context_) ucp_cleanup(context_);
   delete ctrlRecv_;
   for (Request* r : ctrlReqs_) delete r;
+  // Requests whose completion never came (a send stuck on an endpoint that
+  // was force-closed when its NIC went down): no callback can run after the
+  // worker is gone, so they are ours to free.
+  for (auto& kv : ops_)
+    for (Request* r : kv.second.reqs) delete r;
 }
 
 std::string UcxTransport::describe(int) const {
