@@ -9,7 +9,9 @@
 //
 //   soak -r 4 -c 10000 -n 20000        (issue 16's soak)
 #include <dirent.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,17 +91,38 @@ bool idOfCycle(Board* b, int rank, long c, zpUniqueId* id) {
   return true;
 }
 
+// Buffers made once (a call's sizes vary; allocating per call would make the
+// benchmark's own heap grow, not the library's).
+struct Buffers {
+  explicit Buffers(size_t bytes) : send(bytes), recv(bytes + zpbench::kGuardBytes), in(kMaxReduce), out(kMaxReduce) {
+    memset(send.data(), 0, send.size());  // every page resident from the start
+    memset(recv.data(), 0, recv.size());
+  }
+  static constexpr size_t kMaxReduce = 4096;
+  zpbench::Buffer send, recv;
+  std::vector<int64_t> in, out;
+};
+
 // One checked alltoallv of a random matrix (up to maxBytes per rank) and
 // one checked all-reduce; false after reporting if anything was wrong.
-bool checkedCalls(Board* b, zpComm_t comm, int rank, int n, size_t maxBytes, uint64_t seed) {
+bool checkedCalls(Board* b, zpComm_t comm, int rank, int n, size_t maxBytes, uint64_t seed, Buffers& buf,
+                  bool largest) {
   zpbench::Options o;
   o.type = zpbench::findType("int32");
   o.pattern = "random";
   o.seed = seed;
-  size_t bytes = 4 * n + zpbench::mix64(seed) % (maxBytes + 1);
+  // Warm-up calls are the largest, so that every page the library maps for
+  // them is resident before the counts start.
+  size_t bytes = largest ? maxBytes : 4 * n + zpbench::mix64(seed) % (maxBytes + 1);
   zpbench::Matrix m = zpbench::buildMatrix(o, n, bytes, {});
   zpbench::Layout s = zpbench::sendLayout(m, rank), r = zpbench::recvLayout(m, rank);
-  zpbench::Buffer send(s.totalElems * o.type->size), recv(r.totalElems * o.type->size + zpbench::kGuardBytes);
+  if (s.totalElems * o.type->size > buf.send.size() ||
+      r.totalElems * o.type->size + zpbench::kGuardBytes > buf.recv.size()) {
+    reportError(b, zp::strprintf("rank %d: soak: a call larger than its buffers", rank));
+    return false;
+  }
+  zpbench::Buffer& send = buf.send;
+  zpbench::Buffer& recv = buf.recv;
   zpbench::fillSend(send.data(), s, *o.type, seed, rank);
   zpbench::poisonRecv(recv.data(), r, *o.type);
   zpResult_t res = zpAlltoallv(send.data(), s.counts.data(), s.displs.data(), recv.data(), r.counts.data(),
@@ -116,10 +139,14 @@ bool checkedCalls(Board* b, zpComm_t comm, int rank, int n, size_t maxBytes, uin
     return false;
   }
   // All-reduce: element i of rank q is a function of (seed, q, i); the sum is known.
-  const size_t count = 1 + zpbench::mix64(seed ^ 0x5eed) % 4096;
+  const size_t count = 1 + zpbench::mix64(seed ^ 0x5eed) % Buffers::kMaxReduce;
   auto value = [&](int q, size_t i) { return (int64_t)(zpbench::mix64(seed + 977 * q + i) % 1000003) - 500000; };
-  std::vector<int64_t> in(count), out(count, INT64_MIN);
-  for (size_t i = 0; i < count; i++) in[i] = value(rank, i);
+  std::vector<int64_t>& in = buf.in;
+  std::vector<int64_t>& out = buf.out;
+  for (size_t i = 0; i < count; i++) {
+    in[i] = value(rank, i);
+    out[i] = INT64_MIN;
+  }
   if (zpAllReduce(in.data(), out.data(), count, zpInt64, zpSum, comm, nullptr) != zpSuccess) {
     reportError(b, zp::strprintf("rank %d: zpAllReduce: %s", rank, zpGetLastError(comm)));
     return false;
@@ -161,9 +188,11 @@ void rankMain(Board* b, int rank, int n, long cycles, long warmCycles, long call
     reportError(b, zp::strprintf("rank %d: init for the call loop: %s", rank, zpGetLastError(nullptr)));
     return;
   }
+  // A random row or column is at most twice the mean block per peer, with gaps.
+  Buffers buf(2 * (maxBytes + 4 * (size_t)n) + 64 * (size_t)n);
   for (long k = 0; k < calls + warmCalls; k++) {
     if (k == warmCalls) b->callsStart[rank] = usageNow();
-    if (!checkedCalls(b, comm, rank, n, maxBytes, zpbench::mix64(seed + (uint64_t)k))) break;
+    if (!checkedCalls(b, comm, rank, n, maxBytes, zpbench::mix64(seed + (uint64_t)k), buf, k < warmCalls)) break;
   }
   b->callsEnd[rank] = usageNow();
   zpCommDestroy(comm);
@@ -210,6 +239,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   Board* b = new (mem) Board();
+  // A private /dev/shm (a mount namespace, as root), so that other programs'
+  // segments do not enter the counts; else the machine's is counted.
+  bool privateShm = unshare(CLONE_NEWNS) == 0 && mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+                    mount("zpsoak", "/dev/shm", "tmpfs", 0, "mode=1777") == 0;
+  printf("# /dev/shm: %s\n", privateShm ? "private to this run (a mount namespace)"
+                                         : "the machine's (not root: other programs' entries count too)");
   long shmBefore = countDir("/dev/shm");
   fflush(stdout);
   std::vector<pid_t> pids;
