@@ -23,6 +23,12 @@ struct Range {
   int peer;
 };
 
+// Where a block of count elements at displ starts in buf; buf itself for an
+// empty block (buf may be NULL then, and NULL plus an offset is undefined).
+char* blockAt(const void* buf, size_t displ, size_t count, size_t ts) {
+  return count ? (char*)buf + displ * ts : (char*)buf;
+}
+
 // Checks counts and displacements of one side; fills the byte ranges it touches.
 zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], const size_t displs[], int n,
                      size_t ts, std::vector<Range>* ranges) {
@@ -134,13 +140,15 @@ zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* send
     return &xfers.back();
   };
   for (const Transfer& t : plan->transfers)
-    if (t.src == me) add(true, t.dst, sbuf + sdispls[t.dst] * ts, sendcounts[t.dst])->routed = route(&t.pieces);
+    if (t.src == me)
+      add(true, t.dst, blockAt(sbuf, sdispls[t.dst], sendcounts[t.dst], ts), sendcounts[t.dst])->routed =
+          route(&t.pieces);
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
-    if (c->isLocal(to)) add(true, to, sbuf + sdispls[to] * ts, sendcounts[to]);
-    if (c->isLocal(from)) add(false, from, rbuf + rdispls[from] * ts, recvcounts[from]);
+    if (c->isLocal(to)) add(true, to, blockAt(sbuf, sdispls[to], sendcounts[to], ts), sendcounts[to]);
+    if (c->isLocal(from)) add(false, from, blockAt(rbuf, rdispls[from], recvcounts[from], ts), recvcounts[from]);
     else if (recvcounts[from])
-      add(false, from, rbuf + rdispls[from] * ts, recvcounts[from])->routed = route(nullptr);
+      add(false, from, blockAt(rbuf, rdispls[from], recvcounts[from], ts), recvcounts[from])->routed = route(nullptr);
   }
   if (sendcounts[me]) memmove(rbuf + rdispls[me] * ts, sbuf + sdispls[me] * ts, sendcounts[me] * ts);
   return runAll(c, ops);
@@ -163,9 +171,9 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
   for (int i = 0; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     if (sendcounts[to])
-      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, (char*)sendbuff + sdispls[to] * ts, sendcounts[to] * ts, ts));
+      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts));
     if (recvcounts[from])
-      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, (char*)recvbuff + rdispls[from] * ts, recvcounts[from] * ts, ts));
+      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts));
   }
   std::vector<Op*> ptrs;
   for (Op& op : ops) {
@@ -225,9 +233,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   for (int i = 0; i < n; i++) {
     int to = (c->rank() + i) % n, from = (c->rank() - i + n) % n;
     Op& s = ops[2 * i];
-    s = makeOp(OpKind::kAlltoallv, true, to, (char*)sendbuff + sdispls[to] * ts, sendcounts[to] * ts, ts);
+    s = makeOp(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts);
     Op& r = ops[2 * i + 1];
-    r = makeOp(OpKind::kAlltoallv, false, from, (char*)recvbuff + rdispls[from] * ts, recvcounts[from] * ts, ts);
+    r = makeOp(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts);
     if (inBand && i > 0) {
       s.meta = &rows[(size_t)c->rank() * rowLen];
       s.metaBytes = rowBytes;
