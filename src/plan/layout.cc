@@ -2,6 +2,7 @@
 #include "src/plan/layout.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -38,7 +39,8 @@ bool validateLayout(const Layout& layout, std::string* why) {
         return bad(where + "sequence " + std::to_string(s.seq) + " is not one of the " + std::to_string(N));
       if (s.count < 1) return bad(where + "token count " + std::to_string(s.count) + " (must be >= 1)");
       if (s.start < 0 || s.start > layout.seqLens[s.seq] - s.count)
-        return bad(where + "tokens [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.count) +
+        return bad(where + "tokens [" + std::to_string(s.start) + ", " +
+                   (s.start <= INT64_MAX - s.count ? std::to_string(s.start + s.count) : "beyond 2^63") +
                    ") of sequence " + std::to_string(s.seq) + " are outside its " +
                    std::to_string(layout.seqLens[s.seq]) + " tokens");
       bySeq[s.seq].push_back({s.start, s.count, (int)r});

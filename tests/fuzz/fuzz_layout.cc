@@ -24,7 +24,9 @@ void layout(zpfuzz::Input& in) {
   std::vector<size_t> offsets(nranks + 1, 0);
   size_t total = 0;
   for (int r = 0; r < nranks; r++) offsets[r + 1] = total += in.below(5);
-  if (in.below(8) == 0) offsets[in.below(nranks + 1)] = in.take<size_t>();
+  // Any offset but the last may be wrong (the last is the segments' count:
+  // the array holds that many, as the header requires of the caller).
+  if (in.below(8) == 0) offsets[in.below(nranks)] = in.take<size_t>();
   std::vector<zpSegment_t> segs(total);
   for (auto& s : segs) {
     s.seq = in.below(4) == 0 ? in.take<int64_t>() : (int64_t)in.below(nseqs + 1);
@@ -56,7 +58,7 @@ void plan(zpfuzz::Input& in) {
   std::vector<size_t> offsets(nseqs + 1, 0);
   size_t total = 0;
   for (int s = 0; s < nseqs; s++) offsets[s + 1] = total += in.below(4);
-  if (in.below(8) == 0 && nseqs) offsets[in.below(nseqs + 1)] = in.take<size_t>();
+  if (in.below(8) == 0 && nseqs) offsets[in.below(nseqs)] = in.take<size_t>();  // not the last (see layout())
   std::vector<int> ranks(total);
   for (int& r : ranks) r = in.below(8) == 0 ? in.take<int>() : (int)in.below(nranks);
   zpBatchPlan_t p = nullptr;
