@@ -3,7 +3,10 @@
 // torchrun-style ids) accepts one TCP connection per rank, checks each
 // connection's secret, and once all nranks have joined sends every rank the
 // whole table. Connections that present a wrong secret, a wrong header or
-// garbage are logged and dropped; they never block or join the exchange.
+// garbage are dropped (logged at most once a second); they never block or
+// join the exchange, and while they wait for their header they are bounded
+// and evicted oldest first, so they cannot crowd out a rank (an evicted rank
+// is told to retry, and does, within its timeout).
 #pragma once
 
 #include <netinet/in.h>
