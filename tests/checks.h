@@ -150,7 +150,9 @@ class AlltoallvRun {
     return n;
   }
   bool sendBufferUnchanged() const {
-    return memcmp(sendCopy_.data(), send_->data(), sendCopy_.size()) == 0 && send_->guardBytesWritten() == 0;
+    // (memcmp of an empty copy: its data() may be NULL, which memcmp may not take)
+    return (sendCopy_.empty() || memcmp(sendCopy_.data(), send_->data(), sendCopy_.size()) == 0) &&
+           send_->guardBytesWritten() == 0;
   }
 
   // After a successful call: everything received right, nothing else touched.
