@@ -109,13 +109,15 @@ zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, 
     return zp::fail(zpInvalidArgument, "zpPlanCreate: seqLens, ringOffsets or ringRanks is NULL");
   if (nranks < 1 || ranksPerNode < 0)
     return zp::fail(zpInvalidArgument, "zpPlanCreate: %d ranks, %d per node", nranks, ranksPerNode);
-  std::vector<std::vector<int>> rings(nseqs);
-  for (int s = 0; s < nseqs; ++s) {
+  // Every offset is checked before any ring is read: ringRanks holds
+  // ringOffsets[nseqs] entries, and a middle offset beyond that must be
+  // refused, not read (fuzz_layout found the read).
+  for (int s = 0; s < nseqs; ++s)
     if (ringOffsets[s + 1] < ringOffsets[s] || ringOffsets[s + 1] - ringOffsets[s] > size_t(nranks))
       return zp::fail(zpInvalidArgument, "zpPlanCreate: ringOffsets[%d..%d] = %zu..%zu is not a ring of at most %d ranks",
                       s, s + 1, ringOffsets[s], ringOffsets[s + 1], nranks);
-    rings[s].assign(ringRanks + ringOffsets[s], ringRanks + ringOffsets[s + 1]);
-  }
+  std::vector<std::vector<int>> rings(nseqs);
+  for (int s = 0; s < nseqs; ++s) rings[s].assign(ringRanks + ringOffsets[s], ringRanks + ringOffsets[s + 1]);
   try {
     *plan = wrap(zp::plan::planFromRings(std::vector<int64_t>(seqLens, seqLens + nseqs), causal != 0, rings, nranks,
                                          ranksPerNode),
