@@ -40,17 +40,6 @@ void addInto(char* dst, const char* src, size_t n) {
   for (size_t i = 0; i < n; i++) d[i] += s[i];
 }
 
-// Maximal runs of consecutive positions in v: (first position, count). A
-// layout segment's tokens are consecutive in the packed batch.
-std::vector<std::pair<int64_t, int64_t>> runsOf(const std::vector<int64_t>& v) {
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (int64_t t : v) {
-    if (!runs.empty() && runs.back().first + runs.back().second == t) runs.back().second++;
-    else runs.push_back({t, 1});
-  }
-  return runs;
-}
-
 // The call's shape, as the main function works it out, for the device path.
 struct Exchange {
   int G, me, heads, myHeads;
@@ -65,6 +54,17 @@ struct Exchange {
 };
 
 #ifdef ZP_WITH_CUDA
+// Maximal runs of consecutive positions in v: (first position, count). A
+// layout segment's tokens are consecutive in the packed batch.
+std::vector<std::pair<int64_t, int64_t>> runsOf(const std::vector<int64_t>& v) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t t : v) {
+    if (!runs.empty() && runs.back().first + runs.back().second == t) runs.back().second++;
+    else runs.push_back({t, 1});
+  }
+  return runs;
+}
+
 zpResult_t cudaFailed(zpComm_t comm, const char* what, cudaError_t e) {
   return zpSetLastError(comm, zpUnhandledCudaError, "zpUlyssesAlltoall: %s: %s", what, cudaGetErrorString(e));
 }
