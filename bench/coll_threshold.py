@@ -28,8 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import parse_table  # noqa: E402
-
-PROGS = ["all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf"]
+from compare_collectives import PROGS  # noqa: E402
 
 
 def main():
