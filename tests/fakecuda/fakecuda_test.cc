@@ -295,3 +295,294 @@ TEST(FakeNccl, HostBuffersAreRefused) {
 }
 
 }  // namespace
+
+// ---- Stream capture and graphs ----
+
+// A kernel: x[i] = x[i] * 3 + add, for n ints.
+struct Affine {
+  int* x;
+  int n;
+  int add;
+};
+void affine(void* p) {
+  Affine* a = (Affine*)p;
+  int* x = (int*)fakecudaAlias(a->x, a->n * sizeof(int));
+  for (int i = 0; i < a->n; i++) x[i] = x[i] * 3 + a->add;
+}
+
+// Capture on s a pass that forks to a second stream and joins back: copy in,
+// a kernel on each half (one per stream), copy out. Nothing runs until the
+// graph is launched; each launch reads the host input as it is then and
+// writes every byte of the output.
+TEST(FakeCudaGraph, ACapturedPassRunsOnlyWhenLaunchedAndAgainAtEveryLaunch) {
+  cudaStream_t s, side;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const int n = 4096, half = n / 2;
+  int* d;
+  CUDA_OK(cudaMalloc((void**)&d, n * sizeof(int)));
+  std::vector<int> in(n), out(n, -1);
+
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus st;
+  unsigned long long id = 0;
+  CUDA_OK(cudaStreamGetCaptureInfo(s, &st, &id));
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  CUDA_OK(cudaStreamIsCapturing(side, &st));
+  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+  CUDA_OK(cudaMemcpyAsync(d, in.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaEventRecord(fork, s));
+  CUDA_OK(cudaStreamWaitEvent(side, fork, 0));  // side joins the capture
+  CUDA_OK(cudaStreamIsCapturing(side, &st));
+  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+  Affine lo{d, half, 1}, hi{d + half, half, 2};
+  CUDA_OK(fakecudaLaunch(s, affine, &lo, sizeof lo));
+  CUDA_OK(fakecudaLaunch(side, affine, &hi, sizeof hi));
+  CUDA_OK(cudaEventRecord(join, side));
+  CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+  CUDA_OK(cudaMemcpyAsync(out.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+  cudaGraph_t g;
+  CUDA_OK(cudaStreamEndCapture(s, &g));
+  CUDA_OK(cudaStreamIsCapturing(side, &st));
+  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+
+  // Nothing ran: the device memory is still fresh, the output untouched.
+  std::vector<int> now(n);
+  CUDA_OK(cudaMemcpy(now.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(now[0], (int)0xCDCDCDCD);
+  EXPECT_EQ(out[0], -1);
+
+  cudaGraphExec_t x;
+  CUDA_OK(cudaGraphInstantiate(&x, g, 0));
+  CUDA_OK(cudaGraphDestroy(g));  // the executable graph stands alone
+  std::mt19937 rng(std::random_device{}());
+  for (int launch = 0; launch < 3; launch++) {
+    for (int& v : in) v = (int)(rng() % 100000);
+    std::fill(out.begin(), out.end(), -1);
+    CUDA_OK(cudaGraphLaunch(x, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    int wrong = 0;
+    for (int i = 0; i < n; i++) wrong += out[i] != in[i] * 3 + (i < half ? 1 : 2);
+    EXPECT_EQ(wrong, 0) << "launch " << launch;
+  }
+  CUDA_OK(cudaGraphExecDestroy(x));
+  cudaFree(d);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(side);
+}
+
+// Graph memory (cudaMallocAsync in a capture) is at one address for every
+// launch and fresh at each: nothing carries over between launches.
+TEST(FakeCudaGraph, MemoryAllocatedInACaptureIsFreshAtEveryLaunch) {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int seen[2][4];
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  int* scratch = nullptr;
+  CUDA_OK(cudaMallocAsync((void**)&scratch, 4 * sizeof(int), s));
+  CUDA_OK(cudaMemcpyAsync(seen[0], scratch, sizeof seen[0], cudaMemcpyDeviceToHost, s));
+  CUDA_OK(cudaMemsetAsync(scratch, 0, 4 * sizeof(int), s));
+  CUDA_OK(cudaMemcpyAsync(seen[1], scratch, sizeof seen[1], cudaMemcpyDeviceToHost, s));
+  CUDA_OK(cudaFreeAsync(scratch, s));
+  cudaGraph_t g;
+  CUDA_OK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t x;
+  CUDA_OK(cudaGraphInstantiate(&x, g, 0));
+  for (int launch = 0; launch < 2; launch++) {
+    memset(seen, 0x11, sizeof seen);
+    CUDA_OK(cudaGraphLaunch(x, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_EQ(seen[0][0], (int)0xCDCDCDCD) << "launch " << launch;
+    EXPECT_EQ(seen[1][3], 0) << "launch " << launch;
+  }
+  cudaGraphExecDestroy(x);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+// Ends a capture expected to have been invalidated.
+void expectInvalidated(cudaStream_t s) {
+  cudaStreamCaptureStatus st;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &st), cudaSuccess);
+  EXPECT_EQ(st, cudaStreamCaptureStatusInvalidated);
+  cudaGraph_t g = (cudaGraph_t)1;
+  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(g, nullptr);
+  cudaGetLastError();
+}
+
+TEST(FakeCudaGraph, CallsThatCannotBeCapturedFailAndInvalidateTheCapture) {
+  cudaStream_t s, other;
+  CUDA_OK(cudaStreamCreate(&s));  // blocking: takes part in the legacy stream's order
+  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 64));
+  cudaEvent_t e;
+  CUDA_OK(cudaEventCreate(&e));
+  auto begin = [&](cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal) {
+    ASSERT_EQ(cudaStreamBeginCapture(s, m), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaSuccess);
+  };
+  // Waiting for the capturing stream.
+  begin();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaErrorStreamCaptureInvalidated);
+  expectInvalidated(s);
+  begin();
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
+  expectInvalidated(s);
+  begin();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+  expectInvalidated(s);
+  // Potentially unsafe calls: refused in global and thread-local mode...
+  void* p = nullptr;
+  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
+    begin(mode);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+    expectInvalidated(s);
+    begin(mode);
+    EXPECT_EQ(cudaMemcpy(d, d, 8, cudaMemcpyDeviceToDevice), cudaErrorStreamCaptureUnsupported);
+    expectInvalidated(s);
+    begin(mode);
+    EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorStreamCaptureUnsupported);
+    expectInvalidated(s);
+  }
+  // ... and from another thread only in global mode.
+  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
+    begin(mode);
+    cudaError_t there = cudaSuccess;
+    std::thread([&] { there = cudaMalloc(&p, 64); }).join();
+    if (mode == cudaStreamCaptureModeGlobal) {
+      EXPECT_EQ(there, cudaErrorStreamCaptureUnsupported);
+      expectInvalidated(s);
+    } else {
+      EXPECT_EQ(there, cudaSuccess);
+      cudaGraph_t g;
+      EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+      cudaGraphDestroy(g);
+      cudaFree(p);
+    }
+  }
+  // ... and allowed in relaxed mode.
+  begin(cudaStreamCaptureModeRelaxed);
+  EXPECT_EQ(cudaMalloc(&p, 64), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+  {
+    cudaGraph_t g;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    cudaGraphDestroy(g);
+  }
+  // An event recorded in the capture cannot be queried or waited for by the host.
+  begin(cudaStreamCaptureModeRelaxed);
+  CUDA_OK(cudaEventRecord(e, s));
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorCapturedEvent);
+  expectInvalidated(s);
+  begin(cudaStreamCaptureModeRelaxed);
+  CUDA_OK(cudaEventRecord(e, s));
+  EXPECT_EQ(cudaEventSynchronize(e), cudaErrorCapturedEvent);
+  expectInvalidated(s);
+  // The legacy stream would depend on the capturing blocking stream.
+  begin();
+  EXPECT_EQ(cudaMemsetAsync(d, 0, 64, cudaStreamLegacy), cudaErrorStreamCaptureImplicit);
+  expectInvalidated(s);
+  EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+  // A dependency on work outside the capture.
+  CUDA_OK(cudaEventRecord(e, other));
+  begin();
+  EXPECT_EQ(cudaStreamWaitEvent(s, e, 0), cudaErrorStreamCaptureIsolation);
+  expectInvalidated(s);
+  cudaGetLastError();
+  CUDA_OK(cudaStreamSynchronize(s));
+  cudaEventDestroy(e);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(other);
+}
+
+TEST(FakeCudaGraph, AForkNotJoinedBackFailsTheCapture) {
+  cudaStream_t s, side;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 64));
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreate(&fork));
+  CUDA_OK(cudaEventCreate(&join));
+  for (bool joinBack : {false, true}) {
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CUDA_OK(cudaEventRecord(fork, s));
+    CUDA_OK(cudaStreamWaitEvent(side, fork, 0));
+    CUDA_OK(cudaMemsetAsync(d, 1, 64, side));
+    if (joinBack) {
+      CUDA_OK(cudaEventRecord(join, side));
+      CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+    }
+    // Ending on the forked stream is not ending the capture.
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(side, &g), cudaErrorStreamCaptureUnmatched);
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), joinBack ? cudaSuccess : cudaErrorStreamCaptureUnjoined);
+    EXPECT_EQ(g != nullptr, joinBack);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamCaptureStatus st;
+    CUDA_OK(cudaStreamIsCapturing(side, &st));
+    EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+    cudaGetLastError();
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(side);
+}
+
+// NCCL calls in a capture run at every launch, matched with the peers'
+// launches: a grouped exchange captured once and launched three times with
+// fresh data moves every byte each time (and nothing at capture).
+TEST(FakeNcclGraph, ACapturedExchangeMovesFreshBytesAtEveryLaunch) {
+  const int n = 3;
+  EXPECT_TRUE(runRanks(n, [&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = initComm(n, rank, id);
+    const size_t bytes = 10000 + rank;  // what this rank sends to each peer
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    std::vector<void*> sendBuf(n), recvBuf(n);
+    for (int p = 0; p < n; p++) {
+      cudaMalloc(&sendBuf[p], bytes);
+      cudaMalloc(&recvBuf[p], 10000 + p);
+    }
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) != cudaSuccess) return 2;
+    ncclGroupStart();
+    for (int p = 0; p < n; p++) {
+      ncclSend(sendBuf[p], bytes, ncclUint8, p, c, st);
+      ncclRecv(recvBuf[p], 10000 + p, ncclUint8, p, c, st);
+    }
+    if (ncclGroupEnd() != ncclSuccess) return 3;
+    cudaGraph_t g;
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess) return 4;
+    cudaGraphExec_t x;
+    if (cudaGraphInstantiate(&x, g, 0) != cudaSuccess) return 5;
+    for (int launch = 0; launch < 3; launch++) {
+      for (int p = 0; p < n; p++) {
+        std::vector<uint8_t> h(bytes);
+        for (size_t i = 0; i < h.size(); i++) h[i] = (uint8_t)(byteOf(rank, p, i) + launch * 41);
+        cudaMemcpy(sendBuf[p], h.data(), h.size(), cudaMemcpyHostToDevice);
+        cudaMemset(recvBuf[p], 0xEE, 10000 + p);
+      }
+      if (cudaGraphLaunch(x, st) != cudaSuccess || cudaStreamSynchronize(st) != cudaSuccess) return 6;
+      for (int p = 0; p < n; p++) {
+        std::vector<uint8_t> h(10000 + p);
+        cudaMemcpy(h.data(), recvBuf[p], h.size(), cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < h.size(); i++)
+          if (h[i] != (uint8_t)(byteOf(p, rank, i) + launch * 41)) return 7;
+      }
+    }
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    return ncclCommDestroy(c) == ncclSuccess ? 0 : 8;
+  }));
+}

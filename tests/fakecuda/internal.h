@@ -17,6 +17,14 @@
 namespace fakecuda {
 
 struct Stream;
+struct Capture;
+
+// What an item runs: a fresh function for each run. A stream item builds it
+// once; a graph node keeps the maker and builds it again at every launch (so
+// NCCL operations get new sequence numbers at each launch, as a graph's NCCL
+// kernels match their peers' at every launch). Called with lock() held.
+using RunFn = std::function<cudaError_t()>;
+using MakeRun = std::function<RunFn()>;
 
 // A point in a stream's order: done once `ticket` items of it have completed.
 struct Dep {
@@ -41,6 +49,11 @@ struct Stream {
   cudaError_t injected = cudaSuccess;   // the next item fails with this
   bool stop = false;
   std::thread thread;
+  // Stream capture (cudaStreamBeginCapture, or joined by waiting on an event
+  // recorded in a capture): work goes into the capture's graph, not onto the
+  // queue; `tail` is the nodes the next captured node depends on.
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> tail;
 };
 
 // One lock and one condition for all streams, events and completions: the
@@ -55,6 +68,13 @@ std::shared_ptr<Stream> streamOf(cudaStream_t handle);
 // blocking streams; returns the item's ticket. Call with lock() held.
 uint64_t enqueueLocked(const std::shared_ptr<Stream>& s, Item item);
 uint64_t enqueue(const std::shared_ptr<Stream>& s, Item item);
+// Work for a stream as the CUDA API sees it: enqueued (make() is called at
+// once), or recorded as a node of the graph the stream is capturing. Fails as
+// CUDA does: cudaErrorStreamCaptureInvalidated on a capture that an earlier
+// error invalidated, cudaErrorStreamCaptureImplicit for the legacy stream
+// while a blocking stream of its device is capturing (which invalidates that
+// capture). Call with lock() held.
+cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make);
 // True once every dep has completed. Call with lock() held.
 bool depsDone(const std::vector<Dep>& deps);
 

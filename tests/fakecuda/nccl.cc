@@ -415,37 +415,55 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops) {
     }
     if (error != ncclSuccess) return failWith(error, text);
   }
-  // One item per stream, with that stream's ops, in call order.
+  // One item per stream, with that stream's ops, in call order. Sequence
+  // numbers are taken when the item is made: at once, or, for a stream that
+  // is capturing, at every launch of the graph (a captured NCCL operation
+  // runs again at each launch, and matches its peers' launches in order).
   std::vector<std::shared_ptr<Stream>> streams;
   for (PendingOp& op : ops)
     if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
   for (auto& s : streams) {
-    auto sends = std::make_shared<std::vector<SendOp>>();
-    auto recvs = std::make_shared<std::vector<RecvOp>>();
-    auto sendComm = std::make_shared<std::vector<ncclComm*>>();
-    auto recvComm = std::make_shared<std::vector<ncclComm*>>();
-    std::vector<ncclComm*> comms;
-    for (PendingOp& op : ops) {
-      if (op.stream != s) continue;
-      char* alias = op.bytes ? (char*)deviceAlias(op.buf, op.bytes) : nullptr;
-      if (op.isSend) {
-        sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, alias, op.bytes});
-        sendComm->push_back(op.comm);
-      } else {
-        recvs->push_back(RecvOp{op.peer, op.comm->recvSeq[op.peer]++, alias, op.bytes});
-        recvComm->push_back(op.comm);
+    std::vector<PendingOp> mine;
+    for (PendingOp& op : ops)
+      if (op.stream == s) {
+        mine.push_back(op);
+        mine.back().stream = nullptr;  // the maker must not keep the stream alive
+        mine.back().buf = op.bytes ? deviceAlias(op.buf, op.bytes) : nullptr;
       }
-      if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    MakeRun make = [mine]() -> RunFn {
+      auto sends = std::make_shared<std::vector<SendOp>>();
+      auto recvs = std::make_shared<std::vector<RecvOp>>();
+      auto sendComm = std::make_shared<std::vector<ncclComm*>>();
+      auto recvComm = std::make_shared<std::vector<ncclComm*>>();
+      std::vector<ncclComm*> comms;
+      for (const PendingOp& op : mine) {
+        if (op.isSend) {
+          sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, (const char*)op.buf, op.bytes});
+          sendComm->push_back(op.comm);
+        } else {
+          recvs->push_back(RecvOp{op.peer, op.comm->recvSeq[op.peer]++, (char*)op.buf, op.bytes});
+          recvComm->push_back(op.comm);
+        }
+        if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+      }
+      for (ncclComm* c : comms) c->inflight++;
+      return [=] {
+        cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
+        std::lock_guard<std::mutex> l2(lock());
+        for (ncclComm* c : comms) c->inflight--;
+        changed().notify_all();
+        return e;
+      };
+    };
+    cudaError_t e;
+    {
+      std::lock_guard<std::mutex> l(lock());
+      e = submitLocked(s, make);
     }
-    std::lock_guard<std::mutex> l(lock());
-    for (ncclComm* c : comms) c->inflight++;
-    enqueueLocked(s, Item{{}, [=] {
-                            cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
-                            std::lock_guard<std::mutex> l2(lock());
-                            for (ncclComm* c : comms) c->inflight--;
-                            changed().notify_all();
-                            return e;
-                          }});
+    if (e != cudaSuccess) {
+      setError(e);
+      return failWith(ncclUnhandledCudaError, std::string("enqueueing on the stream: ") + cudaGetErrorString(e));
+    }
   }
   return ncclSuccess;
 }
@@ -581,51 +599,61 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
     return failWith(ncclInvalidArgument, "a collective's buffer is not device memory of its size (a host pointer?)");
   auto s = streamOf(stream);
   if (!s) return failWith(ncclInvalidArgument, "invalid stream");
-  // Which pairs talk, decided alike on every rank: the broadcast's root to
-  // everyone, otherwise everyone to everyone.
-  auto sends = std::make_shared<std::vector<SendOp>>();
-  auto recvs = std::make_shared<std::vector<RecvOp>>();
-  auto tmp = std::make_shared<std::vector<std::vector<char>>>(n);
-  for (int p = 0; p < n; p++) {
-    if (p == me) continue;
-    if (kind != Coll::kBroadcast || me == root) sends->push_back(SendOp{p, comm->sendSeq[p]++, in, inBytes});
-    if (kind == Coll::kBroadcast) {
-      if (p == root) recvs->push_back(RecvOp{p, comm->recvSeq[p]++, out, outBytes});
-    } else {
-      (*tmp)[p].resize(inBytes);
-      recvs->push_back(RecvOp{p, comm->recvSeq[p]++, (*tmp)[p].data(), inBytes});
-    }
-  }
-  auto sendComm = std::make_shared<std::vector<ncclComm*>>(sends->size(), comm);
-  auto recvComm = std::make_shared<std::vector<ncclComm*>>(recvs->size(), comm);
   std::lock_guard<std::mutex> l(lock());
   if (comm->aborted || comm->error != ncclSuccess) return comm->aborted ? ncclInvalidUsage : comm->error;
-  comm->inflight++;
-  enqueueLocked(s, Item{{}, [=] {
-                          cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
-                          if (e == cudaSuccess) {
-                            std::vector<const char*> all(n);
-                            for (int p = 0; p < n; p++) all[p] = p == me ? in : (*tmp)[p].data();
-                            switch (kind) {
-                              case Coll::kBroadcast:
-                                if (me == root && out != in && outBytes) memmove(out, in, outBytes);
-                                break;
-                              case Coll::kAllGather:
-                                for (int p = 0; p < n; p++) memmove(out + p * inBytes, all[p], inBytes);
-                                break;
-                              case Coll::kReduceScatter:
-                                for (int p = 0; p < n; p++) all[p] += me * count * es;
-                                reduceTyped(type, all, out, count, op, n);
-                                break;
-                              default:
-                                if (out) reduceTyped(type, all, out, count, op, n);
-                            }
-                          }
-                          std::lock_guard<std::mutex> l2(lock());
-                          comm->inflight--;
-                          changed().notify_all();
-                          return e;
-                        }});
+  // Made at once, or at every launch of a graph that captured it (fresh
+  // sequence numbers and scratch each time).
+  MakeRun make = [=]() -> RunFn {
+    // Which pairs talk, decided alike on every rank: the broadcast's root to
+    // everyone, otherwise everyone to everyone.
+    auto sends = std::make_shared<std::vector<SendOp>>();
+    auto recvs = std::make_shared<std::vector<RecvOp>>();
+    auto tmp = std::make_shared<std::vector<std::vector<char>>>(n);
+    for (int p = 0; p < n; p++) {
+      if (p == me) continue;
+      if (kind != Coll::kBroadcast || me == root) sends->push_back(SendOp{p, comm->sendSeq[p]++, in, inBytes});
+      if (kind == Coll::kBroadcast) {
+        if (p == root) recvs->push_back(RecvOp{p, comm->recvSeq[p]++, out, outBytes});
+      } else {
+        (*tmp)[p].resize(inBytes);
+        recvs->push_back(RecvOp{p, comm->recvSeq[p]++, (*tmp)[p].data(), inBytes});
+      }
+    }
+    auto sendComm = std::make_shared<std::vector<ncclComm*>>(sends->size(), comm);
+    auto recvComm = std::make_shared<std::vector<ncclComm*>>(recvs->size(), comm);
+    comm->inflight++;
+    return [=] {
+      cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
+      if (e == cudaSuccess) {
+        std::vector<const char*> all(n);
+        for (int p = 0; p < n; p++) all[p] = p == me ? in : (*tmp)[p].data();
+        switch (kind) {
+          case Coll::kBroadcast:
+            if (me == root && out != in && outBytes) memmove(out, in, outBytes);
+            break;
+          case Coll::kAllGather:
+            for (int p = 0; p < n; p++) memmove(out + p * inBytes, all[p], inBytes);
+            break;
+          case Coll::kReduceScatter:
+            for (int p = 0; p < n; p++) all[p] += me * count * es;
+            reduceTyped(type, all, out, count, op, n);
+            break;
+          default:
+            if (out) reduceTyped(type, all, out, count, op, n);
+        }
+      }
+      std::lock_guard<std::mutex> l2(lock());
+      comm->inflight--;
+      changed().notify_all();
+      return e;
+    };
+  };
+  cudaError_t e = submitLocked(s, make);
+  if (e != cudaSuccess) {
+    setError(e);
+    lastErrorText() = std::string("enqueueing on the stream: ") + cudaGetErrorString(e);
+    return ncclUnhandledCudaError;
+  }
   return ncclSuccess;
 }
 

@@ -124,6 +124,8 @@ cudaError_t takeError(const std::shared_ptr<Stream>& s) {
   return e;
 }
 
+void gCapturesForkReset();
+
 // fork(): the child has none of the parent's stream threads, so it starts
 // with no streams (the parent's device memory stays mapped, as it would not
 // on a GPU, but nothing in the child can reach it through a stream).
@@ -141,6 +143,7 @@ void afterForkChild() {
   gAllStreams.clear();
   gLegacy.clear();
   tlsPerThread.clear();
+  gCapturesForkReset();
   gMemMu.unlock();
   gMu.unlock();
 }
@@ -148,7 +151,150 @@ const int gAtFork = pthread_atfork(beforeFork, afterForkParent, afterForkChild);
 
 }  // namespace
 
+// ---- Stream capture: a capture sequence and the graph it records ----
+// Memory that cudaMallocAsync gave a capture: the graph's (a graph memory
+// node), kept at one address for every launch and freed with the last graph
+// or executable graph that holds it.
+struct GraphMem {
+  std::vector<void*> ptrs;
+  ~GraphMem() {
+    for (void* p : ptrs) freeDevice(p);
+  }
+};
+// One node: its dependencies (earlier nodes), the stream it was captured on
+// (its lane when launched), and the maker of its work.
+struct Node {
+  std::vector<size_t> deps;
+  size_t lane = 0;
+  MakeRun make;
+};
+struct GraphData {
+  int device = 0;
+  size_t lanes = 1;
+  std::vector<Node> nodes;
+  std::shared_ptr<GraphMem> mem = std::make_shared<GraphMem>();
+};
+struct Capture {
+  unsigned long long id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;  // the thread that began it
+  std::shared_ptr<Stream> origin;
+  std::vector<std::shared_ptr<Stream>> streams;  // origin first, then joined ones: the lanes
+  std::shared_ptr<GraphData> graph = std::make_shared<GraphData>();
+  cudaError_t invalid = cudaSuccess;  // why it was invalidated
+  bool ended = false;
+};
+
+namespace {
+
+std::vector<std::shared_ptr<Capture>>& gCaptures = *new std::vector<std::shared_ptr<Capture>>;  // active, under gMu
+unsigned long long gCaptureIds = 0;
+thread_local cudaStreamCaptureMode tlsCaptureMode = cudaStreamCaptureModeGlobal;
+
+void invalidate(const std::shared_ptr<Capture>& c, cudaError_t why, const char* what) {
+  if (c->invalid != cudaSuccess) return;
+  c->invalid = why;
+  fprintf(stderr, "fakecuda: %s invalidates the stream capture %llu (%s)\n", what, c->id, cudaGetErrorName(why));
+}
+
+// A "potentially unsafe" call (cudaMalloc, a synchronisation, an event
+// query...) during capture, by CUDA's rules: the calling thread may not make
+// one while it has a capture of its own not begun in relaxed mode, nor, in
+// global mode, while another thread has a capture begun in global mode.
+// Such a call fails with cudaErrorStreamCaptureUnsupported and invalidates
+// those captures. Lock held.
+cudaError_t checkUnsafeLocked(const char* what) {
+  if (tlsCaptureMode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  const auto me = std::this_thread::get_id();
+  cudaError_t r = cudaSuccess;
+  for (auto& c : gCaptures) {
+    const bool mine = c->thread == me && c->mode != cudaStreamCaptureModeRelaxed;
+    const bool global = tlsCaptureMode == cudaStreamCaptureModeGlobal && c->thread != me &&
+                        c->mode == cudaStreamCaptureModeGlobal;
+    if (!mine && !global) continue;
+    invalidate(c, cudaErrorStreamCaptureInvalidated, what);
+    r = cudaErrorStreamCaptureUnsupported;
+  }
+  if (r != cudaSuccess)
+    fprintf(stderr, "fakecuda: %s is not permitted while a stream is capturing (cudaErrorStreamCaptureUnsupported)\n",
+            what);
+  return r;
+}
+cudaError_t checkUnsafe(const char* what) {
+  std::lock_guard<std::mutex> l(gMu);
+  return checkUnsafeLocked(what);
+}
+
+// The legacy stream cannot take part in a capture: work on it (or waiting
+// for it) while a blocking stream of its device is capturing would make it
+// depend on that capture. cudaErrorStreamCaptureImplicit, and the capture
+// is invalidated. Lock held.
+cudaError_t checkLegacyLocked(const std::shared_ptr<Stream>& s, const char* what) {
+  if (!s->legacy) return cudaSuccess;
+  cudaError_t r = cudaSuccess;
+  for (auto& c : gCaptures)
+    for (auto& b : c->streams)
+      if (b->blocking && b->device == s->device && b->capture == c) {
+        invalidate(c, cudaErrorStreamCaptureInvalidated, what);
+        r = cudaErrorStreamCaptureImplicit;
+      }
+  if (r != cudaSuccess)
+    fprintf(stderr, "fakecuda: %s on the legacy stream while a blocking stream is capturing "
+            "(cudaErrorStreamCaptureImplicit)\n", what);
+  return r;
+}
+
+// A capturing stream cannot be waited for or queried: the call fails with
+// cudaErrorStreamCaptureUnsupported and invalidates the capture. Lock held.
+cudaError_t checkNotCapturingLocked(const std::shared_ptr<Stream>& s, const char* what) {
+  if (!s->capture) return cudaSuccess;
+  invalidate(s->capture, cudaErrorStreamCaptureInvalidated, what);
+  fprintf(stderr, "fakecuda: %s of a capturing stream (cudaErrorStreamCaptureUnsupported)\n", what);
+  return cudaErrorStreamCaptureUnsupported;
+}
+
+size_t laneOf(const std::shared_ptr<Capture>& c, const std::shared_ptr<Stream>& s) {
+  auto it = std::find(c->streams.begin(), c->streams.end(), s);
+  if (it != c->streams.end()) return (size_t)(it - c->streams.begin());
+  c->streams.push_back(s);
+  return c->streams.size() - 1;
+}
+
+// Ends a capture: its streams stop capturing.
+void endCaptureLocked(const std::shared_ptr<Capture>& c) {
+  c->ended = true;
+  for (auto& s : c->streams)
+    if (s->capture == c) {
+      s->capture = nullptr;
+      s->tail.clear();
+    }
+  gCaptures.erase(std::remove(gCaptures.begin(), gCaptures.end(), c), gCaptures.end());
+}
+
+}  // namespace
+
+cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make) {
+  if (auto c = s->capture) {
+    if (c->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    Node n;
+    n.deps = s->tail;
+    n.lane = laneOf(c, s);
+    n.make = std::move(make);
+    c->graph->nodes.push_back(std::move(n));
+    s->tail = {c->graph->nodes.size() - 1};
+    return cudaSuccess;
+  }
+  cudaError_t e = checkLegacyLocked(s, "work");
+  if (e != cudaSuccess) return e;
+  enqueueLocked(s, Item{{}, make()});
+  return cudaSuccess;
+}
+
 std::mutex& lock() { return gMu; }
+
+namespace {
+void gCapturesForkReset() { gCaptures.clear(); }
+}  // namespace
 std::condition_variable& changed() { return gChanged; }
 
 int envInt(const char* name, int dflt) {
@@ -297,11 +443,12 @@ cudaError_t copyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   cudaError_t e = resolveSide(dst, dspan, dstDev, any, &d);
   if (e == cudaSuccess) e = resolveSide(src, sspan, srcDev, any, &sp);
   if (e != cudaSuccess) return setError(e);
-  enqueue(s, Item{{}, [=] {
-                    for (size_t r = 0; r < rows; r++) memmove(d + r * dpitch, sp + r * spitch, bytes);
-                    return cudaSuccess;
-                  }});
-  return cudaSuccess;
+  RunFn run = [=] {
+    for (size_t r = 0; r < rows; r++) memmove(d + r * dpitch, sp + r * spitch, bytes);
+    return cudaSuccess;
+  };
+  std::lock_guard<std::mutex> l(gMu);
+  return setError(submitLocked(s, [run] { return run; }));
 }
 
 cudaError_t setAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -310,16 +457,19 @@ cudaError_t setAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   char* d = (char*)deviceAlias(dst, bytes);
   if (!d) return setError(cudaErrorInvalidValue);
-  enqueue(s, Item{{}, [=] {
-                    memset(d, value, bytes);
-                    return cudaSuccess;
-                  }});
-  return cudaSuccess;
+  RunFn run = [=] {
+    memset(d, value, bytes);
+    return cudaSuccess;
+  };
+  std::lock_guard<std::mutex> l(gMu);
+  return setError(submitLocked(s, [run] { return run; }));
 }
 
 // A synchronous call on the legacy stream: enqueue there, then wait for it.
-cudaError_t syncLegacy(const std::function<cudaError_t(cudaStream_t)>& call) {
-  cudaError_t e = call(nullptr);
+cudaError_t syncLegacy(const char* what, const std::function<cudaError_t(cudaStream_t)>& call) {
+  cudaError_t e = checkUnsafe(what);
+  if (e != cudaSuccess) return setError(e);
+  e = call(nullptr);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(nullptr);
 }
@@ -334,8 +484,23 @@ struct CUevent_st {
   std::shared_ptr<Stream> stream;  // null until recorded
   uint64_t ticket = 0;
   bool timing = true;
+  // Recorded in a capture: that capture and the nodes it stands for.
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> nodes;
   std::shared_ptr<std::chrono::steady_clock::time_point> when = std::make_shared<std::chrono::steady_clock::time_point>();
 };
+
+namespace {
+// An event last recorded in a capture that is still going on cannot be
+// queried or waited for by the host: cudaErrorCapturedEvent, and the capture
+// is invalidated. Lock held.
+cudaError_t capturedEventLocked(cudaEvent_t e, const char* what) {
+  if (!e->capture || e->capture->ended) return cudaSuccess;
+  invalidate(e->capture, cudaErrorStreamCaptureInvalidated, what);
+  fprintf(stderr, "fakecuda: %s of an event recorded in a capture (cudaErrorCapturedEvent)\n", what);
+  return cudaErrorCapturedEvent;
+}
+}  // namespace
 
 extern "C" {
 
@@ -375,6 +540,15 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaErrorUnknown";
   }
 }
@@ -389,18 +563,32 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "the capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "the capture sequence contains a fork that was not joined to the primary stream";
+    case cudaErrorStreamCaptureIsolation: return "a dependency would cross the capture sequence boundary";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     default: return "unknown error (fakecuda)";
   }
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return setError(cudaErrorInvalidValue);
+  cudaError_t e = checkUnsafe("cudaMalloc");
+  if (e != cudaSuccess) return setError(e);
   *p = allocDevice(bytes, tlsDevice);
   return *p ? cudaSuccess : setError(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  cudaError_t e = checkUnsafe("cudaFree");
+  if (e != cudaSuccess) return setError(e);
   // As on a GPU, freeing waits for the device to be idle.
   cudaDeviceSynchronize();
   return freeDevice(p) ? cudaSuccess : setError(cudaErrorInvalidValue);
@@ -410,7 +598,28 @@ cudaError_t cudaFree(void* p) {
 // can touch it), and freed when the stream reaches the free.
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
   if (!p) return setError(cudaErrorInvalidValue);
-  if (!streamOf(stream)) return setError(cudaErrorInvalidResourceHandle);
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> l(gMu);
+  if (auto c = s->capture) {
+    // A graph memory node: the memory is the graph's, at one address for
+    // every launch, and fresh at each (its bytes are 0xCD again: nothing
+    // carries over from one launch to the next).
+    if (c->invalid != cudaSuccess) return setError(cudaErrorStreamCaptureInvalidated);
+    void* mem = allocDevice(bytes, tlsDevice);
+    if (!mem) return setError(cudaErrorMemoryAllocation);
+    c->graph->mem->ptrs.push_back(mem);
+    char* alias = (char*)deviceAlias(mem, bytes);
+    *p = mem;
+    return setError(submitLocked(s, [alias, bytes] {
+      return [alias, bytes] {
+        if (bytes) memset(alias, 0xCD, bytes);
+        return cudaSuccess;
+      };
+    }));
+  }
+  cudaError_t e = checkLegacyLocked(s, "cudaMallocAsync");
+  if (e != cudaSuccess) return setError(e);
   *p = allocDevice(bytes, tlsDevice);
   return *p ? cudaSuccess : setError(cudaErrorMemoryAllocation);
 }
@@ -420,8 +629,33 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   if (!p) return cudaSuccess;
   if (!isDevicePointer(p)) return setError(cudaErrorInvalidValue);
-  enqueue(s, Item{{}, [p] { return freeDevice(p) ? cudaSuccess : cudaErrorInvalidValue; }});
-  return cudaSuccess;
+  std::lock_guard<std::mutex> l(gMu);
+  if (auto c = s->capture) {
+    // A graph free node: only of the graph's own memory here (the memory is
+    // freed with the graph); its bytes are poisoned at each launch.
+    auto& mine = c->graph->mem->ptrs;
+    if (std::find(mine.begin(), mine.end(), p) == mine.end()) {
+      fprintf(stderr, "fakecuda: cudaFreeAsync during capture of memory not allocated in that capture\n");
+      return setError(cudaErrorNotSupported);
+    }
+    int dev = 0;
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> m(gMemMu);
+      auto it = gAllocs.find((uintptr_t)p);
+      bytes = it->second.bytes;
+      dev = it->second.device;
+    }
+    (void)dev;
+    char* alias = (char*)deviceAlias(p, bytes);
+    return setError(submitLocked(s, [alias, bytes] {
+      return [alias, bytes] {
+        if (bytes) memset(alias, 0xCD, bytes);
+        return cudaSuccess;
+      };
+    }));
+  }
+  return setError(submitLocked(s, [p] { return [p] { return freeDevice(p) ? cudaSuccess : cudaErrorInvalidValue; }; }));
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
@@ -493,6 +727,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(gMu);
+  cudaError_t c = checkNotCapturingLocked(s, "cudaStreamSynchronize");
+  if (c == cudaSuccess) c = checkLegacyLocked(s, "cudaStreamSynchronize");
+  if (c == cudaSuccess) c = checkUnsafeLocked("cudaStreamSynchronize");
+  if (c != cudaSuccess) return setError(c);
   uint64_t ticket = s->enqueued;
   if (s->legacy) ticket = enqueueLocked(s, Item{});  // picks up the implicit order with blocking streams
   waitTicket(l, s, ticket);
@@ -503,6 +741,10 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
+  cudaError_t c = checkNotCapturingLocked(s, "cudaStreamQuery");
+  if (c == cudaSuccess) c = checkLegacyLocked(s, "cudaStreamQuery");
+  if (c == cudaSuccess) c = checkUnsafeLocked("cudaStreamQuery");
+  if (c != cudaSuccess) return setError(c);
   if (s->completed < s->enqueued) return cudaErrorNotReady;
   return setError(takeError(s));
 }
@@ -510,6 +752,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaDeviceSynchronize(void) {
   gHostWaits++;
   std::unique_lock<std::mutex> l(gMu);
+  cudaError_t c = checkUnsafeLocked("cudaDeviceSynchronize");
+  if (c != cudaSuccess) return setError(c);
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> all;
   for (auto& s : gAllStreams)
     if (s->device == tlsDevice) all.push_back({s, s->enqueued});
@@ -538,6 +782,19 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   auto when = e->when;
   std::lock_guard<std::mutex> l(gMu);
+  if (auto c = s->capture) {
+    // In a capture the event stands for the stream's current nodes: a
+    // stream that waits for it joins the capture after them.
+    if (c->invalid != cudaSuccess) return setError(cudaErrorStreamCaptureInvalidated);
+    e->capture = c;
+    e->nodes = s->tail;
+    e->stream = nullptr;
+    return cudaSuccess;
+  }
+  cudaError_t c = checkLegacyLocked(s, "cudaEventRecord");
+  if (c != cudaSuccess) return setError(c);
+  e->capture = nullptr;
+  e->nodes.clear();
   e->stream = s;
   e->ticket = enqueueLocked(s, Item{{}, [when] {
                                       *when = std::chrono::steady_clock::now();
@@ -549,6 +806,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
+  cudaError_t c = capturedEventLocked(e, "cudaEventQuery");
+  if (c == cudaSuccess) c = checkUnsafeLocked("cudaEventQuery");
+  if (c != cudaSuccess) return setError(c);
   return !e->stream || e->stream->completed >= e->ticket ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -556,6 +816,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   gHostWaits++;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(gMu);
+  cudaError_t c = capturedEventLocked(e, "cudaEventSynchronize");
+  if (c == cudaSuccess) c = checkUnsafeLocked("cudaEventSynchronize");
+  if (c != cudaSuccess) return setError(c);
   if (e->stream) waitTicket(l, e->stream, e->ticket);
   return cudaSuccess;
 }
@@ -575,7 +838,40 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
+  if (auto c = e->capture; c && !c->ended) {
+    if (s->capture && s->capture != c) {
+      // Two capture sequences would be joined.
+      invalidate(c, cudaErrorStreamCaptureInvalidated, "cudaStreamWaitEvent");
+      invalidate(s->capture, cudaErrorStreamCaptureInvalidated, "cudaStreamWaitEvent");
+      return setError(cudaErrorStreamCaptureIsolation);
+    }
+    if (c->invalid != cudaSuccess) return setError(cudaErrorStreamCaptureInvalidated);
+    if (!s->capture) {
+      // A fork: the stream joins the capture, after the event's nodes.
+      if (s->legacy) {
+        invalidate(c, cudaErrorStreamCaptureInvalidated, "cudaStreamWaitEvent");
+        return setError(cudaErrorStreamCaptureImplicit);
+      }
+      s->capture = c;
+      s->tail = e->nodes;
+      laneOf(c, s);
+      return cudaSuccess;
+    }
+    for (size_t n : e->nodes)
+      if (std::find(s->tail.begin(), s->tail.end(), n) == s->tail.end()) s->tail.push_back(n);
+    return cudaSuccess;
+  }
+  if (s->capture) {
+    if (!e->stream || e->capture) return cudaSuccess;  // never recorded, or in a capture now over: nothing
+    // An event recorded outside the capture: a dependency across its boundary.
+    invalidate(s->capture, cudaErrorStreamCaptureInvalidated, "cudaStreamWaitEvent");
+    fprintf(stderr, "fakecuda: a capturing stream waits for an event recorded outside the capture "
+            "(cudaErrorStreamCaptureIsolation)\n");
+    return setError(cudaErrorStreamCaptureIsolation);
+  }
   if (!e->stream) return cudaSuccess;  // never recorded: nothing to wait for (CUDA)
+  cudaError_t c = checkLegacyLocked(s, "cudaStreamWaitEvent");
+  if (c != cudaSuccess) return setError(c);
   enqueueLocked(s, Item{{{e->stream, e->ticket}}, nullptr});
   return cudaSuccess;
 }
@@ -585,7 +881,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return syncLegacy([&](cudaStream_t s) { return copyAsync(dst, src, bytes, kind, s); });
+  return syncLegacy("cudaMemcpy", [&](cudaStream_t s) { return copyAsync(dst, src, bytes, kind, s); });
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
@@ -599,22 +895,204 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
-  return syncLegacy([&](cudaStream_t s) { return setAsync(dst, value, bytes, s); });
+  return syncLegacy("cudaMemset", [&](cudaStream_t s) { return setAsync(dst, value, bytes, s); });
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   auto s = streamOf(stream);
   if (!s || !fn) return setError(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
-  enqueue(s, Item{{}, [=] {
-                    fn(userData);
-                    return cudaSuccess;
-                  }});
+  RunFn run = [=] {
+    fn(userData);
+    return cudaSuccess;
+  };
+  std::lock_guard<std::mutex> l(gMu);
+  return setError(submitLocked(s, [run] { return run; }));
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return setError(cudaErrorInvalidValue);
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> l(gMu);
+  if (s->legacy) return setError(cudaErrorStreamCaptureUnsupported);  // not the legacy stream (CUDA)
+  if (s->capture) return setError(cudaErrorIllegalState);              // already capturing
+  auto c = std::make_shared<Capture>();
+  c->id = ++gCaptureIds;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->origin = s;
+  c->streams.push_back(s);
+  c->graph->device = s->device;
+  s->capture = c;
+  s->tail.clear();
+  gCaptures.push_back(c);
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* status) {
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (!graph) return setError(cudaErrorInvalidValue);
+  *graph = nullptr;
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> l(gMu);
+  auto c = s->capture;
+  if (!c) return setError(cudaErrorIllegalState);
+  if (c->origin != s) return setError(cudaErrorStreamCaptureUnmatched);  // not where it began
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+    return setError(cudaErrorStreamCaptureWrongThread);
+  // Every stream that joined must have been joined back: its last nodes are
+  // the origin's last nodes or their ancestors.
+  const auto& nodes = c->graph->nodes;
+  std::vector<bool> reached(nodes.size(), false);
+  std::vector<size_t> todo = s->tail;
+  while (!todo.empty()) {
+    size_t n = todo.back();
+    todo.pop_back();
+    if (reached[n]) continue;
+    reached[n] = true;
+    for (size_t d : nodes[n].deps) todo.push_back(d);
+  }
+  bool unjoined = false;
+  for (auto& o : c->streams)
+    if (o->capture == c)
+      for (size_t n : o->tail) unjoined |= !reached[n];
+  endCaptureLocked(c);
+  if (c->invalid != cudaSuccess) return setError(cudaErrorStreamCaptureInvalidated);
+  if (unjoined) {
+    fprintf(stderr, "fakecuda: cudaStreamEndCapture: a stream forked into the capture was not joined back "
+            "(cudaErrorStreamCaptureUnjoined)\n");
+    return setError(cudaErrorStreamCaptureUnjoined);
+  }
+  c->graph->lanes = c->streams.size();
+  *graph = (cudaGraph_t) new std::shared_ptr<GraphData>(c->graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  return cudaStreamGetCaptureInfo(stream, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus* status,
+                                     unsigned long long* id, cudaGraph_t* graph, const cudaGraphNode_t** deps,
+                                     const cudaGraphEdgeData** edges, size_t* numDeps) {
   if (!status) return setError(cudaErrorInvalidValue);
-  *status = cudaStreamCaptureStatusNone;
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> l(gMu);
+  if (s->legacy)
+    for (auto& c : gCaptures)
+      for (auto& b : c->streams)
+        if (b->blocking && b->device == s->device && b->capture == c) return setError(cudaErrorStreamCaptureImplicit);
+  // The graph and its nodes are not handed out: the double has no graph API
+  // beyond instantiate, launch and destroy.
+  if (graph) *graph = nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (numDeps) *numDeps = 0;
+  if (!s->capture) {
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  *status = s->capture->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id) *id = s->capture->id;
+  if (numDeps) *numDeps = s->tail.size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  if (!mode) return setError(cudaErrorInvalidValue);
+  std::swap(*mode, tlsCaptureMode);
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// An executable graph: the graph's nodes, and a stream of the double's per
+// lane (a stream the capture recorded on), on which each launch enqueues
+// them with the graph's edges as dependencies, so branches of the graph run
+// concurrently (with their random delays) and only edges order them.
+struct CUgraphExec_st {
+  std::shared_ptr<GraphData> graph;
+  std::vector<std::shared_ptr<Stream>> lanes;
+};
+
+extern "C" {
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (!graph) return setError(cudaErrorInvalidValue);
+  delete (std::shared_ptr<GraphData>*)graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!exec || !graph) return setError(cudaErrorInvalidValue);
+  auto g = *(std::shared_ptr<GraphData>*)graph;
+  auto x = new CUgraphExec_st;
+  x->graph = g;
+  std::lock_guard<std::mutex> l(gMu);
+  for (size_t i = 0; i < g->lanes; i++) x->lanes.push_back(startStream(g->device, false, false));
+  *exec = x;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  return cudaGraphInstantiate(exec, graph, flags);
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return setError(cudaErrorInvalidValue);
+  auto s = streamOf(stream);
+  if (!s) return setError(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> l(gMu);
+  if (s->capture) {
+    fprintf(stderr, "fakecuda: cudaGraphLaunch into a capturing stream (a child graph) is not modelled\n");
+    return setError(cudaErrorNotSupported);
+  }
+  cudaError_t c = checkLegacyLocked(s, "cudaGraphLaunch");
+  if (c != cudaSuccess) return setError(c);
+  const GraphData& g = *exec->graph;
+  // The launch starts where the stream is (with the legacy stream's implicit
+  // order), and the stream goes on once every node is done.
+  const uint64_t start = enqueueLocked(s, Item{});
+  std::vector<uint64_t> ticket(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); i++) {
+    const Node& n = g.nodes[i];
+    Item item;
+    item.deps.push_back({s, start});
+    for (size_t d : n.deps) item.deps.push_back({exec->lanes[g.nodes[d].lane], ticket[d]});
+    item.run = n.make();
+    ticket[i] = enqueueLocked(exec->lanes[n.lane], std::move(item));
+  }
+  Item join;
+  std::vector<std::shared_ptr<Stream>> lanes = exec->lanes;
+  for (auto& lane : lanes) join.deps.push_back({lane, lane->enqueued});
+  // A failure inside the graph is the launching stream's. The join holds the
+  // graph (and its memory) until the launch is over, whatever is destroyed.
+  join.run = [lanes, graph = exec->graph] {
+    std::lock_guard<std::mutex> l2(gMu);
+    cudaError_t e = cudaSuccess;
+    for (auto& lane : lanes) {
+      cudaError_t f = takeError(lane);
+      if (e == cudaSuccess) e = f;
+    }
+    return e;
+  };
+  enqueueLocked(s, std::move(join));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (!exec) return setError(cudaErrorInvalidValue);
+  {
+    // As CUDA: returns at once; launches already enqueued still run (their
+    // lanes stop once drained, and the graph's memory lives while they do).
+    std::lock_guard<std::mutex> l(gMu);
+    for (auto& lane : exec->lanes) lane->stop = true;
+    gChanged.notify_all();
+  }
+  delete exec;
   return cudaSuccess;
 }
 
@@ -623,14 +1101,17 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t, enum cudaStreamCaptureStatus* st
 cudaError_t fakecudaLaunch(cudaStream_t stream, void (*fn)(void*), const void* arg, size_t argBytes) {
   auto s = streamOf(stream);
   if (!s || !fn) return setError(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+  // The arguments are copied at the call (a captured kernel keeps them for
+  // every launch of its graph).
   auto copy = std::make_shared<std::vector<char>>((const char*)arg, (const char*)arg + argBytes);
-  enqueue(s, Item{{}, [=] {
-                    tlsInKernel = true;
-                    fn(copy->data());
-                    tlsInKernel = false;
-                    return cudaSuccess;
-                  }});
-  return cudaSuccess;
+  RunFn run = [=] {
+    tlsInKernel = true;
+    fn(copy->data());
+    tlsInKernel = false;
+    return cudaSuccess;
+  };
+  std::lock_guard<std::mutex> l(gMu);
+  return setError(submitLocked(s, [run] { return run; }));
 }
 
 void* fakecudaAlias(const void* devPtr, size_t bytes) {
