@@ -127,6 +127,16 @@ class AlltoallvRun {
                        nullptr);
   }
 
+  // New send data from another seed, in the same layout (counts and
+  // displacements unchanged), and the receive buffer poisoned: a call
+  // captured once and replayed moves fresh bytes.
+  void refill(uint64_t seed) {
+    seed_ = seed;
+    for (int p = 0; p < n_; p++) fillPattern(send_->data() + sd_[p] * ts_, sc_[p] * ts_, seed_, rank_, p);
+    sendCopy_.assign(send_->data(), send_->data() + send_->size());
+    recv_->poison();
+  }
+
   // The buffers and arguments, for a caller that runs the call itself (on device memory).
   GuardedBuffer& sendBuffer() { return *send_; }
   GuardedBuffer& recvBuffer() { return *recv_; }

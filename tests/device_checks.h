@@ -46,13 +46,16 @@ class DeviceMirror {
  public:
   explicit DeviceMirror(GuardedBuffer& host) : host_(host) {
     if (cudaMalloc(&dev_, host.storage().size()) != cudaSuccess) dev_ = nullptr;
-    if (dev_) cudaMemcpy(dev_, host.storage().data(), host.storage().size(), cudaMemcpyHostToDevice);
+    if (dev_) upload();
   }
   ~DeviceMirror() {
     if (dev_) cudaFree(dev_);
   }
   bool ok() const { return dev_ != nullptr; }
   void* data() const { return (char*)dev_ + host_.offset(); }
+  cudaError_t upload() {
+    return cudaMemcpy(dev_, host_.storage().data(), host_.storage().size(), cudaMemcpyHostToDevice);
+  }
   cudaError_t copyBack() {
     return cudaMemcpy(host_.storage().data(), dev_, host_.storage().size(), cudaMemcpyDeviceToHost);
   }

@@ -633,4 +633,212 @@ TEST(DeviceErrors, AttentionBuffersMustMatchTheStream) {
   }));
 }
 
+
+// ---- CUDA graphs: a whole pass captured once and replayed ----
+
+// One rank's pass on device buffers, all on one stream: zpAlltoallv, a
+// grouped send/recv ring, a remap, the Ulysses exchange both ways (GQA), and
+// the attention driver forward and backward in float32. Captured once
+// (global mode, the strictest), then launched three times with fresh inputs
+// (same counts: they are fixed at capture), every output poisoned before each
+// launch and checked byte for byte after it, against the pattern or the host
+// path on the same numbers. Nothing runs at capture time: the outputs are
+// still poison after it. "" when all is right.
+std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed) {
+  const std::string where = "rank " + std::to_string(rank) + ": ";
+  auto zpFailed = [&](const char* what) { return where + what + ": " + zpGetLastError(comm); };
+  std::mt19937_64 rng(seed);  // draws alike on every rank
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return where + "cudaStreamCreate";
+
+  // Alltoallv: random counts (zeros included), odd displacements.
+  AlltoallvRun a2a(rank, zptest::randomCounts(nranks, rng(), 2000, 0.2), zpFloat32, seed);
+  DeviceMirror a2aSend(a2a.sendBuffer()), a2aRecv(a2a.recvBuffer());
+  // A ring of send/recv in a group.
+  const int next = (rank + 1) % nranks, prev = (rank - 1 + nranks) % nranks;
+  auto ringBytes = [&](int src) { return (size_t)1 + (seed + src * 7919) % 30000; };
+  GuardedBuffer ringSend(ringBytes(rank)), ringRecv(ringBytes(prev));
+  DeviceMirror dRingSend(ringSend), dRingRecv(ringRecv);
+  // A remap, linear to attention layout.
+  zpBatchPlan_t plan = randomPlan(comm, rng, 600, nullptr);
+  if (!plan) return where + "zpPlanBatch";
+  zpLayout_t linear = nullptr, attention = nullptr;
+  zpRemap_t remap = nullptr;
+  if (zpPlanGetLayout(plan, zpLinearLayout, &linear) != zpSuccess ||
+      zpPlanGetLayout(plan, zpAttentionLayout, &attention) != zpSuccess ||
+      zpRemapCreate(&remap, linear, attention, comm) != zpSuccess)
+    return zpFailed("the remap");
+  const size_t ept = 3, tb = ept * 2;
+  GuardedBuffer remapIn(layoutBuffer(linear, rank, tb, 0).size()), remapOut(layoutBuffer(attention, rank, tb, 0).size());
+  DeviceMirror dRemapIn(remapIn), dRemapOut(remapOut);
+  // Ulysses both ways, 8 query heads over 2 key/value heads.
+  int64_t mine = 0, total = 0;
+  zpLayoutRankTokens(linear, rank, &mine);
+  for (int r = 0; r < nranks; r++) {
+    int64_t t = 0;
+    zpLayoutRankTokens(linear, r, &t);
+    total += t;
+  }
+  const int qHeads = 8, heads = 2, headDim = 5;
+  const size_t ulyElems[2][2] = {{(size_t)mine * heads * headDim, (size_t)total * heads * headDim},
+                                 {(size_t)total * heads * headDim, (size_t)mine * heads * headDim}};
+  GuardedBuffer ulyIn0(ulyElems[0][0] * 4), ulyOut0(ulyElems[0][1] * 4), ulyIn1(ulyElems[1][0] * 4),
+      ulyOut1(ulyElems[1][1] * 4);
+  GuardedBuffer* ulyIn[2] = {&ulyIn0, &ulyIn1};
+  GuardedBuffer* ulyOut[2] = {&ulyOut0, &ulyOut1};
+  DeviceMirror dUlyIn0(ulyIn0), dUlyOut0(ulyOut0), dUlyIn1(ulyIn1), dUlyOut1(ulyOut1);
+  DeviceMirror* dUlyIn[2] = {&dUlyIn0, &dUlyIn1};
+  DeviceMirror* dUlyOut[2] = {&dUlyOut0, &dUlyOut1};
+  // Attention, float32, on the plan's attention layout.
+  const int H = 4, Hk = 2, D = 16;
+  int64_t T = 0;
+  zpLayoutRankTokens(attention, rank, &T);
+  const size_t qn = T * H * D, kn = T * Hk * D;
+  zptest::DeviceBuffer q(qn * 4, 0), k(kn * 4, 0), v(kn * 4, 0), dout(qn * 4, 0), out(qn * 4, 0xFF),
+      lse(H * T * 4, 0xFF), dq(qn * 4, 0xFF), dk(kn * 4, 0xFF), dv(kn * 4, 0xFF);
+  zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpFloat32};
+  zpAttention_t attn = nullptr;
+  if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate");
+  zpAttention_t hostAttn = nullptr;
+  if (zpAttentionCreate(&hostAttn, plan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate (host)");
+  for (const DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0,
+                                &dUlyOut0, &dUlyIn1, &dUlyOut1})
+    if (!m->ok()) return where + "cudaMalloc";
+
+  // The capture: every call enqueues, nothing runs.
+  std::string err;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess) return where + "BeginCapture";
+  if (zpAlltoallv(a2aSend.data(), a2a.sendCounts(), a2a.sendDispls(), a2aRecv.data(), a2a.recvCounts(),
+                  a2a.recvDispls(), zpFloat32, comm, stream) != zpSuccess)
+    err += zpFailed("zpAlltoallv");
+  if (zpGroupStart() != zpSuccess || zpSend(dRingSend.data(), ringSend.size(), zpUint8, next, comm, stream) ||
+      zpRecv(dRingRecv.data(), ringRecv.size(), zpUint8, prev, comm, stream) || zpGroupEnd() != zpSuccess)
+    err += zpFailed("the send/recv group");
+  if (zpRemapExecute(remap, dRemapIn.data(), dRemapOut.data(), ept, zpBfloat16, 0, comm, stream) != zpSuccess)
+    err += zpFailed("zpRemapExecute");
+  for (int dir : {0, 1})
+    if (zpUlyssesAlltoall(dUlyIn[dir]->data(), dUlyOut[dir]->data(), linear, qHeads, heads, headDim, zpFloat32, dir,
+                          comm, stream) != zpSuccess)
+      err += zpFailed("zpUlyssesAlltoall");
+  if (zpAttentionForward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream) != zpSuccess)
+    err += zpFailed("zpAttentionForward");
+  if (zpAttentionBackward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, dout.dev, dq.dev, dk.dev, dv.dev,
+                          stream) != zpSuccess)
+    err += zpFailed("zpAttentionBackward");
+  cudaGraph_t graph = nullptr;
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess) err += where + "cudaStreamEndCapture: " + cudaGetErrorString(ended) + "; ";
+  if (!err.empty()) return err;
+  if (a2aRecv.copyBack() != cudaSuccess || out.toHost() != cudaSuccess) return where + "copying back";
+  if (a2a.recvBuffer().writtenBytes() != 0) return where + "the capture ran the alltoallv";
+  for (uint8_t b : out.host)
+    if (b != 0xFF) return where + "the capture ran the attention forward";
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return where + "cudaGraphInstantiate";
+
+  for (int launch = 0; launch < 3 && err.empty(); launch++) {
+    const uint64_t ls = seed * 31 + launch + 1;  // this launch's data, alike on every rank
+    const std::string at = where + "launch " + std::to_string(launch) + ": ";
+    // Fresh inputs, poisoned outputs.
+    a2a.refill(ls);
+    ringSend.fill(ls, rank, next);
+    ringRecv.poison();
+    std::vector<uint8_t> rIn = layoutBuffer(linear, rank, tb, ls), rWant = layoutBuffer(attention, rank, tb, ls);
+    memcpy(remapIn.data(), rIn.data(), rIn.size());
+    remapOut.poison();
+    std::mt19937_64 data(ls + rank);
+    for (int dir : {0, 1}) {
+      for (size_t i = 0; i < ulyElems[dir][0]; i++) ((float*)ulyIn[dir]->data())[i] = (float)(data() % 2001) / 8 - 125;
+      ulyOut[dir]->poison();
+    }
+    std::vector<float> qf(qn), kf(kn), vf(kn), doutf(qn);
+    for (auto* f : {&qf, &kf, &vf, &doutf})
+      for (float& x : *f) x = (float)((int)(data() % 257) - 128) / 64;
+    memcpy(q.host.data(), qf.data(), qn * 4);
+    memcpy(k.host.data(), kf.data(), kn * 4);
+    memcpy(v.host.data(), vf.data(), kn * 4);
+    memcpy(dout.host.data(), doutf.data(), qn * 4);
+    for (auto* b : {&out, &lse, &dq, &dk, &dv}) memset(b->host.data(), 0xFF, b->host.size());
+    bool up = true;
+    for (DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0, &dUlyOut0,
+                            &dUlyIn1, &dUlyOut1})
+      up &= m->upload() == cudaSuccess;
+    for (auto* b : {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv}) up &= b->toDevice() == cudaSuccess;
+    if (!up) return at + "uploading the inputs";
+
+    cudaError_t e = cudaGraphLaunch(exec, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) return at + "the launch: " + cudaGetErrorString(e);
+
+    // Every output, every byte.
+    if (a2aRecv.copyBack() != cudaSuccess || a2aSend.copyBack() != cudaSuccess) return at + "copying back";
+    err += a2a.check();
+    if (dRingRecv.copyBack() != cudaSuccess) return at + "copying back";
+    if (size_t w = ringRecv.wrongBytes(ls, prev, rank) + ringRecv.guardBytesWritten())
+      err += at + "ring: " + std::to_string(w) + " bytes wrong; ";
+    if (dRemapOut.copyBack() != cudaSuccess) return at + "copying back";
+    if (memcmp(remapOut.data(), rWant.data(), rWant.size()) != 0 || remapOut.guardBytesWritten())
+      err += at + "remap: wrong bytes; ";
+    for (int dir : {0, 1}) {
+      GuardedBuffer want(ulyOut[dir]->size());
+      if (zpUlyssesAlltoall(ulyIn[dir]->data(), want.data(), linear, qHeads, heads, headDim, zpFloat32, dir, comm,
+                            nullptr) != zpSuccess)
+        return zpFailed("zpUlyssesAlltoall (host)");
+      if (dUlyOut[dir]->copyBack() != cudaSuccess) return at + "copying back";
+      if (memcmp(want.storage().data(), ulyOut[dir]->storage().data(), want.storage().size()) != 0)
+        err += at + "Ulysses direction " + std::to_string(dir) + " differs from the host path; ";
+    }
+    for (auto* b : {&out, &lse, &dq, &dk, &dv})
+      if (b->toHost() != cudaSuccess) return at + "copying back";
+    std::vector<float> outH(qn), lseH(H * T), dqH(qn), dkH(kn), dvH(kn);
+    if (zpAttentionForward(hostAttn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), nullptr) != zpSuccess ||
+        zpAttentionBackward(hostAttn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), doutf.data(),
+                            dqH.data(), dkH.data(), dvH.data(), nullptr) != zpSuccess)
+      return zpFailed("the host attention driver");
+    // float32: the same kernels in the same order, equal bit for bit (on the double).
+    auto same = [&](const char* name, const std::vector<float>& want, const zptest::DeviceBuffer& got) {
+#ifdef ZP_TEST_DOUBLE
+      if (memcmp(want.data(), got.host.data(), want.size() * 4) != 0) err += at + "attention " + name + " differs; ";
+#else
+      for (size_t i = 0; i < want.size(); i++) {
+        const float g = ((const float*)got.host.data())[i];
+        if (!(std::fabs(g - want[i]) <= 1e-5f * std::fabs(want[i]) + 1e-6f)) {
+          err += at + "attention " + name + " differs; ";
+          break;
+        }
+      }
+#endif
+    };
+    same("out", outH, out);
+    same("lse", lseH, lse);
+    same("dq", dqH, dq);
+    same("dk", dkH, dk);
+    same("dv", dvH, dv);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  zpAttentionDestroy(attn);
+  zpAttentionDestroy(hostAttn);
+  zpRemapDestroy(remap);
+  zpPlanDestroy(plan);
+  cudaStreamDestroy(stream);
+  return err;
+}
+
+class DeviceGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceGraph, APassCapturedOnceReplaysWithFreshInputs) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    EXPECT_EQ(capturedPassError(comm, rank, nranks, seed), "");
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceGraph, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
+
 }  // namespace

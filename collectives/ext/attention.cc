@@ -277,6 +277,11 @@ class Pass {
   std::vector<size_t> lseAt_;
   char* arena_ = nullptr;  // device: allocated on the caller's stream for this pass
   bool released_ = false;
+  // The exchange stream was forked from the caller's stream and not joined
+  // back yet. Only then is there something to join: a join without a fork
+  // would make the caller's stream wait for an event recorded outside the
+  // pass, which a stream capture refuses (cudaErrorStreamCaptureIsolation).
+  bool forked_ = false;
 
   bool device() const { return mem_.device(); }
   size_t es() const { return a_->es; }
@@ -356,7 +361,7 @@ class Pass {
     a_->xchg->drain();
 #ifdef ZP_WITH_CUDA
     if (device()) {
-      joinExchange();
+      if (forked_) joinExchange();
       if (arena_) cudaFreeAsync(arena_, (cudaStream_t)mem_.stream());
     }
 #endif
@@ -372,6 +377,7 @@ class Pass {
     if (e != cudaSuccess)
       return zpSetLastError(a_->comm, zpUnhandledCudaError, "%s: forking the exchange stream: %s", fn_,
                             cudaGetErrorString(e));
+    forked_ = true;
     return a_->xchg->start(std::move(ops), fn_, (zpStream_t)a_->xs);
 #else
     return zpInternalError;
@@ -384,6 +390,7 @@ class Pass {
     if (e != cudaSuccess)
       return zpSetLastError(a_->comm, zpUnhandledCudaError, "%s: joining the exchange stream: %s", fn_,
                             cudaGetErrorString(e));
+    forked_ = false;
     return zpSuccess;
   }
 #endif
