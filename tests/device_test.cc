@@ -691,40 +691,60 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   DeviceMirror* dUlyOut[2] = {&dUlyOut0, &dUlyOut1};
   // Attention, float32, on the plan's attention layout.
   const int H = 4, Hk = 2, D = 16;
+  zpBatchPlan_t attnPlan = zptest::deviceAttentionPlan(nranks, (int)(rng() % 2), 0, rng);
+  zpLayout_t attnLayout = nullptr;
+  if (!attnPlan || zpPlanGetLayout(attnPlan, zpAttentionLayout, &attnLayout) != zpSuccess)
+    return where + "the attention plan";
   int64_t T = 0;
-  zpLayoutRankTokens(attention, rank, &T);
+  zpLayoutRankTokens(attnLayout, rank, &T);
   const size_t qn = T * H * D, kn = T * Hk * D;
   zptest::DeviceBuffer q(qn * 4, 0), k(kn * 4, 0), v(kn * 4, 0), dout(qn * 4, 0), out(qn * 4, 0xFF),
       lse(H * T * 4, 0xFF), dq(qn * 4, 0xFF), dk(kn * 4, 0xFF), dv(kn * 4, 0xFF);
   zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpFloat32};
   zpAttention_t attn = nullptr;
-  if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate");
+  if (zpAttentionCreate(&attn, attnPlan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate");
   zpAttention_t hostAttn = nullptr;
-  if (zpAttentionCreate(&hostAttn, plan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate (host)");
+  if (zpAttentionCreate(&hostAttn, attnPlan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate (host)");
   for (const DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0,
                                 &dUlyOut0, &dUlyIn1, &dUlyOut1})
     if (!m->ok()) return where + "cudaMalloc";
+
+  // A driver that made its exchange stream outside the capture (an eager pass).
+  zpAttention_t idle = nullptr;
+  if (zpAttentionCreate(&idle, attnPlan, &cfg, comm) != zpSuccess ||
+      zpAttentionForward(idle, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream) != zpSuccess)
+    return zpFailed("an eager pass");
+  if (cudaStreamSynchronize(stream) != cudaSuccess || out.toDevice() != cudaSuccess || lse.toDevice() != cudaSuccess)
+    return where + "after the eager pass";
 
   // The capture: every call enqueues, nothing runs.
   std::string err;
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess) return where + "BeginCapture";
   if (zpAlltoallv(a2aSend.data(), a2a.sendCounts(), a2a.sendDispls(), a2aRecv.data(), a2a.recvCounts(),
                   a2a.recvDispls(), zpFloat32, comm, stream) != zpSuccess)
-    err += zpFailed("zpAlltoallv");
+    err += zpFailed("zpAlltoallv") + "; ";
   if (zpGroupStart() != zpSuccess || zpSend(dRingSend.data(), ringSend.size(), zpUint8, next, comm, stream) ||
       zpRecv(dRingRecv.data(), ringRecv.size(), zpUint8, prev, comm, stream) || zpGroupEnd() != zpSuccess)
-    err += zpFailed("the send/recv group");
+    err += zpFailed("the send/recv group") + "; ";
   if (zpRemapExecute(remap, dRemapIn.data(), dRemapOut.data(), ept, zpBfloat16, 0, comm, stream) != zpSuccess)
-    err += zpFailed("zpRemapExecute");
+    err += zpFailed("zpRemapExecute") + "; ";
   for (int dir : {0, 1})
     if (zpUlyssesAlltoall(dUlyIn[dir]->data(), dUlyOut[dir]->data(), linear, qHeads, heads, headDim, zpFloat32, dir,
                           comm, stream) != zpSuccess)
-      err += zpFailed("zpUlyssesAlltoall");
+      err += zpFailed("zpUlyssesAlltoall") + "; ";
   if (zpAttentionForward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream) != zpSuccess)
-    err += zpFailed("zpAttentionForward");
+    err += zpFailed("zpAttentionForward") + "; ";
   if (zpAttentionBackward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, dout.dev, dq.dev, dk.dev, dv.dev,
                           stream) != zpSuccess)
-    err += zpFailed("zpAttentionBackward");
+    err += zpFailed("zpAttentionBackward") + "; ";
+  // Destroying the driver would wait for its exchange stream, which is in the
+  // capture: refused, and the capture goes on.
+  if (zpAttentionDestroy(attn) != zpInvalidUsage ||
+      std::string(zpGetLastError(comm)).find("zpAttentionDestroy cannot be captured") == std::string::npos)
+    err += where + "zpAttentionDestroy during the capture: " + zpGetLastError(comm) + "; ";
+  // A driver whose exchange stream is not in the capture may be destroyed:
+  // its wait does not break the capture.
+  if (zpAttentionDestroy(idle) != zpSuccess) err += zpFailed("zpAttentionDestroy of an idle driver") + "; ";
   cudaGraph_t graph = nullptr;
   cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   if (ended != cudaSuccess) err += where + "cudaStreamEndCapture: " + cudaGetErrorString(ended) + "; ";
@@ -821,6 +841,7 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   zpAttentionDestroy(hostAttn);
   zpRemapDestroy(remap);
   zpPlanDestroy(plan);
+  zpPlanDestroy(attnPlan);
   cudaStreamDestroy(stream);
   return err;
 }

@@ -109,7 +109,14 @@ struct zpAttention {
   ~zpAttention() {
 #ifdef ZP_WITH_CUDA
     if (xs) {
+      // The exchange stream is not in a capture (zpAttentionDestroy sees to
+      // that), so waiting for it is safe even while the calling thread
+      // captures another stream: relaxed mode says so to CUDA, which would
+      // otherwise take the wait for one that breaks the capture.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&mode);
       cudaStreamSynchronize(xs);
+      cudaThreadExchangeStreamCaptureMode(&mode);
       cudaStreamDestroy(xs);
     }
     if (fork) cudaEventDestroy(fork);
@@ -988,6 +995,18 @@ zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k,
 
 zpResult_t zpAttentionDestroy(zpAttention_t attn) try {
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttentionDestroy: attn is NULL");
+#ifdef ZP_WITH_CUDA
+  // Destroying waits for the exchange stream, which a stream capture forbids
+  // (the wait would fail and invalidate the caller's capture): refused while
+  // the exchange stream is part of a capture, that is until it ends.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (attn->xs && cudaStreamIsCapturing(attn->xs, &capturing) == cudaSuccess &&
+      capturing != cudaStreamCaptureStatusNone)
+    return zpSetLastError(attn->comm, zpInvalidUsage,
+                          "zpAttentionDestroy cannot be captured: the driver's exchange stream is part of a stream "
+                          "capture that has not ended, and destroying waits for it; call it after "
+                          "cudaStreamEndCapture");
+#endif
   delete attn;
   return zpSuccess;
 } catch (...) {
