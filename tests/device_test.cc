@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -689,32 +690,60 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   DeviceMirror dUlyIn0(ulyIn0), dUlyOut0(ulyOut0), dUlyIn1(ulyIn1), dUlyOut1(ulyOut1);
   DeviceMirror* dUlyIn[2] = {&dUlyIn0, &dUlyIn1};
   DeviceMirror* dUlyOut[2] = {&dUlyOut0, &dUlyOut1};
-  // Attention, float32, on the plan's attention layout.
+  // Attention, float32, forward and backward, twice: on a plan with rings over
+  // every rank (the driver forks its exchange stream), and on one with only
+  // a local sequence per rank (it never does).
   const int H = 4, Hk = 2, D = 16;
-  zpBatchPlan_t attnPlan = zptest::deviceAttentionPlan(nranks, (int)(rng() % 2), 0, rng);
-  zpLayout_t attnLayout = nullptr;
-  if (!attnPlan || zpPlanGetLayout(attnPlan, zpAttentionLayout, &attnLayout) != zpSuccess)
-    return where + "the attention plan";
-  int64_t T = 0;
-  zpLayoutRankTokens(attnLayout, rank, &T);
-  const size_t qn = T * H * D, kn = T * Hk * D;
-  zptest::DeviceBuffer q(qn * 4, 0), k(kn * 4, 0), v(kn * 4, 0), dout(qn * 4, 0), out(qn * 4, 0xFF),
-      lse(H * T * 4, 0xFF), dq(qn * 4, 0xFF), dk(kn * 4, 0xFF), dv(kn * 4, 0xFF);
   zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpFloat32};
-  zpAttention_t attn = nullptr;
-  if (zpAttentionCreate(&attn, attnPlan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate");
-  zpAttention_t hostAttn = nullptr;
-  if (zpAttentionCreate(&hostAttn, attnPlan, &cfg, comm) != zpSuccess) return zpFailed("zpAttentionCreate (host)");
+  struct AttnCase {
+    zpBatchPlan_t plan = nullptr;
+    zpAttention_t dev = nullptr, host = nullptr;
+    size_t T = 0, qn = 0, kn = 0;
+    std::unique_ptr<zptest::DeviceBuffer> q, k, v, dout, out, lse, dq, dk, dv;
+    std::vector<float> qf, kf, vf, doutf;
+  } cases[2];
+  cases[0].plan = zptest::deviceAttentionPlan(nranks, (int)(rng() % 2), 0, rng);
+  {
+    std::vector<int64_t> lens;
+    std::vector<size_t> offs = {0};
+    std::vector<int> ranks;
+    for (int r = 0; r < nranks; r++) {
+      lens.push_back(1 + (int64_t)(rng() % 100));
+      ranks.push_back(r);
+      offs.push_back(ranks.size());
+    }
+    zpPlanCreate(&cases[1].plan, nranks, lens.data(), 1, nranks, 0, offs.data(), ranks.data());
+  }
+  for (AttnCase& c : cases) {
+    zpLayout_t layout = nullptr;
+    int64_t T = 0;
+    if (!c.plan || zpPlanGetLayout(c.plan, zpAttentionLayout, &layout) != zpSuccess ||
+        zpLayoutRankTokens(layout, rank, &T) != zpSuccess)
+      return where + "an attention plan";
+    c.T = (size_t)T;
+    c.qn = c.T * H * D;
+    c.kn = c.T * Hk * D;
+    auto buf = [](size_t bytes, uint8_t fill) { return std::make_unique<zptest::DeviceBuffer>(bytes, fill); };
+    c.q = buf(c.qn * 4, 0), c.k = buf(c.kn * 4, 0), c.v = buf(c.kn * 4, 0), c.dout = buf(c.qn * 4, 0);
+    c.out = buf(c.qn * 4, 0xFF), c.lse = buf(H * c.T * 4, 0xFF), c.dq = buf(c.qn * 4, 0xFF);
+    c.dk = buf(c.kn * 4, 0xFF), c.dv = buf(c.kn * 4, 0xFF);
+    if (zpAttentionCreate(&c.dev, c.plan, &cfg, comm) != zpSuccess ||
+        zpAttentionCreate(&c.host, c.plan, &cfg, comm) != zpSuccess)
+      return zpFailed("zpAttentionCreate");
+  }
+  AttnCase& rings = cases[0];
   for (const DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0,
                                 &dUlyOut0, &dUlyIn1, &dUlyOut1})
     if (!m->ok()) return where + "cudaMalloc";
 
   // A driver that made its exchange stream outside the capture (an eager pass).
   zpAttention_t idle = nullptr;
-  if (zpAttentionCreate(&idle, attnPlan, &cfg, comm) != zpSuccess ||
-      zpAttentionForward(idle, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream) != zpSuccess)
+  if (zpAttentionCreate(&idle, rings.plan, &cfg, comm) != zpSuccess ||
+      zpAttentionForward(idle, rings.q->dev, rings.k->dev, rings.v->dev, rings.out->dev, (float*)rings.lse->dev,
+                         stream) != zpSuccess)
     return zpFailed("an eager pass");
-  if (cudaStreamSynchronize(stream) != cudaSuccess || out.toDevice() != cudaSuccess || lse.toDevice() != cudaSuccess)
+  if (cudaStreamSynchronize(stream) != cudaSuccess || rings.out->toDevice() != cudaSuccess ||
+      rings.lse->toDevice() != cudaSuccess)
     return where + "after the eager pass";
 
   // The capture: every call enqueues, nothing runs.
@@ -732,14 +761,16 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
     if (zpUlyssesAlltoall(dUlyIn[dir]->data(), dUlyOut[dir]->data(), linear, qHeads, heads, headDim, zpFloat32, dir,
                           comm, stream) != zpSuccess)
       err += zpFailed("zpUlyssesAlltoall") + "; ";
-  if (zpAttentionForward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, stream) != zpSuccess)
-    err += zpFailed("zpAttentionForward") + "; ";
-  if (zpAttentionBackward(attn, q.dev, k.dev, v.dev, out.dev, (float*)lse.dev, dout.dev, dq.dev, dk.dev, dv.dev,
-                          stream) != zpSuccess)
-    err += zpFailed("zpAttentionBackward") + "; ";
+  for (AttnCase& c : cases) {
+    if (zpAttentionForward(c.dev, c.q->dev, c.k->dev, c.v->dev, c.out->dev, (float*)c.lse->dev, stream) != zpSuccess)
+      err += zpFailed("zpAttentionForward") + "; ";
+    if (zpAttentionBackward(c.dev, c.q->dev, c.k->dev, c.v->dev, c.out->dev, (float*)c.lse->dev, c.dout->dev,
+                            c.dq->dev, c.dk->dev, c.dv->dev, stream) != zpSuccess)
+      err += zpFailed("zpAttentionBackward") + "; ";
+  }
   // Destroying the driver would wait for its exchange stream, which is in the
   // capture: refused, and the capture goes on.
-  if (zpAttentionDestroy(attn) != zpInvalidUsage ||
+  if (zpAttentionDestroy(rings.dev) != zpInvalidUsage ||
       std::string(zpGetLastError(comm)).find("zpAttentionDestroy cannot be captured") == std::string::npos)
     err += where + "zpAttentionDestroy during the capture: " + zpGetLastError(comm) + "; ";
   // A driver whose exchange stream is not in the capture may be destroyed:
@@ -749,9 +780,9 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   if (ended != cudaSuccess) err += where + "cudaStreamEndCapture: " + cudaGetErrorString(ended) + "; ";
   if (!err.empty()) return err;
-  if (a2aRecv.copyBack() != cudaSuccess || out.toHost() != cudaSuccess) return where + "copying back";
+  if (a2aRecv.copyBack() != cudaSuccess || rings.out->toHost() != cudaSuccess) return where + "copying back";
   if (a2a.recvBuffer().writtenBytes() != 0) return where + "the capture ran the alltoallv";
-  for (uint8_t b : out.host)
+  for (uint8_t b : rings.out->host)
     if (b != 0xFF) return where + "the capture ran the attention forward";
   cudaGraphExec_t exec = nullptr;
   if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return where + "cudaGraphInstantiate";
@@ -771,19 +802,22 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
       for (size_t i = 0; i < ulyElems[dir][0]; i++) ((float*)ulyIn[dir]->data())[i] = (float)(data() % 2001) / 8 - 125;
       ulyOut[dir]->poison();
     }
-    std::vector<float> qf(qn), kf(kn), vf(kn), doutf(qn);
-    for (auto* f : {&qf, &kf, &vf, &doutf})
-      for (float& x : *f) x = (float)((int)(data() % 257) - 128) / 64;
-    memcpy(q.host.data(), qf.data(), qn * 4);
-    memcpy(k.host.data(), kf.data(), kn * 4);
-    memcpy(v.host.data(), vf.data(), kn * 4);
-    memcpy(dout.host.data(), doutf.data(), qn * 4);
-    for (auto* b : {&out, &lse, &dq, &dk, &dv}) memset(b->host.data(), 0xFF, b->host.size());
     bool up = true;
+    for (AttnCase& c : cases) {
+      c.qf.resize(c.qn), c.kf.resize(c.kn), c.vf.resize(c.kn), c.doutf.resize(c.qn);
+      for (auto* f : {&c.qf, &c.kf, &c.vf, &c.doutf})
+        for (float& x : *f) x = (float)((int)(data() % 257) - 128) / 64;
+      memcpy(c.q->host.data(), c.qf.data(), c.qn * 4);
+      memcpy(c.k->host.data(), c.kf.data(), c.kn * 4);
+      memcpy(c.v->host.data(), c.vf.data(), c.kn * 4);
+      memcpy(c.dout->host.data(), c.doutf.data(), c.qn * 4);
+      for (auto* b : {&c.out, &c.lse, &c.dq, &c.dk, &c.dv}) memset((*b)->host.data(), 0xFF, (*b)->host.size());
+      for (auto* b : {&c.q, &c.k, &c.v, &c.dout, &c.out, &c.lse, &c.dq, &c.dk, &c.dv})
+        up &= (*b)->toDevice() == cudaSuccess;
+    }
     for (DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0, &dUlyOut0,
                             &dUlyIn1, &dUlyOut1})
       up &= m->upload() == cudaSuccess;
-    for (auto* b : {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv}) up &= b->toDevice() == cudaSuccess;
     if (!up) return at + "uploading the inputs";
 
     cudaError_t e = cudaGraphLaunch(exec, stream);
@@ -808,40 +842,46 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
       if (memcmp(want.storage().data(), ulyOut[dir]->storage().data(), want.storage().size()) != 0)
         err += at + "Ulysses direction " + std::to_string(dir) + " differs from the host path; ";
     }
-    for (auto* b : {&out, &lse, &dq, &dk, &dv})
-      if (b->toHost() != cudaSuccess) return at + "copying back";
-    std::vector<float> outH(qn), lseH(H * T), dqH(qn), dkH(kn), dvH(kn);
-    if (zpAttentionForward(hostAttn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), nullptr) != zpSuccess ||
-        zpAttentionBackward(hostAttn, qf.data(), kf.data(), vf.data(), outH.data(), lseH.data(), doutf.data(),
-                            dqH.data(), dkH.data(), dvH.data(), nullptr) != zpSuccess)
-      return zpFailed("the host attention driver");
-    // float32: the same kernels in the same order, equal bit for bit (on the double).
-    auto same = [&](const char* name, const std::vector<float>& want, const zptest::DeviceBuffer& got) {
+    for (AttnCase& c : cases) {
+      for (auto* b : {&c.out, &c.lse, &c.dq, &c.dk, &c.dv})
+        if ((*b)->toHost() != cudaSuccess) return at + "copying back";
+      std::vector<float> outH(c.qn), lseH(H * c.T), dqH(c.qn), dkH(c.kn), dvH(c.kn);
+      if (zpAttentionForward(c.host, c.qf.data(), c.kf.data(), c.vf.data(), outH.data(), lseH.data(), nullptr) !=
+              zpSuccess ||
+          zpAttentionBackward(c.host, c.qf.data(), c.kf.data(), c.vf.data(), outH.data(), lseH.data(),
+                              c.doutf.data(), dqH.data(), dkH.data(), dvH.data(), nullptr) != zpSuccess)
+        return zpFailed("the host attention driver");
+      // float32: the same kernels in the same order, equal bit for bit (on the double).
+      const std::string name = &c == &rings ? "attention (rings) " : "attention (local) ";
+      auto same = [&](const char* what, const std::vector<float>& want, const zptest::DeviceBuffer& got) {
 #ifdef ZP_TEST_DOUBLE
-      if (memcmp(want.data(), got.host.data(), want.size() * 4) != 0) err += at + "attention " + name + " differs; ";
+        if (memcmp(want.data(), got.host.data(), want.size() * 4) != 0) err += at + name + what + " differs; ";
 #else
-      for (size_t i = 0; i < want.size(); i++) {
-        const float g = ((const float*)got.host.data())[i];
-        if (!(std::fabs(g - want[i]) <= 1e-5f * std::fabs(want[i]) + 1e-6f)) {
-          err += at + "attention " + name + " differs; ";
-          break;
+        for (size_t i = 0; i < want.size(); i++) {
+          const float g = ((const float*)got.host.data())[i];
+          if (!(std::fabs(g - want[i]) <= 1e-5f * std::fabs(want[i]) + 1e-6f)) {
+            err += at + name + what + " differs; ";
+            break;
+          }
         }
-      }
 #endif
-    };
-    same("out", outH, out);
-    same("lse", lseH, lse);
-    same("dq", dqH, dq);
-    same("dk", dkH, dk);
-    same("dv", dvH, dv);
+      };
+      same("out", outH, *c.out);
+      same("lse", lseH, *c.lse);
+      same("dq", dqH, *c.dq);
+      same("dk", dkH, *c.dk);
+      same("dv", dvH, *c.dv);
+    }
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  zpAttentionDestroy(attn);
-  zpAttentionDestroy(hostAttn);
+  for (AttnCase& c : cases) {
+    zpAttentionDestroy(c.dev);
+    zpAttentionDestroy(c.host);
+    zpPlanDestroy(c.plan);
+  }
   zpRemapDestroy(remap);
   zpPlanDestroy(plan);
-  zpPlanDestroy(attnPlan);
   cudaStreamDestroy(stream);
   return err;
 }
