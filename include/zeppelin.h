@@ -513,7 +513,9 @@ zpResult_t zpAttentionForward(zpAttention_t attn, const void* q, const void* k, 
                               zpStream_t stream);
 zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k, const void* v, const void* out,
                                const float* lse, const void* dout, void* dq, void* dk, void* dv, zpStream_t stream);
-/* Waits for the driver's device work, if any, and frees it. */
+/* Waits for the driver's device work, if any, and frees it. zpInvalidUsage
+ * (nothing freed) while the driver's exchange stream is part of a CUDA stream
+ * capture that has not ended: destroy it after cudaStreamEndCapture. */
 zpResult_t zpAttentionDestroy(zpAttention_t attn);
 
 /* Size in bytes of one element of datatype, or 0 for an invalid type. */
