@@ -428,14 +428,16 @@ TEST(FakeCudaGraph, CallsThatCannotBeCapturedFailAndInvalidateTheCapture) {
     ASSERT_EQ(cudaStreamBeginCapture(s, m), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaSuccess);
   };
-  // Waiting for the capturing stream.
-  begin();
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
-  EXPECT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaErrorStreamCaptureInvalidated);
-  expectInvalidated(s);
-  begin();
-  EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
-  expectInvalidated(s);
+  // Waiting for the capturing stream: in every mode, relaxed included.
+  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed}) {
+    begin(mode);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaErrorStreamCaptureInvalidated);
+    expectInvalidated(s);
+    begin(mode);
+    EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
+    expectInvalidated(s);
+  }
   begin();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
   expectInvalidated(s);
