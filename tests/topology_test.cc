@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "src/core/log.h"
+#include "tests/process_util.h"
 
 namespace {
 
@@ -947,6 +948,137 @@ TEST(Discovery, GpusNicsNumaAndPciHopsFromHwloc) {
             "only zpnic0,zpnic3: 0 3 3 0\n");
 }
 
+// ---- A GPU node from sysfs alone (tests/data/sysfs_gpu_node, README there) ----
+
+std::string sysfsFixture() { return dataDir() + "/sysfs_gpu_node"; }
+
+TEST(IbRate, ParsesTheKernelsRateFiles) {
+  double b = 0;
+  EXPECT_TRUE(zp::parseIbRate("200 Gb/sec (4X HDR)\n", &b));
+  EXPECT_EQ(b, 200e9);
+  EXPECT_TRUE(zp::parseIbRate("2.5 Gb/sec (1X SDR)", &b));
+  EXPECT_EQ(b, 2.5e9);
+  EXPECT_TRUE(zp::parseIbRate("100 Gb/sec", &b));
+  EXPECT_EQ(b, 100e9);
+  for (const char* bad : {"", "\n", "fast", "200", "200 Gb/s", "200Gb/sec", "200 Mb/sec (4X)", "-5 Gb/sec",
+                          "0 Gb/sec (4X HDR)", "nan Gb/sec", "inf Gb/sec", "1e400 Gb/sec", "0x10 Gb/sec",
+                          "200 Gb/sec (4X HDR", "200 Gb/sec junk", " Gb/sec", "2 00 Gb/sec"}) {
+    b = -1;
+    EXPECT_FALSE(zp::parseIbRate(bad, &b)) << "'" << bad << "'";
+    EXPECT_EQ(b, -1) << "'" << bad << "'";
+  }
+}
+
+// Discovery with ZP_SYSFS_ROOT: NICs with their HCA ports' rates (a
+// malformed rate file ignored), GPUs from the PCI classes with their NUMA
+// nodes, hops and nearest NIC, and ranks on GPUs taking those NICs.
+TEST(Discovery, GpuNodeFromSysfs) {
+  const std::string root = sysfsFixture();
+  ScopedEnv sys("ZP_SYSFS_ROOT", root.c_str()), rate("ZP_NIC_RATE_BPS", nullptr);
+  NodeTopology node;
+  ASSERT_EQ(zp::discoverNode(&node), zpSuccess) << zp::lastError();
+  EXPECT_EQ(node.numaNodes, 2);
+  ASSERT_EQ(node.nics.size(), 4u) << zp::describe(node);
+  auto nic = [&](size_t k) {
+    const Nic& n = node.nics[k];
+    return n.name + " " + zp::formatBitsPerSec(n.bitsPerSec) + " numa " + std::to_string(n.numa) + " pci " +
+           n.pciBusId + " hca " + n.hca;
+  };
+  EXPECT_EQ(nic(0), "eth0 1 Gbit/s numa 0 pci 0000:00:1f.6 hca ");
+  EXPECT_EQ(nic(1), "ib0 200 Gbit/s numa 0 pci 0000:01:00.1 hca mlx5_0:1");
+  EXPECT_EQ(nic(2), "ib1 400 Gbit/s numa 1 pci 0000:81:00.1 hca mlx5_1:1");
+  // mlx5_2's rate file says "fast": ignored, the interface's own speed stays.
+  EXPECT_EQ(nic(3), "ib2 100 Gbit/s numa 1 pci 0000:82:00.0 hca mlx5_2:1");
+  ASSERT_EQ(node.gpus.size(), 2u) << zp::describe(node);
+  EXPECT_EQ(node.gpus[0].pciBusId, "0000:01:00.0");
+  EXPECT_EQ(node.gpus[0].numa, 0);
+  // Same bridge: 2 hops; eth0 on the same root complex: 3; the other root
+  // complex: up to devices/ and down again.
+  EXPECT_EQ(node.gpus[0].nicHops, (std::vector<int>{3, 2, 6, 6}));
+  EXPECT_EQ(node.gpus[0].nic, 1);
+  EXPECT_EQ(node.gpus[1].pciBusId, "0000:81:00.0");
+  EXPECT_EQ(node.gpus[1].numa, 1);
+  EXPECT_EQ(node.gpus[1].nicHops, (std::vector<int>{5, 6, 2, 4}));
+  EXPECT_EQ(node.gpus[1].nic, 2);
+  // Rank i drives GPU i % 2 and takes its nearest NIC.
+  EXPECT_EQ(zp::pickNics(node, 4, ""), (std::vector<int>{1, 2, 1, 2}));
+  std::string text = zp::describe(node);
+  EXPECT_TRUE(contains(text, "hca mlx5_1:1")) << text;
+  EXPECT_TRUE(contains(text, "gpu 1: pci 0000:81:00.0  numa 1  nearest NIC ib1")) << text;
+  // The topology file carries the GPUs (bus id, NUMA node, nearest NIC) and
+  // the HCAs; without "affinity" its rule gives the same NICs.
+  ClusterTopology t;
+  ASSERT_EQ(parseError("{\"nodes\": [" + zp::toJson(node, 4) + "]}", &t), "") << zp::toJson(node, 4);
+  ASSERT_EQ(t.node[0].gpus.size(), 2u);
+  EXPECT_EQ(t.node[0].gpus[1].pciBusId, "0000:81:00.0");
+  EXPECT_EQ(t.node[0].gpus[1].numa, 1);
+  EXPECT_EQ(t.node[0].gpus[1].nic, 2);
+  EXPECT_EQ(t.node[0].nics[2].hca, "mlx5_1:1");
+  EXPECT_EQ(t.rankNic, (std::vector<int>{1, 2, 1, 2}));
+  // And writes them back the same.
+  ClusterTopology again;
+  ASSERT_EQ(parseError(zp::toJson(t), &again), "") << zp::toJson(t);
+  EXPECT_EQ(again, t);
+}
+
+// A rate file that is missing, empty, garbage, huge or a directory: ignored
+// (the interface's speed, here unknown), never a failure or a crash.
+TEST(Discovery, MalformedRateFilesAreIgnored) {
+  zptest::TempDir dir("zp_sysfs");
+  const std::string copy = dir.path() + "/sys";
+  ASSERT_EQ(std::system(("cp -a '" + sysfsFixture() + "' '" + copy + "'").c_str()), 0);
+  const std::string rateFile = copy + "/class/infiniband/mlx5_0/ports/1/rate";
+  const std::vector<std::string> contents = {"", "\n", "garbage", "-200 Gb/sec (4X HDR)", "200 Mb/sec",
+                                             std::string(100000, '9') + " Gb/sec", std::string("\0\xff\x01", 3)};
+  ScopedEnv sys("ZP_SYSFS_ROOT", copy.c_str()), rate("ZP_NIC_RATE_BPS", nullptr);
+  auto ib0 = [&]() -> std::string {
+    NodeTopology node;
+    if (zp::discoverNode(&node) != zpSuccess) return std::string("FAIL ") + zp::lastError();
+    for (const Nic& n : node.nics)
+      if (n.name == "ib0") return zp::formatBitsPerSec(n.bitsPerSec) + " " + n.hca;
+    return "no ib0";
+  };
+  for (const std::string& c : contents) {
+    std::ofstream(rateFile, std::ios::binary | std::ios::trunc) << c;
+    EXPECT_EQ(ib0(), "unknown mlx5_0:1") << "'" << c.substr(0, 40) << "'";
+  }
+  ASSERT_EQ(unlink(rateFile.c_str()), 0);
+  EXPECT_EQ(ib0(), "unknown mlx5_0:1") << "no rate file";
+  ASSERT_EQ(mkdir(rateFile.c_str(), 0755), 0);
+  EXPECT_EQ(ib0(), "unknown mlx5_0:1") << "a directory";
+  // The right text again: the rate is back.
+  ASSERT_EQ(rmdir(rateFile.c_str()), 0);
+  std::ofstream(rateFile) << "200 Gb/sec (4X HDR)\n";
+  EXPECT_EQ(ib0(), "200 Gbit/s mlx5_0:1");
+}
+
+TEST(TopoSchema, GpuObjects) {
+  const std::string nics = "\"nics\": [{\"name\": \"a\", \"bandwidth\": 1e9}, {\"name\": \"b\", \"bandwidth\": 1e9}]";
+  ClusterTopology t;
+  // GPU 0 near b, GPU 1 near a: ranks follow their GPUs.
+  ASSERT_EQ(parseError("{\"nodes\": 1, \"ranksPerNode\": 4, \"numaNodes\": 2, " + nics +
+                           ", \"gpus\": [{\"pci\": \"0000:17:00.0\", \"numa\": 1, \"nic\": \"b\"}, {\"nic\": 0}]}",
+                       &t),
+            "");
+  ASSERT_EQ(t.node[0].gpus.size(), 2u);
+  EXPECT_EQ(t.node[0].gpus[0].pciBusId, "0000:17:00.0");
+  EXPECT_EQ(t.node[0].gpus[0].numa, 1);
+  EXPECT_EQ(t.node[0].gpus[0].nic, 1);
+  EXPECT_EQ(t.node[0].gpus[1].nic, 0);
+  EXPECT_EQ(t.rankNic, (std::vector<int>{1, 0, 1, 0}));
+  auto top = [&](const std::string& gpus) { return "{\"nodes\": 1, \"ranksPerNode\": 2, " + nics + ", \"gpus\": " + gpus + "}"; };
+  EXPECT_EQ(parseError(top("[{\"nic\": \"c\"}]")),
+            "test.json: at /gpus/0/nic: \"nic\" of GPU 0 of node 0 is 'c', not a NIC of node 0 (its NICs: a, b)");
+  EXPECT_TRUE(contains(parseError(top("[{\"nic\": 2}]")), "\"nic\" of GPU 0 of node 0 must be an integer in [0, 1]"));
+  EXPECT_TRUE(contains(parseError(top("[{\"pci\": \"17:00.0\"}]")), "\"pci\" of GPU 0 of node 0 must be a PCI bus id"));
+  EXPECT_TRUE(contains(parseError(top("[{\"numa\": 1}]")), "\"numa\" of GPU 0 of node 0 must be an integer in [-1, 0]"));
+  EXPECT_TRUE(contains(parseError(top("[{\"nics\": 1}]")), "unknown key \"nics\" in GPU 0 of node 0"));
+  EXPECT_TRUE(contains(parseError(top("[3]")), "GPU 0 of node 0 must be an object"));
+  EXPECT_TRUE(contains(parseError("{\"nodes\": 1, \"ranksPerNode\": 1, \"nics\": [{\"name\": \"a\", \"bandwidth\": 1, "
+                                  "\"hca\": 5}]}"),
+                       "\"hca\" of NIC 'a' must be a non-empty string"));
+}
+
 // ---- zptopo ----
 
 #ifdef ZPTOPO_PATH
@@ -1032,6 +1164,27 @@ TEST(Zptopo, PrintsTheTopologyFilesCluster) {
   r = runTool("");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "line 1, column 13")) << r.out;
+}
+// On a GPU node (the sysfs fixture): each rank's GPU, NIC and proxy rail,
+// the GPUs' nearest NICs, and the warning for the malformed rate file.
+TEST(Zptopo, ShowsRanksOnGpusAndTheirNics) {
+  const std::string root = sysfsFixture();
+  ScopedEnv topo("ZP_TOPO_FILE", nullptr), devices("ZP_NET_DEVICES", nullptr), rate("ZP_NIC_RATE_BPS", nullptr);
+  ScopedEnv sys("ZP_SYSFS_ROOT", root.c_str()), local("ZP_LOCAL_RANK", "1"), nlocal("ZP_LOCAL_NRANKS", "4");
+  ScopedEnv debug("ZP_DEBUG", "WARN");
+  ToolRun r = runTool("");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "NIC:         ib1 (400 Gbit/s)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  local rank 1: gpu 1 (0000:81:00.0) -> nic ib1 (400 Gbit/s), the GPU's nearest")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  local rank 2: gpu 0 (0000:01:00.0) -> nic ib0 (200 Gbit/s), the GPU's nearest")) << r.out;
+  EXPECT_TRUE(contains(r.out, "gpu 0: pci 0000:01:00.0  numa 0  nearest NIC ib0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "mlx5_2/ports/1/rate holds 'fast', not a rate such as '200 Gb/sec (4X HDR)': ignored"))
+      << r.out;
+  r = runTool("--json");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "{\"localRank\": 3, \"gpu\": 1, \"nic\": \"ib1\", \"proxyFor\": \"ib1\"}")) << r.out;
+  EXPECT_TRUE(contains(r.out, "\"nicHops\": [3, 2, 6, 6], \"nic\": \"ib0\"}")) << r.out;
+  EXPECT_TRUE(contains(r.out, "\"hca\": \"mlx5_0:1\"")) << r.out;
 }
 #endif  // ZPTOPO_PATH
 

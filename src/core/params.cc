@@ -36,6 +36,9 @@ const std::vector<Param> kParams = {
    "the NICs ranks may use, by name, comma-separated (default: all the node's; zpConfig_t.netDevices)"},
   {"ZP_TOPO_FILE", K::kPath, R::kSetting, "", "",
    "a JSON description of the cluster (zptopo writes one), used instead of discovery"},
+  {"ZP_SYSFS_ROOT", K::kPath, R::kSetting, "/sys", "",
+   "where discovery reads sysfs (NICs, InfiniBand port rates, PCI GPUs); another root (a test fixture) also "
+   "leaves hwloc out"},
   {"ZP_NIC_RATE_BPS", K::kRate, R::kCluster, "", "",
    "the rate of this rank's NIC where discovery cannot read it (tc notation: 1gbit, 500mbit; 0: unknown)"},
   // Routing.

@@ -314,13 +314,10 @@ class TopoReader {
       totalRanks += count;
       if (totalRanks > kMaxRanks) return err_->at(nodeAt, "the cluster has more than %ld ranks", kMaxRanks);
 
-      long numa = 1, gpus = 0;
+      long numa = 1;
       if (const JValue* v = pick(obj, "numaNodes"))
         if (!integer(*v, ("\"numaNodes\" of " + where).c_str(), 1, kMaxNuma, &numa)) return false;
       node.numaNodes = (int)numa;
-      if (const JValue* v = pick(obj, "gpus"))
-        if (!integer(*v, ("\"gpus\" of " + where).c_str(), 0, kMaxGpus, &gpus)) return false;
-      node.gpus.resize((size_t)gpus);
 
       const JValue* nics = pick(obj, "nics");
       if (!nics)
@@ -331,6 +328,9 @@ class TopoReader {
       totalNics += (long)node.nics.size();
       if (totalNics > kMaxNicsTotal)
         return err_->at(nics->at, "the cluster has more than %ld NICs", kMaxNicsTotal);
+      // GPUs after NICs: a GPU names its nearest NIC.
+      if (const JValue* v = pick(obj, "gpus"))
+        if (!readGpus(*v, where, &node)) return false;
 
       std::vector<int> affinity;
       if (const JValue* a = pick(obj, "affinity")) {
@@ -430,7 +430,7 @@ class TopoReader {
       if (o.kind != JValue::kObject)
         return err_->at(o.at, "%s must be an object with \"name\" and \"bandwidth\", not %s", what.c_str(),
                         kindName(o.kind));
-      if (!keysOk(o, what.c_str(), {"comment", "name", "bandwidth", "numa", "pci"})) return false;
+      if (!keysOk(o, what.c_str(), {"comment", "name", "bandwidth", "numa", "pci", "hca"})) return false;
       Nic nic;
       const JValue* name = o.get("name");
       if (!name) return err_->at(o.at, "%s has no \"name\"", what.c_str());
@@ -475,7 +475,61 @@ class TopoReader {
                           nic.name.c_str());
         nic.pciBusId = v->str;
       }
+      if (const JValue* v = o.get("hca")) {
+        if (v->kind != JValue::kString || v->str.empty())
+          return err_->at(v->at, "\"hca\" of NIC '%s' must be a non-empty string such as \"mlx5_0:1\"",
+                          nic.name.c_str());
+        nic.hca = v->str;
+      }
       node->nics.push_back(std::move(nic));
+    }
+    return true;
+  }
+
+  // "gpus": a count, or GPU objects (pci, numa, nic: its nearest NIC).
+  bool readGpus(const JValue& v, const std::string& where, NodeTopology* node) {
+    if (v.kind != JValue::kArray) {
+      long gpus = 0;
+      if (!integer(v, ("\"gpus\" of " + where).c_str(), 0, kMaxGpus, &gpus)) return false;
+      node->gpus.resize((size_t)gpus);
+      return true;
+    }
+    if ((long)v.items.size() > kMaxGpus)
+      return err_->at(v.at, "\"gpus\" of %s has more than %ld GPUs", where.c_str(), kMaxGpus);
+    for (size_t g = 0; g < v.items.size(); g++) {
+      const JValue& o = v.items[g];
+      std::string what = "GPU " + std::to_string(g) + " of " + where;
+      if (o.kind != JValue::kObject)
+        return err_->at(o.at, "%s must be an object (keys \"pci\", \"numa\", \"nic\"), not %s", what.c_str(),
+                        kindName(o.kind));
+      if (!keysOk(o, what.c_str(), {"comment", "pci", "numa", "nic"})) return false;
+      Gpu gpu;
+      if (const JValue* p = o.get("pci")) {
+        if (p->kind != JValue::kString || !isPciBusId(p->str))
+          return err_->at(p->at, "\"pci\" of %s must be a PCI bus id such as \"0000:17:00.0\"", what.c_str());
+        gpu.pciBusId = p->str;
+      }
+      if (const JValue* n = o.get("numa")) {
+        long numa = -1;
+        if (!integer(*n, ("\"numa\" of " + what).c_str(), -1, node->numaNodes - 1, &numa)) return false;
+        gpu.numa = (int)numa;
+      }
+      if (const JValue* e = o.get("nic")) {
+        if (e->kind == JValue::kString) {
+          for (size_t k = 0; k < node->nics.size(); k++)
+            if (node->nics[k].name == e->str) gpu.nic = (int)k;
+          if (gpu.nic < 0)
+            return err_->at(e->at, "\"nic\" of %s is '%s', not a NIC of %s (its NICs: %s)", what.c_str(),
+                            e->str.c_str(), where.c_str(), nicList(*node).c_str());
+        } else {
+          long k = 0;
+          if (node->nics.empty())
+            return err_->at(e->at, "\"nic\" of %s: %s has no NICs", what.c_str(), where.c_str());
+          if (!integer(*e, ("\"nic\" of " + what).c_str(), 0, (long)node->nics.size() - 1, &k)) return false;
+          gpu.nic = (int)k;
+        }
+      }
+      node->gpus.push_back(std::move(gpu));
     }
     return true;
   }
@@ -575,16 +629,32 @@ Json nicJson(const Nic& n) {
   else o["bandwidth"] = nullptr;
   if (n.numa >= 0) o["numa"] = n.numa;
   if (!n.pciBusId.empty()) o["pci"] = n.pciBusId;
+  if (!n.hca.empty()) o["hca"] = n.hca;
   return o;
 }
 
 // A node's "numaNodes", "gpus", "nics" and "affinity" members.
 void nodeMembers(const NodeTopology& node, const std::vector<int>& nicOfRank, Json* o) {
   if (node.numaNodes != 1) (*o)["numaNodes"] = node.numaNodes;
-  if (!node.gpus.empty()) (*o)["gpus"] = node.gpus.size();
   Json nics = Json::array();
   for (const Nic& n : node.nics) nics.push_back(nicJson(n));
   (*o)["nics"] = nics;
+  // GPUs: a count, unless one of them is known beyond that.
+  bool detailed = false;
+  for (const Gpu& g : node.gpus) detailed = detailed || !g.pciBusId.empty() || g.numa >= 0 || g.nic >= 0;
+  if (detailed) {
+    Json gpus = Json::array();
+    for (const Gpu& g : node.gpus) {
+      Json j = Json::object();
+      if (!g.pciBusId.empty()) j["pci"] = g.pciBusId;
+      if (g.numa >= 0) j["numa"] = g.numa;
+      if (g.nic >= 0 && g.nic < (int)node.nics.size()) j["nic"] = node.nics[(size_t)g.nic].name;
+      gpus.push_back(j);
+    }
+    (*o)["gpus"] = gpus;
+  } else if (!node.gpus.empty()) {
+    (*o)["gpus"] = node.gpus.size();
+  }
   bool affinityOk = !nicOfRank.empty() && !node.nics.empty();
   for (int k : nicOfRank) affinityOk = affinityOk && k >= 0 && k < (int)node.nics.size();
   if (affinityOk) {
@@ -624,7 +694,7 @@ std::string toJson(const ClusterTopology& topo) {
     const NodeTopology& a = topo.node[(size_t)i];
     const NodeTopology& b = topo.node[0];
     uniform = a.name == "node" + std::to_string(i) && a.nics == b.nics && a.numaNodes == b.numaNodes &&
-              a.gpus.size() == b.gpus.size() && nicsOf(i) == nicsOf(0);
+              a.gpus == b.gpus && nicsOf(i) == nicsOf(0);
   }
   Json o;
   o["version"] = 1;

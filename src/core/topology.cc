@@ -29,6 +29,7 @@
 
 #include "src/core/config.h"
 #include "src/core/log.h"
+#include "src/core/params.h"
 
 namespace zp {
 namespace {
@@ -125,6 +126,26 @@ bool readSysInt(const std::string& path, long* out) {
   return true;
 }
 
+// Where sysfs is: /sys, or ZP_SYSFS_ROOT (a test fixture).
+std::string sysRoot() { return envString("ZP_SYSFS_ROOT", "/sys"); }
+
+// The canonical path of a sysfs entry (its symlinks followed); empty if none.
+std::string realPath(const std::string& path) {
+  char real[PATH_MAX];
+  return realpath(path.c_str(), real) ? std::string(real) : std::string();
+}
+
+std::vector<std::string> listDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return names;
+  while (struct dirent* e = readdir(d))
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end(), naturalLess);
+  return names;
+}
+
 struct SysNic {
   Nic nic;
   bool physical = false;
@@ -133,7 +154,8 @@ struct SysNic {
 // Interfaces of /sys/class/net that may carry traffic: not the loopback, and
 // administratively up.
 zpResult_t listSysNics(std::vector<SysNic>* out) {
-  const char* kDir = "/sys/class/net";
+  const std::string root = sysRoot(), dir = root + "/class/net";
+  const char* kDir = dir.c_str();
   DIR* d = opendir(kDir);
   if (!d) return fail(zpSystemError, "topology: cannot list %s: %s", kDir, strerror(errno));
   std::vector<std::string> names;
@@ -180,7 +202,7 @@ zpResult_t listSysNics(std::vector<SysNic>* out) {
       }
       long numa = -1;
       if (!s.nic.pciBusId.empty() &&
-          readSysInt("/sys/bus/pci/devices/" + s.nic.pciBusId + "/numa_node", &numa) && numa >= 0)
+          readSysInt(root + "/bus/pci/devices/" + s.nic.pciBusId + "/numa_node", &numa) && numa >= 0)
         s.nic.numa = (int)numa;
     }
     out->push_back(std::move(s));
@@ -189,7 +211,7 @@ zpResult_t listSysNics(std::vector<SysNic>* out) {
 }
 
 int sysNumaNodes() {
-  DIR* d = opendir("/sys/devices/system/node");
+  DIR* d = opendir((sysRoot() + "/devices/system/node").c_str());
   if (!d) return 1;
   int n = 0;
   while (struct dirent* e = readdir(d)) {
@@ -258,11 +280,91 @@ int treeHops(hwloc_obj_t a, hwloc_obj_t b) {
   return -1;
 }
 
-bool isGpu(hwloc_obj_t pci) {
-  unsigned cls = pci->attr->pcidev.class_id, vendor = pci->attr->pcidev.vendor_id;
+bool isGpuClass(unsigned cls, unsigned vendor) {
   if (cls == 0x0302) return true;  // 3D controller
   bool gpuVendor = (vendor == 0x10de /* NVIDIA */ || vendor == 0x1002 /* AMD */);
   return gpuVendor && (cls == 0x0300 || cls == 0x0380);
+}
+
+bool isGpu(hwloc_obj_t pci) { return isGpuClass(pci->attr->pcidev.class_id, pci->attr->pcidev.vendor_id); }
+
+// Edges between two devices along their sysfs paths (devices/pci0000:00/
+// 0000:00:01.0/0000:01:00.0: each bridge is a level), through their closest
+// common ancestor (devices/ itself for two root complexes, as hwloc's tree
+// meets at the machine); -1 if either path is unknown.
+int pathHops(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return -1;
+  auto split = [](const std::string& p) {
+    std::vector<std::string> v;
+    size_t i = 0;
+    while (i < p.size()) {
+      size_t j = p.find('/', i);
+      if (j == std::string::npos) j = p.size();
+      if (j > i) v.push_back(p.substr(i, j - i));
+      i = j + 1;
+    }
+    return v;
+  };
+  std::vector<std::string> x = split(a), y = split(b);
+  size_t common = 0;
+  while (common < x.size() && common < y.size() && x[common] == y[common]) common++;
+  if (common == 0) return -1;
+  return (int)(x.size() - common + y.size() - common);
+}
+
+// GPUs from sysfs alone (where hwloc is not used): bus/pci/devices/*.
+void sysGpus(const std::string& root, NodeTopology* node) {
+  const std::string dir = root + "/bus/pci/devices";
+  std::vector<std::string> nicPath;
+  for (const Nic& n : node->nics)
+    nicPath.push_back(n.pciBusId.empty() ? std::string() : realPath(dir + "/" + n.pciBusId));
+  for (const std::string& id : listDir(dir)) {
+    long cls = 0, vendor = 0, numa = -1;
+    if (!isPciBusId(id) || !readSysInt(dir + "/" + id + "/class", &cls)) continue;
+    readSysInt(dir + "/" + id + "/vendor", &vendor);
+    if (!isGpuClass((unsigned)cls >> 8, (unsigned)vendor)) continue;
+    Gpu g;
+    g.pciBusId = id;
+    if (readSysInt(dir + "/" + id + "/numa_node", &numa) && numa >= 0) g.numa = (int)numa;
+    const std::string path = realPath(dir + "/" + id);
+    for (const std::string& np : nicPath) g.nicHops.push_back(pathHops(path, np));
+    node->gpus.push_back(std::move(g));
+  }
+}
+
+// InfiniBand HCA ports behind the node's NICs, and their rates.
+void sysIbPorts(const std::string& root, NodeTopology* node) {
+  const std::string dir = root + "/class/infiniband";
+  for (const std::string& hca : listDir(dir)) {
+    const std::string ports = dir + "/" + hca + "/ports";
+    std::vector<std::string> portList = listDir(ports);
+    for (const std::string& ifname : listDir(dir + "/" + hca + "/device/net")) {
+      auto nic = std::find_if(node->nics.begin(), node->nics.end(), [&](const Nic& n) { return n.name == ifname; });
+      if (nic == node->nics.end()) continue;
+      // Its port: dev_port (0-based) + 1, else the HCA's first port.
+      long devPort = -1;
+      std::string port;
+      if (readSysInt(dir + "/" + hca + "/device/net/" + ifname + "/dev_port", &devPort) && devPort >= 0)
+        port = std::to_string(devPort + 1);
+      if (std::find(portList.begin(), portList.end(), port) == portList.end())
+        port = portList.empty() ? std::string() : portList[0];
+      if (port.empty()) continue;
+      nic->hca = hca + ":" + port;
+      const std::string rateFile = ports + "/" + port + "/rate";
+      std::string text;
+      double bps = 0;
+      if (!readFile(rateFile, &text)) {
+        ZP_WARN(kSubInit, "topology: %s cannot be read: the rate of %s stays %s", rateFile.c_str(), ifname.c_str(),
+                formatBitsPerSec(nic->bitsPerSec).c_str());
+      } else if (!parseIbRate(text, &bps)) {
+        ZP_WARN(kSubInit, "topology: %s holds '%s', not a rate such as '200 Gb/sec (4X HDR)': ignored (the rate of "
+                "%s stays %s)", rateFile.c_str(), trim(text).substr(0, 80).c_str(), ifname.c_str(),
+                formatBitsPerSec(nic->bitsPerSec).c_str());
+      } else {
+        nic->bitsPerSec = bps;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -290,8 +392,11 @@ zpResult_t discoverNode(NodeTopology* out) {
   std::sort(node.nics.begin(), node.nics.end(),
             [](const Nic& a, const Nic& b) { return naturalLess(a.name, b.name); });
 
+  const std::string root = sysRoot();
+  sysIbPorts(root, &node);
   HwlocTopo hw;
-  if (hw.load()) {
+  // hwloc reads the machine's own /sys: not with another root.
+  if (root == "/sys" && hw.load()) {
     node.numaNodes = std::max(1, hwloc_get_nbobjs_by_type(hw.topo, HWLOC_OBJ_NUMANODE));
     // hwloc's view of the NICs: PCI device and NUMA node, by interface name.
     std::vector<hwloc_obj_t> nicPci(node.nics.size(), nullptr);
@@ -317,8 +422,9 @@ zpResult_t discoverNode(NodeTopology* out) {
       node.gpus.push_back(std::move(g));
     }
   } else {
-    ZP_INFO(kSubInit, "topology: hwloc could not load this machine's topology; using /sys only");
+    if (root == "/sys") ZP_INFO(kSubInit, "topology: hwloc could not load this machine's topology; using /sys only");
     node.numaNodes = sysNumaNodes();
+    sysGpus(root, &node);
     // With one NUMA node, every device is on it.
     if (node.numaNodes == 1)
       for (Nic& n : node.nics)
@@ -328,10 +434,14 @@ zpResult_t discoverNode(NodeTopology* out) {
   if (rate > 0) {
     for (Nic& n : node.nics) n.bitsPerSec = n.bitsPerSec > 0 ? std::min(n.bitsPerSec, rate) : rate;
   }
+  for (size_t g = 0; g < node.gpus.size(); g++) node.gpus[g].nic = nearestNic(node, g);
   for (const Nic& n : node.nics)
     ZP_INFO(kSubInit, "topology: NIC %s %s numa %d%s%s%s", n.name.c_str(),
             formatBitsPerSec(n.bitsPerSec).c_str(), n.numa, n.pciBusId.empty() ? "" : " pci ",
             n.pciBusId.c_str(), n.isVirtual ? " (virtual)" : "");
+  for (const Gpu& g : node.gpus)
+    ZP_INFO(kSubInit, "topology: GPU %s numa %d nearest NIC %s", g.pciBusId.c_str(), g.numa,
+            g.nic >= 0 ? node.nics[(size_t)g.nic].name.c_str() : "unknown");
   *out = std::move(node);
   return zpSuccess;
 }
@@ -339,6 +449,59 @@ zpResult_t discoverNode(NodeTopology* out) {
 // ---------------------------------------------------------------------------
 // Affinity
 
+
+namespace {
+
+// How far NIC c is from GPU g, as (NUMA penalty, hops); numa is the place's.
+std::pair<int, int> gpuNicDistance(const NodeTopology& node, int gpu, int numa, int c) {
+  const Nic& nic = node.nics[(size_t)c];
+  int pen = (numa >= 0 && nic.numa >= 0 && nic.numa != numa) ? 1 : 0;
+  int hops = 0;
+  if (gpu >= 0) {
+    const Gpu& g = node.gpus[(size_t)gpu];
+    const auto& h = g.nicHops;
+    const int unknown = 1 << 20;
+    if ((size_t)c < h.size() && h[(size_t)c] >= 0) hops = h[(size_t)c];
+    else if (g.nic >= 0 && std::all_of(h.begin(), h.end(), [](int x) { return x < 0; }))
+      hops = c == g.nic ? 0 : unknown;  // a file's GPU names its nearest NIC only
+    else hops = unknown;
+  }
+  return {pen, hops};
+}
+
+}  // namespace
+
+int nearestNic(const NodeTopology& node, size_t g) {
+  if (g >= node.gpus.size() || node.nics.empty()) return -1;
+  const Gpu& gpu = node.gpus[g];
+  if (gpu.nic >= 0 && gpu.nic < (int)node.nics.size()) return gpu.nic;
+  int best = -1;
+  std::pair<int, int> bestD;
+  bool differ = false;
+  for (int c = 0; c < (int)node.nics.size(); c++) {
+    auto d = gpuNicDistance(node, (int)g, gpu.numa, c);
+    if (best >= 0 && d != bestD) differ = true;
+    if (best < 0 || d < bestD) best = c, bestD = d;
+  }
+  return differ || node.nics.size() == 1 ? best : -1;
+}
+
+bool parseIbRate(const std::string& text, double* bitsPerSec) {
+  // "<number> Gb/sec", then optionally " (<width> <speed>)".
+  std::string t = trim(text);
+  size_t sp = t.find(' ');
+  if (sp == std::string::npos) return false;
+  std::string num = t.substr(0, sp), rest = t.substr(sp + 1);
+  if (rest.compare(0, 6, "Gb/sec") != 0) return false;
+  rest = trim(rest.substr(6));
+  if (!rest.empty() && (rest.front() != '(' || rest.back() != ')')) return false;
+  double v = 0;
+  auto r = std::from_chars(num.data(), num.data() + num.size(), v);
+  if (r.ec != std::errc() || r.ptr != num.data() + num.size() || !(v > 0) || !std::isfinite(v) || v > 1e6)
+    return false;
+  *bitsPerSec = v * 1e9;
+  return true;
+}
 
 // Every local rank's NIC among cand (indexes into node.nics); -1 for all if
 // cand is empty.
@@ -362,16 +525,7 @@ std::vector<int> assignNics(const NodeTopology& node, int localRanks, const std:
     auto it = closestOf.find(key);
     if (it == closestOf.end()) {
       std::vector<std::pair<std::pair<int, int>, int>> dist;  // ((numa penalty, hops), nic)
-      for (int c : cand) {
-        const Nic& nic = node.nics[(size_t)c];
-        int pen = (numa >= 0 && nic.numa >= 0 && nic.numa != numa) ? 1 : 0;
-        int hops = 0;
-        if (gpu >= 0) {
-          const auto& h = node.gpus[(size_t)gpu].nicHops;
-          hops = ((size_t)c < h.size() && h[(size_t)c] >= 0) ? h[(size_t)c] : (1 << 20);
-        }
-        dist.push_back({{pen, hops}, c});
-      }
+      for (int c : cand) dist.push_back({gpuNicDistance(node, gpu, numa, c), c});
       auto best = std::min_element(dist.begin(), dist.end(), [](const auto& a, const auto& b) {
                     return a.first < b.first;
                   })->first;
@@ -453,6 +607,7 @@ std::string describe(const NodeTopology& node) {
         strprintf("  nic %zu: %-*s  %-12s  numa %s", k, (int)w, n.name.c_str(),
                   formatBitsPerSec(n.bitsPerSec).c_str(), n.numa >= 0 ? std::to_string(n.numa).c_str() : "?");
     if (!n.pciBusId.empty()) s += "  pci " + n.pciBusId;
+    if (!n.hca.empty()) s += "  hca " + n.hca;
     if (n.isVirtual) s += "  (virtual)";
     s += "\n";
   }
@@ -462,6 +617,7 @@ std::string describe(const NodeTopology& node) {
                    gpu.numa >= 0 ? std::to_string(gpu.numa).c_str() : "?");
     bool anyHops = false;
     for (int h : gpu.nicHops) anyHops = anyHops || h >= 0;
+    if (gpu.nic >= 0 && gpu.nic < (int)node.nics.size()) s += "  nearest NIC " + node.nics[(size_t)gpu.nic].name;
     if (anyHops) {
       s += "  PCI hops to NICs:";
       for (int h : gpu.nicHops) s += h >= 0 ? " " + std::to_string(h) : std::string(" ?");

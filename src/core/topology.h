@@ -18,8 +18,19 @@
 // is how the emulated cluster tells ranks the rate its tc qdiscs impose.
 // GPUs are PCI devices of class 3D controller (0x0302), or display/VGA
 // controllers (0x0300, 0x0380) made by NVIDIA or AMD; for each, the hops
-// through hwloc's PCI tree to each NIC that hwloc sees. NICs are sorted by
-// name, digits compared as numbers (zpnic2 before zpnic10).
+// through hwloc's PCI tree to each NIC that hwloc sees, and its nearest NIC
+// (nearestNic). NICs are sorted by name, digits compared as numbers (zpnic2
+// before zpnic10).
+// Where hwloc cannot load (or ZP_SYSFS_ROOT points elsewhere than /sys, as
+// the tests' fixtures do), sysfs alone: GPUs from bus/pci/devices/*/class,
+// vendor and numa_node, hops counted along the devices' paths under
+// devices/ (each PCI bridge one hop up, one down), NUMA nodes from
+// devices/system/node.
+// InfiniBand: a NIC whose device has an HCA (class/infiniband/HCA/device/net
+// lists the interface; its port is dev_port + 1) takes the port's rate from
+// class/infiniband/HCA/ports/P/rate ("200 Gb/sec (4X HDR)") over the
+// interface's speed (IPoIB reports none or a nominal one). A rate file that
+// cannot be read as one is ignored with a warning naming it.
 //
 // ---- Affinity (pickNic) ----
 // Local rank i of R on a node with G GPUs and N NUMA nodes sits at GPU i % G
@@ -55,7 +66,8 @@
 //   "ranksPerNode"  positive integer: ranks of each node that does not say.
 //   "nics"          array of NIC objects: NICs of each node that does not say.
 //   "numaNodes"     positive integer, default 1.
-//   "gpus"          integer >= 0, default 0.
+//   "gpus"          integer >= 0 (a count), or an array of GPU objects;
+//                   default 0.
 //   "affinity"      the NIC of each local rank (below); default: the pickNic
 //                   rule with no ZP_NET_DEVICES.
 //   "version"       optional, must be 1.
@@ -79,6 +91,13 @@
 //                   "25gbps" = 200 Gbit/s), or null for unknown.
 //   "numa"          integer in [-1, numaNodes), default -1 (unknown).
 //   "pci"           string, PCI bus id ("0000:17:00.0"), default none.
+//   "hca"           string, the InfiniBand HCA port behind it ("mlx5_0:1"),
+//                   default none (informational).
+// GPU object (in "gpus": [...]), every key optional:
+//   "pci"           PCI bus id; "numa": integer in [-1, numaNodes);
+//   "nic"           its nearest NIC, a name or an index into the node's
+//                   "nics". A rank on that GPU (local rank i drives GPU i % G)
+//                   takes it unless "affinity" says otherwise.
 // Affinity: an array with one entry per local rank of the node, each a NIC
 // name or a NIC index into the node's "nics". The file's affinity (given or
 // by the rule) is final: ZP_NET_DEVICES does not apply to a topology file.
@@ -109,10 +128,11 @@ struct Nic {
   std::string pciBusId;    // "0000:17:00.0"; empty if not a PCI device (veth, ...)
   bool isVirtual = false;  // no device behind it (veth, bridge, ...): discovery only
   bool down = false;       // found not working while running: the router leaves it out
+  std::string hca;         // the InfiniBand HCA port behind it, "mlx5_0:1"; empty if none
 
   bool operator==(const Nic& o) const {
     return name == o.name && bitsPerSec == o.bitsPerSec && numa == o.numa &&
-           pciBusId == o.pciBusId && isVirtual == o.isVirtual && down == o.down;
+           pciBusId == o.pciBusId && isVirtual == o.isVirtual && down == o.down && hca == o.hca;
   }
 };
 
@@ -121,8 +141,9 @@ struct Gpu {
   int numa = -1;              // -1: unknown
   std::vector<int> nicHops;   // by NIC index: hops through the PCI tree, -1: unknown
                               // (empty: all unknown)
+  int nic = -1;               // the nearest NIC (index), by nearestNic; -1: unknown
   bool operator==(const Gpu& o) const {
-    return pciBusId == o.pciBusId && numa == o.numa && nicHops == o.nicHops;
+    return pciBusId == o.pciBusId && numa == o.numa && nicHops == o.nicHops && nic == o.nic;
   }
 };
 
@@ -172,13 +193,24 @@ int pickNic(const NodeTopology& node, int localRank, int localRanks,
 std::vector<int> pickNics(const NodeTopology& node, int localRanks, const std::string& netDevices,
                           std::string* why = nullptr);
 
+// The NIC (index) nearest GPU g of node: on the GPU's NUMA node before any
+// other, then the fewest PCI hops; the first such NIC in node order. -1 if
+// the node has no NICs or nothing tells them apart (no NUMA node or hops
+// known). A GPU whose `nic` is already set (a topology file) keeps it.
+int nearestNic(const NodeTopology& node, size_t g);
+
+// An InfiniBand port's rate file (/sys/class/infiniband/HCA/ports/P/rate,
+// "200 Gb/sec (4X HDR)", "2.5 Gb/sec (1X SDR)") in bits/s; false if the text
+// is not a positive rate in Gb/sec.
+bool parseIbRate(const std::string& text, double* bitsPerSec);
+
 // Reads a topology file (see the format above). On error, *out is untouched.
 zpResult_t loadTopoFile(const std::string& path, ClusterTopology* out);
 // The same from text; source names it in error messages.
 zpResult_t parseTopo(const std::string& text, const std::string& source, ClusterTopology* out);
 
 // The file format back: loading toJson(t) gives t again, except for what the
-// format does not carry (GPUs' bus ids, NUMA nodes and hops; isVirtual).
+// format does not carry (GPUs' hops to each NIC; isVirtual).
 std::string toJson(const ClusterTopology& topo);
 // One node as a node object of the file format (its "ranks": localRanks,
 // "affinity": the NICs of nicOfRank when given, one per local rank).

@@ -42,6 +42,7 @@ void defineOptions(CLI::App& app, bool* json) {
       "  ZP_NET_DEVICES            comma-separated NICs the ranks may use, in order\n"
       "  ZP_NIC_RATE_BPS           caps every NIC's rate (bits/s; zprun sets it)\n"
       "  ZP_TOPO_FILE              a topology file that replaces discovery\n"
+      "  ZP_SYSFS_ROOT             where discovery reads sysfs (default /sys)\n"
       "  ZP_RANK                   with ZP_TOPO_FILE: the global rank to show\n"
       "\n"
       "Exit status: 0 fine, 1 discovery or the file failed or ZP_NET_DEVICES names\n"
@@ -186,10 +187,22 @@ int main(int argc, char** argv) {
       const zp::Gpu& gpu = node.gpus[g];
       std::string hops;
       for (int h : gpu.nicHops) hops += (hops.empty() ? "" : ", ") + (h >= 0 ? std::to_string(h) : "null");
-      printf("%s\n    {\"pci\": %s, \"numa\": %d, \"nicHops\": [%s]}", g ? "," : "",
-             jstr(gpu.pciBusId).c_str(), gpu.numa, hops.c_str());
+      printf("%s\n    {\"pci\": %s, \"numa\": %d, \"nicHops\": [%s], \"nic\": %s}", g ? "," : "",
+             jstr(gpu.pciBusId).c_str(), gpu.numa, hops.c_str(),
+             gpu.nic >= 0 ? jstr(node.nics[(size_t)gpu.nic].name).c_str() : "null");
     }
     printf("%s],\n", node.gpus.empty() ? "" : "\n  ");
+    // Each local rank: its GPU (rank i drives GPU i % G), its NIC, and the
+    // rail it is a proxy for (every owner of a NIC relays for it).
+    printf("  \"ranks\": [");
+    for (long l = 0; l < localRanks; l++) {
+      const int k = all.empty() ? -1 : all[(size_t)l];
+      printf("%s\n    {\"localRank\": %ld, \"gpu\": %s, \"nic\": %s, \"proxyFor\": %s}", l ? "," : "", l,
+             node.gpus.empty() ? "null" : std::to_string(l % (long)node.gpus.size()).c_str(),
+             k >= 0 ? jstr(node.nics[(size_t)k].name).c_str() : "null",
+             k >= 0 ? jstr(node.nics[(size_t)k].name).c_str() : "null");
+    }
+    printf("\n  ],\n");
     printf("  \"node\": %s\n}\n", nest(zp::toJson(node, (int)localRanks, all)).c_str());
     if (status) fprintf(stderr, "zptopo: %s\n", why.c_str());
     return status;
@@ -211,6 +224,19 @@ int main(int argc, char** argv) {
     printf("all ranks:  ");
     for (int l = 0; l < localRanks; l++) printf(" %d:%s", l, node.nics[(size_t)all[(size_t)l]].name.c_str());
     printf("\n");
+  }
+  if (!node.gpus.empty() && !all.empty()) {
+    // Rank i drives GPU i % G; its NIC is the one it relays for as a proxy.
+    printf("ranks on GPUs (each a proxy for its NIC's rail):\n");
+    for (long l = 0; l < localRanks; l++) {
+      const size_t g = (size_t)(l % (long)node.gpus.size());
+      const zp::Nic& n = node.nics[(size_t)all[(size_t)l]];
+      const int near = node.gpus[g].nic;
+      printf("  local rank %ld: gpu %zu (%s) -> nic %s (%s)%s\n", l, g,
+             node.gpus[g].pciBusId.empty() ? "?" : node.gpus[g].pciBusId.c_str(), n.name.c_str(),
+             n.bitsPerSec > 0 ? zp::formatBitsPerSec(n.bitsPerSec).c_str() : "rate unknown",
+             near >= 0 && node.nics[(size_t)near].name == n.name ? ", the GPU's nearest" : "");
+    }
   }
   printf("%s", zp::describe(node).c_str());
   if (node.gpus.empty()) printf("  (no GPUs)\n");
