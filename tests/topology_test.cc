@@ -1068,8 +1068,8 @@ TEST(TopoSchema, GpuObjects) {
   EXPECT_EQ(t.rankNic, (std::vector<int>{1, 0, 1, 0}));
   auto top = [&](const std::string& gpus) { return "{\"nodes\": 1, \"ranksPerNode\": 2, " + nics + ", \"gpus\": " + gpus + "}"; };
   EXPECT_EQ(parseError(top("[{\"nic\": \"c\"}]")),
-            "test.json: at /gpus/0/nic: \"nic\" of GPU 0 of node 0 is 'c', not a NIC of node 0 (its NICs: a, b)");
-  EXPECT_TRUE(contains(parseError(top("[{\"nic\": 2}]")), "\"nic\" of GPU 0 of node 0 must be an integer in [0, 1]"));
+            "test.json: at /gpus/0/nic: unknown NIC 'c' in \"nic\" of GPU 0 of node 0 (its NICs: a, b)");
+  EXPECT_TRUE(contains(parseError(top("[{\"nic\": 2}]")), "a NIC index in \"nic\" of GPU 0 of node 0 must be an integer in [0, 1]"));
   EXPECT_TRUE(contains(parseError(top("[{\"pci\": \"17:00.0\"}]")), "\"pci\" of GPU 0 of node 0 must be a PCI bus id"));
   EXPECT_TRUE(contains(parseError(top("[{\"numa\": 1}]")), "\"numa\" of GPU 0 of node 0 must be an integer in [-1, 0]"));
   EXPECT_TRUE(contains(parseError(top("[{\"nics\": 1}]")), "unknown key \"nics\" in GPU 0 of node 0"));

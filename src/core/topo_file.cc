@@ -514,23 +514,28 @@ class TopoReader {
         if (!integer(*n, ("\"numa\" of " + what).c_str(), -1, node->numaNodes - 1, &numa)) return false;
         gpu.numa = (int)numa;
       }
-      if (const JValue* e = o.get("nic")) {
-        if (e->kind == JValue::kString) {
-          for (size_t k = 0; k < node->nics.size(); k++)
-            if (node->nics[k].name == e->str) gpu.nic = (int)k;
-          if (gpu.nic < 0)
-            return err_->at(e->at, "\"nic\" of %s is '%s', not a NIC of %s (its NICs: %s)", what.c_str(),
-                            e->str.c_str(), where.c_str(), nicList(*node).c_str());
-        } else {
-          long k = 0;
-          if (node->nics.empty())
-            return err_->at(e->at, "\"nic\" of %s: %s has no NICs", what.c_str(), where.c_str());
-          if (!integer(*e, ("\"nic\" of " + what).c_str(), 0, (long)node->nics.size() - 1, &k)) return false;
-          gpu.nic = (int)k;
-        }
-      }
+      if (const JValue* e = o.get("nic"))
+        if (!nicRef(*e, "\"nic\" of " + what, *node, &gpu.nic)) return false;
       node->gpus.push_back(std::move(gpu));
     }
+    return true;
+  }
+
+  // A NIC of node named by a string (its name) or a number (its index), in
+  // `in` (what names it, for messages).
+  bool nicRef(const JValue& e, const std::string& in, const NodeTopology& node, int* nic) {
+    if (e.kind == JValue::kString) {
+      for (size_t k = 0; k < node.nics.size(); k++)
+        if (node.nics[k].name == e.str) *nic = (int)k;
+      if (*nic < 0)
+        return err_->at(e.at, "unknown NIC '%s' in %s (its NICs: %s)", e.str.c_str(), in.c_str(),
+                        nicList(node).c_str());
+      return true;
+    }
+    if (node.nics.empty()) return err_->at(e.at, "%s names a NIC, but the node has none", in.c_str());
+    long k = 0;
+    if (!integer(e, ("a NIC index in " + in).c_str(), 0, (long)node.nics.size() - 1, &k)) return false;
+    *nic = (int)k;
     return true;
   }
 
@@ -544,24 +549,10 @@ class TopoReader {
                       where.c_str(), a.items.size(), ranks);
     for (const JValue& e : a.items) {
       int nic = -1;
-      if (e.kind == JValue::kString) {
-        for (size_t k = 0; k < node.nics.size(); k++)
-          if (node.nics[k].name == e.str) nic = (int)k;
-        if (nic < 0)
-          return err_->at(e.at, "unknown NIC '%s' in \"affinity\" of %s (its NICs: %s)", e.str.c_str(),
-                          where.c_str(), nicList(node).c_str());
-      } else if (e.kind == JValue::kNumber) {
-        if (node.nics.empty())
-          return err_->at(e.at, "\"affinity\" of %s names a NIC, but the node has none", where.c_str());
-        long k = 0;
-        if (!integer(e, ("a NIC index in \"affinity\" of " + where).c_str(), 0, (long)node.nics.size() - 1,
-                     &k))
-          return false;
-        nic = (int)k;
-      } else {
+      if (e.kind != JValue::kString && e.kind != JValue::kNumber)
         return err_->at(e.at, "each entry of \"affinity\" must be a NIC name or index, not %s",
                         kindName(e.kind));
-      }
+      if (!nicRef(e, "\"affinity\" of " + where, node, &nic)) return false;
       out->push_back(nic);
     }
     return true;
