@@ -638,8 +638,9 @@ TEST(DeviceErrors, AttentionBuffersMustMatchTheStream) {
 // ---- CUDA graphs: a whole pass captured once and replayed ----
 
 // One rank's pass on device buffers, all on one stream: zpAlltoallv, a
-// grouped send/recv ring, a remap, the Ulysses exchange both ways (GQA), and
-// the attention driver forward and backward in float32. Captured once
+// grouped send/recv ring, a ring exchange (zpRing_t), an all-reduce, a remap,
+// the Ulysses exchange both ways (GQA), and the attention driver forward and
+// backward in float32. Captured once
 // (global mode, the strictest), then launched three times with fresh inputs
 // (same counts: they are fixed at capture), every output poisoned before each
 // launch and checked byte for byte after it, against the pattern or the host
@@ -660,6 +661,17 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   auto ringBytes = [&](int src) { return (size_t)1 + (seed + src * 7919) % 30000; };
   GuardedBuffer ringSend(ringBytes(rank)), ringRecv(ringBytes(prev));
   DeviceMirror dRingSend(ringSend), dRingRecv(ringRecv);
+  // A ring exchange (zpRing_t) over all ranks, and an all-reduce.
+  std::vector<int> order(nranks);
+  for (int r = 0; r < nranks; r++) order[r] = r;
+  zpRing_t zring = nullptr;
+  if (zpRingCreate(&zring, comm, nranks, order.data(), 0) != zpSuccess) return zpFailed("zpRingCreate");
+  GuardedBuffer zringSend(ringBytes(rank) + 5), zringRecv(ringBytes(prev) + 5);
+  DeviceMirror dZringSend(zringSend), dZringRecv(zringRecv);
+  const size_t arCount = 1000 + seed % 100;
+  GuardedBuffer arIn(arCount * 4), arOut(arCount * 4);
+  DeviceMirror dArIn(arIn), dArOut(arOut);
+  auto arValue = [&](uint64_t ls, int r, size_t i) { return (int32_t)((ls * 31 + (uint64_t)r * 977 + i * 7) % 2001) - 1000; };
   // A remap, linear to attention layout.
   zpBatchPlan_t plan = randomPlan(comm, rng, 600, nullptr);
   if (!plan) return where + "zpPlanBatch";
@@ -733,7 +745,7 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   }
   AttnCase& rings = cases[0];
   for (const DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0,
-                                &dUlyOut0, &dUlyIn1, &dUlyOut1})
+                                &dUlyOut0, &dUlyIn1, &dUlyOut1, &dZringSend, &dZringRecv, &dArIn, &dArOut})
     if (!m->ok()) return where + "cudaMalloc";
 
   // A driver that made its exchange stream outside the capture (an eager pass).
@@ -755,6 +767,12 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
   if (zpGroupStart() != zpSuccess || zpSend(dRingSend.data(), ringSend.size(), zpUint8, next, comm, stream) ||
       zpRecv(dRingRecv.data(), ringRecv.size(), zpUint8, prev, comm, stream) || zpGroupEnd() != zpSuccess)
     err += zpFailed("the send/recv group") + "; ";
+  if (zpRingExchangeStart(zring, dZringSend.data(), zringSend.size(), dZringRecv.data(), zringRecv.size(), stream) !=
+          zpSuccess ||
+      zpRingExchangeWait(zring) != zpSuccess)
+    err += zpFailed("the ring exchange") + "; ";
+  if (zpAllReduce(dArIn.data(), dArOut.data(), arCount, zpInt32, zpSum, comm, stream) != zpSuccess)
+    err += zpFailed("zpAllReduce") + "; ";
   if (zpRemapExecute(remap, dRemapIn.data(), dRemapOut.data(), ept, zpBfloat16, 0, comm, stream) != zpSuccess)
     err += zpFailed("zpRemapExecute") + "; ";
   for (int dir : {0, 1})
@@ -794,6 +812,10 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
     a2a.refill(ls);
     ringSend.fill(ls, rank, next);
     ringRecv.poison();
+    zringSend.fill(ls + 1, rank, next);
+    zringRecv.poison();
+    for (size_t i = 0; i < arCount; i++) ((int32_t*)arIn.data())[i] = arValue(ls, rank, i);
+    arOut.poison();
     std::vector<uint8_t> rIn = layoutBuffer(linear, rank, tb, ls), rWant = layoutBuffer(attention, rank, tb, ls);
     memcpy(remapIn.data(), rIn.data(), rIn.size());
     remapOut.poison();
@@ -816,7 +838,7 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
         up &= (*b)->toDevice() == cudaSuccess;
     }
     for (DeviceMirror* m : {&a2aSend, &a2aRecv, &dRingSend, &dRingRecv, &dRemapIn, &dRemapOut, &dUlyIn0, &dUlyOut0,
-                            &dUlyIn1, &dUlyOut1})
+                            &dUlyIn1, &dUlyOut1, &dZringSend, &dZringRecv, &dArIn, &dArOut})
       up &= m->upload() == cudaSuccess;
     if (!up) return at + "uploading the inputs";
 
@@ -830,6 +852,16 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
     if (dRingRecv.copyBack() != cudaSuccess) return at + "copying back";
     if (size_t w = ringRecv.wrongBytes(ls, prev, rank) + ringRecv.guardBytesWritten())
       err += at + "ring: " + std::to_string(w) + " bytes wrong; ";
+    if (dZringRecv.copyBack() != cudaSuccess || dArOut.copyBack() != cudaSuccess) return at + "copying back";
+    if (size_t w = zringRecv.wrongBytes(ls + 1, prev, rank) + zringRecv.guardBytesWritten())
+      err += at + "ring exchange: " + std::to_string(w) + " bytes wrong; ";
+    size_t arWrong = arOut.guardBytesWritten();
+    for (size_t i = 0; i < arCount; i++) {
+      int32_t want = 0;
+      for (int r = 0; r < nranks; r++) want += arValue(ls, r, i);
+      arWrong += ((const int32_t*)arOut.data())[i] != want;
+    }
+    if (arWrong) err += at + "all-reduce: " + std::to_string(arWrong) + " wrong; ";
     if (dRemapOut.copyBack() != cudaSuccess) return at + "copying back";
     if (memcmp(remapOut.data(), rWant.data(), rWant.size()) != 0 || remapOut.guardBytesWritten())
       err += at + "remap: wrong bytes; ";
@@ -881,6 +913,7 @@ std::string capturedPassError(zpComm_t comm, int rank, int nranks, uint64_t seed
     zpPlanDestroy(c.plan);
   }
   zpRemapDestroy(remap);
+  zpRingDestroy(zring);
   zpPlanDestroy(plan);
   cudaStreamDestroy(stream);
   return err;
