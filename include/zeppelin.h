@@ -19,6 +19,13 @@
  * rank (ZP_CUDA_DEVICE picks it); the counts of zpAlltoallv stay host arrays,
  * checked across ranks on the host before anything is enqueued.
  *
+ * CUDA graphs. Calls with a stream may be captured (cudaStreamBeginCapture)
+ * and replayed, as NCCL's may: what they do on the host (checks, the count
+ * exchange) happens once, at capture, so counts, displacements and plans are
+ * those of the capture at every launch. Every rank launches its graph as
+ * often, and in the same order with its other calls, as it would make the
+ * calls; the communicator outlives the graphs. docs/device.md says more.
+ *
  * This header compiles as C99 and as C++.
  *
  * Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
