@@ -914,7 +914,7 @@ TEST(Discovery, GpusNicsNumaAndPciHopsFromHwloc) {
     for (const zp::Gpu& g : node.gpus) {
       out += "gpu " + g.pciBusId + " numa " + std::to_string(g.numa) + " hops";
       for (int h : g.nicHops) out += " " + std::to_string(h);
-      out += "\n";
+      out += " nearest " + std::to_string(g.nic) + "\n";
     }
     for (int R : {4, 8, 2}) {
       out += "R=" + std::to_string(R) + ":";
@@ -934,10 +934,11 @@ TEST(Discovery, GpusNicsNumaAndPciHopsFromHwloc) {
             "zpnic3 numa 1 pci 0000:21:01.0\n"
             // Same switch: GPU, switch, NIC = 2 hops; same host bridge: 4;
             // the other package: up to the machine and down again = 8.
-            "gpu 0000:11:00.0 numa 0 hops 8 2 4 8\n"
-            "gpu 0000:12:00.0 numa 0 hops 8 4 2 8\n"
-            "gpu 0000:21:00.0 numa 1 hops 4 8 8 2\n"
-            "gpu 0000:22:00.0 numa 1 hops 2 8 8 4\n"
+            // The nearest NIC: on the GPU's NUMA node, fewest hops.
+            "gpu 0000:11:00.0 numa 0 hops 8 2 4 8 nearest 1\n"
+            "gpu 0000:12:00.0 numa 0 hops 8 4 2 8 nearest 2\n"
+            "gpu 0000:21:00.0 numa 1 hops 4 8 8 2 nearest 3\n"
+            "gpu 0000:22:00.0 numa 1 hops 2 8 8 4 nearest 0\n"
             // Rank i drives GPU i % 4 and takes the NIC on its switch.
             "R=4: 1 2 3 0\n"
             "R=8: 1 2 3 0 1 2 3 0\n"
