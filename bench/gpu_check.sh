@@ -11,6 +11,15 @@
 #    grouped ncclSend/ncclRecv on the same traffic) on NGPUS ranks of this node
 #    (default: every GPU nvidia-smi lists), every byte checked (-c 1)
 # 4. prints one table: busbw of both and their ratio per size.
+# 5. only with GPU_CHECK_LAUNCH set (a launcher of one job across several GPU
+#    nodes): routed alltoallv across nodes, Zeppelin with ZP_ROUTING=balanced,
+#    rail and off against NCCL alone with PXN on (NCCL_PXN_DISABLE=0) and off
+#    (=1), the same traffic, every byte checked; one more table. For example
+#      GPU_CHECK_LAUNCH="srun -N 2 --ntasks-per-node 8" bash bench/gpu_check.sh
+#      GPU_CHECK_LAUNCH="mpirun -np 16 --host a:8,b:8 -x MASTER_ADDR=a -x ZP_ROUTING -x NCCL_PXN_DISABLE" ...
+#    The launcher must pass ZP_ROUTING and NCCL_PXN_DISABLE on to the ranks
+#    (srun does; mpirun needs the -x above), and build-gpu/ must be at the
+#    same path on every node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ngpus="${1:-}"
@@ -47,4 +56,39 @@ for size in sorted(zp):
     a, b = zp[size]["busbw"], nccl.get(size, {}).get("busbw")
     wrong = (zp[size]["wrong"] or 0) + (nccl.get(size, {}).get("wrong") or 0)
     print("%12d %12.2f %12s %8s %8d" % (size, a, "%.2f" % b if b else "n/a", "%.2f" % (a / b) if b else "n/a", wrong))
+PY
+
+[ -n "${GPU_CHECK_LAUNCH:-}" ] || exit 0
+echo "== across nodes: $GPU_CHECK_LAUNCH (routing on devices against NCCL alone)"
+route_sweep=(-b 4M -e 1G -f 4 -c 1 -P "$pattern")
+runs=()
+for routing in balanced rail off; do
+  echo "== Zeppelin ZP_ROUTING=$routing: alltoallv_perf -G 1 ${route_sweep[*]}"
+  ZP_ROUTING=$routing $GPU_CHECK_LAUNCH build-gpu/bench/alltoallv_perf -G 1 "${route_sweep[@]}" | tee "$log/route-zp-$routing.txt"
+  runs+=("zp $routing=$log/route-zp-$routing.txt")
+done
+for pxn in 0 1; do
+  echo "== NCCL NCCL_PXN_DISABLE=$pxn: nccl_alltoallv_perf ${route_sweep[*]}"
+  NCCL_PXN_DISABLE=$pxn $GPU_CHECK_LAUNCH build-gpu/bench/nccl_alltoallv_perf "${route_sweep[@]}" | tee "$log/route-nccl-pxn$pxn.txt"
+done
+runs+=("nccl pxn on=$log/route-nccl-pxn0.txt" "nccl pxn off=$log/route-nccl-pxn1.txt")
+
+python3 - "${runs[@]}" <<'PY'
+import os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+from compare import parse_table
+names, tables = [], []
+for arg in sys.argv[1:]:
+    name, path = arg.split("=", 1)
+    names.append(name)
+    tables.append(parse_table(open(path).read()))
+base = tables[0]  # zp balanced
+print("\nbusbw (GB/s) across nodes; the last columns: zp balanced over each NCCL run")
+print("%12s" % "size (B)" + "".join("%14s" % n for n in names) + "%12s%12s%8s" % ("/pxn on", "/pxn off", "#wrong"))
+for size in sorted(base):
+    row = [t.get(size, {}).get("busbw") for t in tables]
+    wrong = sum((t.get(size, {}).get("wrong") or 0) for t in tables)
+    ratio = lambda b: "%.2f" % (row[0] / b) if row[0] and b else "n/a"
+    print("%12d" % size + "".join("%14s" % ("%.2f" % v if v else "n/a") for v in row) +
+          "%12s%12s%8d" % (ratio(row[-2]), ratio(row[-1]), wrong))
 PY

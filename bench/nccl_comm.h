@@ -26,8 +26,11 @@ class NcclBenchComm : public ZpBenchComm {
   std::string describe() const {
     int v = 0;
     ncclGetVersion(&v);
-    char buf[96];
-    snprintf(buf, sizeof buf, "NCCL %d.%d.%d (grouped ncclSend/ncclRecv)", v / 10000, v / 100 % 100, v % 100);
+    // PXN (NCCL's own rail relay through a peer GPU) is the run's choice.
+    const char* pxn = getenv("NCCL_PXN_DISABLE");
+    char buf[128];
+    snprintf(buf, sizeof buf, "NCCL %d.%d.%d (grouped ncclSend/ncclRecv, NCCL_PXN_DISABLE=%s)", v / 10000,
+             v / 100 % 100, v % 100, pxn && *pxn ? pxn : "unset");
     return buf;
   }
 

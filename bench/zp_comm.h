@@ -53,8 +53,12 @@ class ZpBenchComm {
   std::string describe() const {
     int v = 0;
     zpGetVersion(&v);
-    char buf[96];
-    snprintf(buf, sizeof buf, "Zeppelin %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    // The routing mode applies across nodes with several rails, host and
+    // device buffers alike; the header says which one this run asked for.
+    const char* routing = getenv("ZP_ROUTING");
+    char buf[128];
+    snprintf(buf, sizeof buf, "Zeppelin %d.%d.%d (ZP_ROUTING=%s)", v / 10000, v / 100 % 100, v % 100,
+             routing && *routing ? routing : "balanced, the default");
     return buf;
   }
 

@@ -157,8 +157,161 @@ zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* send
 // ---- Device buffers (a CUDA stream) ----
 // The counts are checked on the host first, over the host transports (they
 // are host arrays): a mismatch is zpInvalidUsage on every rank before
-// anything is enqueued, never a hang on the device. Then one NCCL group of
-// sends and receives, this rank's own block included, goes on the stream.
+// anything is enqueued, never a hang on the device. Then, with routing off
+// (or one node, or one rail), one NCCL group of sends and receives, this
+// rank's own block included, goes on the stream; with routing on, the
+// router's plan runs as NCCL steps (deviceRouted below).
+
+// A staging slot of this rank as a proxy: chunks of round k wait in area
+// kOut (source side, between dispatch and transfer) or kIn (destination
+// side, between transfer and combine), half k % 2 of it. A slot written in
+// stage s is read in stage s + 1 and written again in stage s + 2 (rounds
+// of one parity are two stages apart), and the stages run in stream order.
+enum SlotArea { kNoSlot = -1, kOut = 0, kIn = 1 };
+struct Slot {
+  int area = kNoSlot, half = 0;
+  size_t offset = 0;
+};
+
+// This rank's slots in one area: by round, bytes taken so far.
+struct SlotAlloc {
+  std::vector<size_t> used;
+  size_t peak = 0;  // the fullest round
+  Slot take(SlotArea area, int round, size_t bytes) {
+    if ((size_t)round >= used.size()) used.resize(round + 1, 0);
+    Slot s{area, round % 2, used[round]};
+    used[round] += (bytes + 15) / 16 * 16;  // 16-byte aligned slots
+    peak = std::max(peak, used[round]);
+    return s;
+  }
+};
+
+// One message of a routed device alltoallv: `from` sends `bytes` to `to` in
+// pipeline stage `stage`. Its addresses matter only at this rank's ends: a
+// user buffer (src, dst) or a staging slot.
+struct DeviceHop {
+  int stage, from, to;
+  size_t bytes;
+  const char* src;
+  char* dst;
+  Slot srcSlot, dstSlot;
+};
+
+// The router's plan as stream-ordered NCCL steps. A relayed piece is cut
+// into the plan's chunks; chunk k of every piece is in round k, and round k
+// moves in three steps:
+//   dispatch  (stage k)      source -> srcProxy, over the node's links,
+//   transfer  (stage k + 1)  srcProxy -> dstProxy, from srcProxy's GPU (NCCL
+//                            leaves through the NIC nearest it),
+//   combine   (stage k + 2)  dstProxy -> destination, over its node's links.
+// Each stage is one NCCL group on the caller's stream, so stage s carries
+// round s's dispatch, round s - 1's transfer and round s - 2's combine at
+// once: the three steps of consecutive rounds overlap. Stage 0 also carries
+// every message with no relay hop (blocks within the node, this rank's own
+// block, pieces whose proxies are their own ends). Every rank derives the
+// same message list from the same plan and posts its ends in that order,
+// which is how NCCL pairs each pair's sends and receives.
+zpResult_t deviceRouted(Comm* c, Relay* relay, const std::vector<uint64_t>& rows, const void* sendbuff,
+                        const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                        const size_t recvcounts[], const size_t rdispls[], size_t ts, void* stream) {
+  const int n = c->nranks(), me = c->rank();
+  const size_t rowLen = countRowLen(n);
+  std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
+  const std::vector<int>& nodeOf = c->nodeOf();
+  for (int s = 0; s < n; s++)
+    for (int d = 0; d < n; d++)
+      if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
+  const RoutePlan* plan = nullptr;
+  std::string why;
+  if (relay->plan(rows, bytes, &plan, &why) != zpSuccess)
+    return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
+
+  const char* sbuf = (const char*)sendbuff;
+  char* rbuf = (char*)recvbuff;
+  const uint64_t chunk = relay->chunkBytes();
+  std::vector<DeviceHop> hops;
+  SlotAlloc slots[2];  // kOut, kIn
+  auto hop = [&](int stage, int from, int to, const char* src, char* dst, size_t len) -> DeviceHop& {
+    hops.push_back(DeviceHop{stage, from, to, len, from == me ? src : nullptr, to == me ? dst : nullptr, {}, {}});
+    return hops.back();
+  };
+  for (int i = 1; i < n; i++) {  // this rank's own block last
+    int to = (me + i) % n, from = (me - i + n) % n;
+    if (nodeOf[to] == nodeOf[me] && sendcounts[to])
+      hop(0, me, to, blockAt(sbuf, sdispls[to], sendcounts[to], ts), nullptr, sendcounts[to] * ts);
+    if (nodeOf[from] == nodeOf[me] && recvcounts[from])
+      hop(0, from, me, nullptr, blockAt(rbuf, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts);
+  }
+  for (const Transfer& t : plan->transfers) {
+    // This rank's side of the transfer's buffers (only its ends touch them).
+    const char* from = t.src == me ? sbuf + sdispls[t.dst] * ts : nullptr;
+    char* into = t.dst == me ? rbuf + rdispls[t.src] * ts : nullptr;
+    for (const Piece& p : t.pieces) {
+      if (p.srcProxy == t.src && p.dstProxy == t.dst) {  // no relay hop: one message
+        hop(0, t.src, t.dst, from ? from + p.offset : nullptr, into ? into + p.offset : nullptr, p.bytes);
+        continue;
+      }
+      const bool dispatch = p.srcProxy != t.src, combine = p.dstProxy != t.dst;
+      for (uint64_t off = 0; off < p.bytes; off += chunk) {
+        const int round = (int)(off / chunk);
+        const size_t len = (size_t)std::min<uint64_t>(chunk, p.bytes - off);
+        const uint64_t at = p.offset + off;
+        Slot out, in;  // where the chunk waits at this rank, if it is a proxy of it
+        if (dispatch && p.srcProxy == me) out = slots[kOut].take(kOut, round, len);
+        if (combine && p.dstProxy == me) in = slots[kIn].take(kIn, round, len);
+        if (dispatch) hop(round, t.src, p.srcProxy, from ? from + at : nullptr, nullptr, len).dstSlot = out;
+        DeviceHop& x = hop(round + 1, p.srcProxy, p.dstProxy, dispatch || !from ? nullptr : from + at,
+                           combine || !into ? nullptr : into + at, len);
+        x.srcSlot = out;
+        x.dstSlot = in;
+        if (combine) hop(round + 2, p.dstProxy, t.dst, nullptr, into ? into + at : nullptr, len).srcSlot = in;
+      }
+    }
+  }
+  if (sendcounts[me])
+    hop(0, me, me, blockAt(sbuf, sdispls[me], sendcounts[me], ts), blockAt(rbuf, rdispls[me], recvcounts[me], ts),
+        sendcounts[me] * ts);
+
+  StreamTransport* device = c->streamTransport();
+  if (!device) return fail(zpInternalError, "rank %d: device ops on a communicator without a device data plane", me);
+  // The staging: [kOut half 0 | kOut half 1 | kIn half 0 | kIn half 1].
+  const size_t outPeak = slots[kOut].peak, inPeak = slots[kIn].peak;
+  const bool staged = outPeak + inPeak > 0;
+  char* staging = nullptr;
+  if (staged) ZP_CHECK(device->acquireStaging(2 * (outPeak + inPeak), stream, (void**)&staging));
+  auto address = [&](const Slot& s) {
+    size_t base = s.area == kOut ? s.half * outPeak : 2 * outPeak + s.half * inPeak;
+    return staging + base + s.offset;
+  };
+  // One NCCL group per stage, this rank's ends in message order.
+  int stages = 0;
+  for (const DeviceHop& h : hops) stages = std::max(stages, h.stage + 1);
+  std::vector<std::vector<Op>> groups(stages);
+  for (const DeviceHop& h : hops) {
+    std::vector<Op>& g = groups[h.stage];
+    if (h.from == me)
+      g.push_back(makeOp(OpKind::kAlltoallv, true, h.to, (void*)(h.srcSlot.area == kNoSlot ? h.src : address(h.srcSlot)),
+                         h.bytes, ts));
+    if (h.to == me)
+      g.push_back(makeOp(OpKind::kAlltoallv, false, h.from, h.dstSlot.area == kNoSlot ? h.dst : address(h.dstSlot),
+                         h.bytes, ts));
+  }
+  zpResult_t res = zpSuccess;
+  for (std::vector<Op>& g : groups) {
+    std::vector<Op*> ptrs;
+    for (Op& op : g) {
+      op.stream = stream;
+      ptrs.push_back(&op);
+    }
+    if (!ptrs.empty() && (res = c->enqueueOnStreams(ptrs)) != zpSuccess) break;
+  }
+  if (staged) {
+    zpResult_t released = device->releaseStaging(stream);
+    if (res == zpSuccess) res = released;
+  }
+  return res;
+}
+
 zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts, void* stream) {
@@ -166,6 +319,8 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
   std::vector<uint64_t> rows;
   ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
   ZP_CHECK(checkCounts(c, rows));
+  if (Relay* relay = Relay::of(c))
+    return deviceRouted(c, relay, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
   std::vector<Op> ops;
   ops.reserve(2 * n);
   for (int i = 0; i < n; i++) {

@@ -36,6 +36,15 @@
 //            random counts, every byte checked, and the attention driver on
 //            device buffers against the host driver on rings that span nodes
 //            (tests/device_checks.h), in float32 and bfloat16.
+//   devroute (zp_multinode_rank_double) routed alltoallv on device buffers
+//            with the run's ZP_ROUTING (off, rail or balanced): random
+//            counts with zeros, every byte checked; one
+//            transfer from rank 0 to node 1's second rank (its first with
+//            one rank per node), where the double's byte counters must show
+//            who carried it across nodes (off: rank 0 alone; rail: the owner
+//            of the destination's rail; balanced: several ranks of node 0),
+//            and no call may wait for the device; and mismatched counts, an
+//            error on every rank with nothing written.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -463,6 +472,124 @@ int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   printf("rank %d of %d: ok\n", rank, n);
   return 0;
 }
+
+// The bytes this rank's NCCL sends carried to ranks of other nodes so far.
+unsigned long long interNodeBytes(zpComm_t comm, int rank, int n, int rpn) {
+  ncclComm_t nccl = nullptr;
+  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess) return ~0ull;
+  unsigned long long total = 0;
+  for (int p = 0; p < n; p++) {
+    unsigned long long sent = 0;
+    if (p / rpn != rank / rpn && fakencclPeerBytes(nccl, p, &sent) == ncclSuccess) total += sent;
+  }
+  return total;
+}
+
+// One routed device alltoallv whose only traffic is `bytes` from rank 0 to
+// rank `to`: "" if every byte arrived, no call waited for the device, and
+// the inter-node bytes were carried as `routing` would carry them.
+std::string proxyCheck(zpComm_t comm, int rank, int n, int rpn, int routing, uint64_t seed) {
+  const int to = rpn >= 2 ? rpn + 1 : rpn;
+  const size_t count = 128 << 10;  // float32: 512 KiB, many chunks (ZP_ROUTE_CHUNK)
+  zptest::CountMatrix m(n, std::vector<size_t>(n, 0));
+  m[0][to] = count;
+  zptest::AlltoallvRun run(rank, m, zpFloat32, seed);
+  run.recvBuffer().poison();
+  zptest::DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
+  if (!send.ok() || !recv.ok()) return "cudaMalloc failed";
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate failed";
+  const unsigned long long before = interNodeBytes(comm, rank, n, rpn), waits = fakecudaHostWaits();
+  zpResult_t r = zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
+                             run.recvDispls(), zpFloat32, comm, stream);
+  std::string err;
+  if (r != zpSuccess) err = std::string("zpAlltoallv: ") + zpGetLastError(comm);
+  if (err.empty() && fakecudaHostWaits() != waits) err = "zpAlltoallv waited for the device";
+  if (err.empty() && cudaStreamSynchronize(stream) != cudaSuccess) err = "cudaStreamSynchronize failed";
+  cudaStreamDestroy(stream);
+  if (err.empty() && (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess)) err = "copying back failed";
+  if (err.empty()) err = run.check();
+  if (!err.empty()) return err;
+  // Every rank's carried bytes, at every rank (over the host path).
+  uint64_t mine = interNodeBytes(comm, rank, n, rpn) - before;
+  std::vector<uint64_t> all(n);
+  if (zpAllGather(&mine, all.data(), 1, zpUint64, comm, nullptr) != zpSuccess)
+    return std::string("zpAllGather: ") + zpGetLastError(comm);
+  const uint64_t total = count * 4;
+  std::string who;
+  uint64_t sum = 0;
+  int carriers = 0;
+  for (int p = 0; p < n; p++) {
+    sum += all[p];
+    carriers += all[p] > 0;
+    who += " " + std::to_string(all[p]);
+  }
+  const std::string mode = routing == zpRoutingOff ? "off" : routing == zpRoutingRail ? "rail" : "balanced";
+  std::string bad;
+  if (sum != total) bad = "the inter-node bytes add up to " + std::to_string(sum) + ", not " + std::to_string(total);
+  else if (routing == zpRoutingOff && all[0] != total) bad = "rank 0 did not send its own bytes";
+  else if (routing == zpRoutingRail && all[to % rpn] != total)
+    bad = "the owner of the destination's rail (rank " + std::to_string(to % rpn) + ") did not carry them all";
+  else if (routing == zpRoutingBalanced && (carriers < 2 || all[0] == total))
+    bad = "balanced routing did not spread them over node 0's proxies";
+  return bad.empty() ? "" : mode + ": " + bad + " (inter-node bytes sent by rank:" + who + ")";
+}
+
+// Rank 0 sends 100 elements to the last rank, which expects 99.
+std::string mismatchCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
+  std::vector<size_t> send(n, 100), recvCounts(n, 100);
+  if (rank == n - 1) recvCounts[0] = 99;
+  zptest::AlltoallvRun run(rank, n, send, recvCounts, zpFloat32, seed);
+  zptest::DeviceMirror s(run.sendBuffer()), r(run.recvBuffer());
+  if (!s.ok() || !r.ok()) return "cudaMalloc failed";
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return "cudaStreamCreate failed";
+  zpResult_t res = zpAlltoallv(s.data(), run.sendCounts(), run.sendDispls(), r.data(), run.recvCounts(),
+                               run.recvDispls(), zpFloat32, comm, stream);
+  const std::string msg = zpGetLastError(comm);
+  const std::string want = "rank 0 sends 100 elements to rank " + std::to_string(n - 1) + " but rank " +
+                           std::to_string(n - 1) + " expects 99";
+  std::string err;
+  if (res != zpInvalidUsage) err = std::string("mismatched counts gave ") + zpGetErrorString(res) + ": " + msg;
+  else if (msg.find(want) == std::string::npos) err = "mismatched counts: a wrong message: " + msg;
+  if (cudaStreamSynchronize(stream) != cudaSuccess && err.empty()) err = "cudaStreamSynchronize failed";
+  cudaStreamDestroy(stream);
+  if (err.empty() && r.copyBack() != cudaSuccess) err = "copying back failed";
+  if (err.empty() && run.recvBuffer().writtenBytes() != 0) err = "mismatched counts: the receive buffer was written";
+  return err;
+}
+
+int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", n);
+  const char* env = getenv("ZP_ROUTING");
+  const std::string mode = env && *env ? env : "balanced";
+  const int routing = mode == "off" ? zpRoutingOff : mode == "rail" ? zpRoutingRail : zpRoutingBalanced;
+  std::string err;
+  ncclComm_t nccl = nullptr;
+  int device = -1;
+  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess ||
+      cudaSetDevice(device) != cudaSuccess)
+    err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 3 && err.empty(); round++) {
+    const zpDataType_t dt = round == 1 ? zpUint8 : zpFloat32;  // 1-byte elements: odd chunk ends
+    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.25), dt, rng());
+    if (!err.empty()) err = "alltoallv: " + err;
+  }
+  if (err.empty()) err = proxyCheck(comm, rank, n, rpn, routing, rng());
+  if (err.empty()) err = mismatchCheck(comm, rank, n, rng());
+  if (err.empty()) {  // and the communicator still works
+    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 5000, 0.25), zpFloat32, rng());
+    if (!err.empty()) err = "after the mismatch: " + err;
+  }
+  if (zpCommDestroy(comm) != zpSuccess && err.empty()) err = "zpCommDestroy failed";
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d (device %d, ZP_ROUTING=%s): %s\n", rank, device, mode.c_str(), err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
 #endif
 
 }  // namespace
@@ -522,6 +649,7 @@ int main() {
   if (mode == "attention") return attentionMode(comm, rank, n, seed);
 #ifdef ZP_TEST_DOUBLE
   if (mode == "device") return deviceMode(comm, rank, n, seed);
+  if (mode == "devroute") return deviceRouteMode(comm, rank, n, seed);
 #endif
 
   if (mode == "idle") {

@@ -33,6 +33,12 @@ cudaError_t fakecudaInjectStreamError(cudaStream_t stream, cudaError_t error);
  * NCCL would make it): ncclCommGetAsyncError reports it from now on. */
 ncclResult_t fakencclInjectAsyncError(ncclComm_t comm, ncclResult_t error);
 
+/* Bytes this communicator's sends to peer have moved so far (its sends to
+ * itself included when peer is its own rank), counted when they have left:
+ * which ranks' NCCL traffic carried what, e.g. whether routed traffic went
+ * through proxies. */
+ncclResult_t fakencclPeerBytes(ncclComm_t comm, int peer, unsigned long long* sent);
+
 /* How many times so far a thread of this process waited in the runtime for
  * device work (cudaStreamSynchronize, cudaEventSynchronize,
  * cudaDeviceSynchronize, and the synchronous cudaMemcpy, cudaMemset and

@@ -129,6 +129,7 @@ struct ncclComm {
   std::vector<int> fd;  // by peer; -1 for this rank
   std::vector<std::unique_ptr<std::mutex>> writeMu;
   std::vector<uint64_t> sendSeq, recvSeq;  // the next sequence number with each peer
+  std::vector<uint64_t> sentBytes;         // by peer: bytes sent so far (fakencclPeerBytes), under lock()
   // Under lock():
   std::map<std::pair<int, uint64_t>, SendOp*> sends;
   std::map<std::pair<int, uint64_t>, RecvOp*> recvs;
@@ -343,6 +344,7 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
                                             " bytes to itself, which receives " + std::to_string(r->bytes));
         else
           memcpy(r->dst, s.src, s.bytes);
+        c->sentBytes[c->rank] += s.bytes;
         r->done = true;
         c->recvs.erase(it);
         s.sent = true;
@@ -363,6 +365,7 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
       }
       l.lock();
       s.sent = true;
+      if (ok) c->sentBytes[s.peer] += s.bytes;
       if (!ok && !c->aborted) c->setError(ncclRemoteError, "rank " + std::to_string(s.peer) + " is gone");
       if (s.ctsBytes < s.bytes)
         c->setError(ncclInvalidUsage, "rank " + std::to_string(c->rank) + " sends " + std::to_string(s.bytes) +
@@ -742,6 +745,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   for (int p = 0; p < nranks; p++) c->writeMu.emplace_back(new std::mutex);
   c->sendSeq.assign(nranks, 0);
   c->recvSeq.assign(nranks, 0);
+  c->sentBytes.assign(nranks, 0);
   c->peerBye.assign(nranks, false);
   if (pipe2(c->wake, O_CLOEXEC) != 0) {
     delete c;
@@ -904,6 +908,13 @@ ncclResult_t ncclMemAlloc(void** p, size_t bytes) {
 }
 
 ncclResult_t ncclMemFree(void* p) { return freeDevice(p) ? ncclSuccess : ncclInvalidArgument; }
+
+ncclResult_t fakencclPeerBytes(ncclComm_t c, int peer, unsigned long long* sent) {
+  if (!c || !sent || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> l(lock());
+  *sent = c->sentBytes[peer];
+  return ncclSuccess;
+}
 
 ncclResult_t fakencclInjectAsyncError(ncclComm_t c, ncclResult_t error) {
   if (!c) return ncclInvalidArgument;

@@ -9,7 +9,9 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "src/core/log.h"
 #include "src/core/params.h"
@@ -152,6 +154,47 @@ class NcclTransport : public StreamTransport {
     return r == ncclSuccess ? zpSuccess : ncclFailure(what, r, comm_);
   }
 
+  // One staging buffer from ncclMemAlloc (memory NCCL can register for its
+  // transports), grown by doubling. A smaller one it replaces may still be
+  // in use by work queued earlier: it is freed at close, after that work.
+  zpResult_t acquireStaging(size_t bytes, void* streamHandle, void** buf) override {
+    if (!comm_) return fail(zpInvalidUsage, "the device communicator was closed");
+    DeviceScope scope(device_);
+    cudaStream_t stream = (cudaStream_t)streamHandle;
+    if (!stagingFree_) {
+      cudaError_t e = cudaEventCreateWithFlags(&stagingFree_, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        stagingFree_ = nullptr;
+        return fail(zpUnhandledCudaError, "cudaEventCreate (staging): %s", cudaGetErrorString(e));
+      }
+    }
+    if (bytes > stagingBytes_) {
+      size_t want = std::max(bytes, 2 * stagingBytes_);
+      void* p = nullptr;
+      ncclResult_t r = ncclMemAlloc(&p, want);
+      if (r != ncclSuccess) return ncclFailure(strprintf("ncclMemAlloc(%zu bytes of staging)", want).c_str(), r, comm_);
+      if (staging_) retired_.push_back(staging_);
+      staging_ = p;
+      stagingBytes_ = want;
+    }
+    // After the previous user (perhaps on another stream) is done with it.
+    if (stagingUsed_) {
+      cudaError_t e = cudaStreamWaitEvent(stream, stagingFree_, 0);
+      if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaStreamWaitEvent (staging): %s", cudaGetErrorString(e));
+    }
+    *buf = staging_;
+    return zpSuccess;
+  }
+
+  zpResult_t releaseStaging(void* streamHandle) override {
+    if (!stagingFree_) return zpSuccess;
+    DeviceScope scope(device_);
+    cudaError_t e = cudaEventRecord(stagingFree_, (cudaStream_t)streamHandle);
+    if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaEventRecord (staging): %s", cudaGetErrorString(e));
+    stagingUsed_ = true;
+    return zpSuccess;
+  }
+
   zpResult_t asyncError(std::string* why) override {
     if (!comm_) return zpSuccess;
     ncclResult_t state = ncclSuccess;
@@ -180,6 +223,14 @@ class NcclTransport : public StreamTransport {
     if (r != ncclSuccess && r != ncclInProgress)
       ZP_WARN(kSubInit, "%s: %s", abort ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(r));
     comm_ = nullptr;
+    // The staging's users were this communicator's ops: done or aborted now.
+    if (staging_) retired_.push_back(staging_);
+    for (void* p : retired_) ncclMemFree(p);
+    retired_.clear();
+    staging_ = nullptr;
+    stagingBytes_ = 0;
+    if (stagingFree_) cudaEventDestroy(stagingFree_);
+    stagingFree_ = nullptr;
   }
 
   void* native() override { return comm_; }
@@ -194,6 +245,11 @@ class NcclTransport : public StreamTransport {
   ncclComm_t comm_;
   int device_;
   int timeoutMs_;
+  void* staging_ = nullptr;  // acquireStaging's buffer
+  size_t stagingBytes_ = 0;
+  std::vector<void*> retired_;         // replaced staging buffers, freed at close
+  cudaEvent_t stagingFree_ = nullptr;  // recorded where the staging's last user is done
+  bool stagingUsed_ = false;
 };
 
 }  // namespace
