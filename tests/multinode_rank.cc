@@ -509,12 +509,13 @@ std::string proxyCheck(zpComm_t comm, int rank, int n, int rpn, int routing, uin
   cudaStreamDestroy(stream);
   if (err.empty() && (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess)) err = "copying back failed";
   if (err.empty()) err = run.check();
-  if (!err.empty()) return err;
-  // Every rank's carried bytes, at every rank (over the host path).
+  // Every rank's carried bytes, at every rank (over the host path; every
+  // rank makes this call, also after a failure, so that none waits for it).
   uint64_t mine = interNodeBytes(comm, rank, n, rpn) - before;
   std::vector<uint64_t> all(n);
-  if (zpAllGather(&mine, all.data(), 1, zpUint64, comm, nullptr) != zpSuccess)
-    return std::string("zpAllGather: ") + zpGetLastError(comm);
+  if (zpAllGather(&mine, all.data(), 1, zpUint64, comm, nullptr) != zpSuccess && err.empty())
+    err = std::string("zpAllGather: ") + zpGetLastError(comm);
+  if (!err.empty()) return err;
   const uint64_t total = count * 4;
   std::string who;
   uint64_t sum = 0;
@@ -570,18 +571,22 @@ int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess ||
       cudaSetDevice(device) != cudaSuccess)
     err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  // Every rank makes every call, also after a failed check (the first
+  // failure is reported), so that a wrong result ends the run at once
+  // instead of leaving peers waiting for the rank that stopped.
   std::mt19937_64 rng(seed);
-  for (int round = 0; round < 3 && err.empty(); round++) {
+  auto note = [&](const std::string& what, const std::string& e) {
+    if (err.empty() && !e.empty()) err = what + e;
+  };
+  for (int round = 0; round < 3; round++) {
     const zpDataType_t dt = round == 1 ? zpUint8 : zpFloat32;  // 1-byte elements: odd chunk ends
-    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.25), dt, rng());
-    if (!err.empty()) err = "alltoallv: " + err;
+    note("alltoallv: ", zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.25), dt, rng()));
   }
-  if (err.empty()) err = proxyCheck(comm, rank, n, rpn, routing, rng());
-  if (err.empty()) err = mismatchCheck(comm, rank, n, rng());
-  if (err.empty()) {  // and the communicator still works
-    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 5000, 0.25), zpFloat32, rng());
-    if (!err.empty()) err = "after the mismatch: " + err;
-  }
+  note("", proxyCheck(comm, rank, n, rpn, routing, rng()));
+  note("", mismatchCheck(comm, rank, n, rng()));
+  // And the communicator still works.
+  note("after the mismatch: ",
+       zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 5000, 0.25), zpFloat32, rng()));
   if (zpCommDestroy(comm) != zpSuccess && err.empty()) err = "zpCommDestroy failed";
   if (!err.empty()) {
     fprintf(stderr, "rank %d (device %d, ZP_ROUTING=%s): %s\n", rank, device, mode.c_str(), err.c_str());
