@@ -43,8 +43,10 @@
 //            one rank per node), where the double's byte counters must show
 //            who carried it across nodes (off: rank 0 alone; rail: the owner
 //            of the destination's rail; balanced: several ranks of node 0),
-//            and no call may wait for the device; and mismatched counts, an
-//            error on every rank with nothing written.
+//            and no call may wait for the device; calls on three
+//            streams back to back (they share the staging: ordered by
+//            events); and
+//            mismatched counts, an error on every rank with nothing written.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
 #include <signal.h>
@@ -52,6 +54,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <cstdlib>
 #include <string>
 #include <random>
@@ -536,6 +539,39 @@ std::string proxyCheck(zpComm_t comm, int rank, int n, int rpn, int routing, uin
   return bad.empty() ? "" : mode + ": " + bad + " (inter-node bytes sent by rank:" + who + ")";
 }
 
+// Calls enqueued back to back on three streams, with no synchronisation
+// between them: each reuses the staging of the one before, and must wait
+// for it on the device (an event), not on the host.
+std::string streamsCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
+  constexpr int kCalls = 3;
+  std::vector<std::unique_ptr<zptest::AlltoallvRun>> runs;
+  std::vector<std::unique_ptr<zptest::DeviceMirror>> sends, recvs;
+  std::vector<cudaStream_t> streams(kCalls, nullptr);
+  std::string err;
+  for (int i = 0; i < kCalls; i++) {
+    runs.emplace_back(new zptest::AlltoallvRun(rank, zptest::randomCounts(n, seed + i, 40000, 0.1), zpFloat32,
+                                               seed + kCalls + i));
+    runs[i]->recvBuffer().poison();
+    sends.emplace_back(new zptest::DeviceMirror(runs[i]->sendBuffer()));
+    recvs.emplace_back(new zptest::DeviceMirror(runs[i]->recvBuffer()));
+    if (!sends[i]->ok() || !recvs[i]->ok() || cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking) != cudaSuccess)
+      return "cudaMalloc or cudaStreamCreate failed";
+  }
+  for (int i = 0; i < kCalls && err.empty(); i++)
+    if (zpAlltoallv(sends[i]->data(), runs[i]->sendCounts(), runs[i]->sendDispls(), recvs[i]->data(),
+                    runs[i]->recvCounts(), runs[i]->recvDispls(), zpFloat32, comm, streams[i]) != zpSuccess)
+      err = std::string("zpAlltoallv: ") + zpGetLastError(comm);
+  for (int i = 0; i < kCalls; i++) {
+    if (cudaStreamSynchronize(streams[i]) != cudaSuccess && err.empty()) err = "cudaStreamSynchronize failed";
+    cudaStreamDestroy(streams[i]);
+  }
+  for (int i = 0; i < kCalls && err.empty(); i++) {
+    if (recvs[i]->copyBack() != cudaSuccess || sends[i]->copyBack() != cudaSuccess) err = "copying back failed";
+    else err = runs[i]->check();
+  }
+  return err.empty() ? "" : "calls on three streams: " + err;
+}
+
 // Rank 0 sends 100 elements to the last rank, which expects 99.
 std::string mismatchCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::vector<size_t> send(n, 100), recvCounts(n, 100);
@@ -582,6 +618,7 @@ int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     const zpDataType_t dt = round == 1 ? zpUint8 : zpFloat32;  // 1-byte elements: odd chunk ends
     note("alltoallv: ", zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.25), dt, rng()));
   }
+  note("", streamsCheck(comm, rank, n, rng()));
   note("", proxyCheck(comm, rank, n, rpn, routing, rng()));
   note("", mismatchCheck(comm, rank, n, rng()));
   // And the communicator still works.
