@@ -108,24 +108,32 @@ zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
   return checkCountMatrix(c->rank(), c->nranks(), rows);
 }
 
-zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
-                           const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
-                           size_t ts) {
-  const int n = c->nranks(), me = c->rank();
+// The router's plan of a call's inter-node bytes, from the count matrix
+// (the same at every rank, so every rank gets the same plan).
+zpResult_t planCall(Comm* c, Relay* relay, const std::vector<uint64_t>& rows, size_t ts, const RoutePlan** plan) {
+  const int n = c->nranks();
   const size_t rowLen = countRowLen(n);
-  std::vector<uint64_t> rows;
-  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
-  ZP_CHECK(checkCounts(c, rows));
-
   std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
   const std::vector<int>& nodeOf = c->nodeOf();
   for (int s = 0; s < n; s++)
     for (int d = 0; d < n; d++)
       if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
-  const RoutePlan* plan = nullptr;
   std::string why;
-  if (relay->plan(rows, bytes, &plan, &why) != zpSuccess)
-    return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
+  if (relay->plan(rows, bytes, plan, &why) != zpSuccess)
+    return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", c->rank(), why.c_str());
+  return zpSuccess;
+}
+
+zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+                           const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
+                           size_t ts) {
+  const int n = c->nranks(), me = c->rank();
+  std::vector<uint64_t> rows;
+  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
+  ZP_CHECK(checkCounts(c, rows));
+
+  const RoutePlan* plan = nullptr;
+  ZP_CHECK(planCall(c, relay, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
@@ -215,16 +223,9 @@ zpResult_t deviceRouted(Comm* c, Relay* relay, const std::vector<uint64_t>& rows
                         const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                         const size_t recvcounts[], const size_t rdispls[], size_t ts, void* stream) {
   const int n = c->nranks(), me = c->rank();
-  const size_t rowLen = countRowLen(n);
-  std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
   const std::vector<int>& nodeOf = c->nodeOf();
-  for (int s = 0; s < n; s++)
-    for (int d = 0; d < n; d++)
-      if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
   const RoutePlan* plan = nullptr;
-  std::string why;
-  if (relay->plan(rows, bytes, &plan, &why) != zpSuccess)
-    return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", me, why.c_str());
+  ZP_CHECK(planCall(c, relay, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
