@@ -199,6 +199,7 @@ ncclComm_t initComm(int n, int rank, const ncclUniqueId& id) {
 
 uint8_t byteOf(int src, int dst, size_t i) { return (uint8_t)(src * 31 + dst * 7 + i * 13); }
 
+// Also checks the byte counters that tests read to see who carried what.
 TEST(FakeNccl, GroupedExchangeOfRandomSizesMovesEveryByte) {
   for (int n : {2, 3, 4}) {
     const unsigned seed = std::random_device{}();
@@ -225,6 +226,11 @@ TEST(FakeNccl, GroupedExchangeOfRandomSizesMovesEveryByte) {
         cudaMemcpy(h.data(), recvBuf[p], h.size(), cudaMemcpyDeviceToHost);
         for (size_t i = 0; i < h.size(); i++)
           if (h[i] != byteOf(p, rank, i)) return 4;
+      }
+      // The per-peer byte counters (fakencclPeerBytes) saw each send once.
+      for (int p = 0; p < n; p++) {
+        unsigned long long sent = 0;
+        if (fakencclPeerBytes(c, p, &sent) != ncclSuccess || sent != bytes(rank, p)) return 6;
       }
       return ncclCommDestroy(c) == ncclSuccess ? 0 : 5;
     })) << n << " ranks";
