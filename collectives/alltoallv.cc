@@ -307,7 +307,7 @@ zpResult_t deviceRouted(Comm* c, Relay* relay, const std::vector<uint64_t>& rows
     if (!ptrs.empty() && (res = c->enqueueOnStreams(ptrs)) != zpSuccess) break;
   }
   if (staged) {
-    zpResult_t released = device->releaseStaging(stream);
+    zpResult_t released = device->releaseStaging(stream, staging);
     if (res == zpSuccess) res = released;
   }
   return res;

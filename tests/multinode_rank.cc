@@ -45,7 +45,8 @@
 //            of the destination's rail; balanced: several ranks of node 0),
 //            and no call may wait for the device; calls on three
 //            streams back to back (they share the staging: ordered by
-//            events); and
+//            events); the call captured in a CUDA graph and launched twice
+//            with fresh inputs; and
 //            mismatched counts, an error on every rank with nothing written.
 // Prints one line per rank and exits 0 when its part went as expected.
 #include <arpa/inet.h>
@@ -572,6 +573,43 @@ std::string streamsCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
   return err.empty() ? "" : "calls on three streams: " + err;
 }
 
+// The routed call captured in a CUDA graph (global mode: no allocation, no
+// wait for an event from outside the capture), not run by the capture,
+// then launched twice with fresh inputs, every byte checked each time.
+std::string captureCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
+  zptest::AlltoallvRun run(rank, zptest::randomCounts(n, seed, 20000, 0.2), zpFloat32, seed + 1);
+  run.recvBuffer().poison();
+  zptest::DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
+  cudaStream_t stream = nullptr;
+  if (!send.ok() || !recv.ok() || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return "capture: cudaMalloc or cudaStreamCreate failed";
+  std::string err;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess) err = "cudaStreamBeginCapture failed";
+  if (err.empty() && zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
+                                 run.recvDispls(), zpFloat32, comm, stream) != zpSuccess)
+    err = std::string("zpAlltoallv: ") + zpGetLastError(comm);
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (err.empty() && ended != cudaSuccess) err = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  if (err.empty() && (recv.copyBack() != cudaSuccess || run.recvBuffer().writtenBytes() != 0))
+    err = "the capture ran the call";
+  if (err.empty() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) err = "cudaGraphInstantiate failed";
+  for (int launch = 0; launch < 2 && err.empty(); launch++) {
+    run.refill(seed * 31 + launch + 1);
+    if (send.upload() != cudaSuccess || recv.upload() != cudaSuccess) err = "uploading";
+    else if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess)
+      err = "the launch failed";
+    else if (recv.copyBack() != cudaSuccess || send.copyBack() != cudaSuccess) err = "copying back";
+    else err = run.check();
+    if (!err.empty()) err = "launch " + std::to_string(launch) + ": " + err;
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return err.empty() ? "" : "captured in a graph: " + err;
+}
+
 // Rank 0 sends 100 elements to the last rank, which expects 99.
 std::string mismatchCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::vector<size_t> send(n, 100), recvCounts(n, 100);
@@ -620,6 +658,7 @@ int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   }
   note("", streamsCheck(comm, rank, n, rng()));
   note("", proxyCheck(comm, rank, n, rpn, routing, rng()));
+  note("", captureCheck(comm, rank, n, rng()));
   note("", mismatchCheck(comm, rank, n, rng()));
   // And the communicator still works.
   note("after the mismatch: ",

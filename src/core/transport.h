@@ -193,13 +193,12 @@ class StreamTransport {
   // Enqueues a standard collective (not kBarrier) on stream.
   virtual zpResult_t enqueueCollective(const CollArgs& args, void* stream) = 0;
   // Device memory of at least `bytes` for a call's own staging on stream
-  // (routed alltoallv's chunks), kept and reused from call to call. Work
-  // enqueued on stream after acquireStaging is ordered after every earlier
-  // user's releaseStaging (an event: the host does not wait); a caller that
-  // acquired must release after its last op that uses the memory, also when
-  // an enqueue failed.
+  // (routed alltoallv's chunks). Work enqueued on stream after
+  // acquireStaging may use it; a caller that acquired must release it, with
+  // the same stream and buffer, after its last op that uses it, also when
+  // an enqueue failed. The host never waits for the device here.
   virtual zpResult_t acquireStaging(size_t bytes, void* stream, void** buf) = 0;
-  virtual zpResult_t releaseStaging(void* stream) = 0;
+  virtual zpResult_t releaseStaging(void* stream, void* buf) = 0;
   // A failure after enqueue (zpSuccess if none), its message in *why.
   virtual zpResult_t asyncError(std::string* why) = 0;
   // Ends the device communicator: abort drops queued work at once (a peer

@@ -454,6 +454,9 @@ TEST(FakeCudaGraph, CallsThatCannotBeCapturedFailAndInvalidateTheCapture) {
     EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
     expectInvalidated(s);
     begin(mode);
+    EXPECT_EQ(ncclMemAlloc(&p, 64), ncclUnhandledCudaError);
+    expectInvalidated(s);
+    begin(mode);
     EXPECT_EQ(cudaMemcpy(d, d, 8, cudaMemcpyDeviceToDevice), cudaErrorStreamCaptureUnsupported);
     expectInvalidated(s);
     begin(mode);

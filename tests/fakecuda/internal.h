@@ -85,6 +85,11 @@ bool isDevicePointer(const void* p, int* device = nullptr);
 void* allocDevice(size_t bytes, int device);
 bool freeDevice(void* p);
 
+// Whether a "potentially unsafe" call (an allocation, a synchronisation)
+// may be made now, by CUDA's capture rules; if not, the captures it breaks
+// are invalidated and the error is cudaErrorStreamCaptureUnsupported.
+cudaError_t captureUnsafe(const char* what);
+
 // The calling thread's device and its sticky-until-read error.
 int currentDevice();
 cudaError_t setError(cudaError_t e);

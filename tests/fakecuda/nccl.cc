@@ -901,13 +901,22 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
   return ncclSuccess;
 }
 
+// Allocations as cudaMalloc's: device memory the host cannot touch, and
+// not permitted while a stream capture forbids unsafe calls (NCCL maps
+// memory with the driver's cuMem calls, which a capture refuses likewise).
 ncclResult_t ncclMemAlloc(void** p, size_t bytes) {
   if (!p) return ncclInvalidArgument;
+  if (captureUnsafe("ncclMemAlloc") != cudaSuccess)
+    return failWith(ncclUnhandledCudaError, "ncclMemAlloc: operation not permitted when stream is capturing");
   *p = allocDevice(bytes, currentDevice());
   return *p ? ncclSuccess : ncclSystemError;
 }
 
-ncclResult_t ncclMemFree(void* p) { return freeDevice(p) ? ncclSuccess : ncclInvalidArgument; }
+ncclResult_t ncclMemFree(void* p) {
+  if (captureUnsafe("ncclMemFree") != cudaSuccess)
+    return failWith(ncclUnhandledCudaError, "ncclMemFree: operation not permitted when stream is capturing");
+  return freeDevice(p) ? ncclSuccess : ncclInvalidArgument;
+}
 
 ncclResult_t fakencclPeerBytes(ncclComm_t c, int peer, unsigned long long* sent) {
   if (!c || !sent || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;

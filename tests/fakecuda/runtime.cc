@@ -273,6 +273,9 @@ void endCaptureLocked(const std::shared_ptr<Capture>& c) {
 
 }  // namespace
 
+// For the double's NCCL: its allocation calls are unsafe during capture too.
+cudaError_t captureUnsafe(const char* what) { return checkUnsafe(what); }
+
 cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make) {
   if (auto c = s->capture) {
     if (c->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;

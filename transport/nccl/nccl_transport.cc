@@ -154,15 +154,28 @@ class NcclTransport : public StreamTransport {
     return r == ncclSuccess ? zpSuccess : ncclFailure(what, r, comm_);
   }
 
-  // One staging buffer from ncclMemAlloc (memory NCCL can register for its
-  // transports), grown by doubling. A smaller one it replaces may still be
-  // in use by work queued earlier: it is freed at close, after that work.
+  // Eager calls share one staging buffer from ncclMemAlloc (memory NCCL can
+  // register for its transports), grown by doubling; a call waits for the
+  // previous user's event, on the device. A smaller buffer it replaces may
+  // still be in use by work queued earlier: it is freed at close, after that
+  // work. A call captured in a CUDA graph cannot allocate with ncclMemAlloc
+  // nor wait for an event recorded outside the capture: it gets stream-
+  // ordered memory of its own instead (cudaMallocAsync, graph memory), freed
+  // in stream order at its end.
   zpResult_t acquireStaging(size_t bytes, void* streamHandle, void** buf) override {
     if (!comm_) return fail(zpInvalidUsage, "the device communicator was closed");
     DeviceScope scope(device_);
     cudaStream_t stream = (cudaStream_t)streamHandle;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(stream, &capture);
+    if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaStreamIsCapturing: %s", cudaGetErrorString(e));
+    if (capture != cudaStreamCaptureStatusNone) {
+      if ((e = cudaMallocAsync(buf, bytes, stream)) != cudaSuccess)
+        return fail(zpUnhandledCudaError, "cudaMallocAsync(%zu bytes of staging): %s", bytes, cudaGetErrorString(e));
+      return zpSuccess;
+    }
     if (!stagingFree_) {
-      cudaError_t e = cudaEventCreateWithFlags(&stagingFree_, cudaEventDisableTiming);
+      e = cudaEventCreateWithFlags(&stagingFree_, cudaEventDisableTiming);
       if (e != cudaSuccess) {
         stagingFree_ = nullptr;
         return fail(zpUnhandledCudaError, "cudaEventCreate (staging): %s", cudaGetErrorString(e));
@@ -178,18 +191,20 @@ class NcclTransport : public StreamTransport {
       stagingBytes_ = want;
     }
     // After the previous user (perhaps on another stream) is done with it.
-    if (stagingUsed_) {
-      cudaError_t e = cudaStreamWaitEvent(stream, stagingFree_, 0);
-      if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaStreamWaitEvent (staging): %s", cudaGetErrorString(e));
-    }
+    if (stagingUsed_ && (e = cudaStreamWaitEvent(stream, stagingFree_, 0)) != cudaSuccess)
+      return fail(zpUnhandledCudaError, "cudaStreamWaitEvent (staging): %s", cudaGetErrorString(e));
     *buf = staging_;
     return zpSuccess;
   }
 
-  zpResult_t releaseStaging(void* streamHandle) override {
-    if (!stagingFree_) return zpSuccess;
+  zpResult_t releaseStaging(void* streamHandle, void* buf) override {
     DeviceScope scope(device_);
-    cudaError_t e = cudaEventRecord(stagingFree_, (cudaStream_t)streamHandle);
+    cudaStream_t stream = (cudaStream_t)streamHandle;
+    if (buf != staging_) {  // a captured call's own
+      cudaError_t e = cudaFreeAsync(buf, stream);
+      return e == cudaSuccess ? zpSuccess : fail(zpUnhandledCudaError, "cudaFreeAsync (staging): %s", cudaGetErrorString(e));
+    }
+    cudaError_t e = cudaEventRecord(stagingFree_, stream);
     if (e != cudaSuccess) return fail(zpUnhandledCudaError, "cudaEventRecord (staging): %s", cudaGetErrorString(e));
     stagingUsed_ = true;
     return zpSuccess;
