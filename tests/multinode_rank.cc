@@ -455,6 +455,21 @@ int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, rng(), 20000, 0.2), zpFloat32, rng());
     if (!err.empty()) err = "alltoallv: " + err;
   }
+  // A split across nodes (even ranks, odd ranks) carries device calls too:
+  // the child makes its own NCCL communicator through the parent.
+  if (err.empty() && n > 2) {
+    zpComm_t half = nullptr;
+    if (zpCommSplit(comm, rank % 2, rank, &half, nullptr) != zpSuccess)
+      err = std::string("zpCommSplit: ") + zpGetLastError(comm);
+    int hr = 0, hn = 0;
+    if (err.empty()) {
+      zpCommUserRank(half, &hr);
+      zpCommCount(half, &hn);
+      err = zptest::deviceAlltoallvError(half, hr, zptest::randomCounts(hn, rng(), 20000, 0.2), zpFloat32, rng());
+      if (!err.empty()) err = "alltoallv on the split: " + err;
+    }
+    if (half) zpCommDestroy(half);
+  }
   const int rpn = envInt("ZP_LOCAL_NRANKS", n);
   int round = 0;
   for (zpDataType_t dt : {zpFloat32, zpBfloat16}) {
