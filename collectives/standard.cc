@@ -48,6 +48,10 @@ namespace {
 // the same on both ends of every message), the sequence.
 constexpr uint64_t kCollectiveXfer = 1ull << 61;
 constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFFF0;
+// The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
+// of them (the step field has 21 bits).
+constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
+constexpr size_t kMaxSlices = 256;
 uint64_t xferId(uint64_t seq, uint64_t step) { return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1)); }
 
 const char* kindName(CollKind k) {
@@ -81,14 +85,18 @@ const char* typeName(zpDataType_t t) {
   return (int)t >= 0 && (int)t < 10 ? names[t] : "?";
 }
 
-// Runs the ops, routing those to other nodes through the relay under id.
-zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id) {
-  RoutedXfer xfer;
-  xfer.id = id;
+// Runs the ops, routing those to other nodes through the relay under id,
+// its step tag plus lanes[i] for op i if given: the relay tells transfers apart by (source,
+// destination, kind, id), so two ops of one round with the same peer need
+// lanes of their own.
+zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uint64_t>* lanes = nullptr) {
+  std::vector<RoutedXfer> xfers(lanes ? ops.size() : 1);
   std::vector<Op*> ptrs;
-  for (Op& op : ops) {
-    if (!c->isLocal(op.peer)) op.routed = &xfer;
-    ptrs.push_back(&op);
+  for (size_t i = 0; i < ops.size(); i++) {
+    RoutedXfer& x = xfers[lanes ? i : 0];
+    x.id = id + ((lanes ? (*lanes)[i] : 0) << 40);  // in the step tag's bits (xferId)
+    if (!c->isLocal(ops[i].peer)) ops[i].routed = &x;
+    ptrs.push_back(&ops[i]);
   }
   return c->runOps(ptrs);
 }
@@ -358,11 +366,17 @@ class Step {
     members_ = members;
     tagBase_ = tagBase;
   }
+  // Ops added from now on are on this lane (their round tag plus lane, in
+  // the relay's ids), until the step runs: ops of one round with the same
+  // peer must be on different lanes.
+  void lane(uint64_t l) { lane_ = l; }
   void send(int peer, const void* buf, size_t bytes, size_t ts) {
     ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
+    lanes_.push_back(lane_);
   }
   void recv(int peer, void* buf, size_t bytes, size_t ts) {
     ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
+    lanes_.push_back(lane_);
   }
   // Receives bytes of wt and stores dst = a op them: while copying where the
   // transport can, else into scratch and reduced once the round is done.
@@ -382,9 +396,12 @@ class Step {
     if (ops_.empty()) return zpSuccess;
     char* base = pending_.empty() ? nullptr : scratch(kScratchPending, pendingBytes_);
     for (Pending& p : pending_) ops_[p.op].buf = base + p.at;
-    ZP_CHECK(zp::run(c_, ops_, xferId(seq_, tagBase_ + tag)));
+    const bool lanes = std::any_of(lanes_.begin(), lanes_.end(), [](uint64_t l) { return l != 0; });
+    ZP_CHECK(zp::run(c_, ops_, xferId(seq_, tagBase_ + tag), lanes ? &lanes_ : nullptr));
     for (Pending& p : pending_) reduceElems(p.dst, p.a, base + p.at, p.bytes / zpTypeSize(p.wt), p.wt, p.redop);
     ops_.clear();
+    lanes_.clear();
+    lane_ = 0;
     pending_.clear();
     pendingBytes_ = 0;
     return zpSuccess;
@@ -405,6 +422,8 @@ class Step {
   const std::vector<int>* members_ = nullptr;
   uint64_t tagBase_ = 0;
   std::vector<Op> ops_;  // zp::run takes their addresses only once they are all here
+  std::vector<uint64_t> lanes_;  // each op's
+  uint64_t lane_ = 0;
   std::vector<Pending> pending_;
   size_t pendingBytes_ = 0;
 };
@@ -521,15 +540,19 @@ struct Call {
   // put until round s+1 has sent it).
   template <class Acc>
   zpResult_t ringReduceScatter(const char* src, const Blocks& b, int k, Acc acc) {
-    const int right = mod(me + 1, n), left = mod(me - 1, n);
     for (int s = 0; s < n - 1; s++) {
-      const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
-      const char* from = s == 0 ? src + b.off[sb] * wts : acc(s - 1, sb);
-      step.send(right, from, b.cnt[sb] * wts, wts);
-      step.recvReduce(left, acc(s, rb), src + b.off[rb] * wts, b.cnt[rb] * wts, wt, a.op);
+      ringReduceScatterRound(src, b, k, s, acc);
       ZP_CHECK(step.run(1 + (uint64_t)s));
     }
     return zpSuccess;
+  }
+  // Round s of it, added to the step (not run).
+  template <class Acc>
+  void ringReduceScatterRound(const char* src, const Blocks& b, int k, int s, Acc acc) {
+    const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
+    const char* from = s == 0 ? src + b.off[sb] * wts : acc(s - 1, sb);
+    step.send(mod(me + 1, n), from, b.cnt[sb] * wts, wts);
+    step.recvReduce(mod(me - 1, n), acc(s, rb), src + b.off[rb] * wts, b.cnt[rb] * wts, wt, a.op);
   }
 
   // All-gather round the ring in buf (element size es) over blocks `b`:
@@ -537,15 +560,18 @@ struct Call {
   // ends holding all. A rank that has every block already (hasAll:
   // broadcast's root) takes none, and its left neighbour sends it none.
   zpResult_t ringAllGather(char* buf, size_t es, const Blocks& b, int k, const char* first, int hasAll = -1) {
-    const int right = mod(me + 1, n), left = mod(me - 1, n);
     for (int s = 0; s < n - 1; s++) {
-      const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
-      const char* from = s == 0 && first ? first : buf + b.off[sb] * es;
-      if (right != hasAll) step.send(right, from, b.cnt[sb] * es, es);
-      if (me != hasAll) step.recv(left, buf + b.off[rb] * es, b.cnt[rb] * es, es);
+      ringAllGatherRound(buf, es, b, k, s, first, hasAll);
       ZP_CHECK(step.run(1000 + (uint64_t)s));
     }
     return zpSuccess;
+  }
+  // Round s of it, added to the step (not run).
+  void ringAllGatherRound(char* buf, size_t es, const Blocks& b, int k, int s, const char* first, int hasAll = -1) {
+    const int right = mod(me + 1, n), sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
+    const char* from = s == 0 && first ? first : buf + b.off[sb] * es;
+    if (right != hasAll) step.send(right, from, b.cnt[sb] * es, es);
+    if (me != hasAll) step.recv(mod(me - 1, n), buf + b.off[rb] * es, b.cnt[rb] * es, es);
   }
 
   // ---- All-reduce: count elements of the work type from src into w (src may be w) ----
@@ -556,25 +582,7 @@ struct Call {
       return zpSuccess;
     }
     std::vector<int> local, rail;
-    if (ring(bytes) && nodeGroups(&local, &rail)) {
-      // Hierarchical: reduce-scatter inside the node (direct exchange over
-      // shared memory), so that local rank l holds shard l reduced over
-      // its node; then the all-reduce of shard l among the ranks at place l
-      // of every node, a ring over the network, every local rank's over its
-      // own NIC at once (rail-aligned); then all-gather of the shards
-      // inside the node. Each NIC carries 2(N-1)/N of a shard, not of the
-      // buffer.
-      const Blocks bl = Blocks::even(count, (int)local.size());
-      const int place = (int)(std::find(local.begin(), local.end(), me) - local.begin());
-      char* shard = w + bl.off[place] * wts;
-      ZP_CHECK(within(local, 10000, [&] { return reduceScatter(src, shard, bl, Family::kDirect); }));
-      ZP_CHECK(within(rail, 20000, [&] {
-        const Blocks br = Blocks::even(bl.cnt[place], n);
-        ZP_CHECK(ringReduceScatter(shard, br, 0, [&](int, int blk) { return shard + br.off[blk] * wts; }));
-        return ringAllGather(shard, wts, br, 1, nullptr);
-      }));
-      return within(local, 30000, [&] { return allGatherDirect(w, wts, bl, nullptr); });
-    }
+    if (ring(bytes) && nodeGroups(&local, &rail)) return allReduceNodes(src, w, count, local, rail);
     if (ring(bytes)) {
       // Rank r ends the reduce-scatter with block r+1, reduced where it lies
       // in w; block r is never written until the all-gather brings it.
@@ -627,6 +635,78 @@ struct Call {
     return zpSuccess;
   }
 
+  // ---- Hierarchical all-reduce across nodes (local: my node's ranks, rail: the ranks at my place) ----
+  // Reduce-scatter inside the node (direct exchange over shared memory), so
+  // that local rank l holds shard l reduced over its node; then the
+  // all-reduce of shard l among the ranks at place l of every node, a ring
+  // over the network, every local rank's over its own NIC at once
+  // (rail-aligned); then all-gather of the shards inside the node. Each NIC
+  // carries 2(N-1)/N of a shard, not of the buffer.
+  //
+  // Pipelined: every shard is cut into S slices (ZP_COLL_SLICE bytes of the
+  // largest shard each), and each slice goes through 2N stages, one per
+  // round: 0 the node's reduce-scatter, 1..N-1 the ring's reduce-scatter
+  // steps, N..2N-2 its all-gather steps, 2N-1 the node's all-gather. Round r
+  // runs stage r-j of every slice j that has one, so while slice j crosses
+  // the network, slice j+1 is reduced in the node and slice j-1 gathered:
+  // the NICs and the cores work at once instead of in turn. The slices of
+  // one round touch disjoint bytes, so a round needs no order among its
+  // messages; both ends of every pair post them in the same order.
+  zpResult_t allReduceNodes(const char* src, char* w, size_t count, const std::vector<int>& local,
+                            const std::vector<int>& rail) {
+    const int L = (int)local.size(), N = (int)rail.size(), stages = 2 * N;
+    const int place = (int)(std::find(local.begin(), local.end(), me) - local.begin());
+    const Blocks bl = Blocks::even(count, L);
+    const size_t sliceBytes = c->cfg().collSliceBytes;
+    // Round r's ops of slice j are on lane r * stages + (r - j), which must
+    // fit the relay's ids: fewer slices for long rings, none below 2N nodes'
+    // worth of room (then one slice, one stage per round, lane r).
+    size_t slices =
+        sliceBytes == 0 ? 1 : std::max<size_t>(1, std::min<size_t>(kMaxSlices, (bl.maxCnt * wts + sliceBytes - 1) / sliceBytes));
+    slices = std::min(slices, std::max<size_t>(1, kLaneRoom / stages - std::min<size_t>(kLaneRoom / stages, stages)));
+    std::vector<Blocks> sl;  // sl[p]: shard p cut into the slices
+    for (int p = 0; p < L; p++) sl.push_back(Blocks::even(bl.cnt[p], (int)slices));
+    // Slice j of every shard, as blocks of the whole buffer.
+    auto sliceOf = [&](size_t j) {
+      std::vector<size_t> cnt(L), off(L);
+      for (int p = 0; p < L; p++) {
+        cnt[p] = sl[p].cnt[j];
+        off[p] = bl.off[p] + sl[p].off[j];
+      }
+      return Blocks::of(cnt.data(), off.data(), L);
+    };
+    char* in = scratch(kScratchAcc0, sl[place].maxCnt * wts * L);  // the node's partials of the slice at stage 0
+    for (size_t r = 0; r + 1 < slices + stages; r++) {
+      const size_t first = r < (size_t)stages ? 0 : r - stages + 1, last = std::min(r, slices - 1);
+      for (size_t j = first; j <= last; j++) {
+        const int stage = (int)(r - j);
+        const Blocks b = sliceOf(j);
+        step.lane(slices == 1 ? r : r * stages + stage);
+        char* mine = w + b.off[place] * wts;  // my shard's slice j
+        if (stage == 0) {
+          within(local, 0, [&] { return reduceScatterDirectRound(src, b, in), zpSuccess; });
+        } else if (stage < stages - 1) {
+          const Blocks br = Blocks::even(b.cnt[place], N);
+          within(rail, 0, [&] {
+            if (stage < N)  // in place: ring block i of the slice is reduced where it lies
+              ringReduceScatterRound(mine, br, 0, stage - 1, [&](int, int blk) { return mine + br.off[blk] * wts; });
+            else
+              ringAllGatherRound(mine, wts, br, 1, stage - N, nullptr);
+            return zpSuccess;
+          });
+        } else {
+          within(local, 0, [&] { return allGatherDirectRound(w, wts, b, nullptr), zpSuccess; });
+        }
+      }
+      ZP_CHECK(step.run(kStepNodes));
+      if (r < slices) {  // slice r was at stage 0
+        const Blocks b = sliceOf(r);
+        within(local, 0, [&] { return reduceScatterDirectFinish(src, w + b.off[place] * wts, b, in), zpSuccess; });
+      }
+    }
+    return zpSuccess;
+  }
+
   // ---- Reduce-scatter over blocks b: src the whole input in the work type, out this rank's block ----
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b) {
     return reduceScatter(src, out, b, family(b.total * wts / n));
@@ -643,35 +723,53 @@ struct Call {
       char* acc[2] = {scratch(kScratchAcc0, b.maxCnt * wts), scratch(kScratchAcc1, b.maxCnt * wts)};
       return ringReduceScatter(src, b, -1, [&](int s, int) { return s == n - 2 ? out : acc[s % 2]; });
     }
-    // Direct: every rank sends each block to its owner, which reduces the
-    // n it has in one pass: its own first (so that in place, where out is
-    // its own block, each element is read before it is written), then the
-    // others' in rank order (a fixed order, the same bits on every run).
     char* in = scratch(kScratchAcc0, mine * n);
-    std::vector<const char*> blocks(1, src + b.off[me] * wts);
+    reduceScatterDirectRound(src, b, in);
+    ZP_CHECK(step.run(3000));
+    reduceScatterDirectFinish(src, out, b, in);
+    return zpSuccess;
+  }
+  // Direct: every rank sends each block to its owner (added to the step, not
+  // run), which receives the others' into `in` (b.cnt[me] * n elements)...
+  void reduceScatterDirectRound(const char* src, const Blocks& b, char* in) {
+    const size_t mine = b.cnt[me] * wts;
     for (int i = 1; i < n; i++) {
       const int to = mod(me + i, n), from = mod(me - i, n);
       step.send(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
       step.recv(from, in + mine * from, mine, wts);
     }
-    ZP_CHECK(step.run(3000));
+  }
+  // ...and, once the round has run, reduces the n it has in one pass: its
+  // own first (so that in place, where out is its own block, each element is
+  // read before it is written), then the others' in rank order (a fixed
+  // order, the same bits on every run).
+  void reduceScatterDirectFinish(const char* src, char* out, const Blocks& b, const char* in) {
+    const size_t mine = b.cnt[me] * wts;
+    if (!mine) return;
+    if (n == 1) {
+      if (src != out) memmove(out, src + b.off[me] * wts, mine);
+      return;
+    }
+    std::vector<const char*> blocks(1, src + b.off[me] * wts);
     for (int r = 0; r < n; r++)
       if (r != me) blocks.push_back(in + mine * r);
-    if (mine) reduceMany(out, blocks, b.cnt[me], wt, a.op);
-    return zpSuccess;
+    reduceMany(out, blocks, b.cnt[me], wt, a.op);
   }
 
   // Direct all-gather in buf (element size es) over blocks b: this rank's
   // block (at `first` if given, else in buf) to every other rank, theirs
   // from them, in one round. hasAll as in ringAllGather.
   zpResult_t allGatherDirect(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1) {
+    allGatherDirectRound(buf, es, b, first, hasAll);
+    return step.run(4000);
+  }
+  void allGatherDirectRound(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1) {
     const char* from = first ? first : buf + b.off[me] * es;
     for (int i = 1; i < n; i++) {
       const int to = mod(me + i, n), src = mod(me - i, n);
       if (to != hasAll) step.send(to, from, b.cnt[me] * es, es);
       if (me != hasAll) step.recv(src, buf + b.off[src] * es, b.cnt[src] * es, es);
     }
-    return step.run(4000);
   }
 
   // ---- All-gather over blocks b (the user's type, user displacements) ----
@@ -854,7 +952,8 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
-  mine.settings = (uint64_t)c->cfg().collAlgo << 56 ^ c->cfg().collRingAbove;
+  mine.settings = ((uint64_t)c->cfg().collAlgo << 56 ^ c->cfg().collRingAbove) * 0x9E3779B97F4A7C15ull ^
+                  c->cfg().collSliceBytes;
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];

@@ -21,6 +21,10 @@
 //            and the communicator must still work (an alltoallv, every byte
 //            checked) and close cleanly. Rank 0 prints the bandwidth after
 //            the failure as a share of the other NICs' rate.
+//   slices   the hierarchical all-reduce cut into many pipeline slices
+//            (with ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=...): odd counts up to
+//            ZP_TEST_MAX_COUNT, in place and out of place, every element and
+//            guard checked;
 //   remap    remaps between random layouts of a random batch (forward and
 //            inverse, every byte checked), the cross-node part through the router;
 //   attention  the ring-attention driver forward and backward against a
@@ -54,7 +58,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <cstdlib>
 #include <string>
@@ -276,6 +282,80 @@ int collectivesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     if (small[i] != want[i]) err = "small allreduce: wrong data";
   // A rank done with its part of the reduce may still relay others' chunks
   // to the root: destroy stays for them.
+  if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);
+  if (!err.empty()) {
+    printf("rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
+// The hierarchical all-reduce's pipeline (run with ZP_COLL_RING_ABOVE=0 and
+// a small ZP_COLL_SLICE, so that every count takes it and is cut into many
+// slices, some of them empty where a shard has fewer elements than there are
+// slices): counts 0, 1, primes and others no slice count divides, up to
+// ZP_TEST_MAX_COUNT; int64 sum
+// in place, int32 max and float32 sum (of small integers: exact in any
+// order) out of place, bfloat16 sum (float32 work buffer); every element
+// checked on every rank, outputs poisoned first, guard elements past each
+// buffer checked untouched.
+int slicesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  std::string err;
+  const size_t kGuard = 16;
+  auto value = [&](int r, size_t i) { return (int64_t)((seed + (uint64_t)r * 7919 + i * 31) % 97); };
+  const size_t maxCount = (size_t)envInt("ZP_TEST_MAX_COUNT", 1 << 30);
+  for (size_t count : {(size_t)0, (size_t)1, (size_t)2, (size_t)3, (size_t)5, (size_t)7, (size_t)13, (size_t)31,
+                       (size_t)1009, (size_t)20011, (size_t)100003}) {
+    if (count > maxCount) break;
+    auto fail = [&](const char* what, size_t i) {
+      if (err.empty()) err = std::string(what) + " of " + std::to_string(count) + ": element " + std::to_string(i) + " is wrong";
+    };
+    auto callFailed = [&](const char* what) {
+      if (err.empty()) err = std::string(what) + " of " + std::to_string(count) + ": " + zpGetLastError(comm);
+    };
+    std::vector<int64_t> sum(count, 0), max(count, 0);
+    for (size_t i = 0; i < count; i++)
+      for (int r = 0; r < n; r++) {
+        sum[i] += value(r, i);
+        max[i] = std::max(max[i], value(r, i) * (r % 3 == 1 ? -1 : 1));
+      }
+    // int64 sum, in place.
+    std::vector<int64_t> a(count + kGuard, -7);
+    for (size_t i = 0; i < count; i++) a[i] = value(rank, i);
+    if (zpAllReduce(a.data(), a.data(), count, zpInt64, zpSum, comm, nullptr) != zpSuccess) callFailed("int64 sum");
+    for (size_t i = 0; i < count + kGuard; i++)
+      if (a[i] != (i < count ? sum[i] : -7)) fail("int64 sum in place", i);
+    // int32 max, out of place.
+    std::vector<int32_t> in(count), out(count + kGuard, -99999);
+    for (size_t i = 0; i < count; i++) in[i] = (int32_t)(value(rank, i) * (rank % 3 == 1 ? -1 : 1));
+    if (zpAllReduce(in.data(), out.data(), count, zpInt32, zpMax, comm, nullptr) != zpSuccess) callFailed("int32 max");
+    for (size_t i = 0; i < count + kGuard; i++)
+      if (out[i] != (i < count ? (int32_t)max[i] : -99999)) fail("int32 max out of place", i);
+    for (size_t i = 0; i < count; i++)
+      if (in[i] != (int32_t)(value(rank, i) * (rank % 3 == 1 ? -1 : 1))) fail("int32 max's input", i);
+    // float32 sum, out of place.
+    std::vector<float> fin(count), fout(count + kGuard, -1.5f);
+    for (size_t i = 0; i < count; i++) fin[i] = (float)value(rank, i);
+    if (zpAllReduce(fin.data(), fout.data(), count, zpFloat32, zpSum, comm, nullptr) != zpSuccess) callFailed("float32 sum");
+    for (size_t i = 0; i < count + kGuard; i++)
+      if (fout[i] != (i < count ? (float)sum[i] : -1.5f)) fail("float32 sum out of place", i);
+    // bfloat16 sum (sums below 256: exact in bfloat16), in place.
+    std::vector<uint16_t> h(count + kGuard, 0xFFFF);
+    auto bf16 = [](float f) {
+      uint32_t x;
+      memcpy(&x, &f, 4);
+      return (uint16_t)(x >> 16);
+    };
+    const int64_t scale = std::max<int64_t>(1, 97 * n / 255 + 1);
+    for (size_t i = 0; i < count; i++) h[i] = bf16((float)(value(rank, i) / scale));
+    if (zpAllReduce(h.data(), h.data(), count, zpBfloat16, zpSum, comm, nullptr) != zpSuccess) callFailed("bfloat16 sum");
+    for (size_t i = 0; i < count + kGuard; i++) {
+      int64_t want = 0;
+      for (int r = 0; r < n; r++) want += value(r, i) / scale;
+      if (h[i] != (i < count ? bf16((float)want) : 0xFFFF)) fail("bfloat16 sum in place", i);
+    }
+  }
   if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);
   if (!err.empty()) {
     printf("rank %d: %s\n", rank, err.c_str());
@@ -742,6 +822,7 @@ int main() {
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);
   if (mode == "collectives") return collectivesMode(comm, rank, n, seed);
+  if (mode == "slices") return slicesMode(comm, rank, n, seed);
   if (mode == "attention") return attentionMode(comm, rank, n, seed);
 #ifdef ZP_TEST_DOUBLE
   if (mode == "device") return deviceMode(comm, rank, n, seed);

@@ -101,9 +101,26 @@ TEST_P(MultinodeShapes, CollectivesAcrossNodesEveryElementChecked) {
 // One rank per node, three nodes: the hierarchical all-reduce's node steps
 // are empty and its rail ring spans every rank.
 TEST_F(Multinode, CollectivesWithOneRankPerNode) {
-  CommandResult r = zprun(3, 1, 1, "ZP_TEST_MODE=collectives");
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(countLines(r.output, ": ok"), 3u) << r.output;
+  for (const char* env : {"ZP_TEST_MODE=collectives", "ZP_TEST_MODE=slices ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=4K"}) {
+    CommandResult r = zprun(3, 1, 1, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), 3u) << env << "\n" << r.output;
+  }
+}
+
+// The hierarchical all-reduce pipelined in slices, every count on the
+// hierarchical path: slices of 8 bytes (one element or none: more slices
+// than some shards have elements) for counts up to 31; slices of 16K
+// (uneven, up to 25 of them) for every count, relayed in small chunks.
+TEST_P(MultinodeShapes, PipelinedAllReduceSlicesEveryElementChecked) {
+  const Shape& s = GetParam();
+  for (const char* env : {"ZP_TEST_MODE=slices ZP_TEST_MAX_COUNT=31 ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=8",
+                          "ZP_TEST_MODE=slices ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=16K ZP_ROUTE_DIRECT_BELOW=0 "
+                          "ZP_ROUTE_CHUNK=4K"}) {
+    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+  }
 }
 
 // Ring attention across nodes (rings over nodes go through the router)

@@ -80,6 +80,7 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   ZP_CHECK(paramEnum("ZP_COLL_ALGO", &algo));
   if (algo >= 0) c.collAlgo = (CollAlgo)algo;
   ZP_CHECK(paramSize("ZP_COLL_RING_ABOVE", &c.collRingAbove));
+  ZP_CHECK(paramSize("ZP_COLL_SLICE", &c.collSliceBytes));
   *out = c;
   return zpSuccess;
 }
