@@ -661,8 +661,18 @@ struct Call {
     // Round r's ops of slice j are on lane r * stages + (r - j), which must
     // fit the relay's ids: fewer slices for long rings, none below 2N nodes'
     // worth of room (then one slice, one stage per round, lane r).
-    size_t slices =
-        sliceBytes == 0 ? 1 : std::max<size_t>(1, std::min<size_t>(kMaxSlices, (bl.maxCnt * wts + sliceBytes - 1) / sliceBytes));
+    size_t slices = sliceBytes == 0 ? 1 : (bl.maxCnt * wts + sliceBytes - 1) / sliceBytes;
+    // With routing on, slices small enough that the ring's messages go
+    // direct (below ZP_ROUTE_DIRECT_BELOW): rail-aligned, every NIC already
+    // carries its share, and the relay, choosing paths from the queues of
+    // the moment, loads some NICs twice as much as others when the messages
+    // are many and staggered (measured: docs/collectives.md).
+    const size_t directBelow = c->cfg().routeDirectBelow;
+    if (sliceBytes && c->cfg().routing != zpRoutingOff && directBelow > 3 * wts) {
+      const size_t room = N * (directBelow - 3 * wts);  // a ring block is at most 2 elements over slice / N
+      slices = std::max(slices, (bl.maxCnt * wts + room - 1) / room);
+    }
+    slices = std::max<size_t>(1, std::min(slices, kMaxSlices));
     slices = std::min(slices, std::max<size_t>(1, kLaneRoom / stages - std::min<size_t>(kLaneRoom / stages, stages)));
     std::vector<Blocks> sl;  // sl[p]: shard p cut into the slices
     for (int p = 0; p < L; p++) sl.push_back(Blocks::even(bl.cnt[p], (int)slices));
