@@ -24,8 +24,9 @@
 // float16 and bfloat16 travel and reduce in float32 and are rounded once at
 // the end, as the API promises (twice the bytes on the wire for them).
 // Across nodes the steps go through the relay like any collective's
-// messages; a hierarchical algorithm (reduce-scatter in the node, one rail
-// per shard across nodes) is not here yet.
+// messages; all-reduce, on nodes of equal size, is hierarchical (reduce-
+// scatter in the node, one rail per shard across nodes, all-gather in the
+// node), its phases pipelined over slices of the shards (allReduceNodes).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
