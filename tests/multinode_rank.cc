@@ -208,6 +208,19 @@ int attentionMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return 0;
 }
 
+// Destroys the communicator (a rank done with its part may still relay
+// others' chunks: destroy stays for them) and prints this rank's outcome:
+// "rank R of N: ok", or what went wrong.
+int destroyAndReport(zpComm_t comm, int rank, int n, std::string err) {
+  if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);
+  if (!err.empty()) {
+    printf("rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
 // Remap round trips between random layouts: the same on every rank (seeded).
 // The standard collectives across nodes (their rings' steps to other
 // nodes go through the relay): all-reduce, all-gather, reduce-scatter,
@@ -280,15 +293,7 @@ int collectivesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     err = std::string("small allreduce: ") + zpGetLastError(comm);
   for (size_t i = 0; i < 7 && err.empty(); i++)
     if (small[i] != want[i]) err = "small allreduce: wrong data";
-  // A rank done with its part of the reduce may still relay others' chunks
-  // to the root: destroy stays for them.
-  if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);
-  if (!err.empty()) {
-    printf("rank %d: %s\n", rank, err.c_str());
-    return 1;
-  }
-  printf("rank %d of %d: ok\n", rank, n);
-  return 0;
+  return destroyAndReport(comm, rank, n, err);
 }
 
 // The hierarchical all-reduce's pipeline (run with ZP_COLL_RING_ABOVE=0 and
@@ -356,13 +361,7 @@ int slicesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
       if (h[i] != (i < count ? bf16((float)want) : 0xFFFF)) fail("bfloat16 sum in place", i);
     }
   }
-  if (err.empty() && zpCommDestroy(comm) != zpSuccess) err = std::string("destroy: ") + zpGetLastError(nullptr);
-  if (!err.empty()) {
-    printf("rank %d: %s\n", rank, err.c_str());
-    return 1;
-  }
-  printf("rank %d of %d: ok\n", rank, n);
-  return 0;
+  return destroyAndReport(comm, rank, n, err);
 }
 
 int remapMode(zpComm_t comm, int rank, int n, uint64_t seed) {
