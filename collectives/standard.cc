@@ -156,7 +156,8 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   for (int r = 1; r < n; r++)
     if (all[r].settings != all[0].settings)
       return fail(zpInvalidUsage, "rank %d: ranks 0 and %d choose collective algorithms differently (ZP_COLL_ALGO, "
-                  "ZP_COLL_RING_ABOVE must be the same on every rank)", me, r);
+                  "ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW must be the same on every rank)",
+                  me, r);
   return zpSuccess;
 }
 
@@ -963,8 +964,11 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
-  mine.settings = ((uint64_t)c->cfg().collAlgo << 56 ^ c->cfg().collRingAbove) * 0x9E3779B97F4A7C15ull ^
-                  c->cfg().collSliceBytes;
+  // (the hierarchical all-reduce's slices depend on the routing settings too)
+  const Config& cfg = c->cfg();
+  for (uint64_t v : {(uint64_t)cfg.collAlgo, (uint64_t)cfg.collRingAbove, (uint64_t)cfg.collSliceBytes,
+                     (uint64_t)cfg.routing, (uint64_t)cfg.routeDirectBelow})
+    mine.settings = splitmix(mine.settings ^ v);
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];
