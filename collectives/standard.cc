@@ -645,8 +645,10 @@ struct Call {
   // (rail-aligned); then all-gather of the shards inside the node. Each NIC
   // carries 2(N-1)/N of a shard, not of the buffer.
   //
-  // Pipelined: every shard is cut into S slices (ZP_COLL_SLICE bytes of the
-  // largest shard each), and each slice goes through 2N stages, one per
+  // Pipelined (ZP_COLL_SLICE, off by default: on 8 ranks sharing 2 cores
+  // the rounds' waits for peers cost more than the overlap gained): every
+  // shard is cut into S slices (ZP_COLL_SLICE bytes of the largest shard
+  // at most), and each slice goes through 2N stages, one per
   // round: 0 the node's reduce-scatter, 1..N-1 the ring's reduce-scatter
   // steps, N..2N-2 its all-gather steps, 2N-1 the node's all-gather. Round r
   // runs stage r-j of every slice j that has one, so while slice j crosses
