@@ -9,6 +9,7 @@
 //
 //   soak -r 4 -c 10000 -n 20000        (issue 16's soak)
 #include <dirent.h>
+#include <malloc.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -36,6 +37,7 @@ constexpr int kMaxRanks = 64;
 struct Usage {
   long fds = 0, threads = 0, shm = 0;
   long rssBytes = 0;
+  long heapBytes = 0;  // malloc's bytes in use (mallinfo2): exact, where RSS moves by pages
 };
 
 long countDir(const char* path) {
@@ -60,6 +62,8 @@ Usage usageNow() {
     fclose(f);
   }
   u.rssBytes = resident * sysconf(_SC_PAGESIZE);
+  struct mallinfo2 mi = mallinfo2();
+  u.heapBytes = (long)(mi.uordblks + mi.hblkhd);
   return u;
 }
 
@@ -200,12 +204,14 @@ void rankMain(Board* b, int rank, int n, long cycles, long warmCycles, long call
 
 void printPhase(const char* name, long count, const char* unit, const Usage* start, const Usage* end, int n) {
   printf("# %s: %ld %s after warm-up\n", name, count, unit);
-  printf("%5s %12s %12s %12s %12s %14s %14s %16s\n", "rank", "fds start", "fds end", "threads st", "threads end",
-         "RSS start KB", "RSS end KB", "RSS B/" "step");
+  printf("%5s %10s %8s %11s %12s %13s %11s %11s %11s\n", "rank", "fds st/end", "threads", "RSS st KB",
+         "RSS end KB", "RSS B/step", "heap st KB", "heap end KB", "heap B/step");
+  auto perStep = [&](long a, long b) { return count ? double(b - a) / double(count) : 0.0; };
   for (int r = 0; r < n; r++)
-    printf("%5d %12ld %12ld %12ld %12ld %14ld %14ld %16.2f\n", r, start[r].fds, end[r].fds, start[r].threads,
-           end[r].threads, start[r].rssBytes >> 10, end[r].rssBytes >> 10,
-           count ? double(end[r].rssBytes - start[r].rssBytes) / double(count) : 0.0);
+    printf("%5d %5ld/%-4ld %3ld/%-4ld %11ld %12ld %13.2f %11ld %11ld %11.2f\n", r, start[r].fds, end[r].fds,
+           start[r].threads, end[r].threads, start[r].rssBytes >> 10, end[r].rssBytes >> 10,
+           perStep(start[r].rssBytes, end[r].rssBytes), start[r].heapBytes >> 10, end[r].heapBytes >> 10,
+           perStep(start[r].heapBytes, end[r].heapBytes));
   printf("# /dev/shm entries: %ld at the start, %ld at the end\n", start[0].shm, end[0].shm);
 }
 

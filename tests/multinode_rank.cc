@@ -52,7 +52,8 @@
 //            events); the call captured in a CUDA graph and launched twice
 //            with fresh inputs; and
 //            mismatched counts, an error on every rank with nothing written.
-// Prints one line per rank and exits 0 when its part went as expected.
+// Prints one line per rank and exits 0 when its part went as expected and,
+// its communicator destroyed, no UCX request of it is left in the process.
 #include <arpa/inet.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -68,6 +69,7 @@
 #include <thread>
 
 #include "src/core/bootstrap.h"
+#include "transport/ucx/ucx_transport.h"
 #include "tests/attention_check.h"
 #include "tests/checks.h"
 #ifdef ZP_TEST_DOUBLE
@@ -769,7 +771,7 @@ int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
 
 }  // namespace
 
-int main() {
+int runRank() {
   const std::string mode = getenv("ZP_TEST_MODE") ? getenv("ZP_TEST_MODE") : "check";
   const int envRank = envInt("ZP_RANK", -1), envN = envInt("ZP_NRANKS", 0);
   if (mode == "foreign" && envRank == envN - 1) {
@@ -891,4 +893,18 @@ int main() {
   if (failures) return 1;
   printf("rank %d of %d: ok\n", rank, n);
   return 0;
+}
+
+// Every mode ends with its communicator destroyed: then no UCX request may be
+// left (a NIC that went down leaves requests on force-closed endpoints whose
+// completions never come; destroy must free them all).
+int main() {
+  int rc = runRank();
+  long live = zp::UcxTransport::liveRequests();
+  if (rc == 0 && live != 0) {
+    fprintf(stderr, "rank %s: %ld UCX requests not freed after the communicator was destroyed\n",
+            getenv("ZP_RANK") ? getenv("ZP_RANK") : "?", live);
+    rc = 1;
+  }
+  return rc;
 }

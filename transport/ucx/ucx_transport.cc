@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "src/core/log.h"
@@ -30,10 +31,15 @@ ucp_tag_t makeTag(uint64_t type, uint64_t kind, uint64_t src, uint64_t seq) {
 uint32_t tagKind(ucp_tag_t t) { return (uint32_t)((t >> kKindShift) & 0x3F); }
 int tagSrc(ucp_tag_t t) { return (int)((t >> kSrcShift) & kSrcMask); }
 
+std::atomic<long> gLiveRequests{0};  // UcxTransport::liveRequests()
+
 }  // namespace
 
 struct UcxTransport::Request {
-  Request(UcxTransport* t_, Op* op_, bool meta_) : t(t_), op(op_), meta(meta_) {}
+  Request(UcxTransport* t_, Op* op_, bool meta_) : t(t_), op(op_), meta(meta_) { gLiveRequests++; }
+  ~Request() { gLiveRequests--; }
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
   UcxTransport* t;
   Op* op;  // null for control messages
   bool meta;
@@ -196,12 +202,15 @@ UcxTransport::~UcxTransport() {
   if (context_) ucp_cleanup(context_);
   delete ctrlRecv_;
   for (Request* r : ctrlReqs_) delete r;
+  for (Request* r : orphans_) delete r;
   // Requests whose completion never came (a send stuck on an endpoint that
   // was force-closed when its NIC went down): no callback can run after the
   // worker is gone, so they are ours to free.
   for (auto& kv : ops_)
     for (Request* r : kv.second.reqs) delete r;
 }
+
+long UcxTransport::liveRequests() { return gLiveRequests.load(); }
 
 std::string UcxTransport::describe(int) const {
   return "UCX" + (device_.empty() ? std::string() : " (NIC " + device_ + ")");
@@ -319,8 +328,9 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
     delete r;
     return;
   }
-  if (!r->op) {  // a control send
+  if (!r->op) {  // a control send, or an orphan of dropOps
     ctrlReqs_.erase(r);
+    orphans_.erase(r);
     delete r;
     return;
   }
@@ -558,6 +568,14 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
   while (!ops_.empty() && nowMs() < deadline) ucp_worker_progress(worker_);
   for (auto& kv : ops_) kv.first->finish(kv.first->status, kv.first->error);
   if (!ops_.empty()) ZP_WARN(kSubNet, "UCX: %zu operations did not release their buffers", ops_.size());
+  // A receive UCX had matched when its sender's path died can be neither
+  // cancelled nor completed: its request stays ours (freed by a late
+  // completion or by the destructor), its op is done.
+  for (auto& kv : ops_)
+    for (Request* r : kv.second.reqs) {
+      r->op = nullptr;
+      orphans_.insert(r);
+    }
   ops_.clear();
 }
 

@@ -61,6 +61,11 @@ class UcxTransport : public Transport {
   void cutPeer(int peer, const std::string& why);
 
   struct Request;  // one UCP request and what it completes
+  // Requests of every UcxTransport in this process not yet freed. Zero once
+  // every communicator is destroyed: each Request is freed by its completion
+  // or, at the latest, by its transport's destructor (the NIC-down test
+  // checks this after zpCommDestroy).
+  static long liveRequests();
 
  private:
   struct Peer {
@@ -112,6 +117,7 @@ class UcxTransport : public Transport {
   std::vector<Peer> peers_;  // by rank; only remote ranks have endpoints
   std::map<Op*, OpState> ops_;
   std::set<Request*> ctrlReqs_;  // control sends in flight, and the posted control receive
+  std::set<Request*> orphans_;   // requests dropOps gave up waiting for (their ops are done)
   Request* ctrlRecv_ = nullptr;
   std::vector<char> ctrlBuf_;
   std::vector<std::pair<int, std::string>> epErrors_;  // reported inside ucp_worker_progress
