@@ -66,11 +66,17 @@ class MultinodeShapes : public Multinode, public ::testing::WithParamInterface<S
 // A NIC of the sending node fails in the middle of a 256 MiB routed send:
 // the bytes arrive intact on the other NICs, the failure is logged once with
 // the NIC's name, and the communicator goes on working without it.
+// With 4 MiB chunks a relayed chunk is almost surely half received when the
+// NIC goes down: its receive can then be neither cancelled nor completed,
+// and destroy must still free it (every rank checks that no UCX request is
+// left; with 512 KiB chunks that case came up in 3 runs of 5).
 TEST_F(Multinode, NicDownInTheMiddleOfARoutedTransfer) {
-  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=nicdown");
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(countLines(r.output, ": ok"), 8u) << r.output;
-  EXPECT_EQ(countLines(r.output, "NIC zpnic3 (rail 3 of node 0) is down"), 1u) << r.output;
+  for (const char* env : {"ZP_TEST_MODE=nicdown", "ZP_TEST_MODE=nicdown ZP_ROUTE_CHUNK=4M"}) {
+    CommandResult r = zprun(2, 4, 4, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), 8u) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, "NIC zpnic3 (rail 3 of node 0) is down"), 1u) << env << "\n" << r.output;
+  }
 }
 
 // Every NIC of a node fails during a transfer: no path is left, and every

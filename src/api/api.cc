@@ -15,7 +15,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,9 +28,10 @@
 #include "src/core/socket.h"
 #include "src/route/relay.h"
 
-// A handle outlives its communicator: after zpCommDestroy it stays, marked
-// dead, so that a late call gets an error instead of touching freed memory.
-struct zpComm {
+namespace {
+
+// What a live handle stands for.
+struct HandleState {
   // Shared with the groups that have calls on it queued (on any thread), so
   // that destroying it while one is open leaves them an error, not freed memory.
   std::shared_ptr<zp::Comm> impl;
@@ -39,22 +40,38 @@ struct zpComm {
   std::string lastError;
 };
 
-namespace {
+// A handle is a number, never an address: the k-th communicator made in this
+// process (k = 1, 2, ...) is kHandleBase + k * kHandleStep, above every
+// user-space address, never reused and never dereferenced. So a destroyed
+// communicator's handle costs no memory (it is one that was handed out and
+// is no longer live: a late call gets "destroyed", neither freed memory nor
+// another communicator), and a garbage pointer is never mistaken for one.
+static_assert(sizeof(uintptr_t) == 8, "handles are 64-bit numbers");
+constexpr uintptr_t kHandleBase = 0x5a70000000000000ull, kHandleStep = 16;
 
 std::mutex gHandlesMu;
-std::unordered_set<zpComm*> gHandles;  // every handle ever returned
+uint64_t gHandlesMade = 0;
+std::unordered_map<zpComm_t, std::shared_ptr<HandleState>> gLive;  // handles not yet destroyed
 
-bool known(zpComm_t handle) {
+std::shared_ptr<HandleState> stateOf(zpComm_t handle) {
   std::lock_guard<std::mutex> lock(gHandlesMu);
-  return handle && gHandles.count(handle);
+  auto it = gLive.find(handle);
+  return it == gLive.end() ? nullptr : it->second;
+}
+
+// Under gHandlesMu: a handle this process returned once (live or destroyed).
+bool handedOut(zpComm_t handle) {
+  uintptr_t v = (uintptr_t)handle;
+  return v > kHandleBase && (v - kHandleBase) % kHandleStep == 0 && (v - kHandleBase) / kHandleStep <= gHandlesMade;
 }
 
 // A call on handle returns r: a failure's message (this thread's last error)
 // becomes the communicator's last error too.
 zpResult_t noted(zpComm_t handle, zpResult_t r) {
-  if (r != zpSuccess && known(handle)) {
-    std::lock_guard<std::mutex> lock(handle->errorMu);
-    handle->lastError = zp::lastError();
+  if (r == zpSuccess) return r;
+  if (std::shared_ptr<HandleState> h = stateOf(handle)) {
+    std::lock_guard<std::mutex> lock(h->errorMu);
+    h->lastError = zp::lastError();
   }
   return r;
 }
@@ -68,14 +85,17 @@ void inGroup(zpComm_t handle) {
     tlsGroupComms.push_back(handle);
 }
 
-// Resolves a handle without dereferencing pointers we never handed out.
+// Resolves a handle (a number: nothing is dereferenced).
 zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
   std::lock_guard<std::mutex> lock(gHandlesMu);
-  if (!gHandles.count(handle)) return zp::fail(zpInvalidArgument, "%s: %p is not a communicator", fn, (void*)handle);
-  if (!handle->impl) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
-  *out = handle->impl;
-  return zpSuccess;
+  auto it = gLive.find(handle);
+  if (it != gLive.end()) {
+    *out = it->second->impl;
+    return zpSuccess;
+  }
+  if (handedOut(handle)) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
+  return zp::fail(zpInvalidArgument, "%s: %p is not a communicator", fn, (void*)handle);
 }
 
 struct NamedBuffer {
@@ -149,11 +169,12 @@ zpResult_t zpSetLastError(zpComm_t comm, zpResult_t code, const char* format, ..
 }
 
 const char* zpGetLastError(zpComm_t comm) {
-  if (!known(comm)) return zp::lastError();
+  std::shared_ptr<HandleState> h = stateOf(comm);
+  if (!h) return zp::lastError();
   // A copy per thread: another thread may fail on the communicator meanwhile.
   thread_local std::string copy;
-  std::lock_guard<std::mutex> lock(comm->errorMu);
-  copy = comm->lastError;
+  std::lock_guard<std::mutex> lock(h->errorMu);
+  copy = h->lastError;
   return copy.c_str();
 }
 
@@ -185,11 +206,12 @@ zpResult_t zpGetUniqueId(zpUniqueId* id) try {
 // A new handle for a communicator made here (init or split).
 static zpComm_t newHandle(std::unique_ptr<zp::Comm> impl) {
   zp::Relay::enable(impl.get());
-  zpComm* h = new zpComm;
+  auto h = std::make_shared<HandleState>();
   h->impl = std::move(impl);
   std::lock_guard<std::mutex> lock(gHandlesMu);
-  gHandles.insert(h);
-  return h;
+  zpComm_t handle = (zpComm_t)(kHandleBase + ++gHandlesMade * kHandleStep);
+  gLive.emplace(handle, std::move(h));
+  return handle;
 }
 
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) try {
@@ -348,7 +370,11 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   std::shared_ptr<zp::Comm> impl;
   {
     std::lock_guard<std::mutex> lock(gHandlesMu);
-    impl = std::move(comm->impl);
+    auto it = gLive.find(comm);
+    // Another thread destroyed it meanwhile.
+    if (it == gLive.end()) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
+    impl = std::move(it->second->impl);
+    gLive.erase(it);
   }
   impl->leave(abort);
   return zpSuccess;
