@@ -63,8 +63,8 @@ class UcxTransport : public Transport {
   struct Request;  // one UCP request and what it completes
   // Requests of every UcxTransport in this process not yet freed. Zero once
   // every communicator is destroyed: each Request is freed by its completion
-  // or, at the latest, by its transport's destructor (the NIC-down test
-  // checks this after zpCommDestroy).
+  // or, at the latest, by its transport's destructor (every rank of the
+  // multinode tests checks this after destroying its communicator).
   static long liveRequests();
 
  private:
