@@ -226,22 +226,34 @@ uint16_t floatToBf16(float f) {  // round to nearest even
 }
 
 // dst[i] = a[i] op b[i] (dst may be a or b); zpAvg sums, divided at the end.
+// The bulk goes 16 bytes at a time as GCC vectors (the compiler picks the
+// instructions: SSE2 on any x86-64): the plain loop stayed scalar at -O2,
+// one element per instruction, a fifth of a large all-reduce's time, as
+// GCC's cheap cost model vectorises no loop that needs a run-time check
+// that dst does not overlap a or b. f works on vectors and scalars alike.
+template <class T, class F>
+void reduceWith(T* dst, const T* a, const T* b, size_t n, F f) {
+  typedef T Vec __attribute__((vector_size(16)));  // SSE2: wider ones change the ABI of f
+  constexpr size_t kLanes = sizeof(Vec) / sizeof(T);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Vec x, y;
+    memcpy(&x, a + i, sizeof(Vec));
+    memcpy(&y, b + i, sizeof(Vec));
+    x = f(x, y);
+    memcpy(dst + i, &x, sizeof(Vec));
+  }
+  for (; i < n; i++) dst[i] = f(a[i], b[i]);
+}
 template <class T>
 void reduce3(T* dst, const T* a, const T* b, size_t n, zpRedOp_t op) {
+  // decltype(x)(...): back to the element type after C++'s integer promotion.
   switch (op) {
     case zpSum:
-    case zpAvg:
-      for (size_t i = 0; i < n; i++) dst[i] = (T)(a[i] + b[i]);
-      break;
-    case zpProd:
-      for (size_t i = 0; i < n; i++) dst[i] = (T)(a[i] * b[i]);
-      break;
-    case zpMax:
-      for (size_t i = 0; i < n; i++) dst[i] = std::max(a[i], b[i]);
-      break;
-    case zpMin:
-      for (size_t i = 0; i < n; i++) dst[i] = std::min(a[i], b[i]);
-      break;
+    case zpAvg: reduceWith(dst, a, b, n, [](auto x, auto y) { return decltype(x)(x + y); }); break;
+    case zpProd: reduceWith(dst, a, b, n, [](auto x, auto y) { return decltype(x)(x * y); }); break;
+    case zpMax: reduceWith(dst, a, b, n, [](auto x, auto y) { return decltype(x)(x < y ? y : x); }); break;  // std::max
+    case zpMin: reduceWith(dst, a, b, n, [](auto x, auto y) { return decltype(x)(y < x ? y : x); }); break;  // std::min
     default: break;
   }
 }
