@@ -608,6 +608,7 @@ struct Call {
       // Direct reduce-scatter (rank r ends with block r reduced into w),
       // then direct all-gather of the blocks: two rounds in all.
       Blocks b = Blocks::even(count, n);
+      if (allLocal()) return allReduceDirectOverlapped(src, w, b);
       ZP_CHECK(reduceScatter(src, w + b.off[me] * wts, b, Family::kDirect));
       return allGatherDirect(w, wts, b, nullptr);
     }
@@ -730,6 +731,55 @@ struct Call {
         within(local, 0, [&] { return reduceScatterDirectFinish(src, w + b.off[place] * wts, b, in), zpSuccess; });
       }
     }
+    return zpSuccess;
+  }
+
+  bool allLocal() const {
+    for (int p = 0; p < n; p++)
+      if (!c->isLocal(p)) return false;
+    return true;
+  }
+
+  // Direct reduce-scatter then direct all-gather on one node, without the
+  // wait between them: this rank reduces its block as soon as its own
+  // receives are in and offers it to the others at once, while they may
+  // still be reading its input (their reads of it need not be finished
+  // first). With more ranks than cores that wait was a core left idle. In
+  // place, the blocks the all-gather overwrites are ones the peers read
+  // before they could offer theirs. Same messages and order per pair as
+  // the two steps, the same reduction order: the same bits.
+  zpResult_t allReduceDirectOverlapped(const char* src, char* w, const Blocks& b) {
+    const size_t mine = b.cnt[me] * wts;
+    char* in = scratch(kScratchAcc0, mine * n);
+    std::vector<Op> rs, ag;
+    rs.reserve(2 * (size_t)n);
+    ag.reserve(2 * (size_t)n);
+    for (int i = 1; i < n; i++) {
+      const int to = mod(me + i, n), from = mod(me - i, n);
+      rs.push_back(makeOp(OpKind::kCollective, true, to, (void*)(src + b.off[to] * wts), b.cnt[to] * wts, wts));
+      rs.push_back(makeOp(OpKind::kCollective, false, from, in + mine * from, mine, wts));
+    }
+    auto done = [](const std::vector<Op>& ops, bool recvsOnly) {
+      for (const Op& o : ops)
+        if (!o.done && !(recvsOnly && o.isSend)) return false;
+      return true;
+    };
+    std::vector<Op*> ptrs;
+    for (Op& o : rs) ptrs.push_back(&o);
+    ZP_CHECK(c->runOps(ptrs, [&] { return done(rs, true); }));
+    // My receives are in (and good: runOps reported none that failed).
+    char* out = w + b.off[me] * wts;
+    reduceScatterDirectFinish(src, out, b, in);
+    for (int i = 1; i < n; i++) {
+      const int to = mod(me + i, n), from = mod(me - i, n);
+      ag.push_back(makeOp(OpKind::kCollective, true, to, out, mine, wts));
+      ag.push_back(makeOp(OpKind::kCollective, false, from, w + b.off[from] * wts, b.cnt[from] * wts, wts));
+    }
+    ptrs.clear();
+    for (Op& o : ag) ptrs.push_back(&o);
+    ZP_CHECK(c->runOps(ptrs, [&] { return done(rs, false) && done(ag, false); }));
+    for (const Op& o : rs)  // the reduce-scatter's sends: the second runOps did not look at them
+      if (o.status != zpSuccess) return fail(o.status, "rank %d: %s", c->rank(), o.error.c_str());
     return zpSuccess;
   }
 

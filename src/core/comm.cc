@@ -522,7 +522,7 @@ zpResult_t Comm::enqueueCollectiveOnStream(const CollArgs& args, void* stream) {
   return device_->enqueueCollective(args, stream);
 }
 
-zpResult_t Comm::runOps(std::vector<Work>& work) {
+zpResult_t Comm::runOps(std::vector<Work>& work, const std::function<bool()>& until) {
   std::vector<Comm*> comms;
   for (Work& w : work) {
     Comm* c = w.comm;
@@ -548,16 +548,20 @@ zpResult_t Comm::runOps(std::vector<Work>& work) {
         if (!op->done) return false;
     return true;
   };
-  ZP_CHECK(progressUntil(comms, allDone, [](Comm* c) { return c->busyPeers(); }, "send/recv"));
+  auto busy = [](Comm* c) { return c->busyPeers(); };
+  ZP_CHECK(progressUntil(comms, until ? until : allDone, busy, "send/recv"));
   for (Work& w : work)
     for (Op* op : w.ops)
-      if (op->status != zpSuccess) return fail(op->status, "rank %d: %s", w.comm->rank_, op->error.c_str());
+      if (op->done && op->status != zpSuccess) {
+        ZP_CHECK(progressUntil(comms, allDone, busy, "send/recv"));  // nothing may still point at an op
+        return fail(op->status, "rank %d: %s", w.comm->rank_, op->error.c_str());
+      }
   return zpSuccess;
 }
 
-zpResult_t Comm::runOps(std::vector<Op*>& ops) {
+zpResult_t Comm::runOps(std::vector<Op*>& ops, const std::function<bool()>& until) {
   std::vector<Work> work{{this, ops}};
-  return runOps(work);
+  return runOps(work, until);
 }
 
 zpResult_t Comm::agreeOnResult(uint64_t seq, zpResult_t mine, const std::string& myMsg) {

@@ -131,8 +131,12 @@ class Comm : public TransportSink {
     Comm* comm;
     std::vector<Op*> ops;
   };
-  static zpResult_t runOps(std::vector<Work>& work);
-  zpResult_t runOps(std::vector<Op*>& ops);
+  // until (if given): returns once it is true, not once every op is done;
+  // the ops not done yet move on with the next call's progress, and must
+  // outlive it (a later runOps must wait for them). A failed op is reported
+  // only once every op is done.
+  static zpResult_t runOps(std::vector<Work>& work, const std::function<bool()>& until = nullptr);
+  zpResult_t runOps(std::vector<Op*>& ops, const std::function<bool()>& until = nullptr);
   // Device ops (each with its stream) to the StreamTransport, as one group;
   // returns once they are enqueued. Call with mutex() held.
   zpResult_t enqueueOnStreams(const std::vector<Op*>& ops);

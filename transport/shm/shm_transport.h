@@ -116,6 +116,9 @@ class ShmTransport : public Transport {
   };
 
   static bool hasWork(const Peer& p);
+  // Whether this rank waits for a single-copy transfer (a peer reading
+  // this rank's memory, or this rank waiting to read a peer's).
+  bool waitsForSingleCopy() const;
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   Peer* peer(int rank);
@@ -138,6 +141,7 @@ class ShmTransport : public Transport {
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
   int spinUs_ = 0;
+  bool oversubscribed_ = false;  // more ranks on this node than cores this process may run on
 };
 
 }  // namespace zp
