@@ -56,7 +56,8 @@ const std::vector<Param> kParams = {
   {"ZP_SHM_RING_BYTES", K::kSize, R::kSetting, "2M", "64K..1G pow2",
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
-   "microseconds a waiting rank polls (yielding its core) before it sleeps"},
+   "microseconds a waiting rank polls (yielding its core) before it sleeps; none while a single-copy transfer "
+   "is under way and this node has more ranks than cores (polling would delay the peer doing the copy)"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
    "the standard collectives' algorithms: by size and shape (auto); always rings; always the latency ones "
