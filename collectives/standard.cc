@@ -26,7 +26,9 @@
 // Across nodes the steps go through the relay like any collective's
 // messages; all-reduce, on nodes of equal size, is hierarchical (reduce-
 // scatter in the node, one rail per shard across nodes, all-gather in the
-// node), its phases pipelined over slices of the shards (allReduceNodes).
+// node; allReduceNodes), its phases pipelined over slices of the shards
+// when ZP_COLL_SLICE is set (off by default: slower more often than faster
+// on the 2-core machine where it was measured, docs/collectives.md).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
