@@ -408,6 +408,15 @@ class Step {
     pending_.push_back({ops_.size() - 1, pendingBytes_, dst, a, bytes, wt, op});
     pendingBytes_ += (bytes + 63) & ~size_t(63);
   }
+  // The ops added so far, for a caller that runs them itself (on one node,
+  // where no op is routed, so none needs a transfer id). Only plain sends
+  // and receives: no lanes, no reduce into scratch.
+  std::vector<Op> take() {
+    std::vector<Op> ops;
+    ops.swap(ops_);
+    lanes_.clear();
+    return ops;
+  }
   zpResult_t run(uint64_t tag) {
     if (ops_.empty()) return zpSuccess;
     char* base = pending_.empty() ? nullptr : scratch(kScratchPending, pendingBytes_);
@@ -753,14 +762,8 @@ struct Call {
   zpResult_t allReduceDirectOverlapped(const char* src, char* w, const Blocks& b) {
     const size_t mine = b.cnt[me] * wts;
     char* in = scratch(kScratchAcc0, mine * n);
-    std::vector<Op> rs, ag;
-    rs.reserve(2 * (size_t)n);
-    ag.reserve(2 * (size_t)n);
-    for (int i = 1; i < n; i++) {
-      const int to = mod(me + i, n), from = mod(me - i, n);
-      rs.push_back(makeOp(OpKind::kCollective, true, to, (void*)(src + b.off[to] * wts), b.cnt[to] * wts, wts));
-      rs.push_back(makeOp(OpKind::kCollective, false, from, in + mine * from, mine, wts));
-    }
+    reduceScatterDirectRound(src, b, in);
+    std::vector<Op> rs = step.take(), ag;
     auto done = [](const std::vector<Op>& ops, bool recvsOnly) {
       for (const Op& o : ops)
         if (!o.done && !(recvsOnly && o.isSend)) return false;
@@ -770,13 +773,9 @@ struct Call {
     for (Op& o : rs) ptrs.push_back(&o);
     ZP_CHECK(c->runOps(ptrs, [&] { return done(rs, true); }));
     // My receives are in (and good: runOps reported none that failed).
-    char* out = w + b.off[me] * wts;
-    reduceScatterDirectFinish(src, out, b, in);
-    for (int i = 1; i < n; i++) {
-      const int to = mod(me + i, n), from = mod(me - i, n);
-      ag.push_back(makeOp(OpKind::kCollective, true, to, out, mine, wts));
-      ag.push_back(makeOp(OpKind::kCollective, false, from, w + b.off[from] * wts, b.cnt[from] * wts, wts));
-    }
+    reduceScatterDirectFinish(src, w + b.off[me] * wts, b, in);
+    allGatherDirectRound(w, wts, b, nullptr);
+    ag = step.take();
     ptrs.clear();
     for (Op& o : ag) ptrs.push_back(&o);
     ZP_CHECK(c->runOps(ptrs, [&] { return done(rs, false) && done(ag, false); }));
