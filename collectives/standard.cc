@@ -21,6 +21,9 @@
 // A receive that reduces does so as the bytes arrive where the transport
 // can (shared memory: Op::reduce, out of the ring's fragments or the
 // sender's memory by single copy), else right after its step from scratch.
+// The direct reduce-scatter's receives from every peer are one reduce group
+// (OpReduceGroup) where all come by single copy: the transport reads a
+// piece of each and reduces them together, straight into the output.
 // float16 and bfloat16 travel and reduce in float32 and are rounded once at
 // the end, as the API promises (twice the bytes on the wire for them).
 // Across nodes the steps go through the relay like any collective's
@@ -408,6 +411,22 @@ class Step {
     pending_.push_back({ops_.size() - 1, pendingBytes_, dst, a, bytes, wt, op});
     pendingBytes_ += (bytes + 63) & ~size_t(63);
   }
+  // A receive that is member `slot` of group g (OpReduceGroup): reduced
+  // with the others by the transport, into the group's out.
+  void recvInGroup(int peer, const OpReduceGroup* g, int slot, size_t ts) {
+    recv(peer, g->out, g->bytes, ts);
+    ops_.back().group = g;
+    ops_.back().groupSlot = slot;
+  }
+  // Whether receives of `bytes` from these peers can form a group: all on
+  // one transport that can reduce them together.
+  bool canGroup(const std::vector<int>& peers, size_t bytes) const {
+    if (peers.empty() || !bytes) return false;
+    const Transport* t = c_->transportFor(rankOf(peers[0]));
+    for (int p : peers)
+      if (c_->transportFor(rankOf(p)) != t || !t->canReduceGroup(rankOf(p), bytes)) return false;
+    return true;
+  }
   // The ops added so far, for a caller that runs them itself (on one node,
   // where no op is routed, so none needs a transfer id). Only plain sends
   // and receives: no lanes, no reduce into scratch.
@@ -485,6 +504,7 @@ struct Call {
   const zpDataType_t wt;  // the work type
   const size_t ts, wts;   // the user's and the work type's element sizes
   Step step;
+  std::deque<OpReduceGroup> groups;  // the call's reduce groups (their ops point at them)
   Call(Comm* comm, const CollArgs& args, uint64_t seq)
       : c(comm),
         a(args),
@@ -714,6 +734,7 @@ struct Call {
       return Blocks::of(cnt.data(), off.data(), L);
     };
     char* in = scratch(kScratchAcc0, sl[place].maxCnt * wts * L);  // the node's partials of the slice at stage 0
+    bool grouped = false;  // the slice at stage 0 is reduced by a group (reduceScatterDirectRound)
     for (size_t r = 0; r + 1 < slices + stages; r++) {
       const size_t first = r < (size_t)stages ? 0 : r - stages + 1, last = std::min(r, slices - 1);
       for (size_t j = first; j <= last; j++) {
@@ -722,7 +743,7 @@ struct Call {
         step.lane(slices == 1 ? r : r * stages + stage);
         char* mine = w + b.off[place] * wts;  // my shard's slice j
         if (stage == 0) {
-          within(local, 0, [&] { return reduceScatterDirectRound(src, b, in), zpSuccess; });
+          within(local, 0, [&] { return grouped = reduceScatterDirectRound(src, b, in, mine), zpSuccess; });
         } else if (stage < stages - 1) {
           const Blocks br = Blocks::even(b.cnt[place], N);
           within(rail, 0, [&] {
@@ -739,7 +760,9 @@ struct Call {
       ZP_CHECK(step.run(kStepNodes));
       if (r < slices) {  // slice r was at stage 0
         const Blocks b = sliceOf(r);
-        within(local, 0, [&] { return reduceScatterDirectFinish(src, w + b.off[place] * wts, b, in), zpSuccess; });
+        within(local, 0, [&] {
+          return reduceScatterDirectFinish(src, w + b.off[place] * wts, b, in, grouped), zpSuccess;
+        });
       }
     }
     return zpSuccess;
@@ -762,7 +785,7 @@ struct Call {
   zpResult_t allReduceDirectOverlapped(const char* src, char* w, const Blocks& b) {
     const size_t mine = b.cnt[me] * wts;
     char* in = scratch(kScratchAcc0, mine * n);
-    reduceScatterDirectRound(src, b, in);
+    const bool grouped = reduceScatterDirectRound(src, b, in, w + b.off[me] * wts);
     std::vector<Op> rs = step.take(), ag;
     auto done = [](const std::vector<Op>& ops, bool recvsOnly) {
       for (const Op& o : ops)
@@ -773,7 +796,7 @@ struct Call {
     for (Op& o : rs) ptrs.push_back(&o);
     ZP_CHECK(c->runOps(ptrs, [&] { return done(rs, true); }));
     // My receives are in (and good: runOps reported none that failed).
-    reduceScatterDirectFinish(src, w + b.off[me] * wts, b, in);
+    reduceScatterDirectFinish(src, w + b.off[me] * wts, b, in, grouped);
     allGatherDirectRound(w, wts, b, nullptr);
     ag = step.take();
     ptrs.clear();
@@ -801,28 +824,40 @@ struct Call {
       return ringReduceScatter(src, b, -1, [&](int s, int) { return s == n - 2 ? out : acc[s % 2]; });
     }
     char* in = scratch(kScratchAcc0, mine * n);
-    reduceScatterDirectRound(src, b, in);
+    const bool grouped = reduceScatterDirectRound(src, b, in, out);
     ZP_CHECK(step.run(3000));
-    reduceScatterDirectFinish(src, out, b, in);
+    reduceScatterDirectFinish(src, out, b, in, grouped);
     return zpSuccess;
   }
   // Direct: every rank sends each block to its owner (added to the step, not
-  // run), which receives the others' into `in` (b.cnt[me] * n elements)...
-  void reduceScatterDirectRound(const char* src, const Blocks& b, char* in) {
+  // run), which reduces the others' into out: where the transport can, as
+  // one reduce group read from the senders' memory (nothing in between;
+  // returns true), else received into `in` (b.cnt[me] * n elements)...
+  bool reduceScatterDirectRound(const char* src, const Blocks& b, char* in, char* out) {
     const size_t mine = b.cnt[me] * wts;
+    std::vector<int> from;
+    for (int i = 1; i < n; i++) from.push_back(mod(me - i, n));
+    const OpReduceGroup* g = nullptr;
+    if (step.canGroup(from, mine))  // the same order as reduceScatterDirectFinish's: the same bits
+      g = &groups.emplace_back(OpReduceGroup{out, src + b.off[me] * wts, mine,
+                                             &kReducers[(size_t)wt * zpNumOps + (size_t)a.op], n - 1});
     for (int i = 1; i < n; i++) {
-      const int to = mod(me + i, n), from = mod(me - i, n);
+      const int to = mod(me + i, n), f = from[i - 1];
       step.send(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
-      step.recv(from, in + mine * from, mine, wts);
+      if (g)
+        step.recvInGroup(f, g, f < me ? f : f - 1, wts);
+      else
+        step.recv(f, in + mine * f, mine, wts);
     }
+    return g != nullptr;
   }
   // ...and, once the round has run, reduces the n it has in one pass: its
   // own first (so that in place, where out is its own block, each element is
   // read before it is written), then the others' in rank order (a fixed
-  // order, the same bits on every run).
-  void reduceScatterDirectFinish(const char* src, char* out, const Blocks& b, const char* in) {
+  // order, the same bits on every run). Nothing if the round was a group.
+  void reduceScatterDirectFinish(const char* src, char* out, const Blocks& b, const char* in, bool grouped) {
     const size_t mine = b.cnt[me] * wts;
-    if (!mine) return;
+    if (!mine || grouped) return;
     if (n == 1) {
       if (src != out) memmove(out, src + b.off[me] * wts, mine);
       return;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/harness.h"
+#include "transport/shm/shm_transport.h"
 
 namespace {
 
@@ -380,6 +381,100 @@ TEST_P(LargeCollectives, ReduceWhileCopyingEveryElement) {
 
 INSTANTIATE_TEST_SUITE_P(Protocols, LargeCollectives, ::testing::Values("cma", "copy"));
 
+// A direct reduce-scatter whose blocks are large enough for single copy is
+// one reduce group on each rank (the shared-memory transport reads every
+// peer's block a piece at a time and reduces them together): every type
+// and op, in and out of place, all-reduce, reduce-scatter and
+// reduce-scatterv with blocks below the single-copy threshold and empty
+// ones among them (those ranks reduce the plain way in the same call).
+class ReduceGroups : public ::testing::TestWithParam<int> {};
+
+TEST_P(ReduceGroups, EveryTypeAndOpInAndOutOfPlace) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(GetParam(), [&](int rank, int nranks, const zpUniqueId& id) {
+    setenv("ZP_COLL_ALGO", "direct", 1);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const long before = zp::ShmTransport::groupsReduced();
+    long calls = 0;  // of which this rank's block is a group
+    int c = 0;
+    for (zpDataType_t t : kTypes)
+      for (zpRedOp_t op : kOps) {
+        const size_t ts = zpTypeSize(t), block = (32u << 10) + 17 + (size_t)c % 29;  // >= 32 KiB in any type
+        const uint64_t s = seed + (uint64_t)++c;
+        const bool inPlace = c % 2 == 0;
+        const size_t count = block * (size_t)nranks + (size_t)c % (size_t)nranks;  // blocks a little uneven
+        GuardedBuffer send(count * ts), recv(count * ts);
+        fillInput(send.data(), count, 0, s, rank, t, op);
+        void* out = inPlace ? send.data() : recv.data();
+        ASSERT_EQ(zpAllReduce(send.data(), out, count, t, op, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+        EXPECT_EQ(checkReduced(out, count, 0, s, nranks, t, op), "") << "all-reduce, type " << t << " op " << op;
+        EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
+        calls++;
+        // Reduce-scatterv: block sizes from none to twice the threshold.
+        std::vector<size_t> counts(nranks);
+        for (int p = 0; p < nranks; p++) counts[p] = (p + c) % 3 == 0 ? 0 : (p + c) % 3 == 1 ? 100 + p : 2 * block + p;
+        size_t total = 0, first = 0;
+        for (int p = 0; p < nranks; p++) {
+          if (p < rank) first += counts[p];
+          total += counts[p];
+        }
+        GuardedBuffer in(total * ts), mine(counts[rank] * ts);
+        fillInput(in.data(), total, 0, s + 1, rank, t, op);
+        ASSERT_EQ(zpReduceScatterv(in.data(), mine.data(), counts.data(), t, op, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_EQ(checkReduced(mine.data(), counts[rank], first, s + 1, nranks, t, op), "")
+            << "reduce-scatterv, type " << t << " op " << op;
+        EXPECT_EQ(in.guardBytesWritten() + mine.guardBytesWritten(), 0u);
+        if (counts[rank] * ts >= (32u << 10)) calls++;
+      }
+    // Every call whose block was large enough went through a group.
+    EXPECT_EQ(zp::ShmTransport::groupsReduced() - before, calls);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ReduceGroups, ::testing::Values(2, 3, 5));
+
+// The order of a float sum is fixed, so its bits are the same on every run
+// and over both protocols: block b is its owner's element, then every other
+// rank's in rank order (reduceScatterDirectFinish), whether the transport
+// reduces a group or the collective reduces what it received.
+class ReduceOrder : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ReduceOrder, FloatSumsInTheDocumentedOrder) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setShmProto(GetParam());
+    setenv("ZP_COLL_ALGO", "direct", 1);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    const size_t count = 4 * 50000 + 3;
+    auto value = [&](int r, size_t i) {  // in [-1, 1), all 24 bits of the significand used
+      uint64_t h = (seed ^ (uint64_t)r << 40 ^ i) * 0x9E3779B97F4A7C15ull;
+      h = (h ^ (h >> 31)) * 0xBF58476D1CE4E5B9ull;
+      return (float)((double)((h ^ (h >> 29)) >> 11) / 9007199254740992.0 * 2 - 1);
+    };
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; i++) x[i] = value(rank, i);
+    ASSERT_EQ(zpAllReduce(x.data(), x.data(), count, zpFloat32, zpSum, comm, nullptr), zpSuccess)
+        << zpGetLastError(comm);
+    size_t wrong = 0;
+    for (int b = 0, at = 0; b < nranks; b++) {  // block b: count * (b + 1) / n - count * b / n elements
+      const size_t end = count * (size_t)(b + 1) / (size_t)nranks;
+      for (size_t i = (size_t)at; i < end; i++) {
+        float acc = value(b, i);
+        for (int r = 0; r < nranks; r++)
+          if (r != b) acc = acc + value(r, i);
+        wrong += memcmp(&acc, &x[i], 4) != 0;
+      }
+      at = (int)end;
+    }
+    EXPECT_EQ(wrong, 0u) << "elements whose bits differ from the documented order's";
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, ReduceOrder, ::testing::Values("cma", "copy"));
+
 // Collectives inside a group run after the group's sends and receives, in
 // call order, and both are right.
 TEST(Collectives, InAGroupWithSendAndRecv) {
@@ -481,20 +576,27 @@ TEST(CollectiveErrors, BadArgumentsAreRefusedBeforeAnythingMoves) {
   }));
 }
 
-TEST(CollectiveErrors, ADeadRankIsARemoteErrorOnEveryOtherRank) {
+// Small and large: a large one waits for the dead rank's block in a reduce
+// group, with the others' blocks already offered.
+class DeadRank : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(DeadRank, IsARemoteErrorOnEveryOtherRank) {
   zptest::Shared<std::atomic<int>> ready;
-  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+  const size_t count = GetParam();
+  zptest::expectAllOk(zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
     zptest::setTimeoutSeconds(20);
     zpComm_t comm = zptest::initComm(rank, nranks, id);
     (*ready)++;
     ASSERT_TRUE(zptest::waitFor([&] { return ready->load() == nranks; }, 60));
     if (rank == 1) _exit(0);
-    std::vector<float> x(1000, 1.0f);
+    std::vector<float> x(count, 1.0f);
     auto start = std::chrono::steady_clock::now();
-    ZP_EXPECT_ERROR(zpRemoteError, zpAllReduce(x.data(), x.data(), 1000, zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpRemoteError, zpAllReduce(x.data(), x.data(), count, zpFloat32, zpSum, comm, nullptr));
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     zpCommAbort(comm);
   }));
 }
+
+INSTANTIATE_TEST_SUITE_P(CollectiveErrors, DeadRank, ::testing::Values(1000, 1u << 20));
 
 }  // namespace

@@ -57,6 +57,22 @@ struct OpReducer {
   size_t elemSize;
 };
 
+// Receives reduced together (a direct reduce-scatter's blocks from every
+// peer): once every member can be read, out = src op in[0] op in[1] ... in
+// slot order, a cache-sized piece of all of them at a time, so that out and
+// src pass through memory once for the whole group instead of once per
+// peer, and the sum's order (the bits) stays fixed. Each member is a
+// receive of `bytes` (its buf unused) with Op::group and its slot; all on
+// one transport whose canReduceGroup holds for each. The group outlives
+// its ops.
+struct OpReduceGroup {
+  void* out;
+  const void* src;
+  size_t bytes;
+  const OpReducer* reduce;
+  int members;
+};
+
 struct Op {
   bool isSend = false;
   int peer = -1;  // a rank, or kAnyRemotePeer
@@ -85,6 +101,9 @@ struct Op {
   // may equal buf), while they are copied in: no pass over a temporary.
   const OpReducer* reduce = nullptr;
   const void* reduceSrc = nullptr;
+  // Receives only: a member of a group reduced together (OpReduceGroup).
+  const OpReduceGroup* group = nullptr;
+  int groupSlot = 0;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;
@@ -137,6 +156,9 @@ class Transport {
   virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
   // Whether receives may carry an OpReducer (Op::reduce).
   virtual bool canReduce() const { return false; }
+  // Whether a receive of `bytes` from peer may be a member of an
+  // OpReduceGroup.
+  virtual bool canReduceGroup(int /*peer*/, size_t /*bytes*/) const { return false; }
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.

@@ -27,8 +27,10 @@ constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
 constexpr uint64_t kRecord = 64;  // records are multiples of this
-// A reducing single-copy receive reads this much at a time (fits in L2).
+// A reducing single-copy receive reads this much at a time (fits in L2);
+// a group, this much of all its members together.
 constexpr size_t kReduceSlice = 256 << 10;
+std::atomic<long> gGroupsReduced{0};  // ShmTransport::groupsReduced()
 
 struct alignas(64) RingCtl {
   alignas(64) std::atomic<uint64_t> head;  // written by the producer
@@ -48,6 +50,10 @@ struct SegHeader {
   alignas(64) std::atomic<uint64_t> netQueued;
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
+  // What the owner sends to local rank i by single copy (an RTS): messages
+  // from eagerBytes on when cmaTo[i] (its protocol choice, made at init).
+  uint64_t eagerBytes;
+  std::atomic<uint8_t> cmaTo[kMaxLocal];
 };
 
 enum MsgType : uint32_t { kPad = 1, kData, kRts, kMeta, kFin, kStatus, kBye, kAbort };
@@ -324,9 +330,11 @@ zpResult_t ShmTransport::init() {
   shm_unlink(name_.c_str());
   if (res != zpSuccess) return res;
 
+  mine_->eagerBytes = cfg.shmEagerBytes;
   for (Peer& p : peers_) {
     bool peerCanRead = p.seg->cmaOkFrom[myLocalIdx_] != 0;
     p.cma = cfg.shmProto != ShmProto::kCopy && peerCanRead;
+    mine_->cmaTo[p.localIdx].store(p.cma ? 1 : 0, std::memory_order_release);
     if (cfg.shmProto == ShmProto::kCma && !peerCanRead)
       ZP_WARN(kSubShm, "ZP_SHM_PROTO=cma, but rank %d cannot read rank %d's memory; using copy", p.rank, c.rank);
     ZP_INFO(kSubShm | kSubInit, "rank %d -> rank %d: SHM/%s (eager below %zu bytes, ring %zu bytes)", c.rank,
@@ -377,11 +385,94 @@ uint64_t ShmTransport::netQueued(int rank) const {
 bool ShmTransport::busy() const {
   for (const Peer& p : peers_)
     if (hasWork(p)) return true;
-  return false;
+  return !groups_.empty();
+}
+
+bool ShmTransport::canReduceGroup(int rank, size_t bytes) const {
+  const int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
+  if (i < 0 || peers_[i].gone) return false;
+  const SegHeader* s = peers_[i].seg;  // what the sender decided at its init
+  return s->cmaTo[myLocalIdx_].load(std::memory_order_acquire) && bytes >= s->eagerBytes;
+}
+
+long ShmTransport::groupsReduced() { return gGroupsReduced.load(); }
+
+bool ShmTransport::runGroups() {
+  bool did = false;
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    const OpReduceGroup& g = *it->first;
+    GroupWait& w = it->second;
+    zpResult_t status = zpSuccess;
+    std::string why;
+    for (Op* op : w.ops)
+      if (op->done && op->status != zpSuccess && status == zpSuccess) {
+        status = op->status;
+        why = op->error;
+      }
+    if (status == zpSuccess && (int)w.in.size() < g.members) {
+      ++it;
+      continue;
+    }
+    did = true;
+    if (status == zpSuccess) status = reduceGroup(g, w, &why);
+    // Every member ends now, and every sender whose buffer was offered hears
+    // how (an arrived member's sender waits for its FIN).
+    for (const GroupMember& m : w.in) {
+      Peer* p = peer(m.rank);
+      if (!p->gone) pushCtrl(*p, makeRecord(kFin, m.seq, status, 0, why, m.lane));
+    }
+    for (Op* op : w.ops) {
+      if (op->done) continue;
+      if (Peer* p = peer(op->peer)) {  // not arrived yet: it must not be matched any more
+        std::deque<Op*>& q = p->lane[laneOf(op->kind)].recvq;
+        q.erase(std::remove(q.begin(), q.end(), op), q.end());
+      }
+      if (status == zpSuccess) op->progressed = op->bytes;
+      op->finish(status, why);
+    }
+    it = groups_.erase(it);
+  }
+  for (Peer& p : peers_)
+    if (p.dirty) notify(p);
+  return did;
+}
+
+zpResult_t ShmTransport::reduceGroup(const OpReduceGroup& g, GroupWait& w, std::string* why) {
+  std::sort(w.in.begin(), w.in.end(),
+            [](const GroupMember& a, const GroupMember& b) { return a.op->groupSlot < b.op->groupSlot; });
+  const size_t k = w.in.size(), es = g.reduce->elemSize;
+  // A piece of every member at once in cache: 4 KiB at least, whole elements.
+  const size_t piece = std::max<size_t>(4096, (kReduceSlice / k) & ~size_t(4095)) / es * es;
+  thread_local std::vector<char> bufs;
+  if (bufs.size() < piece * k) bufs.resize(piece * k);
+  for (size_t at = 0; at < g.bytes; at += piece) {
+    const size_t len = std::min(piece, g.bytes - at);
+    for (size_t m = 0; m < k; m++) {
+      Peer* p = peer(w.in[m].rank);
+      for (size_t got = 0; got < len;) {
+        iovec liov = {bufs.data() + m * piece + got, len - got};
+        iovec riov = {(void*)(uintptr_t)(w.in[m].addr + at + got), len - got};
+        const ssize_t n = process_vm_readv(p->pid, &liov, 1, &riov, 1, 0);
+        if (n <= 0) {
+          const int err = n < 0 ? errno : EIO;
+          *why = "reading " + std::to_string(g.bytes) + " bytes from rank " + std::to_string(p->rank) +
+                 " failed: " + strerror(err);
+          return err == ESRCH ? zpRemoteError : zpSystemError;
+        }
+        got += (size_t)n;
+      }
+    }
+    char* out = (char*)g.out + at;
+    g.reduce->fn(out, (const char*)g.src + at, bufs.data(), len);
+    for (size_t m = 1; m < k; m++) g.reduce->fn(out, out, bufs.data() + m * piece, len);
+  }
+  gGroupsReduced++;
+  return zpSuccess;
 }
 
 void ShmTransport::post(Op* op) {
   Peer* p = peer(op->peer);
+  if (op->group) groups_[op->group].ops.push_back(op);  // even if it fails here: the group fails with it
   if (!p) {
     op->finish(zpInternalError, "no shared-memory path to rank " + std::to_string(op->peer));
     return;
@@ -431,6 +522,7 @@ uint32_t ShmTransport::waitToken() const {
 }
 
 bool ShmTransport::waitsForSingleCopy() const {
+  if (!groups_.empty()) return true;
   for (const Peer& p : peers_) {
     for (const Lane& l : p.lane)
       if (!l.finWait.empty()) return true;
@@ -505,6 +597,9 @@ void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bo
 }
 
 void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
+  for (auto& kv : groups_)  // its members that arrived (the others are in recvq); runGroups ends the rest
+    for (const GroupMember& m : kv.second.in)
+      if (m.rank == p.rank) m.op->finish(code, why);
   for (Lane& l : p.lane) {
     for (Op* op : l.sendq) op->finish(code, why);
     for (Op* op : l.recvq) op->finish(code, why);
@@ -517,6 +612,10 @@ void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
 
 void ShmTransport::dropOps(zpResult_t status, const std::string& why) {
   for (Peer& p : peers_) failOps(p, status, why);
+  for (auto& kv : groups_)
+    for (Op* op : kv.second.ops)
+      if (!op->done) op->finish(status, why);
+  groups_.clear();
 }
 
 void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {
@@ -568,6 +667,7 @@ bool ShmTransport::progress() {
     }
     if (p.dirty) notify(p);
   }
+  if (!groups_.empty()) did |= runGroups();
   return did;
 }
 
@@ -674,6 +774,18 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       l.recvq.pop_front();
       op->finish(zpInvalidUsage, why);
       continue;
+    }
+    if (h->type == kRts && op->group) {
+      // A group's member: read with the others once all can be (runGroups).
+      groups_[op->group].in.push_back({p.rank, lane, h->seq, h->addr, op});
+      if (ringPop(l.in, h)) p.dirty = true;
+      l.recvq.pop_front();
+      continue;
+    }
+    if (op->group) {  // the sender chose the copy protocol after all (canReduceGroup said it would not)
+      peerGone(p, zpInternalError,
+               "rank " + std::to_string(p.rank) + " sent fragments where a single-copy transfer was expected", true);
+      return true;
     }
     if (h->type == kRts) {
       // Single copy: pull the sender's bytes straight into the receive

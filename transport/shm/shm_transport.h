@@ -11,8 +11,11 @@
 //  - cma: the sender posts its buffer's address, the receiver pulls the bytes
 //    with process_vm_readv straight into its buffer (one copy) and answers
 //    with a FIN (a reducing receive pulls slices and reduces each into its
-//    buffer while it is in cache). Used above ZP_SHM_EAGER when the receiver could read this
-//    process's memory at init (ptrace rules allow it).
+//    buffer while it is in cache). Used above ZP_SHM_EAGER when the receiver
+//    could read this process's memory at init (ptrace rules allow it).
+//    Receives of a reduce group (OpReduceGroup) wait until every member's
+//    sender has offered its buffer, then are read a piece of each at a time
+//    and reduced together.
 //
 // Waiting: a rank sleeps on a futex in its segment ("doorbell") that every
 // writer bumps; so idle ranks use no CPU, even with more ranks than cores.
@@ -68,6 +71,11 @@ class ShmTransport : public Transport {
   // Receives reduce while they copy: from the ring's fragments, or from the
   // sender's memory in slices that stay in cache (see progressRecv).
   bool canReduce() const override { return true; }
+  // From a peer that sends such messages by single copy: the group's
+  // members are read and reduced together (runGroups).
+  bool canReduceGroup(int peer, size_t bytes) const override;
+  // Groups this process has reduced (for tests: that a path was taken).
+  static long groupsReduced();
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;
@@ -115,6 +123,21 @@ class ShmTransport : public Transport {
     std::deque<std::vector<char>> ctrlBacklog;  // control records waiting for ring space
   };
 
+  // A reduce group's members whose senders offered their buffers (RTS), and
+  // all its posted ops.
+  struct GroupMember {
+    int rank, lane;
+    uint64_t seq, addr;
+    Op* op;
+  };
+  struct GroupWait {
+    std::vector<GroupMember> in;
+    std::vector<Op*> ops;
+  };
+  // Reduces every group whose members have all arrived, and ends every
+  // group one of whose members failed; true if any ended.
+  bool runGroups();
+  zpResult_t reduceGroup(const OpReduceGroup& g, GroupWait& w, std::string* why);
   static bool hasWork(const Peer& p);
   // Whether this rank waits for a single-copy transfer (a peer reading
   // this rank's memory, or this rank waiting to read a peer's).
@@ -141,7 +164,8 @@ class ShmTransport : public Transport {
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
   int spinUs_ = 0;
-  bool oversubscribed_ = false;  // more ranks on this node than cores this process may run on
+  bool oversubscribed_ = false;
+  std::map<const OpReduceGroup*, GroupWait> groups_;  // more ranks on this node than cores this process may run on
 };
 
 }  // namespace zp
