@@ -12,7 +12,13 @@
 //  - latency, below the threshold: recursive doubling (all-reduce),
 //    binomial trees (broadcast, reduce), direct exchange (all-gather(v),
 //    reduce-scatter(v)): log2(n) or one round of messages;
-//  - bandwidth, from the threshold on: rings. Reduce-scatter(v) is a ring of
+//  - bandwidth, from the threshold on, on one node: direct exchange, one
+//    round per phase (reduce-scatter(v): every block to its owner;
+//    all-gather(v): every block to every rank; all-reduce: the two,
+//    overlapped; broadcast: every rank takes the whole buffer from the
+//    root, read by single copy; reduce: a reduce-scatter, then every block
+//    to the root);
+//  - bandwidth, across nodes: rings. Reduce-scatter(v) is a ring of
 //    n-1 steps, each rank sending a partial block to the next and reducing
 //    the previous rank's into its own; all-reduce is that, then an all-gather
 //    ring (each rank sends 2(n-1)/n of the buffer, the least possible);
@@ -902,7 +908,18 @@ struct Call {
     const char* sb = (const char*)a.send;
     char* rb = (char*)a.recv;
     const Family f = family(bytes / n);
-    if (n > 1 && f != Family::kLatency) {
+    if (n > 1 && f == Family::kDirect && allLocal()) {
+      // One node: every rank takes the whole buffer from the root at once.
+      // By single copy each reads it straight from the root's memory, the
+      // least any rank can move, in one round, while the root copies nothing.
+      if (me == root) {
+        for (int p = 0; p < n; p++)
+          if (p != root) step.send(p, sb, bytes, ts);
+      } else {
+        step.recv(root, rb, bytes, ts);
+      }
+      ZP_CHECK(step.run(5002));
+    } else if (n > 1 && f != Family::kLatency) {
       // Scatter from the root, then all-gather (the root takes nothing
       // back): the root sends the buffer once, not n-1 times.
       Blocks b = Blocks::even(a.count, n);
