@@ -36,8 +36,7 @@
 // messages; all-reduce, on nodes of equal size, is hierarchical (reduce-
 // scatter in the node, one rail per shard across nodes, all-gather in the
 // node; allReduceNodes), its phases pipelined over slices of the shards
-// when ZP_COLL_SLICE is set (off by default: slower more often than faster
-// on the 2-core machine where it was measured, docs/collectives.md).
+// (ZP_COLL_SLICE, 1 MiB by default; 0 runs them one after another).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -695,8 +694,7 @@ struct Call {
   // (rail-aligned); then all-gather of the shards inside the node. Each NIC
   // carries 2(N-1)/N of a shard, not of the buffer.
   //
-  // Pipelined (ZP_COLL_SLICE, off by default: on 8 ranks sharing 2 cores
-  // the rounds' waits for peers cost more than the overlap gained): every
+  // Pipelined (ZP_COLL_SLICE; 0 turns it off): every
   // shard is cut into S slices (ZP_COLL_SLICE bytes of the largest shard
   // at most), and each slice goes through 2N stages, one per
   // round: 0 the node's reduce-scatter, 1..N-1 the ring's reduce-scatter

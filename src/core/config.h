@@ -42,7 +42,7 @@ struct Config {
   size_t routeDirectBelow = kRouteDefaultDirectBelow;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
   CollAlgo collAlgo = CollAlgo::kAuto;           // ZP_COLL_ALGO=auto|ring|tree|direct
   size_t collRingAbove = kCollDefaultRingAbove;  // ZP_COLL_RING_ABOVE
-  size_t collSliceBytes = 0;                     // ZP_COLL_SLICE: the hierarchical all-reduce's pipeline slices (0: none)
+  size_t collSliceBytes = 1 << 20;              // ZP_COLL_SLICE: the hierarchical all-reduce's pipeline slices (0: none)
 };
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out);

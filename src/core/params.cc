@@ -65,11 +65,10 @@ const std::vector<Param> kParams = {
    "reduce-scatter by direct exchange, all-reduce as the two)"},
   {"ZP_COLL_RING_ABOVE", K::kSize, R::kSetting, "256K", "0..1P",
    "with ZP_COLL_ALGO=auto, rings from this many bytes per rank on (measured: docs/collectives.md)"},
-  {"ZP_COLL_SLICE", K::kSize, R::kSetting, "0", "0..1P",
+  {"ZP_COLL_SLICE", K::kSize, R::kSetting, "1M", "0..1P",
    "the hierarchical all-reduce across nodes pipelines slices of at most this many bytes of each node-local shard "
    "(the node's reduce-scatter of one, the network's all-reduce of the next, the node's all-gather of a third at "
-   "once); 0: no slicing, one phase after another (on the 2-core development machine slicing did not pay: "
-   "docs/collectives.md)"},
+   "once); 0: no slicing, one phase after another (measured: docs/collectives.md)"},
   // Device path (builds with CUDA).
   {"ZP_CUDA_DEVICE", K::kString, R::kSetting, "local", "local|current|none|0..",
    "the GPU of this rank's device data plane: local (the local rank modulo the visible devices), current (the "
