@@ -33,10 +33,21 @@
 // float16 and bfloat16 travel and reduce in float32 and are rounded once at
 // the end, as the API promises (twice the bytes on the wire for them).
 // Across nodes the steps go through the relay like any collective's
-// messages; all-reduce, on nodes of equal size, is hierarchical (reduce-
-// scatter in the node, one rail per shard across nodes, all-gather in the
-// node; allReduceNodes), its phases pipelined over slices of the shards
-// (ZP_COLL_SLICE, 1 MiB by default; 0 runs them one after another).
+// messages. On nodes of equal size (two ranks each or more) the bandwidth
+// algorithms are hierarchical, so that every rank's NIC carries its share
+// of the cross-node bytes instead of the one NIC whose rank's ring
+// neighbour is on the next node:
+//  - all-reduce: reduce-scatter in the node, one rail per shard across
+//    nodes, all-gather in the node (allReduceNodes), its phases pipelined
+//    over slices of the shards (ZP_COLL_SLICE, 1 MiB by default; 0 runs
+//    them one after another);
+//  - reduce-scatter(v) (and so reduce): reduce-scatter in the node, so that
+//    local rank l holds its node's partial of the block of the rank at
+//    place l on every node, then a ring among the ranks at place l of every
+//    node over those pieces (reduceScatterNodes);
+//  - all-gather(v): the mirror, a ring among the ranks at my place first,
+//    then a direct all-gather in the node (allGatherNodes).
+// Elsewhere (nodes of different sizes, one rank per node) flat rings.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,6 +73,10 @@ constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFF
 // The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
 // of them (the step field has 21 bits).
 constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
+// The hierarchical all-gather's and reduce-scatter's rounds: kStepHier plus
+// the tags of the algorithms they are made of (below kStepNodes and the
+// fixed tags above; no two rounds of one call share one).
+constexpr uint64_t kStepHier = 0x8000, kStepHierNodeRound = 3000;
 constexpr size_t kMaxSlices = 256;
 uint64_t xferId(uint64_t seq, uint64_t step) { return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1)); }
 
@@ -361,6 +376,8 @@ enum Slot {
   kScratchAcc1,     // the ring's other partial; the reduce tree's
   kScratchMine,     // a non-root's block of reduce's reduce-scatter
   kScratchHalf,     // float16 / bfloat16 in float32
+  kScratchNodeIn,   // the hierarchical reduce-scatter's receives inside the node
+  kScratchNodePart, // and its node's partial sums, the rail ring's input
   kScratchCount
 };
 char* scratch(Slot slot, size_t bytes) {
@@ -557,9 +574,12 @@ struct Call {
   }
 
   // The ranks of my node (local) and the ranks at my place on every node
-  // (rail, in the order of the nodes' first ranks): false unless there are
-  // two nodes or more with the same number of ranks each.
-  bool nodeGroups(std::vector<int>* local, std::vector<int>* rail) const {
+  // (rail, in the order of the nodes' first ranks), and if asked every
+  // node's ranks in that order (grid[m][l]: the rank at place l of node m):
+  // false unless there are two nodes or more with the same number of ranks
+  // each.
+  bool nodeGroups(std::vector<int>* local, std::vector<int>* rail,
+                  std::vector<std::vector<int>>* grid = nullptr) const {
     const std::vector<int>& nodeOf = c->nodeOf();
     std::vector<int> nodes;  // in order of their first rank
     std::vector<std::vector<int>> ranksOf;
@@ -579,7 +599,13 @@ struct Call {
     const size_t place = (size_t)(std::find(local->begin(), local->end(), me) - local->begin());
     rail->clear();
     for (const std::vector<int>& rs : ranksOf) rail->push_back(rs[place]);
+    if (grid) grid->swap(ranksOf);
     return true;
+  }
+  // The same, for the hierarchical all-gather and reduce-scatter: only with
+  // two ranks per node or more (with one, a flat ring is already the rail's).
+  bool nodeGrid(std::vector<int>* local, std::vector<int>* rail, std::vector<std::vector<int>>* grid) const {
+    return nodeGroups(local, rail, grid) && local->size() > 1;
   }
 
   // ---- Rings ----
@@ -813,7 +839,11 @@ struct Call {
 
   // ---- Reduce-scatter over blocks b: src the whole input in the work type, out this rank's block ----
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b) {
-    return reduceScatter(src, out, b, family(b.total * wts / n));
+    const Family f = family(b.total * wts / n);
+    std::vector<int> local, rail;
+    std::vector<std::vector<int>> grid;
+    if (f == Family::kRing && nodeGrid(&local, &rail, &grid)) return reduceScatterNodes(src, out, b, local, rail, grid);
+    return reduceScatter(src, out, b, f);
   }
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b, Family f) {
     const size_t mine = b.cnt[me] * wts;
@@ -888,10 +918,80 @@ struct Call {
     }
   }
 
+  // ---- Hierarchical reduce-scatter(v) and all-gather(v) across nodes ----
+  // (local: my node's ranks, rail: the ranks at my place, grid[m][l]: the
+  // rank at place l of node m; L ranks per node, N nodes.) Block r of the
+  // user's buffer is rank r's, wherever its node is.
+  //
+  // Reduce-scatter: a direct reduce-scatter inside the node leaves local
+  // rank l with, for every node m, its node's partial of block grid[m][l]
+  // (N pieces, packed in node order); then the ranks at place l of every
+  // node reduce-scatter those N pieces by a ring over the network, so that
+  // the one on node m ends with piece m, its own block reduced over every
+  // rank. Every place at once, each over its own NIC (rail-aligned): a
+  // node sends (N-1)/N of the buffer across nodes, 1/L of it on each rank's
+  // NIC, where the flat ring sent it all through the one rank whose right
+  // neighbour is on the next node. Each element is reduced in a fixed order
+  // (the same bits every run): inside node i, P_i = its owner-place rank's
+  // own value first, then the node's others in place order
+  // (reduceScatterDirectFinish); then round the rail ring, ending at the
+  // owner's node m: P_m op (P_m-1 op (... op (P_m+2 op P_m+1))), node
+  // indices mod N.
+  zpResult_t reduceScatterNodes(const char* src, char* out, const Blocks& b, const std::vector<int>& local,
+                                const std::vector<int>& rail, const std::vector<std::vector<int>>& grid) {
+    const int L = (int)local.size(), N = (int)rail.size();
+    const int place = (int)(std::find(local.begin(), local.end(), me) - local.begin());
+    std::vector<size_t> pieceCnt(N);
+    for (int m = 0; m < N; m++) pieceCnt[m] = b.cnt[grid[m][place]];
+    const Blocks pieces = Blocks::of(pieceCnt.data(), nullptr, N);
+    char* part = scratch(kScratchNodePart, pieces.total * wts);
+    char* in = scratch(kScratchNodeIn, pieces.total * L * wts);  // piece m's from every local rank
+    std::vector<Blocks> nodeBlocks;  // [m]: node m's blocks, block l of the rank at place l
+    for (int m = 0; m < N; m++) nodeBlocks.push_back(nodeBlocksOf(b, grid[m]));
+    ZP_CHECK(within(local, kStepHier, [&] {
+      for (int m = 0; m < N; m++) reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts);
+      ZP_CHECK(step.run(kStepHierNodeRound));
+      for (int m = 0; m < N; m++)
+        reduceScatterDirectFinish(src, part + pieces.off[m] * wts, nodeBlocks[m], in + pieces.off[m] * L * wts);
+      return zpSuccess;
+    }));
+    return within(rail, kStepHier, [&] { return reduceScatter(part, out, pieces, Family::kRing); });
+  }
+  // All-gather, the mirror: a ring among the ranks at my place of every
+  // node brings each the blocks of the others at its place (each NIC
+  // carries (N-1)/N of 1/L of the gathered buffer, rail-aligned), then a
+  // direct all-gather inside the node, over shared memory, gives every
+  // local rank those N blocks of every other. No copies: blocks land at
+  // their place in recvbuff and are sent from there (my own from sendbuff).
+  zpResult_t allGatherNodes(const char* sendbuff, char* recvbuff, const Blocks& b, const std::vector<int>& local,
+                            const std::vector<int>& rail, const std::vector<std::vector<int>>& grid) {
+    const int N = (int)rail.size();
+    const int node = (int)(std::find(rail.begin(), rail.end(), me) - rail.begin());
+    ZP_CHECK(within(rail, kStepHier, [&] { return ringAllGather(recvbuff, ts, nodeBlocksOf(b, rail), 0, sendbuff); }));
+    return within(local, kStepHier, [&] {
+      for (int m = 0; m < N; m++) allGatherDirectRound(recvbuff, ts, nodeBlocksOf(b, grid[m]), m == node ? sendbuff : nullptr);
+      return step.run(kStepHierNodeRound);
+    });
+  }
+  // Blocks b of the given ranks, in their order.
+  static Blocks nodeBlocksOf(const Blocks& b, const std::vector<int>& ranks) {
+    std::vector<size_t> cnt, off;
+    for (int r : ranks) {
+      cnt.push_back(b.cnt[r]);
+      off.push_back(b.off[r]);
+    }
+    return Blocks::of(cnt.data(), off.data(), (int)ranks.size());
+  }
+
   // ---- All-gather over blocks b (the user's type, user displacements) ----
   zpResult_t allGather(const char* sendbuff, char* recvbuff, const Blocks& b) {
     char* mine = recvbuff + b.off[me] * ts;
-    if (n > 1 && ring(b.total * ts / n))
+    const Family f = n > 1 ? family(b.total * ts / n) : Family::kLatency;
+    std::vector<int> local, rail;
+    std::vector<std::vector<int>> grid;
+    if (n > 1 && f == Family::kRing && nodeGrid(&local, &rail, &grid))
+      ZP_CHECK(allGatherNodes(sendbuff, recvbuff, b, local, rail, grid));
+    else if (n > 1 && f == Family::kRing)
       ZP_CHECK(ringAllGather(recvbuff, ts, b, 0, sendbuff));
     else if (n > 1)
       ZP_CHECK(allGatherDirect(recvbuff, ts, b, sendbuff));

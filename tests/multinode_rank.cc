@@ -25,6 +25,16 @@
 //            (with ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=...): odd counts up to
 //            ZP_TEST_MAX_COUNT, in place and out of place, every element and
 //            guard checked;
+//   zero     ZeRO's collectives, all-gather(v) and reduce-scatter(v), on
+//            the hierarchical path (run with ZP_COLL_RING_ABOVE=0, so that
+//            every count takes it): counts 0, 1, primes, random and a few
+//            MiB per rank; reduce-scatter(v) in every type, the ops in turn;
+//            in place and out of place; outputs poisoned, every element,
+//            gap and guard checked. The same on a child without the last
+//            rank (nodes of different sizes: the flat rings). With
+//            ZP_ROUTING=off, the cross-node bytes of a 4 MiB-per-rank
+//            all-gather and reduce-scatter must be spread over each node's
+//            NICs (every NIC at least half its share);
 //   remap    remaps between random layouts of a random batch (forward and
 //            inverse, every byte checked), the cross-node part through the router;
 //   attention  the ring-attention driver forward and backward against a
@@ -72,6 +82,7 @@
 #include "transport/ucx/ucx_transport.h"
 #include "tests/attention_check.h"
 #include "tests/checks.h"
+#include "tests/reduce_reference.h"
 #ifdef ZP_TEST_DOUBLE
 #include <nccl.h>
 
@@ -295,6 +306,155 @@ int collectivesMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     err = std::string("small allreduce: ") + zpGetLastError(comm);
   for (size_t i = 0; i < 7 && err.empty(); i++)
     if (small[i] != want[i]) err = "small allreduce: wrong data";
+  return destroyAndReport(comm, rank, n, err);
+}
+
+// One all-gather(v) or reduce-scatter(v) of zeroMode's, every element
+// checked; "" or what is wrong. counts: every rank's block (the plain calls
+// when all equal and !v).
+std::string zeroCall(zpComm_t comm, int rank, int n, uint64_t seed, bool gather, bool v,
+                     const std::vector<size_t>& counts, zpDataType_t t, zpRedOp_t op, bool inPlace) {
+  using zptest::GuardedBuffer;
+  const size_t ts = zpTypeSize(t);
+  std::string what = std::string(gather ? "all-gather" : "reduce-scatter") + (v ? "v" : "") + " of " +
+                     std::to_string(counts[rank]) + " " + std::to_string((int)t) + "-typed elements (op " +
+                     std::to_string((int)op) + (inPlace ? ", in place)" : ")") + ": ";
+  const size_t count = counts[rank];
+  size_t total = 0, before = 0;
+  for (int p = 0; p < n; p++) {
+    if (p < rank) before += counts[p];
+    total += counts[p];
+  }
+  if (gather) {
+    // Rank p's block is the byte pattern (seed, p); blocks in reverse rank
+    // order with a gap of p elements before block p for v, packed otherwise.
+    std::vector<size_t> displs(n);
+    size_t at = 0;
+    for (int p = v ? n - 1 : 0; v ? p >= 0 : p < n; p += v ? -1 : 1) {
+      at += v ? (size_t)p : 0;
+      displs[p] = at;
+      at += counts[p];
+    }
+    GuardedBuffer mine(count * ts), all(at * ts);
+    uint8_t* in = inPlace ? all.data() + displs[rank] * ts : mine.data();
+    zptest::fillPattern(in, count * ts, seed, rank, 0);
+    const zpResult_t r = v ? zpAllGatherv(in, count, all.data(), counts.data(), displs.data(), t, comm, nullptr)
+                           : zpAllGather(in, all.data(), count, t, comm, nullptr);
+    if (r != zpSuccess) return what + zpGetLastError(comm);
+    size_t gapBytes = 0;
+    for (int p = 0; p < n; p++) {
+      if (size_t w = zptest::wrongPatternBytes(all.data() + displs[p] * ts, counts[p] * ts, seed, p, 0))
+        return what + std::to_string(w) + " wrong bytes in rank " + std::to_string(p) + "'s block";
+      gapBytes += zptest::unpoisonedBytes(all.data() + (displs[p] - (v ? p : 0)) * ts, (v ? p : 0) * ts);
+    }
+    if (gapBytes) return what + std::to_string(gapBytes) + " bytes of the gaps between blocks written";
+    if (all.guardBytesWritten() + mine.guardBytesWritten()) return what + "written past the buffers";
+    if (!inPlace && mine.wrongBytes(seed, rank, 0)) return what + "the send buffer changed";
+    return "";
+  }
+  GuardedBuffer send(total * ts), recv(count * ts);
+  zptest::fillInput(send.data(), total, 0, seed, rank, t, op);
+  void* out = inPlace ? send.data() + before * ts : recv.data();
+  const zpResult_t r = v ? zpReduceScatterv(send.data(), out, counts.data(), t, op, comm, nullptr)
+                         : zpReduceScatter(send.data(), out, count, t, op, comm, nullptr);
+  if (r != zpSuccess) return what + zpGetLastError(comm);
+  std::string e = zptest::checkReduced(out, count, before, seed, n, t, op);
+  if (!e.empty()) return what + e;
+  if (send.guardBytesWritten() + recv.guardBytesWritten()) return what + "written past the buffers";
+  if (!inPlace) {  // the input untouched
+    std::vector<uint8_t> want(total * ts + 1);
+    zptest::fillInput(want.data(), total, 0, seed, rank, t, op);
+    if (memcmp(want.data(), send.data(), total * ts) != 0) return what + "the send buffer changed";
+  }
+  return "";
+}
+
+// Bytes sent by each NIC of this node during f(), read by the node's first
+// rank (others get zeros) between barriers, so that every rank's sends of
+// f are on the wire and nobody else's are.
+template <class F>
+std::vector<unsigned long long> nicTxDuring(zpComm_t comm, bool reader, int nics, F f) {
+  std::vector<unsigned long long> tx(nics, 0);
+  zpBarrier(comm, nullptr);
+  for (int k = 0; k < nics && reader; k++) tx[k] = nicBytes(k, "tx_bytes");
+  f();
+  zpBarrier(comm, nullptr);
+  for (int k = 0; k < nics && reader; k++) tx[k] = nicBytes(k, "tx_bytes") - tx[k];
+  return tx;
+}
+
+int zeroMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", n), nics = envInt("ZP_NICS_PER_NODE", 1);
+  std::string err;
+  auto note = [&](const std::string& e) {
+    if (err.empty() && !e.empty()) err = e;
+  };
+  std::mt19937_64 rng(seed);  // the same draws on every rank
+  // Every type for the reductions, with two ops each, the counts in turn.
+  auto cases = [&](zpComm_t c, int me, int m, int rounds) {
+    const size_t plain[] = {0, 1, 2, 13, 1009, 20011, 1 + rng() % 60000};
+    for (int i = 0; i < rounds; i++) {
+      const zpDataType_t t = zptest::kTypes[i % 10];
+      const zpRedOp_t op = zptest::kOps[(i + i / 10) % 5];
+      const bool inPlace = i % 2 == 1, gatherInPlace = i % 3 == 1;
+      std::vector<size_t> same(m, plain[i % 7]), uneven(m);
+      for (size_t& x : uneven) x = rng() % 4 == 0 ? 0 : 1 + rng() % (i % 3 == 0 ? 30000 : 9);
+      const uint64_t s = rng();
+      note(zeroCall(c, me, m, s, false, false, same, t, op, inPlace));
+      note(zeroCall(c, me, m, s + 1, false, true, uneven, t, op, !inPlace));
+      note(zeroCall(c, me, m, s + 2, true, false, same, t, op, gatherInPlace));
+      note(zeroCall(c, me, m, s + 3, true, true, uneven, t, op, !gatherInPlace));
+    }
+  };
+  cases(comm, rank, n, 20);
+  // A few MiB per rank: float32 sum and bfloat16 avg; all-gather of uint8
+  // and (v) float64.
+  const size_t big = (1u << 20) + 3;
+  note(zeroCall(comm, rank, n, rng(), false, false, std::vector<size_t>(n, big), zpFloat32, zpSum, false));
+  note(zeroCall(comm, rank, n, rng(), false, true, std::vector<size_t>(n, big - 2), zpBfloat16, zpAvg, true));
+  note(zeroCall(comm, rank, n, rng(), true, false, std::vector<size_t>(n, 4 * big), zpUint8, zpSum, true));
+  std::vector<size_t> bigv(n);
+  for (int p = 0; p < n; p++) bigv[p] = (big >> 1) + (size_t)p * 1000;
+  note(zeroCall(comm, rank, n, rng(), true, true, bigv, zpFloat64, zpSum, false));
+  // The cross-node bytes over the NICs, with routing off: rail-aligned, each
+  // rank's over its own NIC. A node sends (N-1)/N of the buffer (the
+  // reduce-scatter's input, the all-gather's output), nics shares.
+  const char* routing = getenv("ZP_ROUTING");
+  const int nodes = n / rpn;
+  if (routing && std::string(routing) == "off" && nodes > 1 && rpn % nics == 0) {
+    const bool reader = rank % rpn == 0;
+    const size_t count = 1u << 20;  // float32: 4 MiB per rank
+    std::vector<float> in(count * n, 1.0f), out(count);
+    for (bool gather : {true, false}) {
+      const std::vector<unsigned long long> tx = nicTxDuring(comm, reader, nics, [&] {
+        zpResult_t r = gather ? zpAllGather(in.data() + (size_t)rank * count, in.data(), count, zpFloat32, comm, nullptr)
+                              : zpReduceScatter(in.data(), out.data(), count, zpFloat32, zpSum, comm, nullptr);
+        if (r != zpSuccess) note(std::string("NIC check: ") + zpGetLastError(comm));
+      });
+      const double share = (double)count * 4 * n * (nodes - 1) / nodes / nics;
+      std::string line;
+      bool spread = true;
+      for (int k = 0; k < nics; k++) {
+        line += " " + std::to_string(tx[k] >> 10);
+        spread &= tx[k] >= share / 2;
+      }
+      if (reader && !spread)
+        note(std::string(gather ? "all-gather" : "reduce-scatter") + " of 4 MiB per rank: the node's NICs sent" +
+             line + " KiB, each should have sent about " + std::to_string((long long)share >> 10) + " KiB");
+      if (reader) printf("rank %d: %s, KiB sent by each NIC of its node:%s\n", rank, gather ? "all-gather" : "reduce-scatter", line.c_str());
+    }
+  }
+  // Nodes of different sizes: a child without the last rank takes the flat
+  // rings (and a child's rails are its own).
+  if (n > 2) {
+    zpComm_t child = nullptr;
+    if (zpCommSplit(comm, rank == n - 1 ? ZP_SPLIT_NOCOLOR : 0, rank, &child, nullptr) != zpSuccess)
+      note(std::string("split: ") + zpGetLastError(comm));
+    if (child) {
+      cases(child, rank, n - 1, 10);
+      if (zpCommDestroy(child) != zpSuccess) note("destroying the child failed");
+    }
+  }
   return destroyAndReport(comm, rank, n, err);
 }
 
@@ -824,6 +984,7 @@ int runRank() {
   if (mode == "remap") return remapMode(comm, rank, n, seed);
   if (mode == "collectives") return collectivesMode(comm, rank, n, seed);
   if (mode == "slices") return slicesMode(comm, rank, n, seed);
+  if (mode == "zero") return zeroMode(comm, rank, n, seed);
   if (mode == "attention") return attentionMode(comm, rank, n, seed);
 #ifdef ZP_TEST_DOUBLE
   if (mode == "device") return deviceMode(comm, rank, n, seed);

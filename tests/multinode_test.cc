@@ -104,6 +104,20 @@ TEST_P(MultinodeShapes, CollectivesAcrossNodesEveryElementChecked) {
   }
 }
 
+// ZeRO's collectives, all-gather(v) and reduce-scatter(v), on the
+// hierarchical path (every count, ZP_COLL_RING_ABOVE=0), routing on and off;
+// with routing off each node's NICs must share the cross-node bytes.
+TEST_P(MultinodeShapes, ZeroCollectivesAcrossNodesEveryElementChecked) {
+  const Shape& s = GetParam();
+  for (const char* env : {"ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0", "ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0 ZP_ROUTING=off"}) {
+    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+    if (std::string(env).find("off") != std::string::npos)
+      EXPECT_EQ(countLines(r.output, "KiB sent by each NIC"), (size_t)(2 * s.nodes)) << env << "\n" << r.output;
+  }
+}
+
 // One rank per node, three nodes: the hierarchical all-reduce's node steps
 // are empty and its rail ring spans every rank.
 TEST_F(Multinode, CollectivesWithOneRankPerNode) {
