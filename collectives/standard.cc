@@ -949,10 +949,13 @@ struct Call {
     std::vector<Blocks> nodeBlocks;  // [m]: node m's blocks, block l of the rank at place l
     for (int m = 0; m < N; m++) nodeBlocks.push_back(nodeBlocksOf(b, grid[m]));
     ZP_CHECK(within(local, kStepHier, [&] {
-      for (int m = 0; m < N; m++) reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts);
+      std::vector<char> grouped(N);  // piece m reduced by a group (reduceScatterDirectRound)
+      for (int m = 0; m < N; m++)
+        grouped[m] = reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts, part + pieces.off[m] * wts);
       ZP_CHECK(step.run(kStepHierNodeRound));
       for (int m = 0; m < N; m++)
-        reduceScatterDirectFinish(src, part + pieces.off[m] * wts, nodeBlocks[m], in + pieces.off[m] * L * wts);
+        reduceScatterDirectFinish(src, part + pieces.off[m] * wts, nodeBlocks[m], in + pieces.off[m] * L * wts,
+                                  grouped[m]);
       return zpSuccess;
     }));
     return within(rail, kStepHier, [&] { return reduceScatter(part, out, pieces, Family::kRing); });

@@ -4,11 +4,9 @@
 // against a reference it computes itself from every rank's inputs (which
 // depend only on the seed, the rank and the index).
 //
-// Inputs are small integers (and halves), so that sums, products, maxima
-// and minima are exact in every datatype whatever the order of the
-// additions: results are compared exactly. zpAvg divides the sum once; for
-// float16 / bfloat16 the expected value is rounded to the type by the test's
-// own conversion and compared exactly too.
+// Inputs are small integers (and halves), exact in every datatype whatever
+// the order of the additions: results are compared exactly
+// (tests/reduce_reference.h, shared with the multinode tests).
 #include <cmath>
 #include <cstdlib>
 #include <algorithm>
