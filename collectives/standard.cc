@@ -73,10 +73,11 @@ constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFF
 // The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
 // of them (the step field has 21 bits).
 constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
-// The hierarchical all-gather's and reduce-scatter's rounds: kStepHier plus
-// the tags of the algorithms they are made of (below kStepNodes and the
-// fixed tags above; no two rounds of one call share one).
-constexpr uint64_t kStepHier = 0x8000, kStepHierNodeRound = 3000;
+// The hierarchical all-gather's and reduce-scatter's rounds: the node's
+// round at kStepHier, the rail ring's messages from kStepHier + 1 on, one
+// lane each, kHierLanes of them (below kStepFixed, where the fixed tags
+// are: reduce's kStepGather follows its reduce-scatter in one call).
+constexpr uint64_t kStepHier = 0x8000, kStepFixed = 0xFFF0, kHierLanes = kStepFixed - kStepHier - 1;
 constexpr size_t kMaxSlices = 256;
 uint64_t xferId(uint64_t seq, uint64_t step) { return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1)); }
 
@@ -952,13 +953,20 @@ struct Call {
       std::vector<char> grouped(N);  // piece m reduced by a group (reduceScatterDirectRound)
       for (int m = 0; m < N; m++)
         grouped[m] = reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts, part + pieces.off[m] * wts);
-      ZP_CHECK(step.run(kStepHierNodeRound));
+      ZP_CHECK(step.run(0));
       for (int m = 0; m < N; m++)
         reduceScatterDirectFinish(src, part + pieces.off[m] * wts, nodeBlocks[m], in + pieces.off[m] * L * wts,
                                   grouped[m]);
       return zpSuccess;
     }));
-    return within(rail, kStepHier, [&] { return reduceScatter(part, out, pieces, Family::kRing); });
+    return within(rail, kStepHier, [&] {
+      // Partials alternate between two scratch blocks; the last round (it
+      // brings this rank's own piece) reduces into out.
+      char* acc[2] = {scratch(kScratchAcc0, pieces.maxCnt * wts), scratch(kScratchAcc1, pieces.maxCnt * wts)};
+      return railRing(pieces, wts, [&](int s, const Blocks& slice, const std::vector<size_t>& at) {
+        ringReduceScatterRound(part, slice, -1, s, [&](int t, int blk) { return (t == n - 2 ? out : acc[t % 2]) + at[blk] * wts; });
+      });
+    });
   }
   // All-gather, the mirror: a ring among the ranks at my place of every
   // node brings each the blocks of the others at its place (each NIC
@@ -970,11 +978,47 @@ struct Call {
                             const std::vector<int>& rail, const std::vector<std::vector<int>>& grid) {
     const int N = (int)rail.size();
     const int node = (int)(std::find(rail.begin(), rail.end(), me) - rail.begin());
-    ZP_CHECK(within(rail, kStepHier, [&] { return ringAllGather(recvbuff, ts, nodeBlocksOf(b, rail), 0, sendbuff); }));
+    ZP_CHECK(within(rail, kStepHier, [&] {
+      return railRing(nodeBlocksOf(b, rail), ts, [&](int s, const Blocks& slice, const std::vector<size_t>& at) {
+        ringAllGatherRound(recvbuff, ts, slice, 0, s, sendbuff + at[me] * ts);
+      });
+    }));
     return within(local, kStepHier, [&] {
       for (int m = 0; m < N; m++) allGatherDirectRound(recvbuff, ts, nodeBlocksOf(b, grid[m]), m == node ? sendbuff : nullptr);
-      return step.run(kStepHierNodeRound);
+      return step.run(0);
     });
+  }
+  // The rail ring's n-1 rounds over blocks b (element size es): round(s,
+  // slice, at) adds round s of the ring over one slice of the blocks (at[p]:
+  // where block p's slice starts in it). With routing on, every message is
+  // cut into slices below ZP_ROUTE_DIRECT_BELOW, each on a lane of its own,
+  // so that they go direct: rail-aligned, every NIC carries its share
+  // already, and relaying them through other ranks' NICs only adds hops
+  // (measured: docs/collectives.md). With routing off, one slice.
+  template <class Round>
+  zpResult_t railRing(const Blocks& b, size_t es, Round round) {
+    const size_t directBelow = c->cfg().routeDirectBelow;
+    size_t slices = 1;
+    if (c->cfg().routing != zpRoutingOff && directBelow > es && b.maxCnt) {
+      const size_t perSlice = (directBelow - 1) / es;  // elements of a slice below directBelow
+      slices = std::min({(b.maxCnt + perSlice - 1) / perSlice, kMaxSlices, (size_t)(kHierLanes / (n - 1))});
+    }
+    std::vector<Blocks> cut;  // cut[p]: block p in slices
+    for (int p = 0; p < n; p++) cut.push_back(Blocks::even(b.cnt[p], (int)slices));
+    std::vector<size_t> cnt(n), off(n), at(n);
+    for (int s = 0; s < n - 1; s++) {
+      for (size_t j = 0; j < slices; j++) {
+        for (int p = 0; p < n; p++) {
+          cnt[p] = cut[p].cnt[j];
+          at[p] = cut[p].off[j];
+          off[p] = b.off[p] + at[p];
+        }
+        step.lane(s * slices + j);
+        round(s, Blocks::of(cnt.data(), off.data(), n), at);
+      }
+      ZP_CHECK(step.run(1));
+    }
+    return zpSuccess;
   }
   // Blocks b of the given ranks, in their order.
   static Blocks nodeBlocksOf(const Blocks& b, const std::vector<int>& ranks) {
