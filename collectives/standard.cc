@@ -1226,7 +1226,8 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
-  // (the hierarchical all-reduce's slices depend on the routing settings too)
+  // (the hierarchical all-reduce's slices and the hierarchical all-gather's
+  // and reduce-scatter's rail slices depend on the routing settings too)
   const Config& cfg = c->cfg();
   for (uint64_t v : {(uint64_t)cfg.collAlgo, (uint64_t)cfg.collRingAbove, (uint64_t)cfg.collSliceBytes,
                      (uint64_t)cfg.routing, (uint64_t)cfg.routeDirectBelow})
