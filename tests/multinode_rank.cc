@@ -30,9 +30,11 @@
 //            every count takes it): counts 0, 1, primes, random and a few
 //            MiB per rank; reduce-scatter(v) in every type, the ops in turn;
 //            in place and out of place; outputs poisoned, every element,
-//            gap and guard checked (the MiB ones unless ZP_TEST_MAX_COUNT
-//            is below). The same on a child without the last
-//            rank (nodes of different sizes: the flat rings). With
+//            gap and guard checked (ZP_TEST_ROUNDS cases of each call,
+//            20 by default: every type twice; the MiB ones unless
+//            ZP_TEST_MAX_COUNT is below). Ten cases again on a child
+//            without the last rank (nodes of different sizes: the flat
+//            rings). With
 //            ZP_ROUTING=off, or on with the default ZP_ROUTE_DIRECT_BELOW,
 //            the cross-node bytes of a 4 MiB-per-rank all-gather and
 //            reduce-scatter must be spread evenly over each node's NICs
@@ -408,7 +410,7 @@ int zeroMode(zpComm_t comm, int rank, int n, uint64_t seed) {
       note(zeroCall(c, me, m, s + 3, true, true, uneven, t, op, !gatherInPlace));
     }
   };
-  cases(comm, rank, n, 20);
+  cases(comm, rank, n, envInt("ZP_TEST_ROUNDS", 20));
   // A few MiB per rank: float32 sum and bfloat16 avg; all-gather of uint8
   // and (v) float64 (unless ZP_TEST_MAX_COUNT is below).
   const size_t big = (1u << 20) + 3;

@@ -107,12 +107,14 @@ TEST_P(MultinodeShapes, CollectivesAcrossNodesEveryElementChecked) {
 // ZeRO's collectives, all-gather(v) and reduce-scatter(v), on the
 // hierarchical path (every count, ZP_COLL_RING_ABOVE=0), routing on (the
 // rail ring's messages cut into slices below ZP_ROUTE_DIRECT_BELOW: 512K,
-// and 16K for many uneven slices, without the MiB calls) and off; but for
-// the 16K run, each node's NICs must share the cross-node bytes evenly.
+// and 16K for many uneven slices, each type once, without the MiB calls)
+// and off; but for the 16K run, each node's NICs must share the cross-node
+// bytes evenly.
 TEST_P(MultinodeShapes, ZeroCollectivesAcrossNodesEveryElementChecked) {
   const Shape& s = GetParam();
   for (const char* env : {"ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0",
-                          "ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0 ZP_ROUTE_DIRECT_BELOW=16K ZP_TEST_MAX_COUNT=100000",
+                          "ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0 ZP_ROUTE_DIRECT_BELOW=16K ZP_TEST_MAX_COUNT=100000 "
+                          "ZP_TEST_ROUNDS=10",
                           "ZP_TEST_MODE=zero ZP_COLL_RING_ABOVE=0 ZP_ROUTING=off"}) {
     CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
     EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
