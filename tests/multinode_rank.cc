@@ -32,9 +32,10 @@
 //            in place and out of place; outputs poisoned, every element,
 //            gap and guard checked (ZP_TEST_ROUNDS cases of each call,
 //            20 by default: every type twice; the MiB ones unless
-//            ZP_TEST_MAX_COUNT is below). Ten cases again on a child
-//            without the last rank (nodes of different sizes: the flat
-//            rings). With
+//            ZP_TEST_MAX_COUNT is below). Ten cases again on a child whose
+//            ranks take the nodes in turn (no node's ranks contiguous), and
+//            on a child without the last rank (nodes of different sizes:
+//            the flat rings). With
 //            ZP_ROUTING=off, or on with the default ZP_ROUTE_DIRECT_BELOW,
 //            the cross-node bytes of a 4 MiB-per-rank all-gather and
 //            reduce-scatter must be spread evenly over each node's NICs
@@ -452,6 +453,18 @@ int zeroMode(zpComm_t comm, int rank, int n, uint64_t seed) {
         note(std::string(gather ? "all-gather" : "reduce-scatter") + " of 4 MiB per rank: the node's NICs sent" +
              line + " KiB, each should have sent about " + std::to_string((long long)share >> 10) + " KiB");
       if (reader) printf("rank %d: %s, KiB sent by each NIC of its node:%s\n", rank, gather ? "all-gather" : "reduce-scatter", line.c_str());
+    }
+  }
+  // A child whose ranks take the nodes in turn (child rank place * nodes +
+  // node): nodes of equal size whose ranks are not contiguous, so that no
+  // node's blocks are either.
+  if (nodes > 1) {
+    zpComm_t child = nullptr;
+    const int key = (rank % rpn) * nodes + rank / rpn;
+    if (zpCommSplit(comm, 0, key, &child, nullptr) != zpSuccess) note(std::string("split: ") + zpGetLastError(comm));
+    if (child) {
+      cases(child, key, n, 10);
+      if (zpCommDestroy(child) != zpSuccess) note("destroying the child failed");
     }
   }
   // Nodes of different sizes: a child without the last rank takes the flat
