@@ -952,7 +952,8 @@ struct Call {
     ZP_CHECK(within(local, kStepHier, [&] {
       std::vector<char> grouped(N);  // piece m reduced by a group (reduceScatterDirectRound)
       for (int m = 0; m < N; m++)
-        grouped[m] = reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts, part + pieces.off[m] * wts);
+        grouped[m] =
+            reduceScatterDirectRound(src, nodeBlocks[m], in + pieces.off[m] * L * wts, part + pieces.off[m] * wts);
       ZP_CHECK(step.run(0));
       for (int m = 0; m < N; m++)
         reduceScatterDirectFinish(src, part + pieces.off[m] * wts, nodeBlocks[m], in + pieces.off[m] * L * wts,
@@ -964,7 +965,8 @@ struct Call {
       // brings this rank's own piece) reduces into out.
       char* acc[2] = {scratch(kScratchAcc0, pieces.maxCnt * wts), scratch(kScratchAcc1, pieces.maxCnt * wts)};
       return railRing(pieces, wts, [&](int s, const Blocks& slice, const std::vector<size_t>& at) {
-        ringReduceScatterRound(part, slice, -1, s, [&](int t, int blk) { return (t == n - 2 ? out : acc[t % 2]) + at[blk] * wts; });
+        ringReduceScatterRound(part, slice, -1, s,
+                               [&](int t, int blk) { return (t == n - 2 ? out : acc[t % 2]) + at[blk] * wts; });
       });
     });
   }
@@ -984,7 +986,8 @@ struct Call {
       });
     }));
     return within(local, kStepHier, [&] {
-      for (int m = 0; m < N; m++) allGatherDirectRound(recvbuff, ts, nodeBlocksOf(b, grid[m]), m == node ? sendbuff : nullptr);
+      for (int m = 0; m < N; m++)
+        allGatherDirectRound(recvbuff, ts, nodeBlocksOf(b, grid[m]), m == node ? sendbuff : nullptr);
       return step.run(0);
     });
   }
