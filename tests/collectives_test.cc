@@ -7,6 +7,11 @@
 // Inputs are small integers (and halves), exact in every datatype whatever
 // the order of the additions: results are compared exactly
 // (tests/reduce_reference.h, shared with the multinode tests).
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <algorithm>
@@ -482,5 +487,257 @@ TEST_P(DeadRank, IsARemoteErrorOnEveryOtherRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CollectiveErrors, DeadRank, ::testing::Values(1000, 1u << 20));
+
+// ---- A rank killed in the middle of a large collective ----
+//
+// Four ranks start a 64 MiB all-reduce (reduce-scatter, all-gather), and
+// the test's parent process kills one of them from outside at a chosen
+// moment: before the call (the survivors are in it, the victim never
+// comes), early in it (all four in it, a fraction of a millisecond on:
+// the reduce-scatter's messages in flight), or late (half of the victim's
+// output has arrived: the all-gather under way, the reduce-scatter's sends
+// possibly still in flight). The victim's output buffer is shared memory,
+// so the parent sees how far it got: it stops the victim (SIGSTOP), counts
+// what the victim's call had written, then kills it (SIGKILL).
+//
+// Every survivor must return within the timeout, never crash or write
+// outside its buffers (guards, and the input of an out-of-place call
+// unchanged), and then abort or destroy its communicator. A survivor whose
+// messages with the victim were all done when it died may finish the call
+// (as with NCCL): it must then hold the exact result. Every survivor must
+// fail (zpRemoteError) when the victim never joined, and in an all-reduce
+// killed before the victim had any of its result: each survivor still
+// needed the victim's part of the result.
+enum class DeadIn { kAllReduce, kReduceScatter, kAllGather };
+enum class DeathMoment { kBeforeCall, kEarly, kLate };
+struct MidCallDeath {
+  const char* proto;  // ZP_SHM_PROTO
+  const char* algo;   // ZP_COLL_ALGO
+  DeadIn coll;
+  DeathMoment when;
+};
+std::string describe(const MidCallDeath& c) {
+  const char* coll[] = {"allreduce", "reducescatter", "allgather"};
+  const char* when[] = {"beforeCall", "early", "late"};
+  return std::string(coll[(int)c.coll]) + "_" + when[(int)c.when] + "_" + c.proto + "_" + c.algo;
+}
+void PrintTo(const MidCallDeath& c, std::ostream* os) { *os << describe(c); }
+std::string midCallDeathName(const ::testing::TestParamInfo<MidCallDeath>& i) { return describe(i.param); }
+
+struct DeathWatch {
+  std::atomic<int> inCall{0};       // ranks about to make the call
+  std::atomic<int> victimPid{0};
+  std::atomic<int64_t> killedAtNs{0};  // steady clock (CLOCK_MONOTONIC, the same in every process)
+  std::atomic<uint64_t> victimWritten{0};  // elements of the victim's output its call had written when it died
+  std::atomic<int> victimReturned{0};     // the victim's call returned before the kill (the kill came too late)
+};
+
+// The victim's output: shared with the parent, which watches it.
+class SharedOutput {
+ public:
+  explicit SharedOutput(size_t bytes) : bytes_(bytes + 2 * zptest::kGuardBytes) {
+    p_ = (uint8_t*)mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p_ == MAP_FAILED) abort();
+    memset(p_, zptest::kPoison, bytes_);
+  }
+  ~SharedOutput() { munmap(p_, bytes_); }
+  float* data() { return (float*)(p_ + zptest::kGuardBytes); }
+  size_t elems() const { return (bytes_ - 2 * zptest::kGuardBytes) / 4; }
+  // Whether element i was written (a float of four poison bytes is never a result).
+  bool written(size_t i) const {
+    uint32_t x;
+    memcpy(&x, p_ + zptest::kGuardBytes + i * 4, 4);
+    return x != 0xA5A5A5A5u;
+  }
+  uint64_t writtenElems() const {
+    uint64_t n = 0;
+    for (size_t i = 0; i < elems(); i++) n += written(i);
+    return n;
+  }
+
+ private:
+  size_t bytes_;
+  uint8_t* p_;
+};
+
+class MidCallDeaths : public ::testing::TestWithParam<MidCallDeath> {};
+
+// Inputs of 64 MiB that are quick to make and to check: element j of rank
+// r's input is table[r][j % kPeriod] (inputValue's), a prime period, so
+// that a block moved by any multiple of the block size still shows.
+constexpr size_t kPeriod = 65521;
+using PeriodicTable = std::vector<float>;  // kPeriod elements
+PeriodicTable periodicTable(uint64_t seed, int rank) {
+  PeriodicTable t(kPeriod);
+  fillInput(t.data(), kPeriod, 0, seed, rank, zpFloat32, zpSum);
+  return t;
+}
+// Calls f(i, k, run) over runs of p[first, first + count) that hold table[k, k + run).
+template <class F>
+void overPeriods(size_t count, size_t first, F f) {
+  for (size_t i = 0; i < count;) {
+    const size_t k = (first + i) % kPeriod, run = std::min(count - i, kPeriod - k);
+    f(i, k, run);
+    i += run;
+  }
+}
+void fillPeriodic(float* p, size_t count, size_t first, const PeriodicTable& t) {
+  overPeriods(count, first, [&](size_t i, size_t k, size_t run) { memcpy(p + i, t.data() + k, run * 4); });
+}
+// "" if p[0, count) holds elements [first, first + count) of the table, else where it does not.
+std::string periodicMismatch(const float* p, size_t count, size_t first, const PeriodicTable& t) {
+  std::string err;
+  overPeriods(count, first, [&](size_t i, size_t k, size_t run) {
+    if (err.empty() && memcmp(p + i, t.data() + k, run * 4) != 0)
+      for (size_t e = 0; e < run && err.empty(); e++)
+        if (memcmp(p + i + e, t.data() + k + e, 4) != 0)
+          err = "element " + std::to_string(i + e) + " is " + std::to_string(p[i + e]) + " instead of " +
+                std::to_string(t[k + e]);
+  });
+  return err;
+}
+
+constexpr double kMidCallTimeoutSec = 5;  // ZP_TIMEOUT of the ranks
+
+TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
+  const MidCallDeath c = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  const int n = 4, victim = 1 + (int)(seed % (n - 1));
+  // 64 MiB of float32 on the large side: the all-reduce's buffers, the
+  // reduce-scatter's input, the all-gather's output.
+  const size_t block = 4u << 20, big = block * n;
+  const size_t outElems = c.coll == DeadIn::kReduceScatter ? block : big;
+  const size_t inElems = c.coll == DeadIn::kAllGather ? block : big;
+  SharedOutput victimOut(outElems * 4);
+  zptest::Shared<DeathWatch> watch;
+  zptest::RunOptions opts;
+  opts.timeoutSec = 90;
+  // The parent: waits for the moment, stops the victim, counts what its
+  // call had written, kills it.
+  opts.afterFork = [&] {
+    const int callers = c.when == DeathMoment::kBeforeCall ? n - 1 : n;
+    ASSERT_TRUE(zptest::waitFor([&] { return watch->inCall.load() == callers && watch->victimPid.load() != 0; }, 60));
+    const pid_t pid = watch->victimPid.load();
+    ASSERT_GT(pid, 0);  // (kill(0, ...) would stop the whole process group)
+    if (c.when == DeathMoment::kEarly) {
+      usleep((useconds_t)(seed >> 8) % 1000);
+    } else if (c.when == DeathMoment::kLate) {
+      // Half of 256 elements spread over the output written.
+      auto half = [&] {
+        int w = 0;
+        for (size_t k = 0; k < 256; k++) w += victimOut.written(k * (outElems / 256) + (outElems / 256) / 2);
+        return w >= 128;
+      };
+      EXPECT_TRUE(zptest::waitFor(half, 60)) << "the victim's output was never half written";
+    } else {
+      usleep(2000);
+    }
+    kill(pid, SIGSTOP);
+    int st = 0;
+    EXPECT_EQ(waitpid(pid, &st, WUNTRACED), pid);
+    EXPECT_TRUE(WIFSTOPPED(st)) << "the victim ended before it was stopped";
+    watch->victimWritten = victimOut.writtenElems();
+    watch->killedAtNs = std::chrono::steady_clock::now().time_since_epoch().count();
+    kill(pid, SIGKILL);
+  };
+  std::vector<zptest::RankExit> exits = zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zptest::setShmProto(c.proto);
+    setenv("ZP_COLL_ALGO", c.algo, 1);
+    zptest::setTimeoutSeconds(kMidCallTimeoutSec);
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    GuardedBuffer in(inElems * 4), mine(rank == victim ? 0 : outElems * 4);
+    float* out = rank == victim ? victimOut.data() : (float*)mine.data();
+    const size_t first = c.coll == DeadIn::kAllGather ? (size_t)rank * block : 0;
+    std::vector<PeriodicTable> tables;
+    for (int p = 0; p < nranks; p++) tables.push_back(periodicTable(seed, p));
+    PeriodicTable sums(kPeriod, 0.0f);  // exact: small integers
+    for (int p = 0; p < nranks; p++)
+      for (size_t k = 0; k < kPeriod; k++) sums[k] += tables[p][k];
+    fillPeriodic((float*)in.data(), inElems, first, tables[rank]);
+    zptest::barrier(comm, nranks);  // every rank ready: the test's timing starts here
+    if (rank == victim) {
+      watch->victimPid = getpid();
+      if (c.when == DeathMoment::kBeforeCall) {
+        for (;;) pause();  // until killed
+      }
+    }
+    watch->inCall++;
+    const auto start = std::chrono::steady_clock::now();
+    zpResult_t r = c.coll == DeadIn::kAllReduce
+                       ? zpAllReduce(in.data(), out, big, zpFloat32, zpSum, comm, nullptr)
+                   : c.coll == DeadIn::kReduceScatter
+                       ? zpReduceScatter(in.data(), out, block, zpFloat32, zpSum, comm, nullptr)
+                       : zpAllGather(in.data(), out, block, zpFloat32, comm, nullptr);
+    const auto end = std::chrono::steady_clock::now();
+    if (rank == victim) {
+      watch->victimReturned = 1;
+      ADD_FAILURE() << "the victim's call returned (" << zpGetErrorString(r) << ") before it was killed";
+      for (;;) pause();
+    }
+    // A survivor may finish before the kill: what the victim had then decides what it may do.
+    EXPECT_TRUE(zptest::waitFor([&] { return watch->killedAtNs.load() != 0; }, 60));
+    // The death was noticed, not waited out (or waited out once: below the
+    // timeout after the kill, and a kill before the call's end).
+    const auto killedAt = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(watch->killedAtNs.load()));
+    const bool before = c.when == DeathMoment::kBeforeCall;
+    const bool mustFail = before || (c.coll == DeadIn::kAllReduce && watch->victimWritten.load() == 0);
+    if (r == zpSuccess) {
+      EXPECT_FALSE(mustFail) << "rank " << rank << " finished although it needed the dead rank "
+                             << victim << " (" << watch->victimWritten.load() << " elements of its output written)";
+      std::string wrong;
+      if (c.coll == DeadIn::kAllReduce) wrong = periodicMismatch(out, big, 0, sums);
+      if (c.coll == DeadIn::kReduceScatter) wrong = periodicMismatch(out, block, (size_t)rank * block, sums);
+      if (c.coll == DeadIn::kAllGather)
+        for (int p = 0; p < nranks && wrong.empty(); p++)
+          wrong = periodicMismatch(out + (size_t)p * block, block, (size_t)p * block, tables[p]);
+      EXPECT_EQ(wrong, "") << "rank " << rank << " finished with a wrong result";
+    } else {
+      EXPECT_EQ(r, zpRemoteError) << "rank " << rank << ": " << zpGetLastError(comm);
+      EXPECT_GT(watch->killedAtNs.load(), 0) << "rank " << rank << " failed before the victim was killed: "
+                                             << zpGetLastError(comm);
+      EXPECT_LT(std::chrono::duration<double>(end - killedAt).count(), kMidCallTimeoutSec)
+          << "rank " << rank << " noticed the death only after the timeout";
+      zpResult_t async = zpSuccess;
+      ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+      EXPECT_EQ(async, zpRemoteError);
+    }
+    EXPECT_LT(std::chrono::duration<double>(end - start).count(), 60.0);
+    printf("[ death ] rank %d: %s after %.0f ms (victim rank %d, %llu of %zu elements of its output written)\n", rank,
+           zpGetErrorString(r), std::chrono::duration<double, std::milli>(end - start).count(), victim,
+           (unsigned long long)watch->victimWritten.load(), outElems);
+    // Nothing written outside the buffers: guards, and the input untouched.
+    EXPECT_EQ(in.guardBytesWritten() + mine.guardBytesWritten(), 0u) << "rank " << rank << " wrote past its buffers";
+    EXPECT_EQ(periodicMismatch((const float*)in.data(), inElems, first, tables[rank]), "")
+        << "rank " << rank << ": the input was written";
+    if (rank % 2) ZP_EXPECT_OK(zpCommAbort(comm));
+    else ZP_EXPECT_OK(zpCommDestroy(comm));
+  }, opts);
+  for (int r = 0; r < n; r++) {
+    if (r == victim)
+      EXPECT_TRUE(!exits[r].exited && exits[r].code == SIGKILL) << "the victim should have died of SIGKILL";
+    else
+      EXPECT_TRUE(exits[r].ok()) << "rank " << r << (exits[r].exited ? " exited with code " : " killed by signal ")
+                                 << exits[r].code;
+  }
+  EXPECT_EQ(watch->victimReturned.load(), 0);
+  if (c.when != DeathMoment::kBeforeCall)  // the kill landed before the victim's call was done
+    EXPECT_LT(watch->victimWritten.load(), outElems) << "the victim had all of its output when it was killed";
+  if (c.when == DeathMoment::kLate) EXPECT_GT(watch->victimWritten.load(), 0u);
+}
+
+std::vector<MidCallDeath> midCallDeaths() {
+  std::vector<MidCallDeath> out;
+  for (const char* proto : {"cma", "copy"})
+    for (const char* algo : {"direct", "ring"}) {
+      for (DeathMoment m : {DeathMoment::kBeforeCall, DeathMoment::kEarly, DeathMoment::kLate})
+        out.push_back({proto, algo, DeadIn::kAllReduce, m});
+      out.push_back({proto, algo, DeadIn::kReduceScatter, DeathMoment::kEarly});
+      out.push_back({proto, algo, DeadIn::kAllGather, DeathMoment::kLate});
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kills, MidCallDeaths, ::testing::ValuesIn(midCallDeaths()), midCallDeathName);
 
 }  // namespace

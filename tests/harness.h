@@ -135,8 +135,8 @@ inline RankExit runInChild(const std::function<void()>& fn, int timeoutSec = 120
 }
 
 // Runs body(rank, nranks, id) in nranks processes; returns their exits.
-// Kills every rank still running after timeoutSec (the test then fails).
-inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, int timeoutSec = 120) {
+// Kills every rank still running after opts.timeoutSec (the test then fails).
+inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, const RunOptions& opts) {
   zpUniqueId id;
 #ifdef ZP_TEST_ROOT_IN_RANK0
   // A loopback port free now (rank 0 listens on it at init).
@@ -154,9 +154,12 @@ inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, int time
 #else
   EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
 #endif
+  return runRanksWithId(id, nranks, body, opts);
+}
+inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, int timeoutSec = 120) {
   RunOptions opts;
   opts.timeoutSec = timeoutSec;
-  return runRanksWithId(id, nranks, body, opts);
+  return runRanks(nranks, body, opts);
 }
 
 // Expects every rank to have exited 0.

@@ -46,6 +46,16 @@
 //            float64 reference (tests/attention_check.h): random rings, the
 //            planner's plans for this cluster, one ring of all ranks;
 //            causal and not; GQA and not;
+//   killcoll a 64 MiB all-reduce across nodes (the hierarchical one) in
+//            which rank ZP_TEST_VICTIM dies at ZP_TEST_KILL_AT: "before" (it
+//            never makes the call), "node" (2 ms into it: the node's
+//            reduce-scatter) or "rail" (once its own shard has been reduced
+//            in the node: the ring over the NICs under way); a thread of
+//            the victim watches its output and raises SIGKILL. Every other
+//            rank must return zpRemoteError within ZP_TIMEOUT, or finish
+//            with every element right (possible only for a rank whose part
+//            was done when the victim died), write nothing outside its
+//            buffers, and abort or destroy its communicator;
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
 //            left, and every rank must get an error (not hang) within
 //            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
@@ -237,6 +247,78 @@ int destroyAndReport(zpComm_t comm, int rank, int n, std::string err) {
   }
   printf("rank %d of %d: ok\n", rank, n);
   return 0;
+}
+
+// ZP_TEST_MODE=killcoll (see the top of the file).
+int killCollMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int victim = envInt("ZP_TEST_VICTIM", n - 1);
+  const char* atEnv = getenv("ZP_TEST_KILL_AT");
+  const std::string at = atEnv ? atEnv : "rail";
+  const double timeoutMs = 1000.0 * envInt("ZP_TIMEOUT", 60);
+  const size_t count = 16u << 20;  // float32: 64 MiB
+  auto value = [&](int r, size_t i) { return (float)((seed + (uint64_t)r * 7919 + i * 31) % 97); };
+  zptest::GuardedBuffer in(count * 4), out(count * 4);
+  float* x = (float*)in.data();
+  const float* y = (const float*)out.data();
+  for (size_t i = 0; i < count; i++) x[i] = value(rank, i);
+  if (zpBarrier(comm, nullptr) != zpSuccess) {  // every rank ready
+    printf("rank %d: barrier: %s\n", rank, zpGetLastError(comm));
+    return 1;
+  }
+  if (rank == victim) {
+    if (at == "before") raise(SIGKILL);
+    // Written elements of 1024 spread over the output (four poison bytes are never a sum).
+    auto written = [y] {
+      int w = 0;
+      for (size_t k = 0; k < 1024; k++) {
+        uint32_t v;
+        memcpy(&v, y + k * (count / 1024) + 7, 4);
+        w += v != 0xA5A5A5A5u;
+      }
+      return w;
+    };
+    std::thread([at, rank, written] {
+      if (at == "node")
+        usleep(2000);
+      else
+        while (written() == 0) usleep(50);
+      printf("rank %d: killed (%d of 1024 samples of its output written)\n", rank, written());
+      fflush(stdout);
+      raise(SIGKILL);
+    }).detach();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  zpResult_t r = zpAllReduce(in.data(), out.data(), count, zpFloat32, zpSum, comm, nullptr);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (rank == victim) {
+    printf("rank %d: the victim's call returned (%s): killed too late\n", rank, zpGetErrorString(r));
+    return 1;
+  }
+  std::string err;
+  if (in.guardBytesWritten() + out.guardBytesWritten()) err = "written past the buffers";
+  for (size_t i = 0; i < count && err.empty(); i++)
+    if (x[i] != value(rank, i)) err = "the input was written at " + std::to_string(i);
+  if (r == zpSuccess) {
+    for (size_t i = 0; i < count && err.empty(); i++) {
+      float want = 0;
+      for (int p = 0; p < n; p++) want += value(p, i);
+      if (y[i] != want) err = "finished with element " + std::to_string(i) + " wrong";
+    }
+    if (err.empty()) printf("rank %d: finished right after %.0f ms\n", rank, ms);
+  } else {
+    zpResult_t async = zpSuccess;
+    zpCommGetAsyncError(comm, &async);
+    if (r != zpRemoteError || async != zpRemoteError)
+      err = std::string("WRONG ERROR ") + zpGetErrorString(r) + ": " + zpGetLastError(comm);
+    else if (ms >= timeoutMs)
+      err = "the death was noticed only after ZP_TIMEOUT (" + std::to_string(ms) + " ms)";
+    else
+      printf("rank %d: remote error as expected after %.0f ms: %s\n", rank, ms, zpGetLastError(comm));
+  }
+  zpResult_t end = rank % 2 ? zpCommAbort(comm) : zpCommDestroy(comm);
+  if (end != zpSuccess && err.empty()) err = std::string(rank % 2 ? "abort" : "destroy") + " failed: " + zpGetErrorString(end);
+  if (!err.empty()) printf("rank %d: %s\n", rank, err.c_str());
+  return err.empty() ? 0 : 1;
 }
 
 // Remap round trips between random layouts: the same on every rank (seeded).
@@ -1005,6 +1087,7 @@ int runRank() {
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);
+  if (mode == "killcoll") return killCollMode(comm, rank, n, seed);
   if (mode == "collectives") return collectivesMode(comm, rank, n, seed);
   if (mode == "slices") return slicesMode(comm, rank, n, seed);
   if (mode == "zero") return zeroMode(comm, rank, n, seed);

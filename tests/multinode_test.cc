@@ -246,6 +246,31 @@ TEST_P(MultinodeShapes, KilledRankOnAnotherNodeGivesRemoteErrorEverywhere) {
   EXPECT_EQ(countLines(r.output, "WRONG ERROR"), 0u) << r.output;
 }
 
+// A rank dies in the middle of a 64 MiB hierarchical all-reduce on 2
+// nodes x 2 ranks: before the call, in the node's reduce-scatter, in the
+// ring over the NICs (ZP_TEST_MODE=killcoll, which prints how much of its
+// output the victim had when it died). Every survivor returns
+// zpRemoteError within ZP_TIMEOUT (or, if its part was done, the exact
+// result), writes nothing outside its buffers, and aborts or destroys.
+TEST_F(Multinode, ADeadRankInTheMiddleOfTheHierarchicalAllReduce) {
+  const std::pair<const char*, int> cases[] = {{"before", 3}, {"node", 1}, {"rail", 2}};
+  for (const auto& [at, victim] : cases) {
+    const std::string env = std::string("ZP_TEST_MODE=killcoll ZP_TIMEOUT=10 ZP_TEST_KILL_AT=") + at +
+                            " ZP_TEST_VICTIM=" + std::to_string(victim);
+    CommandResult r = zprun(2, 2, 2, env);
+    EXPECT_NE(r.status, 0) << "zprun must report the killed rank\n" << r.output;
+    EXPECT_NE(r.output.find("killed by signal"), std::string::npos) << env << "\n" << r.output;
+    const size_t failed = countLines(r.output, "remote error as expected"), finished = countLines(r.output, "finished right");
+    EXPECT_EQ(failed + finished, 3u) << env << "\n" << r.output;
+    EXPECT_GE(failed, 1u) << env << "\n" << r.output;
+    if (std::string(at) != "rail") EXPECT_EQ(failed, 3u) << env << "\n" << r.output;
+    if (std::string(at) == "node")  // it died before any of its result was there
+      EXPECT_NE(r.output.find("killed (0 of 1024 samples"), std::string::npos) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, "killed too late"), 0u) << env << "\n" << r.output;
+    std::printf("%s\n%s", env.c_str(), r.output.c_str());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Clusters, MultinodeShapes,
                          ::testing::Values(Shape{2, 2, 2}, Shape{2, 4, 4}, Shape{3, 2, 2}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
