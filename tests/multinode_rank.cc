@@ -48,9 +48,10 @@
 //            causal and not; GQA and not;
 //   killcoll a 64 MiB all-reduce across nodes (the hierarchical one) in
 //            which rank ZP_TEST_VICTIM dies at ZP_TEST_KILL_AT: "before" (it
-//            never makes the call), "node" (2 ms into it: the node's
-//            reduce-scatter) or "rail" (once its own shard has been reduced
-//            in the node: the ring over the NICs under way); a thread of
+//            never makes the call: it dies 300 ms after a barrier), "node"
+//            (2 ms into it: the node's reduce-scatter) or "rail" (once its
+//            own shard has been reduced in the node: the ring over the NICs
+//            under way); a thread of
 //            the victim watches its output and raises SIGKILL. Every other
 //            rank must return zpRemoteError within ZP_TIMEOUT, or finish
 //            with every element right (possible only for a rank whose part
@@ -266,7 +267,10 @@ int killCollMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     return 1;
   }
   if (rank == victim) {
-    if (at == "before") raise(SIGKILL);
+    if (at == "before") {  // once the others are surely past the barrier, in the call
+      usleep(300000);
+      raise(SIGKILL);
+    }
     // Written elements of 1024 spread over the output (four poison bytes are never a sum).
     auto written = [y] {
       int w = 0;
@@ -277,11 +281,14 @@ int killCollMode(zpComm_t comm, int rank, int n, uint64_t seed) {
       }
       return w;
     };
-    std::thread([at, rank, written] {
+    // Its own shard is 1024 / ZP_LOCAL_NRANKS of the samples: all written,
+    // the node's reduce-scatter is done and the ring over the NICs under way.
+    const int shardSamples = 1024 / envInt("ZP_LOCAL_NRANKS", n);
+    std::thread([at, rank, written, shardSamples] {
       if (at == "node")
         usleep(2000);
       else
-        while (written() == 0) usleep(50);
+        while (written() < shardSamples) usleep(50);
       printf("rank %d: killed (%d of 1024 samples of its output written)\n", rank, written());
       fflush(stdout);
       raise(SIGKILL);

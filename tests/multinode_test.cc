@@ -255,7 +255,7 @@ TEST_P(MultinodeShapes, KilledRankOnAnotherNodeGivesRemoteErrorEverywhere) {
 TEST_F(Multinode, ADeadRankInTheMiddleOfTheHierarchicalAllReduce) {
   const std::pair<const char*, int> cases[] = {{"before", 3}, {"node", 1}, {"rail", 2}};
   for (const auto& [at, victim] : cases) {
-    const std::string env = std::string("ZP_TEST_MODE=killcoll ZP_TIMEOUT=10 ZP_TEST_KILL_AT=") + at +
+    const std::string env = std::string("ZP_TEST_MODE=killcoll ZP_TIMEOUT=3 ZP_TEST_KILL_AT=") + at +
                             " ZP_TEST_VICTIM=" + std::to_string(victim);
     CommandResult r = zprun(2, 2, 2, env);
     EXPECT_NE(r.status, 0) << "zprun must report the killed rank\n" << r.output;

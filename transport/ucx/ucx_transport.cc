@@ -563,14 +563,31 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
   std::vector<Op*> ops;
   for (auto& kv : ops_) ops.push_back(kv.first);
   for (Op* op : ops) finishOp(op, status, why);
-  // Callers free their buffers when we return: wait until UCX let go of them.
+  // Callers free their buffers when we return: wait until UCX let go of
+  // them. Not for a receive from a peer whose endpoint failed: UCX may have
+  // matched it (a rendezvous whose data was still to come), and then it can
+  // be neither cancelled nor completed, while no byte can come from that
+  // peer any more. Waiting for it held the failing call 5 s, past the
+  // ZP_TIMEOUT the user had set (a rank dying in the middle of the
+  // hierarchical all-reduce, relaying to a rank of another node).
+  auto mayStillWrite = [&](const Op* op) {
+    return op->isSend || op->peer < 0 || !peers_[op->peer].failed;
+  };
+  auto waiting = [&] {
+    for (auto& kv : ops_)
+      if (mayStillWrite(kv.first)) return true;
+    return false;
+  };
   uint64_t deadline = nowMs() + 5000;
-  while (!ops_.empty() && nowMs() < deadline) ucp_worker_progress(worker_);
-  for (auto& kv : ops_) kv.first->finish(kv.first->status, kv.first->error);
-  if (!ops_.empty()) ZP_WARN(kSubNet, "UCX: %zu operations did not release their buffers", ops_.size());
-  // A receive UCX had matched when its sender's path died can be neither
-  // cancelled nor completed: its request stays ours (freed by a late
-  // completion or by the destructor), its op is done.
+  while (waiting() && nowMs() < deadline) ucp_worker_progress(worker_);
+  size_t stuck = 0;
+  for (auto& kv : ops_) {
+    stuck += mayStillWrite(kv.first);
+    kv.first->finish(kv.first->status, kv.first->error);
+  }
+  if (stuck) ZP_WARN(kSubNet, "UCX: %zu operations did not release their buffers", stuck);
+  // Such a request stays ours (freed by a late completion or by the
+  // destructor); its op is done.
   for (auto& kv : ops_)
     for (Request* r : kv.second.reqs) {
       r->op = nullptr;
