@@ -597,7 +597,11 @@ std::string periodicMismatch(const float* p, size_t count, size_t first, const P
   return err;
 }
 
-constexpr double kMidCallTimeoutSec = 5;  // ZP_TIMEOUT of the ranks
+// ZP_TIMEOUT of the ranks. A death must be noticed within half of it: a
+// timeout counts from the last progress, which stopped with the victim (a
+// few ms before the kill), so a death waited out shows only as a wait close
+// to the whole timeout.
+constexpr double kMidCallTimeoutSec = 10;
 
 TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
   const MidCallDeath c = GetParam();
@@ -676,8 +680,6 @@ TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
     }
     // A survivor may finish before the kill: what the victim had then decides what it may do.
     EXPECT_TRUE(zptest::waitFor([&] { return watch->killedAtNs.load() != 0; }, 60));
-    // The death was noticed, not waited out (or waited out once: below the
-    // timeout after the kill, and a kill before the call's end).
     const auto killedAt = std::chrono::steady_clock::time_point(
         std::chrono::steady_clock::duration(watch->killedAtNs.load()));
     const bool before = c.when == DeathMoment::kBeforeCall;
@@ -696,8 +698,8 @@ TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
       EXPECT_EQ(r, zpRemoteError) << "rank " << rank << ": " << zpGetLastError(comm);
       EXPECT_GT(watch->killedAtNs.load(), 0) << "rank " << rank << " failed before the victim was killed: "
                                              << zpGetLastError(comm);
-      EXPECT_LT(std::chrono::duration<double>(end - killedAt).count(), kMidCallTimeoutSec)
-          << "rank " << rank << " noticed the death only after the timeout";
+      EXPECT_LT(std::chrono::duration<double>(end - killedAt).count(), kMidCallTimeoutSec / 2)
+          << "rank " << rank << " did not notice the death: it waited it out (ZP_TIMEOUT)";
       zpResult_t async = zpSuccess;
       ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
       EXPECT_EQ(async, zpRemoteError);

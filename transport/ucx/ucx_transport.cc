@@ -186,17 +186,30 @@ UcxTransport::~UcxTransport() {
     }
     // Messages nobody will receive any more (goodbyes of peers that left at
     // the same time, data of a call that failed): take them, so UCX has no
-    // unmatched messages to complain about.
+    // unmatched messages to complain about. Not forever: the rendezvous of
+    // a sender that died can never be taken (zpCommDestroy hung there after
+    // a rank died in the middle of the hierarchical all-reduce); then the
+    // rest is left to ucp_worker_destroy (nothing progresses the worker
+    // before it, so nothing writes into the sink).
     ucp_tag_recv_info_t info;
     std::vector<char> sink;
-    while (ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info)) {
+    const uint64_t drainUntil = nowMs() + 1000;
+    bool stuck = false;
+    while (!stuck) {
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+      if (!msg) break;
       sink.resize(std::max<size_t>(info.length, 1));
       ucp_request_param_t prm;
       memset(&prm, 0, sizeof(prm));
       ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, msg, &prm);
-      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS && nowMs() < drainUntil)
+        ucp_worker_progress(worker_);
+      if (UCS_PTR_IS_PTR(r)) {
+        stuck = ucp_request_check_status(r) == UCS_INPROGRESS;
+        ucp_request_free(r);
+      }
     }
+    if (stuck) ZP_INFO(kSubNet, "UCX: a message of a peer that is gone could not be taken; left to the worker's end");
     ucp_worker_destroy(worker_);
   }
   if (context_) ucp_cleanup(context_);
