@@ -49,9 +49,9 @@
 //   killcoll a 64 MiB all-reduce across nodes (the hierarchical one) in
 //            which rank ZP_TEST_VICTIM dies at ZP_TEST_KILL_AT: "before" (it
 //            never makes the call: it dies 300 ms after a barrier), "node"
-//            (2 ms into it: the node's reduce-scatter) or "rail" (once its
-//            own shard has been reduced in the node: the ring over the NICs
-//            under way); a thread of
+//            (2 ms into it: the node's reduce-scatter of the first slices)
+//            or "rail" (once its own shard has been reduced in the node: the
+//            ring over the NICs under way); a thread of
 //            the victim watches its output and raises SIGKILL. Every other
 //            rank must return zpRemoteError within ZP_TIMEOUT, or finish
 //            with every element right (possible only for a rank whose part
