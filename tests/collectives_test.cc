@@ -7,6 +7,7 @@
 // Inputs are small integers (and halves), exact in every datatype whatever
 // the order of the additions: results are compared exactly
 // (tests/reduce_reference.h, shared with the multinode tests).
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 
@@ -494,9 +495,11 @@ INSTANTIATE_TEST_SUITE_P(CollectiveErrors, DeadRank, ::testing::Values(1000, 1u 
 // the test's parent process kills one of them from outside at a chosen
 // moment: before the call (the survivors are in it, the victim never
 // comes), early in it (all four in it, a fraction of a millisecond on:
-// the reduce-scatter's messages in flight), or late (half of the victim's
-// output has arrived: the all-gather under way, the reduce-scatter's sends
-// possibly still in flight). The victim's output buffer is shared memory,
+// the reduce-scatter's messages in flight), while the victim reduces (the
+// first of its results are in its output: a reduce group of the direct
+// reduce-scatter, or the ring's first round, half done), or late (half of
+// the victim's output has arrived: the all-gather under way, the
+// reduce-scatter's sends possibly still in flight). The victim's output buffer is shared memory,
 // so the parent sees how far it got: it stops the victim (SIGSTOP), counts
 // what the victim's call had written, then kills it (SIGKILL).
 //
@@ -506,10 +509,10 @@ INSTANTIATE_TEST_SUITE_P(CollectiveErrors, DeadRank, ::testing::Values(1000, 1u 
 // messages with the victim were all done when it died may finish the call
 // (as with NCCL): it must then hold the exact result. Every survivor must
 // fail (zpRemoteError) when the victim never joined, and in an all-reduce
-// killed before the victim had any of its result: each survivor still
-// needed the victim's part of the result.
+// killed before the victim had all of its block of the result: each
+// survivor still needed the victim's part of it.
 enum class DeadIn { kAllReduce, kReduceScatter, kAllGather };
-enum class DeathMoment { kBeforeCall, kEarly, kLate };
+enum class DeathMoment { kBeforeCall, kEarly, kReducing, kLate };
 struct MidCallDeath {
   const char* proto;  // ZP_SHM_PROTO
   const char* algo;   // ZP_COLL_ALGO
@@ -518,7 +521,7 @@ struct MidCallDeath {
 };
 std::string describe(const MidCallDeath& c) {
   const char* coll[] = {"allreduce", "reducescatter", "allgather"};
-  const char* when[] = {"beforeCall", "early", "late"};
+  const char* when[] = {"beforeCall", "early", "reducing", "late"};
   return std::string(coll[(int)c.coll]) + "_" + when[(int)c.when] + "_" + c.proto + "_" + c.algo;
 }
 void PrintTo(const MidCallDeath& c, std::ostream* os) { *os << describe(c); }
@@ -625,6 +628,16 @@ TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
     ASSERT_GT(pid, 0);  // (kill(0, ...) would stop the whole process group)
     if (c.when == DeathMoment::kEarly) {
       usleep((useconds_t)(seed >> 8) % 1000);
+    } else if (c.when == DeathMoment::kReducing) {
+      // The first of 256 elements spread over the output written; polled
+      // without sleeping, so that the victim is stopped soon after.
+      auto any = [&] {
+        for (size_t k = 0; k < 256; k++)
+          if (victimOut.written(k * (outElems / 256) + (outElems / 256) / 2)) return true;
+        return false;
+      };
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!any() && std::chrono::steady_clock::now() < until) sched_yield();
     } else if (c.when == DeathMoment::kLate) {
       // Half of 256 elements spread over the output written.
       auto half = [&] {
@@ -683,7 +696,7 @@ TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
     const auto killedAt = std::chrono::steady_clock::time_point(
         std::chrono::steady_clock::duration(watch->killedAtNs.load()));
     const bool before = c.when == DeathMoment::kBeforeCall;
-    const bool mustFail = before || (c.coll == DeadIn::kAllReduce && watch->victimWritten.load() == 0);
+    const bool mustFail = before || (c.coll == DeadIn::kAllReduce && watch->victimWritten.load() < block);
     if (r == zpSuccess) {
       EXPECT_FALSE(mustFail) << "rank " << rank << " finished although it needed the dead rank "
                              << victim << " (" << watch->victimWritten.load() << " elements of its output written)";
@@ -725,14 +738,14 @@ TEST_P(MidCallDeaths, EverySurvivorFailsOrFinishesRightWithinTheTimeout) {
   EXPECT_EQ(watch->victimReturned.load(), 0);
   if (c.when != DeathMoment::kBeforeCall)  // the kill landed before the victim's call was done
     EXPECT_LT(watch->victimWritten.load(), outElems) << "the victim had all of its output when it was killed";
-  if (c.when == DeathMoment::kLate) EXPECT_GT(watch->victimWritten.load(), 0u);
+  if (c.when == DeathMoment::kLate || c.when == DeathMoment::kReducing) EXPECT_GT(watch->victimWritten.load(), 0u);
 }
 
 std::vector<MidCallDeath> midCallDeaths() {
   std::vector<MidCallDeath> out;
   for (const char* proto : {"cma", "copy"})
     for (const char* algo : {"direct", "ring"}) {
-      for (DeathMoment m : {DeathMoment::kBeforeCall, DeathMoment::kEarly, DeathMoment::kLate})
+      for (DeathMoment m : {DeathMoment::kBeforeCall, DeathMoment::kEarly, DeathMoment::kReducing, DeathMoment::kLate})
         out.push_back({proto, algo, DeadIn::kAllReduce, m});
       out.push_back({proto, algo, DeadIn::kReduceScatter, DeathMoment::kEarly});
       out.push_back({proto, algo, DeadIn::kAllGather, DeathMoment::kLate});
