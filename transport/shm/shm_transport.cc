@@ -457,7 +457,9 @@ zpResult_t ShmTransport::reduceGroup(const OpReduceGroup& g, GroupWait& w, std::
           const int err = n < 0 ? errno : EIO;
           *why = "reading " + std::to_string(g.bytes) + " bytes from rank " + std::to_string(p->rank) +
                  " failed: " + strerror(err);
-          return err == ESRCH ? zpRemoteError : zpSystemError;
+          if (err != ESRCH) return zpSystemError;
+          peerDied(*why);
+          return zpRemoteError;
         }
         got += (size_t)n;
       }
@@ -585,6 +587,12 @@ void ShmTransport::checkAlive() {
                true);
   }
 }
+
+// A single-copy read found the peer's process gone (ESRCH) before
+// checkAlive did: the communicator is broken now, as checkAlive would make
+// it (the call that read fails with zpRemoteError, and so must
+// zpCommGetAsyncError, even while another thread holds the progress lock).
+void ShmTransport::peerDied(const std::string& why) { ctx_.sink->setAsyncError(zpRemoteError, why); }
 
 void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer) {
   if (p.gone) return;
@@ -819,6 +827,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
                           " failed: " + strerror(err);
         pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why, lane));
         op->finish(err == ESRCH ? zpRemoteError : zpSystemError, why);
+        if (err == ESRCH) peerDied(why);
       } else {
         pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0, {}, lane));
         op->progressed = op->bytes;
