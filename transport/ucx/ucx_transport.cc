@@ -583,19 +583,19 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
   // peer any more. Waiting for it held the failing call 5 s, past the
   // ZP_TIMEOUT the user had set (a rank dying in the middle of the
   // hierarchical all-reduce, relaying to a rank of another node).
-  auto mayStillWrite = [&](const Op* op) {
+  auto mayStillUse = [&](const Op* op) {
     return op->isSend || op->peer < 0 || !peers_[op->peer].failed;
   };
   auto waiting = [&] {
     for (auto& kv : ops_)
-      if (mayStillWrite(kv.first)) return true;
+      if (mayStillUse(kv.first)) return true;
     return false;
   };
   uint64_t deadline = nowMs() + 5000;
   while (waiting() && nowMs() < deadline) ucp_worker_progress(worker_);
   size_t stuck = 0;
   for (auto& kv : ops_) {
-    stuck += mayStillWrite(kv.first);
+    stuck += mayStillUse(kv.first);
     kv.first->finish(kv.first->status, kv.first->error);
   }
   if (stuck) ZP_WARN(kSubNet, "UCX: %zu operations did not release their buffers", stuck);
