@@ -57,7 +57,8 @@ const std::vector<Param> kParams = {
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
    "microseconds a waiting rank polls (yielding its core) before it sleeps; none while a single-copy transfer "
-   "is under way and this node has more ranks than cores (polling would delay the peer doing the copy)"},
+   "is under way, this node has more ranks than cores and more tasks are runnable than it has ranks (polling "
+   "would delay the peer doing the copy)"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
    "the standard collectives' algorithms: by size and shape (auto); always rings; always the latency ones "

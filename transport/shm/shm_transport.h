@@ -142,6 +142,10 @@ class ShmTransport : public Transport {
   // Whether this rank waits for a single-copy transfer (a peer reading
   // this rank's memory, or this rank waiting to read a peer's).
   bool waitsForSingleCopy() const;
+  // Whether more tasks are runnable on this machine than this node has
+  // ranks: other work competes for the cores (then a waiter sleeps rather
+  // than polls during single-copy transfers).
+  bool othersRunnable();
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   Peer* peer(int rank);
@@ -166,7 +170,9 @@ class ShmTransport : public Transport {
   size_t fragMax_ = 0;
   int spinUs_ = 0;
   bool oversubscribed_ = false;
-  std::map<const OpReduceGroup*, GroupWait> groups_;  // more ranks on this node than cores this process may run on
+  std::map<const OpReduceGroup*, GroupWait> groups_;
+  uint64_t runnableCheckedMs_ = 0;  // othersRunnable's last look, and what it saw
+  bool othersRunnable_ = true;  // more ranks on this node than cores this process may run on
 };
 
 }  // namespace zp
