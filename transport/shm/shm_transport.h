@@ -169,10 +169,10 @@ class ShmTransport : public Transport {
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
   int spinUs_ = 0;
-  bool oversubscribed_ = false;
+  bool oversubscribed_ = false;  // more ranks on this node than cores this process may run on
   std::map<const OpReduceGroup*, GroupWait> groups_;
   uint64_t runnableCheckedMs_ = 0;  // othersRunnable's last look, and what it saw
-  bool othersRunnable_ = true;  // more ranks on this node than cores this process may run on
+  bool othersRunnable_ = true;
 };
 
 }  // namespace zp
