@@ -553,9 +553,7 @@ struct Call {
       case CollAlgo::kAuto: break;
     }
     if (bytesPerRank < c->cfg().collRingAbove) return Family::kLatency;
-    for (int p = 0; p < n; p++)
-      if (!c->isLocal(p)) return Family::kRing;
-    return Family::kDirect;
+    return allLocal() ? Family::kDirect : Family::kRing;
   }
   bool ring(size_t bytesPerRank) const { return family(bytesPerRank) == Family::kRing; }
 

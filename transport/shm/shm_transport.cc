@@ -187,6 +187,19 @@ std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64
   return rec;
 }
 
+// Single copy: len bytes at address `from` of process pid into to, over
+// short reads; 0 or the errno.
+int readPeer(pid_t pid, void* to, uint64_t from, size_t len) {
+  for (size_t got = 0; got < len;) {
+    iovec liov = {(char*)to + got, len - got};
+    iovec riov = {(void*)(uintptr_t)(from + got), len - got};
+    const ssize_t n = process_vm_readv(pid, &liov, 1, &riov, 1, 0);
+    if (n <= 0) return n < 0 ? errno : EIO;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
 }  // namespace
 
 zpResult_t ShmTransport::create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out) {
@@ -449,21 +462,9 @@ zpResult_t ShmTransport::reduceGroup(const OpReduceGroup& g, GroupWait& w, std::
   for (size_t at = 0; at < g.bytes; at += piece) {
     const size_t len = std::min(piece, g.bytes - at);
     for (size_t m = 0; m < k; m++) {
-      Peer* p = peer(w.in[m].rank);
-      for (size_t got = 0; got < len;) {
-        iovec liov = {bufs.data() + m * piece + got, len - got};
-        iovec riov = {(void*)(uintptr_t)(w.in[m].addr + at + got), len - got};
-        const ssize_t n = process_vm_readv(p->pid, &liov, 1, &riov, 1, 0);
-        if (n <= 0) {
-          const int err = n < 0 ? errno : EIO;
-          *why = "reading " + std::to_string(g.bytes) + " bytes from rank " + std::to_string(p->rank) +
-                 " failed: " + strerror(err);
-          if (err != ESRCH) return zpSystemError;
-          peerDied(*why);
-          return zpRemoteError;
-        }
-        got += (size_t)n;
-      }
+      const Peer& p = *peer(w.in[m].rank);
+      if (const int err = readPeer(p.pid, bufs.data() + m * piece, w.in[m].addr + at, len))
+        return readFailed(p, g.bytes, err, why);
     }
     char* out = (char*)g.out + at;
     g.reduce->fn(out, (const char*)g.src + at, bufs.data(), len);
@@ -539,11 +540,9 @@ bool ShmTransport::waitsForSingleCopy() const {
 bool ShmTransport::othersRunnable() {
   // /proc/loadavg's fourth field: "runnable/threads", the runnable count of
   // the moment (this rank included), read at most every 10 ms.
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-  const uint64_t nowMs = (uint64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-  if (nowMs - runnableCheckedMs_ < 10) return othersRunnable_;
-  runnableCheckedMs_ = nowMs;
+  const uint64_t now = nowMs();
+  if (now - runnableCheckedMs_ < 10) return othersRunnable_;
+  runnableCheckedMs_ = now;
   othersRunnable_ = true;  // when it cannot tell: sleep, the safe choice
   const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return othersRunnable_;
@@ -552,9 +551,8 @@ bool ShmTransport::othersRunnable() {
   close(fd);
   if (n <= 0) return othersRunnable_;
   buf[n] = 0;
-  double l1, l5, l15;
-  int running = 0, threads = 0;
-  if (sscanf(buf, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &threads) == 5)
+  int running = 0;
+  if (sscanf(buf, "%*f %*f %*f %d/", &running) == 1)
     othersRunnable_ = running > (int)peers_.size() + 1;  // more than this node's ranks
   return othersRunnable_;
 }
@@ -614,11 +612,17 @@ void ShmTransport::checkAlive() {
   }
 }
 
-// A single-copy read found the peer's process gone (ESRCH) before
-// checkAlive did: the communicator is broken now, as checkAlive would make
-// it (the call that read fails with zpRemoteError, and so must
-// zpCommGetAsyncError, even while another thread holds the progress lock).
-void ShmTransport::peerDied(const std::string& why) { ctx_.sink->setAsyncError(zpRemoteError, why); }
+zpResult_t ShmTransport::readFailed(const Peer& p, size_t bytes, int err, std::string* why) {
+  *why = "reading " + std::to_string(bytes) + " bytes from rank " + std::to_string(p.rank) +
+         " failed: " + strerror(err);
+  if (err != ESRCH) return zpSystemError;
+  // The peer's process is gone, found before checkAlive did: the
+  // communicator is broken now, as checkAlive would make it (the call that
+  // read fails with zpRemoteError, and so must zpCommGetAsyncError, even
+  // while another thread holds the progress lock).
+  ctx_.sink->setAsyncError(zpRemoteError, *why);
+  return zpRemoteError;
+}
 
 void ShmTransport::peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer) {
   if (p.gone) return;
@@ -833,14 +837,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       while (done < op->bytes && !err) {
         const size_t want = std::min(slice, op->bytes - done);
         char* to = op->reduce ? sliceBuf.data() : (char*)op->buf + done;
-        size_t got = 0;
-        while (got < want) {
-          iovec liov = {to + got, want - got};
-          iovec riov = {(void*)(uintptr_t)(h->addr + done + got), want - got};
-          ssize_t n = process_vm_readv(p.pid, &liov, 1, &riov, 1, 0);
-          if (n <= 0) { err = n < 0 ? errno : EIO; break; }
-          got += n;
-        }
+        err = readPeer(p.pid, to, h->addr + done, want);
         if (err) break;
         if (op->reduce) op->reduce->fn((char*)op->buf + done, (const char*)op->reduceSrc + done, to, want);
         done += want;
@@ -849,11 +846,10 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       if (ringPop(l.in, h)) p.dirty = true;
       l.recvq.pop_front();
       if (err) {
-        std::string why = "reading " + std::to_string(op->bytes) + " bytes from rank " + std::to_string(p.rank) +
-                          " failed: " + strerror(err);
+        std::string why;
+        const zpResult_t status = readFailed(p, op->bytes, err, &why);
         pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why, lane));
-        op->finish(err == ESRCH ? zpRemoteError : zpSystemError, why);
-        if (err == ESRCH) peerDied(why);
+        op->finish(status, why);
       } else {
         pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0, {}, lane));
         op->progressed = op->bytes;

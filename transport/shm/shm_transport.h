@@ -153,7 +153,10 @@ class ShmTransport : public Transport {
   bool progressRecv(Peer& p, int lane);
   bool progressSend(Peer& p, int lane);
   bool pushCtrl(Peer& p, std::vector<char> record);
-  void peerDied(const std::string& why);
+  // A single-copy read of `bytes` from p failed with errno err: why says so;
+  // zpRemoteError (and the communicator broken) if p's process is gone,
+  // else zpSystemError.
+  zpResult_t readFailed(const Peer& p, size_t bytes, int err, std::string* why);
   void peerGone(Peer& p, zpResult_t code, const std::string& why, bool breaksComm, bool fromPeer = false);
   void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
   // Fails and forgets every op queued with one peer.
