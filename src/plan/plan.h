@@ -61,6 +61,13 @@ inline std::vector<ChunkSpan> ringChunks(int64_t len, int G, bool causal, int j)
 struct BatchPlan {
   bool causal = false;
   std::vector<SeqPlacement> seqs;  // indexed by sequence id
+  // The order attention runs in: every sequence id once. Each rank runs its
+  // rings and its local sequences in this order, forward, and in the reverse
+  // order backward; sequences that share a ring run as one group, at the
+  // place of the first of them. The planner schedules by it (a ring starts
+  // when the last of its ranks is free), the simulator and the attention
+  // driver run it as given.
+  std::vector<int64_t> order;
   Layout attention;                // from seqs, as described above
   Layout linear;                   // token balanced: every rank within one token of the mean
 };

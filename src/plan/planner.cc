@@ -311,8 +311,32 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
       for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
         if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
   }
+  // Inter-node rings, then intra-node rings, then local sequences, each in
+  // sequence order: the order the driver ran before plans carried one.
+  plan.order.resize(lens.size());
+  std::iota(plan.order.begin(), plan.order.end(), int64_t{0});
+  std::stable_sort(plan.order.begin(), plan.order.end(),
+                   [&](int64_t a, int64_t b) { return plan.seqs[a].cls > plan.seqs[b].cls; });
   plan.linear = linearLayout(plan.attention, n, ranksPerNode);
   return plan;
+}
+
+void setOrder(BatchPlan* plan, const std::vector<int64_t>& order) {
+  const size_t n = plan->seqs.size();
+  if (order.size() != n)
+    throw std::invalid_argument("the order names " + std::to_string(order.size()) + " sequences, the plan has " +
+                                std::to_string(n));
+  std::vector<bool> seen(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (order[i] < 0 || order[i] >= int64_t(n))
+      throw std::invalid_argument("order[" + std::to_string(i) + "] = " + std::to_string(order[i]) +
+                                  " is not a sequence of the plan");
+    if (seen[order[i]])
+      throw std::invalid_argument("order[" + std::to_string(i) + "]: sequence " + std::to_string(order[i]) +
+                                  " is named twice");
+    seen[order[i]] = true;
+  }
+  plan->order = order;
 }
 
 std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,

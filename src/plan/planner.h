@@ -32,6 +32,10 @@ BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const Attn
 BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, const std::vector<std::vector<int>>& rings,
                         int nranks, int ranksPerNode);
 
+// Replaces the plan's order (plan.h) with `order`. Throws
+// std::invalid_argument unless it names every sequence exactly once.
+void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
+
 // Modelled attention seconds of every rank under a plan (exposed
 // communication included, see cost_model.h).
 std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
