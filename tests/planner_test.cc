@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <sys/wait.h>
 #include <fstream>
@@ -140,8 +141,8 @@ bool samePlan(const BatchPlan& a, const BatchPlan& b) {
   return true;
 }
 
-std::vector<int64_t> readLengths() {
-  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/prolong64k.txt");
+std::vector<int64_t> readLengths(const char* file = "prolong64k.txt") {
+  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/" + file);
   std::vector<int64_t> v;
   int64_t x;
   while (f >> x) v.push_back(x);
@@ -277,42 +278,97 @@ double minRingSeconds(int64_t len, bool causal, const AttnShape& sh, const Clust
   return best;
 }
 
-// The targets: 64K tokens per rank from prolong64k.txt.
-TEST(Planner, ProlongImbalanceTargets) {
+// The schedule's quality, by makespan: a ring starts when the last of its
+// ranks is free and all of them finish together (attnMakespan runs the plan
+// in its order). On ProLong and on the long-tail mix, 64K tokens per rank,
+// the best forward attention makespan over the caps the planner tries is
+// never above the legacy planner's and, on the long tail, within 20% of what
+// no plan can beat: the mean load at whole-sequence efficiency (split
+// sequences run shorter, less efficient kernels), or one sequence's fastest
+// ring. (On ProLong at 256 ranks both planners are sometimes 20% above it.) Node-level token balance is
+// off: it trades attention balance for a cheaper remap, which the planner's
+// full model weighs. The planner before idle-aware scheduling (legacy) is
+// printed beside: it missed by up to 3.6x on the long tail.
+TEST(Planner, MakespanNearTheBound) {
   SEED_TRACE;
   std::mt19937_64 rng(testSeed());
-  auto all = readLengths();
-  ASSERT_FALSE(all.empty());
   AttnShape sh;
-  int floorBound = 0;
-  for (int nranks : {16, 64, 256}) {
-    ClusterModel c = a800(nranks / 8);
-    for (int b = 0; b < 3; ++b) {
-      auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
-      for (bool causal : {true, false}) {
-        BatchPlan p = planBatch(lens, causal, sh, c);
-        SCOPED_TRACE(std::to_string(nranks) + " ranks, batch " + std::to_string(b) +
-                     (causal ? " causal" : " full"));
-        checkPlan(p, lens, causal, c);
-        double attn = imbalance(rankAttnSeconds(p, sh, c));
-        auto tok = rankTokens(p.linear);
-        double lin = imbalance(std::vector<double>(tok.begin(), tok.end()));
-        // A ring's time has a floor the model cannot go below: the K and V of
-        // the whole sequence pass every rank, G - 1 hops, some over a NIC. When one sequence's floor is above the mean, no plan
-        // reaches 1.05; the planner must then be within 5% of that floor.
-        double mean = 0;
-        for (double t : rankAttnSeconds(p, sh, c)) mean += t / nranks;
-        double floor = 0;
-        for (int64_t l : lens) floor = std::max(floor, minRingSeconds(l, causal, sh, c));
-        EXPECT_LE(attn, std::max(1.05, 1.05 * floor / mean));
-        if (floor / mean > 1.0) ++floorBound;
-        EXPECT_LE(lin, 1.01);
-        printf("  %d ranks, %s: %zu seqs, attention imbalance %.4f (one sequence's floor %.4f), linear %.5f\n",
-               nranks, causal ? "causal" : "full", lens.size(), attn, floor / mean, lin);
+  PlanOptions legacy;
+  legacy.legacy = true;
+  legacy.nodeTokenBalance = false;
+  for (const char* file : {"prolong64k.txt", "longtail_mix.txt"}) {
+    auto all = readLengths(file);
+    ASSERT_FALSE(all.empty());
+    for (int nranks : {16, 64, 256}) {
+      ClusterModel c = a800(nranks / 8);
+      for (int b = 0; b < 2; ++b) {
+        auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+        SCOPED_TRACE(std::string(file) + ", " + std::to_string(nranks) + " ranks, batch " + std::to_string(b));
+        double mean = 0, floor = 0;
+        for (int64_t l : lens) {
+          mean += attnComputeSeconds(attnFlops(l, true, sh), double(l), c) / nranks;
+          floor = std::max(floor, minRingSeconds(l, true, sh, c));
+        }
+        const double bound = std::max(mean, floor);
+        double span = 0;
+        for (int k = 0; k <= 12; ++k) {
+          PlanOptions o;
+          o.nodeTokenBalance = false;
+          o.onlyCap = std::pow(0.5, 0.5 * k);
+          BatchPlan p = planBatch(lens, true, sh, c, o);
+          if (k == 0) checkPlan(p, lens, true, c);
+          const double t = attnMakespan(p, sh, c);
+          span = k == 0 ? t : std::min(span, t);
+        }
+        const double old = attnMakespan(planBatch(lens, true, sh, c, legacy), sh, c);
+        EXPECT_LE(span, old * (1 + 1e-3));
+        if (std::string(file) == "longtail_mix.txt") EXPECT_LE(span, 1.20 * bound);
+        printf("  %-16s %3d ranks: %4zu seqs, makespan %.4f of the bound (the legacy planner %.4f)\n", file, nranks,
+               lens.size(), span / bound, old / bound);
       }
     }
   }
-  printf("  %d of 18 plans bounded by one sequence's floor\n", floorBound);
+}
+
+// The plan's order is the schedule: run in any other order (here the one
+// the simulator and the driver used before plans carried one: inter-node
+// rings, intra-node rings, whole sequences, larger first), the same rings
+// wait for each other longer.
+TEST(Planner, PlanOrderIsTheSchedule) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  AttnShape sh;
+  auto all = readLengths("longtail_mix.txt");
+  ASSERT_FALSE(all.empty());
+  double worse = 0;
+  for (int nranks : {64, 256}) {
+    ClusterModel c = a800(nranks / 8);
+    auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+    BatchPlan p = planBatch(lens, true, sh, c);
+    BatchPlan sorted = p;
+    std::stable_sort(sorted.order.begin(), sorted.order.end(), [&](int64_t a, int64_t b) {
+      const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
+      if (x.cls != y.cls) return x.cls > y.cls;
+      if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+      return x.len > y.len;
+    });
+    const double inOrder = attnMakespan(p, sh, c), other = attnMakespan(sorted, sh, c);
+    printf("  %d ranks: makespan in the plan's order %.3f s, in the old order %.3f s\n", nranks, inOrder, other);
+    EXPECT_LE(inOrder, other * (1 + 1e-9));
+    worse = std::max(worse, other / inOrder);
+  }
+  EXPECT_GT(worse, 1.02);  // the order matters on these batches
+}
+
+// setOrder takes a permutation of the plan's sequences and nothing else.
+TEST(Planner, SetOrderChecksItsInput) {
+  BatchPlan p = planFromRings({10, 20, 30}, true, {{0}, {1, 0}, {1}}, 2, 2);
+  EXPECT_EQ(p.order, (std::vector<int64_t>{1, 0, 2}));  // the ring first, then the whole sequences
+  setOrder(&p, {2, 0, 1});
+  EXPECT_EQ(p.order, (std::vector<int64_t>{2, 0, 1}));
+  for (const std::vector<int64_t>& bad : std::vector<std::vector<int64_t>>{{0, 1}, {0, 1, 1}, {0, 1, 3}, {-1, 0, 1}})
+    EXPECT_THROW(setOrder(&p, bad), std::invalid_argument);
+  EXPECT_EQ(p.order, (std::vector<int64_t>{2, 0, 1}));
 }
 
 // The simulator's baselines by hand: tests/simulator_test.cc.
@@ -396,19 +452,19 @@ TEST(Simulator, ZpplanJson) {
       "assert d['machine']=='h200' and d['causal'] is True and d['tokens_per_rank']==4096 and d['batches']==2 and d['seeds']==2\n"
       "assert d['model']['name']=='llama-3b' and d['model']['layers']==28 and d['recompute'] is True\n"
       "assert [r['ranks'] for r in d['results']]==[16,32]\n"
-      "names=['zeppelin','zeppelin_noremap','zeppelin_intranode','zeppelin_noroute','dp_cp','allgather_cp','dynamic_cp','hybrid_dp','ring_all']\n"
+      "names=['zeppelin','zeppelin_noremap','zeppelin_intranode','zeppelin_noroute','dp_cp','allgather_cp','dynamic_cp','hybrid_dp','ring_all','ideal']\n"
       "for r in d['results']:\n"
       "  assert r['nodes']==r['ranks']//8 and r['mean_seqs']>0 and r['draws']==4 and r['plan_ms']['median']>0\n"
       "  assert sorted(r['speedup_over_best'])==['median','p5','p95'] and r['speedup_over_best']['median']>0\n"
       "  assert sum(r['best_baseline'].values())==4 and 'speedup_over_best_planning_charged' in r\n"
       "  s=r['strategies']\n"
-      "  assert list(s)==names\n"
+      "  assert list(s)==names and 0<r['bound_over_zeppelin']['median']<=1\n"
       "  for k,v in s.items():\n"
       "    assert sorted(v)==sorted(['baseline','reference','step_s','breakdown_s','feasible','peak_mem_gib','group','limit_tokens','zeppelin_speedup']),v\n"
       "    assert v['step_s']['p5']<=v['step_s']['median']<=v['step_s']['p95'] and v['step_s']['median']>0\n"
       "    assert sorted(v['breakdown_s'])==['attn','comm','idle','linear','remap']\n"
       "    assert abs(sum(v['breakdown_s'].values())/v['step_s']['median']-1)<0.5\n"
-      "    assert v['baseline']==(k in names[4:8]) and v['reference']==(k=='ring_all')\n"
+      "    assert v['baseline']==(k in names[4:8]) and v['reference']==(k in ('ring_all','ideal'))\n"
       "  assert s['dp_cp']['group']>=1 and s['zeppelin']['breakdown_s']['linear']>0\n"
       "  assert abs(s['zeppelin']['zeppelin_speedup']['median']-1)<1e-9\n"
       "print('ok')\n";

@@ -85,4 +85,10 @@ double ringSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& 
   return st.compute + (G - 1) * std::max(st.compute, st.transfer);
 }
 
+double ringBackwardSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
+                           const ClusterModel& cluster) {
+  RingStep st = backwardStep(ringStep(len, causal, G, link, shape, cluster), linkLatency(link, cluster));
+  return st.compute + (G - 1) * std::max(st.compute, st.transfer);
+}
+
 }  // namespace zp::plan

@@ -102,5 +102,8 @@ bool ringHides(int64_t len, bool causal, int G, Link link, const AttnShape& shap
 // transfer. G == 1 is local attention.
 double ringSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                    const ClusterModel& cluster);
+// The same for the backward pass (backwardStep's compute and transfer).
+double ringBackwardSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
+                           const ClusterModel& cluster);
 
 }  // namespace zp::plan

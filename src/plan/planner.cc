@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <queue>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -13,48 +15,68 @@ namespace {
 struct Split {
   int G = 1;
   SeqClass cls = SeqClass::Local;
+  bool operator==(const Split& o) const { return G == o.G && cls == o.cls; }
 };
 
-// The ring for a sequence: the least communication that keeps the time one
-// rank spends on it (ringSeconds: compute, plus any transfer the compute does
-// not hide) within cap. Candidates go from cheap to costly links: whole on
-// one rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3,
-// ... whole nodes. So a sequence leaves its rank, and then its node, only
-// when it must for balance, and a ring whose hops its compute cannot hide is
-// taken only when it still lowers the time. When no candidate fits, the
-// fastest one.
-Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape,
-                  const ClusterModel& c, const PlanOptions& opt, double* seconds) {
-  // Below one token per chunk a larger ring adds hops and no work per rank.
+// The rings a sequence may run on, from cheap to costly links: whole on one
+// rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
+// whole nodes; with the time one rank spends on the sequence under each
+// (ringSeconds: compute, plus any transfer the compute does not hide).
+// Below one token per chunk a larger ring adds hops and no work per rank.
+struct SplitOption {
+  Split split;
+  double seconds, backward;  // forward and backward (ringBackwardSeconds)
+};
+// Options past the first that runs within minCap are never picked (no cap
+// asked for is smaller), so they are not computed.
+std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
+                                      double minCap = 0) {
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
-  // Rounding must not split a sequence whose time equals the cap.
-  cap *= 1 + 1e-9;
-  Split best;
-  double bestT = ringSeconds(len, causal, 1, Link::Intra, shape, c);
-  *seconds = bestT;
-  if (bestT <= cap) return best;
-  auto consider = [&](int G, SeqClass cls) {
-    double t = ringSeconds(len, causal, G, cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra,
-                           shape, c);
-    if (t < bestT * (1 - 1e-9)) {
-      bestT = t;
-      best = {G, cls};
-    }
-    return t <= cap;
+  auto option = [&](int G, SeqClass cls) {
+    const Link link = cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+    return SplitOption{{G, cls}, ringSeconds(len, causal, G, link, shape, c),
+                       ringBackwardSeconds(len, causal, G, link, shape, c)};
   };
-  for (int G = 2; G <= c.ranksPerNode && G <= maxG; ++G)
-    if (consider(G, SeqClass::IntraNode)) break;
-  const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
-  if (bestT > cap)
-    for (int k = 2; k <= maxNodes && int64_t(k) * c.ranksPerNode <= maxG; ++k)
-      if (consider(k * c.ranksPerNode, SeqClass::InterNode)) break;
-  *seconds = bestT;
-  return best;
+  std::vector<SplitOption> out = {option(1, SeqClass::Local)};
+  minCap *= 1 + 1e-9;
+  for (int G = 2; G <= c.ranksPerNode && G <= maxG && out.back().seconds > minCap; ++G)
+    out.push_back(option(G, SeqClass::IntraNode));
+  for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG && out.back().seconds > minCap; ++k)
+    out.push_back(option(k * c.ranksPerNode, SeqClass::InterNode));
+  return out;
 }
 
-// One attempt at the attention placement for a given cap; returns the ranks of
-// each sequence and the per-rank modelled seconds.
-std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causal,
+// The ring for a sequence: the least communication that keeps the time one
+// rank spends on it within cap. So a sequence leaves its rank, and then its
+// node, only when it must for balance, and a ring whose hops its compute
+// cannot hide is taken only when it still lowers the time. When no option
+// fits, the fastest one.
+const SplitOption& pickSplit(const std::vector<SplitOption>& options, double cap, const ClusterModel& c,
+                            const PlanOptions& opt) {
+  // Rounding must not split a sequence whose time equals the cap.
+  cap *= 1 + 1e-9;
+  const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
+  size_t best = 0;
+  for (size_t i = 1; i < options.size() && options[best].seconds > cap; ++i) {
+    const SplitOption& o = options[i];
+    if (o.split.cls == SeqClass::InterNode && o.split.G / c.ranksPerNode > maxNodes) break;
+    if (o.seconds < options[best].seconds * (1 - 1e-9)) best = i;
+  }
+  return options[best];
+}
+
+Split chooseSplit(int64_t len, bool causal, double cap, const AttnShape& shape, const ClusterModel& c,
+                  const PlanOptions& opt, double* seconds) {
+  const SplitOption o = pickSplit(splitOptions(len, causal, shape, c), cap, c, opt);
+  *seconds = o.seconds;
+  return o.split;
+}
+
+// The planner before idle-aware scheduling (PlanOptions::legacy): one
+// attempt for a given cap that charges every rank of a ring its time as if
+// the ring never waited for its other ranks; returns the ranks of each
+// sequence and the per-rank summed seconds.
+std::vector<std::vector<int>> placeBySummedLoad(const std::vector<int64_t>& lens, bool causal,
                                     const AttnShape& shape, const ClusterModel& c, const PlanOptions& opt,
                                     double cap, std::vector<double>& load) {
   const int n = c.ranks();
@@ -62,9 +84,7 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
   std::vector<std::vector<int>> ranks(lens.size());
   std::vector<Split> splits(lens.size());
   std::vector<double> piece(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
-    splits[i] = chooseSplit(lens[i], causal, cap, shape, c, opt, &piece[i]);
-  }
+  for (size_t i = 0; i < lens.size(); ++i) splits[i] = chooseSplit(lens[i], causal, cap, shape, c, opt, &piece[i]);
   // Largest first (longest-processing-time): inter-node rings, then
   // intra-node rings, then whole sequences, each onto the least loaded place;
   // ties go to the lower index so the plan is deterministic.
@@ -154,6 +174,224 @@ std::vector<std::vector<int>> place(const std::vector<int64_t>& lens, bool causa
     }
   }
   return ranks;
+}
+
+// An idle interval a rank spends waiting for the other ranks of a ring.
+struct Gap {
+  int rank;
+  double begin, end;
+};
+
+// One candidate placement, scheduled: the ranks of each sequence, the order
+// attention runs in (by planned forward start) and the modelled makespans of
+// attention's forward and backward passes.
+struct Schedule {
+  std::vector<std::vector<int>> ranks;
+  std::vector<int64_t> order;
+  double forward = 0, backward = 0;
+  // Seconds the busiest rank's linear layers take beyond the mean per step,
+  // for a placement that keeps them on the attention layout.
+  double linearExcess = 0;
+};
+
+// List scheduling of one candidate (the splits a cap gives): rings go, largest
+// first, where they can start soonest, and a ring starts when the last of its
+// ranks is free, so all its ranks finish together at start + its time (the
+// executor runs it that way). The ranks a ring leaves waiting keep that idle
+// time as gaps, which whole sequences fill before they go to the least loaded
+// rank. The order is every sequence by planned start, so running the plan in
+// that order reproduces the schedule; the backward pass runs it reversed.
+Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back) {
+  const int n = c.ranks();
+  const int rpn = c.ranksPerNode;
+  const size_t m = lens.size();
+  Schedule out;
+  out.ranks.resize(m);
+  std::vector<size_t> order(m);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (splits[a].cls != splits[b].cls) return splits[a].cls > splits[b].cls;
+    return piece[a] > piece[b];
+  });
+  std::vector<double> freeAt(n, 0.0), start(m, 0.0);
+  // Idle gaps by length, so a whole sequence takes the smallest one it fits.
+  std::multimap<double, Gap> gaps;
+  const double eps = 1e-12;
+  auto occupy = [&](size_t i, double s) {
+    start[i] = s;
+    for (int r : out.ranks[i]) {
+      if (s > freeAt[r] + eps) gaps.insert({s - freeAt[r], {r, freeAt[r], s}});
+      freeAt[r] = s + piece[i];
+    }
+  };
+  using Entry = std::pair<double, int>;
+  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  MinHeap heap;
+  std::vector<MinHeap> nodeHeaps;  // per node, with node-level token balance
+  std::set<Entry> nodeOrder;       // (least load of the node, node)
+  std::vector<double> nodeTokens(c.nodes, 0.0);
+  const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
+  const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
+  auto hasRoom = [&](int nd, int64_t len) { return !balanceNodes || nodeTokens[nd] + len <= nodeQuota; };
+  std::vector<Entry> rs;
+  std::vector<double> nodeFree(rpn);
+  for (size_t i : order) {
+    const Split& s = splits[i];
+    std::vector<int>& ring = out.ranks[i];
+    if (s.cls == SeqClass::InterNode) {
+      // The k nodes that are free soonest, whole, node by node so only k hops
+      // of the ring cross the network.
+      const int k = s.G / rpn;
+      std::vector<Entry> nodes;
+      for (int nd = 0; nd < c.nodes; ++nd)
+        nodes.push_back({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
+      std::stable_sort(nodes.begin(), nodes.end());
+      std::vector<int> chosen;
+      double at = 0;
+      for (int j = 0; j < k; ++j) {
+        chosen.push_back(nodes[j].second);
+        at = std::max(at, nodes[j].first);
+      }
+      std::sort(chosen.begin(), chosen.end());
+      for (int nd : chosen)
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.push_back(r);
+      occupy(i, at);
+    } else if (s.cls == SeqClass::IntraNode) {
+      // The node where G ranks are free soonest; of its ranks free by then,
+      // the G that are free latest, so the ring leaves the least idle and the
+      // ranks free earlier stay for shorter work.
+      double at = 0;
+      int bestNode = -1;
+      for (int nd = 0; nd < c.nodes; ++nd) {
+        std::copy(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn, nodeFree.begin());
+        std::nth_element(nodeFree.begin(), nodeFree.begin() + (s.G - 1), nodeFree.end());
+        if (bestNode < 0 || nodeFree[s.G - 1] < at) at = nodeFree[s.G - 1], bestNode = nd;
+      }
+      rs.clear();
+      for (int r = bestNode * rpn; r < (bestNode + 1) * rpn; ++r)
+        if (freeAt[r] <= at) rs.push_back({-freeAt[r], r});
+      std::stable_sort(rs.begin(), rs.end());
+      for (int j = 0; j < s.G; ++j) ring.push_back(rs[j].second);
+      std::sort(ring.begin(), ring.end());
+      occupy(i, at);
+    } else {
+      // A whole sequence: the smallest idle gap it fits (on a node with room
+      // for its tokens), else the least loaded rank. Rings are all placed by
+      // now, so loads change only through these heaps.
+      bool placed = false;
+      int tries = 0;
+      for (auto it = gaps.lower_bound(piece[i] - eps); it != gaps.end() && tries < 4; ++it, ++tries) {
+        Gap g = it->second;
+        if (!hasRoom(g.rank / rpn, lens[i])) continue;
+        gaps.erase(it);
+        ring = {g.rank};
+        start[i] = g.begin;
+        if (g.end - g.begin - piece[i] > eps) gaps.insert({g.end - g.begin - piece[i], {g.rank, g.begin + piece[i], g.end}});
+        placed = true;
+        break;
+      }
+      if (!placed && !balanceNodes) {
+        if (heap.empty())
+          for (int r = 0; r < n; ++r) heap.push({freeAt[r], r});
+        const int r = heap.top().second;
+        heap.pop();
+        heap.push({freeAt[r] + piece[i], r});
+        ring = {r};
+        occupy(i, freeAt[r]);
+      } else if (!placed) {
+        // Node-level token balance: the least loaded rank among nodes that
+        // still have room for the sequence's tokens under the node's share of
+        // the batch, so the remap to the token-balanced linear layout stays
+        // inside nodes (NVLink) instead of crossing NICs.
+        if (nodeHeaps.empty()) {
+          nodeHeaps.resize(c.nodes);
+          for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({freeAt[r], r});
+          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.insert({nodeHeaps[nd].top().first, nd});
+        }
+        int nd = nodeOrder.begin()->second;  // when no node has room: the least loaded
+        for (const Entry& e : nodeOrder)
+          if (hasRoom(e.second, lens[i])) {
+            nd = e.second;
+            break;
+          }
+        const int r = nodeHeaps[nd].top().second;
+        nodeOrder.erase({nodeHeaps[nd].top().first, nd});
+        nodeHeaps[nd].pop();
+        nodeHeaps[nd].push({freeAt[r] + piece[i], r});
+        nodeOrder.insert({nodeHeaps[nd].top().first, nd});
+        ring = {r};
+        occupy(i, freeAt[r]);
+      }
+    }
+    for (int r : ring) nodeTokens[r / rpn] += double(lens[i]) / ring.size();
+  }
+  out.forward = *std::max_element(freeAt.begin(), freeAt.end());
+  out.order.assign(order.begin(), order.end());
+  std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return start[a] < start[b]; });
+  // The backward pass: the same rings in reverse order, each starting when
+  // the last of its ranks is free.
+  std::fill(freeAt.begin(), freeAt.end(), 0.0);
+  for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
+    const size_t i = size_t(*it);
+    double at = 0;
+    for (int r : out.ranks[i]) at = std::max(at, freeAt[r]);
+    for (int r : out.ranks[i]) freeAt[r] = at + back[i];
+  }
+  out.backward = *std::max_element(freeAt.begin(), freeAt.end());
+  return out;
+}
+
+// A baseline's placement as a candidate (DP x CP, as Transformer Engine's
+// packed rings run it): n / g groups of g consecutive ranks, every sequence
+// of a group on the group's ring (the driver runs them as one group).
+// Sequences go largest first to the group with the least load: attention at
+// the group's chunk length, plus the linear layers' time of their tokens when
+// the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
+Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+                       const PlanOptions& opt, int g) {
+  const int groups = c.ranks() / g;
+  const Link link = g > c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
+  std::vector<double> cost(lens.size()), fwd(lens.size()), bwd(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int G = int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i])));
+    cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
+              opt.linearSecondsPerToken * double(lens[i]);
+    fwd[i] = ringSeconds(lens[i], causal, G, link, shape, c);
+    bwd[i] = ringBackwardSeconds(lens[i], causal, G, link, shape, c);
+  }
+  std::vector<size_t> order(lens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  for (int k = 0; k < groups; ++k) heap.push({0.0, k});
+  std::vector<int> groupOf(lens.size());
+  std::vector<double> attn(groups, 0.0), back(groups, 0.0), tokens(groups, 0.0);
+  for (size_t i : order) {
+    auto [load, k] = heap.top();
+    heap.pop();
+    heap.push({load + cost[i], k});
+    groupOf[i] = k;
+    attn[k] += fwd[i];
+    back[k] += bwd[i];
+    tokens[k] += double(lens[i]) / g;
+  }
+  Schedule out;
+  out.ranks.resize(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
+    // A sequence too short for the whole ring runs on its first ranks.
+    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks[i].push_back(r);
+    out.order.push_back(int64_t(i));
+  }
+  std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return groupOf[a] < groupOf[b]; });
+  out.forward = *std::max_element(attn.begin(), attn.end());
+  out.backward = *std::max_element(back.begin(), back.end());
+  const double meanTokens = std::accumulate(tokens.begin(), tokens.end(), 0.0) / groups;
+  out.linearExcess = (opt.forwardPasses + 2) * opt.linearSecondsPerToken *
+                     (*std::max_element(tokens.begin(), tokens.end()) - meanTokens);
+  return out;
 }
 
 // Lengths and their sum are bounded so that no token count, offset or cost
@@ -255,23 +493,145 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   for (int64_t s : lens) total += attnComputeSeconds(attnFlops(s, causal, shape), double(s), c);
   const double mean = total / n;
 
-  // Smaller pieces balance better but communicate more: start coarse and
-  // halve the cap until the modelled imbalance is within 2%, keeping the best.
-  std::vector<std::vector<int>> best;
-  double bestImb = 0;
-  double cap = mean;
-  for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
-    std::vector<double> load;
-    auto ranks = place(lens, causal, shape, c, opt, cap, load);
-    double imb = imbalance(load);
-    if (best.empty() || imb < bestImb - 1e-12) {
-      best = std::move(ranks);
-      bestImb = imb;
+  if (opt.legacy) {
+    // Halve the cap until the summed imbalance is within 2%, keeping the
+    // best; rings in the order the simulator used to run them.
+    std::vector<std::vector<int>> best;
+    double bestImb = 0;
+    double cap = mean;
+    for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
+      std::vector<double> load;
+      auto ranks = placeBySummedLoad(lens, causal, shape, c, opt, cap, load);
+      double imb = imbalance(load);
+      if (best.empty() || imb < bestImb - 1e-12) {
+        best = std::move(ranks);
+        bestImb = imb;
+      }
+      if (bestImb <= 1.02) break;
     }
-    if (bestImb <= 1.02) break;
+    BatchPlan p = planFromRings(lens, causal, best, n, c.ranksPerNode);
+    std::stable_sort(p.order.begin(), p.order.end(), [&](int64_t a, int64_t b) {
+      const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
+      if (x.cls != y.cls) return x.cls > y.cls;
+      if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+      return x.len > y.len;
+    });
+    return p;
   }
 
-  return planFromRings(lens, causal, best, n, c.ranksPerNode);
+  // Every candidate is scheduled and the one with the shortest modelled step
+  // kept: the splits of a range of caps (smaller pieces balance better but
+  // communicate more and run shorter, less efficient kernels), with rings
+  // across nodes and inside nodes only, and the placements of DP x CP
+  // groups. The planner's own model: attention's forward and backward
+  // makespans and the remaps; PlanOptions::score replaces it.
+  const double q = double(shape.qHeads) * shape.headDim * shape.elemBytes;
+  const double kv = double(shape.kvHeads) * shape.headDim * shape.elemBytes;
+  auto modelled = [&](const BatchPlan& p, const Schedule& s) {
+    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
+    const double remap = rs.in + rs.out;
+    return opt.forwardPasses * (s.forward + remap) + s.backward + remap;
+  };
+  BatchPlan best;
+  double bestScore = 0;
+  bool have = false;
+  // Scores a candidate fully, keeping it if it is the best so far.
+  auto consider = [&](const Schedule& s) {
+    BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
+    p.order = s.order;
+    for (int w = 0; w < (opt.score ? 2 : 1); ++w) {
+      // With a step model the linear layers may stay on the attention layout
+      // (no remap) when the remap costs more than the imbalance it removes.
+      if (w == 1) p.linear = p.attention;
+      const double score = opt.score ? opt.score(p) : modelled(p, s);
+      if (!have || score < bestScore * (1 - 1e-9)) {
+        best = p;
+        bestScore = score;
+        have = true;
+      }
+    }
+  };
+  // Candidates are screened by their attention makespans (plus, for groups,
+  // the linear layers' imbalance); the few best of each kind are scored
+  // fully, since building and scoring a plan costs more than scheduling it.
+  auto quick = [&](const Schedule& s) { return opt.forwardPasses * s.forward + s.backward + s.linearExcess; };
+  std::vector<std::pair<double, Schedule>> caps, groups;
+  // The cap on the time one rank spends on a sequence sets the splits;
+  // caps whose splits were seen already are not scheduled again.
+  std::vector<std::pair<std::vector<Split>, double>> seen;
+  std::vector<Split> splits(lens.size());
+  std::vector<double> piece(lens.size());
+  std::vector<std::vector<SplitOption>> options(lens.size()), unrouted;
+  const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
+  for (size_t i = 0; i < lens.size(); ++i) options[i] = splitOptions(lens[i], causal, shape, c, minCap);
+  std::vector<double> back(lens.size());
+  auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const SplitOption& pick = pickSplit(from[i], cap, c, o);
+      splits[i] = pick.split;
+      piece[i] = pick.seconds;
+      back[i] = pick.backward;
+    }
+    for (const auto& [sp, score] : seen)
+      if (sp == splits) return score;
+    Schedule s = schedule(lens, c, o, splits, piece, back);
+    const double score = quick(s);
+    seen.push_back({splits, score});
+    caps.push_back({score, std::move(s)});
+    return score;
+  };
+  if (opt.onlyCap > 0) {
+    tryCap(mean * opt.onlyCap, opt, options);
+    consider(caps.front().second);
+    return best;
+  }
+  // Caps halving from the mean load down to 1/64 of it, then the sqrt(2)
+  // steps either side of the best.
+  int bestK = 0;
+  double bestCap = 0;
+  for (int k = 0; k <= 12; k += 2) {
+    const double score = tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
+    if (k == 0 || score < bestCap) bestCap = score, bestK = k;
+  }
+  for (int k : {bestK - 1, bestK + 1})
+    if (k >= 0 && k <= 12) tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
+  bool crosses = false;
+  for (const auto& [score, s] : caps)
+    for (const auto& r : s.ranks) crosses = crosses || (r.front() / c.ranksPerNode != r.back() / c.ranksPerNode);
+  if (crosses && opt.maxRingNodes != 1) {
+    // Around the best cap again with every ring inside a node, and with the
+    // splits chosen as if inter-node rings had one NIC per hop (routing
+    // must not make a wider ring look free: its waits and remaps are not in
+    // a ring's own time).
+    PlanOptions o = opt;
+    o.maxRingNodes = 1;
+    ClusterModel oneNic = c;
+    oneNic.routeEfficiency = 0;
+    for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
+      unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
+    for (int k : {bestK - 1, bestK, bestK + 1})
+      if (k >= 0 && k <= 12) {
+        tryCap(mean * std::pow(0.5, 0.5 * k), o, options);
+        if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * k), opt, unrouted);
+      }
+  }
+  // What a tuned baseline would run: DP x CP groups, from one rank up while
+  // a larger group still helps (past the best size, groups only communicate
+  // more and run shorter kernels).
+  double bestGroup = 0;
+  for (int g = 1, worse = 0; g <= n && n % g == 0 && worse < 2; g *= 2) {
+    Schedule s = groupSchedule(lens, causal, shape, c, opt, g);
+    const double score = quick(s);
+    worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
+    bestGroup = g > 1 ? std::min(bestGroup, score) : score;
+    groups.push_back({score, std::move(s)});
+  }
+  auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::stable_sort(caps.begin(), caps.end(), byScore);
+  std::stable_sort(groups.begin(), groups.end(), byScore);
+  for (size_t i = 0; i < caps.size() && i < 2; ++i) consider(caps[i].second);
+  for (size_t i = 0; i < groups.size() && i < 2; ++i) consider(groups[i].second);
+  return best;
 }
 
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
@@ -349,6 +709,79 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
     for (int r : p.ranks) load[r] += t;
   }
   return load;
+}
+
+// The remap between a plan's linear and attention layouts: the busiest
+// rank's seconds (its sends or its receives, whichever take longer;
+// intra-node at the link rate, across nodes at its share of the node's NICs;
+// one message latency per peer).
+RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
+  const int n = c.ranks();
+  // Every attention segment by sequence and start, with its rank.
+  std::vector<size_t> first(p.attention.seqLens.size() + 1, 0);
+  for (const auto& segs : p.attention.ranks)
+    for (const Segment& s : segs) ++first[s.seq + 1];
+  for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+  std::vector<std::pair<Segment, int>> owner(first.back());
+  std::vector<size_t> fill(first.begin(), first.end() - 1);
+  for (size_t r = 0; r < p.attention.ranks.size(); ++r)
+    for (const Segment& s : p.attention.ranks[r]) owner[fill[s.seq]++] = {s, int(r)};
+  for (size_t q = 0; q + 1 < first.size(); ++q)
+    if (first[q + 1] - first[q] > 1)
+      std::sort(owner.begin() + first[q], owner.begin() + first[q + 1],
+                [](auto& a, auto& b) { return a.first.start < b.first.start; });
+  // Seconds per byte a rank sends and receives, and the latency of its peers.
+  std::vector<double> out(n, 0), in(n, 0), lat(n, 0);
+  std::vector<int> lastPeer(n, -1);
+  std::vector<std::vector<int>> peers(n);
+  RemapSeconds res;
+  double movedCross = 0, movedIntra = 0;
+  for (int r = 0; r < n; ++r)
+    for (const Segment& s : p.linear.ranks[r]) {
+      auto begin = owner.begin() + first[s.seq], end = owner.begin() + first[s.seq + 1];
+      // The first attention segment that may overlap.
+      auto it = std::lower_bound(begin, end, s.start, [](const std::pair<Segment, int>& a, int64_t v) {
+        return a.first.start + a.first.count <= v;
+      });
+      for (; it != end && it->first.start < s.start + s.count; ++it) {
+        const auto& [a, ar] = *it;
+        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
+        if (e <= b || ar == r) continue;
+        const bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
+        (cross ? movedCross : movedIntra) += double(e - b);
+        double secs = double(e - b) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
+        out[r] += secs;
+        in[ar] += secs;
+        peers[r].push_back(ar * 2 + (cross ? 1 : 0));
+      }
+    }
+  for (int r = 0; r < n; ++r) {
+    auto& pr = peers[r];
+    std::sort(pr.begin(), pr.end());
+    pr.erase(std::unique(pr.begin(), pr.end()), pr.end());
+    double l = 0;
+    for (int x : pr) l += (x & 1) ? c.interLatency : c.intraLatency;
+    // q, k, v go from the linear layout to attention, the output back: the
+    // same pairs, the other way.
+    res.in = std::max(res.in, std::max(out[r], in[r]) * inBytesPerToken + l);
+    res.out = std::max(res.out, std::max(out[r], in[r]) * outBytesPerToken + l);
+  }
+  res.nicBytes = movedCross * (inBytesPerToken + outBytesPerToken);
+  res.intraBytes = movedIntra * (inBytesPerToken + outBytesPerToken);
+  return res;
+}
+
+double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c) {
+  std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
+  for (int64_t i : plan.order) {
+    const SeqPlacement& p = plan.seqs[i];
+    const Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+    const double t = ringSeconds(p.len, plan.causal, int(p.ranks.size()), link, shape, c);
+    double at = 0;
+    for (int r : p.ranks) at = std::max(at, freeAt[r]);
+    for (int r : p.ranks) freeAt[r] = at + t;
+  }
+  return freeAt.empty() ? 0 : *std::max_element(freeAt.begin(), freeAt.end());
 }
 
 double imbalance(const std::vector<double>& v) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "src/plan/cost_model.h"
@@ -18,6 +19,24 @@ struct PlanOptions {
   // Whole sequences go to nodes that have room under their share of the
   // batch's tokens, so the remap stays inside nodes where it can.
   bool nodeTokenBalance = true;
+  // Forward passes per step: 2 with full recomputation. Weighs the
+  // planner's own model of a candidate (attention makespans and remaps).
+  int forwardPasses = 2;
+  // Seconds of the linear layers per token and forward pass, if known: DP x
+  // CP candidates weigh their groups' tokens by it.
+  double linearSecondsPerToken = 0;
+  // A step model: when set, candidates are ranked by it instead of the
+  // planner's own model, and a plan may keep the linear layers on the
+  // attention layout (linear == attention: the remap moves nothing). The
+  // simulator passes its full step (simulator.h).
+  std::function<double(const BatchPlan&)> score;
+  // The planner before idle-aware scheduling: loads summed per rank, the cap
+  // halved until their max/mean is within 2%, rings ordered by class and
+  // size. For comparison only.
+  bool legacy = false;
+  // > 0: the splits of this one cap (a fraction of the mean attention load
+  // per rank) and no other candidate. For tests and comparisons.
+  double onlyCap = 0;
 };
 
 // Throws std::invalid_argument with a message naming the first problem
@@ -36,10 +55,25 @@ BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, const 
 // std::invalid_argument unless it names every sequence exactly once.
 void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
 
+// The forward attention makespan of a plan run in its order: a ring starts
+// when the last of its ranks is free and all of them finish together.
+double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& cluster);
+
 // Modelled attention seconds of every rank under a plan (exposed
 // communication included, see cost_model.h).
 std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
                                     const ClusterModel& cluster);
+
+// The remap between a plan's linear and attention layouts, modelled: the
+// busiest rank's seconds to move q, k and v in (inBytesPerToken per moved
+// token) and the output back (outBytesPerToken), and the bytes of both that
+// cross nodes and that stay inside them.
+struct RemapSeconds {
+  double in = 0, out = 0;
+  double nicBytes = 0, intraBytes = 0;
+};
+RemapSeconds remapSeconds(const BatchPlan& plan, const ClusterModel& cluster, double inBytesPerToken,
+                          double outBytesPerToken);
 
 // max / mean of a per-rank quantity (1 when all are zero).
 double imbalance(const std::vector<double>& perRank);

@@ -58,7 +58,7 @@ double modelParams(const ModelShape& m) {
 const std::vector<std::string>& strategyNames() {
   static const std::vector<std::string> names = {"zeppelin", "zeppelin_noremap", "zeppelin_intranode",
                                                  "zeppelin_noroute", "dp_cp", "allgather_cp",
-                                                 "dynamic_cp", "hybrid_dp", "ring_all"};
+                                                 "dynamic_cp", "hybrid_dp", "ring_all", "ideal"};
   return names;
 }
 
@@ -181,50 +181,6 @@ void ringTraffic(const Ring& ring, const AttnShape& sh, int rpn, double* nic, do
   }
 }
 
-// The remap between a plan's linear and attention layouts: the busiest
-// rank's seconds for `bytesPerToken` per moved token (its sends or its
-// receives, whichever take longer; intra-node at the link rate, across nodes
-// at its share of the node's NICs; one message latency per peer).
-double remapSeconds(const BatchPlan& p, const ClusterModel& c, double bytesPerToken, double* nic, double* intra) {
-  const int n = c.ranks();
-  std::vector<std::vector<std::pair<Segment, int>>> owner(p.attention.seqLens.size());
-  for (size_t r = 0; r < p.attention.ranks.size(); ++r)
-    for (const Segment& s : p.attention.ranks[r]) owner[s.seq].push_back({s, int(r)});
-  for (auto& o : owner)
-    std::sort(o.begin(), o.end(), [](auto& a, auto& b) { return a.first.start < b.first.start; });
-  std::vector<double> out(n, 0), in(n, 0);
-  std::vector<std::vector<int>> peers(n);
-  for (int r = 0; r < n; ++r)
-    for (const Segment& s : p.linear.ranks[r]) {
-      auto& o = owner[s.seq];
-      // The first attention segment that may overlap.
-      auto it = std::lower_bound(o.begin(), o.end(), s.start,
-                                 [](const std::pair<Segment, int>& a, int64_t v) { return a.first.start + a.first.count <= v; });
-      for (; it != o.end() && it->first.start < s.start + s.count; ++it) {
-        const auto& [a, ar] = *it;
-        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
-        if (e <= b || ar == r) continue;
-        double bytes = (e - b) * bytesPerToken;
-        bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
-        (cross ? *nic : *intra) += bytes;
-        double secs = bytes / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
-        out[r] += secs;
-        in[ar] += secs;
-        peers[r].push_back(ar * 2 + (cross ? 1 : 0));
-      }
-    }
-  double worst = 0;
-  for (int r = 0; r < n; ++r) {
-    auto& pr = peers[r];
-    std::sort(pr.begin(), pr.end());
-    pr.erase(std::unique(pr.begin(), pr.end()), pr.end());
-    double lat = 0;
-    for (int x : pr) lat += (x & 1) ? c.interLatency : c.intraLatency;
-    worst = std::max(worst, std::max(out[r], in[r]) + lat);
-  }
-  return worst;
-}
-
 // Simulates a placement: one layer scheduled forward, (recomputed forward,)
 // backward; per-rank parts times the layers.
 StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
@@ -326,41 +282,100 @@ std::vector<double> tokensPerRank(const Layout& l) {
   return std::vector<double>(t.begin(), t.end());
 }
 
-// Zeppelin: the planner's rings in the order it placed them (inter-node
-// rings, intra-node rings, whole sequences; larger first), the remap unless
-// `remap` is false (then the linear layers run on the attention layout).
-StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
-                        const ClusterModel& c, const PlanOptions& opt, bool remap) {
+double linearSeconds(int64_t tokens, const StepConfig& cfg, const ClusterModel& c) {
+  return tokens * linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+}
+
+bool sameLayout(const Layout& a, const Layout& b) {
+  if (a.ranks.size() != b.ranks.size()) return false;
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    if (a.ranks[r].size() != b.ranks[r].size()) return false;
+    for (size_t i = 0; i < a.ranks[r].size(); ++i) {
+      const Segment &x = a.ranks[r][i], &y = b.ranks[r][i];
+      if (x.seq != y.seq || x.start != y.start || x.count != y.count) return false;
+    }
+  }
+  return true;
+}
+
+// A Zeppelin plan as it runs: its rings in the plan's order, and the remap
+// unless `remap` is false or the plan keeps the linear layers on the
+// attention layout (then they run there).
+Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
   const AttnShape& sh = cfg.model.attn;
-  BatchPlan p = planBatch(lens, cfg.causal, sh, c, opt);
   Placement pl;
-  std::vector<size_t> order(p.seqs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
-    if (x.cls != y.cls) return x.cls > y.cls;
-    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
-    return x.len > y.len;
-  });
-  for (size_t i : order) {
+  // Sequences on the same ring run as one group, one message per step, at
+  // the place of the first of them (as the attention driver runs them).
+  std::map<std::vector<int>, size_t> groupOf;
+  for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
-    pl.rings.push_back({{s.len}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+    auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
+    if (fresh && s.ranks.size() > 1)
+      pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+    else if (s.ranks.size() == 1)  // a whole sequence is its own kernel call
+      pl.rings.push_back({{}, s.ranks, Link::Intra, false}), it->second = pl.rings.size() - 1;
+    pl.rings[it->second].lens.push_back(s.len);
   }
   pl.attnTokens = tokensPerRank(p.attention);
-  pl.remap = remap;
-  if (remap) {
+  pl.remap = remap && !sameLayout(p.linear, p.attention);
+  if (pl.remap) {
     pl.linTokens = tokensPerRank(p.linear);
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
-    pl.remapIn = remapSeconds(p, c, q + 2 * kv, &pl.remapNic, &pl.remapIntra);
-    pl.remapOut = remapSeconds(p, c, q, &pl.remapNic, &pl.remapIntra);
+    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
+    pl.remapIn = rs.in;
+    pl.remapOut = rs.out;
+    pl.remapNic = rs.nicBytes;
+    pl.remapIntra = rs.intraBytes;
   } else {
     pl.linTokens = pl.attnTokens;
   }
-  return evaluate(name, pl, cfg, c);
+  return pl;
 }
 
-double linearSeconds(int64_t tokens, const StepConfig& cfg, const ClusterModel& c) {
-  return tokens * linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+// Zeppelin: the planner's plan, ranked among its candidates by this step
+// model (a plan whose linear layout is its attention layout runs without a
+// remap); with `remap` false the linear layers always run on the attention
+// layout.
+BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
+                            const PlanOptions& opt, bool remap) {
+  PlanOptions o = opt;
+  o.forwardPasses = cfg.recompute ? 2 : 1;
+  o.linearSecondsPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+  o.legacy = cfg.legacyPlanner;
+  o.onlyCap = cfg.planCap;
+  if (!o.legacy)
+    o.score = [&](const BatchPlan& p) {
+      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap), cfg, c);
+      return r.stepSeconds + (r.feasible ? 0 : 1e12);  // a plan that fits beats any that does not
+    };
+  return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
+}
+
+StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
+                        const ClusterModel& c, const PlanOptions& opt, bool remap) {
+  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap), cfg, c, remap), cfg, c);
+}
+
+// The lower bound: linear layers perfectly token-balanced, attention
+// perfectly balanced at whole-sequence kernel efficiency, no communication,
+// remap or idle. No placement reaches it; it says how much any could gain.
+StrategyResult ideal(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  const ModelShape& m = cfg.model;
+  const double passes = cfg.recompute ? 2 : 1;
+  double tokens = 0, attn = 0;
+  for (int64_t l : lens) {
+    tokens += double(l);
+    attn += attnComputeSeconds(attnFlops(l, cfg.causal, m.attn), double(l), c);
+  }
+  StrategyResult r;
+  r.name = "ideal";
+  r.parts.attn = m.layers * attn / n * (passes + kAttnBackwardFlops);
+  r.parts.linear = m.layers * tokens / n * linearFlopsPerToken(m) / (c.tflops * 1e12 * cfg.linearEfficiency) * (passes + 2);
+  r.stepSeconds = r.parts.attn + r.parts.linear;
+  r.peakMemoryBytes = stateBytesPerRank(cfg, n) + tokens / n * activationBytesPerToken(cfg);
+  r.feasible = r.peakMemoryBytes <= cfg.memoryBytes * cfg.usableMemory;
+  return r;
 }
 
 // Sequence indexes by a key, largest first (ties in input order).
@@ -593,6 +608,12 @@ StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, 
 
 }  // namespace
 
+BatchPlan planForStep(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
+  PlanOptions opt;
+  opt.nodeTokenBalance = cfg.nodeTokenBalance;
+  return planWithStepModel(lens, cfg, c, opt, true);
+}
+
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const StepConfig& cfg,
                                          const ClusterModel& c) {
   const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
@@ -611,10 +632,11 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const
       bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }),
       bestLimit(cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }),
       ringAll(lens, cfg, c),
+      ideal(lens, cfg, c),
   };
   for (auto& s : r) {
-    s.baseline = s.name.rfind("zeppelin", 0) != 0 && s.name != "ring_all";
-    s.reference = s.name == "ring_all";
+    s.reference = s.name == "ring_all" || s.name == "ideal";
+    s.baseline = s.name.rfind("zeppelin", 0) != 0 && !s.reference;
   }
   return r;
 }

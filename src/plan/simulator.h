@@ -55,6 +55,8 @@ struct StepConfig {
   bool recompute = true;           // full activation recomputation, layer by layer
   double stateBytesPerParam = 16;  // bf16 weights and gradients, fp32 master and Adam, sharded over all ranks
   bool nodeTokenBalance = true;    // the planner's option of that name (planner.h)
+  bool legacyPlanner = false;      // the planner's `legacy` option, for comparison
+  double planCap = 0;              // the planner's `onlyCap` option, for tests
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
@@ -101,9 +103,15 @@ struct StrategyResult {
 };
 
 // zeppelin, zeppelin_noremap, zeppelin_intranode, zeppelin_noroute,
-// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, ring_all: the order of
-// simulateStep's results.
+// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, ring_all, ideal: the order of
+// simulateStep's results. ring_all and ideal (the lower bound: linear layers
+// token-balanced, attention balanced at whole-sequence kernel efficiency, no
+// communication, remap or idle) are references, never a baseline.
 const std::vector<std::string>& strategyNames();
+
+// The plan of the "zeppelin" strategy: planBatch with this step model
+// ranking its candidates (planner.h, PlanOptions::score).
+BatchPlan planForStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg, const ClusterModel& cluster);
 
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg,
                                          const ClusterModel& cluster);
