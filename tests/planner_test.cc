@@ -282,7 +282,8 @@ double minRingSeconds(int64_t len, bool causal, const AttnShape& sh, const Clust
 // ranks is free and all of them finish together (attnMakespan runs the plan
 // in its order). On ProLong and on the long-tail mix, 64K tokens per rank,
 // the best forward attention makespan over the caps the planner tries is
-// never above the legacy planner's and, on the long tail, within 20% of what
+// never above the legacy planner's and, on the long tail, within 25% (8% at
+// 256 ranks, where the legacy planner is 2.5-3.6x above it) of what
 // no plan can beat: the mean load at whole-sequence efficiency (split
 // sequences run shorter, less efficient kernels), or one sequence's fastest
 // ring. (On ProLong at 256 ranks both planners are sometimes 20% above it.) Node-level token balance is
@@ -322,7 +323,7 @@ TEST(Planner, MakespanNearTheBound) {
         }
         const double old = attnMakespan(planBatch(lens, true, sh, c, legacy), sh, c);
         EXPECT_LE(span, old * (1 + 1e-3));
-        if (std::string(file) == "longtail_mix.txt") EXPECT_LE(span, 1.20 * bound);
+        if (std::string(file) == "longtail_mix.txt") EXPECT_LE(span, (nranks == 256 ? 1.08 : 1.25) * bound);
         printf("  %-16s %3d ranks: %4zu seqs, makespan %.4f of the bound (the legacy planner %.4f)\n", file, nranks,
                lens.size(), span / bound, old / bound);
       }

@@ -271,6 +271,33 @@ TEST(Simulator, ZeppelinNeverLosesOnTheLongTail) {
   }
 }
 
+// The simulator runs a plan's rings in the plan's order: the same rings in
+// the order it used before plans carried one (inter-node rings, intra-node
+// rings, whole sequences, larger first) wait for each other longer.
+TEST(Simulator, RunsRingsInThePlansOrder) {
+  SEED_TRACE;
+  std::mt19937_64 rng(zptest::testSeed());
+  auto all = lengthsOf("longtail_mix.txt");
+  ClusterModel c;
+  StepConfig cfg = a800Step(&c, 256);
+  auto lens = formBatch(all, int64_t(256) * 65536, rng);
+  PlanOptions o;
+  o.onlyCap = std::pow(0.5, 2.5);  // many rings
+  BatchPlan p = planBatch(lens, true, cfg.model.attn, c, o);
+  BatchPlan sorted = p;
+  std::stable_sort(sorted.order.begin(), sorted.order.end(), [&](int64_t a, int64_t b) {
+    const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
+    if (x.cls != y.cls) return x.cls > y.cls;
+    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+    return x.len > y.len;
+  });
+  const StrategyResult inOrder = simulatePlan(p, cfg, c), other = simulatePlan(sorted, cfg, c);
+  printf("  idle %.2f s in the plan's order, %.2f s in the old one; step %.2f s and %.2f s\n", inOrder.parts.idle,
+         other.parts.idle, inOrder.stepSeconds, other.stepSeconds);
+  EXPECT_LT(inOrder.parts.idle, 0.8 * other.parts.idle);
+  EXPECT_LT(inOrder.stepSeconds, other.stepSeconds);
+}
+
 // The cap is chosen by the step, not by a summed imbalance: no single cap
 // the planner tries, planned alone, makes a faster step than its pick (2%
 // allowed: only the best few candidates are scored with the whole step).

@@ -608,6 +608,10 @@ StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, 
 
 }  // namespace
 
+StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const ClusterModel& c, bool remap) {
+  return evaluate("plan", placementOf(plan, cfg, c, remap), cfg, c);
+}
+
 BatchPlan planForStep(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
   PlanOptions opt;
   opt.nodeTokenBalance = cfg.nodeTokenBalance;

@@ -113,6 +113,12 @@ const std::vector<std::string>& strategyNames();
 // ranking its candidates (planner.h, PlanOptions::score).
 BatchPlan planForStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg, const ClusterModel& cluster);
 
+// The step of a given plan, its rings run in the plan's order; with the
+// remap unless `remap` is false or the plan's linear layout is its
+// attention layout.
+StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const ClusterModel& cluster,
+                            bool remap = true);
+
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg,
                                          const ClusterModel& cluster);
 
