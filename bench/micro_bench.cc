@@ -60,6 +60,28 @@ void BM_PlanBatch(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanBatch)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
+// The planner as zpplan's "zeppelin" runs it: candidates ranked by the whole
+// step model (planForStep), and the planner before idle-aware scheduling.
+void BM_PlanForStep(benchmark::State& state) {
+  const int ranks = int(state.range(0));
+  auto lens = batch(ranks);
+  auto c = cluster(ranks);
+  zp::plan::StepConfig cfg;
+  for (auto _ : state) benchmark::DoNotOptimize(zp::plan::planForStep(lens, cfg, c));
+  state.counters["seqs"] = double(lens.size());
+}
+BENCHMARK(BM_PlanForStep)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
+
+void BM_PlanBatchLegacy(benchmark::State& state) {
+  const int ranks = int(state.range(0));
+  auto lens = batch(ranks);
+  auto c = cluster(ranks);
+  zp::plan::PlanOptions legacy;
+  legacy.legacy = true;
+  for (auto _ : state) benchmark::DoNotOptimize(zp::plan::planBatch(lens, true, zp::plan::AttnShape(), c, legacy));
+}
+BENCHMARK(BM_PlanBatchLegacy)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
+
 void BM_SimulateStep(benchmark::State& state) {
   const int ranks = int(state.range(0));
   auto lens = batch(ranks);
