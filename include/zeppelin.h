@@ -484,11 +484,13 @@ zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const fl
  * chunk) pair that is not masked out. Sequences split over a ring of G ranks
  * pass their key/value chunks round the ring while the kernel works on the
  * chunk held (G-1 hops; backward also passes the key/value gradients, G
- * hops); rings across nodes run first, then rings within a node, then local
- * sequences, one kernel call each (local work also fills the time spent
- * waiting for a ring's next block). Partial outputs are merged by their
- * log-sum-exp (zpAttnMergeLse), or folded in by the kernel itself
- * (kernelAccumulates).
+ * hops); local sequences take one kernel call each. Rings run in the plan's
+ * order (zpPlanRingOrder: a ring at the place of the first of its
+ * sequences) forward and in the reverse order backward, and so do local
+ * sequences, which also fill the time spent waiting for a ring's next block
+ * (taken in that order; what is left runs after the last ring). Partial
+ * outputs are merged by their log-sum-exp (zpAttnMergeLse), or folded in by
+ * the kernel itself (kernelAccumulates).
  *
  * Buffers are in the plan's attention layout of this rank, T tokens
  * (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):
