@@ -335,6 +335,19 @@ zpResult_t zpPlanSequence(zpBatchPlan_t plan, int64_t seq, int* cls, int* nranks
  * buffer order (valid until zpPlanDestroy). */
 zpResult_t zpPlanRankSegments(zpBatchPlan_t plan, zpLayoutKind_t kind, int rank,
                               const zpSegment_t** segs, size_t* n);
+/* The order attention runs in: every sequence id once, *nseqs of them
+ * (valid until zpPlanDestroy or zpPlanSetRingOrder). Each rank runs its
+ * rings and its local sequences in this order forward and in the reverse
+ * order backward; sequences that share a ring (the same ranks in the same
+ * ring order) run as one, at the place of the first of them. A plan starts
+ * with the planner's order (zpPlanCreate's: inter-node rings, then
+ * intra-node rings, then local sequences, each by sequence id). */
+zpResult_t zpPlanRingOrder(zpBatchPlan_t plan, const int64_t** seqs, int* nseqs);
+/* Replaces the plan's order with seqs[0 .. nseqs) (a caller's own schedule).
+ * zpInvalidArgument, the plan unchanged, unless it names every sequence of
+ * the plan exactly once. Every rank must give the same order; a driver
+ * (zpAttentionCreate) keeps the order it was created with. */
+zpResult_t zpPlanSetRingOrder(zpBatchPlan_t plan, int nseqs, const int64_t* seqs);
 
 /* ---- Layouts and remaps ----
  * A layout says where every token of a batch of sequences lives: for each
@@ -471,11 +484,13 @@ zpResult_t zpAttnMergeLse(float* out, float* lse, const float* partOut, const fl
  * chunk) pair that is not masked out. Sequences split over a ring of G ranks
  * pass their key/value chunks round the ring while the kernel works on the
  * chunk held (G-1 hops; backward also passes the key/value gradients, G
- * hops); rings across nodes run first, then rings within a node, then local
- * sequences, one kernel call each (local work also fills the time spent
- * waiting for a ring's next block). Partial outputs are merged by their
- * log-sum-exp (zpAttnMergeLse), or folded in by the kernel itself
- * (kernelAccumulates).
+ * hops); local sequences take one kernel call each. Rings run in the plan's
+ * order (zpPlanRingOrder: a ring at the place of the first of its
+ * sequences) forward and in the reverse order backward, and so do local
+ * sequences, which also fill the time spent waiting for a ring's next block
+ * (taken in that order; what is left runs after the last ring). Partial
+ * outputs are merged by their log-sum-exp (zpAttnMergeLse), or folded in by
+ * the kernel itself (kernelAccumulates).
  *
  * Buffers are in the plan's attention layout of this rank, T tokens
  * (zpLayoutRankTokens of zpPlanGetLayout(plan, zpAttentionLayout)):

@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,21 +23,116 @@
 namespace zptest {
 
 // Planner: for a cluster model of this shape; CommPlanner: for the
-// communicator's own cluster (zpPlanBatch with no model).
-enum class AttnPlanKind { RandomRings = 0, Planner = 1, OneRing = 2, CommPlanner = 3 };
+// communicator's own cluster (zpPlanBatch with no model); ShuffledOrder:
+// shuffledOrderPlan (4 ranks or more).
+enum class AttnPlanKind { RandomRings = 0, Planner = 1, OneRing = 2, CommPlanner = 3, ShuffledOrder = 4 };
 
 struct AttnCase {
   bool causal = true;
   int qHeads = 4, kvHeads = 4, headDim = 8;
   AttnPlanKind plan = AttnPlanKind::RandomRings;
   bool accumulate = false;  // the forward kernel folds blocks in itself (zpAttnConfig_t.kernelAccumulates)
+  // If set, called after the backward pass with the driver and the plan
+  // ("" or what is wrong): attention_test checks the driver's run log.
+  std::function<std::string(zpAttention_t, zpBatchPlan_t)> checkRun;
 };
 
 inline const char* planKindName(AttnPlanKind k) {
   return k == AttnPlanKind::RandomRings ? "random rings"
          : k == AttnPlanKind::Planner   ? "planner"
          : k == AttnPlanKind::OneRing   ? "one ring"
+         : k == AttnPlanKind::ShuffledOrder ? "shuffled order"
                                         : "planner for the communicator";
+}
+
+// A plan for n >= 4 ranks whose order (zpPlanSetRingOrder) is not the
+// default one, drawn from rng (alike on every rank). With h = n/2 and
+// ranksPerNode h unless given below n: rings A = [0, h] (sequences 0 and 5,
+// 5 short: empty chunks) and B = [n-1, 1] (2 and 10) across "nodes", C =
+// [0, 1] (3) within one, D = every rank in reverse (6), and local sequences
+// on every rank, two on rank 0 (1 and 9). The order is a shuffle, then fixed
+// so that C runs before D (ranks 0 and 1 run an intra-node ring before an
+// inter-node one), 5 before 0 (A is named by 5) and local 9 before local 1.
+// NULL (zpGetLastError says why) if a call fails.
+inline zpBatchPlan_t shuffledOrderPlan(int n, int causal, int ranksPerNode, std::mt19937_64& rng) {
+  if (n < 4) return nullptr;
+  const int h = n / 2;
+  if (ranksPerNode < 1 || ranksPerNode >= n) ranksPerNode = h;
+  std::vector<std::vector<int>> rings = {{0, h}, {0}, {n - 1, 1}, {0, 1}, {1}, {0, h}, {}, {h}, {n - 1}, {0},
+                                         {n - 1, 1}, {2}};
+  for (int r = n - 1; r >= 0; r--) rings[6].push_back(r);
+  for (int r = 3; r < n - 1; r++)
+    if (r != h) rings.push_back({r});
+  std::vector<int64_t> lens;
+  for (const auto& ring : rings)
+    lens.push_back(ring.size() > 1 ? 20 + (int64_t)(rng() % 200) : 1 + (int64_t)(rng() % 100));
+  lens[5] = 1 + (int64_t)(rng() % 4);
+  std::vector<size_t> offs = {0};
+  std::vector<int> ranks;
+  for (const auto& ring : rings) {
+    ranks.insert(ranks.end(), ring.begin(), ring.end());
+    offs.push_back(ranks.size());
+  }
+  zpBatchPlan_t plan = nullptr;
+  if (zpPlanCreate(&plan, (int)lens.size(), lens.data(), causal, n, ranksPerNode, offs.data(), ranks.data()) !=
+      zpSuccess)
+    return nullptr;
+  std::vector<int64_t> order(lens.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::shuffle(order.begin(), order.end(), rng);
+  auto before = [&](int64_t first, int64_t second) {
+    auto a = std::find(order.begin(), order.end(), first), b = std::find(order.begin(), order.end(), second);
+    if (a > b) std::iter_swap(a, b);
+  };
+  before(3, 6);
+  before(5, 0);
+  before(9, 1);
+  if (zpPlanSetRingOrder(plan, (int)order.size(), order.data()) != zpSuccess) {
+    zpPlanDestroy(plan);
+    return nullptr;
+  }
+  return plan;
+}
+
+// What rank's run log (collectives/ext/ext.h, zpx::attentionRunLog) must
+// show for a pass under plan: its rings (each named by its first sequence in
+// the plan's order) in the plan's order, and its local sequences in the
+// plan's order, both reversed backward. Where the locals fall between the
+// rings is the driver's choice (they fill the waits), so the two are
+// compared apart, and the log must hold nothing else. "" or what is wrong.
+inline std::string runOrderError(zpBatchPlan_t plan, int rank, const std::vector<int64_t>& ran, bool backward) {
+  const int64_t* order = nullptr;
+  int n = 0;
+  if (zpPlanRingOrder(plan, &order, &n) != zpSuccess) return std::string("zpPlanRingOrder: ") + zpGetLastError(nullptr);
+  std::vector<int64_t> groups, locals;
+  std::set<std::vector<int>> seen;
+  for (int i = 0; i < n; i++) {
+    int cls = 0, G = 0;
+    const int* rr = nullptr;
+    if (zpPlanSequence(plan, order[i], &cls, &G, &rr) != zpSuccess)
+      return std::string("zpPlanSequence: ") + zpGetLastError(nullptr);
+    std::vector<int> ring(rr, rr + G);
+    if (std::find(ring.begin(), ring.end(), rank) == ring.end()) continue;
+    if (G == 1)
+      locals.push_back(order[i]);
+    else if (seen.insert(ring).second)
+      groups.push_back(order[i]);
+  }
+  if (backward) {
+    std::reverse(groups.begin(), groups.end());
+    std::reverse(locals.begin(), locals.end());
+  }
+  const std::set<int64_t> isGroup(groups.begin(), groups.end());
+  std::vector<int64_t> ranGroups, ranLocals;
+  for (int64_t s : ran) (isGroup.count(s) ? ranGroups : ranLocals).push_back(s);
+  if (ranGroups == groups && ranLocals == locals) return "";
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string t;
+    for (int64_t s : v) t += (t.empty() ? "" : " ") + std::to_string(s);
+    return "[" + t + "]";
+  };
+  return "rank " + std::to_string(rank) + (backward ? ", backward" : ", forward") + ": ran " + list(ran) +
+         ", the plan's order wants rings " + list(groups) + " and locals " + list(locals);
 }
 
 // Lengths that the issue names: 1, shorter than a ring, not divisible by
@@ -117,14 +215,31 @@ struct AttnErrors {
 inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int ranksPerNode, uint64_t seed,
                                              const AttnCase& c, AttnErrors* errs) {
   std::mt19937_64 rng(seed);
-  const std::vector<int64_t> lens = drawLengths(rng, n);
+  // The batch: drawn, or the shuffled-order plan's own.
+  zpBatchPlan_t shuffled = nullptr;
+  std::vector<int64_t> drawn;
+  if (c.plan == AttnPlanKind::ShuffledOrder) {
+    if (n < 4) return "a shuffled-order plan needs 4 ranks or more";
+    shuffled = shuffledOrderPlan(n, c.causal ? 1 : 0, ranksPerNode, rng);
+    if (!shuffled) return std::string("shuffledOrderPlan: ") + zpGetLastError(nullptr);
+    int ns = 0;
+    const int64_t* l = nullptr;
+    zpPlanGetInfo(shuffled, nullptr, &ns, &l, nullptr);
+    drawn.assign(l, l + ns);
+  } else {
+    drawn = drawLengths(rng, n);
+  }
+  const std::vector<int64_t> lens = drawn;
   const int nseq = (int)lens.size(), H = c.qHeads, Hk = c.kvHeads, D = c.headDim;
   std::vector<int64_t> cu(nseq + 1, 0);
   for (int s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
   const int64_t total = cu.back();
   zpBatchPlan_t plan = nullptr;
   zpResult_t pr;
-  if (c.plan == AttnPlanKind::Planner || c.plan == AttnPlanKind::CommPlanner) {
+  if (shuffled) {
+    plan = shuffled;
+    pr = zpSuccess;
+  } else if (c.plan == AttnPlanKind::Planner || c.plan == AttnPlanKind::CommPlanner) {
     zpAttnShape_t shape = {H, Hk, D, 2, c.causal ? 1 : 0};
     zpClusterModel_t cluster = {n / ranksPerNode, ranksPerNode, 1, 100.0, 100.0, 100.0, 0.5};
     pr = zpPlanBatch(&plan, nseq, lens.data(), &shape, c.plan == AttnPlanKind::Planner ? &cluster : nullptr, comm);
@@ -183,6 +298,8 @@ inline std::string checkDistributedAttention(zpComm_t comm, int rank, int n, int
   else if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
                                dk.data(), dv.data(), nullptr) != zpSuccess)
     err = std::string("backward: ") + zpGetLastError(nullptr);
+  else if (c.checkRun)
+    err = c.checkRun(attn, plan);
   if (attn) zpAttentionDestroy(attn);
   if (!err.empty()) {
     zpPlanDestroy(plan);

@@ -3,8 +3,11 @@
 // over random rings, the planner's plans and one ring of all ranks, with the
 // driver merging blocks or the kernel folding them in itself; fresh
 // random batches every run (the seed is printed). The multi-node versions
-// run in multinode_tests. Also: bad arguments, a failing kernel, and plans
-// made from caller-chosen rings.
+// run in multinode_tests. Every run also checks the driver's run log: its
+// rings and local sequences in the plan's order forward, reversed backward;
+// on 4 and 8 ranks also under a plan whose order was shuffled
+// (zpPlanSetRingOrder). Also: bad arguments, a failing kernel, plans made
+// from caller-chosen rings, and a plan's order through the C API.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,11 +18,21 @@
 #include <random>
 #include <string>
 
+#include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
 #include "tests/attention_check.h"
 #include "tests/harness.h"
 
 namespace {
+
+// The run log of both passes against the plan's order (attention_check.h).
+std::string runLogError(zpAttention_t attn, zpBatchPlan_t plan, int rank) {
+  const zpx::AttentionRunLog* log = zpx::attentionRunLog(attn);
+  if (!log) return "no run log";
+  std::string f = zptest::runOrderError(plan, rank, log->forward, false),
+              b = zptest::runOrderError(plan, rank, log->backward, true);
+  return f + (f.empty() || b.empty() ? "" : "; ") + b;
+}
 
 class AttentionRanks : public ::testing::TestWithParam<int> {};
 
@@ -42,6 +55,7 @@ TEST_P(AttentionRanks, MatchesTheFloat64Reference) {
           c.headDim = 8;
           c.plan = kind;
           c.accumulate = k % 2;
+          c.checkRun = [&](zpAttention_t a, zpBatchPlan_t p) { return runLogError(a, p, rank); };
           zptest::AttnErrors e;
           std::string err = zptest::checkDistributedAttention(comm, rank, nranks, nranks, seed + k++, c, &e);
           largest = std::max(largest, e.max());
@@ -55,6 +69,84 @@ TEST_P(AttentionRanks, MatchesTheFloat64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AttentionRanks, ::testing::Values(2, 3, 4, 8));
+
+// A plan whose order interleaves rings and local sequences and is not the
+// default (shuffledOrderPlan: an intra-node ring before an inter-node one, a
+// ring named by its second sequence id, locals out of id order): the results
+// match the reference and every rank's run log follows the order forward and
+// reversed backward. Several shuffles, causal and not, the kernel folding
+// blocks in itself or not.
+class AttentionOrder : public ::testing::TestWithParam<int> {};
+
+TEST_P(AttentionOrder, RunsThePlansOrderForwardAndReversedBackward) {
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    for (int k = 0; k < 6; k++) {
+      zptest::AttnCase c;
+      c.causal = k % 2 == 0;
+      c.qHeads = 4;
+      c.kvHeads = k < 3 ? 2 : 4;
+      c.headDim = 8;
+      c.plan = zptest::AttnPlanKind::ShuffledOrder;
+      c.accumulate = k / 2 % 2;
+      c.checkRun = [&](zpAttention_t a, zpBatchPlan_t p) { return runLogError(a, p, rank); };
+      zptest::AttnErrors e;
+      EXPECT_EQ(zptest::checkDistributedAttention(comm, rank, nranks, nranks, seed + k, c, &e), "")
+          << "rank " << rank << ", shuffle " << k << (c.causal ? ", causal" : ", not causal");
+    }
+    zpCommDestroy(comm);
+  }, 300));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AttentionOrder, ::testing::Values(4, 8));
+
+// zpPlanRingOrder and zpPlanSetRingOrder: the default order of zpPlanCreate
+// (inter-node rings, intra-node rings, locals, each by id), a new order
+// read back, and bad orders refused by name with the plan unchanged.
+TEST(PlanOrder, GetAndSetThroughTheCApi) {
+  // 4 ranks, 2 per node: 0 intra [0, 1], 1 local, 2 inter [1, 2], 3 local, 4 inter [3, 0].
+  int64_t lens[] = {10, 3, 7, 5, 9};
+  size_t offs[] = {0, 2, 3, 5, 6, 8};
+  int ranks[] = {0, 1, 2, 1, 2, 3, 3, 0};
+  zpBatchPlan_t plan = nullptr;
+  ZP_ASSERT_OK(zpPlanCreate(&plan, 5, lens, 1, 4, 2, offs, ranks));
+  const int64_t* order = nullptr;
+  int n = 0;
+  ZP_ASSERT_OK(zpPlanRingOrder(plan, &order, &n));
+  EXPECT_EQ(std::vector<int64_t>(order, order + n), (std::vector<int64_t>{2, 4, 0, 1, 3}));
+  const int64_t mine[] = {3, 0, 4, 1, 2};
+  ZP_EXPECT_OK(zpPlanSetRingOrder(plan, 5, mine));
+  ZP_ASSERT_OK(zpPlanRingOrder(plan, &order, &n));
+  EXPECT_EQ(std::vector<int64_t>(order, order + n), std::vector<int64_t>(mine, mine + 5));
+  // Refused, the plan unchanged.
+  auto refused = [&](int count, const int64_t* seqs, const char* words) {
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanSetRingOrder(plan, count, seqs));
+    const std::string msg = zpGetLastError(nullptr);
+    EXPECT_NE(msg.find("zpPlanSetRingOrder"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(words), std::string::npos) << msg;
+    ZP_EXPECT_OK(zpPlanRingOrder(plan, &order, &n));
+    EXPECT_EQ(std::vector<int64_t>(order, order + n), std::vector<int64_t>(mine, mine + 5));
+  };
+  const int64_t shorter[] = {0, 1, 2, 3}, longer[] = {0, 1, 2, 3, 4, 0}, twice[] = {0, 1, 2, 2, 4},
+                outside[] = {0, 1, 5, 3, 4}, negative[] = {0, 1, 2, -1, 4};
+  refused(4, shorter, "names 4 sequences, the plan has 5");
+  refused(6, longer, "names 6 sequences, the plan has 5");
+  refused(5, twice, "sequence 2 is named twice");
+  refused(5, outside, "order[2] = 5 is not a sequence");
+  refused(5, negative, "order[3] = -1 is not a sequence");
+  refused(-1, mine, "negative");
+  refused(0, mine, "names 0 sequences");
+  refused(5, nullptr, "seqs is NULL");
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanSetRingOrder(nullptr, 5, mine));
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("zpPlanSetRingOrder: plan is NULL"), std::string::npos);
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanRingOrder(nullptr, &order, &n));
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("zpPlanRingOrder"), std::string::npos);
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanRingOrder(plan, nullptr, &n));
+  ZP_EXPECT_ERROR(zpInvalidArgument, zpPlanRingOrder(plan, &order, nullptr));
+  ZP_EXPECT_OK(zpPlanDestroy(plan));
+}
 
 }  // namespace
 

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -208,9 +209,13 @@ struct StreamGate {
 };
 
 // One forward and backward pass of dt on plan (heads 4, key/value heads 2,
-// head dim 16) on stream, checked as the header says.
-inline std::string deviceAttentionError(zpComm_t comm, int rank, zpBatchPlan_t plan, zpDataType_t dt, int accumulate,
-                                        cudaStream_t stream, uint64_t seed) {
+// head dim 16) on stream, checked as the header says; checkRun, if given,
+// checks the device driver after both calls ("" or what is wrong) into
+// *runErr, so that the rank still runs the host passes with the others.
+inline std::string deviceAttentionPassError(zpComm_t comm, int rank, zpBatchPlan_t plan, zpDataType_t dt,
+                                            int accumulate, cudaStream_t stream, uint64_t seed,
+                                            const std::function<std::string(zpAttention_t)>& checkRun,
+                                            std::string* runErr) {
   const int H = 4, Hk = 2, D = 16;
   std::string where = "rank " + std::to_string(rank) + ", " + std::to_string(zpTypeSize(dt) * 8) + "-bit " +
                       (dt == zpBfloat16 ? "bfloat16" : dt == zpFloat16 ? "float16" : "float32") +
@@ -269,6 +274,7 @@ inline std::string deviceAttentionError(zpComm_t comm, int rank, zpBatchPlan_t p
 #endif
   gate.open = true;
   const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (err.empty() && checkRun && !(*runErr = checkRun(attn)).empty()) *runErr = where + *runErr;
   zpAttentionDestroy(attn);
   if (!err.empty()) return err;
   if (synced != cudaSuccess) return where + "cudaStreamSynchronize: " + cudaGetErrorString(synced);
@@ -349,6 +355,14 @@ inline std::string deviceAttentionError(zpComm_t comm, int rank, zpBatchPlan_t p
   if (memcmp(lseB.data(), lse.host.data(), lseB.size() * 4)) err += "lse differs; ";
 #endif
   return err.empty() ? "" : where + "the host driver on 16-bit buffers: " + err;
+}
+
+inline std::string deviceAttentionError(zpComm_t comm, int rank, zpBatchPlan_t plan, zpDataType_t dt, int accumulate,
+                                        cudaStream_t stream, uint64_t seed,
+                                        const std::function<std::string(zpAttention_t)>& checkRun = nullptr) {
+  std::string runErr;
+  const std::string err = deviceAttentionPassError(comm, rank, plan, dt, accumulate, stream, seed, checkRun, &runErr);
+  return err + (err.empty() || runErr.empty() ? "" : "; ") + runErr;
 }
 
 }  // namespace zptest

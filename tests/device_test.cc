@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/ext/ext.h"
+#include "tests/attention_check.h"
 #include "tests/device_checks.h"
 #include "tests/harness.h"
 
@@ -593,6 +595,49 @@ TEST_P(DeviceAttention, ForwardAndBackwardMatchTheHostDriver) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceAttention, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
+
+// A plan whose order interleaves rings and local sequences and is not the
+// default (tests/attention_check.h, shuffledOrderPlan): the device driver
+// matches the host driver (which runs the same order), and every rank's run
+// log of the device passes has its rings and locals in the plan's order
+// forward and reversed backward.
+class DeviceAttentionOrder : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceAttentionOrder, RunsThePlansOrderForwardAndReversedBackward) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    std::mt19937_64 rng(seed);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto checkRun = [&](zpBatchPlan_t plan) {
+      return [plan, rank](zpAttention_t attn) -> std::string {
+        const zpx::AttentionRunLog* log = zpx::attentionRunLog(attn);
+        if (!log) return "no run log";
+        std::string f = zptest::runOrderError(plan, rank, log->forward, false),
+                    b = zptest::runOrderError(plan, rank, log->backward, true);
+        return f + (f.empty() || b.empty() ? "" : "; ") + b;
+      };
+    };
+    int round = 0;
+    for (zpDataType_t dt : {zpFloat32, zpBfloat16, zpFloat32}) {
+      const int causal = round % 2 == 0, accumulate = round == 1;
+      round++;
+      zpBatchPlan_t plan = zptest::shuffledOrderPlan(nranks, causal, 0, rng);
+      ASSERT_NE(plan, nullptr) << zpGetLastError(nullptr);
+      EXPECT_EQ(zptest::deviceAttentionError(comm, rank, plan, dt, accumulate, stream, rng(), checkRun(plan)), "")
+          << (causal ? "causal" : "not causal");
+      zpPlanDestroy(plan);
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceAttentionOrder, ::testing::Values(4, 8),
                          [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
 
 // Buffers must suit the stream: a host buffer with a stream, or a device

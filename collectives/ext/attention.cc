@@ -2,11 +2,17 @@
 //
 // Sequences that share a ring (the same ranks in the same order) form a
 // group and travel together: one exchange per step carries all their
-// key/value chunks. A rank runs its groups in one order that every rank
-// derives from the plan (inter-node rings, then intra-node rings, each by
-// first sequence), so the exchanges of two ranks that share several rings
-// always meet; local sequences fill the time spent waiting for a ring's next
-// block, and whatever is left runs at the end.
+// key/value chunks. A rank runs its groups in the plan's order
+// (zpPlanRingOrder: a group at the place of the first of its sequences)
+// forward and in the reverse order backward; every rank derives the same
+// order of groups from the plan, so the exchanges of two ranks that share
+// several rings always meet. Its local sequences are queued in the same
+// order (reversed backward): they fill the time spent waiting for a ring's
+// next block, taken from the front of the queue, and whatever is left runs
+// after the last ring. So groups keep their order and locals theirs, but
+// where the locals fall between the groups depends on the waits (and on the
+// host, on how long the exchanges take). What a pass started, in order, is
+// kept for tests (zpx::attentionRunLog).
 //
 // Forward, step t of a ring of G ranks (this rank at position i): the rank
 // holds block b_t of ring position (i - t) mod G (its own at t = 0), computes
@@ -62,6 +68,7 @@ struct Chunk {
 // Sequences that share one ring.
 struct Group {
   std::vector<int> ranks;
+  int64_t first = 0;  // its first sequence in the plan's order (the run log names the group by it)
   int pos = 0;                             // this rank's position
   std::vector<std::vector<Chunk>> blocks;  // blocks[j]: the chunks of ring position j, by sequence
   std::vector<int64_t> tokens;             // tokens of each block
@@ -77,7 +84,7 @@ struct Group {
 };
 
 struct LocalSeq {
-  int64_t userOff = 0, len = 0;
+  int64_t seq = 0, userOff = 0, len = 0;
 };
 
 }  // namespace
@@ -93,8 +100,9 @@ struct zpAttention {
   bool kernelAccumulates = false;
   zpComm_t comm = nullptr;
   int64_t T = 0;                  // this rank's tokens
-  std::vector<Group> groups;      // the rings this rank is in, in run order
-  std::vector<LocalSeq> locals;   // this rank's local sequences
+  std::vector<Group> groups;      // the rings this rank is in, in the plan's order
+  std::vector<LocalSeq> locals;   // this rank's local sequences, in the plan's order
+  zpx::AttentionRunLog ran;       // what the last passes started (attentionRunLog)
   std::unique_ptr<zpx::AsyncP2P> xchg;
   std::vector<char> hostArena;    // the host path's scratch, kept from call to call (no page faults per call)
 #ifdef ZP_WITH_CUDA
@@ -235,11 +243,17 @@ class Mem {
 // the queue of local sequences left.
 class Pass {
  public:
-  Pass(zpAttention* a, bool backward, zpStream_t stream) : a_(a), backward_(backward), mem_(stream) {
+  Pass(zpAttention* a, bool backward, zpStream_t stream)
+      : a_(a), backward_(backward), mem_(stream), ran_(backward ? &a->ran.backward : &a->ran.forward) {
+    // Backward runs the plan's order reversed, local sequences too.
     for (const LocalSeq& l : a->locals) {
-      localsLeft_.push_back(l);
+      if (backward)
+        localsLeft_.push_front(l);
+      else
+        localsLeft_.push_back(l);
       localCostTotal_ += localCost(l);
     }
+    ran_->clear();
     for (const Group& g : a->groups) waitsTotal_ += backward ? g.G() + 1 : g.G() - 1;
   }
   ~Pass() { release(); }
@@ -271,6 +285,7 @@ class Pass {
   zpAttention* a_;
   bool backward_;
   Mem mem_;
+  std::vector<int64_t>* ran_;  // the run log of this direction: a group's or local sequence's id as it starts
   const char* fn_ = "";
   std::deque<LocalSeq> localsLeft_;
   double localCostTotal_ = 0, localCostDone_ = 0;
@@ -547,6 +562,7 @@ class Pass {
     LocalSeq l = localsLeft_.front();
     localsLeft_.pop_front();
     localCostDone_ += localCost(l);
+    ran_->push_back(l.seq);
     const int H = a_->H;
     const size_t qb = a_->qRow() * es(), kb = a_->kvRow() * es(), T4 = a_->T * sizeof(float), n4 = l.len * sizeof(float);
     zpAttnBlock_t b = blockFor(l.len, l.len, a_->causal ? zpMaskCausal : zpMaskFull);
@@ -690,6 +706,7 @@ class Pass {
       const int G = g.G();
       for (int t = 0; t < G; t++) {
         const int j = posMod(g.pos - t, G);
+        if (t == 0) ran_->push_back(g.first);
         ZPX_CHECK(forwardStep(gi, j, held(g, t, j)));
         if (t == G - 1) break;
         ZPX_CHECK(waitFilling());
@@ -702,9 +719,10 @@ class Pass {
     return zpSuccess;
   }
 
+  // The groups in the reverse of the forward order.
   zpResult_t runBackward() {
     const size_t kr = a_->kvRow();
-    for (size_t gi = 0; gi < a_->groups.size(); gi++) {
+    for (size_t gi = a_->groups.size(); gi-- > 0;) {
       Group& g = a_->groups[gi];
       const int G = g.G(), next = nextOf(g), prev = prevOf(g);
       float** grad = g.grad;
@@ -748,10 +766,12 @@ class Pass {
         float* acc = grad[t % 2];
         const size_t size = kvElems(g, block(t));
         mem_.fill(acc, 0.0f, size);
-        if (t == 0)
+        if (t == 0) {
+          ran_->push_back(g.first);
           ZPX_CHECK(runBackwardWork(gi, ownEarly, held(g, 0, g.pos), nMine, acc));
-        else
+        } else {
           ZPX_CHECK(runBackwardWork(gi, backwardWork(g, block(t)), held(g, t, block(t)), g.tokens[block(t)], acc));
+        }
         ZPX_CHECK(waitFilling());
         if (t >= 1) mem_.add(acc, part, size);
         ZPX_CHECK(startX(t + 1));
@@ -781,11 +801,24 @@ class Pass {
 // Builds this rank's groups and local sequences from the plan, read through
 // the public API: a ring sequence's chunks are its segments in the attention
 // layout, ring position j holding chunks j and 2G-1-j in that order (one
-// segment each; empty chunks have none).
+// segment each; empty chunks have none). Groups and locals come out in the
+// plan's order (zpPlanRingOrder), a group at the place of the first of its
+// sequences.
 zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me) {
-  int nseqs = 0, causal = 0;
+  int nseqs = 0, causal = 0, nOrder = 0;
   const int64_t* lens = nullptr;
+  const int64_t* order = nullptr;
   ZPX_CHECK(zpPlanGetInfo(plan, nullptr, &nseqs, &lens, &causal));
+  ZPX_CHECK(zpPlanRingOrder(plan, &order, &nOrder));
+  // Each sequence's place in the order (zpPlanSetRingOrder checked that it
+  // names every sequence once; checked again, as it is read from outside).
+  std::vector<int64_t> place(nseqs, -1);
+  for (int i = 0; i < nOrder; i++)
+    if (order[i] >= 0 && order[i] < nseqs) place[order[i]] = i;
+  if (nOrder != nseqs || std::count(place.begin(), place.end(), int64_t{-1}))
+    return zpSetLastError(a->comm, zpInternalError,
+                          "zpAttentionCreate: the plan's order (%d entries) does not name each of its %d sequences once",
+                          nOrder, nseqs);
   // Every rank's segments of every sequence, and where mine start in my buffers.
   std::map<std::pair<int, int64_t>, std::vector<zpSegment_t>> held;  // (rank, seq) -> segments
   std::map<std::pair<int64_t, int64_t>, int64_t> at;
@@ -801,16 +834,17 @@ zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me)
     }
     if (r == me) a->T = off;
   }
+  // Chunks are added by sequence id (forPairs needs each block's chunks
+  // sorted by sequence); the order of groups and locals comes after.
   std::map<std::vector<int>, size_t> groupOf;
   std::vector<Group> all;
-  std::vector<std::pair<int, int64_t>> order;  // (class, first sequence) of each group
   for (int64_t seq = 0; seq < nseqs; seq++) {
     int cls = 0, G = 0;
     const int* ringRanks = nullptr;
     ZPX_CHECK(zpPlanSequence(plan, seq, &cls, &G, &ringRanks));
     std::vector<int> ranks(ringRanks, ringRanks + G);
     if (G == 1) {
-      if (ranks[0] == me) a->locals.push_back({at.at({seq, 0}), lens[seq]});
+      if (ranks[0] == me) a->locals.push_back({seq, at.at({seq, 0}), lens[seq]});
       continue;
     }
     auto it = groupOf.find(ranks);
@@ -818,12 +852,13 @@ zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me)
       it = groupOf.emplace(ranks, all.size()).first;
       Group g;
       g.ranks = ranks;
+      g.first = seq;
       g.blocks.resize(G);
       g.tokens.assign(G, 0);
       all.push_back(std::move(g));
-      order.push_back({cls, seq});
     }
     Group& g = all[it->second];
+    if (place[seq] < place[g.first]) g.first = seq;
     for (int j = 0; j < G; j++)
       for (const zpSegment_t& seg : held[{ranks[j], seq}]) {
         Chunk ch;
@@ -836,13 +871,13 @@ zpResult_t buildSchedule(zpAttention* a, zpBatchPlan_t plan, int nranks, int me)
         g.blocks[j].push_back(ch);
       }
   }
-  // Inter-node rings first, then intra-node ones; every rank sorts alike.
+  // Groups at the place of their first sequence in the plan's order, and
+  // locals at theirs; every rank sorts alike.
   std::vector<size_t> idx(all.size());
   for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
-  std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
-    if (order[x].first != order[y].first) return order[x].first > order[y].first;
-    return order[x].second < order[y].second;
-  });
+  std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return place[all[x].first] < place[all[y].first]; });
+  std::sort(a->locals.begin(), a->locals.end(),
+            [&](const LocalSeq& x, const LocalSeq& y) { return place[x.seq] < place[y.seq]; });
   for (size_t i : idx) {
     Group& g = all[i];
     auto p = std::find(g.ranks.begin(), g.ranks.end(), me);
@@ -992,6 +1027,8 @@ zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k,
 } catch (...) {
   return zpx::failFromException("zpAttentionBackward");
 }
+
+const zpx::AttentionRunLog* zpx::attentionRunLog(zpAttention_t attn) { return attn ? &attn->ran : nullptr; }
 
 zpResult_t zpAttentionDestroy(zpAttention_t attn) try {
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "zpAttentionDestroy: attn is NULL");

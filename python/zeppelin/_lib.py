@@ -137,6 +137,8 @@ _SIGNATURES = {
     "zpPlanCreate": (Result, [_P(Plan), c_int, _P(c_int64), c_int, c_int, c_int, _P(c_size_t), _P(c_int)]),
     "zpPlanDestroy": (Result, [Plan]),
     "zpPlanSequence": (Result, [Plan, c_int64, _P(c_int), _P(c_int), _P(_P(c_int))]),
+    "zpPlanRingOrder": (Result, [Plan, _P(_P(c_int64)), _P(c_int)]),
+    "zpPlanSetRingOrder": (Result, [Plan, c_int, _P(c_int64)]),
     "zpPlanGetLayout": (Result, [Plan, c_int, _P(LayoutH)]),
     "zpPlanGetInfo": (Result, [Plan, _P(c_int), _P(c_int), _P(_P(c_int64)), _P(c_int)]),
     "zpLayoutCreate": (Result, [_P(LayoutH), c_int, _P(c_int64), c_int, _P(c_size_t), _P(Segment)]),

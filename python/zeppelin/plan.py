@@ -228,6 +228,20 @@ class BatchPlan(_Owned):
         check(_lib.lib.zpPlanSequence(self._h, int(seq), ctypes.byref(cls), ctypes.byref(n), ctypes.byref(ranks)))
         return cls.value, [ranks[i] for i in range(n.value)]
 
+    def ring_order(self):
+        """zpPlanRingOrder: the order attention runs in, every sequence id once
+        (a ring at the place of the first of its sequences; reversed backward)."""
+        seqs, n = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int()
+        check(_lib.lib.zpPlanRingOrder(self._h, ctypes.byref(seqs), ctypes.byref(n)))
+        return [seqs[i] for i in range(n.value)]
+
+    def set_ring_order(self, seqs):
+        """zpPlanSetRingOrder: run in this order (every sequence id once, the
+        same on every rank) from now on; InvalidArgument, the plan unchanged,
+        otherwise. Drivers made before keep their order."""
+        vals, arr = _int64s(seqs, "set_ring_order: seqs")
+        check(_lib.lib.zpPlanSetRingOrder(self._h, len(vals), arr))
+
     def close(self):
         if self._h:
             for lay in self._layouts.values():

@@ -194,3 +194,28 @@ zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* 
 } catch (...) {
   return zp::failFromException("zpPlanGetLayout");
 }
+
+zpResult_t zpPlanRingOrder(zpBatchPlan_t plan, const int64_t** seqs, int* nseqs) try {
+  if (!plan || !seqs || !nseqs) return zp::fail(zpInvalidArgument, "zpPlanRingOrder: plan, seqs or nseqs is NULL");
+  *seqs = plan->plan.order.data();
+  *nseqs = (int)plan->plan.order.size();
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanRingOrder");
+}
+
+zpResult_t zpPlanSetRingOrder(zpBatchPlan_t plan, int nseqs, const int64_t* seqs) try {
+  if (!plan) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: plan is NULL");
+  if (nseqs < 0) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: nseqs %d is negative", nseqs);
+  if (!seqs && nseqs > 0) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: seqs is NULL");
+  try {
+    zp::plan::setOrder(&plan->plan, nseqs ? std::vector<int64_t>(seqs, seqs + nseqs) : std::vector<int64_t>());
+    return zpSuccess;
+  } catch (const std::invalid_argument& e) {
+    return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: %s", e.what());
+  } catch (const std::bad_alloc&) {
+    return zp::fail(zpSystemError, "zpPlanSetRingOrder: out of memory");
+  }
+} catch (...) {
+  return zp::failFromException("zpPlanSetRingOrder");
+}

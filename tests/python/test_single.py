@@ -184,3 +184,27 @@ def test_init_under_an_srun_environment():
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err
         assert out.split() == [str(r), "2", "3"]
+
+
+def test_ring_order_of_a_planned_and_a_user_plan():
+    # The planner's plan: every sequence once (its default order until the
+    # planner schedules one); a new order reads back.
+    lens = [1000, 300, 40, 7, 2000]
+    plan = zeppelin.plan_batch(lens, 4, nodes=2)
+    order = plan.ring_order()
+    assert sorted(order) == list(range(len(lens)))
+    plan.set_ring_order(list(reversed(order)))
+    assert plan.ring_order() == list(reversed(order))
+    # A user's plan: inter-node rings, intra-node rings, locals, each by id;
+    # then its own order (a NumPy array works too).
+    rings = [[0, 1], [2], [1, 2], [3], [3, 0]]
+    p2 = zeppelin.BatchPlan.from_rings(lens, rings, 4, ranks_per_node=2)
+    assert p2.ring_order() == [2, 4, 0, 1, 3]
+    p2.set_ring_order(np.array([3, 0, 4, 1, 2]))
+    assert p2.ring_order() == [3, 0, 4, 1, 2]
+    for bad in ([0, 1, 2, 3], [0, 1, 2, 2, 4], [0, 1, 5, 3, 4], [-1, 0, 1, 2, 3], [], ["a"] * 5):
+        with pytest.raises(zeppelin.InvalidArgument):
+            p2.set_ring_order(bad)
+        assert p2.ring_order() == [3, 0, 4, 1, 2]
+    with pytest.raises(zeppelin.InvalidArgument, match="twice"):
+        p2.set_ring_order([0, 0, 1, 2, 3])
