@@ -48,11 +48,19 @@ struct SeqPlacement {
 struct ChunkSpan {
   int64_t index, begin, end;
 };
-inline std::vector<ChunkSpan> ringChunks(int64_t len, int G, bool causal, int j) {
+// One or two chunks, iterable (no allocation: the planner asks for every
+// rank of every ring of every candidate).
+struct RingChunks {
+  ChunkSpan span[2];
+  int count = 0;
+  const ChunkSpan* begin() const { return span; }
+  const ChunkSpan* end() const { return span + count; }
+};
+inline RingChunks ringChunks(int64_t len, int G, bool causal, int j) {
   const int64_t C = causal && G > 1 ? 2 * int64_t(G) : G;
-  std::vector<ChunkSpan> out;
+  RingChunks out;
   for (int64_t c : {int64_t(j), 2 * int64_t(G) - 1 - j}) {
-    out.push_back({c, c * len / C, (c + 1) * len / C});
+    out.span[out.count++] = {c, c * len / C, (c + 1) * len / C};
     if (C == G) break;
   }
   return out;

@@ -349,7 +349,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
 // the group's chunk length, plus the linear layers' time of their tokens when
 // the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g) {
+                       const PlanOptions& opt, int g, bool withRanks) {
   const int groups = c.ranks() / g;
   const Link link = g > c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
   std::vector<double> cost(lens.size()), fwd(lens.size()), bwd(lens.size());
@@ -378,14 +378,15 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
-  out.ranks.resize(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
+  out.ranks.resize(withRanks ? lens.size() : 0);
+  for (size_t i = 0; i < lens.size() && withRanks; ++i) {
     const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
     // A sequence too short for the whole ring runs on its first ranks.
     for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks[i].push_back(r);
     out.order.push_back(int64_t(i));
   }
-  std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return groupOf[a] < groupOf[b]; });
+  if (withRanks)
+    std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return groupOf[a] < groupOf[b]; });
   out.forward = *std::max_element(attn.begin(), attn.end());
   out.backward = *std::max_element(back.begin(), back.end());
   const double meanTokens = std::accumulate(tokens.begin(), tokens.end(), 0.0) / groups;
@@ -555,7 +556,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // the linear layers' imbalance); the few best of each kind are scored
   // fully, since building and scoring a plan costs more than scheduling it.
   auto quick = [&](const Schedule& s) { return opt.forwardPasses * s.forward + s.backward + s.linearExcess; };
-  std::vector<std::pair<double, Schedule>> caps, groups;
+  std::vector<std::pair<double, Schedule>> caps;
+  std::vector<std::pair<double, int>> groupSizes;  // (screening score, group size)
   // The cap on the time one rank spends on a sequence sets the splits;
   // caps whose splits were seen already are not scheduled again.
   std::vector<std::pair<std::vector<Split>, double>> seen;
@@ -589,8 +591,9 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // steps either side of the best.
   int bestK = 0;
   double bestCap = 0;
-  for (int k = 0; k <= 12; k += 2) {
+  for (int k = 0, worse = 0; k <= 12 && worse < 2; k += 2) {
     const double score = tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
+    worse = k == 0 || score < bestCap ? 0 : worse + 1;  // past the best, smaller caps only fragment more
     if (k == 0 || score < bestCap) bestCap = score, bestK = k;
   }
   for (int k : {bestK - 1, bestK + 1})
@@ -599,7 +602,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   for (const auto& [score, s] : caps)
     for (const auto& r : s.ranks) crosses = crosses || (r.front() / c.ranksPerNode != r.back() / c.ranksPerNode);
   if (crosses && opt.maxRingNodes != 1) {
-    // Around the best cap again with every ring inside a node, and with the
+    // The best cap again with every ring inside a node, and with the
     // splits chosen as if inter-node rings had one NIC per hop (routing
     // must not make a wider ring look free: its waits and remaps are not in
     // a ring's own time).
@@ -609,28 +612,29 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     oneNic.routeEfficiency = 0;
     for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
       unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
-    for (int k : {bestK - 1, bestK, bestK + 1})
-      if (k >= 0 && k <= 12) {
-        tryCap(mean * std::pow(0.5, 0.5 * k), o, options);
-        if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * k), opt, unrouted);
-      }
+    tryCap(mean * std::pow(0.5, 0.5 * bestK), o, options);
+    if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * bestK), opt, unrouted);
   }
   // What a tuned baseline would run: DP x CP groups, from one rank up while
   // a larger group still helps (past the best size, groups only communicate
   // more and run shorter kernels).
   double bestGroup = 0;
   for (int g = 1, worse = 0; g <= n && n % g == 0 && worse < 2; g *= 2) {
-    Schedule s = groupSchedule(lens, causal, shape, c, opt, g);
-    const double score = quick(s);
+    // Scored without its rings, which only the candidates kept need.
+    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false));
     worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
-    groups.push_back({score, std::move(s)});
+    groupSizes.push_back({score, g});
   }
   auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
   std::stable_sort(caps.begin(), caps.end(), byScore);
-  std::stable_sort(groups.begin(), groups.end(), byScore);
-  for (size_t i = 0; i < caps.size() && i < 2; ++i) consider(caps[i].second);
-  for (size_t i = 0; i < groups.size() && i < 2; ++i) consider(groups[i].second);
+  std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
+  // The best of each kind, and the runner-up when it is within 3%.
+  for (size_t i = 0; i < caps.size() && i < 2; ++i)
+    if (i == 0 || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
+  for (size_t i = 0; i < groupSizes.size() && i < 2; ++i)
+    if (i == 0 || groupSizes[i].first <= 1.03 * groupSizes[0].first)
+      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true));
   return best;
 }
 
@@ -645,16 +649,16 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
   plan.attention.seqLens = lens;
   plan.attention.ranks.resize(n);
   plan.seqs.resize(lens.size());
+  std::vector<int64_t> seenIn(n, -1);  // the last sequence whose ring named each rank
   for (size_t i = 0; i < lens.size(); ++i) {
     const std::string where = "sequence " + std::to_string(i) + ": ";
     if (lens[i] < 1) throw std::invalid_argument(where + "length " + std::to_string(lens[i]) + " is below 1");
     if (rings[i].empty()) throw std::invalid_argument(where + "a ring of no ranks");
-    std::vector<bool> seen(n, false);
     for (int r : rings[i]) {
       if (r < 0 || r >= n)
         throw std::invalid_argument(where + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
-      if (seen[r]) throw std::invalid_argument(where + "rank " + std::to_string(r) + " is twice in its ring");
-      seen[r] = true;
+      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where + "rank " + std::to_string(r) + " is twice in its ring");
+      seenIn[r] = int64_t(i);
     }
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);

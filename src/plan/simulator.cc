@@ -309,11 +309,12 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   std::map<std::vector<int>, size_t> groupOf;
   for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
+    if (s.ranks.size() == 1) {  // a whole sequence is its own kernel call
+      pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false});
+      continue;
+    }
     auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-    if (fresh && s.ranks.size() > 1)
-      pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
-    else if (s.ranks.size() == 1)  // a whole sequence is its own kernel call
-      pl.rings.push_back({{}, s.ranks, Link::Intra, false}), it->second = pl.rings.size() - 1;
+    if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
     pl.rings[it->second].lens.push_back(s.len);
   }
   pl.attnTokens = tokensPerRank(p.attention);
