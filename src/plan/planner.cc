@@ -5,7 +5,6 @@
 #include <map>
 #include <numeric>
 #include <queue>
-#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -229,7 +228,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
   MinHeap heap;
   std::vector<MinHeap> nodeHeaps;  // per node, with node-level token balance
-  std::set<Entry> nodeOrder;       // (least load of the node, node)
+  std::vector<Entry> nodeOrder;    // (least load of the node, node), sorted
   std::vector<double> nodeTokens(c.nodes, 0.0);
   const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
   const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
@@ -307,7 +306,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         if (nodeHeaps.empty()) {
           nodeHeaps.resize(c.nodes);
           for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({freeAt[r], r});
-          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.insert({nodeHeaps[nd].top().first, nd});
+          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.push_back({nodeHeaps[nd].top().first, nd});
+          std::sort(nodeOrder.begin(), nodeOrder.end());
         }
         int nd = nodeOrder.begin()->second;  // when no node has room: the least loaded
         for (const Entry& e : nodeOrder)
@@ -316,10 +316,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
             break;
           }
         const int r = nodeHeaps[nd].top().second;
-        nodeOrder.erase({nodeHeaps[nd].top().first, nd});
+        nodeOrder.erase(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), Entry{nodeHeaps[nd].top().first, nd}));
         nodeHeaps[nd].pop();
         nodeHeaps[nd].push({freeAt[r] + piece[i], r});
-        nodeOrder.insert({nodeHeaps[nd].top().first, nd});
+        const Entry moved{nodeHeaps[nd].top().first, nd};
+        nodeOrder.insert(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), moved), moved);
         ring = {r};
         occupy(i, freeAt[r]);
       }
