@@ -149,7 +149,10 @@ def plot_sim(a):
                         va="bottom", fontsize=6)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels([n.replace("zeppelin", "zp") for n in names], rotation=70, fontsize=7)
-        ax.set_title("%d ranks: zp / best %.2fx" % (r["ranks"], r["speedup_over_best"]["median"]), fontsize=8)
+        title = "%d ranks: zp / best %.2fx" % (r["ranks"], r["speedup_over_best"]["median"])
+        if "bound_over_zeppelin" in r:
+            title += "\nbound / zp %.3f" % r["bound_over_zeppelin"]["median"]
+        ax.set_title(title, fontsize=8)
     axes[0][0].set_ylabel("step (s), mean over batches")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(a.title or "%s, %s, %d batches x %d seeds per rank count" % (

@@ -592,7 +592,12 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // steps either side of the best.
   int bestK = 0;
   double bestCap = 0;
-  for (int k = 0, worse = 0; k <= 12 && worse < 2; k += 2) {
+  // The search is as thorough as a budget of scheduling work allows: with
+  // up to 2,000 sequences every coarse cap, three probes inside nodes and
+  // three unrouted, and both runners-up scored; with more, the coarse caps
+  // stop two steps past the best and one probe of each kind is made.
+  const bool thorough = lens.size() <= 2000;
+  for (int k = 0, worse = 0; k <= 12 && (thorough || worse < 2); k += 2) {
     const double score = tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
     worse = k == 0 || score < bestCap ? 0 : worse + 1;  // past the best, smaller caps only fragment more
     if (k == 0 || score < bestCap) bestCap = score, bestK = k;
@@ -603,7 +608,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   for (const auto& [score, s] : caps)
     for (const auto& r : s.ranks) crosses = crosses || (r.front() / c.ranksPerNode != r.back() / c.ranksPerNode);
   if (crosses && opt.maxRingNodes != 1) {
-    // The best cap again with every ring inside a node, and with the
+    // Around the best cap again with every ring inside a node, and with the
     // splits chosen as if inter-node rings had one NIC per hop (routing
     // must not make a wider ring look free: its waits and remaps are not in
     // a ring's own time).
@@ -613,8 +618,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     oneNic.routeEfficiency = 0;
     for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
       unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
-    tryCap(mean * std::pow(0.5, 0.5 * bestK), o, options);
-    if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * bestK), opt, unrouted);
+    for (int k = thorough ? bestK - 1 : bestK; k <= (thorough ? bestK + 1 : bestK); ++k)
+      if (k >= 0 && k <= 12) {
+        tryCap(mean * std::pow(0.5, 0.5 * k), o, options);
+        if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * k), opt, unrouted);
+      }
   }
   // What a tuned baseline would run: DP x CP groups, from one rank up while
   // a larger group still helps (past the best size, groups only communicate
@@ -630,11 +638,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
   std::stable_sort(caps.begin(), caps.end(), byScore);
   std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
-  // The best of each kind, and the runner-up when it is within 3%.
+  // The best of each kind, and the runner-up (when not thorough, only within 3%).
   for (size_t i = 0; i < caps.size() && i < 2; ++i)
-    if (i == 0 || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
+    if (i == 0 || thorough || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
   for (size_t i = 0; i < groupSizes.size() && i < 2; ++i)
-    if (i == 0 || groupSizes[i].first <= 1.03 * groupSizes[0].first)
+    if (i == 0 || thorough || groupSizes[i].first <= 1.03 * groupSizes[0].first)
       consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true));
   return best;
 }

@@ -10,8 +10,9 @@
 // sequences do not fit otherwise) each layer's forward runs again before its
 // backward. Zeppelin adds the remap of q, k, v into the attention layout and
 // of the output back (and of their gradients), an all-to-all every rank waits
-// for. Attention is scheduled ring by ring: a ring starts when every rank of
-// it is free, so ranks wait for each other (idle) as they would. The step is
+// for. Attention is scheduled ring by ring (Zeppelin's in its plan's order,
+// backward reversed): a ring starts when every rank of it is free, so ranks
+// wait for each other (idle) as they would. The step is
 // the layer time of the slowest rank times the number of layers (ranks meet
 // at every layer: remaps and rings join them).
 #pragma once
