@@ -347,12 +347,7 @@ TEST(Planner, PlanOrderIsTheSchedule) {
     auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
     BatchPlan p = planBatch(lens, true, sh, c);
     BatchPlan sorted = p;
-    std::stable_sort(sorted.order.begin(), sorted.order.end(), [&](int64_t a, int64_t b) {
-      const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
-      if (x.cls != y.cls) return x.cls > y.cls;
-      if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
-      return x.len > y.len;
-    });
+    orderByClassAndSize(&sorted);
     const double inOrder = attnMakespan(p, sh, c), other = attnMakespan(sorted, sh, c);
     printf("  %d ranks: makespan in the plan's order %.3f s, in the old order %.3f s\n", nranks, inOrder, other);
     EXPECT_LE(inOrder, other * (1 + 1e-9));

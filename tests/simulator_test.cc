@@ -285,12 +285,7 @@ TEST(Simulator, RunsRingsInThePlansOrder) {
   o.onlyCap = std::pow(0.5, 2.5);  // many rings
   BatchPlan p = planBatch(lens, true, cfg.model.attn, c, o);
   BatchPlan sorted = p;
-  std::stable_sort(sorted.order.begin(), sorted.order.end(), [&](int64_t a, int64_t b) {
-    const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
-    if (x.cls != y.cls) return x.cls > y.cls;
-    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
-    return x.len > y.len;
-  });
+  orderByClassAndSize(&sorted);
   const StrategyResult inOrder = simulatePlan(p, cfg, c), other = simulatePlan(sorted, cfg, c);
   printf("  idle %.2f s in the plan's order, %.2f s in the old one; step %.2f s and %.2f s\n", inOrder.parts.idle,
          other.parts.idle, inOrder.stepSeconds, other.stepSeconds);

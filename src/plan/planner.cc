@@ -512,12 +512,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
       if (bestImb <= 1.02) break;
     }
     BatchPlan p = planFromRings(lens, causal, best, n, c.ranksPerNode);
-    std::stable_sort(p.order.begin(), p.order.end(), [&](int64_t a, int64_t b) {
-      const SeqPlacement &x = p.seqs[a], &y = p.seqs[b];
-      if (x.cls != y.cls) return x.cls > y.cls;
-      if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
-      return x.len > y.len;
-    });
+    orderByClassAndSize(&p);
     return p;
   }
 
@@ -743,10 +738,11 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
     if (first[q + 1] - first[q] > 1)
       std::sort(owner.begin() + first[q], owner.begin() + first[q + 1],
                 [](auto& a, auto& b) { return a.first.start < b.first.start; });
-  // Seconds per byte a rank sends and receives, and the latency of its peers.
+  // Seconds per byte a rank sends and receives, and the latency of its
+  // distinct peers (seenBy: the last rank that counted a peer, by peer and
+  // link).
   std::vector<double> out(n, 0), in(n, 0), lat(n, 0);
-  std::vector<int> lastPeer(n, -1);
-  std::vector<std::vector<int>> peers(n);
+  std::vector<int> seenBy(2 * size_t(n), -1);
   RemapSeconds res;
   double movedCross = 0, movedIntra = 0;
   for (int r = 0; r < n; ++r)
@@ -765,23 +761,32 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
         double secs = double(e - b) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
         out[r] += secs;
         in[ar] += secs;
-        peers[r].push_back(ar * 2 + (cross ? 1 : 0));
+        const size_t peer = size_t(ar) * 2 + (cross ? 1 : 0);
+        if (seenBy[peer] != r) {
+          seenBy[peer] = r;
+          lat[r] += cross ? c.interLatency : c.intraLatency;
+        }
       }
     }
   for (int r = 0; r < n; ++r) {
-    auto& pr = peers[r];
-    std::sort(pr.begin(), pr.end());
-    pr.erase(std::unique(pr.begin(), pr.end()), pr.end());
-    double l = 0;
-    for (int x : pr) l += (x & 1) ? c.interLatency : c.intraLatency;
     // q, k, v go from the linear layout to attention, the output back: the
     // same pairs, the other way.
-    res.in = std::max(res.in, std::max(out[r], in[r]) * inBytesPerToken + l);
-    res.out = std::max(res.out, std::max(out[r], in[r]) * outBytesPerToken + l);
+    res.in = std::max(res.in, std::max(out[r], in[r]) * inBytesPerToken + lat[r]);
+    res.out = std::max(res.out, std::max(out[r], in[r]) * outBytesPerToken + lat[r]);
   }
   res.nicBytes = movedCross * (inBytesPerToken + outBytesPerToken);
   res.intraBytes = movedIntra * (inBytesPerToken + outBytesPerToken);
   return res;
+}
+
+void orderByClassAndSize(BatchPlan* plan) {
+  const std::vector<SeqPlacement>& seqs = plan->seqs;
+  std::stable_sort(plan->order.begin(), plan->order.end(), [&](int64_t a, int64_t b) {
+    const SeqPlacement &x = seqs[a], &y = seqs[b];
+    if (x.cls != y.cls) return x.cls > y.cls;
+    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+    return x.len > y.len;
+  });
 }
 
 double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c) {

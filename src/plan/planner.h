@@ -55,6 +55,12 @@ BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, const 
 // std::invalid_argument unless it names every sequence exactly once.
 void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
 
+// Reorders a plan as the simulator and the attention driver ran plans before
+// plans carried an order (and as the legacy planner orders them): inter-node
+// rings, intra-node rings, whole sequences; larger rings, then longer
+// sequences first.
+void orderByClassAndSize(BatchPlan* plan);
+
 // The forward attention makespan of a plan run in its order: a ring starts
 // when the last of its ranks is free and all of them finish together.
 double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& cluster);
