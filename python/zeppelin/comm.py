@@ -370,6 +370,11 @@ class Communicator:
                         raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements"
                                               % (fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
         a = last[1]
+        keep = _group_keep()
+        if keep is not None:
+            # zpAlltoallv reads its count arrays when the group runs, and the
+            # next call may replace them here: the group keeps these alive.
+            keep.append(a)
         self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
         return recv
 

@@ -174,6 +174,24 @@ def test_send_recv_in_a_group(comm):
         assert (ins[p] == p * 1000 + me).all(), p
 
 
+def test_alltoallv_calls_with_different_counts_in_a_group(comm):
+    # zpAlltoallv reads its counts when the group runs: the first call's
+    # arrays must outlive the second call's (issue 28: a use-after-free).
+    n, me = comm.size, comm.rank
+    calls = []
+    for k in range(3):
+        counts = [1 + (k * 3 + me + p) % 5 for p in range(n)]      # what I send to p
+        rcounts = [1 + (k * 3 + p + me) % 5 for p in range(n)]     # what p sends me
+        send = torch.cat([torch.full((c,), float(1000 * k + 10 * me + p)) for p, c in enumerate(counts)])
+        calls.append((send, counts, torch.full((sum(rcounts),), -1.0), rcounts, k))
+    with zeppelin.group():
+        for send, counts, recv, rcounts, _ in calls:
+            comm.alltoallv(send, counts, recv, rcounts)
+    for send, counts, recv, rcounts, k in calls:
+        want = torch.cat([torch.full((c,), float(1000 * k + 10 * p + me)) for p, c in enumerate(rcounts)])
+        assert torch.equal(recv, want), k
+
+
 def test_send_recv_ring_numpy(comm):
     n, me = comm.size, comm.rank
     data = [values(rng("ringdata", s), 5000, "float32") for s in range(n)]
