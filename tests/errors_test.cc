@@ -467,6 +467,33 @@ TEST(ArgErrors, AlltoallvReceiveRangeOverlappingSendRangeIsInvalidArgument) {
   });
 }
 
+// Collective buffers that overlap without being the call's in-place form are
+// refused on every rank before anything moves (issue 28: a partial overlap or
+// a wrong in-place offset returned zpSuccess with wrong data); the in-place
+// forms still work.
+TEST(ArgErrors, CollectiveBuffersOverlappingOutOfPlaceAreInvalidArgument) {
+  onTwoRanks([](zpComm_t comm, int rank, int n) {
+    const size_t count = 64;
+    std::vector<float> buf(2 * n * count, 1.0f);
+    float* b = buf.data();
+    const size_t other = (size_t)((rank + 1) % n) * count;  // another rank's block
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(b, b + 1, count, zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllReduce(b + 1, b, count, zpFloat32, zpSum, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGather(b + other, b, count, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpAllGather(b + 1, b, count, zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpReduceScatter(b, b + other, count, zpFloat32, zpSum, comm, nullptr));
+    std::vector<size_t> counts(n, count), displs(n);
+    for (int p = 0; p < n; p++) displs[p] = (size_t)p * count;
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpAllGatherv(b + other, count, b, counts.data(), displs.data(), zpFloat32, comm, nullptr));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpReduceScatterv(b, b + other, counts.data(), zpFloat32, zpSum, comm, nullptr));
+    // In place: this rank's block of the output is the input.
+    for (size_t i = 0; i < buf.size(); i++) buf[i] = i / count == (size_t)rank ? float(rank + 1) : -1.0f;
+    ZP_EXPECT_OK(zpAllGather(b + (size_t)rank * count, b, count, zpFloat32, comm, nullptr));
+    for (size_t i = 0; i < (size_t)n * count; i++) ASSERT_EQ(buf[i], float(i / count + 1)) << i;
+  });
+}
+
 // Send and receive ranges in one buffer are fine as long as they are disjoint.
 TEST(ArgErrors, AlltoallvDisjointRangesInOneBufferAreAccepted) {
   onTwoRanks([](zpComm_t comm, int rank, int n) {

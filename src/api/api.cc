@@ -575,6 +575,41 @@ static zpResult_t checkCounts(const char* fn, const zp::CollArgs& a, int n, int 
   return zpSuccess;
 }
 
+// Send and receive buffers either do not overlap or are the call's in-place
+// form (NCCL's): the same buffer for all-reduce, broadcast and reduce; this
+// rank's block of the output as the input for all-gather(v); this rank's
+// block of the input as the output for reduce-scatter(v). Any other overlap
+// would read data the call has already overwritten.
+static zpResult_t checkOverlap(const char* fn, const zp::CollArgs& a, int n, int me, size_t ts, size_t sendElems,
+                               size_t recvElems) {
+  using K = zp::CollKind;
+  if (a.kind == K::kAllGather) recvElems = a.count * (size_t)n;
+  if (a.kind == K::kReduceScatter) sendElems = a.count * (size_t)n;
+  const uintptr_t s = (uintptr_t)a.send, r = (uintptr_t)a.recv;
+  const size_t sendBytes = sendElems * ts, recvBytes = recvElems * ts;
+  if (!sendBytes || !recvBytes || s + sendBytes <= r || r + recvBytes <= s) return zpSuccess;
+  size_t before = 0;  // elements of the blocks before this rank's (the v calls: back to back)
+  if (a.kind == K::kAllGather || a.kind == K::kReduceScatter) before = (size_t)me * a.count;
+  if (a.kind == K::kAllGatherv) before = a.displs[me];
+  if (a.kind == K::kReduceScatterv)
+    for (int p = 0; p < me; p++) before += a.counts[p];
+  uintptr_t inPlace = r;  // where sendbuff must be
+  const char* form = "recvbuff itself";
+  if (a.kind == K::kAllGather || a.kind == K::kAllGatherv) {
+    inPlace = r + before * ts;
+    form = "recvbuff plus this rank's block offset";
+  }
+  if (a.kind == K::kReduceScatter || a.kind == K::kReduceScatterv) {
+    inPlace = r - before * ts;  // recvbuff == sendbuff + this rank's offset
+    form = "recvbuff minus this rank's block offset (recvbuff = sendbuff + offset)";
+  }
+  if (s == inPlace) return zpSuccess;
+  return zp::fail(zpInvalidArgument,
+                  "%s: sendbuff and recvbuff overlap but are not the in-place form (on rank %d sendbuff must be %s, "
+                  "%lld bytes from recvbuff; it is %lld bytes from it)",
+                  fn, me, form, (long long)(inPlace - r), (long long)(s - r));
+}
+
 // Checks one collective's arguments on this rank (whether the ranks agree is
 // checked inside, across ranks), then runs it or queues it in the group.
 static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream,
@@ -604,6 +639,8 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
     const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
     if (sendElems && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
     if (recvElems && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
+    if (readsSend && writesRecv)
+      ZP_CHECK(checkOverlap(fn, a, n, me, ts, sendElems, recvElems));
   }
   // A stream means device buffers (NCCL's collective); a barrier's stream is not used.
   if (a.kind != zp::CollKind::kBarrier)
