@@ -234,7 +234,8 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
  * moves). Counts are in elements of datatype. In place as in NCCL:
  * sendbuff == recvbuff for all-reduce, broadcast and reduce; for all-gather
  * sendbuff == recvbuff + rank * sendcount; for reduce-scatter recvbuff ==
- * sendbuff + rank * recvcount.
+ * sendbuff + rank * recvcount. Buffers that overlap in any other way are
+ * zpInvalidArgument on the rank that passes them.
  * float16 and bfloat16 are reduced in float32 and rounded once; zpAvg
  * divides the sum by the rank count (integers: truncating). Callable inside
  * zpGroupStart / zpGroupEnd (they run in call order after the group's
