@@ -153,7 +153,11 @@ uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' b
   return h;
 }
 
+// A header's kind carries this bit for zpCommSplit's own all-gather.
+constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
+
 std::string describe(const Header& h) {
+  if (h.kind & kSplitHeader) return "zpCommSplit";
   CollKind k = (CollKind)h.kind;
   std::string s = kindName(k);
   if (k == CollKind::kBarrier) return s;
@@ -1163,11 +1167,14 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
   const int n = parent->nranks(), me = parent->rank();
   const std::string localMsg = localCheck == zpSuccess ? "" : lastError();
   // Every rank's (color, key, whether its own arguments were good), by an
-  // all-gather: a rank calling something else meanwhile is caught by the
+  // all-gather whose header names the split: a rank calling something else
+  // meanwhile (a plain all-gather of three int32 too) is caught by the
   // collective's header check like any other.
   int32_t mine[3] = {color, key, localCheck == zpSuccess ? 1 : 0};
   std::vector<int32_t> all(3 * (size_t)n);
-  ZP_CHECK(collective(parent, CollArgs{CollKind::kAllGather, mine, all.data(), 3, zpInt32, zpSum, 0}, nullptr));
+  CollArgs gather{CollKind::kAllGather, mine, all.data(), 3, zpInt32, zpSum, 0};
+  gather.forSplit = true;
+  ZP_CHECK(collective(parent, gather, nullptr));
   // Every rank takes the next sequence number, those that join no child too,
   // so that the parent's numbering stays the same everywhere.
   const uint64_t seq = parent->nextCollSeq();
@@ -1226,7 +1233,8 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
 zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
-  Header mine{(uint64_t)a.kind, a.count, (uint64_t)a.dtype, (uint64_t)a.op, (uint64_t)a.root, 0};
+  Header mine{(uint64_t)a.kind | (a.forSplit ? kSplitHeader : 0), a.count, (uint64_t)a.dtype, (uint64_t)a.op,
+              (uint64_t)a.root, 0};
   // (the hierarchical all-reduce's slices and the hierarchical all-gather's
   // and reduce-scatter's rail slices depend on the routing settings too)
   const Config& cfg = c->cfg();

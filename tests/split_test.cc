@@ -152,6 +152,15 @@ TEST(Split, BadArgumentsFailEveryRank) {
     r = rank == 1 ? zpCommSplit(world, 0, 0, &child, nullptr) : zpAllReduce(&x, &y, 1, zpInt64, zpSum, world, nullptr);
     EXPECT_EQ(r, zpInvalidUsage) << zpGetLastError(world);
     EXPECT_NE(std::string(zpGetLastError(world)).find("rank 1"), std::string::npos) << zpGetLastError(world);
+    // Rank 1 splits while the others all-gather three int32, the shape of the
+    // split's own exchange: it must not pass for one (issue 28).
+    int32_t three[3] = {7, 8, 9};
+    std::vector<int32_t> gathered(3 * (size_t)n);
+    r = rank == 1 ? zpCommSplit(world, 0, 0, &child, nullptr)
+                  : zpAllGather(three, gathered.data(), 3, zpInt32, world, nullptr);
+    EXPECT_EQ(r, zpInvalidUsage) << zpGetLastError(world);
+    EXPECT_NE(std::string(zpGetLastError(world)).find("zpCommSplit"), std::string::npos) << zpGetLastError(world);
+    EXPECT_EQ(child, nullptr);
     // Inside a group: refused at once, on the caller only.
     ZP_ASSERT_OK(zpGroupStart());
     ZP_EXPECT_ERROR(zpInvalidUsage, zpCommSplit(world, 0, 0, &child, nullptr));

@@ -196,6 +196,9 @@ struct CollArgs {
   // elements; the caller keeps them alive until the call has run.
   const size_t* counts = nullptr;
   const size_t* displs = nullptr;
+  // The all-gather inside zpCommSplit: its header check names it, so that a
+  // rank calling zpAllGather against another's zpCommSplit is a mismatch.
+  bool forSplit = false;
 };
 
 // A data plane whose work is ordered on the caller's CUDA stream (NCCL, for
