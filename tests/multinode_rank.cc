@@ -1067,8 +1067,11 @@ int runRank() {
   int rank = -1, n = 0;
   zpCommUserRank(comm, &rank);
   zpCommCount(comm, &n);
-  // Rank 0 draws the seed: fresh inputs every run.
+  // Rank 0 draws the seed: fresh inputs every run (ZP_TEST_SEED repeats a
+  // run; rank 0 prints the seed it used).
   uint64_t seed = rank == 0 ? (std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}()) : 0;
+  if (rank == 0 && getenv("ZP_TEST_SEED")) seed = strtoull(getenv("ZP_TEST_SEED"), nullptr, 10);
+  if (rank == 0) printf("rank 0: seed %llu (ZP_TEST_SEED repeats it)\n", (unsigned long long)seed);
   zpGroupStart();
   for (int p = 1; p < n && rank == 0; p++) zpSend(&seed, 1, zpUint64, p, comm, nullptr);
   if (rank != 0) zpRecv(&seed, 1, zpUint64, 0, comm, nullptr);
