@@ -1,0 +1,71 @@
+// The modelled cost of a plan's remap (planner.h, remapSeconds): the
+// planner scores candidates by it and the simulator charges it.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "src/plan/planner.h"
+
+namespace zp::plan {
+
+// The remap between a plan's linear and attention layouts: the busiest
+// rank's seconds (its sends or its receives, whichever take longer;
+// intra-node at the link rate, across nodes at its share of the node's NICs;
+// one message latency per peer).
+RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
+  const int n = c.ranks();
+  // Every attention segment by sequence and start, with its rank.
+  std::vector<size_t> first(p.attention.seqLens.size() + 1, 0);
+  for (const auto& segs : p.attention.ranks)
+    for (const Segment& s : segs) ++first[s.seq + 1];
+  for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+  std::vector<std::pair<Segment, int>> owner(first.back());
+  std::vector<size_t> fill(first.begin(), first.end() - 1);
+  for (size_t r = 0; r < p.attention.ranks.size(); ++r)
+    for (const Segment& s : p.attention.ranks[r]) owner[fill[s.seq]++] = {s, int(r)};
+  for (size_t q = 0; q + 1 < first.size(); ++q)
+    if (first[q + 1] - first[q] > 1)
+      std::sort(owner.begin() + first[q], owner.begin() + first[q + 1],
+                [](auto& a, auto& b) { return a.first.start < b.first.start; });
+  // Seconds per byte a rank sends and receives, and the latency of its
+  // distinct peers (seenBy: the last rank that counted a peer, by peer and
+  // link).
+  std::vector<double> out(n, 0), in(n, 0), lat(n, 0);
+  std::vector<int> seenBy(2 * size_t(n), -1);
+  RemapSeconds res;
+  double movedCross = 0, movedIntra = 0;
+  for (int r = 0; r < n; ++r)
+    for (const Segment& s : p.linear.ranks[r]) {
+      auto begin = owner.begin() + first[s.seq], end = owner.begin() + first[s.seq + 1];
+      // The first attention segment that may overlap.
+      auto it = std::lower_bound(begin, end, s.start, [](const std::pair<Segment, int>& a, int64_t v) {
+        return a.first.start + a.first.count <= v;
+      });
+      for (; it != end && it->first.start < s.start + s.count; ++it) {
+        const auto& [a, ar] = *it;
+        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
+        if (e <= b || ar == r) continue;
+        const bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
+        (cross ? movedCross : movedIntra) += double(e - b);
+        double secs = double(e - b) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
+        out[r] += secs;
+        in[ar] += secs;
+        const size_t peer = size_t(ar) * 2 + (cross ? 1 : 0);
+        if (seenBy[peer] != r) {
+          seenBy[peer] = r;
+          lat[r] += cross ? c.interLatency : c.intraLatency;
+        }
+      }
+    }
+  for (int r = 0; r < n; ++r) {
+    // q, k, v go from the linear layout to attention, the output back: the
+    // same pairs, the other way.
+    res.in = std::max(res.in, std::max(out[r], in[r]) * inBytesPerToken + lat[r]);
+    res.out = std::max(res.out, std::max(out[r], in[r]) * outBytesPerToken + lat[r]);
+  }
+  res.nicBytes = movedCross * (inBytesPerToken + outBytesPerToken);
+  res.intraBytes = movedIntra * (inBytesPerToken + outBytesPerToken);
+  return res;
+}
+
+}  // namespace zp::plan
