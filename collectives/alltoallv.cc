@@ -163,12 +163,15 @@ zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* send
 }
 
 // ---- Device buffers (a CUDA stream) ----
-// The counts are checked on the host first, over the host transports (they
-// are host arrays): a mismatch is zpInvalidUsage on every rank before
-// anything is enqueued, never a hang on the device. Then, with routing off
-// (or one node, or one rail), one NCCL group of sends and receives, this
-// rank's own block included, goes on the stream; with routing on, the
-// router's plan runs as NCCL steps (deviceRouted below).
+// With routing off (or one node, or one rail), one NCCL group of sends and
+// receives, this rank's own block included, goes on the stream, and the host
+// exchanges nothing with the peers unless ZP_CHECK_MODE=full: then the count
+// matrix is gathered and checked over the host transports first, so that a
+// mismatch is zpInvalidUsage on every rank before anything is enqueued,
+// never a hang on the device. With routing on, the router plans from the
+// count matrix, so every rank gathers it (one message to and from each peer,
+// never a wait on the device) and checks it whatever the mode; the plan runs
+// as NCCL steps (deviceRouted below).
 
 // A staging slot of this rank as a proxy: chunks of round k wait in area
 // kOut (source side, between dispatch and transfer) or kIn (destination
@@ -317,11 +320,14 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts, void* stream) {
   const int n = c->nranks(), me = c->rank();
-  std::vector<uint64_t> rows;
-  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
-  ZP_CHECK(checkCounts(c, rows));
-  if (Relay* relay = Relay::of(c))
-    return deviceRouted(c, relay, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
+  Relay* relay = Relay::of(c);
+  if (relay || c->cfg().checkDeviceCalls) {
+    std::vector<uint64_t> rows;
+    ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
+    ZP_CHECK(checkCounts(c, rows));
+    if (relay)
+      return deviceRouted(c, relay, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
+  }
   std::vector<Op> ops;
   ops.reserve(2 * n);
   for (int i = 0; i < n; i++) {

@@ -1246,10 +1246,12 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
     for (int p = 0; p < n; p++) mine.count += a.counts[p];
     mine.countsHash = hashCounts(a.counts, n);
   }
-  // The check runs on the host even for device buffers (it blocks on the
-  // network, never on the GPU): a mismatch fails on every rank before
-  // anything is enqueued, instead of hanging the device.
-  ZP_CHECK(checkHeaders(c, seq, mine));
+  // A host call always compares (it waits on its peers anyway); a device
+  // call only with ZP_CHECK_MODE=full, since the exchange makes the host wait
+  // for every peer's host. The check blocks on the network, never on the
+  // GPU: a mismatch fails on every rank before anything is enqueued, instead
+  // of hanging the device.
+  if (!stream || cfg.checkDeviceCalls) ZP_CHECK(checkHeaders(c, seq, mine));
   if (a.kind == CollKind::kBarrier || (isV(a.kind) ? mine.count : a.count) == 0) return zpSuccess;
   if (stream) return c->enqueueCollectiveOnStream(a, stream);
 

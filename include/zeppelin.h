@@ -16,8 +16,12 @@
  * Zeppelin differs from NCCL (where NULL is the default stream). A device
  * buffer with a NULL stream, or a host buffer with a stream, is
  * zpInvalidArgument. Device buffers need a build with CUDA and a GPU on every
- * rank (ZP_CUDA_DEVICE picks it); the counts of zpAlltoallv stay host arrays,
- * checked across ranks on the host before anything is enqueued.
+ * rank (ZP_CUDA_DEVICE picks it); the counts of zpAlltoallv stay host arrays.
+ * A call with a stream checks its own arguments and enqueues, without waiting
+ * on its peers (zpCheckLocal, the default, as in NCCL); with
+ * ZP_CHECK_MODE=full (zpConfig_t.checkMode) it first compares its arguments
+ * with every peer's on the host, as host calls always do, so that a mismatch
+ * is zpInvalidUsage on every rank instead of a hang or garbage on the device.
  *
  * CUDA graphs. Calls with a stream may be captured (cudaStreamBeginCapture)
  * and replayed, as NCCL's may: what they do on the host (checks, the count
@@ -106,6 +110,15 @@ typedef enum {
   zpRoutingBalanced = 2
 } zpRouting_t;
 
+/* How much a device call (one with a stream) checks before it enqueues (see
+ * zpConfig_t.checkMode). Host calls always compare their arguments with the
+ * peers'. */
+typedef enum {
+  zpCheckDefault = -1, /* ZP_CHECK_MODE, else local */
+  zpCheckLocal = 0,    /* this rank's own arguments only, then enqueue: no wait on peers (NCCL's way) */
+  zpCheckFull = 1      /* also the peers': a mismatch is zpInvalidUsage on every rank, not a device hang */
+} zpCheckMode_t;
+
 #define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define ZP_CONFIG_MAGIC 0x7a70636eu /* "zpcn" */
 
@@ -122,12 +135,14 @@ typedef struct {
   int routing;           /* ZP_ROUTING: a zpRouting_t */
   const char* nodeId;    /* ZP_NODE_ID: ranks with the same node id share memory; default hostname + boot id */
   const char* netDevices;/* ZP_NET_DEVICES: comma-separated NIC names this rank may use */
+  int checkMode;         /* ZP_CHECK_MODE: a zpCheckMode_t */
 } zpConfig_t;
 
 #define ZP_CONFIG_INITIALIZER                                               \
   {                                                                         \
     sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZP_VERSION_CODE,                   \
-        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, NULL                \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, NULL,               \
+        ZP_CONFIG_UNDEF_INT                                                 \
   }
 
 /* ---- Errors and version ---- */
@@ -221,17 +236,19 @@ zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer,
  * rdispls[r]. Counts and displacements are in elements. sendcounts[p] on
  * rank r must equal recvcounts[r] on rank p; if any pair disagrees, every
  * rank returns zpInvalidUsage with a message naming the ranks and counts,
- * and no byte outside the given receive ranges is written. Receive ranges
- * must not overlap each other or the send ranges. */
+ * and no byte outside the given receive ranges is written (with a stream:
+ * under ZP_CHECK_MODE=full, or with routing on across nodes, where every rank
+ * needs the whole count matrix to plan). Receive ranges must not overlap
+ * each other or the send ranges. */
 zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                        void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                        zpDataType_t datatype, zpComm_t comm, zpStream_t stream);
 
 /* ---- Collectives (NCCL's names and semantics) ----
  * Collective over the communicator: every rank calls them in the same order
- * with the same count, datatype, op and root (checked: a rank that differs
- * makes the call zpInvalidUsage on every rank, naming it, before any data
- * moves). Counts are in elements of datatype. In place as in NCCL:
+ * with the same count, datatype, op and root (checked on host buffers, and
+ * on device buffers under ZP_CHECK_MODE=full: a rank that differs makes the
+ * call zpInvalidUsage on every rank, naming it, before any data moves). Counts are in elements of datatype. In place as in NCCL:
  * sendbuff == recvbuff for all-reduce, broadcast and reduce; for all-gather
  * sendbuff == recvbuff + rank * sendcount; for reduce-scatter recvbuff ==
  * sendbuff + rank * recvcount. Buffers that overlap in any other way are
@@ -239,11 +256,10 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
  * float16 and bfloat16 are reduced in float32 and rounded once; zpAvg
  * divides the sum by the rank count (integers: truncating). Callable inside
  * zpGroupStart / zpGroupEnd (they run in call order after the group's
- * sends and receives). With a stream (device buffers) the check above still
- * runs on the host, then NCCL's own collective is enqueued on the stream on
- * the communicator's NCCL communicator (NCCL's all-reduce already uses every
- * NIC and NVLink well). zpBarrier does not use its stream: it is a host
- * barrier. */
+ * sends and receives). With a stream (device buffers) NCCL's own collective
+ * is enqueued on the stream on the communicator's NCCL communicator (NCCL's
+ * all-reduce already uses every NIC and NVLink well). zpBarrier does not use
+ * its stream: it is a host barrier. */
 typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
                        zpComm_t comm, zpStream_t stream);

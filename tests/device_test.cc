@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/ext/ext.h"
+#include "src/core/comm.h"  // zp::hostPeerWaits
 #include "tests/attention_check.h"
 #include "tests/device_checks.h"
 #include "tests/harness.h"
@@ -48,12 +49,23 @@ using zptest::GuardedBuffer;
 
 // As a trainer does: the rank's GPU (its local rank: one node here) is made
 // current before the communicator, so that its buffers and the
-// communicator's device (ZP_CUDA_DEVICE=local, the default) agree.
-zpComm_t initDeviceComm(int rank, int nranks, const zpUniqueId& id) {
+// communicator's device (ZP_CUDA_DEVICE=local, the default) agree. The tests
+// run with checks on (zpCheckFull) unless they are about the unchecked path.
+zpComm_t initDeviceComm(int rank, int nranks, const zpUniqueId& id, zpCheckMode_t checks = zpCheckFull) {
   int count = 1;
   cudaGetDeviceCount(&count);
   cudaSetDevice(rank % count);
-  return zptest::initComm(rank, nranks, id);
+  zpConfig_t config = ZP_CONFIG_INITIALIZER;
+  config.checkMode = checks;
+  zpComm_t comm = nullptr;
+  zpResult_t r = zpCommInitRankConfig(&comm, nranks, id, rank, &config);
+  if (r != zpSuccess) {
+    ADD_FAILURE() << "rank " << rank << ": zpCommInitRankConfig: " << zpGetErrorString(r) << ": "
+                  << zpGetLastError(nullptr);
+    fflush(stdout);
+    _exit(1);
+  }
+  return comm;
 }
 
 zpDataType_t randomType(std::mt19937_64& rng) {
@@ -61,14 +73,22 @@ zpDataType_t randomType(std::mt19937_64& rng) {
   return types[rng() % 6];
 }
 
-class DeviceRanks : public ::testing::TestWithParam<int> {};
+// The data calls at a number of ranks, with the peers' arguments checked
+// first (zpCheckFull) and without (zpCheckLocal, the default): both must
+// move every byte right.
+struct RanksAndChecks {
+  int ranks;
+  zpCheckMode_t checks;
+};
+class DeviceRanks : public ::testing::TestWithParam<RanksAndChecks> {};
 
 TEST_P(DeviceRanks, AlltoallvRandomCountsEveryByte) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     std::mt19937_64 rng(seed);
     for (int round = 0; round < 4; round++) {
       zpDataType_t dt = randomType(rng);
@@ -81,10 +101,11 @@ TEST_P(DeviceRanks, AlltoallvRandomCountsEveryByte) {
 
 TEST_P(DeviceRanks, SendRecvRingInAGroup) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     const int next = (rank + 1) % nranks, prev = (rank - 1 + nranks) % nranks;
     auto bytesFrom = [&](int src) { return (size_t)1 + (seed + src * 7919) % 100000; };
     GuardedBuffer sendHost(bytesFrom(rank)), recvHost(bytesFrom(prev));
@@ -146,10 +167,11 @@ std::vector<uint8_t> layoutBuffer(zpLayout_t layout, int rank, size_t tb, uint64
 // where the destination layout puts it, nothing written past the buffers.
 TEST_P(DeviceRanks, RemapRoundTripsEveryByte) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     std::mt19937_64 rng(seed);
     zpBatchPlan_t plan = randomPlan(comm, rng, 5000, nullptr);
     ASSERT_NE(plan, nullptr);
@@ -190,10 +212,11 @@ TEST_P(DeviceRanks, RemapRoundTripsEveryByte) {
 // kernel, in the same order as on the host: the sums are equal).
 TEST_P(DeviceRanks, UlyssesMatchesTheHostPath) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     std::mt19937_64 rng(seed);
     int64_t total = 0, mine = 0;
     zpBatchPlan_t plan = randomPlan(comm, rng, 300, &total);
@@ -238,10 +261,11 @@ TEST_P(DeviceRanks, UlyssesMatchesTheHostPath) {
 // a host synchronisation in between; every block checked at the end.
 TEST_P(DeviceRanks, RingPassesEveryBlockRound) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     std::vector<int> order(nranks);
     for (int i = 0; i < nranks; i++) order[i] = i;
     zpRing_t ring = nullptr;
@@ -279,10 +303,11 @@ TEST_P(DeviceRanks, RingPassesEveryBlockRound) {
 // small integers, exact in every order of addition.
 TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
   SKIP_WITHOUT_DEVICE();
-  const int n = GetParam();
+  const int n = GetParam().ranks;
+  const zpCheckMode_t checks = GetParam().checks;
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    zpComm_t comm = initDeviceComm(rank, nranks, id, checks);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const zpDataType_t types[] = {zpInt32, zpFloat32, zpBfloat16, zpFloat64, zpUint8};
@@ -359,7 +384,140 @@ TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, DeviceRanks, ::testing::Values(2, 3, 4, 8),
+std::string ranksName(const ::testing::TestParamInfo<RanksAndChecks>& p) { return std::to_string(p.param.ranks); }
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceRanks,
+                         ::testing::Values(RanksAndChecks{2, zpCheckFull}, RanksAndChecks{3, zpCheckFull},
+                                           RanksAndChecks{4, zpCheckFull}, RanksAndChecks{8, zpCheckFull}),
+                         ranksName);
+INSTANTIATE_TEST_SUITE_P(LocalChecks, DeviceRanks,
+                         ::testing::Values(RanksAndChecks{2, zpCheckLocal}, RanksAndChecks{3, zpCheckLocal},
+                                           RanksAndChecks{4, zpCheckLocal}, RanksAndChecks{8, zpCheckLocal}),
+                         ranksName);
+
+// Checks off (zpCheckLocal, the default): every kind of device call only
+// enqueues. Each is issued behind a host function that holds the stream,
+// and must return without waiting on a peer over the host transports
+// (zp::hostPeerWaits) or on the device (the held stream; on the double also
+// fakecudaHostWaits). Correct bytes in this mode are DeviceRanks'
+// (LocalChecks/...). zpBarrier is left out: it is a host barrier by
+// definition. Then the stream is let go and every call must have succeeded.
+class DeviceEnqueueOnly : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceEnqueueOnly, NoCallWaitsOnPeersOrTheDevice) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = GetParam();
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id, zpCheckLocal);
+    std::mt19937_64 rng(seed);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // What the calls need, made before the stream is held (creating a
+    // remap, ring or driver talks to the peers; that is not a call's cost).
+    int64_t total = 0, mine = 0, attnTokens = 0;
+    zpBatchPlan_t plan = randomPlan(comm, rng, 2000, &total);
+    ASSERT_NE(plan, nullptr);
+    zpLayout_t linear = nullptr, attention = nullptr;
+    ZP_ASSERT_OK(zpPlanGetLayout(plan, zpLinearLayout, &linear));
+    ZP_ASSERT_OK(zpPlanGetLayout(plan, zpAttentionLayout, &attention));
+    ZP_ASSERT_OK(zpLayoutRankTokens(linear, rank, &mine));
+    zpRemap_t remap = nullptr;
+    ZP_ASSERT_OK(zpRemapCreate(&remap, linear, attention, comm));
+    std::vector<int> order(nranks);
+    for (int i = 0; i < nranks; i++) order[i] = i;
+    zpRing_t ring = nullptr;
+    ZP_ASSERT_OK(zpRingCreate(&ring, comm, nranks, order.data(), 0));
+    zpBatchPlan_t attnPlan = zptest::deviceAttentionPlan(nranks, 1, 0, rng);
+    ASSERT_NE(attnPlan, nullptr);
+    zpLayout_t attnLayout = nullptr;
+    ZP_ASSERT_OK(zpPlanGetLayout(attnPlan, zpAttentionLayout, &attnLayout));
+    ZP_ASSERT_OK(zpLayoutRankTokens(attnLayout, rank, &attnTokens));
+    const int H = 4, Hk = 2, D = 16;
+    zpAttnConfig_t cfg = {H, Hk, D, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 0, zpFloat32};
+    zpAttention_t attn = nullptr;
+    ZP_ASSERT_OK(zpAttentionCreate(&attn, attnPlan, &cfg, comm));
+
+    const size_t count = 1 + seed % 1000, heads = 4, headDim = 8;
+    const size_t elems = std::max({count * nranks, (size_t)total * heads * headDim, (size_t)attnTokens * H * D,
+                                   (size_t)mine * 8});
+    std::vector<void*> bufs(11);
+    for (void*& b : bufs) {
+      CUDA_OK(cudaMalloc(&b, elems * 8));
+      CUDA_OK(cudaMemset(b, 0, elems * 8));  // defined numbers: the reference kernels read them
+    }
+    std::vector<size_t> counts(nranks, count), displs(nranks);
+    for (int p = 0; p < nranks; p++) displs[p] = p * count;
+    const int next = (rank + 1) % nranks, prev = (rank - 1 + nranks) % nranks;
+    char *a = (char*)bufs[0], *b = (char*)bufs[1];
+    struct Call {
+      const char* name;
+      std::function<zpResult_t()> run;
+    } calls[] = {
+        {"zpAllReduce", [&] { return zpAllReduce(a, b, count, zpFloat32, zpSum, comm, stream); }},
+        {"zpBroadcast", [&] { return zpBroadcast(a, b, count, zpFloat32, nranks - 1, comm, stream); }},
+        {"zpReduce", [&] { return zpReduce(a, b, count, zpBfloat16, zpMax, 0, comm, stream); }},
+        {"zpAllGather", [&] { return zpAllGather(a, b, count, zpInt32, comm, stream); }},
+        {"zpReduceScatter", [&] { return zpReduceScatter(a, b, count, zpFloat32, zpSum, comm, stream); }},
+        {"zpAllGatherv",
+         [&] { return zpAllGatherv(a, count, b, counts.data(), displs.data(), zpFloat32, comm, stream); }},
+        {"zpReduceScatterv", [&] { return zpReduceScatterv(a, b, counts.data(), zpFloat32, zpSum, comm, stream); }},
+        {"zpAlltoallv",
+         [&] { return zpAlltoallv(a, counts.data(), displs.data(), b, counts.data(), displs.data(), zpFloat32, comm, stream); }},
+        {"zpSend/zpRecv",
+         [&] {
+           ZPX_CHECK(zpGroupStart());
+           zpResult_t r = zpSend(a, count, zpFloat32, next, comm, stream);
+           if (r == zpSuccess) r = zpRecv(b, count, zpFloat32, prev, comm, stream);
+           zpResult_t end = zpGroupEnd();
+           return r != zpSuccess ? r : end;
+         }},
+        {"zpRemapExecute", [&] { return zpRemapExecute(remap, a, b, 8, zpUint8, 0, comm, stream); }},
+        {"zpUlyssesAlltoall",
+         [&] { return zpUlyssesAlltoall(a, b, linear, (int)heads, (int)heads, (int)headDim, zpFloat32, 0, comm, stream); }},
+        {"zpRingExchangeStart",
+         [&] {
+           ZPX_CHECK(zpRingExchangeStart(ring, a, count * 4, b, count * 4, stream));
+           return zpRingExchangeWait(ring);
+         }},
+        {"zpAttentionForward",
+         [&] { return zpAttentionForward(attn, bufs[2], bufs[3], bufs[4], bufs[5], (float*)bufs[6], stream); }},
+        {"zpAttentionBackward",
+         [&] {
+           return zpAttentionBackward(attn, bufs[2], bufs[3], bufs[4], bufs[5], (const float*)bufs[6], bufs[7], bufs[8],
+                                      bufs[9], bufs[10], stream);
+         }},
+    };
+    zptest::StreamGate gate;
+    CUDA_OK(cudaLaunchHostFunc(stream, zptest::StreamGate::hold, &gate));
+    for (Call& c : calls) {
+      const uint64_t peerWaits = zp::hostPeerWaits();
+#ifdef ZP_TEST_DOUBLE
+      const unsigned long long deviceWaits = fakecudaHostWaits();
+#endif
+      EXPECT_EQ(c.run(), zpSuccess) << c.name << ": " << zpGetLastError(comm);
+      EXPECT_EQ(zp::hostPeerWaits() - peerWaits, 0u) << c.name << " waited on its peers";
+#ifdef ZP_TEST_DOUBLE
+      EXPECT_EQ(fakecudaHostWaits() - deviceWaits, 0u) << c.name << " waited for the device";
+#endif
+    }
+    gate.open = true;
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_FALSE(gate.timedOut.load()) << "a call waited for the held stream";
+    zpResult_t async = zpSuccess;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpSuccess);
+    for (void* p : bufs) CUDA_OK(cudaFree(p));
+    zpAttentionDestroy(attn);
+    ZP_EXPECT_OK(zpRingDestroy(ring));
+    zpRemapDestroy(remap);
+    zpPlanDestroy(attnPlan);
+    zpPlanDestroy(plan);
+    CUDA_OK(cudaStreamDestroy(stream));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceEnqueueOnly, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
 
 TEST(Device, AlltoallvOf64MiBPerRank) {

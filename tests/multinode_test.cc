@@ -180,7 +180,7 @@ TEST_P(MultinodeShapes, RingAttentionMatchesTheReferenceAcrossNodes) {
 // alltoallv every byte checked, and the attention driver on rings that
 // span nodes against the host driver.
 TEST_F(Multinode, DeviceCallsAcrossNodesOnTheDouble) {
-  CommandResult r = run("ZP_TEST_MODE=device " ZPRUN_PATH
+  CommandResult r = run("ZP_TEST_MODE=device ZP_CHECK_MODE=full " ZPRUN_PATH
                         " --timeout 240 --nodes 2 --ranks-per-node 2 --nics-per-node 2 --nic-rate 1gbit "
                         ZP_MULTINODE_RANK_DOUBLE_PATH);
   EXPECT_EQ(r.status, 0) << r.output;
@@ -191,11 +191,12 @@ TEST_F(Multinode, DeviceCallsAcrossNodesOnTheDouble) {
 // (dispatch, proxy-to-proxy transfer, combine) in small chunks, with routing
 // off, rail and balanced; every byte checked, the double's byte counters
 // showing that the proxies carried the inter-node bytes, mismatched counts
-// an error on every rank.
+// an error on every rank (checks on: ZP_CHECK_MODE=full, which routing off
+// needs to see them).
 TEST_P(MultinodeShapes, RoutedDeviceAlltoallvOnTheDouble) {
   const Shape& s = GetParam();
   for (const char* routing : {"balanced", "rail", "off"}) {
-    CommandResult r = run(std::string("ZP_TEST_MODE=devroute ZP_ROUTE_CHUNK=16K ZP_ROUTE_DIRECT_BELOW=0 ZP_TIMEOUT=60 ") +
+    CommandResult r = run(std::string("ZP_TEST_MODE=devroute ZP_CHECK_MODE=full ZP_ROUTE_CHUNK=16K ZP_ROUTE_DIRECT_BELOW=0 ZP_TIMEOUT=60 ") +
                           "ZP_ROUTING=" + routing + " " ZPRUN_PATH " --timeout 120 --nodes " + std::to_string(s.nodes) +
                           " --ranks-per-node " + std::to_string(s.rpn) + " --nics-per-node " +
                           std::to_string(s.nics) + " --nic-rate 1gbit " ZP_MULTINODE_RANK_DOUBLE_PATH);

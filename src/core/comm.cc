@@ -423,12 +423,17 @@ std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
+std::atomic<uint64_t> gHostPeerWaits{0};
+
 }  // namespace
+
+uint64_t hostPeerWaits() { return gHostPeerWaits.load(std::memory_order_relaxed); }
 
 // Drives the comms' transports until done() holds, a comm breaks, or nothing
 // moves for the timeout. `waitingOn` names the ranks still owed something.
 zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
+  gHostPeerWaits.fetch_add(1, std::memory_order_relaxed);
   uint64_t lastMove = nowMs();
   for (;;) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;

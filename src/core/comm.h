@@ -220,6 +220,11 @@ class Comm : public TransportSink {
   std::atomic<bool> abortRequested_{false};
 };
 
+// How many times calls of this process have waited on their peers over the
+// host transports (every such wait is one Comm::progressUntil). Tests check
+// that a device call adds none when it must only enqueue.
+uint64_t hostPeerWaits();
+
 // What the planner needs of a communicator's layout: each rank's node, NICs
 // per node (the most any node has) and their rate in bits/s (0: unknown).
 struct CommShape {

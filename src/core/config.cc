@@ -55,6 +55,16 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
     c.routing = user->routing;
   }
 
+  int check = -1;  // local, full: zpCheckMode_t's order
+  ZP_CHECK(paramEnum("ZP_CHECK_MODE", &check));
+  if (check >= 0) c.checkDeviceCalls = check == zpCheckFull;
+  if (has(offsetof(zpConfig_t, checkMode), sizeof(int)) && user->checkMode != ZP_CONFIG_UNDEF_INT &&
+      user->checkMode != zpCheckDefault) {
+    if (user->checkMode != zpCheckLocal && user->checkMode != zpCheckFull)
+      return fail(zpInvalidArgument, "zpConfig_t.checkMode=%d is not a zpCheckMode_t", user->checkMode);
+    c.checkDeviceCalls = user->checkMode == zpCheckFull;
+  }
+
   c.nodeId = envString("ZP_NODE_ID");
   if (has(offsetof(zpConfig_t, nodeId), sizeof(char*)) && user->nodeId) c.nodeId = user->nodeId;
   if (c.nodeId.empty()) c.nodeId = defaultNodeId();

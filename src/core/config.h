@@ -30,6 +30,9 @@ constexpr size_t kCollDefaultRingAbove = 256u << 10;
 struct Config {
   int timeoutMs = 300 * 1000;    // ZP_TIMEOUT (seconds)
   int routing = zpRoutingBalanced;  // ZP_ROUTING
+  // ZP_CHECK_MODE=full: device calls compare their arguments with the
+  // peers' before they enqueue (host calls always do).
+  bool checkDeviceCalls = false;
   std::string nodeId;            // ZP_NODE_ID, else hostname + boot id
   std::string netDevices;        // ZP_NET_DEVICES
   std::string socketIfname;      // ZP_SOCKET_IFNAME: interface for bootstrap sockets

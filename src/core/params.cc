@@ -41,6 +41,10 @@ const std::vector<Param> kParams = {
    "leaves hwloc out"},
   {"ZP_NIC_RATE_BPS", K::kRate, R::kCluster, "", "",
    "the rate of this rank's NIC where discovery cannot read it (tc notation: 1gbit, 500mbit; 0: unknown)"},
+  {"ZP_CHECK_MODE", K::kEnum, R::kSetting, "local", "local|full",
+   "device calls (a stream): local checks only this rank's arguments and enqueues, as NCCL does; full also compares "
+   "every call's arguments with the peers' on the host first, so a mismatch is zpInvalidUsage on every rank instead "
+   "of a hang or garbage on the device (host calls always compare; zpConfig_t.checkMode)"},
   // Routing.
   {"ZP_ROUTING", K::kEnum, R::kSetting, "balanced", "off|rail|balanced",
    "how inter-node traffic uses the node's NICs (zpConfig_t.routing)"},
