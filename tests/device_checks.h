@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -40,6 +42,39 @@
 #endif
 
 namespace zptest {
+
+// Whether a CUDA device is there, asked in a child process: "" if so, else
+// why not. CUDA does not survive fork(): a parent that calls it, even
+// cudaGetDeviceCount, leaves every child it forks later with
+// cudaErrorInitializationError, so a test parent that forks ranks must never
+// call CUDA itself. Asked once per process.
+inline std::string cudaDeviceMissing() {
+  static const std::string answer = [] {
+    int fds[2];
+    if (pipe(fds) != 0) return std::string("pipe failed");
+    const pid_t pid = fork();
+    if (pid < 0) return std::string("fork failed");
+    if (pid == 0) {
+      int count = 0;
+      const cudaError_t e = cudaGetDeviceCount(&count);
+      const std::string why = e != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e)
+                              : count == 0     ? std::string("cudaGetDeviceCount: no device")
+                                               : std::string();
+      if (!why.empty() && write(fds[1], why.data(), why.size()) < 0) _exit(1);
+      _exit(0);
+    }
+    close(fds[1]);
+    std::string why;
+    char buf[256];
+    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) why.append(buf, (size_t)got);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::string("the probe process failed");
+    return why;
+  }();
+  return answer;
+}
 
 // A copy of a host buffer's whole storage (its guards included) in device
 // memory, and back: the device call writes where the host call would.

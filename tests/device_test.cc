@@ -30,16 +30,24 @@ using zptest::DeviceMirror;
 using zptest::deviceAlltoallvError;
 using zptest::GuardedBuffer;
 
-// Skips the test (in the parent, before any rank starts) when this process
-// has no CUDA device: with the real runtime on a machine without a GPU.
-#define SKIP_WITHOUT_DEVICE()                                                                    \
-  do {                                                                                           \
-    int count_ = 0;                                                                              \
-    cudaError_t e_ = cudaGetDeviceCount(&count_);                                                \
-    if (e_ != cudaSuccess || count_ == 0)                                                        \
-      GTEST_SKIP() << "needs a CUDA device: cudaGetDeviceCount: "                                \
-                   << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "no device");                \
+// Skips the test (in the parent, before any rank starts) when there is no
+// CUDA device: with the real runtime on a machine without a GPU. The parent
+// asks a child (zptest::cudaDeviceMissing), never CUDA itself, which would
+// leave the ranks it forks without CUDA. The double always has devices: there
+// a missing one is a failure, not a skip.
+#ifdef ZP_TEST_DOUBLE
+#define SKIP_WITHOUT_DEVICE()                                                   \
+  do {                                                                          \
+    const std::string missing_ = zptest::cudaDeviceMissing();                   \
+    ASSERT_TRUE(missing_.empty()) << "the double has no device: " << missing_;  \
   } while (0)
+#else
+#define SKIP_WITHOUT_DEVICE()                                                   \
+  do {                                                                          \
+    const std::string missing_ = zptest::cudaDeviceMissing();                   \
+    if (!missing_.empty()) GTEST_SKIP() << "needs a CUDA device: " << missing_; \
+  } while (0)
+#endif
 
 #define CUDA_OK(call)                                                                     \
   do {                                                                                    \
@@ -55,6 +63,10 @@ zpComm_t initDeviceComm(int rank, int nranks, const zpUniqueId& id, zpCheckMode_
   int count = 1;
   cudaGetDeviceCount(&count);
   cudaSetDevice(rank % count);
+  // NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU
+  // detected") unless they look like different hosts: with fewer GPUs than
+  // ranks, each rank gets a host id of its own (so the tests ran on one H200).
+  if (count < nranks) setenv("NCCL_HOSTID", ("zptest-rank-" + std::to_string(rank)).c_str(), 1);
   zpConfig_t config = ZP_CONFIG_INITIALIZER;
   config.checkMode = checks;
   zpComm_t comm = nullptr;
@@ -80,6 +92,9 @@ struct RanksAndChecks {
   int ranks;
   zpCheckMode_t checks;
 };
+void PrintTo(const RanksAndChecks& p, std::ostream* os) {
+  *os << p.ranks << " ranks, " << (p.checks == zpCheckFull ? "full" : "local") << " checks";
+}
 class DeviceRanks : public ::testing::TestWithParam<RanksAndChecks> {};
 
 TEST_P(DeviceRanks, AlltoallvRandomCountsEveryByte) {
@@ -386,7 +401,8 @@ TEST_P(DeviceRanks, CollectivesMatchTheHostPath) {
 
 std::string ranksName(const ::testing::TestParamInfo<RanksAndChecks>& p) { return std::to_string(p.param.ranks); }
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceRanks,
-                         ::testing::Values(RanksAndChecks{2, zpCheckFull}, RanksAndChecks{3, zpCheckFull},
+                         ::testing::Values(RanksAndChecks{1, zpCheckFull}, RanksAndChecks{2, zpCheckFull},
+                                           RanksAndChecks{3, zpCheckFull},
                                            RanksAndChecks{4, zpCheckFull}, RanksAndChecks{8, zpCheckFull}),
                          ranksName);
 INSTANTIATE_TEST_SUITE_P(LocalChecks, DeviceRanks,

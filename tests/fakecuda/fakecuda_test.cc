@@ -20,6 +20,23 @@ namespace {
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 #define NCCL_OK(call) ASSERT_EQ((call), ncclSuccess) << #call << ": " << ncclGetLastError(nullptr)
 
+// Runs a single-process check in a child of fork(): CUDA does not survive
+// fork (the double fails every call in a child whose parent used it, as a GPU
+// does), so this process never uses CUDA itself and the multi-process tests
+// after it can still fork ranks that do.
+void inChild(const std::function<void()>& body) {
+  fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    body();
+    fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the check failed in its process (see above)";
+}
+
 void sleepOnStream(cudaStream_t s, int ms) {
   static int msArg;
   msArg = ms;
@@ -28,146 +45,196 @@ void sleepOnStream(cudaStream_t s, int ms) {
             cudaSuccess);
 }
 
-TEST(FakeCudaDeathTest, HostReadOfDeviceMemoryCrashes) {
+// Each statement allocates in the death test's own child: this process
+// never uses CUDA (see inChild). A failed allocation exits 0, which is not
+// the death expected.
+void* deviceBytes() {
   void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 4096), cudaSuccess);
-  EXPECT_DEATH({ volatile char c = *(volatile char*)p; (void)c; }, "");
-  EXPECT_DEATH({ memset(p, 0, 16); }, "");
-  EXPECT_DEATH({ fakecudaAlias(p, 16); }, "host code touched device memory");
-  cudaFree(p);
+  if (cudaMalloc(&p, 4096) != cudaSuccess) _exit(0);
+  return p;
+}
+
+TEST(FakeCudaDeathTest, HostReadOfDeviceMemoryCrashes) {
+  EXPECT_DEATH({ volatile char c = *(volatile char*)deviceBytes(); (void)c; }, "");
+  EXPECT_DEATH({ memset(deviceBytes(), 0, 16); }, "");
+  EXPECT_DEATH({ fakecudaAlias(deviceBytes(), 16); }, "host code touched device memory");
 }
 
 TEST(FakeCuda, CopiesPastAnAllocationAreRefused) {
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 100), cudaSuccess);
-  std::vector<char> host(200);
-  EXPECT_EQ(cudaMemcpy(host.data(), p, 101, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
-  EXPECT_EQ(cudaMemcpy(host.data(), (char*)p + 50, 51, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
-  EXPECT_EQ(cudaMemcpy(host.data(), (char*)p + 50, 50, cudaMemcpyDeviceToHost), cudaSuccess);
-  // The kind must say where the memory is.
-  EXPECT_EQ(cudaMemcpy(p, host.data(), 10, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
-  cudaGetLastError();
-  cudaFree(p);
+  inChild([&] {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, 100), cudaSuccess);
+    std::vector<char> host(200);
+    EXPECT_EQ(cudaMemcpy(host.data(), p, 101, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    EXPECT_EQ(cudaMemcpy(host.data(), (char*)p + 50, 51, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    EXPECT_EQ(cudaMemcpy(host.data(), (char*)p + 50, 50, cudaMemcpyDeviceToHost), cudaSuccess);
+    // The kind must say where the memory is.
+    EXPECT_EQ(cudaMemcpy(p, host.data(), 10, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    cudaGetLastError();
+    cudaFree(p);
+  });
 }
 
 TEST(FakeCuda, PointerAttributesTellDeviceFromHost) {
-  void *d = nullptr, *pinned = nullptr;
-  ASSERT_EQ(cudaSetDevice(3), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
-  ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
-  int onStack = 0;
-  cudaPointerAttributes a;
-  ASSERT_EQ(cudaPointerGetAttributes(&a, (char*)d + 10), cudaSuccess);
-  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
-  EXPECT_EQ(a.device, 3);
-  ASSERT_EQ(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
-  EXPECT_EQ(a.type, cudaMemoryTypeHost);
-  ASSERT_EQ(cudaPointerGetAttributes(&a, &onStack), cudaSuccess);
-  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
-  cudaFree(d);
-  cudaFreeHost(pinned);
-  cudaSetDevice(0);
+  inChild([&] {
+    void *d = nullptr, *pinned = nullptr;
+    ASSERT_EQ(cudaSetDevice(3), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
+    int onStack = 0;
+    cudaPointerAttributes a;
+    ASSERT_EQ(cudaPointerGetAttributes(&a, (char*)d + 10), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+    EXPECT_EQ(a.device, 3);
+    ASSERT_EQ(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeHost);
+    ASSERT_EQ(cudaPointerGetAttributes(&a, &onStack), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+    cudaFree(d);
+    cudaFreeHost(pinned);
+    cudaSetDevice(0);
+  });
 }
 
 // Stream B reads what stream A writes. Without an event B runs ahead (A is
 // held back); with one, never.
 TEST(FakeCuda, StreamsAreOrderedOnlyThroughEvents) {
-  for (bool withEvent : {false, true}) {
-    cudaStream_t a, b;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
-    ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
-    void* d;
-    ASSERT_EQ(cudaMalloc(&d, 4), cudaSuccess);
-    ASSERT_EQ(cudaMemset(d, 0, 4), cudaSuccess);
-    sleepOnStream(a, 100);
-    ASSERT_EQ(cudaMemsetAsync(d, 7, 4, a), cudaSuccess);
-    cudaEvent_t e;
-    ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
-    ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
-    if (withEvent) ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
-    unsigned char got[4] = {};
-    ASSERT_EQ(cudaMemcpyAsync(got, d, 4, cudaMemcpyDeviceToHost, b), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-    EXPECT_EQ(got[0] == 7, withEvent) << (withEvent ? "the event did not order the streams"
-                                                    : "stream b waited for stream a without an event");
-    ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
-    cudaEventDestroy(e);
-    cudaFree(d);
-    cudaStreamDestroy(a);
-    cudaStreamDestroy(b);
-  }
+  inChild([&] {
+    for (bool withEvent : {false, true}) {
+      cudaStream_t a, b;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+      void* d;
+      ASSERT_EQ(cudaMalloc(&d, 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(d, 0, 4), cudaSuccess);
+      sleepOnStream(a, 100);
+      ASSERT_EQ(cudaMemsetAsync(d, 7, 4, a), cudaSuccess);
+      cudaEvent_t e;
+      ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+      ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+      if (withEvent) ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+      unsigned char got[4] = {};
+      ASSERT_EQ(cudaMemcpyAsync(got, d, 4, cudaMemcpyDeviceToHost, b), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+      EXPECT_EQ(got[0] == 7, withEvent) << (withEvent ? "the event did not order the streams"
+                                                      : "stream b waited for stream a without an event");
+      ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+      cudaEventDestroy(e);
+      cudaFree(d);
+      cudaStreamDestroy(a);
+      cudaStreamDestroy(b);
+    }
+  });
 }
 
 TEST(FakeCuda, AResultReadBeforeTheStreamIsSynchronisedIsNotThereYet) {
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  void* d;
-  ASSERT_EQ(cudaMalloc(&d, 1024), cudaSuccess);
-  std::vector<unsigned char> host(1024, 0);
-  sleepOnStream(s, 50);
-  ASSERT_EQ(cudaMemsetAsync(d, 9, 1024, s), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(host.data(), d, 1024, cudaMemcpyDeviceToHost, s), cudaSuccess);
-  EXPECT_EQ(host[0], 0) << "the copy completed within the call";
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(host[0], 9);
-  EXPECT_EQ(host[1023], 9);
-  cudaFree(d);
-  cudaStreamDestroy(s);
+  inChild([&] {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void* d;
+    ASSERT_EQ(cudaMalloc(&d, 1024), cudaSuccess);
+    std::vector<unsigned char> host(1024, 0);
+    sleepOnStream(s, 50);
+    ASSERT_EQ(cudaMemsetAsync(d, 9, 1024, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(host.data(), d, 1024, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    EXPECT_EQ(host[0], 0) << "the copy completed within the call";
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(host[0], 9);
+    EXPECT_EQ(host[1023], 9);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+  });
 }
 
 TEST(FakeCuda, TheLegacyStreamWaitsForBlockingStreamsButNotForNonBlockingOnes) {
-  for (bool blocking : {true, false}) {
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, blocking ? cudaStreamDefault : cudaStreamNonBlocking), cudaSuccess);
-    void* d;
-    ASSERT_EQ(cudaMalloc(&d, 4), cudaSuccess);
-    ASSERT_EQ(cudaMemset(d, 0, 4), cudaSuccess);
-    sleepOnStream(s, 100);
-    ASSERT_EQ(cudaMemsetAsync(d, 5, 4, s), cudaSuccess);
-    unsigned char got[4] = {};
-    ASSERT_EQ(cudaMemcpy(got, d, 4, cudaMemcpyDeviceToHost), cudaSuccess);  // the legacy stream
-    EXPECT_EQ(got[0] == 5, blocking);
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    cudaFree(d);
-    cudaStreamDestroy(s);
-  }
+  inChild([&] {
+    for (bool blocking : {true, false}) {
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, blocking ? cudaStreamDefault : cudaStreamNonBlocking), cudaSuccess);
+      void* d;
+      ASSERT_EQ(cudaMalloc(&d, 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(d, 0, 4), cudaSuccess);
+      sleepOnStream(s, 100);
+      ASSERT_EQ(cudaMemsetAsync(d, 5, 4, s), cudaSuccess);
+      unsigned char got[4] = {};
+      ASSERT_EQ(cudaMemcpy(got, d, 4, cudaMemcpyDeviceToHost), cudaSuccess);  // the legacy stream
+      EXPECT_EQ(got[0] == 5, blocking);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      cudaFree(d);
+      cudaStreamDestroy(s);
+    }
+  });
 }
 
 TEST(FakeCuda, InjectedStreamErrorsArriveOnce) {
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  ASSERT_EQ(fakecudaInjectStreamError(s, cudaErrorLaunchFailure), cudaSuccess);
-  ASSERT_EQ(cudaLaunchHostFunc(s, [](void*) {}, nullptr), cudaSuccess);
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorLaunchFailure);
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  cudaGetLastError();
-  cudaStreamDestroy(s);
+  inChild([&] {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    ASSERT_EQ(fakecudaInjectStreamError(s, cudaErrorLaunchFailure), cudaSuccess);
+    ASSERT_EQ(cudaLaunchHostFunc(s, [](void*) {}, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorLaunchFailure);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaGetLastError();
+    cudaStreamDestroy(s);
+  });
 }
 
 TEST(FakeCuda, KernelsSeeDeviceMemoryThroughTheAlias) {
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  int* d;
-  ASSERT_EQ(cudaMalloc((void**)&d, 16 * sizeof(int)), cudaSuccess);
-  struct Args {
+  inChild([&] {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     int* d;
-    int n;
-  } args{d, 16};
-  ASSERT_EQ(fakecudaLaunch(
-                s,
-                [](void* p) {
-                  Args* a = (Args*)p;
-                  int* x = (int*)fakecudaAlias(a->d, a->n * sizeof(int));
-                  for (int i = 0; i < a->n; i++) x[i] = i * i;
-                },
-                &args, sizeof args),
-            cudaSuccess);
-  int host[16];
-  ASSERT_EQ(cudaMemcpyAsync(host, d, sizeof host, cudaMemcpyDeviceToHost, s), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  for (int i = 0; i < 16; i++) EXPECT_EQ(host[i], i * i);
-  cudaFree(d);
-  cudaStreamDestroy(s);
+    ASSERT_EQ(cudaMalloc((void**)&d, 16 * sizeof(int)), cudaSuccess);
+    struct Args {
+      int* d;
+      int n;
+    } args{d, 16};
+    ASSERT_EQ(fakecudaLaunch(
+                  s,
+                  [](void* p) {
+                    Args* a = (Args*)p;
+                    int* x = (int*)fakecudaAlias(a->d, a->n * sizeof(int));
+                    for (int i = 0; i < a->n; i++) x[i] = i * i;
+                  },
+                  &args, sizeof args),
+              cudaSuccess);
+    int host[16];
+    ASSERT_EQ(cudaMemcpyAsync(host, d, sizeof host, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (int i = 0; i < 16; i++) EXPECT_EQ(host[i], i * i);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+  });
+}
+
+// CUDA does not survive fork: once a process has used the runtime (even only
+// cudaGetDeviceCount), a child it forks gets cudaErrorInitializationError
+// from every call and cannot make an NCCL communicator; a child forked
+// before any use is fine (inChild's are).
+TEST(FakeCuda, CudaFailsInAChildForkedAfterTheParentUsedIt) {
+  inChild([&] {
+    int count = 0;
+    CUDA_OK(cudaGetDeviceCount(&count));
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      void* p = nullptr;
+      int code = 0;
+      if (cudaMalloc(&p, 64) != cudaErrorInitializationError) code |= 1;
+      if (cudaGetDeviceCount(&count) != cudaErrorInitializationError) code |= 2;
+      ncclUniqueId id;
+      ncclComm_t c = nullptr;
+      if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&c, 1, id, 0) != ncclUnhandledCudaError) code |= 4;
+      _exit(code);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: cudaMalloc, 2: cudaGetDeviceCount, 4: ncclCommInitRank did not fail as CUDA does";
+    void* p = nullptr;
+    CUDA_OK(cudaMalloc(&p, 64));  // the parent itself goes on
+    CUDA_OK(cudaFree(p));
+  });
 }
 
 // ---- NCCL: ranks are processes ----
@@ -321,94 +388,98 @@ void affine(void* p) {
 // graph is launched; each launch reads the host input as it is then and
 // writes every byte of the output.
 TEST(FakeCudaGraph, ACapturedPassRunsOnlyWhenLaunchedAndAgainAtEveryLaunch) {
-  cudaStream_t s, side;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaEvent_t fork, join;
-  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  const int n = 4096, half = n / 2;
-  int* d;
-  CUDA_OK(cudaMalloc((void**)&d, n * sizeof(int)));
-  std::vector<int> in(n), out(n, -1);
+  inChild([&] {
+    cudaStream_t s, side;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cudaEvent_t fork, join;
+    CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    const int n = 4096, half = n / 2;
+    int* d;
+    CUDA_OK(cudaMalloc((void**)&d, n * sizeof(int)));
+    std::vector<int> in(n), out(n, -1);
 
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  cudaStreamCaptureStatus st;
-  unsigned long long id = 0;
-  CUDA_OK(cudaStreamGetCaptureInfo(s, &st, &id));
-  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
-  CUDA_OK(cudaStreamIsCapturing(side, &st));
-  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
-  CUDA_OK(cudaMemcpyAsync(d, in.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
-  CUDA_OK(cudaEventRecord(fork, s));
-  CUDA_OK(cudaStreamWaitEvent(side, fork, 0));  // side joins the capture
-  CUDA_OK(cudaStreamIsCapturing(side, &st));
-  EXPECT_EQ(st, cudaStreamCaptureStatusActive);
-  Affine lo{d, half, 1}, hi{d + half, half, 2};
-  CUDA_OK(fakecudaLaunch(s, affine, &lo, sizeof lo));
-  CUDA_OK(fakecudaLaunch(side, affine, &hi, sizeof hi));
-  CUDA_OK(cudaEventRecord(join, side));
-  CUDA_OK(cudaStreamWaitEvent(s, join, 0));
-  CUDA_OK(cudaMemcpyAsync(out.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, s));
-  cudaGraph_t g;
-  CUDA_OK(cudaStreamEndCapture(s, &g));
-  CUDA_OK(cudaStreamIsCapturing(side, &st));
-  EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cudaStreamCaptureStatus st;
+    unsigned long long id = 0;
+    CUDA_OK(cudaStreamGetCaptureInfo(s, &st, &id));
+    EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+    CUDA_OK(cudaStreamIsCapturing(side, &st));
+    EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+    CUDA_OK(cudaMemcpyAsync(d, in.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_OK(cudaEventRecord(fork, s));
+    CUDA_OK(cudaStreamWaitEvent(side, fork, 0));  // side joins the capture
+    CUDA_OK(cudaStreamIsCapturing(side, &st));
+    EXPECT_EQ(st, cudaStreamCaptureStatusActive);
+    Affine lo{d, half, 1}, hi{d + half, half, 2};
+    CUDA_OK(fakecudaLaunch(s, affine, &lo, sizeof lo));
+    CUDA_OK(fakecudaLaunch(side, affine, &hi, sizeof hi));
+    CUDA_OK(cudaEventRecord(join, side));
+    CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+    CUDA_OK(cudaMemcpyAsync(out.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamEndCapture(s, &g));
+    CUDA_OK(cudaStreamIsCapturing(side, &st));
+    EXPECT_EQ(st, cudaStreamCaptureStatusNone);
 
-  // Nothing ran: the device memory is still fresh, the output untouched.
-  std::vector<int> now(n);
-  CUDA_OK(cudaMemcpy(now.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(now[0], (int)0xCDCDCDCD);
-  EXPECT_EQ(out[0], -1);
+    // Nothing ran: the device memory is still fresh, the output untouched.
+    std::vector<int> now(n);
+    CUDA_OK(cudaMemcpy(now.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(now[0], (int)0xCDCDCDCD);
+    EXPECT_EQ(out[0], -1);
 
-  cudaGraphExec_t x;
-  CUDA_OK(cudaGraphInstantiate(&x, g, 0));
-  CUDA_OK(cudaGraphDestroy(g));  // the executable graph stands alone
-  std::mt19937 rng(std::random_device{}());
-  for (int launch = 0; launch < 3; launch++) {
-    for (int& v : in) v = (int)(rng() % 100000);
-    std::fill(out.begin(), out.end(), -1);
-    CUDA_OK(cudaGraphLaunch(x, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    int wrong = 0;
-    for (int i = 0; i < n; i++) wrong += out[i] != in[i] * 3 + (i < half ? 1 : 2);
-    EXPECT_EQ(wrong, 0) << "launch " << launch;
-  }
-  CUDA_OK(cudaGraphExecDestroy(x));
-  cudaFree(d);
-  cudaEventDestroy(fork);
-  cudaEventDestroy(join);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(side);
+    cudaGraphExec_t x;
+    CUDA_OK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_OK(cudaGraphDestroy(g));  // the executable graph stands alone
+    std::mt19937 rng(std::random_device{}());
+    for (int launch = 0; launch < 3; launch++) {
+      for (int& v : in) v = (int)(rng() % 100000);
+      std::fill(out.begin(), out.end(), -1);
+      CUDA_OK(cudaGraphLaunch(x, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      int wrong = 0;
+      for (int i = 0; i < n; i++) wrong += out[i] != in[i] * 3 + (i < half ? 1 : 2);
+      EXPECT_EQ(wrong, 0) << "launch " << launch;
+    }
+    CUDA_OK(cudaGraphExecDestroy(x));
+    cudaFree(d);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(side);
+  });
 }
 
 // Graph memory (cudaMallocAsync in a capture) is at one address for every
 // launch and fresh at each: nothing carries over between launches.
 TEST(FakeCudaGraph, MemoryAllocatedInACaptureIsFreshAtEveryLaunch) {
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int seen[2][4];
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  int* scratch = nullptr;
-  CUDA_OK(cudaMallocAsync((void**)&scratch, 4 * sizeof(int), s));
-  CUDA_OK(cudaMemcpyAsync(seen[0], scratch, sizeof seen[0], cudaMemcpyDeviceToHost, s));
-  CUDA_OK(cudaMemsetAsync(scratch, 0, 4 * sizeof(int), s));
-  CUDA_OK(cudaMemcpyAsync(seen[1], scratch, sizeof seen[1], cudaMemcpyDeviceToHost, s));
-  CUDA_OK(cudaFreeAsync(scratch, s));
-  cudaGraph_t g;
-  CUDA_OK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t x;
-  CUDA_OK(cudaGraphInstantiate(&x, g, 0));
-  for (int launch = 0; launch < 2; launch++) {
-    memset(seen, 0x11, sizeof seen);
-    CUDA_OK(cudaGraphLaunch(x, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    EXPECT_EQ(seen[0][0], (int)0xCDCDCDCD) << "launch " << launch;
-    EXPECT_EQ(seen[1][3], 0) << "launch " << launch;
-  }
-  cudaGraphExecDestroy(x);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
+  inChild([&] {
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int seen[2][4];
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    int* scratch = nullptr;
+    CUDA_OK(cudaMallocAsync((void**)&scratch, 4 * sizeof(int), s));
+    CUDA_OK(cudaMemcpyAsync(seen[0], scratch, sizeof seen[0], cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaMemsetAsync(scratch, 0, 4 * sizeof(int), s));
+    CUDA_OK(cudaMemcpyAsync(seen[1], scratch, sizeof seen[1], cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaFreeAsync(scratch, s));
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t x;
+    CUDA_OK(cudaGraphInstantiate(&x, g, 0));
+    for (int launch = 0; launch < 2; launch++) {
+      memset(seen, 0x11, sizeof seen);
+      CUDA_OK(cudaGraphLaunch(x, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      EXPECT_EQ(seen[0][0], (int)0xCDCDCDCD) << "launch " << launch;
+      EXPECT_EQ(seen[1][3], 0) << "launch " << launch;
+    }
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  });
 }
 
 // Ends a capture expected to have been invalidated.
@@ -423,132 +494,136 @@ void expectInvalidated(cudaStream_t s) {
 }
 
 TEST(FakeCudaGraph, CallsThatCannotBeCapturedFailAndInvalidateTheCapture) {
-  cudaStream_t s, other;
-  CUDA_OK(cudaStreamCreate(&s));  // blocking: takes part in the legacy stream's order
-  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-  void* d = nullptr;
-  CUDA_OK(cudaMalloc(&d, 64));
-  cudaEvent_t e;
-  CUDA_OK(cudaEventCreate(&e));
-  auto begin = [&](cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal) {
-    ASSERT_EQ(cudaStreamBeginCapture(s, m), cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaSuccess);
-  };
-  // Waiting for the capturing stream: in every mode, relaxed included.
-  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed}) {
-    begin(mode);
-    EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
-    EXPECT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaErrorStreamCaptureInvalidated);
-    expectInvalidated(s);
-    begin(mode);
-    EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
-    expectInvalidated(s);
-  }
-  begin();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
-  expectInvalidated(s);
-  // Potentially unsafe calls: refused in global and thread-local mode...
-  void* p = nullptr;
-  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
-    begin(mode);
-    EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
-    expectInvalidated(s);
-    begin(mode);
-    EXPECT_EQ(ncclMemAlloc(&p, 64), ncclUnhandledCudaError);
-    expectInvalidated(s);
-    begin(mode);
-    EXPECT_EQ(cudaMemcpy(d, d, 8, cudaMemcpyDeviceToDevice), cudaErrorStreamCaptureUnsupported);
-    expectInvalidated(s);
-    begin(mode);
-    EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorStreamCaptureUnsupported);
-    expectInvalidated(s);
-  }
-  // ... and from another thread only in global mode.
-  for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
-    begin(mode);
-    cudaError_t there = cudaSuccess;
-    std::thread([&] { there = cudaMalloc(&p, 64); }).join();
-    if (mode == cudaStreamCaptureModeGlobal) {
-      EXPECT_EQ(there, cudaErrorStreamCaptureUnsupported);
+  inChild([&] {
+    cudaStream_t s, other;
+    CUDA_OK(cudaStreamCreate(&s));  // blocking: takes part in the legacy stream's order
+    CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, 64));
+    cudaEvent_t e;
+    CUDA_OK(cudaEventCreate(&e));
+    auto begin = [&](cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal) {
+      ASSERT_EQ(cudaStreamBeginCapture(s, m), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaSuccess);
+    };
+    // Waiting for the capturing stream: in every mode, relaxed included.
+    for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed}) {
+      begin(mode);
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+      EXPECT_EQ(cudaMemsetAsync(d, 0, 64, s), cudaErrorStreamCaptureInvalidated);
       expectInvalidated(s);
-    } else {
-      EXPECT_EQ(there, cudaSuccess);
+      begin(mode);
+      EXPECT_EQ(cudaStreamQuery(s), cudaErrorStreamCaptureUnsupported);
+      expectInvalidated(s);
+    }
+    begin();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    expectInvalidated(s);
+    // Potentially unsafe calls: refused in global and thread-local mode...
+    void* p = nullptr;
+    for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
+      begin(mode);
+      EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+      expectInvalidated(s);
+      begin(mode);
+      EXPECT_EQ(ncclMemAlloc(&p, 64), ncclUnhandledCudaError);
+      expectInvalidated(s);
+      begin(mode);
+      EXPECT_EQ(cudaMemcpy(d, d, 8, cudaMemcpyDeviceToDevice), cudaErrorStreamCaptureUnsupported);
+      expectInvalidated(s);
+      begin(mode);
+      EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorStreamCaptureUnsupported);
+      expectInvalidated(s);
+    }
+    // ... and from another thread only in global mode.
+    for (auto mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal}) {
+      begin(mode);
+      cudaError_t there = cudaSuccess;
+      std::thread([&] { there = cudaMalloc(&p, 64); }).join();
+      if (mode == cudaStreamCaptureModeGlobal) {
+        EXPECT_EQ(there, cudaErrorStreamCaptureUnsupported);
+        expectInvalidated(s);
+      } else {
+        EXPECT_EQ(there, cudaSuccess);
+        cudaGraph_t g;
+        EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+        cudaGraphDestroy(g);
+        cudaFree(p);
+      }
+    }
+    // ... and allowed in relaxed mode.
+    begin(cudaStreamCaptureModeRelaxed);
+    EXPECT_EQ(cudaMalloc(&p, 64), cudaSuccess);
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+    {
       cudaGraph_t g;
       EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
       cudaGraphDestroy(g);
-      cudaFree(p);
     }
-  }
-  // ... and allowed in relaxed mode.
-  begin(cudaStreamCaptureModeRelaxed);
-  EXPECT_EQ(cudaMalloc(&p, 64), cudaSuccess);
-  EXPECT_EQ(cudaFree(p), cudaSuccess);
-  {
-    cudaGraph_t g;
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-    cudaGraphDestroy(g);
-  }
-  // An event recorded in the capture cannot be queried or waited for by the host.
-  begin(cudaStreamCaptureModeRelaxed);
-  CUDA_OK(cudaEventRecord(e, s));
-  EXPECT_EQ(cudaEventQuery(e), cudaErrorCapturedEvent);
-  expectInvalidated(s);
-  begin(cudaStreamCaptureModeRelaxed);
-  CUDA_OK(cudaEventRecord(e, s));
-  EXPECT_EQ(cudaEventSynchronize(e), cudaErrorCapturedEvent);
-  expectInvalidated(s);
-  // The legacy stream would depend on the capturing blocking stream.
-  begin();
-  EXPECT_EQ(cudaMemsetAsync(d, 0, 64, cudaStreamLegacy), cudaErrorStreamCaptureImplicit);
-  expectInvalidated(s);
-  EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
-  // A dependency on work outside the capture.
-  CUDA_OK(cudaEventRecord(e, other));
-  begin();
-  EXPECT_EQ(cudaStreamWaitEvent(s, e, 0), cudaErrorStreamCaptureIsolation);
-  expectInvalidated(s);
-  cudaGetLastError();
-  CUDA_OK(cudaStreamSynchronize(s));
-  cudaEventDestroy(e);
-  cudaFree(d);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(other);
+    // An event recorded in the capture cannot be queried or waited for by the host.
+    begin(cudaStreamCaptureModeRelaxed);
+    CUDA_OK(cudaEventRecord(e, s));
+    EXPECT_EQ(cudaEventQuery(e), cudaErrorCapturedEvent);
+    expectInvalidated(s);
+    begin(cudaStreamCaptureModeRelaxed);
+    CUDA_OK(cudaEventRecord(e, s));
+    EXPECT_EQ(cudaEventSynchronize(e), cudaErrorCapturedEvent);
+    expectInvalidated(s);
+    // The legacy stream would depend on the capturing blocking stream.
+    begin();
+    EXPECT_EQ(cudaMemsetAsync(d, 0, 64, cudaStreamLegacy), cudaErrorStreamCaptureImplicit);
+    expectInvalidated(s);
+    EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+    // A dependency on work outside the capture.
+    CUDA_OK(cudaEventRecord(e, other));
+    begin();
+    EXPECT_EQ(cudaStreamWaitEvent(s, e, 0), cudaErrorStreamCaptureIsolation);
+    expectInvalidated(s);
+    cudaGetLastError();
+    CUDA_OK(cudaStreamSynchronize(s));
+    cudaEventDestroy(e);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(other);
+  });
 }
 
 TEST(FakeCudaGraph, AForkNotJoinedBackFailsTheCapture) {
-  cudaStream_t s, side;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  void* d = nullptr;
-  CUDA_OK(cudaMalloc(&d, 64));
-  cudaEvent_t fork, join;
-  CUDA_OK(cudaEventCreate(&fork));
-  CUDA_OK(cudaEventCreate(&join));
-  for (bool joinBack : {false, true}) {
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    CUDA_OK(cudaEventRecord(fork, s));
-    CUDA_OK(cudaStreamWaitEvent(side, fork, 0));
-    CUDA_OK(cudaMemsetAsync(d, 1, 64, side));
-    if (joinBack) {
-      CUDA_OK(cudaEventRecord(join, side));
-      CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+  inChild([&] {
+    cudaStream_t s, side;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    void* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, 64));
+    cudaEvent_t fork, join;
+    CUDA_OK(cudaEventCreate(&fork));
+    CUDA_OK(cudaEventCreate(&join));
+    for (bool joinBack : {false, true}) {
+      CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      CUDA_OK(cudaEventRecord(fork, s));
+      CUDA_OK(cudaStreamWaitEvent(side, fork, 0));
+      CUDA_OK(cudaMemsetAsync(d, 1, 64, side));
+      if (joinBack) {
+        CUDA_OK(cudaEventRecord(join, side));
+        CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+      }
+      // Ending on the forked stream is not ending the capture.
+      cudaGraph_t g = nullptr;
+      EXPECT_EQ(cudaStreamEndCapture(side, &g), cudaErrorStreamCaptureUnmatched);
+      EXPECT_EQ(cudaStreamEndCapture(s, &g), joinBack ? cudaSuccess : cudaErrorStreamCaptureUnjoined);
+      EXPECT_EQ(g != nullptr, joinBack);
+      if (g) cudaGraphDestroy(g);
+      cudaStreamCaptureStatus st;
+      CUDA_OK(cudaStreamIsCapturing(side, &st));
+      EXPECT_EQ(st, cudaStreamCaptureStatusNone);
+      cudaGetLastError();
     }
-    // Ending on the forked stream is not ending the capture.
-    cudaGraph_t g = nullptr;
-    EXPECT_EQ(cudaStreamEndCapture(side, &g), cudaErrorStreamCaptureUnmatched);
-    EXPECT_EQ(cudaStreamEndCapture(s, &g), joinBack ? cudaSuccess : cudaErrorStreamCaptureUnjoined);
-    EXPECT_EQ(g != nullptr, joinBack);
-    if (g) cudaGraphDestroy(g);
-    cudaStreamCaptureStatus st;
-    CUDA_OK(cudaStreamIsCapturing(side, &st));
-    EXPECT_EQ(st, cudaStreamCaptureStatusNone);
-    cudaGetLastError();
-  }
-  cudaEventDestroy(fork);
-  cudaEventDestroy(join);
-  cudaFree(d);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(side);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(side);
+  });
 }
 
 // NCCL calls in a capture run at every launch, matched with the peers'

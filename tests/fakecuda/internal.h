@@ -93,6 +93,9 @@ cudaError_t captureUnsafe(const char* what);
 // The calling thread's device and its sticky-until-read error.
 int currentDevice();
 cudaError_t setError(cudaError_t e);
+// Every runtime entry point first: cudaErrorInitializationError in a child
+// of fork() whose parent had used CUDA, else cudaSuccess.
+cudaError_t enterRuntime();
 
 // Environment knobs, read once.
 int envInt(const char* name, int dflt);

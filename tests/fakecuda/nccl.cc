@@ -735,6 +735,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   *out = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) return failWith(ncclInvalidArgument, "bad rank or nranks");
   if (memcmp(id.internal, "FAKENCCL", 8) != 0) return failWith(ncclInvalidArgument, "not a fakenccl unique id");
+  if (enterRuntime() != cudaSuccess)
+    return failWith(ncclUnhandledCudaError, "CUDA failure 'initialization error' (a child of fork() after CUDA was used)");
   ncclComm* c = new ncclComm;
   c->rank = rank;
   c->nranks = nranks;

@@ -126,6 +126,13 @@ cudaError_t takeError(const std::shared_ptr<Stream>& s) {
 
 void gCapturesForkReset();
 
+// CUDA does not survive fork(): in a child of a process that had used the
+// runtime, every call fails with cudaErrorInitializationError, as a GPU's
+// driver makes it (a test parent that probed for a device before forking
+// its ranks left every rank without CUDA on a real GPU).
+std::atomic<bool> gUsed{false};
+bool gForkedAfterUse = false;
+
 // fork(): the child has none of the parent's stream threads, so it starts
 // with no streams (the parent's device memory stays mapped, as it would not
 // on a GPU, but nothing in the child can reach it through a stream).
@@ -138,6 +145,7 @@ void afterForkParent() {
   gMu.unlock();
 }
 void afterForkChild() {
+  if (gUsed.load()) gForkedAfterUse = true;
   gCv = new std::condition_variable;
   gOwned.clear();
   gAllStreams.clear();
@@ -310,6 +318,12 @@ int currentDevice() { return tlsDevice; }
 cudaError_t setError(cudaError_t e) {
   if (e != cudaSuccess) tlsError = e;
   return e;
+}
+
+cudaError_t enterRuntime() {
+  if (gForkedAfterUse) return setError(cudaErrorInitializationError);
+  gUsed.store(true, std::memory_order_relaxed);
+  return cudaSuccess;
 }
 
 bool depsDone(const std::vector<Dep>& deps) {
@@ -508,18 +522,21 @@ cudaError_t capturedEventLocked(cudaEvent_t e, const char* what) {
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!count) return setError(cudaErrorInvalidValue);
   *count = deviceCount();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (device < 0 || device >= deviceCount()) return setError(cudaErrorInvalidDevice);
   tlsDevice = device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!device) return setError(cudaErrorInvalidValue);
   *device = tlsDevice;
   return cudaSuccess;
@@ -537,6 +554,7 @@ const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInitializationError: return "cudaErrorInitializationError";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -560,6 +578,7 @@ const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInitializationError: return "initialization error";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
@@ -581,6 +600,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!p) return setError(cudaErrorInvalidValue);
   cudaError_t e = checkUnsafe("cudaMalloc");
   if (e != cudaSuccess) return setError(e);
@@ -589,6 +609,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!p) return cudaSuccess;
   cudaError_t e = checkUnsafe("cudaFree");
   if (e != cudaSuccess) return setError(e);
@@ -600,6 +621,7 @@ cudaError_t cudaFree(void* p) {
 // Stream-ordered allocation: the memory is there at once (no earlier work
 // can touch it), and freed when the stream reaches the free.
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!p) return setError(cudaErrorInvalidValue);
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -628,6 +650,7 @@ cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
 }
 
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   if (!p) return cudaSuccess;
@@ -662,6 +685,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!p) return setError(cudaErrorInvalidValue);
   *p = malloc(std::max<size_t>(bytes, 1));
   if (!*p) return setError(cudaErrorMemoryAllocation);
@@ -673,6 +697,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
 
 cudaError_t cudaFreeHost(void* p) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   {
     std::lock_guard<std::mutex> l(gMemMu);
     if (!gPinned.erase(p)) return setError(cudaErrorInvalidValue);
@@ -682,6 +707,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void* p) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!a) return setError(cudaErrorInvalidValue);
   memset(a, 0, sizeof(*a));
   int dev = 0;
@@ -704,6 +730,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!out) return setError(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> l(gMu);
   auto s = startStream(tlsDevice, false, !(flags & cudaStreamNonBlocking));
@@ -715,6 +742,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
 cudaError_t cudaStreamCreate(cudaStream_t* out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   std::unique_lock<std::mutex> l(gMu);
   auto it = gOwned.find((Stream*)stream);
   if (it == gOwned.end()) return setError(cudaErrorInvalidResourceHandle);
@@ -726,6 +754,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   gHostWaits++;
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -741,6 +770,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
@@ -753,6 +783,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   gHostWaits++;
   std::unique_lock<std::mutex> l(gMu);
   cudaError_t c = checkUnsafeLocked("cudaDeviceSynchronize");
@@ -765,6 +796,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!e) return setError(cudaErrorInvalidValue);
   *e = new CUevent_st;
   (*e)->timing = !(flags & cudaEventDisableTiming);
@@ -774,12 +806,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   delete e;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -807,6 +841,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
   cudaError_t c = capturedEventLocked(e, "cudaEventQuery");
@@ -816,6 +851,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   gHostWaits++;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::mutex> l(gMu);
@@ -827,6 +863,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!ms || !a || !b) return setError(cudaErrorInvalidValue);
   if (!a->timing || !b->timing) return setError(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> l(gMu);
@@ -837,6 +874,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!e) return setError(cudaErrorInvalidResourceHandle);
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -880,28 +918,34 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return copyAsync(dst, src, bytes, kind, stream);
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return syncLegacy("cudaMemcpy", [&](cudaStream_t s) { return copyAsync(dst, src, bytes, kind, s); });
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind kind, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (width > dpitch || width > spitch) return setError(cudaErrorInvalidValue);
   return copyAsync(dst, src, width, kind, stream, height, dpitch, spitch);
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return setAsync(dst, value, bytes, stream);
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return syncLegacy("cudaMemset", [&](cudaStream_t s) { return setAsync(dst, value, bytes, s); });
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   auto s = streamOf(stream);
   if (!s || !fn) return setError(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
   RunFn run = [=] {
@@ -913,6 +957,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userD
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
       mode != cudaStreamCaptureModeRelaxed)
     return setError(cudaErrorInvalidValue);
@@ -935,6 +980,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!graph) return setError(cudaErrorInvalidValue);
   *graph = nullptr;
   auto s = streamOf(stream);
@@ -974,12 +1020,14 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return cudaStreamGetCaptureInfo(stream, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus* status,
                                      unsigned long long* id, cudaGraph_t* graph, const cudaGraphNode_t** deps,
                                      const cudaGraphEdgeData** edges, size_t* numDeps) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!status) return setError(cudaErrorInvalidValue);
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -1005,6 +1053,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCapture
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!mode) return setError(cudaErrorInvalidValue);
   std::swap(*mode, tlsCaptureMode);
   return cudaSuccess;
@@ -1024,12 +1073,14 @@ struct CUgraphExec_st {
 extern "C" {
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!graph) return setError(cudaErrorInvalidValue);
   delete (std::shared_ptr<GraphData>*)graph;
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!exec || !graph) return setError(cudaErrorInvalidValue);
   auto g = *(std::shared_ptr<GraphData>*)graph;
   auto x = new CUgraphExec_st;
@@ -1041,10 +1092,12 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   return cudaGraphInstantiate(exec, graph, flags);
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!exec) return setError(cudaErrorInvalidValue);
   auto s = streamOf(stream);
   if (!s) return setError(cudaErrorInvalidResourceHandle);
@@ -1087,6 +1140,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
   if (!exec) return setError(cudaErrorInvalidValue);
   {
     // As CUDA: returns at once; launches already enqueued still run (their
