@@ -253,8 +253,12 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
  * sendbuff == recvbuff + rank * sendcount; for reduce-scatter recvbuff ==
  * sendbuff + rank * recvcount. Buffers that overlap in any other way are
  * zpInvalidArgument on the rank that passes them.
- * float16 and bfloat16 are reduced in float32 and rounded once; zpAvg
- * divides the sum by the rank count (integers: truncating). Callable inside
+ * On host buffers float16 and bfloat16 are reduced in float32 and rounded
+ * once, and zpAvg divides the sum by the rank count once (integers:
+ * truncating). On device buffers the arithmetic is NCCL's: 16-bit types are
+ * rounded at every hop, and zpAvg of a floating type multiplies each input by
+ * 1/nranks in the type before summing, so the last bits may differ from the
+ * host path's (integers: the sum divided, truncating, as on the host). Callable inside
  * zpGroupStart / zpGroupEnd (they run in call order after the group's
  * sends and receives). With a stream (device buffers) NCCL's own collective
  * is enqueued on the stream on the communicator's NCCL communicator (NCCL's

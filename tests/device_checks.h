@@ -135,6 +135,7 @@ inline uint16_t exactBits(float x, zpDataType_t dt) {
   return (uint16_t)(((b >> 16) & 0x8000) | e << 10 | ((b >> 13) & 0x3FF));
 }
 inline double widen(const void* base, size_t i, zpDataType_t dt) {
+  if (dt == zpFloat64) return ((const double*)base)[i];
   if (dt == zpFloat32) return ((const float*)base)[i];
   const uint16_t h = ((const uint16_t*)base)[i];
   if (dt == zpBfloat16) {

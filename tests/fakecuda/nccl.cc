@@ -31,6 +31,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <type_traits>
 
 #include "tests/fakecuda/fakecuda.h"
 #include "tests/fakecuda/internal.h"
@@ -539,14 +540,22 @@ T combine(T a, T b, ncclRedOp_t op) {
   }
 }
 
-// out[i] = op over r of in[r][i], in rank order; T is how the type adds.
-template <class T, class Load, class Store>
+// out[i] = op over r of in[r][i], in rank order, as NCCL computes it: T is
+// how the type adds, and round() rounds to the type after every step (a
+// 16-bit type is rounded at each hop of NCCL's rings, not once at the end).
+// ncclAvg of a floating type is NCCL's pre-multiplied sum: each input times
+// 1/n (rounded to the type) in the type, then summed; of an integer type
+// the sum divided once (truncating).
+template <class T, class Load, class Store, class Round>
 void reduceAll(const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op, int n, Load load,
-               Store store) {
+               Store store, Round round, bool floating) {
+  const bool preMultiply = op == ncclAvg && floating;
+  const T scale = round((T)(1.0 / n));
+  auto input = [&](int r, size_t i) { return preMultiply ? round((T)(load(in[r], i) * scale)) : load(in[r], i); };
   for (size_t i = 0; i < count; i++) {
-    T acc = load(in[0], i);
-    for (int r = 1; r < n; r++) acc = combine(acc, load(in[r], i), op);
-    if (op == ncclAvg) acc = (T)(acc / (T)n);
+    T acc = input(0, i);
+    for (int r = 1; r < n; r++) acc = round(combine(acc, input(r, i), op));
+    if (op == ncclAvg && !floating) acc = (T)(acc / (T)n);
     store(out, i, acc);
   }
 }
@@ -554,7 +563,8 @@ void reduceAll(const std::vector<const char*>& in, char* out, size_t count, nccl
 template <class T>
 void reduceNative(const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op, int n) {
   reduceAll<T>(in, out, count, op, n, [](const char* p, size_t i) { return ((const T*)p)[i]; },
-               [](char* p, size_t i, T v) { ((T*)p)[i] = v; });
+               [](char* p, size_t i, T v) { ((T*)p)[i] = v; }, [](T v) { return v; },
+               std::is_floating_point<T>::value);
 }
 
 void reduceTyped(ncclDataType_t t, const std::vector<const char*>& in, char* out, size_t count, ncclRedOp_t op,
@@ -570,11 +580,13 @@ void reduceTyped(ncclDataType_t t, const std::vector<const char*>& in, char* out
     case ncclFloat64: reduceNative<double>(in, out, count, op, n); break;
     case ncclFloat16:
       reduceAll<float>(in, out, count, op, n, [](const char* p, size_t i) { return halfToFloat(((const uint16_t*)p)[i]); },
-                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToHalf(v); });
+                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToHalf(v); },
+                       [](float v) { return halfToFloat(floatToHalf(v)); }, true);
       break;
     case ncclBfloat16:
       reduceAll<float>(in, out, count, op, n, [](const char* p, size_t i) { return bf16ToFloat(((const uint16_t*)p)[i]); },
-                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToBf16(v); });
+                       [](char* p, size_t i, float v) { ((uint16_t*)p)[i] = floatToBf16(v); },
+                       [](float v) { return bf16ToFloat(floatToBf16(v)); }, true);
       break;
     default: break;
   }
