@@ -663,6 +663,19 @@ TEST(DeviceErrors, HostAndDeviceBuffersMustMatchTheStream) {
     ZP_EXPECT_ERROR(zpInvalidArgument,
                     zpAlltoallv(dev, counts, displs, host.data(), counts, displs, zpUint8, comm, stream));
     EXPECT_NE(std::string(zpGetLastError(comm)).find("recvbuff"), std::string::npos) << zpGetLastError(comm);
+    // In a capture too: host memory is refused, while the capture's own
+    // memory (cudaMallocAsync, which CUDA calls unregistered until the
+    // graph's first launch) is taken for device memory.
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    void* graphMem = nullptr;
+    CUDA_OK(cudaMallocAsync(&graphMem, 64, stream));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpCommCheckBuffer(comm, host.data(), stream));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("is host memory"), std::string::npos) << zpGetLastError(comm);
+    ZP_EXPECT_OK(zpCommCheckBuffer(comm, graphMem, stream));
+    CUDA_OK(cudaFreeAsync(graphMem, stream));
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphDestroy(graph));
     // Nothing was enqueued by the refused calls: the ranks are still in step.
     zptest::barrier(comm, nranks);
     CUDA_OK(cudaStreamDestroy(stream));

@@ -121,7 +121,7 @@ zpResult_t checkDataCall(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStre
     if (!b.ptr) continue;
     zp::StreamTransport::Memory where;
     int ordinal = -1;
-    ZP_CHECK(device->memoryOf(b.ptr, &where, &ordinal));
+    ZP_CHECK(device->memoryOf(b.ptr, stream, &where, &ordinal));
     if (stream && where == zp::StreamTransport::Memory::kHost)
       return zp::fail(zpInvalidArgument,
                       "%s: %s (%p) is host memory but a stream was given: pass device memory to order the call on "

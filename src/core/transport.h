@@ -209,8 +209,9 @@ class StreamTransport {
  public:
   virtual ~StreamTransport() = default;
   enum class Memory { kHost, kDevice };
-  // Where buf lives; an error if the runtime cannot tell.
-  virtual zpResult_t memoryOf(const void* buf, Memory* where, int* device) = 0;
+  // Where buf, passed to a call on stream (NULL: a host call), lives; an
+  // error if the runtime cannot tell.
+  virtual zpResult_t memoryOf(const void* buf, void* stream, Memory* where, int* device) = 0;
   // Enqueues ops (each on its op->stream) as one group, so that sends and
   // receives among them cannot deadlock; returns without waiting for the
   // device. Ops are not marked done: their completion is the stream's.

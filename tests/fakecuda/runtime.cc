@@ -44,6 +44,23 @@ std::map<uintptr_t, Alloc>::iterator findAlloc(const void* p) {
 }
 
 std::set<void*>& gPinned = *new std::set<void*>;  // cudaMallocHost memory (under gMemMu)
+// Graph memory (cudaMallocAsync in a capture) whose graph has not been
+// launched yet, base -> bytes (under gMemMu): CUDA's pointer attributes call
+// it unregistered memory of device -2 until the first launch, as an H200
+// showed (a capture's own staging looked like host memory).
+std::map<uintptr_t, size_t>& gUnlaunched = *new std::map<uintptr_t, size_t>;
+
+bool unlaunchedGraphMemory(const void* p) {
+  std::lock_guard<std::mutex> l(gMemMu);
+  auto it = gUnlaunched.upper_bound((uintptr_t)p);
+  if (it == gUnlaunched.begin()) return false;
+  --it;
+  return (uintptr_t)p < it->first + std::max<size_t>(it->second, 1);
+}
+void graphMemoryLaunched(const std::vector<void*>& ptrs) {
+  std::lock_guard<std::mutex> l(gMemMu);
+  for (void* p : ptrs) gUnlaunched.erase((uintptr_t)p);
+}
 
 thread_local int tlsDevice = 0;
 thread_local cudaError_t tlsError = cudaSuccess;
@@ -166,6 +183,7 @@ const int gAtFork = pthread_atfork(beforeFork, afterForkParent, afterForkChild);
 struct GraphMem {
   std::vector<void*> ptrs;
   ~GraphMem() {
+    graphMemoryLaunched(ptrs);  // gone: no longer a graph's unlaunched memory either
     for (void* p : ptrs) freeDevice(p);
   }
 };
@@ -634,6 +652,10 @@ cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
     void* mem = allocDevice(bytes, tlsDevice);
     if (!mem) return setError(cudaErrorMemoryAllocation);
     c->graph->mem->ptrs.push_back(mem);
+    {
+      std::lock_guard<std::mutex> lm(gMemMu);
+      gUnlaunched[(uintptr_t)mem] = bytes;
+    }
     char* alias = (char*)deviceAlias(mem, bytes);
     *p = mem;
     return setError(submitLocked(s, [alias, bytes] {
@@ -711,6 +733,11 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void
   if (!a) return setError(cudaErrorInvalidValue);
   memset(a, 0, sizeof(*a));
   int dev = 0;
+  if (unlaunchedGraphMemory(p)) {
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = -2;
+    return cudaSuccess;
+  }
   if (isDevicePointer(p, &dev)) {
     a->type = cudaMemoryTypeDevice;
     a->device = dev;
@@ -1109,6 +1136,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   cudaError_t c = checkLegacyLocked(s, "cudaGraphLaunch");
   if (c != cudaSuccess) return setError(c);
   const GraphData& g = *exec->graph;
+  graphMemoryLaunched(g.mem->ptrs);
   // The launch starts where the stream is (with the legacy stream's implicit
   // order), and the stream goes on once every node is done.
   const uint64_t start = enqueueLocked(s, Item{});

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +65,23 @@ ncclResult_t settle(ncclComm_t comm, uint64_t deadlineMs) {
   }
 }
 
+bool capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status == cudaStreamCaptureStatusActive;
+}
+
+// Whether this process can read a byte at p: a syscall that copies from p
+// fails with EFAULT instead of faulting (process_vm_readv on ourselves).
+bool hostReadable(const void* p) {
+  char byte;
+  struct iovec local = {&byte, 1}, remote = {const_cast<void*>(p), 1};
+  return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == 1;
+}
+
 zpResult_t ncclFailure(const char* what, ncclResult_t r, ncclComm_t comm) {
   if (r == ncclInProgress) return fail(zpRemoteError, "%s did not complete within the timeout (a peer is missing?)", what);
   return fail(fromNccl(r), "%s: %s: %s", what, ncclGetErrorString(r), ncclGetLastError(comm));
@@ -74,7 +92,7 @@ class NcclTransport : public StreamTransport {
   NcclTransport(ncclComm_t comm, int device, int timeoutMs) : comm_(comm), device_(device), timeoutMs_(timeoutMs) {}
   ~NcclTransport() override { close(true); }
 
-  zpResult_t memoryOf(const void* buf, Memory* where, int* device) override {
+  zpResult_t memoryOf(const void* buf, void* stream, Memory* where, int* device) override {
     cudaPointerAttributes a;
     memset(&a, 0, sizeof(a));
     cudaError_t e = cudaPointerGetAttributes(&a, buf);
@@ -83,9 +101,18 @@ class NcclTransport : public StreamTransport {
       return fail(zpUnhandledCudaError, "cudaPointerGetAttributes(%p): %s", buf, cudaGetErrorString(e));
     }
     // Managed memory is usable from the device: it counts as device memory.
-    const bool onDevice = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-    *where = onDevice ? Memory::kDevice : Memory::kHost;
+    bool onDevice = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
     *device = onDevice ? a.device : -1;
+    // Memory from cudaMallocAsync in a capture (a graph's, as Ulysses' and the
+    // attention driver's staging are) is "unregistered" to CUDA until the
+    // graph's first launch. On a capturing stream, such a pointer that the
+    // host cannot read is taken for the capture's own device memory: host
+    // memory (malloc'd, mapped) is readable and is still refused.
+    if (a.type == cudaMemoryTypeUnregistered && stream && capturing(stream) && !hostReadable(buf)) {
+      onDevice = true;
+      *device = device_;
+    }
+    *where = onDevice ? Memory::kDevice : Memory::kHost;
     return zpSuccess;
   }
 
