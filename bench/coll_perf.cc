@@ -1,4 +1,5 @@
-// all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf:
+// all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf,
+// barrier_perf:
 // nccl-tests style sweeps of the standard collectives, built from this file
 // once per collective (ZP_BENCH_COLL) against Zeppelin, and with
 // ZP_BENCH_MPI against MPI (mpi_all_reduce_perf, ...), so both measure the
@@ -10,6 +11,8 @@
 // all-reduce algbw * 2(n-1)/n, all-gather and reduce-scatter algbw * (n-1)/n,
 // broadcast algbw. -c 1 checks every element after the timed loop: inputs
 // are small integers, so sums are exact in every datatype and order.
+// barrier_perf times zpBarrier (MPI_Barrier): its rows differ only in the
+// size printed, and it has no bandwidth and nothing to check.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,15 +32,17 @@ using namespace zpbench;
 
 namespace {
 
-enum Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+enum Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
 constexpr Coll kColl = Coll(ZP_BENCH_COLL);
 const char* const kNames[] = {PROG_PREFIX "all_reduce_perf", PROG_PREFIX "all_gather_perf",
-                              PROG_PREFIX "reduce_scatter_perf", PROG_PREFIX "broadcast_perf"};
+                              PROG_PREFIX "reduce_scatter_perf", PROG_PREFIX "broadcast_perf",
+                              PROG_PREFIX "barrier_perf"};
 const char* const kProg = kNames[kColl];
 
 double busFactor(int n) {
   if (kColl == kAllReduce) return 2.0 * (n - 1) / n;
   if (kColl == kBroadcast) return 1.0;
+  if (kColl == kBarrier) return 0.0;
   return double(n - 1) / n;
 }
 
@@ -104,6 +109,7 @@ int main(int argc, char** argv) {
         case kAllGather: comm.allgather(in.data(), out.data(), count, t); break;
         case kReduceScatter: comm.reducescatter(in.data(), out.data(), count, t); break;
         case kBroadcast: comm.broadcast(in.data(), out.data(), count, t, 0); break;
+        case kBarrier: comm.barrierCall(); break;
       }
     };
     for (int i = 0; i < opt.warmup; ++i) call();
@@ -133,7 +139,7 @@ int main(int argc, char** argv) {
     }
 
     long long wrong = -1;
-    if (opt.check) {
+    if (opt.check && kColl != kBarrier) {
       for (size_t i = 0; i < inElems; i++) store(in.data(), i, t, inputOf(rank, i));
       memset(out.data(), 0xA5, out.size());
       call();

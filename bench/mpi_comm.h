@@ -67,6 +67,7 @@ class BenchComm {
   }
 
   void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrierCall() { barrier(); }  // barrier_perf
 
   // The standard collectives (coll_perf.cc), sum where they reduce.
   void allreduce(const void* s, void* r, size_t count, const TypeInfo& t) {
@@ -94,6 +95,14 @@ class BenchComm {
     if (to >= 0)
       check(MPI_Isend(sendBuf, int(sendBytes), MPI_BYTE, to, 0, MPI_COMM_WORLD, &req[k++]), "MPI_Isend");
     check(MPI_Waitall(k, req, MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+
+  // As zp_comm.h's (sendrecv_perf): count elements to `to`, count from `from`.
+  void sendrecv(const void* sendBuf, int to, void* recvBuf, int from, size_t count, const TypeInfo& t,
+                void* /*stream: host buffers only*/ = nullptr) {
+    check(MPI_Sendrecv(sendBuf, int(count), mpiType(t), to, 0, recvBuf, int(count), mpiType(t), from, 0,
+                       MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
   }
 
   std::vector<uint64_t> allgatherU64(const std::vector<uint64_t>& mine) {

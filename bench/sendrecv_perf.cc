@@ -1,7 +1,9 @@
 // sendrecv_perf: nccl-tests style sweep of a ring shift. Every rank sends
 // `size` bytes to (rank+1)%n and receives as many from (rank-1+n)%n, both in
 // one zpGroupStart / zpGroupEnd. algbw = busbw = size / time, where time is
-// the slowest rank's mean time per iteration.
+// the slowest rank's mean time per iteration. Built with ZP_BENCH_MPI as
+// mpi_sendrecv_perf (MPI_Sendrecv on the same traffic), the peer of
+// bench/compare_latency.py.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,15 +11,21 @@
 
 #include "common.h"
 #include "device.h"
+#ifdef ZP_BENCH_MPI
+#include "mpi_comm.h"
+static const char* const kProg = "mpi_sendrecv_perf";
+static constexpr bool kPeerHasDevice = false;
+#else
 #include "zp_comm.h"
+static const char* const kProg = "sendrecv_perf";
+static constexpr bool kPeerHasDevice = true;
+#endif
 
 using namespace zpbench;
 
-static const char* const kProg = "sendrecv_perf";
-
 int main(int argc, char** argv) {
   const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/false);
-  requireDeviceSupport(opt, kProg);
+  requireDeviceSupport(opt, kProg, kPeerHasDevice);
   BenchComm comm;
   comm.init(&argc, &argv);
   const int n = comm.nranks(), rank = comm.rank();

@@ -110,6 +110,9 @@ class ZpBenchComm {
     check(zpGroupEnd(), "zpGroupEnd");
   }
 
+  // The library's own barrier (barrier_perf).
+  void barrierCall() { check(zpBarrier(comm_, nullptr), "zpBarrier"); }
+
   // One byte to and from every rank: nobody leaves before all have arrived.
   // (A zero-count alltoallv would do if the library always synchronizes on
   // it; a byte each way makes the barrier independent of that choice.)
