@@ -3,7 +3,6 @@
 // receives of the group progress together (so exchanges cannot deadlock) and
 // then the group's collectives run in call order.
 #include <algorithm>
-#include <deque>
 #include <memory>
 #include <mutex>
 
@@ -18,7 +17,8 @@ struct Group {
   int depth = 0;
   // The communicators are shared: one destroyed by another thread while
   // this group is open stays alive (and says so) until the group ends.
-  std::deque<std::pair<std::shared_ptr<Comm>, Op>> p2p;  // deque: Op addresses stay put
+  // Their addresses are taken only at zpGroupEnd, once every call is in.
+  std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> collectives;
 };
 thread_local Group tlsGroup;
@@ -44,10 +44,18 @@ zpResult_t groupEnd() {
   Group& g = tlsGroup;
   if (g.depth == 0) return fail(zpInvalidUsage, "zpGroupEnd called without a matching zpGroupStart");
   if (--g.depth > 0) return zpSuccess;
-  std::deque<std::pair<std::shared_ptr<Comm>, Op>> p2p;
+  // The group's calls move out (a call made while they run starts a new
+  // group), into storage kept from group to group: a send/recv group per
+  // step allocates nothing here.
+  thread_local std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> colls;
+  p2p.clear();
   p2p.swap(g.p2p);
   colls.swap(g.collectives);
+  struct Clear {  // leaves no Comm alive past this group
+    std::vector<std::pair<std::shared_ptr<Comm>, Op>>& q;
+    ~Clear() { q.clear(); }
+  } clearAtEnd{p2p};
 
   zpResult_t res = zpSuccess;
   // Device calls go on their streams first (enqueued, one NCCL group per
@@ -64,7 +72,24 @@ zpResult_t groupEnd() {
     zpResult_t r = call.status() == zpSuccess ? d.first->enqueueOnStreams(d.second) : call.status();
     if (res == zpSuccess) res = r;
   }
-  if (!p2p.empty()) {
+  // The common case, host calls on one communicator, without the general
+  // case's lists.
+  Comm* only = nullptr;
+  bool single = true;
+  for (auto& e : p2p) {
+    if (e.second.stream) continue;
+    if (only && only != e.first.get()) single = false;
+    only = e.first.get();
+  }
+  if (only && single) {
+    thread_local std::vector<Op*> ops;
+    ops.clear();
+    for (auto& e : p2p)
+      if (!e.second.stream) ops.push_back(&e.second);
+    Comm::Call call(only, "zpGroupEnd");
+    zpResult_t r = call.status() == zpSuccess ? only->runOps(ops) : call.status();
+    if (res == zpSuccess) res = r;
+  } else if (only) {
     std::vector<Comm::Work> work;
     for (auto& e : p2p) {
       if (e.second.stream) continue;

@@ -76,6 +76,24 @@ def _config(timeout=None, routing=None, node_id=None, net_devices=None):
     return c
 
 
+def _rows_for_elements(fn, send, recv, sendcounts, recvcounts):
+    """The counts of alltoallv are elements. Counts that sum to exactly the
+    rows of two multi-dimensional tensors (torch.distributed's split sizes)
+    would move a fraction of each block and leave the rest of recv as it was:
+    that is refused, not silently done."""
+    shapes = [tuple(getattr(t, "shape", ())) for t in (send, recv)]
+    if any(len(sh) < 2 for sh in shapes):
+        return
+    if sum(sendcounts) == shapes[0][0] and sum(recvcounts) == shapes[1][0]:
+        row = 1
+        for d in shapes[0][1:]:
+            row *= d
+        raise InvalidArgument(
+            "%s: the counts are elements, but these sum to the rows of send %s and recv %s, so they would move "
+            "1/%d of each block: multiply them by %d, or call all_to_all_single, which takes split sizes in rows"
+            % (fn, list(shapes[0]), list(shapes[1]), row, row))
+
+
 def _version_code():
     v = ctypes.c_int()
     check(_lib.lib.zpGetVersion(ctypes.byref(v)))
@@ -369,6 +387,8 @@ class Communicator:
                     if counts[p] and displs[p] + counts[p] > b.numel:
                         raise InvalidArgument("%s: %s block for rank %d is elements [%d, %d) but %s has %d elements"
                                               % (fn, what, p, displs[p], displs[p] + counts[p], what, b.numel))
+        if last[2] * 2 <= sb.numel and last[3] * 2 <= rb.numel:
+            _rows_for_elements(fn, send, recv, last[4][0], last[4][2])
         a = last[1]
         keep = _group_keep()
         if keep is not None:
@@ -377,6 +397,37 @@ class Communicator:
             keep.append(a)
         self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
         return recv
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, stream=None):
+        """torch.distributed.all_to_all_single's semantics on zpAlltoallv: split
+        sizes are rows of dimension 0 (None: equal splits); rows go back to
+        back in rank order. Returns output."""
+        fn, n = "all_to_all_single", self._size
+
+        def splits(t, sizes, what):
+            shape = tuple(getattr(t, "shape", ()))
+            if not shape:
+                raise InvalidArgument("%s: %s needs a shape (a tensor or an array), got %r" % (fn, what, type(t)))
+            rows = shape[0]
+            row = 1
+            for d in shape[1:]:
+                row *= d
+            if sizes is None:
+                if rows % n:
+                    raise InvalidArgument("%s: %s has %d rows, not divisible by %d ranks: give split sizes"
+                                          % (fn, what, rows, n))
+                sizes = [rows // n] * n
+            sizes = [int(x) for x in _as_tuple(sizes)]
+            if len(sizes) != n or min(sizes) < 0:
+                raise InvalidArgument("%s: %s split sizes %r: need %d sizes >= 0" % (fn, what, sizes, n))
+            if sum(sizes) != rows:
+                raise InvalidArgument("%s: %s split sizes %r sum to %d rows but it has %d"
+                                      % (fn, what, sizes, sum(sizes), rows))
+            return [x * row for x in sizes]
+
+        sc = splits(input, input_split_sizes, "input")
+        rc = splits(output, output_split_sizes, "output")
+        return self.alltoallv(input, sc, output, rc, stream=stream)
 
     # ---- collectives ----
     @staticmethod

@@ -474,9 +474,9 @@ zpResult_t zpGroupEnd(void) try {
   bool outermost = zp::groupOpen();
   zpResult_t r = zp::groupEnd();
   if (outermost && !zp::groupOpen()) {
-    std::vector<zpComm_t> comms;
-    comms.swap(tlsGroupComms);
-    for (zpComm_t h : comms) noted(h, r);
+    if (r != zpSuccess)
+      for (zpComm_t h : tlsGroupComms) noted(h, r);
+    tlsGroupComms.clear();  // keeps its storage: a group per step allocates nothing here
   }
   return r;
 } catch (...) {

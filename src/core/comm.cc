@@ -529,12 +529,25 @@ zpResult_t Comm::enqueueCollectiveOnStream(const CollArgs& args, void* stream) {
 
 zpResult_t Comm::runOps(std::vector<Work>& work, const std::function<bool()>& until) {
   std::vector<Comm*> comms;
-  for (Work& w : work) {
-    Comm* c = w.comm;
-    ZP_CHECK(c->checkUsable());
-    comms.push_back(c);
-  }
-  for (Work& w : work) {
+  for (Work& w : work) comms.push_back(w.comm);
+  return runWork(work.data(), work.size(), comms, until);
+}
+
+zpResult_t Comm::runOps(std::vector<Op*>& ops, const std::function<bool()>& until) {
+  // Without a list of one Work and one Comm made per call (a send/recv
+  // group per step would allocate them every time).
+  if (self_.empty()) self_.push_back(this);
+  Work work{this, {}};
+  work.ops.swap(ops);  // lent, not copied
+  zpResult_t r = runWork(&work, 1, self_, until);
+  ops.swap(work.ops);
+  return r;
+}
+
+zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, const std::function<bool()>& until) {
+  for (Comm* c : comms) ZP_CHECK(c->checkUsable());
+  for (size_t k = 0; k < n; k++) {
+    Work& w = work[k];
     Comm* c = w.comm;
     std::vector<Op*> selfSends, selfRecvs;
     for (Op* op : w.ops) {
@@ -548,25 +561,20 @@ zpResult_t Comm::runOps(std::vector<Work>& work, const std::function<bool()>& un
     c->runSelfOps(selfSends, selfRecvs);
   }
   auto allDone = [&] {
-    for (Work& w : work)
-      for (Op* op : w.ops)
+    for (size_t k = 0; k < n; k++)
+      for (Op* op : work[k].ops)
         if (!op->done) return false;
     return true;
   };
   auto busy = [](Comm* c) { return c->busyPeers(); };
   ZP_CHECK(progressUntil(comms, until ? until : allDone, busy, "send/recv"));
-  for (Work& w : work)
-    for (Op* op : w.ops)
+  for (size_t k = 0; k < n; k++)
+    for (Op* op : work[k].ops)
       if (op->done && op->status != zpSuccess) {
         ZP_CHECK(progressUntil(comms, allDone, busy, "send/recv"));  // nothing may still point at an op
-        return fail(op->status, "rank %d: %s", w.comm->rank_, op->error.c_str());
+        return fail(op->status, "rank %d: %s", work[k].comm->rank_, op->error.c_str());
       }
   return zpSuccess;
-}
-
-zpResult_t Comm::runOps(std::vector<Op*>& ops, const std::function<bool()>& until) {
-  std::vector<Work> work{{this, ops}};
-  return runOps(work, until);
 }
 
 zpResult_t Comm::agreeOnResult(uint64_t seq, zpResult_t mine, const std::string& myMsg) {

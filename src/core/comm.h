@@ -176,6 +176,9 @@ class Comm : public TransportSink {
   static zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                   const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what);
   void runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs);
+  // runOps' work: n lists of ops on comms (each list's communicator).
+  static zpResult_t runWork(Work* work, size_t n, const std::vector<Comm*>& comms, const std::function<bool()>& until);
+  std::vector<Comm*> self_;  // {this}: runOps' list of one communicator
 
   int rank_ = 0;
   int nranks_ = 0;

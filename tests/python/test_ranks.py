@@ -161,6 +161,41 @@ def test_alltoallv_repeated_counts_are_still_checked(comm):
     still_works(comm)
 
 
+def test_all_to_all_single_takes_rows_as_torch_does(comm):
+    # torch.distributed.all_to_all_single's call: split sizes in rows of a
+    # [N, 64] tensor, uneven, and None for equal splits.
+    n, me = comm.size, comm.rank
+    rows = [[1 + (s * 7 + d * 3) % 5 for d in range(n)] for s in range(n)]  # rank s sends rows[s][d] rows to d
+    send = torch.cat([torch.arange(rows[me][d] * 64, dtype=torch.float32).reshape(-1, 64) + 1000 * me + 100 * d
+                      for d in range(n)])
+    recv = torch.full((sum(rows[s][me] for s in range(n)), 64), -1.0)
+    out = comm.all_to_all_single(recv, send, [rows[s][me] for s in range(n)], rows[me])
+    assert out is recv
+    want = torch.cat([torch.arange(rows[s][me] * 64, dtype=torch.float32).reshape(-1, 64) + 1000 * s + 100 * me
+                      for s in range(n)])
+    assert torch.equal(recv, want)
+    equal = torch.full((3 * n, 5), float(me))
+    got = torch.full((3 * n, 5), -1.0)
+    comm.all_to_all_single(got, equal)
+    assert torch.equal(got, torch.arange(n, dtype=torch.float32).repeat_interleave(3)[:, None].expand(3 * n, 5))
+    with pytest.raises(zeppelin.InvalidArgument, match="rows"):
+        comm.all_to_all_single(got, equal, [1] * n, [1] * n)  # sizes that do not cover the rows
+
+
+def test_alltoallv_refuses_split_sizes_given_as_rows(comm):
+    # The silent wrong answer of issue 26: split sizes in rows passed as
+    # element counts moved 1/64 of each block and left the rest of recv as it
+    # was. Now it is an error that says what to do, and nothing moves.
+    n = comm.size
+    send, recv = torch.ones(2 * n, 64), torch.full((2 * n, 64), -1.0)
+    with pytest.raises(zeppelin.InvalidArgument, match="multiply them by 64"):
+        comm.alltoallv(send, [2] * n, recv, [2] * n)
+    assert (recv == -1).all()
+    comm.alltoallv(send, [128] * n, recv, [128] * n)  # elements: the whole blocks
+    assert (recv == 1).all()
+    still_works(comm)
+
+
 def test_send_recv_in_a_group(comm):
     n, me = comm.size, comm.rank
     # Everyone sends a different-size message to everyone else at once.
