@@ -12,6 +12,7 @@
 #include <string>
 
 #include "src/core/config.h"
+#include "src/core/log.h"
 #include "src/core/params.h"
 #include "src/util/strings.h"
 
@@ -101,6 +102,35 @@ TEST(Params, ValuesAreCheckedAgainstTheTable) {
   setenv("ZP_SHM_SPIN_US", "lots", 1);
   EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument);
   unsetenv("ZP_SHM_SPIN_US");
+}
+
+// Settings the configuration does not read itself (logging, discovery) are
+// checked too: nothing set is silently ignored (issue 26, item 6). zpconfig
+// --env says the same of each value, and exits 1.
+TEST(Params, EverySettingIsCheckedAtInitAndByZpconfig) {
+  zp::Config c;
+  const char* bad[][2] = {{"ZP_DEBUG", "LOUD"}, {"ZP_DEBUG_SUBSYS", "INIT,BOGUS"}, {"ZP_TIMEOUT", "abc"},
+                          {"ZP_CHECK_MODE", "paranoid"}};
+  for (const auto& b : bad) {
+    setenv(b[0], b[1], 1);
+    EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument) << b[0] << "=" << b[1];
+    EXPECT_NE(std::string(zp::lastError()).find(b[0]), std::string::npos) << zp::lastError();
+    const std::string cmd = std::string(ZPCONFIG_PATH) + " --env 2>/dev/null";
+    FILE* out = popen(cmd.c_str(), "r");
+    ASSERT_NE(out, nullptr);
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof buf, out)) text += buf;
+    const int status = pclose(out);
+    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+    EXPECT_NE(text.find(std::string(b[0]) + "=" + b[1] + "   <- "), std::string::npos) << text;
+    unsetenv(b[0]);
+  }
+  for (const auto& good : {"INIT,SHM", "^NET", "coll"}) {
+    setenv("ZP_DEBUG_SUBSYS", good, 1);
+    EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpSuccess) << good << ": " << zp::lastError();
+  }
+  unsetenv("ZP_DEBUG_SUBSYS");
 }
 
 TEST(ParamsDeathTest, ReadingAnUndeclaredVariableAborts) {

@@ -24,6 +24,9 @@ std::string defaultNodeId() {
 
 zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   Config c;
+  // Every ZP_* setting, those read elsewhere (logging, discovery) too: a bad
+  // value fails the init that could have used it, naming what is expected.
+  ZP_CHECK(checkEnvironment());
   if (user) {
     if (user->magic != ZP_CONFIG_MAGIC)
       return fail(zpInvalidArgument,

@@ -1,6 +1,7 @@
 #include "src/core/params.h"
 
 #include <strings.h>
+#include <unistd.h>  // environ
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,7 @@ using R = ParamRole;
 // clang-format off
 const std::vector<Param> kParams = {
   // Logging.
-  {"ZP_DEBUG", K::kEnum, R::kSetting, "WARN", "NONE|WARN|INFO|TRACE",
+  {"ZP_DEBUG", K::kEnum, R::kSetting, "WARN", "NONE|VERSION|WARN|INFO|TRACE",
    "log level; INFO prints, per peer pair, the transport used"},
   {"ZP_DEBUG_SUBSYS", K::kList, R::kSetting, "ALL", "INIT,BOOTSTRAP,SHM,COLL,P2P,NET,ALL",
    "subsystems to log; a leading ^ excludes the ones named"},
@@ -194,71 +195,127 @@ std::string envString(const char* name, const std::string& dflt) {
   return (v && *v) ? std::string(v) : dflt;
 }
 
-zpResult_t paramSize(const char* name, size_t* out) {
-  const Param& p = declared(name);
-  std::string v = envString(name);
-  if (v.empty()) return zpSuccess;
-  size_t bytes = 0;
-  if (!parseSize(v, &bytes)) return fail(zpInvalidArgument, "%s='%s' is not a size (%s)", name, v.c_str(), rangeText(p).c_str());
-  ZP_CHECK(inRange(p, v, (double)bytes));
-  *out = bytes;
-  return zpSuccess;
-}
-
-zpResult_t paramInt(const char* name, long long* out) {
-  const Param& p = declared(name);
-  std::string v = envString(name);
-  if (v.empty()) return zpSuccess;
-  long long n = 0;
-  if (!parseInt(v, (long long)-1e18, (long long)1e18, &n))
-    return fail(zpInvalidArgument, "%s='%s' is not an integer (%s)", name, v.c_str(), rangeText(p).c_str());
-  ZP_CHECK(inRange(p, v, (double)n));
-  *out = n;
-  return zpSuccess;
-}
-
-zpResult_t paramSeconds(const char* name, double* out) {
-  const Param& p = declared(name);
-  std::string v = envString(name);
-  if (v.empty()) return zpSuccess;
-  double s = 0;
-  if (!parseDouble(v, -1e300, 1e300, &s))
-    return fail(zpInvalidArgument, "%s='%s' is not a number of seconds (%s)", name, v.c_str(), rangeText(p).c_str());
-  ZP_CHECK(inRange(p, v, s));
-  *out = s;
-  return zpSuccess;
-}
-
-zpResult_t paramRate(const char* name, double* bitsPerSec) {
-  declared(name);
-  std::string v = envString(name);
-  if (v.empty()) return zpSuccess;
-  if (!parseBitsPerSec(v, bitsPerSec))
-    return fail(zpInvalidArgument, "%s='%s' is not a rate: expected bits/s, e.g. 1000000000 or 1gbit", name,
-                v.c_str());
-  return zpSuccess;
-}
-
-zpResult_t paramEnum(const char* name, int* out) {
-  const Param& p = declared(name);
-  std::string v = envString(name);
-  if (v.empty()) return zpSuccess;
-  std::string values = p.range;
+// The enum value's index among p's values, or -1.
+int enumIndex(const Param& p, const std::string& v) {
+  const std::string values = p.range;
   int i = 0;
   for (size_t b = 0;; i++) {
     size_t e = values.find('|', b);
     std::string one = values.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    if (!strcasecmp(one.c_str(), v.c_str())) {
-      *out = i;
-      return zpSuccess;
-    }
-    if (e == std::string::npos) break;
+    if (!strcasecmp(one.c_str(), v.c_str())) return i;
+    if (e == std::string::npos) return -1;
     b = e + 1;
   }
-  std::string expected = values;
-  for (char& c : expected)
+}
+
+std::string commaSeparated(const char* values) {
+  std::string s = values;
+  for (char& c : s)
     if (c == '|') c = ',';
-  return fail(zpInvalidArgument, "%s='%s': expected one of %s", name, v.c_str(), expected.c_str());
+  return s;
+}
+
+zpResult_t checkParamValue(const Param& p, const std::string& v, double* num, int* index) {
+  const char* name = p.name;
+  double n = 0;
+  switch (p.kind) {
+    case K::kEnum: {
+      const int i = enumIndex(p, v);
+      if (i < 0) return fail(zpInvalidArgument, "%s='%s': expected one of %s", name, v.c_str(), commaSeparated(p.range).c_str());
+      if (index) *index = i;
+      return zpSuccess;
+    }
+    case K::kList: {  // comma-separated; with declared values, each (after an optional leading ^) one of them
+      if (!*p.range) return zpSuccess;
+      const std::string allowed = std::string(",") + p.range + ",";
+      size_t b = v[0] == '^' ? 1 : 0;
+      for (;;) {
+        size_t e = v.find(',', b);
+        std::string item = v.substr(b, e == std::string::npos ? std::string::npos : e - b);
+        std::string upper = item;
+        for (char& c : upper) c = (char)toupper((unsigned char)c);
+        if (item.empty() || allowed.find("," + upper + ",") == std::string::npos)
+          return fail(zpInvalidArgument, "%s='%s': '%s' is not one of %s", name, v.c_str(), item.c_str(), p.range);
+        if (e == std::string::npos) return zpSuccess;
+        b = e + 1;
+      }
+    }
+    case K::kString:
+    case K::kPath:
+      return zpSuccess;
+    case K::kSize: {
+      size_t bytes = 0;
+      if (!parseSize(v, &bytes)) return fail(zpInvalidArgument, "%s='%s' is not a size (%s)", name, v.c_str(), rangeText(p).c_str());
+      n = (double)bytes;
+      break;
+    }
+    case K::kInt: {
+      long long i = 0;
+      if (!parseInt(v, (long long)-1e18, (long long)1e18, &i))
+        return fail(zpInvalidArgument, "%s='%s' is not an integer (%s)", name, v.c_str(), rangeText(p).c_str());
+      n = (double)i;
+      break;
+    }
+    case K::kSeconds:
+      if (!parseDouble(v, -1e300, 1e300, &n))
+        return fail(zpInvalidArgument, "%s='%s' is not a number of seconds (%s)", name, v.c_str(), rangeText(p).c_str());
+      break;
+    case K::kRate:
+      if (!parseBitsPerSec(v, &n))
+        return fail(zpInvalidArgument, "%s='%s' is not a rate: expected bits/s, e.g. 1000000000 or 1gbit", name, v.c_str());
+      if (num) *num = n;
+      return zpSuccess;
+  }
+  if (*p.range) ZP_CHECK(inRange(p, v, n));
+  if (num) *num = n;
+  return zpSuccess;
+}
+
+zpResult_t paramSize(const char* name, size_t* out) {
+  std::string v = envString(name);
+  double n = 0;
+  if (v.empty()) return zpSuccess;
+  ZP_CHECK(checkParamValue(declared(name), v, &n, nullptr));
+  *out = (size_t)n;
+  return zpSuccess;
+}
+
+zpResult_t paramInt(const char* name, long long* out) {
+  std::string v = envString(name);
+  double n = 0;
+  if (v.empty()) return zpSuccess;
+  ZP_CHECK(checkParamValue(declared(name), v, &n, nullptr));
+  *out = (long long)n;
+  return zpSuccess;
+}
+
+zpResult_t paramSeconds(const char* name, double* out) {
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  return checkParamValue(declared(name), v, out, nullptr);
+}
+
+zpResult_t paramRate(const char* name, double* bitsPerSec) {
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  return checkParamValue(declared(name), v, bitsPerSec, nullptr);
+}
+
+zpResult_t paramEnum(const char* name, int* out) {
+  std::string v = envString(name);
+  if (v.empty()) return zpSuccess;
+  return checkParamValue(declared(name), v, nullptr, out);
+}
+
+zpResult_t checkEnvironment() {
+  for (char** e = environ; *e; e++) {
+    if (strncmp(*e, "ZP_", 3)) continue;
+    const char* eq = strchr(*e, '=');
+    if (!eq || !eq[1]) continue;
+    const Param* p = findParam(std::string(*e, (size_t)(eq - *e)));
+    if (p && p->role == R::kSetting) ZP_CHECK(checkParamValue(*p, eq + 1, nullptr, nullptr));
+  }
+  return zpSuccess;
 }
 
 std::string paramsMarkdown() {

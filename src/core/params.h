@@ -50,6 +50,13 @@ zpResult_t paramSeconds(const char* name, double* out);
 zpResult_t paramRate(const char* name, double* bitsPerSec);
 // The index of the value among the kEnum's values (case-insensitive).
 zpResult_t paramEnum(const char* name, int* out);
+// Any parameter's value checked against the table as the functions above
+// check it (lists: each item one of the declared values); *num gets a
+// number's value, *index an enum's index (either may be null).
+zpResult_t checkParamValue(const Param& p, const std::string& value, double* num, int* index);
+// Every ZP_* setting in the environment checked (communicator init calls it:
+// nothing set is silently ignored, the log level included).
+zpResult_t checkEnvironment();
 
 // The table in markdown (docs/configuration.md) and as plain text.
 std::string paramsMarkdown();

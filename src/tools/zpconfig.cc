@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/core/log.h"
 #include "src/core/params.h"
 
 int main(int argc, char** argv) {
@@ -25,15 +26,22 @@ int main(int argc, char** argv) {
     fputs(zp::paramsText().c_str(), stdout);
     return 0;
   }
-  int unknown = 0;
+  int bad = 0;
   extern char** environ;
   for (char** e = environ; *e; e++) {
     if (strncmp(*e, "ZP_", 3)) continue;
     const char* eq = strchr(*e, '=');
     std::string name(*e, eq ? (size_t)(eq - *e) : strlen(*e));
-    bool known = zp::findParam(name) != nullptr;
-    unknown += !known;
-    printf("%s%s\n", *e, known ? "" : "   <- not a Zeppelin variable (a typo?)");
+    const zp::Param* p = zp::findParam(name);
+    std::string why;
+    if (!p) {
+      why = "not a Zeppelin variable (a typo?)";
+    } else if (eq && eq[1] && zp::checkParamValue(*p, eq + 1, nullptr, nullptr) != zpSuccess) {
+      why = zp::lastError();
+      zp::clearLastError();
+    }
+    bad += !why.empty();
+    printf("%s%s%s\n", *e, why.empty() ? "" : "   <- ", why.c_str());
   }
-  return unknown ? 1 : 0;
+  return bad ? 1 : 0;
 }
