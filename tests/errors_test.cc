@@ -9,8 +9,12 @@
 #include <cstring>
 #include <set>
 
+#include <sys/stat.h>
+
 #include "src/core/bootstrap.h"
+#include "src/core/topology.h"
 #include "tests/harness.h"
+#include "tests/process_util.h"
 
 namespace {
 
@@ -232,6 +236,37 @@ TEST(InitErrors, BadEnvironmentIsInvalidArgument) {
       EXPECT_TRUE(contains(zpGetLastError(nullptr), kv.first)) << "the message should name " << kv.first << ": "
                                                                << zpGetLastError(nullptr);
     });
+}
+
+// ZP_DEBUG_FILE naming a FIFO that nobody reads: opening it for writing
+// would wait for a reader, and init used to hang there for good. It is
+// refused with a warning, and the log goes to stderr. (A fresh process:
+// the log reads its settings once per process.)
+TEST(InitErrors, DebugFileThatIsAFifoIsRefused) {
+  zptest::TempDir dir("zp_fifo");
+  const std::string fifo = dir.path() + "/log";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  zptest::Child c({"env", "ZP_DEBUG=INFO", "ZP_DEBUG_FILE=" + fifo, zptest::unquoted(ZPTEST_STR(ZP_C_API_CHECK_PATH))});
+  zptest::Result r = c.finish(20);
+  EXPECT_EQ(r.exitCode, 0) << "killed by signal " << r.termSignal << " (a hang?); stderr: " << r.err;
+  EXPECT_TRUE(contains(r.err, "ZP_DEBUG_FILE=" + fifo + " is not a regular file")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ZP INFO")) << "the log should go to stderr: " << r.err;
+}
+
+// ZP_TOPO_FILE naming a FIFO: opening it for reading would wait for a
+// writer. It is refused as not a regular file.
+TEST(InitErrors, TopoFileThatIsAFifoIsRefused) {
+  zptest::TempDir dir("zp_fifo");
+  const std::string fifo = dir.path() + "/topo.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  zptest::RankExit child = zptest::runInChild(
+      [&] {
+        zp::ClusterTopology t;
+        EXPECT_EQ(zp::loadTopoFile(fifo, &t), zpInvalidArgument);
+        EXPECT_TRUE(contains(zp::lastError(), "topology file '" + fifo + "' is not a regular file")) << zp::lastError();
+      },
+      20);
+  EXPECT_TRUE(child.ok()) << (child.exited ? "exit code " : "signal ") << child.code;
 }
 
 // A long timeout (here 35 days) either works or is refused; they must

@@ -202,6 +202,10 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   double rate = 0;
   zpResult_t res = remote ? chooseNic(&nic, &rail, &rate) : zpSuccess;
   nicName_ = nic;
+  // This rank's shared-memory segment is made before the round below: a
+  // rank that cannot have one (no room in /dev/shm) tells every rank there,
+  // and after it every local peer's segment exists.
+  if (res == zpSuccess) res = ShmTransport::create(transportContext(), &shm_);
   // With routing, the relay's chunks go eagerly (see UcxTransport::create).
   size_t eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
   if (res == zpSuccess && remote) res = UcxTransport::create(transportContext(), nic, eagerUpTo, &net_, &address);
@@ -209,7 +213,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // device, and (rank 0) the NCCL id that every rank needs.
   DeviceHello hello;
   std::string noDevice;
-  hello.usable = deviceUsable(&noDevice);
+  hello.usable = res == zpSuccess && deviceUsable(&noDevice);  // else lastError() keeps this rank's reason
   if (rank_ == 0 && hello.usable) {
     std::string ncclId;
     if (makeNcclId(&ncclId) == zpSuccess && ncclId.size() == sizeof(hello.ncclId)) {
@@ -219,13 +223,19 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
       noDevice = lastError();
     }
   }
-  // Every rank takes part in the second round, even to say it failed (an
-  // empty blob), so that nobody waits for it.
-  const size_t head = sizeof(rail) + sizeof(rate) + sizeof(hello);
+  // Every rank takes part in the second round, even to say it failed (its
+  // error and message), so that nobody waits for it and every rank can say why.
+  const uint64_t shmRing = cfg_.shmRingBytes;
+  const size_t head = 1 + sizeof(rail) + sizeof(rate) + sizeof(shmRing) + sizeof(hello);
   std::string blob;
-  if (res == zpSuccess)
-    blob = std::string((const char*)&rail, sizeof(rail)) + std::string((const char*)&rate, sizeof(rate)) +
+  if (res == zpSuccess) {
+    blob = std::string(1, kTransportsReady) + std::string((const char*)&rail, sizeof(rail)) +
+           std::string((const char*)&rate, sizeof(rate)) + std::string((const char*)&shmRing, sizeof(shmRing)) +
            std::string((const char*)&hello, sizeof(hello)) + address;
+  } else {
+    const int32_t code = res;
+    blob = std::string(1, kTransportsFailed) + std::string((const char*)&code, sizeof(code)) + lastError();
+  }
   std::vector<std::string> blobs(nranks_);
   zpResult_t ex = exchange(blob, &blobs);
   ZP_CHECK(res);
@@ -233,12 +243,23 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   rail_.assign(nranks_, 0);
   std::vector<double> rates(nranks_, 0);
   std::vector<std::string> addresses(nranks_);
+  std::vector<uint64_t> shmRings(nranks_);
   for (int r = 0; r < nranks_; r++) {
-    if (blobs[r].size() < head) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
-    memcpy(&rail_[r], blobs[r].data(), sizeof(int32_t));
-    memcpy(&rates[r], blobs[r].data() + sizeof(int32_t), sizeof(double));
+    const std::string& b = blobs[r];
+    if (b.size() > sizeof(int32_t) && b[0] == kTransportsFailed) {
+      int32_t code;
+      memcpy(&code, b.data() + 1, sizeof(code));
+      return fail(code > 0 ? (zpResult_t)code : zpRemoteError, "rank %d failed to set up its transports: %s", r,
+                  b.substr(1 + sizeof(code)).c_str());
+    }
+    if (b.size() < head || b[0] != kTransportsReady)
+      return fail(zpRemoteError, "rank %d failed to set up its transports", r);
+    const char* at = b.data() + 1;
+    memcpy(&rail_[r], at, sizeof(int32_t));
+    memcpy(&rates[r], at += sizeof(int32_t), sizeof(double));
+    memcpy(&shmRings[r], at += sizeof(double), sizeof(uint64_t));
     DeviceHello theirs;
-    memcpy(&theirs, blobs[r].data() + sizeof(int32_t) + sizeof(double), sizeof(theirs));
+    memcpy(&theirs, at += sizeof(uint64_t), sizeof(theirs));
     if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
     // This rank's own reason first (it says what to fix here), else the first rank's that has none.
     if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
@@ -247,7 +268,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   }
   buildCluster(rates);
   if (net_) ZP_CHECK(net_->connect(addresses));
-  ZP_CHECK(ShmTransport::create(transportContext(), &shm_));
+  ZP_CHECK(shm_->connect(shmRings));
   transports_ = {shm_.get()};
   if (net_) transports_.push_back(net_.get());
   byPeer_.resize(nranks_);

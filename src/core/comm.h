@@ -36,6 +36,11 @@ struct DeviceHello {
   char ncclId[128] = {};  // sizeof(ncclUniqueId)
 };
 
+// The first byte of each rank's blob in init's second bootstrap round: it
+// set up its transports (its rail, NIC rate, ZP_SHM_RING_BYTES, DeviceHello
+// and UCX address follow), or it failed (its zpResult_t as an int32, then its message).
+constexpr char kTransportsReady = 'R', kTransportsFailed = 'F';
+
 class Comm : public TransportSink {
  public:
   // Bootstrap, then shared memory within the node and UCX across nodes.

@@ -2,9 +2,11 @@
 
 #include "src/core/params.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -67,7 +69,25 @@ LogState& state() {
         else if (p[0] == '%' && p[1] == 'p') { path += std::to_string(getpid()); p++; }
         else path += *p;
       }
-      if (FILE* f = fopen(path.c_str(), "a")) { setvbuf(f, nullptr, _IOLBF, 0); st.out = f; }
+      // Opened without waiting: opening a FIFO for writing waits until
+      // something reads it, which may be never (init hung there). A FIFO
+      // or pipe that is read (/dev/stderr into a pipe) opens at once.
+      const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+      const int err = errno;
+      FILE* f = nullptr;
+      if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        if (!(f = fdopen(fd, "a"))) close(fd);
+      }
+      if (f) {
+        setvbuf(f, nullptr, _IOLBF, 0);
+        st.out = f;
+      } else {
+        fprintf(stderr, "%s:%d:%ld ZP WARN ZP_DEBUG_FILE=%s %s: logging to stderr instead\n", st.host, getpid(),
+                (long)syscall(SYS_gettid), path.c_str(),
+                err == ENXIO ? "is not a regular file, and nothing reads it (a FIFO or a socket)"
+                             : (std::string("cannot be opened: ") + strerror(err)).c_str());
+      }
     }
   });
   return st;

@@ -577,13 +577,15 @@ zpResult_t parseTopo(const std::string& text, const std::string& source, Cluster
 zpResult_t loadTopoFile(const std::string& path, ClusterTopology* out) {
   if (!out) return fail(zpInvalidArgument, "loadTopoFile: out is NULL");
   if (path.empty()) return fail(zpInvalidArgument, "topology file: the path is empty");
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer, maybe for ever.
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
     return fail(zpInvalidArgument, "topology file '%s': cannot open it: %s", path.c_str(), strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(zpInvalidArgument, "topology file '%s' is a directory", path.c_str());
+    return fail(zpInvalidArgument, "topology file '%s' %s", path.c_str(),
+                S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file (a FIFO, a device or a socket)");
   }
   std::string text;
   char buf[65536];

@@ -62,9 +62,16 @@ struct Lane {
 
 class ShmTransport : public Transport {
  public:
-  // Collective among the ranks of this node: creates this rank's segment,
-  // maps every local peer's, and returns once all have mapped each other.
+  // Collective among the ranks of this node, in two steps. create: this
+  // rank's segment, its pages reserved in /dev/shm (a page tmpfs cannot
+  // back kills the process with SIGBUS when first touched). The
+  // communicator does this before the ranks' last bootstrap round, so that
+  // a rank that cannot (no room in /dev/shm) tells every rank there.
   static zpResult_t create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out);
+  // After that round, when every local peer's segment exists: maps every
+  // peer's, and returns once all have mapped each other. ringBytes: every
+  // rank's ZP_SHM_RING_BYTES, from that round.
+  zpResult_t connect(const std::vector<uint64_t>& ringBytes);
   ~ShmTransport();
 
   void post(Op* op) override;
@@ -148,6 +155,14 @@ class ShmTransport : public Transport {
   bool othersRunnable();
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
+  std::string segName(int rank) const;  // a rank's segment's name in /dev/shm
+  // Maps p's segment and checks that it matches this rank's.
+  zpResult_t mapPeer(Peer& p);
+  // This rank's init failed after its segment was made: peers waiting for
+  // it read why there (connect) and stop at once.
+  void publishFailure(const std::string& why);
+  // Whether p published such a failure: then the error that says so.
+  zpResult_t peerFailed(const Peer& p) const;
   Peer* peer(int rank);
   bool drainCtrl(Peer& p);
   bool progressRecv(Peer& p, int lane);
@@ -168,6 +183,10 @@ class ShmTransport : public Transport {
   SegHeader* mine_ = nullptr;
   size_t segBytes_ = 0;
   int myLocalIdx_ = -1;
+  std::vector<int> local_;  // the ranks of this node
+  uint64_t ringBytes_ = 0;
+  bool connecting_ = false;  // connect was called
+  bool connected_ = false;   // and succeeded
   std::vector<Peer> peers_;
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
