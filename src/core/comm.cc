@@ -249,7 +249,8 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (b.size() > sizeof(int32_t) && b[0] == kTransportsFailed) {
       int32_t code;
       memcpy(&code, b.data() + 1, sizeof(code));
-      return fail(code > 0 ? (zpResult_t)code : zpRemoteError, "rank %d failed to set up its transports: %s", r,
+      const bool known = code >= zpUnhandledCudaError && code <= zpInProgress;  // a peer's word, checked
+      return fail(known ? (zpResult_t)code : zpRemoteError, "rank %d failed to set up its transports: %s", r,
                   b.substr(1 + sizeof(code)).c_str());
     }
     if (b.size() < head || b[0] != kTransportsReady)
