@@ -17,6 +17,21 @@ struct Split {
   bool operator==(const Split& o) const { return G == o.G && cls == o.cls; }
 };
 
+// Sorts `order` (some order of 0..m-1) as std::stable_sort of 0..m-1 by
+// `before` would: the planner sorts thousands of sequences for every
+// candidate, and a guess of that order made once is usually right, so it is
+// checked first (the order is unique: equivalent sequences in index order).
+template <class Before>
+void stableSortFromGuess(std::vector<size_t>& order, Before before) {
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t a = order[k - 1], b = order[k];
+    if (before(a, b) || (!before(b, a) && a < b)) continue;
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), before);
+    return;
+  }
+}
+
 // The rings a sequence may run on, from cheap to costly links: whole on one
 // rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
 // whole nodes; with the time one rank spends on the sequence under each
@@ -200,19 +215,31 @@ struct Schedule {
 // time as gaps, which whole sequences fill before they go to the least loaded
 // rank. The order is every sequence by planned start, so running the plan in
 // that order reproduces the schedule; the backward pass runs it reversed.
+//
+// byLength: the sequences longest first, ties in index order.
 Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
-                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back) {
+                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back,
+                  const std::vector<size_t>& byLength) {
   const int n = c.ranks();
   const int rpn = c.ranksPerNode;
   const size_t m = lens.size();
   Schedule out;
   out.ranks.resize(m);
-  std::vector<size_t> order(m);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  // Rings first, then whole sequences; larger pieces first. The guess: the
+  // rings (few) sorted, then the whole sequences longest first, as a whole
+  // sequence's time grows with its length.
+  auto before = [&](size_t a, size_t b) {
     if (splits[a].cls != splits[b].cls) return splits[a].cls > splits[b].cls;
     return piece[a] > piece[b];
-  });
+  };
+  std::vector<size_t> order;
+  order.reserve(m);
+  for (size_t i = 0; i < m; ++i)
+    if (splits[i].cls != SeqClass::Local) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), before);
+  for (size_t i : byLength)
+    if (splits[i].cls == SeqClass::Local) order.push_back(i);
+  stableSortFromGuess(order, before);
   std::vector<double> freeAt(n, 0.0), start(m, 0.0);
   // Idle gaps by length, so a whole sequence takes the smallest one it fits.
   std::multimap<double, Gap> gaps;
@@ -349,8 +376,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
 // Sequences go largest first to the group with the least load: attention at
 // the group's chunk length, plus the linear layers' time of their tokens when
 // the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
+//
+// byLength: the sequences longest first, ties in index order (planBatch sorts
+// them once for every group size).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks) {
+                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength) {
   const int groups = c.ranks() / g;
   const Link link = g > c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
   std::vector<double> cost(lens.size()), fwd(lens.size()), bwd(lens.size());
@@ -361,9 +391,10 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     fwd[i] = ringSeconds(lens[i], causal, G, link, shape, c);
     bwd[i] = ringBackwardSeconds(lens[i], causal, G, link, shape, c);
   }
-  std::vector<size_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  // Largest cost first. The cost grows with the length for any efficiency
+  // table that does not fall with the chunk length, so byLength is the guess.
+  std::vector<size_t> order = byLength;
+  stableSortFromGuess(order, [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   using Entry = std::pair<double, int>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
   for (int k = 0; k < groups; ++k) heap.push({0.0, k});
@@ -458,6 +489,7 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
   std::vector<std::vector<Segment>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
   for (int r = 0; r < n; ++r) {
+    lin.ranks[r].reserve(attn.ranks[r].size());
     for (const Segment& s : attn.ranks[r]) {
       int64_t keep = std::min(s.count, quota[r] - have[r]);
       if (keep > 0) {
@@ -532,20 +564,31 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   BatchPlan best;
   double bestScore = 0;
   bool have = false;
-  // Scores a candidate fully, keeping it if it is the best so far.
+  // Scores a candidate fully, keeping it if it is the best so far. A plan is
+  // moved, not copied, into `best`: the plan of a DP x CP candidate has a
+  // segment on every rank of its group for every sequence.
   auto consider = [&](const Schedule& s) {
     BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
     p.order = s.order;
-    for (int w = 0; w < (opt.score ? 2 : 1); ++w) {
-      // With a step model the linear layers may stay on the attention layout
-      // (no remap) when the remap costs more than the imbalance it removes.
-      if (w == 1) p.linear = p.attention;
-      const double score = opt.score ? opt.score(p) : modelled(p, s);
-      if (!have || score < bestScore * (1 - 1e-9)) {
-        best = p;
-        bestScore = score;
-        have = true;
-      }
+    auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
+    const double score = opt.score ? opt.score(p) : modelled(p, s);
+    const bool won = better(score);
+    if (won) bestScore = score, have = true;
+    if (!opt.score) {
+      if (won) best = std::move(p);
+      return;
+    }
+    // With a step model the linear layers may stay on the attention layout
+    // (no remap) when the remap costs more than the imbalance it removes.
+    Layout linear = std::move(p.linear);
+    p.linear = p.attention;
+    const double flat = opt.score(p);
+    if (better(flat)) {
+      bestScore = flat;
+      best = std::move(p);
+    } else if (won) {
+      p.linear = std::move(linear);
+      best = std::move(p);
     }
   };
   // Candidates are screened by their attention makespans (plus, for groups,
@@ -563,6 +606,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
   for (size_t i = 0; i < lens.size(); ++i) options[i] = splitOptions(lens[i], causal, shape, c, minCap);
   std::vector<double> back(lens.size());
+  // Sequences longest first (ties in index order): the guess of every
+  // candidate's order (stableSortFromGuess).
+  std::vector<size_t> byLength(lens.size());
+  std::iota(byLength.begin(), byLength.end(), 0);
+  std::stable_sort(byLength.begin(), byLength.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
     for (size_t i = 0; i < lens.size(); ++i) {
       const SplitOption& pick = pickSplit(from[i], cap, c, o);
@@ -572,7 +620,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     }
     for (const auto& [sp, score] : seen)
       if (sp == splits) return score;
-    Schedule s = schedule(lens, c, o, splits, piece, back);
+    Schedule s = schedule(lens, c, o, splits, piece, back, byLength);
     const double score = quick(s);
     seen.push_back({splits, score});
     caps.push_back({score, std::move(s)});
@@ -625,7 +673,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   double bestGroup = 0;
   for (int g = 1, worse = 0; g <= n && n % g == 0 && worse < 2; g *= 2) {
     // Scored without its rings, which only the candidates kept need.
-    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false));
+    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false, byLength));
     worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
@@ -638,7 +686,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (i == 0 || thorough || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
   for (size_t i = 0; i < groupSizes.size() && i < 2; ++i)
     if (i == 0 || thorough || groupSizes[i].first <= 1.03 * groupSizes[0].first)
-      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true));
+      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true, byLength));
   return best;
 }
 
@@ -654,16 +702,26 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
   plan.attention.ranks.resize(n);
   plan.seqs.resize(lens.size());
   std::vector<int64_t> seenIn(n, -1);  // the last sequence whose ring named each rank
+  // Each rank's segments are counted first (at most two a ring position), so
+  // its list is allocated once: the planner builds a plan for every candidate
+  // it scores, and a DP x CP candidate has a segment on every rank of its
+  // group for every sequence.
+  std::vector<size_t> segsOf(n, 0);
   for (size_t i = 0; i < lens.size(); ++i) {
-    const std::string where = "sequence " + std::to_string(i) + ": ";
-    if (lens[i] < 1) throw std::invalid_argument(where + "length " + std::to_string(lens[i]) + " is below 1");
-    if (rings[i].empty()) throw std::invalid_argument(where + "a ring of no ranks");
+    // The message is built only on failure, not for every sequence.
+    auto where = [i] { return "sequence " + std::to_string(i) + ": "; };
+    if (lens[i] < 1) throw std::invalid_argument(where() + "length " + std::to_string(lens[i]) + " is below 1");
+    if (rings[i].empty()) throw std::invalid_argument(where() + "a ring of no ranks");
     for (int r : rings[i]) {
       if (r < 0 || r >= n)
-        throw std::invalid_argument(where + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
-      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where + "rank " + std::to_string(r) + " is twice in its ring");
+        throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
+      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is twice in its ring");
       seenIn[r] = int64_t(i);
+      segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
     }
+  }
+  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
+  for (size_t i = 0; i < lens.size(); ++i) {
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
@@ -681,10 +739,10 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
   }
   // Inter-node rings, then intra-node rings, then local sequences, each in
   // sequence order: the order the driver ran before plans carried one.
-  plan.order.resize(lens.size());
-  std::iota(plan.order.begin(), plan.order.end(), int64_t{0});
-  std::stable_sort(plan.order.begin(), plan.order.end(),
-                   [&](int64_t a, int64_t b) { return plan.seqs[a].cls > plan.seqs[b].cls; });
+  plan.order.reserve(lens.size());
+  for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
+    for (size_t i = 0; i < lens.size(); ++i)
+      if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
   plan.linear = linearLayout(plan.attention, n, ranksPerNode);
   return plan;
 }
