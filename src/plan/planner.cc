@@ -571,7 +571,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
     p.order = s.order;
     auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
-    const double score = opt.score ? opt.score(p) : modelled(p, s);
+    const double score = opt.score ? opt.score(p, true) : modelled(p, s);
     const bool won = better(score);
     if (won) bestScore = score, have = true;
     if (!opt.score) {
@@ -580,14 +580,12 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     }
     // With a step model the linear layers may stay on the attention layout
     // (no remap) when the remap costs more than the imbalance it removes.
-    Layout linear = std::move(p.linear);
-    p.linear = p.attention;
-    const double flat = opt.score(p);
+    const double flat = opt.score(p, false);
     if (better(flat)) {
       bestScore = flat;
+      p.linear = p.attention;
       best = std::move(p);
     } else if (won) {
-      p.linear = std::move(linear);
       best = std::move(p);
     }
   };

@@ -27,9 +27,12 @@ struct PlanOptions {
   double linearSecondsPerToken = 0;
   // A step model: when set, candidates are ranked by it instead of the
   // planner's own model, and a plan may keep the linear layers on the
-  // attention layout (linear == attention: the remap moves nothing). The
+  // attention layout (linear == attention: the remap moves nothing). It is
+  // asked about a plan as it is (remap true) and with the linear layers on
+  // the attention layout (remap false: the plan's linear layout is to be
+  // taken as its attention layout, so the planner need not copy it). The
   // simulator passes its full step (simulator.h).
-  std::function<double(const BatchPlan&)> score;
+  std::function<double(const BatchPlan&, bool remap)> score;
   // The planner before idle-aware scheduling: loads summed per rank, the cap
   // halved until their max/mean is within 2%, rings ordered by class and
   // size. For comparison only.

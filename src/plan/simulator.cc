@@ -306,16 +306,25 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   Placement pl;
   // Sequences on the same ring run as one group, one message per step, at
   // the place of the first of them (as the attention driver runs them).
+  // A sequence usually shares the ring of the one before it (a DP x CP
+  // plan runs its groups one after another), which is checked before the
+  // map is searched.
   std::map<std::vector<int>, size_t> groupOf;
+  const size_t none = std::numeric_limits<size_t>::max();
+  size_t last = none;  // the ring of the previous sequence on a ring
+  pl.rings.reserve(p.order.size());
   for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
     if (s.ranks.size() == 1) {  // a whole sequence is its own kernel call
       pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false});
       continue;
     }
-    auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-    if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
-    pl.rings[it->second].lens.push_back(s.len);
+    if (last == none || pl.rings[last].ranks != s.ranks) {
+      auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
+      if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+      last = it->second;
+    }
+    pl.rings[last].lens.push_back(s.len);
   }
   pl.attnTokens = tokensPerRank(p.attention);
   pl.remap = remap && !sameLayout(p.linear, p.attention);
@@ -345,8 +354,8 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.legacy = cfg.legacyPlanner;
   o.onlyCap = cfg.planCap;
   if (!o.legacy)
-    o.score = [&](const BatchPlan& p) {
-      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap), cfg, c);
+    o.score = [&](const BatchPlan& p, bool remapPlan) {
+      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);
       return r.stepSeconds + (r.feasible ? 0 : 1e12);  // a plan that fits beats any that does not
     };
   return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
