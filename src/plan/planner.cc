@@ -568,9 +568,13 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
   auto consider = [&](const Schedule& s) {
+    auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
+    // The planner's own model adds the remaps' non-negative seconds to the
+    // makespans, so a candidate whose makespans alone are no better cannot
+    // win, and its plan is not built.
+    if (!opt.score && !better(opt.forwardPasses * s.forward + s.backward)) return;
     BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
     p.order = s.order;
-    auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
     const double score = opt.score ? opt.score(p, true) : modelled(p, s);
     const bool won = better(score);
     if (won) bestScore = score, have = true;
