@@ -573,6 +573,22 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     // makespans, so a candidate whose makespans alone are no better cannot
     // win, and its plan is not built.
     if (!opt.score && !better(opt.forwardPasses * s.forward + s.backward)) return;
+    // Nor, with a step model, one that its lower bound rules out.
+    if (opt.score && opt.scoreBound && have) {
+      std::vector<double> attn(n, 0.0), tokens(n, 0.0);
+      for (size_t i = 0; i < lens.size(); ++i) {
+        const int G = int(s.ranks[i].size());
+        const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
+        // Every chunk has at least len / chunks tokens (integer division).
+        const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
+        const double held = double(lens[i] / chunks * (chunks / G));
+        for (int r : s.ranks[i]) {
+          attn[r] += compute;
+          tokens[r] += held;
+        }
+      }
+      if (!better(opt.scoreBound(attn, tokens))) return;
+    }
     BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
     p.order = s.order;
     const double score = opt.score ? opt.score(p, true) : modelled(p, s);

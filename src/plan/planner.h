@@ -33,6 +33,12 @@ struct PlanOptions {
   // taken as its attention layout, so the planner need not copy it). The
   // simulator passes its full step (simulator.h).
   std::function<double(const BatchPlan&, bool remap)> score;
+  // With `score`, if set: a lower bound of score, either way, for any plan
+  // whose rank r computes attention for at least attnForward[r] seconds in
+  // a forward pass (over the rank's sequences, a ring's size times its
+  // ringStep compute) and holds at least attnTokens[r] tokens for it. A
+  // candidate that cannot beat the best one so far by it is not built.
+  std::function<double(const std::vector<double>& attnForward, const std::vector<double>& attnTokens)> scoreBound;
   // The planner before idle-aware scheduling: loads summed per rank, the cap
   // halved until their max/mean is within 2%, rings ordered by class and
   // size. For comparison only.

@@ -358,6 +358,28 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);
       return r.stepSeconds + (r.feasible ? 0 : 1e12);  // a plan that fits beats any that does not
     };
+  // A pass of a layer takes at least any one rank's attention compute plus
+  // its linear layers (waits, communication and remaps only add); the linear
+  // layers hold at least the rank's attention tokens without a remap and,
+  // with one, the batch's tokens over the ranks (rounded down). Slack for
+  // rounding: the step sums the same terms in another order.
+  if (!o.legacy) {
+    const double perToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+    const double passes = cfg.recompute ? 2 : 1;
+    const double balanced = double(std::accumulate(lens.begin(), lens.end(), int64_t{0}) / c.ranks());
+    o.scoreBound = [=](const std::vector<double>& attn, const std::vector<double>& tokens) {
+      auto step = [&](bool flat) {
+        double fwd = 0, bwd = 0;
+        for (size_t r = 0; r < attn.size(); ++r) {
+          const double linear = (flat ? tokens[r] : balanced) * perToken;
+          fwd = std::max(fwd, attn[r] + linear);
+          bwd = std::max(bwd, kAttnBackwardFlops * attn[r] + 2 * linear);
+        }
+        return cfg.model.layers * (passes * fwd + bwd);
+      };
+      return (remap ? std::min(step(true), step(false)) : step(true)) * (1 - 1e-6);
+    };
+  }
   return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
 }
 
