@@ -200,7 +200,19 @@ struct Gap {
 // attention runs in (by planned forward start) and the modelled makespans of
 // attention's forward and backward passes.
 struct Schedule {
-  std::vector<std::vector<int>> ranks;
+  // Sequence i runs on ranks[first[i]] .. ranks[first[i + 1] - 1]: flat, as
+  // every candidate has thousands of sequences and most are never built
+  // into a plan.
+  std::vector<size_t> first;
+  std::vector<int> ranks;
+  const int* ringBegin(size_t i) const { return ranks.data() + first[i]; }
+  const int* ringEnd(size_t i) const { return ranks.data() + first[i + 1]; }
+  // Every sequence's ranks as planFromRings takes them.
+  std::vector<std::vector<int>> rings() const {
+    std::vector<std::vector<int>> out(first.size() - 1);
+    for (size_t i = 0; i < out.size(); ++i) out[i].assign(ringBegin(i), ringEnd(i));
+    return out;
+  }
   std::vector<int64_t> order;
   double forward = 0, backward = 0;
   // Seconds the busiest rank's linear layers take beyond the mean per step,
@@ -224,7 +236,9 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   const int rpn = c.ranksPerNode;
   const size_t m = lens.size();
   Schedule out;
-  out.ranks.resize(m);
+  out.first.assign(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) out.first[i + 1] = out.first[i] + size_t(splits[i].G);
+  out.ranks.resize(out.first[m]);
   // Rings first, then whole sequences; larger pieces first. The guess: the
   // rings (few) sorted, then the whole sequences longest first, as a whole
   // sequence's time grows with its length.
@@ -246,7 +260,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   const double eps = 1e-12;
   auto occupy = [&](size_t i, double s) {
     start[i] = s;
-    for (int r : out.ranks[i]) {
+    for (const int* it = out.ringBegin(i); it != out.ringEnd(i); ++it) {
+      const int r = *it;
       if (s > freeAt[r] + eps) gaps.insert({s - freeAt[r], {r, freeAt[r], s}});
       freeAt[r] = s + piece[i];
     }
@@ -264,7 +279,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   std::vector<double> nodeFree(rpn);
   for (size_t i : order) {
     const Split& s = splits[i];
-    std::vector<int>& ring = out.ranks[i];
+    int* const ring = out.ranks.data() + out.first[i];  // s.G ranks
     if (s.cls == SeqClass::InterNode) {
       // The k nodes that are free soonest, whole, node by node so only k hops
       // of the ring cross the network.
@@ -280,8 +295,9 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         at = std::max(at, nodes[j].first);
       }
       std::sort(chosen.begin(), chosen.end());
+      int* next = ring;
       for (int nd : chosen)
-        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.push_back(r);
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) *next++ = r;
       occupy(i, at);
     } else if (s.cls == SeqClass::IntraNode) {
       // The node where G ranks are free soonest; of its ranks free by then,
@@ -298,8 +314,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
       for (int r = bestNode * rpn; r < (bestNode + 1) * rpn; ++r)
         if (freeAt[r] <= at) rs.push_back({-freeAt[r], r});
       std::stable_sort(rs.begin(), rs.end());
-      for (int j = 0; j < s.G; ++j) ring.push_back(rs[j].second);
-      std::sort(ring.begin(), ring.end());
+      for (int j = 0; j < s.G; ++j) ring[j] = rs[j].second;
+      std::sort(ring, ring + s.G);
       occupy(i, at);
     } else {
       // A whole sequence: the smallest idle gap it fits (on a node with room
@@ -311,7 +327,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         Gap g = it->second;
         if (!hasRoom(g.rank / rpn, lens[i])) continue;
         gaps.erase(it);
-        ring = {g.rank};
+        ring[0] = g.rank;
         start[i] = g.begin;
         if (g.end - g.begin - piece[i] > eps) gaps.insert({g.end - g.begin - piece[i], {g.rank, g.begin + piece[i], g.end}});
         placed = true;
@@ -323,7 +339,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         const int r = heap.top().second;
         heap.pop();
         heap.push({freeAt[r] + piece[i], r});
-        ring = {r};
+        ring[0] = r;
         occupy(i, freeAt[r]);
       } else if (!placed) {
         // Node-level token balance: the least loaded rank among nodes that
@@ -348,11 +364,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         nodeHeaps[nd].push({freeAt[r] + piece[i], r});
         const Entry moved{nodeHeaps[nd].top().first, nd};
         nodeOrder.insert(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), moved), moved);
-        ring = {r};
+        ring[0] = r;
         occupy(i, freeAt[r]);
       }
     }
-    for (int r : ring) nodeTokens[r / rpn] += double(lens[i]) / ring.size();
+    for (int j = 0; j < s.G; ++j) nodeTokens[ring[j] / rpn] += double(lens[i]) / s.G;
   }
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
   out.order.assign(order.begin(), order.end());
@@ -363,8 +379,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
     const size_t i = size_t(*it);
     double at = 0;
-    for (int r : out.ranks[i]) at = std::max(at, freeAt[r]);
-    for (int r : out.ranks[i]) freeAt[r] = at + back[i];
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + back[i];
   }
   out.backward = *std::max_element(freeAt.begin(), freeAt.end());
   return out;
@@ -410,11 +426,12 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
-  out.ranks.resize(withRanks ? lens.size() : 0);
+  if (withRanks) out.first.assign(1, 0);
   for (size_t i = 0; i < lens.size() && withRanks; ++i) {
     const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
     // A sequence too short for the whole ring runs on its first ranks.
-    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks[i].push_back(r);
+    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks.push_back(r);
+    out.first.push_back(out.ranks.size());
     out.order.push_back(int64_t(i));
   }
   if (withRanks)
@@ -577,19 +594,19 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (opt.score && opt.scoreBound && have) {
       std::vector<double> attn(n, 0.0), tokens(n, 0.0);
       for (size_t i = 0; i < lens.size(); ++i) {
-        const int G = int(s.ranks[i].size());
+        const int G = int(s.first[i + 1] - s.first[i]);
         const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
         // Every chunk has at least len / chunks tokens (integer division).
         const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
         const double held = double(lens[i] / chunks * (chunks / G));
-        for (int r : s.ranks[i]) {
-          attn[r] += compute;
-          tokens[r] += held;
+        for (const int* r = s.ringBegin(i); r != s.ringEnd(i); ++r) {
+          attn[*r] += compute;
+          tokens[*r] += held;
         }
       }
       if (!better(opt.scoreBound(attn, tokens))) return;
     }
-    BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
+    BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     const double score = opt.score ? opt.score(p, true) : modelled(p, s);
     const bool won = better(score);
@@ -667,7 +684,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (k >= 0 && k <= 12) tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
   bool crosses = false;
   for (const auto& [score, s] : caps)
-    for (const auto& r : s.ranks) crosses = crosses || (r.front() / c.ranksPerNode != r.back() / c.ranksPerNode);
+    for (size_t i = 0; i < lens.size(); ++i)
+      crosses = crosses || (*s.ringBegin(i) / c.ranksPerNode != *(s.ringEnd(i) - 1) / c.ranksPerNode);
   if (crosses && opt.maxRingNodes != 1) {
     // Around the best cap again with every ring inside a node, and with the
     // splits chosen as if inter-node rings had one NIC per hop (routing
