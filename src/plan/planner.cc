@@ -48,8 +48,8 @@ std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape&
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
   auto option = [&](int G, SeqClass cls) {
     const Link link = cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
-    return SplitOption{{G, cls}, ringSeconds(len, causal, G, link, shape, c),
-                       ringBackwardSeconds(len, causal, G, link, shape, c)};
+    const RingSeconds t = ringBothSeconds(len, causal, G, link, shape, c);
+    return SplitOption{{G, cls}, t.forward, t.backward};
   };
   std::vector<SplitOption> out = {option(1, SeqClass::Local)};
   minCap *= 1 + 1e-9;
@@ -404,22 +404,34 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     const int G = int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i])));
     cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
               opt.linearSecondsPerToken * double(lens[i]);
-    fwd[i] = ringSeconds(lens[i], causal, G, link, shape, c);
-    bwd[i] = ringBackwardSeconds(lens[i], causal, G, link, shape, c);
+    const RingSeconds t = ringBothSeconds(lens[i], causal, G, link, shape, c);
+    fwd[i] = t.forward;
+    bwd[i] = t.backward;
   }
   // Largest cost first. The cost grows with the length for any efficiency
   // table that does not fall with the chunk length, so byLength is the guess.
   std::vector<size_t> order = byLength;
   stableSortFromGuess(order, [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   using Entry = std::pair<double, int>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  for (int k = 0; k < groups; ++k) heap.push({0.0, k});
+  // A min-heap of (load, group): in index order to begin with (all zero), and
+  // its top replaced by one sift down per sequence (not a pop and a push).
+  std::vector<Entry> heap(groups);
+  for (int k = 0; k < groups; ++k) heap[k] = {0.0, k};
+  auto replaceTop = [&](Entry e) {
+    size_t at = 0;
+    for (size_t child = 1; child < heap.size(); child = 2 * at + 1) {
+      if (child + 1 < heap.size() && heap[child + 1] < heap[child]) ++child;
+      if (!(heap[child] < e)) break;
+      heap[at] = heap[child];
+      at = child;
+    }
+    heap[at] = e;
+  };
   std::vector<int> groupOf(lens.size());
   std::vector<double> attn(groups, 0.0), back(groups, 0.0), tokens(groups, 0.0);
   for (size_t i : order) {
-    auto [load, k] = heap.top();
-    heap.pop();
-    heap.push({load + cost[i], k});
+    const auto [load, k] = heap.front();
+    replaceTop({load + cost[i], k});
     groupOf[i] = k;
     attn[k] += fwd[i];
     back[k] += bwd[i];
