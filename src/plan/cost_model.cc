@@ -79,16 +79,27 @@ bool ringHides(int64_t len, bool causal, int G, Link link, const AttnShape& shap
   return st.compute >= st.transfer;
 }
 
+namespace {
+
+// G steps, the first without a transfer to wait for.
+double stepsSeconds(const RingStep& st, int G) { return st.compute + (G - 1) * std::max(st.compute, st.transfer); }
+
+}  // namespace
+
 double ringSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                    const ClusterModel& cluster) {
-  RingStep st = ringStep(len, causal, G, link, shape, cluster);
-  return st.compute + (G - 1) * std::max(st.compute, st.transfer);
+  return stepsSeconds(ringStep(len, causal, G, link, shape, cluster), G);
 }
 
 double ringBackwardSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                            const ClusterModel& cluster) {
-  RingStep st = backwardStep(ringStep(len, causal, G, link, shape, cluster), linkLatency(link, cluster));
-  return st.compute + (G - 1) * std::max(st.compute, st.transfer);
+  return stepsSeconds(backwardStep(ringStep(len, causal, G, link, shape, cluster), linkLatency(link, cluster)), G);
+}
+
+RingSeconds ringBothSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
+                            const ClusterModel& cluster) {
+  const RingStep st = ringStep(len, causal, G, link, shape, cluster);
+  return {stepsSeconds(st, G), stepsSeconds(backwardStep(st, linkLatency(link, cluster)), G)};
 }
 
 }  // namespace zp::plan

@@ -105,5 +105,12 @@ double ringSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& 
 // The same for the backward pass (backwardStep's compute and transfer).
 double ringBackwardSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                            const ClusterModel& cluster);
+// Both, from one ringStep (the planner asks for both for every sequence of
+// every candidate).
+struct RingSeconds {
+  double forward = 0, backward = 0;
+};
+RingSeconds ringBothSeconds(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
+                            const ClusterModel& cluster);
 
 }  // namespace zp::plan

@@ -17,6 +17,21 @@ struct Split {
   bool operator==(const Split& o) const { return G == o.G && cls == o.cls; }
 };
 
+// Sorts `order` (some order of 0..m-1) as std::stable_sort of 0..m-1 by
+// `before` would: the planner sorts thousands of sequences for every
+// candidate, and a guess of that order made once is usually right, so it is
+// checked first (the order is unique: equivalent sequences in index order).
+template <class Before>
+void stableSortFromGuess(std::vector<size_t>& order, Before before) {
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t a = order[k - 1], b = order[k];
+    if (before(a, b) || (!before(b, a) && a < b)) continue;
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), before);
+    return;
+  }
+}
+
 // The rings a sequence may run on, from cheap to costly links: whole on one
 // rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
 // whole nodes; with the time one rank spends on the sequence under each
@@ -33,8 +48,8 @@ std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape&
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
   auto option = [&](int G, SeqClass cls) {
     const Link link = cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
-    return SplitOption{{G, cls}, ringSeconds(len, causal, G, link, shape, c),
-                       ringBackwardSeconds(len, causal, G, link, shape, c)};
+    const RingSeconds t = ringBothSeconds(len, causal, G, link, shape, c);
+    return SplitOption{{G, cls}, t.forward, t.backward};
   };
   std::vector<SplitOption> out = {option(1, SeqClass::Local)};
   minCap *= 1 + 1e-9;
@@ -185,7 +200,19 @@ struct Gap {
 // attention runs in (by planned forward start) and the modelled makespans of
 // attention's forward and backward passes.
 struct Schedule {
-  std::vector<std::vector<int>> ranks;
+  // Sequence i runs on ranks[first[i]] .. ranks[first[i + 1] - 1]: flat, as
+  // every candidate has thousands of sequences and most are never built
+  // into a plan.
+  std::vector<size_t> first;
+  std::vector<int> ranks;
+  const int* ringBegin(size_t i) const { return ranks.data() + first[i]; }
+  const int* ringEnd(size_t i) const { return ranks.data() + first[i + 1]; }
+  // Every sequence's ranks as planFromRings takes them.
+  std::vector<std::vector<int>> rings() const {
+    std::vector<std::vector<int>> out(first.size() - 1);
+    for (size_t i = 0; i < out.size(); ++i) out[i].assign(ringBegin(i), ringEnd(i));
+    return out;
+  }
   std::vector<int64_t> order;
   double forward = 0, backward = 0;
   // Seconds the busiest rank's linear layers take beyond the mean per step,
@@ -200,26 +227,41 @@ struct Schedule {
 // time as gaps, which whole sequences fill before they go to the least loaded
 // rank. The order is every sequence by planned start, so running the plan in
 // that order reproduces the schedule; the backward pass runs it reversed.
+//
+// byLength: the sequences longest first, ties in index order.
 Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
-                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back) {
+                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back,
+                  const std::vector<size_t>& byLength) {
   const int n = c.ranks();
   const int rpn = c.ranksPerNode;
   const size_t m = lens.size();
   Schedule out;
-  out.ranks.resize(m);
-  std::vector<size_t> order(m);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  out.first.assign(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) out.first[i + 1] = out.first[i] + size_t(splits[i].G);
+  out.ranks.resize(out.first[m]);
+  // Rings first, then whole sequences; larger pieces first. The guess: the
+  // rings (few) sorted, then the whole sequences longest first, as a whole
+  // sequence's time grows with its length.
+  auto before = [&](size_t a, size_t b) {
     if (splits[a].cls != splits[b].cls) return splits[a].cls > splits[b].cls;
     return piece[a] > piece[b];
-  });
+  };
+  std::vector<size_t> order;
+  order.reserve(m);
+  for (size_t i = 0; i < m; ++i)
+    if (splits[i].cls != SeqClass::Local) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), before);
+  for (size_t i : byLength)
+    if (splits[i].cls == SeqClass::Local) order.push_back(i);
+  stableSortFromGuess(order, before);
   std::vector<double> freeAt(n, 0.0), start(m, 0.0);
   // Idle gaps by length, so a whole sequence takes the smallest one it fits.
   std::multimap<double, Gap> gaps;
   const double eps = 1e-12;
   auto occupy = [&](size_t i, double s) {
     start[i] = s;
-    for (int r : out.ranks[i]) {
+    for (const int* it = out.ringBegin(i); it != out.ringEnd(i); ++it) {
+      const int r = *it;
       if (s > freeAt[r] + eps) gaps.insert({s - freeAt[r], {r, freeAt[r], s}});
       freeAt[r] = s + piece[i];
     }
@@ -237,7 +279,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   std::vector<double> nodeFree(rpn);
   for (size_t i : order) {
     const Split& s = splits[i];
-    std::vector<int>& ring = out.ranks[i];
+    int* const ring = out.ranks.data() + out.first[i];  // s.G ranks
     if (s.cls == SeqClass::InterNode) {
       // The k nodes that are free soonest, whole, node by node so only k hops
       // of the ring cross the network.
@@ -253,8 +295,9 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         at = std::max(at, nodes[j].first);
       }
       std::sort(chosen.begin(), chosen.end());
+      int* next = ring;
       for (int nd : chosen)
-        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.push_back(r);
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) *next++ = r;
       occupy(i, at);
     } else if (s.cls == SeqClass::IntraNode) {
       // The node where G ranks are free soonest; of its ranks free by then,
@@ -271,8 +314,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
       for (int r = bestNode * rpn; r < (bestNode + 1) * rpn; ++r)
         if (freeAt[r] <= at) rs.push_back({-freeAt[r], r});
       std::stable_sort(rs.begin(), rs.end());
-      for (int j = 0; j < s.G; ++j) ring.push_back(rs[j].second);
-      std::sort(ring.begin(), ring.end());
+      for (int j = 0; j < s.G; ++j) ring[j] = rs[j].second;
+      std::sort(ring, ring + s.G);
       occupy(i, at);
     } else {
       // A whole sequence: the smallest idle gap it fits (on a node with room
@@ -284,7 +327,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         Gap g = it->second;
         if (!hasRoom(g.rank / rpn, lens[i])) continue;
         gaps.erase(it);
-        ring = {g.rank};
+        ring[0] = g.rank;
         start[i] = g.begin;
         if (g.end - g.begin - piece[i] > eps) gaps.insert({g.end - g.begin - piece[i], {g.rank, g.begin + piece[i], g.end}});
         placed = true;
@@ -296,7 +339,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         const int r = heap.top().second;
         heap.pop();
         heap.push({freeAt[r] + piece[i], r});
-        ring = {r};
+        ring[0] = r;
         occupy(i, freeAt[r]);
       } else if (!placed) {
         // Node-level token balance: the least loaded rank among nodes that
@@ -321,11 +364,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         nodeHeaps[nd].push({freeAt[r] + piece[i], r});
         const Entry moved{nodeHeaps[nd].top().first, nd};
         nodeOrder.insert(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), moved), moved);
-        ring = {r};
+        ring[0] = r;
         occupy(i, freeAt[r]);
       }
     }
-    for (int r : ring) nodeTokens[r / rpn] += double(lens[i]) / ring.size();
+    for (int j = 0; j < s.G; ++j) nodeTokens[ring[j] / rpn] += double(lens[i]) / s.G;
   }
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
   out.order.assign(order.begin(), order.end());
@@ -336,8 +379,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
     const size_t i = size_t(*it);
     double at = 0;
-    for (int r : out.ranks[i]) at = std::max(at, freeAt[r]);
-    for (int r : out.ranks[i]) freeAt[r] = at + back[i];
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + back[i];
   }
   out.backward = *std::max_element(freeAt.begin(), freeAt.end());
   return out;
@@ -349,8 +392,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
 // Sequences go largest first to the group with the least load: attention at
 // the group's chunk length, plus the linear layers' time of their tokens when
 // the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
+//
+// byLength: the sequences longest first, ties in index order (planBatch sorts
+// them once for every group size).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks) {
+                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength) {
   const int groups = c.ranks() / g;
   const Link link = g > c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
   std::vector<double> cost(lens.size()), fwd(lens.size()), bwd(lens.size());
@@ -358,32 +404,46 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     const int G = int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i])));
     cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
               opt.linearSecondsPerToken * double(lens[i]);
-    fwd[i] = ringSeconds(lens[i], causal, G, link, shape, c);
-    bwd[i] = ringBackwardSeconds(lens[i], causal, G, link, shape, c);
+    const RingSeconds t = ringBothSeconds(lens[i], causal, G, link, shape, c);
+    fwd[i] = t.forward;
+    bwd[i] = t.backward;
   }
-  std::vector<size_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  // Largest cost first. The cost grows with the length for any efficiency
+  // table that does not fall with the chunk length, so byLength is the guess.
+  std::vector<size_t> order = byLength;
+  stableSortFromGuess(order, [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   using Entry = std::pair<double, int>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  for (int k = 0; k < groups; ++k) heap.push({0.0, k});
+  // A min-heap of (load, group): in index order to begin with (all zero), and
+  // its top replaced by one sift down per sequence (not a pop and a push).
+  std::vector<Entry> heap(groups);
+  for (int k = 0; k < groups; ++k) heap[k] = {0.0, k};
+  auto replaceTop = [&](Entry e) {
+    size_t at = 0;
+    for (size_t child = 1; child < heap.size(); child = 2 * at + 1) {
+      if (child + 1 < heap.size() && heap[child + 1] < heap[child]) ++child;
+      if (!(heap[child] < e)) break;
+      heap[at] = heap[child];
+      at = child;
+    }
+    heap[at] = e;
+  };
   std::vector<int> groupOf(lens.size());
   std::vector<double> attn(groups, 0.0), back(groups, 0.0), tokens(groups, 0.0);
   for (size_t i : order) {
-    auto [load, k] = heap.top();
-    heap.pop();
-    heap.push({load + cost[i], k});
+    const auto [load, k] = heap.front();
+    replaceTop({load + cost[i], k});
     groupOf[i] = k;
     attn[k] += fwd[i];
     back[k] += bwd[i];
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
-  out.ranks.resize(withRanks ? lens.size() : 0);
+  if (withRanks) out.first.assign(1, 0);
   for (size_t i = 0; i < lens.size() && withRanks; ++i) {
     const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
     // A sequence too short for the whole ring runs on its first ranks.
-    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks[i].push_back(r);
+    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks.push_back(r);
+    out.first.push_back(out.ranks.size());
     out.order.push_back(int64_t(i));
   }
   if (withRanks)
@@ -458,6 +518,7 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
   std::vector<std::vector<Segment>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
   for (int r = 0; r < n; ++r) {
+    lin.ranks[r].reserve(attn.ranks[r].size());
     for (const Segment& s : attn.ranks[r]) {
       int64_t keep = std::min(s.count, quota[r] - have[r]);
       if (keep > 0) {
@@ -532,20 +593,49 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   BatchPlan best;
   double bestScore = 0;
   bool have = false;
-  // Scores a candidate fully, keeping it if it is the best so far.
+  // Scores a candidate fully, keeping it if it is the best so far. A plan is
+  // moved, not copied, into `best`: the plan of a DP x CP candidate has a
+  // segment on every rank of its group for every sequence.
   auto consider = [&](const Schedule& s) {
-    BatchPlan p = planFromRings(lens, causal, s.ranks, n, c.ranksPerNode);
-    p.order = s.order;
-    for (int w = 0; w < (opt.score ? 2 : 1); ++w) {
-      // With a step model the linear layers may stay on the attention layout
-      // (no remap) when the remap costs more than the imbalance it removes.
-      if (w == 1) p.linear = p.attention;
-      const double score = opt.score ? opt.score(p) : modelled(p, s);
-      if (!have || score < bestScore * (1 - 1e-9)) {
-        best = p;
-        bestScore = score;
-        have = true;
+    auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
+    // The planner's own model adds the remaps' non-negative seconds to the
+    // makespans, so a candidate whose makespans alone are no better cannot
+    // win, and its plan is not built.
+    if (!opt.score && !better(opt.forwardPasses * s.forward + s.backward)) return;
+    // Nor, with a step model, one that its lower bound rules out.
+    if (opt.score && opt.scoreBound && have) {
+      std::vector<double> attn(n, 0.0), tokens(n, 0.0);
+      for (size_t i = 0; i < lens.size(); ++i) {
+        const int G = int(s.first[i + 1] - s.first[i]);
+        const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
+        // Every chunk has at least len / chunks tokens (integer division).
+        const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
+        const double held = double(lens[i] / chunks * (chunks / G));
+        for (const int* r = s.ringBegin(i); r != s.ringEnd(i); ++r) {
+          attn[*r] += compute;
+          tokens[*r] += held;
+        }
       }
+      if (!better(opt.scoreBound(attn, tokens))) return;
+    }
+    BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
+    p.order = s.order;
+    const double score = opt.score ? opt.score(p, true) : modelled(p, s);
+    const bool won = better(score);
+    if (won) bestScore = score, have = true;
+    if (!opt.score) {
+      if (won) best = std::move(p);
+      return;
+    }
+    // With a step model the linear layers may stay on the attention layout
+    // (no remap) when the remap costs more than the imbalance it removes.
+    const double flat = opt.score(p, false);
+    if (better(flat)) {
+      bestScore = flat;
+      p.linear = p.attention;
+      best = std::move(p);
+    } else if (won) {
+      best = std::move(p);
     }
   };
   // Candidates are screened by their attention makespans (plus, for groups,
@@ -563,6 +653,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
   for (size_t i = 0; i < lens.size(); ++i) options[i] = splitOptions(lens[i], causal, shape, c, minCap);
   std::vector<double> back(lens.size());
+  // Sequences longest first (ties in index order): the guess of every
+  // candidate's order (stableSortFromGuess).
+  std::vector<size_t> byLength(lens.size());
+  std::iota(byLength.begin(), byLength.end(), 0);
+  std::stable_sort(byLength.begin(), byLength.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
     for (size_t i = 0; i < lens.size(); ++i) {
       const SplitOption& pick = pickSplit(from[i], cap, c, o);
@@ -572,7 +667,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     }
     for (const auto& [sp, score] : seen)
       if (sp == splits) return score;
-    Schedule s = schedule(lens, c, o, splits, piece, back);
+    Schedule s = schedule(lens, c, o, splits, piece, back, byLength);
     const double score = quick(s);
     seen.push_back({splits, score});
     caps.push_back({score, std::move(s)});
@@ -601,7 +696,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (k >= 0 && k <= 12) tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
   bool crosses = false;
   for (const auto& [score, s] : caps)
-    for (const auto& r : s.ranks) crosses = crosses || (r.front() / c.ranksPerNode != r.back() / c.ranksPerNode);
+    for (size_t i = 0; i < lens.size(); ++i)
+      crosses = crosses || (*s.ringBegin(i) / c.ranksPerNode != *(s.ringEnd(i) - 1) / c.ranksPerNode);
   if (crosses && opt.maxRingNodes != 1) {
     // Around the best cap again with every ring inside a node, and with the
     // splits chosen as if inter-node rings had one NIC per hop (routing
@@ -625,7 +721,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   double bestGroup = 0;
   for (int g = 1, worse = 0; g <= n && n % g == 0 && worse < 2; g *= 2) {
     // Scored without its rings, which only the candidates kept need.
-    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false));
+    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false, byLength));
     worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
@@ -638,7 +734,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     if (i == 0 || thorough || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
   for (size_t i = 0; i < groupSizes.size() && i < 2; ++i)
     if (i == 0 || thorough || groupSizes[i].first <= 1.03 * groupSizes[0].first)
-      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true));
+      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true, byLength));
   return best;
 }
 
@@ -654,16 +750,26 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
   plan.attention.ranks.resize(n);
   plan.seqs.resize(lens.size());
   std::vector<int64_t> seenIn(n, -1);  // the last sequence whose ring named each rank
+  // Each rank's segments are counted first (at most two a ring position), so
+  // its list is allocated once: the planner builds a plan for every candidate
+  // it scores, and a DP x CP candidate has a segment on every rank of its
+  // group for every sequence.
+  std::vector<size_t> segsOf(n, 0);
   for (size_t i = 0; i < lens.size(); ++i) {
-    const std::string where = "sequence " + std::to_string(i) + ": ";
-    if (lens[i] < 1) throw std::invalid_argument(where + "length " + std::to_string(lens[i]) + " is below 1");
-    if (rings[i].empty()) throw std::invalid_argument(where + "a ring of no ranks");
+    // The message is built only on failure, not for every sequence.
+    auto where = [i] { return "sequence " + std::to_string(i) + ": "; };
+    if (lens[i] < 1) throw std::invalid_argument(where() + "length " + std::to_string(lens[i]) + " is below 1");
+    if (rings[i].empty()) throw std::invalid_argument(where() + "a ring of no ranks");
     for (int r : rings[i]) {
       if (r < 0 || r >= n)
-        throw std::invalid_argument(where + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
-      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where + "rank " + std::to_string(r) + " is twice in its ring");
+        throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
+      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is twice in its ring");
       seenIn[r] = int64_t(i);
+      segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
     }
+  }
+  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
+  for (size_t i = 0; i < lens.size(); ++i) {
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
@@ -681,10 +787,10 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
   }
   // Inter-node rings, then intra-node rings, then local sequences, each in
   // sequence order: the order the driver ran before plans carried one.
-  plan.order.resize(lens.size());
-  std::iota(plan.order.begin(), plan.order.end(), int64_t{0});
-  std::stable_sort(plan.order.begin(), plan.order.end(),
-                   [&](int64_t a, int64_t b) { return plan.seqs[a].cls > plan.seqs[b].cls; });
+  plan.order.reserve(lens.size());
+  for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
+    for (size_t i = 0; i < lens.size(); ++i)
+      if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
   plan.linear = linearLayout(plan.attention, n, ranksPerNode);
   return plan;
 }

@@ -27,9 +27,18 @@ struct PlanOptions {
   double linearSecondsPerToken = 0;
   // A step model: when set, candidates are ranked by it instead of the
   // planner's own model, and a plan may keep the linear layers on the
-  // attention layout (linear == attention: the remap moves nothing). The
+  // attention layout (linear == attention: the remap moves nothing). It is
+  // asked about a plan as it is (remap true) and with the linear layers on
+  // the attention layout (remap false: the plan's linear layout is to be
+  // taken as its attention layout, so the planner need not copy it). The
   // simulator passes its full step (simulator.h).
-  std::function<double(const BatchPlan&)> score;
+  std::function<double(const BatchPlan&, bool remap)> score;
+  // With `score`, if set: a lower bound of score, either way, for any plan
+  // whose rank r computes attention for at least attnForward[r] seconds in
+  // a forward pass (over the rank's sequences, a ring's size times its
+  // ringStep compute) and holds at least attnTokens[r] tokens for it. A
+  // candidate that cannot beat the best one so far by it is not built.
+  std::function<double(const std::vector<double>& attnForward, const std::vector<double>& attnTokens)> scoreBound;
   // The planner before idle-aware scheduling: loads summed per rank, the cap
   // halved until their max/mean is within 2%, rings ordered by class and
   // size. For comparison only.
@@ -73,7 +82,8 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
 // The remap between a plan's linear and attention layouts, modelled: the
 // busiest rank's seconds to move q, k and v in (inBytesPerToken per moved
 // token) and the output back (outBytesPerToken), and the bytes of both that
-// cross nodes and that stay inside them.
+// cross nodes and that stay inside them. A sequence's attention segments
+// must not overlap (as in every plan planFromRings makes).
 struct RemapSeconds {
   double in = 0, out = 0;
   double nicBytes = 0, intraBytes = 0;

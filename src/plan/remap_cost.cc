@@ -14,15 +14,43 @@ namespace zp::plan {
 // one message latency per peer).
 RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
   const int n = c.ranks();
-  // Every attention segment by sequence and start, with its rank.
+  // A linear segment inside an attention segment of its own rank moves
+  // nothing (a sequence's attention segments do not overlap, so no other
+  // rank holds any of its tokens). The linear layout keeps each rank's first
+  // attention tokens in place, in attention order, so walking a rank's two
+  // lists together finds those segments without a search, and the index
+  // below needs only the sequences of the others: with a segment per rank of
+  // a ring, a DP x CP candidate has far more segments than moved pieces.
+  // kept: whether linear segment s of rank r stays, j walking rank r's
+  // attention segments.
+  auto kept = [&](int r, const Segment& s, size_t& j) {
+    if (size_t(r) >= p.attention.ranks.size()) return false;
+    const std::vector<Segment>& attn = p.attention.ranks[r];
+    if (j >= attn.size()) return false;
+    const Segment& a = attn[j];
+    if (a.seq != s.seq || s.start < a.start || s.start + s.count > a.start + a.count) return false;
+    ++j;
+    return true;
+  };
+  // The sequences with a linear segment that is not kept: only their
+  // attention segments are indexed.
+  std::vector<char> needed(p.attention.seqLens.size(), 0);
+  for (int r = 0; r < n; ++r) {
+    size_t j = 0;
+    for (const Segment& s : p.linear.ranks[r])
+      if (!kept(r, s, j)) needed[s.seq] = 1;
+  }
+  // Their attention segments by sequence and start, with their ranks.
   std::vector<size_t> first(p.attention.seqLens.size() + 1, 0);
   for (const auto& segs : p.attention.ranks)
-    for (const Segment& s : segs) ++first[s.seq + 1];
+    for (const Segment& s : segs)
+      if (needed[s.seq]) ++first[s.seq + 1];
   for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
   std::vector<std::pair<Segment, int>> owner(first.back());
   std::vector<size_t> fill(first.begin(), first.end() - 1);
   for (size_t r = 0; r < p.attention.ranks.size(); ++r)
-    for (const Segment& s : p.attention.ranks[r]) owner[fill[s.seq]++] = {s, int(r)};
+    for (const Segment& s : p.attention.ranks[r])
+      if (needed[s.seq]) owner[fill[s.seq]++] = {s, int(r)};
   for (size_t q = 0; q + 1 < first.size(); ++q)
     if (first[q + 1] - first[q] > 1)
       std::sort(owner.begin() + first[q], owner.begin() + first[q + 1],
@@ -34,8 +62,10 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
   std::vector<int> seenBy(2 * size_t(n), -1);
   RemapSeconds res;
   double movedCross = 0, movedIntra = 0;
-  for (int r = 0; r < n; ++r)
+  for (int r = 0; r < n; ++r) {
+    size_t j = 0;
     for (const Segment& s : p.linear.ranks[r]) {
+      if (kept(r, s, j)) continue;
       auto begin = owner.begin() + first[s.seq], end = owner.begin() + first[s.seq + 1];
       // The first attention segment that may overlap.
       auto it = std::lower_bound(begin, end, s.start, [](const std::pair<Segment, int>& a, int64_t v) {
@@ -57,6 +87,7 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
         }
       }
     }
+  }
   for (int r = 0; r < n; ++r) {
     // q, k, v go from the linear layout to attention, the output back: the
     // same pairs, the other way.

@@ -306,16 +306,25 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   Placement pl;
   // Sequences on the same ring run as one group, one message per step, at
   // the place of the first of them (as the attention driver runs them).
+  // A sequence usually shares the ring of the one before it (a DP x CP
+  // plan runs its groups one after another), which is checked before the
+  // map is searched.
   std::map<std::vector<int>, size_t> groupOf;
+  const size_t none = std::numeric_limits<size_t>::max();
+  size_t last = none;  // the ring of the previous sequence on a ring
+  pl.rings.reserve(p.order.size());
   for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
     if (s.ranks.size() == 1) {  // a whole sequence is its own kernel call
       pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false});
       continue;
     }
-    auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-    if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
-    pl.rings[it->second].lens.push_back(s.len);
+    if (last == none || pl.rings[last].ranks != s.ranks) {
+      auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
+      if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+      last = it->second;
+    }
+    pl.rings[last].lens.push_back(s.len);
   }
   pl.attnTokens = tokensPerRank(p.attention);
   pl.remap = remap && !sameLayout(p.linear, p.attention);
@@ -345,10 +354,32 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.legacy = cfg.legacyPlanner;
   o.onlyCap = cfg.planCap;
   if (!o.legacy)
-    o.score = [&](const BatchPlan& p) {
-      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap), cfg, c);
+    o.score = [&](const BatchPlan& p, bool remapPlan) {
+      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);
       return r.stepSeconds + (r.feasible ? 0 : 1e12);  // a plan that fits beats any that does not
     };
+  // A pass of a layer takes at least any one rank's attention compute plus
+  // its linear layers (waits, communication and remaps only add); the linear
+  // layers hold at least the rank's attention tokens without a remap and,
+  // with one, the batch's tokens over the ranks (rounded down). Slack for
+  // rounding: the step sums the same terms in another order.
+  if (!o.legacy) {
+    const double perToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+    const double passes = cfg.recompute ? 2 : 1;
+    const double balanced = double(std::accumulate(lens.begin(), lens.end(), int64_t{0}) / c.ranks());
+    o.scoreBound = [=](const std::vector<double>& attn, const std::vector<double>& tokens) {
+      auto step = [&](bool flat) {
+        double fwd = 0, bwd = 0;
+        for (size_t r = 0; r < attn.size(); ++r) {
+          const double linear = (flat ? tokens[r] : balanced) * perToken;
+          fwd = std::max(fwd, attn[r] + linear);
+          bwd = std::max(bwd, kAttnBackwardFlops * attn[r] + 2 * linear);
+        }
+        return cfg.model.layers * (passes * fwd + bwd);
+      };
+      return (remap ? std::min(step(true), step(false)) : step(true)) * (1 - 1e-6);
+    };
+  }
   return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
 }
 
