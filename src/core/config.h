@@ -14,17 +14,18 @@ namespace zp {
 // Defaults of the router's chunk size and direct threshold, here so that the
 // transports (UCX sends chunks eagerly) and the router agree.
 constexpr uint64_t kRouteDefaultChunkBytes = 512u << 10;
-// Below this size transfers go direct. Measured with bench/route_perf on the
-// emulated cluster (2 nodes x 4 ranks, 4 NICs at 1 Gbit/s, eager chunks):
-// up to one chunk (512 KiB) relaying gains nothing (1.01-1.02x of off), from
-// 724 KiB on it pays (1.48x) for one pair and for a ring hop alike.
+// Below this size transfers go direct: relaying a transfer of up to one
+// chunk gains nothing over sending it straight, and from a little above one
+// chunk it pays, for one pair and for a ring hop alike. The measurement and
+// its command: docs/routing.md, the paragraph on ZP_ROUTE_DIRECT_BELOW.
 constexpr uint64_t kRouteDefaultDirectBelow = 512u << 10;
 
 enum class ShmProto { kAuto, kCma, kCopy };
 enum class CollAlgo { kAuto, kRing, kTree, kDirect };
 // The standard collectives move at least this many bytes per rank by ring,
-// fewer by recursive doubling, trees or direct exchange (ZP_COLL_RING_ABOVE;
-// measured with bench/coll_threshold.py: docs/collectives.md).
+// fewer by recursive doubling, trees or direct exchange (ZP_COLL_RING_ABOVE):
+// between the all-reduce's and the broadcast's crossovers on one node
+// (docs/collectives.md, "ZP_COLL_RING_ABOVE: 256 KiB").
 constexpr size_t kCollDefaultRingAbove = 256u << 10;
 
 struct Config {

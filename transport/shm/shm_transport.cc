@@ -685,15 +685,14 @@ inline void cpuRelax() {
 void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere) {
   if (!mine_) return;
   // Poll first: within a call the answer usually comes sooner than a futex
-  // sleep and wake-up (tens of microseconds here). Each poll yields the core,
+  // sleep and wake-up. Each poll yields the core,
   // so with more ranks than cores the peer that has to answer gets to run.
   // But not for a single-copy transfer when ranks outnumber cores and
   // other work competes for them too: a poller stays runnable and takes its
   // share of the cores from the peer doing the copy, while a sleeper is off
-  // the run queue until it is woken. Measured on 4 ranks sharing 2 cores
-  // (docs/collectives.md): with two busy loops beside them, polling made an
-  // all-reduce 1.5-3x slower at 1-16 MiB per rank; with nothing else
-  // running, it made it 10-30% faster at 1-16 MiB.
+  // the run queue until it is woken. With nothing else competing, polling
+  // wins or ties. The measurements and their command:
+  // docs/collectives.md, "Polling or sleeping while a peer copies".
   auto nowUs = [] {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -83,8 +83,9 @@ zpResult_t UcxTransport::init(std::string* address) {
   }
   // Relayed chunks go eagerly: a rendezvous would make each chunk's
   // receiver answer (RTR) behind the bulk data it is sending itself the
-  // other way, which halves both directions of a loaded NIC (measured with
-  // route_perf's ring hop). The sender's window bounds what is in flight.
+  // other way, which slows both directions of a loaded NIC (docs/routing.md,
+  // "Relayed chunks travel eagerly"). The sender's window bounds what is in
+  // flight.
   if (eagerUpTo_ > 0 && !getenv("UCX_RNDV_THRESH")) {
     std::string thresh = std::to_string(eagerUpTo_ + 1);
     st = ucp_config_modify(config, "RNDV_THRESH", thresh.c_str());
