@@ -685,8 +685,8 @@ inline void cpuRelax() {
 void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere) {
   if (!mine_) return;
   // Poll first: within a call the answer usually comes sooner than a futex
-  // sleep and wake-up. Each poll yields the core,
-  // so with more ranks than cores the peer that has to answer gets to run.
+  // sleep and wake-up. With more ranks than cores each poll yields the core,
+  // so that the peer that has to answer gets to run.
   // But not for a single-copy transfer when ranks outnumber cores and
   // other work competes for them too: a poller stays runnable and takes its
   // share of the cores from the peer doing the copy, while a sleeper is off
