@@ -117,12 +117,17 @@ const char* typeName(zpDataType_t t) {
 // destination, kind, id), so two ops of one round with the same peer need
 // lanes of their own.
 zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uint64_t>* lanes = nullptr) {
-  std::vector<RoutedXfer> xfers(lanes ? ops.size() : 1);
+  bool remote = false;  // on one node no op is routed: no transfer ids to make
+  for (const Op& op : ops) remote |= !c->isLocal(op.peer);
+  std::vector<RoutedXfer> xfers(remote ? (lanes ? ops.size() : 1) : 0);
   std::vector<Op*> ptrs;
+  ptrs.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); i++) {
-    RoutedXfer& x = xfers[lanes ? i : 0];
-    x.id = id + ((lanes ? (*lanes)[i] : 0) << 40);  // in the step tag's bits (xferId)
-    if (!c->isLocal(ops[i].peer)) ops[i].routed = &x;
+    if (remote && !c->isLocal(ops[i].peer)) {
+      RoutedXfer& x = xfers[lanes ? i : 0];
+      x.id = id + ((lanes ? (*lanes)[i] : 0) << 40);  // in the step tag's bits (xferId)
+      ops[i].routed = &x;
+    }
     ptrs.push_back(&ops[i]);
   }
   return c->runOps(ptrs);
@@ -173,6 +178,7 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   std::vector<Header> all(n);
   all[me] = mine;
   std::vector<Op> ops;
+  ops.reserve(2 * (size_t)(n - 1));
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));
