@@ -12,6 +12,8 @@
 #include "src/plan/simulator.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -416,6 +418,31 @@ TEST(Calibration, FileRoundTripAndErrors) {
   EXPECT_NE(error("{\"tflops\": 1,\n}").find("line 2"), std::string::npos) << error("{\"tflops\": 1,\n}");
   EXPECT_NE(error("[1]").find("JSON object"), std::string::npos);
   EXPECT_THROW(readCalibration("/nonexistent/cal.json"), std::runtime_error);
+}
+
+// A calibration file is small and regular (issue 28, item 10: a 100 MB file
+// took 503 MB to parse; a FIFO would block the read forever).
+TEST(Calibration, FilesThatAreTooLargeOrNotRegularAreRefused) {
+  const std::string dir = testing::TempDir();
+  const std::string big = dir + "/zp_cal_big.json", fifo = dir + "/zp_cal_fifo.json";
+  {
+    std::ofstream f(big);
+    f << "{\"name\": \"" << std::string(2 << 20, 'x') << "\"}";
+  }
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto error = [](const std::string& path) {
+    try {
+      readCalibration(path);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(big).find("at most 1 MiB"), std::string::npos) << error(big);
+  EXPECT_NE(error(fifo).find("not a regular file"), std::string::npos) << error(fifo);
+  unlink(big.c_str());
+  unlink(fifo.c_str());
 }
 
 // The planner refuses a bad efficiency table rather than dividing by zero.

@@ -1,6 +1,12 @@
 #include "src/plan/calibration.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -157,11 +163,26 @@ Calibration parseCalibration(const std::string& text, const std::string& what) {
 }
 
 Calibration readCalibration(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parseCalibration(ss.str(), path);
+  // A calibration is a few hundred bytes: anything much larger is the wrong
+  // file, and parsing it whole could take gigabytes. A FIFO would block the
+  // read forever: only regular files are read.
+  constexpr size_t kMaxBytes = 1 << 20;
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open: " + strerror(errno));
+  struct stat st;
+  std::string text;
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && (size_t)st.st_size <= kMaxBytes) {
+    text.resize((size_t)st.st_size);
+    size_t got = 0;
+    for (ssize_t n; got < text.size() && (n = read(fd, &text[got], text.size() - got)) > 0;) got += (size_t)n;
+    text.resize(got);
+  }
+  close(fd);
+  if (!regular) throw std::runtime_error(path + ": not a regular file (a FIFO, a device or a directory?)");
+  if ((size_t)st.st_size > kMaxBytes)
+    throw std::runtime_error(path + ": " + std::to_string(st.st_size) + " bytes; a calibration file is at most 1 MiB");
+  return parseCalibration(text, path);
 }
 
 std::string calibrationJson(const Calibration& c) {
