@@ -21,6 +21,24 @@ namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// zpCommInitRankConfig with a timeout, and what came of it.
+struct Init {
+  zpResult_t result;
+  std::string msg;  // zpGetLastError
+  double seconds;   // how long init took
+  zpComm_t comm = nullptr;
+};
+Init timedInit(int rank, int nranks, const zpUniqueId& id, int timeoutMs) {
+  zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+  cfg.timeoutMs = timeoutMs;
+  Init out;
+  const auto start = std::chrono::steady_clock::now();
+  out.result = zpCommInitRankConfig(&out.comm, nranks, id, rank, &cfg);
+  out.msg = zpGetLastError(nullptr);
+  out.seconds = zptest::secondsSince(start);
+  return out;
+}
+
 // In a child of the test (its mount namespace is its own): a fresh tmpfs of
 // `size` on /dev/shm, as a container with --shm-size=size has. "" if done,
 // else why not (the test is skipped).
@@ -66,13 +84,11 @@ void runWithSmallDevShm(const char* size, off_t filler) {
     zptest::setShmProto("copy");  // every byte through the rings
     const int n = 6;
     auto exits = zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
-      zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
-      cfg.timeoutMs = 20000;
-      zpComm_t comm = nullptr;
-      const auto start = std::chrono::steady_clock::now();
-      const zpResult_t r = zpCommInitRankConfig(&comm, nranks, id, rank, &cfg);
-      const std::string msg = zpGetLastError(nullptr);
-      EXPECT_LT(zptest::secondsSince(start), 10.0) << "init waited for the timeout";
+      const Init init = timedInit(rank, nranks, id, 20000);
+      const zpResult_t r = init.result;
+      const std::string& msg = init.msg;
+      zpComm_t comm = init.comm;
+      EXPECT_LT(init.seconds, 10.0) << "init waited for the timeout";
       EXPECT_EQ(r, zpSystemError) << "rank " << rank << ": " << msg;
       EXPECT_TRUE(contains(msg, "/dev/shm") && contains(msg, "ZP_SHM_RING_BYTES")) << "rank " << rank << ": " << msg;
       if (rank == 0) printf("rank 0: %s\n", msg.c_str());
@@ -107,13 +123,10 @@ TEST(ShmSpace, DevShmWithTooLittleFreeSpaceFailsInitOnEveryRank) { runWithSmallD
 TEST(ShmSetup, RingSizesThatDifferFailInitAtOnce) {
   auto exits = zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
     setenv("ZP_SHM_RING_BYTES", rank == 1 ? "128K" : "64K", 1);
-    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
-    cfg.timeoutMs = 10000;
-    zpComm_t comm = nullptr;
-    const auto start = std::chrono::steady_clock::now();
-    const zpResult_t r = zpCommInitRankConfig(&comm, nranks, id, rank, &cfg);
-    const std::string msg = zpGetLastError(nullptr);
-    EXPECT_LT(zptest::secondsSince(start), 5.0) << "init waited for the timeout";
+    const Init init = timedInit(rank, nranks, id, 10000);
+    const zpResult_t r = init.result;
+    const std::string& msg = init.msg;
+    EXPECT_LT(init.seconds, 5.0) << "init waited for the timeout";
     EXPECT_EQ(r, zpInvalidUsage) << msg;
     EXPECT_TRUE(contains(msg, "ZP_SHM_RING_BYTES") && contains(msg, "65536") && contains(msg, "131072"))
         << "rank " << rank << ": " << msg;
@@ -149,13 +162,10 @@ TEST(ShmSetup, NoFileDescriptorsLeftFailsInitAtOnce) {
         break;
       }
     }
-    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
-    cfg.timeoutMs = 10000;
-    zpComm_t comm = nullptr;
-    const auto start = std::chrono::steady_clock::now();
-    const zpResult_t r = zpCommInitRankConfig(&comm, nranks, id, rank, &cfg);
-    const std::string msg = zpGetLastError(nullptr);
-    EXPECT_LT(zptest::secondsSince(start), 5.0) << "init waited for the timeout";
+    const Init init = timedInit(rank, nranks, id, 10000);
+    const zpResult_t r = init.result;
+    const std::string& msg = init.msg;
+    EXPECT_LT(init.seconds, 5.0) << "init waited for the timeout";
     EXPECT_NE(r, zpSuccess);
     const bool emfile = contains(msg, strerror(EMFILE));
     // The others hear of it from the rank itself, or find it gone: a rank
