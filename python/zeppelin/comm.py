@@ -3,6 +3,8 @@
 import contextlib
 import ctypes
 import enum
+import functools
+import sys
 import threading
 
 from . import _lib
@@ -92,6 +94,22 @@ def _rows_for_elements(fn, send, recv, sendcounts, recvcounts):
             "%s: the counts are elements, but these sum to the rows of send %s and recv %s, so they would move "
             "1/%d of each block: multiply them by %d, or call all_to_all_single, which takes split sizes in rows"
             % (fn, list(shapes[0]), list(shapes[1]), row, row))
+
+
+def _profiled(method):
+    """While torch.profiler records, the call is a range named
+    zeppelin:<method> in its trace (as Gloo's calls are gloo:all_reduce and
+    so on); otherwise it costs one check. torch is not imported for it."""
+    label = "zeppelin:" + method.__name__
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.autograd._profiler_enabled():
+            return method(*args, **kwargs)
+        with torch.autograd.profiler.record_function(label):
+            return method(*args, **kwargs)
+    return call
 
 
 def _version_code():
@@ -324,6 +342,7 @@ class Communicator:
             raise InvalidArgument("%s: peer %r is not a rank in [0, %d)" % (fn, peer, self._size))
         return peer
 
+    @_profiled
     def send(self, tensor, peer, stream=None):
         """zpSend of the whole tensor to peer (matched in call order with its recv)."""
         h = self._handle()
@@ -331,6 +350,7 @@ class Communicator:
         (b,), s = self._bufs("send", [(tensor, "tensor", False)], stream)
         self._check(_lib.lib.zpSend(b.ptr, b.numel, b.dtype, peer, h, s))
 
+    @_profiled
     def recv(self, tensor, peer, stream=None):
         """zpRecv into the whole tensor from peer; its size must equal the send's."""
         h = self._handle()
@@ -359,6 +379,7 @@ class Communicator:
             raise InvalidArgument("%s: %s[%d] = %d is negative" % (fn, name, p, vals[p]))
         return vals
 
+    @_profiled
     def alltoallv(self, send, sendcounts, recv, recvcounts, sdispls=None, rdispls=None, stream=None):
         """zpAlltoallv: sendcounts[p] elements from element sdispls[p] of send go
         to rank p, which receives them at element rdispls[rank] of recv. Counts
@@ -398,6 +419,7 @@ class Communicator:
         self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
         return recv
 
+    @_profiled
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, stream=None):
         """torch.distributed.all_to_all_single's semantics on zpAlltoallv: split
         sizes are rows of dimension 0 (None: equal splits); rows go back to
@@ -440,6 +462,7 @@ class Communicator:
             raise InvalidArgument("%s: root %r is not a rank in [0, %d)" % (fn, root, self._size))
         return root
 
+    @_profiled
     def all_reduce(self, tensor, op=SUM, out=None, stream=None):
         """zpAllReduce; in place unless out is given. Returns the result."""
         fn, h, op = "all_reduce", self._handle(), _op(op)
@@ -449,6 +472,7 @@ class Communicator:
         self._check(_lib.lib.zpAllReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, h, s))
         return target
 
+    @_profiled
     def broadcast(self, tensor, root=0, out=None, stream=None):
         """zpBroadcast of root's tensor; in place unless out is given."""
         fn, h = "broadcast", self._handle()
@@ -459,6 +483,7 @@ class Communicator:
         self._check(_lib.lib.zpBroadcast(sb.ptr, rb.ptr, sb.numel, sb.dtype, root, h, s))
         return target
 
+    @_profiled
     def reduce(self, tensor, root=0, op=SUM, out=None, stream=None):
         """zpReduce to root (in place unless out is given; only root's is written)."""
         fn, h, op = "reduce", self._handle(), _op(op)
@@ -469,6 +494,7 @@ class Communicator:
         self._check(_lib.lib.zpReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, root, h, s))
         return target
 
+    @_profiled
     def all_gather(self, tensor, out, stream=None):
         """zpAllGather: out holds size x tensor's elements, rank r's at r x count."""
         fn, h = "all_gather", self._handle()
@@ -477,6 +503,7 @@ class Communicator:
         self._check(_lib.lib.zpAllGather(sb.ptr, rb.ptr, sb.numel, sb.dtype, h, s))
         return out
 
+    @_profiled
     def reduce_scatter(self, tensor, out, op=SUM, stream=None):
         """zpReduceScatter: tensor holds size x out's elements; out gets the
         reduction of every rank's block number rank."""
@@ -486,6 +513,7 @@ class Communicator:
         self._check(_lib.lib.zpReduceScatter(sb.ptr, rb.ptr, rb.numel, sb.dtype, op, h, s))
         return out
 
+    @_profiled
     def all_gatherv(self, tensor, out, recvcounts, rdispls=None, stream=None):
         """zpAllGatherv: rank r's tensor (recvcounts[r] elements) lands at
         element rdispls[r] of out (default: blocks back to back); recvcounts
@@ -502,6 +530,7 @@ class Communicator:
         self._check(_lib.lib.zpAllGatherv(sb.ptr, sb.numel, rb.ptr, A(*rc), A(*rd), sb.dtype, h, s))
         return out
 
+    @_profiled
     def reduce_scatterv(self, tensor, out, recvcounts, op=SUM, stream=None):
         """zpReduceScatterv: tensor holds sum(recvcounts) elements; out gets
         the recvcounts[rank] of them at this rank's offset, reduced over every
@@ -515,6 +544,7 @@ class Communicator:
         self._check(_lib.lib.zpReduceScatterv(sb.ptr, rb.ptr, A(*rc), sb.dtype, op, h, s))
         return out
 
+    @_profiled
     def barrier(self):
         """zpBarrier: returns once every rank has called it (a host barrier)."""
         self._check(_lib.lib.zpBarrier(self._handle(), None))

@@ -196,6 +196,20 @@ def test_alltoallv_refuses_split_sizes_given_as_rows(comm):
     still_works(comm)
 
 
+def test_profiler_shows_zeppelin_ranges(comm):
+    # As Gloo's calls show as gloo:all_reduce: torch.profiler's trace names
+    # each Zeppelin call zeppelin:<method> (issue 26, item 6).
+    x = torch.ones(16)
+    with torch.profiler.profile() as prof:
+        comm.all_reduce(x)
+        comm.alltoallv(torch.ones(comm.size), [1] * comm.size, torch.zeros(comm.size), [1] * comm.size)
+        comm.barrier()
+    names = {e.name for e in prof.events()}
+    for want in ("zeppelin:all_reduce", "zeppelin:alltoallv", "zeppelin:barrier"):
+        assert want in names, (want, sorted(n for n in names if "zeppelin" in n))
+    assert (x == comm.size).all()
+
+
 def test_send_recv_in_a_group(comm):
     n, me = comm.size, comm.rank
     # Everyone sends a different-size message to everyone else at once.
