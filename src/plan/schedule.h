@@ -1,0 +1,73 @@
+// Scheduling a candidate placement as the executor will run it (the
+// planner's idle-aware list scheduling, src/plan/planner.cc's candidates):
+// which ranks each sequence's ring takes, the order attention runs in, and
+// the modelled makespans of its passes. Internal to the planner.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "src/plan/cost_model.h"
+#include "src/plan/planner.h"
+
+namespace zp::plan {
+
+struct Split {
+  int G = 1;
+  SeqClass cls = SeqClass::Local;
+  bool operator==(const Split& o) const { return G == o.G && cls == o.cls; }
+};
+
+// Sorts `order` (some order of 0..m-1) as std::stable_sort of 0..m-1 by
+// `before` would: the planner sorts thousands of sequences for every
+// candidate, and a guess of that order made once is usually right, so it is
+// checked first (the order is unique: equivalent sequences in index order).
+template <class Before>
+void stableSortFromGuess(std::vector<size_t>& order, Before before) {
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t a = order[k - 1], b = order[k];
+    if (before(a, b) || (!before(b, a) && a < b)) continue;
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), before);
+    return;
+  }
+}
+
+// One candidate placement, scheduled: the ranks of each sequence, the order
+// attention runs in (by planned forward start) and the modelled makespans of
+// attention's forward and backward passes.
+struct Schedule {
+  // Sequence i runs on ranks[first[i]] .. ranks[first[i + 1] - 1]: flat, as
+  // every candidate has thousands of sequences and most are never built
+  // into a plan.
+  std::vector<size_t> first;
+  std::vector<int> ranks;
+  const int* ringBegin(size_t i) const { return ranks.data() + first[i]; }
+  const int* ringEnd(size_t i) const { return ranks.data() + first[i + 1]; }
+  // Every sequence's ranks as planFromRings takes them.
+  std::vector<std::vector<int>> rings() const {
+    std::vector<std::vector<int>> out(first.size() - 1);
+    for (size_t i = 0; i < out.size(); ++i) out[i].assign(ringBegin(i), ringEnd(i));
+    return out;
+  }
+  std::vector<int64_t> order;
+  double forward = 0, backward = 0;
+  // Seconds the busiest rank's linear layers take beyond the mean per step,
+  // for a placement that keeps them on the attention layout.
+  double linearExcess = 0;
+};
+
+// The rings of a cap's splits placed largest first, each starting when the
+// last of its ranks is free (see schedule.cc). byLength: the sequences
+// longest first, ties in index order.
+Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+                  const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back,
+                  const std::vector<size_t>& byLength);
+// Fixed groups of g ranks, sequences whole in a group (DP x CP placement).
+// withRanks: also the ranks of each sequence (else only the makespans).
+Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength);
+
+}  // namespace zp::plan
