@@ -5,10 +5,12 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
+#include "src/core/log.h"  // ZP_CHECK
 
 namespace zp {
 
@@ -48,8 +50,21 @@ bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
 zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
                       int peer, void* stream);
-// Queues a collective (runs it at once outside a group); fn names it in errors.
-zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, const char* fn, std::function<zpResult_t()> run);
+// Queues a collective in the calling thread's open group (zpGroupEnd runs it).
+void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
+// Queues a collective, or runs it at once outside a group; fn names it in
+// errors. A template so that a call outside a group makes no std::function
+// (its closure on the heap, per call).
+template <class Run>
+zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, const char* fn, Run&& run) {
+  if (groupOpen()) {
+    queueCollective(comm, std::function<zpResult_t()>(std::forward<Run>(run)));
+    return zpSuccess;
+  }
+  Comm::Call call(comm.get(), fn);
+  ZP_CHECK(call.status());
+  return run();
+}
 // True if the calling thread's open group has calls queued on comm.
 bool groupUses(Comm* comm);
 

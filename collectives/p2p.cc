@@ -145,14 +145,8 @@ zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf,
   return stream ? comm->enqueueOnStreams(ops) : comm->runOps(ops);
 }
 
-zpResult_t enqueueCollective(const std::shared_ptr<Comm>& comm, const char* fn, std::function<zpResult_t()> run) {
-  if (tlsGroup.depth > 0) {
-    tlsGroup.collectives.emplace_back(comm, std::move(run));
-    return zpSuccess;
-  }
-  Comm::Call call(comm.get(), fn);
-  ZP_CHECK(call.status());
-  return run();
+void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {
+  tlsGroup.collectives.emplace_back(comm, std::move(run));
 }
 
 }  // namespace zp

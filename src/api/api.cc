@@ -649,11 +649,6 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
   else
     stream = nullptr;
   inGroup(comm);
-  if (!zp::groupOpen()) {  // at once, without a closure on the heap per call
-    zp::Comm::Call call(c.get(), fn);
-    ZP_CHECK(call.status());
-    return zp::collective(c.get(), a, stream);
-  }
   return zp::enqueueCollective(c, fn, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
 }
 
