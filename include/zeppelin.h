@@ -188,6 +188,17 @@ zpResult_t zpCommAbort(zpComm_t comm);
  * reported by NCCL, ...). Polling it also moves pending work forward, so a
  * rank between calls learns of such errors. After an error, abort. */
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
+/* Interrupts (Ctrl-C). A call that has waited on its peers over the host
+ * transports for 100 ms calls check(arg) on its own thread, and again every
+ * 100 ms while it waits. Once check returns nonzero, the call gives up: its
+ * communicator breaks (the call was half done on some peers), the peers fail
+ * at once with zpRemoteError, and the call returns zpSystemError, as a system
+ * call interrupted by a signal does. Destroy the communicator afterwards.
+ * Process-wide; a NULL check removes it. Calls that only enqueue device work
+ * and zpCommInitRank's rendezvous do not ask. Python's package installs a
+ * check that reports Ctrl-C (KeyboardInterrupt) on the main thread. */
+typedef int (*zpInterruptCheck_t)(void* arg);
+zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
 /* Whether buf suits a data call on comm with this stream (host memory with a

@@ -665,6 +665,71 @@ TEST(Abort, FromAnotherThreadInterruptsABlockedCall) {
   zptest::expectAllOk(exits);
 }
 
+// ---- Interrupts (zpSetInterruptCheck) ----
+
+struct InterruptState {
+  std::atomic<int> asked{0};
+  std::atomic<int> answerFrom{1 << 30};  // the check answers yes from this ask on
+};
+int countingCheck(void* arg) {
+  auto* st = static_cast<InterruptState*>(arg);
+  return st->asked.fetch_add(1) + 1 >= st->answerFrom.load();
+}
+
+struct InterruptGate {
+  std::atomic<int> phase{0};  // 1: rank 0 waits in its second call; 2: that call returned
+};
+
+// A check that says no leaves a slow call alone; once it says yes, the
+// waiting call returns zpSystemError within a check period, the communicator
+// is broken, and the peer's next call fails at once, not after ZP_TIMEOUT.
+TEST(Interrupt, ACheckThatSaysYesEndsABlockedCallAndThePeersFailAtOnce) {
+  setenv("ZP_TIMEOUT", "30", 1);
+  zptest::Shared<InterruptGate> gate;
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int32_t x = rank + 1;
+    if (rank == 1) {
+      usleep(500 * 1000);  // rank 0's first all-reduce waits for this one
+      ZP_EXPECT_OK(zpAllReduce(&x, &x, 1, zpInt32, zpSum, comm, nullptr));
+      EXPECT_EQ(x, 3);
+      ASSERT_TRUE(zptest::waitFor([&] { return gate->phase == 2; }, 60));
+      double t0 = steadySec();
+      EXPECT_EQ(zpAllReduce(&x, &x, 1, zpInt32, zpSum, comm, nullptr), zpRemoteError);
+      EXPECT_LT(steadySec() - t0, 5.0) << "the peer of an interrupted call waited for the timeout";
+      EXPECT_NE(std::string(zpGetLastError(nullptr)).find("interrupted"), std::string::npos) << zpGetLastError(nullptr);
+      zpCommDestroy(comm);
+      return;
+    }
+    InterruptState st;
+    ZP_ASSERT_OK(zpSetInterruptCheck(countingCheck, &st));
+    ZP_EXPECT_OK(zpAllReduce(&x, &x, 1, zpInt32, zpSum, comm, nullptr));
+    EXPECT_EQ(x, 3);
+    EXPECT_GE(st.asked.load(), 2) << "a call that waited about 500 ms asked the check every 100 ms";
+    st.answerFrom = st.asked.load() + 3;
+    gate->phase = 1;
+    double t0 = steadySec();
+    zp::clearLastError();
+    EXPECT_EQ(zpAllReduce(&x, &x, 1, zpInt32, zpSum, comm, nullptr), zpSystemError);  // rank 1 is not calling
+    double took = steadySec() - t0;
+    std::string msg = zpGetLastError(nullptr);
+    gate->phase = 2;
+    EXPECT_LT(took, 2.0) << "the call went on " << took << " s after the check first said yes";
+    EXPECT_NE(msg.find("interrupted"), std::string::npos) << msg;
+    zpResult_t async = zpSuccess;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpSystemError) << "an interrupted call leaves the communicator broken";
+    EXPECT_NE(zpAllReduce(&x, &x, 1, zpInt32, zpSum, comm, nullptr), zpSuccess);
+    ZP_EXPECT_OK(zpSetInterruptCheck(nullptr, nullptr));
+    int before = st.asked.load();
+    zpCommDestroy(comm);
+    EXPECT_EQ(st.asked.load(), before) << "a removed check was asked";
+    if (::testing::Test::HasFailure()) _exit(1);
+  }, 120);
+  unsetenv("ZP_TIMEOUT");
+  zptest::expectAllOk(exits);
+}
+
 }  // namespace
 
 namespace {

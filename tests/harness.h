@@ -8,6 +8,7 @@
 // GoogleTest wrappers around the data checks of tests/checks.h.
 #pragma once
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -48,7 +49,6 @@
 #endif
 #ifdef ZP_TEST_ROOT_IN_RANK0
 #include <arpa/inet.h>
-#include <dirent.h>
 
 #include "src/core/bootstrap.h"
 #endif
@@ -70,6 +70,77 @@ struct RunOptions {
   std::function<void()> afterFork;
 };
 
+// The ids of this process's threads other than the caller.
+inline std::vector<std::string> otherThreads() {
+  std::vector<std::string> tids;
+  std::string self = std::to_string(gettid());
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.' && self != e->d_name) tids.push_back(e->d_name);
+    closedir(d);
+  }
+  return tids;
+}
+
+// The one-letter state of a thread (R running, S sleeping, ...), from /proc.
+inline char threadState(const std::string& dir) {
+  std::string stat;
+  if (FILE* f = fopen((dir + "/stat").c_str(), "r")) {
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    stat.assign(buf, n);
+  }
+  size_t paren = stat.rfind(')');  // the name in parentheses may hold spaces
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+}
+
+// A child forked while another thread holds a lock (the allocator's, a
+// sanitizer's) inherits the lock held forever and can hang on it much later.
+// Where the parent has other threads (a test's own bootstrap root), the fork
+// waits, up to a second, until none of them is running.
+inline void waitForQuietThreads() {
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (;;) {
+    bool quiet = true;
+    for (const std::string& t : otherThreads()) quiet = quiet && threadState("/proc/self/task/" + t) != 'R';
+    if (quiet || std::chrono::steady_clock::now() > end) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// Prints where a hung rank's threads wait, before it is killed: gdb's
+// backtraces where gdb is installed, else each thread's kernel wait channel.
+inline void printHungRank(int rank, pid_t pid) {
+  fprintf(stderr, "---- rank %d (pid %d) is still running; its threads:\n", rank, (int)pid);
+  if (access("/usr/bin/gdb", X_OK) == 0) {
+    std::string cmd = "/usr/bin/gdb -p " + std::to_string(pid) +
+                      " -batch -nx -ex 'thread apply all bt 30' 2>&1 | grep -E '^(Thread|#)' | head -300 >&2";
+    if (system(cmd.c_str()) == 0) return;
+  }
+  std::string task = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(task.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string dir = task + "/" + e->d_name;
+      auto first = [&](const char* file) {
+        std::string line;
+        if (FILE* f = fopen((dir + "/" + file).c_str(), "r")) {
+          char buf[256] = {0};
+          if (fgets(buf, sizeof(buf), f)) line = buf;
+          fclose(f);
+        }
+        while (!line.empty() && line.back() == '\n') line.pop_back();
+        return line;
+      };
+      std::string call = first("syscall");
+      fprintf(stderr, "  thread %s (%s): state %c, waiting in %s, system call %s\n", e->d_name, first("comm").c_str(),
+              threadState(dir), first("wchan").c_str(), call.substr(0, call.find(' ')).c_str());
+    }
+    closedir(d);
+  }
+}
+
 // Runs body(rank, nranks, id) in nranks processes with the given id; returns their exits.
 inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, const RankBody& body,
                                             const RunOptions& opts = RunOptions()) {
@@ -77,15 +148,12 @@ inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, co
   fflush(stderr);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.timeoutSec);
   std::vector<pid_t> pids(nranks, -1);
+  const bool threaded = !otherThreads().empty();
 #ifdef ZP_TEST_LEAK_CHECK
-  int threads = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) threads += e->d_name[0] != '.';
-    closedir(d);
-  }
-  const bool checkLeaks = threads == 1;
+  const bool checkLeaks = !threaded;
 #endif
   for (int r = 0; r < nranks; r++) {
+    if (threaded) waitForQuietThreads();
     pid_t pid = fork();
     if (pid == 0) {
       body(r, nranks, id);
@@ -115,6 +183,8 @@ inline std::vector<RankExit> runRanksWithId(const zpUniqueId& id, int nranks, co
     }
     if (left > 0 && std::chrono::steady_clock::now() > deadline) {
       ADD_FAILURE() << "ranks still running after " << opts.timeoutSec << " s: killing them (a hang)";
+      for (int r = 0; r < nranks; r++)
+        if (pids[r] > 0) printHungRank(r, pids[r]);
       for (pid_t p : pids)
         if (p > 0) kill(p, SIGKILL);
       deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);

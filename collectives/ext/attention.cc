@@ -303,7 +303,7 @@ class Pass {
   // back yet. Only then is there something to join: a join without a fork
   // would make the caller's stream wait for an event recorded outside the
   // pass, which a stream capture refuses (cudaErrorStreamCaptureIsolation).
-  bool forked_ = false;
+  [[maybe_unused]] bool forked_ = false;  // used only with ZP_WITH_CUDA
 
   bool device() const { return mem_.device(); }
   size_t es() const { return a_->es; }

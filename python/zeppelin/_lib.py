@@ -68,6 +68,7 @@ class AttnBlock(ctypes.Structure):
 
 
 AttnKernel = ctypes.CFUNCTYPE(Result, ctypes.POINTER(AttnBlock), c_void_p)
+InterruptCheck = ctypes.CFUNCTYPE(c_int, c_void_p)  # zpInterruptCheck_t
 
 
 class AttnConfig(ctypes.Structure):
@@ -114,6 +115,7 @@ _SIGNATURES = {
     "zpCommDestroy": (Result, [Comm]),
     "zpCommAbort": (Result, [Comm]),
     "zpCommGetAsyncError": (Result, [Comm, _P(c_int)]),
+    "zpSetInterruptCheck": (Result, [InterruptCheck, c_void_p]),
     "zpCommCount": (Result, [Comm, _P(c_int)]),
     "zpCommUserRank": (Result, [Comm, _P(c_int)]),
     "zpCommCheckBuffer": (Result, [Comm, c_void_p, Stream]),

@@ -7,7 +7,7 @@ import functools
 import sys
 import threading
 
-from . import _lib
+from . import _interrupt, _lib
 from ._buffers import buffer, same_dtype
 from .errors import InvalidArgument, InvalidUsage, check, error_from
 
@@ -179,6 +179,7 @@ def init(timeout=None, routing=None, node_id=None, net_devices=None):
     Open MPI's mpirun, Slurm's srun. Collective over the job's ranks.
     timeout (seconds), routing, node_id, net_devices: zpConfig_t's fields
     (None: from ZP_TIMEOUT etc.)."""
+    _interrupt.install()
     h = _lib.Comm()
     c = _config(timeout, routing, node_id, net_devices)
     check(_lib.lib.zpCommInitFromEnv(ctypes.byref(h), ctypes.byref(c) if c else None))
@@ -210,6 +211,7 @@ class Communicator:
             raise InvalidArgument("unique_id: %d bytes, a zpUniqueId has %d" % (len(uid), UNIQUE_ID_BYTES))
         cid = _lib.UniqueId()
         ctypes.memmove(ctypes.addressof(cid), uid, UNIQUE_ID_BYTES)  # bytes with NULs: not a c_char assignment
+        _interrupt.install()
         h = _lib.Comm()
         c = _config(timeout, routing, node_id, net_devices)
         check(_lib.lib.zpCommInitRankConfig(ctypes.byref(h), int(size), cid, int(rank),

@@ -7,7 +7,7 @@ calls C (dtype, device, contiguity, lengths) raise InvalidArgument the same
 way, so one `except zeppelin.InvalidArgument` covers both.
 """
 
-from . import _lib
+from . import _interrupt, _lib
 
 SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
 INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS = 4, 5, 6, 7
@@ -74,13 +74,16 @@ def error_class(code):
 
 
 def error_from(code, comm_handle=None):
-    """The exception for a failed call: its class and Zeppelin's last error text."""
+    """The exception for a failed call: its class and Zeppelin's last error text
+    (KeyboardInterrupt for a call that Ctrl-C ended)."""
     # The thread's last error is this call's (every failure records it there);
     # the communicator's may be another thread's.
     text = _lib.lib.zpGetLastError(None) or (_lib.lib.zpGetLastError(comm_handle) if comm_handle else b"")
     text = text.decode(errors="replace") if text else ""
     if not text:
         text = (_lib.lib.zpGetErrorString(code) or b"unknown error").decode(errors="replace")
+    if code == SYSTEM_ERROR and _interrupt.take():
+        return KeyboardInterrupt(text)  # Ctrl-C ended the call (see _interrupt)
     return error_class(code)(text, code)
 
 

@@ -395,6 +395,11 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
   return zp::failFromException("zpCommGetAsyncError");
 }
 
+zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg) {
+  zp::setInterruptCheck(check, arg);
+  return zpSuccess;
+}
+
 zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <mutex>
 
 #include "src/core/log.h"
 #include "src/core/socket.h"
@@ -447,16 +448,39 @@ std::string rankList(const std::vector<int>& ranks) {
 
 std::atomic<uint64_t> gHostPeerWaits{0};
 
+// Set rarely and read only by calls that have waited a while: a mutex keeps
+// the function and its argument a pair.
+std::mutex gInterruptMu;
+InterruptCheck gInterruptCheck = nullptr;
+void* gInterruptArg = nullptr;
+
+bool interruptRequested() {
+  InterruptCheck check;
+  void* arg;
+  {
+    std::lock_guard<std::mutex> lock(gInterruptMu);
+    check = gInterruptCheck;
+    arg = gInterruptArg;
+  }
+  return check && check(arg) != 0;
+}
+
 }  // namespace
 
 uint64_t hostPeerWaits() { return gHostPeerWaits.load(std::memory_order_relaxed); }
+
+void setInterruptCheck(InterruptCheck check, void* arg) {
+  std::lock_guard<std::mutex> lock(gInterruptMu);
+  gInterruptCheck = check;
+  gInterruptArg = arg;
+}
 
 // Drives the comms' transports until done() holds, a comm breaks, or nothing
 // moves for the timeout. `waitingOn` names the ranks still owed something.
 zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
   gHostPeerWaits.fetch_add(1, std::memory_order_relaxed);
-  uint64_t lastMove = nowMs();
+  uint64_t lastMove = nowMs(), lastAsked = lastMove;
   for (;;) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
@@ -489,6 +513,20 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
       }
       lastMove = now;
+    }
+    if (now - lastAsked >= kInterruptCheckMs) {
+      lastAsked = now;
+      if (interruptRequested()) {
+        // The call is half done on some peers: the communicator cannot go
+        // on, so it breaks here and the peers are told at once.
+        std::string msg = what + std::string(": interrupted (the interrupt check of zpSetInterruptCheck)");
+        for (Comm* c : comms) {
+          c->setAsyncError(zpSystemError, msg);
+          c->dropOps(zpSystemError, msg);
+          c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
+        }
+        return fail(zpSystemError, "rank %d: %s", comms[0]->rank_, msg.c_str());
+      }
     }
     if (comms.size() == 1) {
       int sliceMs = (int)std::min<uint64_t>(100, timeoutMs - (now - lastMove) + 1);

@@ -233,6 +233,13 @@ class Comm : public TransportSink {
 // that a device call adds none when it must only enqueue.
 uint64_t hostPeerWaits();
 
+// The process's interrupt check (zpSetInterruptCheck; NULL: none). A call
+// that has waited on its peers for kInterruptCheckMs asks it, and asks again
+// each kInterruptCheckMs while it waits.
+using InterruptCheck = int (*)(void* arg);
+void setInterruptCheck(InterruptCheck check, void* arg);
+constexpr uint64_t kInterruptCheckMs = 100;
+
 // What the planner needs of a communicator's layout: each rank's node, NICs
 // per node (the most any node has) and their rate in bits/s (0: unknown).
 struct CommShape {

@@ -5,6 +5,7 @@ with Python kernels on a one-rank communicator."""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -184,6 +185,76 @@ def test_init_under_an_srun_environment():
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err
         assert out.split() == [str(r), "2", "3"]
+
+
+def test_ctrl_c_ends_a_blocked_call_within_a_second():
+    # Rank 0 blocks in an all-reduce that rank 1 has not joined; Ctrl-C
+    # (SIGINT) must raise KeyboardInterrupt in rank 0 within a second, and
+    # rank 1's all-reduce must then fail at once, not after ZP_TIMEOUT.
+    import signal
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import sys, time, zeppelin, numpy as np\n"
+            "c = zeppelin.init()\n"
+            "x = np.ones(4, dtype=np.float32)\n"
+            "print('waiting', flush=True)\n"
+            "if c.rank == 1:\n"
+            "    sys.stdin.readline()\n"
+            "    t = time.monotonic()\n"
+            "    try:\n"
+            "        c.all_reduce(x)\n"
+            "    except zeppelin.RemoteError as e:\n"
+            "        print('remote %.2f' % (time.monotonic() - t), str(e), flush=True)\n"
+            "else:\n"
+            "    try:\n"
+            "        c.all_reduce(x)\n"
+            "    except KeyboardInterrupt as e:\n"
+            "        print('interrupted', str(e), flush=True)\n"
+            "    try:\n"
+            "        c.all_reduce(x)\n"
+            "    except zeppelin.ZeppelinError:\n"
+            "        print('broken', flush=True)\n"
+            "    try:\n"
+            "        time.sleep(0.2); import os, signal; os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+            "    except KeyboardInterrupt:\n"
+            "        print('outside a call too', flush=True)\n"
+            "c.destroy()\n")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1),
+               ZP_MASTER_PORT=str(port), WORLD_SIZE="2", ZP_TIMEOUT="30")
+    for k in ("ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "SLURM_PROCID", "SLURM_NTASKS"):
+        env.pop(k, None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd="/") for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+        time.sleep(0.5)  # rank 0 is in its all-reduce by now
+        t = time.monotonic()
+        procs[0].send_signal(signal.SIGINT)
+        line = procs[0].stdout.readline()
+        took = time.monotonic() - t
+        assert line.startswith("interrupted"), line + procs[0].stderr.read()
+        assert "interrupted" in line[len("interrupted"):], line
+        assert took < 1.0, "KeyboardInterrupt came %.2f s after Ctrl-C" % took
+        procs[1].stdin.write("go\n")
+        procs[1].stdin.close()
+        # Read on through the same buffered files: communicate() would skip
+        # what readline() has already buffered.
+        out1, err1 = procs[1].stdout.read(), procs[1].stderr.read()
+        assert out1.startswith("remote "), out1 + err1
+        assert float(out1.split()[1]) < 5.0, out1
+        out0, err0 = procs[0].stdout.read(), procs[0].stderr.read()
+        for p in procs:
+            p.wait(timeout=60)
+        assert out0.split("\n")[:2] == ["broken", "outside a call too"], out0 + err0
+        assert procs[0].returncode == 0 and procs[1].returncode == 0, err0 + err1
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def test_ring_order_of_a_planned_and_a_user_plan():
