@@ -29,6 +29,11 @@ static int failures = 0;
     }                                                               \
   } while (0)
 
+static int neverInterrupted(void* arg) {
+  (void)arg;
+  return 0;
+}
+
 int main(void) {
   zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
   zpUniqueId id;
@@ -101,6 +106,8 @@ int main(void) {
   CHECK(strlen(zpGetLastError(comm)) > 0);
   CHECK_OK(zpCommGetAsyncError(comm, &async));
   CHECK(async == zpSuccess);
+  CHECK_OK(zpSetInterruptCheck(neverInterrupted, NULL));
+  CHECK_OK(zpSetInterruptCheck(NULL, NULL));
   CHECK_OK(zpCommDestroy(comm));
   CHECK(zpCommDestroy(comm) == zpInvalidArgument);
 
