@@ -363,7 +363,7 @@ inline void clearLauncherEnv() {
                         "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                         "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS",
                         "SLURM_LOCALID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
-                        "SLURM_STEP_ID"})
+                        "SLURM_STEP_ID", "ZP_SECRET"})
     unsetenv(v);
 }
 

@@ -346,6 +346,49 @@ TEST(InitFromEnv, TorchrunVariablesTwiceOnOnePort) {
   }
 }
 
+// Under torchrun's variables with ZP_SECRET, a process that has every public
+// variable but not the secret cannot take a rank: it fails its init, and the
+// job forms with the ranks that know the secret. A short secret is refused.
+struct StrangerGate {
+  std::atomic<int> strangerDone{0};
+};
+TEST(InitFromEnv, TorchrunVariablesWithZpSecretKeepAStrangerOut) {
+  int port = freePortPair();
+  ASSERT_GT(port, 0) << "no free loopback port pair";
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::Shared<StrangerGate> gate;
+  zpUniqueId unused;
+  memset(&unused, 0, sizeof(unused));
+  // Processes: rank 0, the stranger (claims rank 1, no secret), rank 1.
+  auto exits = zptest::runRanksWithId(unused, 3, [&](int proc, int, const zpUniqueId&) {
+    zptest::clearLauncherEnv();
+    const int rank = proc == 0 ? 0 : 1;
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    zpComm_t comm = nullptr;
+    if (proc == 1) {
+      usleep(300 * 1000);  // rank 0 listens by now
+      setenv("ZP_TIMEOUT", "3", 1);
+      EXPECT_NE(zpCommInitFromEnv(&comm, nullptr), zpSuccess) << "a process without the secret joined the job";
+      gate->strangerDone = 1;
+      return;
+    }
+    setenv("ZP_SECRET", "0123456789abcde", 1);  // 15 characters
+    EXPECT_EQ(zpCommInitFromEnv(&comm, nullptr), zpInvalidArgument);
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("ZP_SECRET"), std::string::npos) << zpGetLastError(nullptr);
+    setenv("ZP_SECRET", "a job's own secret, not derivable", 1);
+    if (proc == 2) ASSERT_TRUE(zptest::waitFor([&] { return gate->strangerDone == 1; }, 60));
+    ZP_ASSERT_OK(zpCommInitFromEnv(&comm, nullptr));
+    expectCountAndRank(comm, 2, rank);
+    checkedAlltoallv(comm, rank, randomCounts(2, seed, 5000, 0.2), zpInt32, seed);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
 TEST(InitFromEnv, MpirunVariablesOnOneNodeUseAFileThatIsRemovedAfterInit) {
   uint64_t seed = zptest::testCaseSeed();
   std::string job = "zptest" + std::to_string(getpid()) + "x" + std::to_string(seed % 1000000);

@@ -4,12 +4,13 @@ import contextlib
 import ctypes
 import enum
 import functools
+import os
 import sys
 import threading
 
 from . import _interrupt, _lib
 from ._buffers import buffer, same_dtype
-from .errors import InvalidArgument, InvalidUsage, check, error_from
+from .errors import InvalidArgument, InvalidUsage, RemoteError, check, error_from
 
 SPLIT_NOCOLOR = _lib.SPLIT_NOCOLOR
 UNIQUE_ID_BYTES = _lib.UNIQUE_ID_BYTES
@@ -173,6 +174,40 @@ def get_unique_id():
     return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
 
 
+def _secret_from_torchrun_store():
+    """Under torchrun, without ZP_SECRET: rank 0 draws a secret and hands it
+    out through torchrun's own store (which its workers reach at MASTER_ADDR:
+    MASTER_PORT), so that the rendezvous secret is not derived from public
+    variables alone. The store is torch.distributed's and as open as it is."""
+    env = os.environ
+    if env.get("ZP_SECRET") or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("ZP_UNIQUE_ID"):
+        return
+    import datetime
+    import time
+    import torch.distributed as dist
+    seconds = int(env.get("ZP_TIMEOUT") or 300)
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=seconds))
+    key = "zeppelin/secret"
+    # Once per job: a second init (a restarted communicator) keeps the first
+    # secret. compare_set with an empty expected value sets only a missing key;
+    # with "-" it sets nothing and returns the key's value, or "-" while it is
+    # missing. Polled: PyTorch 1.13's blocking get() sometimes never saw the
+    # key another client set meanwhile (its timeout, in about 1 run of 3 here).
+    if env.get("RANK") == "0":
+        store.compare_set(key, "", os.urandom(16).hex())
+    deadline = time.monotonic() + seconds
+    while True:
+        value = store.compare_set(key, "-", "-")
+        if value != b"-":
+            break
+        if time.monotonic() > deadline:
+            raise RemoteError("torchrun's store has no rendezvous secret from rank 0 after %d s (ZP_TIMEOUT)"
+                              % seconds)
+        time.sleep(0.01)
+    env["ZP_SECRET"] = value.decode()
+
+
 def init(timeout=None, routing=None, node_id=None, net_devices=None):
     """The communicator a launcher describes in the environment
     (zpCommInitFromEnv): zprun, torchrun (python3 -m torch.distributed.run),
@@ -180,6 +215,7 @@ def init(timeout=None, routing=None, node_id=None, net_devices=None):
     timeout (seconds), routing, node_id, net_devices: zpConfig_t's fields
     (None: from ZP_TIMEOUT etc.)."""
     _interrupt.install()
+    _secret_from_torchrun_store()
     h = _lib.Comm()
     c = _config(timeout, routing, node_id, net_devices)
     check(_lib.lib.zpCommInitFromEnv(ctypes.byref(h), ctypes.byref(c) if c else None))

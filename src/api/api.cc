@@ -287,9 +287,15 @@ zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
       port += 1;
     }
     how = launcher;
+    // Without ZP_SECRET the secret comes from public values only: anyone who
+    // can read them (or guess them: torchrun's run id is "none" by default)
+    // can join.
+    std::string secret = env("ZP_SECRET");
+    if (!secret.empty() && secret.size() < 16)
+      return zp::fail(zpInvalidArgument, "ZP_SECRET has %zu characters; it needs 16 or more", secret.size());
     std::string seed = addr + ":" + std::to_string(port) + ":" + std::to_string(nranks) + ":" +
                        env("TORCHELASTIC_RUN_ID") + env("OMPI_MCA_ess_base_jobid") + env("SLURM_JOB_ID") + "." +
-                       env("SLURM_STEP_ID");
+                       env("SLURM_STEP_ID") + ":" + secret;
     return zp::makeRank0Id(addr, (int)port, seed, &id);
   };
   zp::Config cfg;

@@ -490,8 +490,9 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         c->setAsyncError(zpRemoteError, "the communicator was aborted (zpCommAbort)", /*fromPeer=*/true);
     for (Comm* c : comms)
       if (c->asyncError_ != zpSuccess) {
-        c->dropOps(c->asyncError_, c->asyncMsg_);
+        // The peers hear first: dropOps may then cut a peer that still holds a request.
         if (!c->asyncFromPeer_ && !c->faultSent_) c->passOnFault(c->asyncError_, c->asyncMsg_);
+        c->dropOps(c->asyncError_, c->asyncMsg_);
         return fail(c->asyncError_, "rank %d: %s failed: %s", c->rank_, what, c->asyncMsg_.c_str());
       }
     if (done()) return zpSuccess;
@@ -508,8 +509,8 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
                           " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
         c->setAsyncError(zpRemoteError, msg);
-        c->dropOps(zpRemoteError, msg);
         c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
+        c->dropOps(zpRemoteError, msg);
         return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
       }
       lastMove = now;
@@ -522,8 +523,8 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         std::string msg = what + std::string(": interrupted (the interrupt check of zpSetInterruptCheck)");
         for (Comm* c : comms) {
           c->setAsyncError(zpSystemError, msg);
-          c->dropOps(zpSystemError, msg);
           c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
+          c->dropOps(zpSystemError, msg);
         }
         return fail(zpSystemError, "rank %d: %s", comms[0]->rank_, msg.c_str());
       }

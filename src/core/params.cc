@@ -89,6 +89,12 @@ const std::vector<Param> kParams = {
   {"ZP_MASTER_PORT", K::kInt, R::kLauncher, "", "1..65535",
    "under torchrun, srun, or mpirun with MASTER_ADDR: the port of rank 0's rendezvous (default: MASTER_PORT + 1; "
    "under srun without MASTER_PORT, one derived from SLURM_JOB_ID and SLURM_STEP_ID)"},
+  {"ZP_SECRET", K::kString, R::kLauncher, "", "",
+   "under torchrun, srun, or mpirun with MASTER_ADDR: a secret of 16 characters or more that every rank of the "
+   "job shares, mixed into the rendezvous secret, so that a process that knows only the launcher's public "
+   "variables cannot join; without it that secret is derived from those variables. zprun needs none (its "
+   "ZP_UNIQUE_ID holds a random secret); Python's zeppelin.init() under torchrun draws one and hands it out "
+   "through torchrun's store"},
   {"ZP_NODE_RANK", K::kInt, R::kCluster, "", "0..65535", "zprun's emulated cluster: this rank's node"},
   {"ZP_NNODES", K::kInt, R::kCluster, "", "1..65536", "zprun's emulated cluster: the number of nodes"},
   {"ZP_NICS_PER_NODE", K::kInt, R::kCluster, "", "1..1024", "zprun's emulated cluster: NICs of each node"},

@@ -57,6 +57,20 @@ def test_rank_and_size(comm):
     assert got.tolist() == list(range(comm.size))
 
 
+def test_torchrun_secret_comes_from_the_store(comm):
+    # Under torchrun init() draws the rendezvous secret through torchrun's
+    # store: every rank has the same random one, not one derived from public
+    # variables. Elsewhere it leaves ZP_SECRET alone.
+    secret = os.environ.get("ZP_SECRET", "")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        assert secret == ""
+        return
+    assert len(secret) == 32 and int(secret, 16) >= 0
+    got = np.zeros((comm.size, 16), dtype=np.uint8)
+    comm.all_gather(np.frombuffer(bytes.fromhex(secret), dtype=np.uint8).copy(), got)
+    assert (got == got[0]).all()
+
+
 # ---- data of every dtype ----
 NP_TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"]
 TORCH_TYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,

@@ -24,6 +24,9 @@ constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
 constexpr ucp_tag_t kMatchType = 3ull << kTypeShift;
 constexpr ucp_tag_t kMatchTypeKind = kMatchType | 0x3Full << kKindShift;
 constexpr size_t kCtrlMax = 1024;
+// How long dropOps lets UCX finish the requests of a broken communicator
+// before it cuts the peers that hold them (at most a quarter of ZP_TIMEOUT).
+constexpr uint64_t kDropGraceMs = 500;
 
 ucp_tag_t makeTag(uint64_t type, uint64_t kind, uint64_t src, uint64_t seq) {
   return type << kTypeShift | (kind & 0x3F) << kKindShift | (src & kSrcMask) << kSrcShift | (seq & kSeqMask);
@@ -581,9 +584,7 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
   // them. Not for a receive from a peer whose endpoint failed: UCX may have
   // matched it (a rendezvous whose data was still to come), and then it can
   // be neither cancelled nor completed, while no byte can come from that
-  // peer any more. Waiting for it held the failing call 5 s, past the
-  // ZP_TIMEOUT the user had set (a rank dying in the middle of the
-  // hierarchical all-reduce, relaying to a rank of another node).
+  // peer any more.
   auto mayStillUse = [&](const Op* op) {
     return op->isSend || op->peer < 0 || !peers_[op->peer].failed;
   };
@@ -592,8 +593,22 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
       if (mayStillUse(kv.first)) return true;
     return false;
   };
-  uint64_t deadline = nowMs() + 5000;
+  // A short grace, then every peer still holding one of these requests is
+  // cut: its endpoints force-closed, which completes them. Waiting longer
+  // only outlasted ZP_TIMEOUT: a rendezvous send to a rank that died before
+  // this rank's UCX noticed holds on until UCX's own timeouts (seconds). The
+  // communicator is broken and the peers were told first (Comm::giveUp).
+  const uint64_t graceMs = std::min<uint64_t>(kDropGraceMs, std::max(ctx_.cfg->timeoutMs, 4) / 4);
+  uint64_t deadline = nowMs() + graceMs;
   while (waiting() && nowMs() < deadline) ucp_worker_progress(worker_);
+  if (waiting()) {
+    std::set<int> holders;
+    for (auto& kv : ops_)
+      if (mayStillUse(kv.first) && kv.first->peer >= 0) holders.insert(kv.first->peer);
+    for (int peer : holders) cutPeer(peer, why);
+    deadline = nowMs() + graceMs;
+    while (waiting() && nowMs() < deadline) ucp_worker_progress(worker_);
+  }
   size_t stuck = 0;
   for (auto& kv : ops_) {
     stuck += mayStillUse(kv.first);
