@@ -560,6 +560,27 @@ TEST_P(DeviceEnqueueOnly, NoCallWaitsOnPeersOrTheDevice) {
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceEnqueueOnly, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param); });
 
+// zpBarrier with a stream is a host barrier in either check mode: it
+// returns only once every rank has called it. (Were the stream passed on,
+// local mode would skip the header exchange, which is the barrier.)
+TEST(Device, BarrierWithAStreamWaitsForEveryRankInEitherCheckMode) {
+  SKIP_WITHOUT_DEVICE();
+  for (zpCheckMode_t mode : {zpCheckLocal, zpCheckFull}) {
+    zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+      zpComm_t comm = initDeviceComm(rank, nranks, id, mode);
+      cudaStream_t stream;
+      CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      if (rank == 1) usleep(400 * 1000);
+      auto start = std::chrono::steady_clock::now();
+      ZP_EXPECT_OK(zpBarrier(comm, (zpStream_t)stream));
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (rank == 0) EXPECT_GE(ms, 300) << "check mode " << mode << ": the barrier returned before rank 1 called it";
+      CUDA_OK(cudaStreamDestroy(stream));
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
+}
+
 TEST(Device, AlltoallvOf64MiBPerRank) {
   SKIP_WITHOUT_DEVICE();
   const uint64_t seed = zptest::testCaseSeed();
