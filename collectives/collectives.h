@@ -35,6 +35,9 @@ zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 // by the caller), then rings on host buffers, or (a stream) NCCL's own
 // collective on the StreamTransport.
 zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
+// Lower-case names for messages and logs ("float32", "sum"; "?" if invalid).
+const char* typeName(zpDataType_t t);
+const char* opName(zpRedOp_t op);
 
 // zpCommSplit's collective part, under the parent's lock: every rank's
 // (color, key) and the verdict on them (localCheck: this rank's own

@@ -95,23 +95,6 @@ const char* kindName(CollKind k) {
   return "collective";
 }
 
-const char* opName(zpRedOp_t op) {
-  switch (op) {
-    case zpSum: return "sum";
-    case zpProd: return "prod";
-    case zpMax: return "max";
-    case zpMin: return "min";
-    case zpAvg: return "avg";
-    default: return "?";
-  }
-}
-
-const char* typeName(zpDataType_t t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
-                                "float16", "float32", "float64", "bfloat16"};
-  return (int)t >= 0 && (int)t < 10 ? names[t] : "?";
-}
-
 // Runs the ops, routing those to other nodes through the relay under id,
 // its step tag plus lanes[i] for op i if given: the relay tells transfers apart by (source,
 // destination, kind, id), so two ops of one round with the same peer need
@@ -1167,6 +1150,23 @@ uint64_t splitmix(uint64_t z) {
 }
 
 }  // namespace
+
+const char* opName(zpRedOp_t op) {
+  switch (op) {
+    case zpSum: return "sum";
+    case zpProd: return "prod";
+    case zpMax: return "max";
+    case zpMin: return "min";
+    case zpAvg: return "avg";
+    default: return "?";
+  }
+}
+
+const char* typeName(zpDataType_t t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                "float16", "float32", "float64", "bfloat16"};
+  return (int)t >= 0 && (int)t < 10 ? names[t] : "?";
+}
 
 zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
                      std::unique_ptr<Comm>* child) {

@@ -89,6 +89,10 @@ int main(void) {
   CHECK_OK(zpGroupEnd());
   CHECK(memcmp(self, send, sizeof(send)) == 0);
 
+  memset(self, 0, sizeof(self));
+  CHECK_OK(zpAllReduce(send, self, 3, zpFloat64, zpMax, comm, NULL)); /* one rank: a copy */
+  CHECK(memcmp(self, send, 3 * sizeof(double)) == 0 && self[3] == 0);
+
   memset(&attnCfg, 0, sizeof(attnCfg));
   attnCfg.qHeads = attnCfg.kvHeads = 1;
   attnCfg.headDim = 2;

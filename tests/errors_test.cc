@@ -253,6 +253,32 @@ TEST(InitErrors, DebugFileThatIsAFifoIsRefused) {
   EXPECT_TRUE(contains(r.err, "ZP INFO")) << "the log should go to stderr: " << r.err;
 }
 
+// NCCL_DEBUG_SUBSYS=COLL's per-call lines: with ZP_DEBUG=INFO and
+// ZP_DEBUG_SUBSYS=COLL every collective call logs one line with its
+// arguments and an opCount (the communicator's data calls so far), and no
+// send/recv line; with P2P, the reverse.
+// (c_api_check in a fresh process: the log reads its settings once.)
+TEST(Logging, CollAndP2PSubsystemsLogEveryCall) {
+  auto run = [](const char* subsys) {
+    zptest::Child c({"env", "ZP_DEBUG=INFO", std::string("ZP_DEBUG_SUBSYS=") + subsys,
+                     zptest::unquoted(ZPTEST_STR(ZP_C_API_CHECK_PATH))});
+    zptest::Result r = c.finish(60);
+    EXPECT_EQ(r.exitCode, 0) << r.err;
+    return r.err;
+  };
+  const std::string coll = run("COLL"), p2p = run("P2P");
+  EXPECT_TRUE(contains(coll, "Alltoallv: opCount 0 sendbuff ") && contains(coll, "sends 5 receives 5 datatype float64"))
+      << coll;
+  EXPECT_TRUE(contains(coll, "AllReduce: opCount 3 sendbuff ") &&
+              contains(coll, "count 3 datatype float64 op max root 0 ") && contains(coll, "[nranks=1] stream (nil)"))
+      << coll;
+  EXPECT_FALSE(contains(coll, "INFO Send: ")) << coll;
+  EXPECT_TRUE(contains(p2p, "Send: opCount 1 buff ") && contains(p2p, "Recv: opCount 2 buff "))
+      << "a group's send and receive, one line each: " << p2p;
+  EXPECT_TRUE(contains(p2p, "count 5 datatype float64 peer 0 comm ")) << p2p;
+  EXPECT_FALSE(contains(p2p, "INFO AllReduce: ") || contains(p2p, "INFO Alltoallv: ")) << p2p;
+}
+
 // ZP_TOPO_FILE naming a FIFO: opening it for reading would wait for a
 // writer. It is refused as not a regular file.
 TEST(InitErrors, TopoFileThatIsAFifoIsRefused) {

@@ -102,6 +102,10 @@ def _load():
     raise ImportError("zeppelin: cannot load libzeppelin.so: tried " + ", ".join(tried) + hint)
 
 
+# A failed call raises an exception that carries the library's message, so
+# the library logs returned errors at INFO, not WARN (unless the user chose;
+# the log reads its settings once, at its first line).
+os.environ.setdefault("ZP_DEBUG_ERRORS", "INFO")
 lib, path = _load()
 
 _P = ctypes.POINTER

@@ -500,6 +500,9 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
   ZP_CHECK(checkDataCall(fn, c.get(), datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
+  const uint64_t opCount = c->nextOpCount();
+  ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
+          (unsigned long long)opCount, buf, count, zp::typeName(datatype), peer, (void*)comm, c->nranks(), stream);
   inGroup(comm);
   return zp::enqueueP2P(c, isSend, buf, count, datatype, peer, stream);
 }
@@ -525,6 +528,16 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
   ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
   ZP_CHECK(checkDataCall("zpAlltoallv", c.get(), datatype, stream,
                          {{"sendbuff", sendbuff}, {"recvbuff", recvbuff}}));
+  const uint64_t opCount = c->nextOpCount();
+  if (zp::logEnabled(zp::kLogInfo, zp::kSubColl) && sendcounts && recvcounts) {
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < c->nranks(); p++) sent += sendcounts[p], received += recvcounts[p];
+    zp::logMessage(zp::kLogInfo, zp::kSubColl,
+                   "Alltoallv: opCount %llx sendbuff %p recvbuff %p sends %zu receives %zu datatype %s comm %p "
+                   "[nranks=%d] stream %p",
+                   (unsigned long long)opCount, sendbuff, recvbuff, sent, received, zp::typeName(datatype),
+                   (void*)comm, c->nranks(), stream);
+  }
   inGroup(comm);
   return zp::enqueueCollective(c, "zpAlltoallv", [=] {
     return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
@@ -659,6 +672,11 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
                            {{"sendbuff", a.send}, {"recvbuff", a.recv}}));
   else
     stream = nullptr;
+  const uint64_t opCount = c->nextOpCount();
+  ZP_INFO(zp::kSubColl,
+          "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %s op %s root %d comm %p [nranks=%d] stream %p",
+          fn + 2, (unsigned long long)opCount, a.send, a.recv, a.count, zp::typeName(a.dtype), zp::opName(a.op), a.root,
+          (void*)comm, n, stream);
   inGroup(comm);
   return zp::enqueueCollective(c, fn, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
 }

@@ -118,6 +118,10 @@ class Comm : public TransportSink {
   };
   // The next collective's sequence number (the same on every rank).
   uint64_t nextCollSeq() { return collSeq_++; }
+  // Data calls made on this communicator so far (any thread): the opCount
+  // of ZP_DEBUG_SUBSYS=COLL / P2P lines, the same on every rank for the
+  // same call sequence.
+  uint64_t nextOpCount() { return opCount_.fetch_add(1, std::memory_order_relaxed); }
   // A failure that broke the communicator (any thread), and its message
   // (with mutex() held: it is written under the lock, before the code).
   zpResult_t asyncError() const { return asyncError_.load(std::memory_order_acquire); }
@@ -226,6 +230,7 @@ class Comm : public TransportSink {
   bool faultSent_ = false;
   bool left_ = false;  // leave() ran: calls still queued in a group fail
   std::atomic<bool> abortRequested_{false};
+  std::atomic<uint64_t> opCount_{0};
 };
 
 // How many times calls of this process have waited on their peers over the

@@ -20,6 +20,7 @@ namespace {
 
 struct LogState {
   int level = kLogWarn;
+  int errorLevel = kLogWarn;  // of the errors calls return (ZP_DEBUG_ERRORS)
   unsigned subsys = kSubAll;
   FILE* out = stderr;
   char host[64] = {0};
@@ -62,6 +63,7 @@ LogState& state() {
       else if (!strcasecmp(lv, "TRACE")) st.level = kLogTrace;
     }
     if (!subsys.empty()) st.subsys = parseSubsys(subsys.c_str());
+    if (!strcasecmp(envString("ZP_DEBUG_ERRORS").c_str(), "INFO")) st.errorLevel = kLogInfo;
     if (const char* file = logFile.empty() ? nullptr : logFile.c_str()) {
       std::string path;
       for (const char* p = file; *p; p++) {
@@ -131,8 +133,8 @@ zpResult_t failv(zpResult_t code, const char* fmt, va_list ap) {
   char buf[1024];
   vsnprintf(buf, sizeof(buf), fmt, ap);
   tlsLastError = buf;
-  if (logEnabled(kLogWarn, kSubAll))
-    logMessage(kLogWarn, kSubAll, "%s (%s)", buf, zpGetErrorString(code));
+  const LogLevel level = (LogLevel)state().errorLevel;
+  if (logEnabled(level, kSubAll)) logMessage(level, kSubAll, "%s (%s)", buf, zpGetErrorString(code));
   return code;
 }
 

@@ -4,8 +4,9 @@
 // (%h becomes the hostname, %p the pid).
 //
 // Errors go through fail(): it records the message as this thread's last
-// error (zpGetLastError) and logs it at WARN, so a caller always has the words
-// that explain a result code.
+// error (zpGetLastError) and logs it at WARN (ZP_DEBUG_ERRORS=INFO: at INFO,
+// for bindings whose exceptions carry the text), so a caller always has the
+// words that explain a result code.
 #pragma once
 
 #include <cstdarg>

@@ -26,6 +26,9 @@ const std::vector<Param> kParams = {
    "subsystems to log; a leading ^ excludes the ones named"},
   {"ZP_DEBUG_FILE", K::kPath, R::kSetting, "", "",
    "log to this file instead of stderr (%h: host name, %p: pid)"},
+  {"ZP_DEBUG_ERRORS", K::kEnum, R::kSetting, "WARN", "WARN|INFO",
+   "the level at which the error a call returns is logged (its text is zpGetLastError's too); Python's package "
+   "sets INFO unless set, since its exceptions carry the text"},
   // Communicators.
   {"ZP_TIMEOUT", K::kSeconds, R::kSetting, "300", "0.001..2147483",
    "seconds a call waits for a silent peer before zpRemoteError (zpConfig_t.timeoutMs)"},

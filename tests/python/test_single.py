@@ -187,6 +187,27 @@ def test_init_under_an_srun_environment():
         assert out.split() == [str(r), "2", "3"]
 
 
+def test_a_caught_error_prints_nothing_unless_asked():
+    # The exception carries the message: the library does not print it as a
+    # WARN line too (ZP_DEBUG_ERRORS=INFO, the package's default), unless
+    # the user asks for WARN or for INFO logging.
+    code = ("import zeppelin, numpy as np\n"
+            "c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)\n"
+            "x = np.zeros(4, dtype=np.float32)\n"
+            "try:\n"
+            "    c.all_gather(x[0:2], x[1:3])  # overlapping buffers: refused by the library\n"
+            "except zeppelin.InvalidArgument as e:\n"
+            "    print('caught', e)\n"
+            "c.destroy()\n")
+    quiet = run_python(code, drop=("ZP_DEBUG", "ZP_DEBUG_ERRORS"))
+    assert quiet.returncode == 0 and "caught" in quiet.stdout, quiet.stderr
+    assert "overlap" in quiet.stdout, quiet.stdout
+    assert "ZP WARN" not in quiet.stderr and "overlap" not in quiet.stderr, quiet.stderr
+    for extra in ({"ZP_DEBUG_ERRORS": "WARN"}, {"ZP_DEBUG": "INFO"}):
+        loud = run_python(code, env_extra=extra, drop=("ZP_DEBUG", "ZP_DEBUG_ERRORS"))
+        assert loud.returncode == 0 and "overlap" in loud.stderr, (extra, loud.stderr)
+
+
 def test_ctrl_c_ends_a_blocked_call_within_a_second():
     # Rank 0 blocks in an all-reduce that rank 1 has not joined; Ctrl-C
     # (SIGINT) must raise KeyboardInterrupt in rank 0 within a second, and
