@@ -12,10 +12,18 @@ cmake --build "$tmp/consumer" >"$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.l
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/consumer/consumer"
 "$tmp/consumer/consumer_static"
 libdir=$(ls -d "$tmp"/prefix/lib*/pkgconfig | head -1)
+# As installed: the .pc file finds the prefix from its own place.
 flags=$(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs zeppelin)
-# pkg-config's prefix is the configured one; point it at the scratch prefix.
-flags=${flags//$(PKG_CONFIG_PATH="$libdir" pkg-config --variable=prefix zeppelin)/$tmp/prefix}
 cc -std=c99 -Wall -Werror "$src/consumer/main.c" $flags -o "$tmp/pc_consumer"
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc_consumer"
-test -x "$tmp/prefix/bin/zprun"
-echo "install test: find_package, static, pkg-config and zprun all fine"
+for tool in zprun zptopo zpconfig zpplan; do test -x "$tmp/prefix/bin/$tool"; done
+# The Python package loads the installed library, not the build tree's.
+lib=$(ls "$tmp"/prefix/lib*/libzeppelin.so.0 | head -1)
+(cd / && env -u ZEPPELIN_LIBRARY PYTHONPATH="$tmp/prefix/lib/python3/dist-packages" python3 -c "
+import sys, zeppelin
+assert zeppelin.library_path == sys.argv[1], (zeppelin.library_path, sys.argv[1])
+assert zeppelin.__version__.count('.') == 2
+c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)
+c.destroy()
+" "$lib")
+echo "install test: find_package, static, pkg-config, the tools and the Python package all fine"

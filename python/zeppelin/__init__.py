@@ -30,6 +30,7 @@ from .plan import (INTER_NODE, INTRA_NODE, LOCAL, Attention, AttnBlock, BatchPla
                    plan_batch, ulysses_alltoall, ulysses_heads)
 
 library_path = _lib.path
+__version__ = "%d.%d.%d" % version()  # the loaded library's (zpGetVersion)
 
 __all__ = [
     "AVG", "MAX", "MIN", "PROD", "SUM", "SPLIT_NOCOLOR", "UNIQUE_ID_BYTES", "ReduceOp",
@@ -39,5 +40,5 @@ __all__ = [
     "BatchPlan", "Layout", "Remap", "Ring", "Attention", "AttnBlock", "plan_batch", "ulysses_alltoall",
     "ulysses_heads", "LOCAL", "INTRA_NODE", "INTER_NODE",
     "INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16",
-    "dtype_of", "library_path",
+    "dtype_of", "library_path", "__version__",
 ]

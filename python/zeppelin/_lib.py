@@ -81,6 +81,11 @@ def _candidates():
     env = os.environ.get("ZEPPELIN_LIBRARY")
     if env:
         return [env], True
+    try:  # an installed package (cmake --install) names its library
+        from ._installed import LIBRARY
+        return [LIBRARY], True
+    except ImportError:
+        pass
     here = os.path.dirname(os.path.abspath(__file__))
     tree = os.path.dirname(os.path.dirname(here))  # <tree>/python/zeppelin -> <tree>
     return [os.path.join(here, "libzeppelin.so"), os.path.join(tree, "build", "libzeppelin.so"),
