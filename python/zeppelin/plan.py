@@ -21,6 +21,26 @@ def _int64s(values, what):
     return vals, (ctypes.c_int64 * max(len(vals), 1))(*vals)
 
 
+def lengths_from_cu_seqlens(cu_seqlens):
+    """Sequence lengths from a packed batch's cumulative offsets (flash-attn's,
+    Transformer Engine's and Megatron's int32 cu_seqlens: 0, then each
+    sequence's end). Empty sequences (padding entries) are refused."""
+    cu, _ = _int64s(cu_seqlens, "cu_seqlens")
+    if len(cu) < 2 or cu[0] != 0:
+        raise InvalidArgument("cu_seqlens must start with 0 and hold at least one sequence's end, got %s"
+                              % cu[:8])
+    lens = [b - a for a, b in zip(cu, cu[1:])]
+    for i, L in enumerate(lens):
+        if L <= 0:
+            raise InvalidArgument("cu_seqlens: sequence %d has length %d (offsets %d, %d); drop empty entries"
+                                  % (i, L, cu[i], cu[i + 1]))
+    return lens
+
+
+def _looks_like_cu_seqlens(lens):
+    return len(lens) > 1 and lens[0] == 0 and all(a <= b for a, b in zip(lens, lens[1:]))
+
+
 def _comm_handle(comm):
     if not isinstance(comm, Communicator):
         raise InvalidArgument("expected a zeppelin.Communicator, got %s" % type(comm).__name__)
@@ -87,6 +107,38 @@ class Layout(_Owned):
             check(_lib.lib.zpLayoutRankSegments(handle, r, ctypes.byref(p), ctypes.byref(c)))
             self._segs.append([(p[i].seq, p[i].start, p[i].count) for i in range(c.value)])
         self.tokens_per_rank = [sum(c for _, _, c in segs) for segs in self._segs]
+
+    @classmethod
+    def from_thd(cls, cu_seqlens, nranks, mode="contiguous"):
+        """The layout of a THD batch sharded as context-parallel trainers shard
+        it: every sequence cut into nranks equal chunks, rank r holding chunk
+        r ("contiguous"), or into 2 x nranks chunks, rank r holding chunks r
+        and 2 x nranks - 1 - r ("zigzag", load-balanced for causal masks;
+        Megatron's and Transformer Engine's). Each length must divide evenly."""
+        lens = lengths_from_cu_seqlens(cu_seqlens)
+        n = int(nranks)
+        if n < 1 or mode not in ("contiguous", "zigzag"):
+            raise InvalidArgument("from_thd: nranks must be >= 1 and mode contiguous or zigzag, got %r, %r"
+                                  % (nranks, mode))
+        parts = n if mode == "contiguous" else 2 * n
+        segments = [[] for _ in range(n)]
+        for seq, L in enumerate(lens):
+            if L % parts:
+                raise InvalidArgument("from_thd: sequence %d has %d tokens, not a multiple of %d (%s over %d ranks)"
+                                      % (seq, L, parts, mode, n))
+            c = L // parts
+            for r in range(n):
+                chunks = [r] if mode == "contiguous" else [r, parts - 1 - r]
+                segments[r].extend((seq, k * c, c) for k in chunks)
+        return cls.create(lens, segments)
+
+    def local_cu_seqlens(self, rank):
+        """Rank's buffer as a packed batch of its segments, for its own
+        attention kernel: (cu_seqlens, max_seqlen), each segment one sequence."""
+        cu = [0]
+        for _, _, c in self._segs[rank]:
+            cu.append(cu[-1] + c)
+        return cu, max((c for _, _, c in self._segs[rank]), default=0)
 
     @classmethod
     def create(cls, lengths, segments):
@@ -254,14 +306,27 @@ class BatchPlan(_Owned):
                                                                   ", causal" if self.causal else "")
 
 
-def plan_batch(lengths, comm_or_nranks, causal=True, q_heads=32, kv_heads=8, head_dim=128, elem_bytes=2,
-               nodes=1, nics_per_node=1, nic_gbps=200.0, intra_node_gbps=200.0, tflops=312.0, efficiency=0.5):
-    """zpPlanBatch: the hierarchical partition of a batch of sequence lengths.
+def plan_batch(lengths=None, comm_or_nranks=None, causal=True, q_heads=32, kv_heads=8, head_dim=128, elem_bytes=2,
+               nodes=1, nics_per_node=1, nic_gbps=200.0, intra_node_gbps=200.0, tflops=312.0, efficiency=0.5,
+               cu_seqlens=None):
+    """zpPlanBatch: the hierarchical partition of a batch of sequence lengths
+    (or of cu_seqlens=, a packed batch's offsets as flash-attn takes them).
     With a Communicator, for its cluster (nodes, ranks per node, NICs and
     their measured rate); with a rank count, for the cluster model the other
     arguments give (default one A800-like node). The attention shape
     (heads, head_dim, elem_bytes) weighs compute against communication."""
+    if lengths is None and cu_seqlens is None:
+        raise InvalidArgument("plan_batch: pass lengths or cu_seqlens")
+    if comm_or_nranks is None:
+        raise InvalidArgument("plan_batch: pass a Communicator or a rank count")
+    if cu_seqlens is not None:
+        if lengths is not None:
+            raise InvalidArgument("plan_batch: pass lengths or cu_seqlens, not both")
+        lengths = lengths_from_cu_seqlens(cu_seqlens)
     lens, arr = _int64s(lengths, "lengths")
+    if _looks_like_cu_seqlens(lens):
+        raise InvalidArgument("plan_batch: lengths %s... start with 0 and never fall: cu_seqlens? Pass "
+                              "plan_batch(cu_seqlens=...)" % lens[:4])
     shape = _lib.AttnShape(int(q_heads), int(kv_heads), int(head_dim), int(elem_bytes), int(bool(causal)))
     h = _lib.Plan()
     if isinstance(comm_or_nranks, Communicator):

@@ -278,6 +278,32 @@ def test_ctrl_c_ends_a_blocked_call_within_a_second():
             p.kill()
 
 
+def test_cu_seqlens_and_thd_shardings():
+    # The packed-batch inputs of flash-attn / TE / Megatron: int32 cu_seqlens.
+    cu = torch.tensor([0, 8, 24, 32], dtype=torch.int32)
+    assert zeppelin.lengths_from_cu_seqlens(cu) == [8, 16, 8]
+    plan = zeppelin.plan_batch(cu_seqlens=cu, comm_or_nranks=4)
+    assert plan.linear_layout.lengths == [8, 16, 8]
+    with pytest.raises(zeppelin.InvalidArgument, match="cu_seqlens"):
+        zeppelin.plan_batch(cu, 4)  # offsets passed as lengths: told what they look like
+    for bad in ([0], [1, 8], [0, 8, 8], [0, 8, 4]):
+        with pytest.raises(zeppelin.InvalidArgument):
+            zeppelin.lengths_from_cu_seqlens(bad)
+    # Contiguous: rank r holds chunk r of every sequence. Zigzag: chunks r
+    # and 2n-1-r. Every token on exactly one rank, in the packed order given.
+    lay = zeppelin.Layout.from_thd(cu, 2)
+    assert lay.segments(0) == [(0, 0, 4), (1, 0, 8), (2, 0, 4)]
+    assert lay.segments(1) == [(0, 4, 4), (1, 8, 8), (2, 4, 4)]
+    zig = zeppelin.Layout.from_thd(cu, 2, mode="zigzag")
+    assert zig.segments(0) == [(0, 0, 2), (0, 6, 2), (1, 0, 4), (1, 12, 4), (2, 0, 2), (2, 6, 2)]
+    assert zig.segments(1) == [(0, 2, 2), (0, 4, 2), (1, 4, 4), (1, 8, 4), (2, 2, 2), (2, 4, 2)]
+    packed = torch.arange(32)
+    assert torch.equal(zig.unshard([zig.shard(packed, r) for r in range(2)]), packed)
+    assert zig.local_cu_seqlens(1) == ([0, 2, 4, 8, 12, 14, 16], 4)
+    with pytest.raises(zeppelin.InvalidArgument, match="multiple of 4"):
+        zeppelin.Layout.from_thd([0, 6], 2, mode="zigzag")
+
+
 def test_ring_order_of_a_planned_and_a_user_plan():
     # The planner's plan: every sequence once (its default order until the
     # planner schedules one); a new order reads back.
