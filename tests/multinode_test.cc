@@ -50,7 +50,7 @@ class Multinode : public ::testing::Test {
     if (geteuid() == 0) EXPECT_EQ(zpNamespaces(), before_) << "a namespace of the emulated cluster was left behind";
   }
   CommandResult zprun(int nodes, int rpn, int nics, const std::string& env) {
-    std::string cmd = env + " " ZPRUN_PATH " --timeout 240 --nodes " + std::to_string(nodes) + " --ranks-per-node " +
+    std::string cmd = env + " " ZPRUN_PATH " --timeout 240 --stacks --nodes " + std::to_string(nodes) + " --ranks-per-node " +
                       std::to_string(rpn) + " --nics-per-node " + std::to_string(nics) + " --nic-rate 1gbit " +
                       ZP_MULTINODE_RANK_PATH;
     return run(cmd);

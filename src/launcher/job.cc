@@ -503,6 +503,7 @@ void Job::checkDeadlines() {
     intervened_ = true;
     fprintf(stderr, "zprun: timeout: job still running after %s s, terminating %d rank%s\n",
             formatSec(opts_.timeoutSec).c_str(), runningCount(), runningCount() == 1 ? "" : "s");
+    if (opts_.stacks) printStacks();
     signalRanks(SIGTERM);
     phase_ = Phase::kTerminating;
     killAt_ = now + termToKillSec();
@@ -520,6 +521,21 @@ void Job::checkDeadlines() {
             runningCount(), runningCount() == 1 ? "" : "s");
     signalRanks(SIGKILL);
     phase_ = Phase::kKilled;
+  }
+}
+
+void Job::printStacks() {
+  if (access("/usr/bin/gdb", X_OK) != 0) {
+    fprintf(stderr, "zprun: --stacks: no /usr/bin/gdb\n");
+    return;
+  }
+  for (const Rank& r : ranks_) {
+    if (!r.running) continue;
+    fprintf(stderr, "zprun: ---- %s (pid %d), still running:\n", nameOf(r).c_str(), (int)r.pid);
+    fflush(stderr);
+    std::string cmd = "/usr/bin/gdb -p " + std::to_string(r.pid) +
+                      " -batch -nx -ex 'thread apply all bt 30' 2>&1 | grep -E '^(Thread|#)' >&2";
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "zprun: gdb could not read pid %d\n", (int)r.pid);
   }
 }
 

@@ -57,6 +57,7 @@ class Job {
   void checkDeadlines();
   void startGrace();
   void signalRanks(int sig);
+  void printStacks();  // --stacks
   int runningCount() const;
   void readOutput(Rank& rank, OutputStream& stream);
   void emit(const Rank& rank, OutputStream& stream, const char* data, size_t len, bool atEof);

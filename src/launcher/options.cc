@@ -95,6 +95,9 @@ void defineOptions(CLI::App& app, Options* o) {
                       if (!zp::parseDouble(v, 0, kMaxSeconds, &o->timeoutSec) || o->timeoutSec <= 0)
                         throw UsageError("bad --timeout '" + v + "' (expected seconds > 0)");
                     });
+  zp::cli::addFlag(app, "--stacks", &o->stacks,
+                   "at the --timeout, print the threads' backtraces of every\n"
+                   "rank still running (gdb, if installed) before ending them");
   zp::cli::addValue(app, "--grace", "SEC",
                     zp::strprintf("when a rank fails, how long the others may take to\n"
                                   "exit on their own before SIGTERM (default %g);\n"

@@ -18,6 +18,7 @@ struct Options {
   std::vector<std::string> extraEnv;  // "VAR=VALUE", in command-line order
   double timeoutSec = 0;              // 0: no timeout
   double graceSec = kDefaultGraceSec;
+  bool stacks = false;  // --stacks: gdb backtraces of the ranks still running at the timeout
   std::vector<std::string> command;  // PROGRAM ARGS...
 
   // The emulated cluster (--nodes); cluster.nodes == 0 without one.
