@@ -34,6 +34,28 @@ def run_python(code, env_extra=None, drop=()):
                           cwd="/")
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Every launcher's variables, cleared before a test describes its own job.
+LAUNCHER_VARS = ("ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
+                 "SLURM_NTASKS")
+
+
+def start_ranks(code, job_env, rank_env, stdin=None):
+    """Two processes running code, in the job job_env describes (launcher
+    variables of the test's own process cleared), rank r with rank_env(r)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(job_env, PYTHONPATH=PYTHON_DIR, ZP_TIMEOUT="30")
+    return [subprocess.Popen([sys.executable, "-c", code], env=dict(env, **rank_env(r)), stdin=stdin,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/") for r in range(2)]
+
+
 def test_every_result_code_has_its_class():
     classes = [zeppelin.error_class(c) for c in range(1, 8)]
     assert classes == [zeppelin.CudaError, zeppelin.ZpSystemError, zeppelin.InternalError, zeppelin.InvalidArgument,
@@ -166,21 +188,13 @@ def test_python_kernels_match_the_reference_and_their_exceptions_surface(comm):
 def test_init_under_an_srun_environment():
     # Two processes described as srun describes its tasks; the master is the
     # first host of the compressed node list (127.0.0.[1-2] -> 127.0.0.1).
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     code = ("import zeppelin, numpy as np\n"
             "with zeppelin.init() as c:\n"
             "    x = np.array([c.rank + 1], dtype=np.int64); c.all_reduce(x)\n"
             "    print(c.rank, c.size, x[0])\n")
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, SLURM_NTASKS="2", SLURM_STEP_NODELIST="127.0.0.[1-2]",
-               SLURM_JOB_ID="4242", ZP_MASTER_PORT=str(port), ZP_TIMEOUT="30")
-    for k in ("ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
-        env.pop(k, None)
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/") for r in range(2)]
+    procs = start_ranks(code, dict(SLURM_NTASKS="2", SLURM_STEP_NODELIST="127.0.0.[1-2]", SLURM_JOB_ID="4242",
+                                   ZP_MASTER_PORT=str(free_port())),
+                        lambda r: dict(SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))
     outs = [p.communicate(timeout=60) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err
@@ -213,10 +227,7 @@ def test_ctrl_c_ends_a_blocked_call_within_a_second():
     # (SIGINT) must raise KeyboardInterrupt in rank 0 within a second, and
     # rank 1's all-reduce must then fail at once, not after ZP_TIMEOUT.
     import signal
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     code = ("import sys, time, zeppelin, numpy as np\n"
             "c = zeppelin.init()\n"
             "x = np.ones(4, dtype=np.float32)\n"
@@ -242,14 +253,9 @@ def test_ctrl_c_ends_a_blocked_call_within_a_second():
             "    except KeyboardInterrupt:\n"
             "        print('outside a call too', flush=True)\n"
             "c.destroy()\n")
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1),
-               ZP_MASTER_PORT=str(port), WORLD_SIZE="2", ZP_TIMEOUT="30")
-    for k in ("ZP_RANK", "ZP_NRANKS", "ZP_UNIQUE_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-              "SLURM_PROCID", "SLURM_NTASKS"):
-        env.pop(k, None)
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd="/") for r in range(2)]
+    procs = start_ranks(code, dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), ZP_MASTER_PORT=str(port),
+                                   WORLD_SIZE="2"),
+                        lambda r: dict(RANK=str(r), LOCAL_RANK=str(r)), stdin=subprocess.PIPE)
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "waiting", p.stderr.read()
