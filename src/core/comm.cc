@@ -437,6 +437,12 @@ void Comm::passOnFault(zpResult_t code, const std::string& why) {
   for (Transport* t : transports_) t->abortPeers(code, why);
 }
 
+void Comm::breakHere(zpResult_t code, const std::string& msg) {
+  setAsyncError(code, msg);
+  passOnFault(zpRemoteError, "rank " + std::to_string(rank_) + ": " + msg);
+  dropOps(code, msg);
+}
+
 namespace {
 
 std::string rankList(const std::vector<int>& ranks) {
@@ -508,9 +514,7 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         if (peers.empty()) continue;
         std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
                           " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
-        c->setAsyncError(zpRemoteError, msg);
-        c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
-        c->dropOps(zpRemoteError, msg);
+        c->breakHere(zpRemoteError, msg);
         return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
       }
       lastMove = now;
@@ -521,11 +525,7 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
         // The call is half done on some peers: the communicator cannot go
         // on, so it breaks here and the peers are told at once.
         std::string msg = what + std::string(": interrupted (the interrupt check of zpSetInterruptCheck)");
-        for (Comm* c : comms) {
-          c->setAsyncError(zpSystemError, msg);
-          c->passOnFault(zpRemoteError, "rank " + std::to_string(c->rank_) + ": " + msg);
-          c->dropOps(zpSystemError, msg);
-        }
+        for (Comm* c : comms) c->breakHere(zpSystemError, msg);
         return fail(zpSystemError, "rank %d: %s", comms[0]->rank_, msg.c_str());
       }
     }

@@ -181,6 +181,10 @@ class Comm : public TransportSink {
   void checkAlive();
   // Tells every peer the communicator broke (once, unless a peer told us).
   void passOnFault(zpResult_t code, const std::string& why);
+  // This rank found the communicator broken (msg, code): it breaks it, tells
+  // the peers (zpRemoteError, with this rank named) before it drops the
+  // operations, so that dropOps may cut a peer that still holds a request.
+  void breakHere(zpResult_t code, const std::string& msg);
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
   static zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                   const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what);
