@@ -185,7 +185,7 @@ def _secret_from_torchrun_store():
     import datetime
     import time
     import torch.distributed as dist
-    seconds = int(env.get("ZP_TIMEOUT") or 300)
+    seconds = float(env.get("ZP_TIMEOUT") or 300)  # fractions allowed, as the library reads it
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=seconds))
     key = "zeppelin/secret"
@@ -202,7 +202,7 @@ def _secret_from_torchrun_store():
         if value != b"-":
             break
         if time.monotonic() > deadline:
-            raise RemoteError("torchrun's store has no rendezvous secret from rank 0 after %d s (ZP_TIMEOUT)"
+            raise RemoteError("torchrun's store has no rendezvous secret from rank 0 after %g s (ZP_TIMEOUT)"
                               % seconds)
         time.sleep(0.01)
     env["ZP_SECRET"] = value.decode()
