@@ -391,22 +391,33 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     consider(caps.front().second);
     return best;
   }
-  // Caps halving from the mean load down to 1/64 of it, then the sqrt(2)
-  // steps either side of the best.
-  int bestK = 0;
+  // Caps halving from the mean load down to 1/64 of it, then a local search
+  // around the best in steps of a half, a quarter and an eighth of an octave:
+  // a step's makespan is not smooth in the cap (a long sequence's ring grows
+  // by whole ranks), and the best cap is often between two octaves' steps.
+  // Caps in eighths of an octave below the mean.
+  auto capAt = [&](int eighths) { return mean * std::pow(0.5, eighths / 8.0); };
+  constexpr int kLowest = 48;  // 1/64 of the mean
+  int bestX = 0;
   double bestCap = 0;
   // The search is as thorough as a budget of scheduling work allows: with
   // up to 2,000 sequences every coarse cap, three probes inside nodes and
   // three unrouted, and both runners-up scored; with more, the coarse caps
   // stop two steps past the best and one probe of each kind is made.
   const bool thorough = lens.size() <= 2000;
-  for (int k = 0, worse = 0; k <= 12 && (thorough || worse < 2); k += 2) {
-    const double score = tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
-    worse = k == 0 || score < bestCap ? 0 : worse + 1;  // past the best, smaller caps only fragment more
-    if (k == 0 || score < bestCap) bestCap = score, bestK = k;
+  for (int x = 0, worse = 0; x <= kLowest && (thorough || worse < 2); x += 8) {
+    const double score = tryCap(capAt(x), opt, options);
+    worse = x == 0 || score < bestCap ? 0 : worse + 1;  // past the best, smaller caps only fragment more
+    if (x == 0 || score < bestCap) bestCap = score, bestX = x;
   }
-  for (int k : {bestK - 1, bestK + 1})
-    if (k >= 0 && k <= 12) tryCap(mean * std::pow(0.5, 0.5 * k), opt, options);
+  for (int step : {4, 2, 1}) {
+    const int around = bestX;
+    for (int x : {around - step, around + step})
+      if (x >= 0 && x <= kLowest) {
+        const double score = tryCap(capAt(x), opt, options);
+        if (score < bestCap) bestCap = score, bestX = x;
+      }
+  }
   bool crosses = false;
   for (const auto& [score, s] : caps)
     for (size_t i = 0; i < lens.size(); ++i)
@@ -422,10 +433,10 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     oneNic.routeEfficiency = 0;
     for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
       unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
-    for (int k = thorough ? bestK - 1 : bestK; k <= (thorough ? bestK + 1 : bestK); ++k)
-      if (k >= 0 && k <= 12) {
-        tryCap(mean * std::pow(0.5, 0.5 * k), o, options);
-        if (!unrouted.empty()) tryCap(mean * std::pow(0.5, 0.5 * k), opt, unrouted);
+    for (int x = thorough ? bestX - 4 : bestX; x <= (thorough ? bestX + 4 : bestX); x += 4)
+      if (x >= 0 && x <= kLowest) {
+        tryCap(capAt(x), o, options);
+        if (!unrouted.empty()) tryCap(capAt(x), opt, unrouted);
       }
   }
   // What a tuned baseline would run: DP x CP groups, from one rank up while
