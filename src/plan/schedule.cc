@@ -4,10 +4,37 @@
 #include <cmath>
 #include <map>
 #include <numeric>
-#include <queue>
 #include <vector>
 
 namespace zp::plan {
+
+namespace {
+
+using Entry = std::pair<double, int>;  // (load or free time, rank or group)
+
+// A min-heap of entries whose top is replaced by one sift down (not a pop and
+// a push): placements take the least loaded and put it back heavier,
+// thousands of times per candidate.
+struct LoadHeap {
+  std::vector<Entry> v;  // a heap as std::push_heap with std::greater keeps it
+  const Entry& top() const { return v.front(); }
+  void push(Entry e) {
+    v.push_back(e);
+    std::push_heap(v.begin(), v.end(), std::greater<Entry>());
+  }
+  void replaceTop(Entry e) {
+    size_t at = 0;
+    for (size_t child = 1; child < v.size(); child = 2 * at + 1) {
+      if (child + 1 < v.size() && v[child + 1] < v[child]) ++child;
+      if (!(v[child] < e)) break;
+      v[at] = v[child];
+      at = child;
+    }
+    v[at] = e;
+  }
+};
+
+}  // namespace
 
 // An idle interval a rank spends waiting for the other ranks of a ring.
 struct Gap {
@@ -61,10 +88,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
       freeAt[r] = s + piece[i];
     }
   };
-  using Entry = std::pair<double, int>;
-  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
-  MinHeap heap;
-  std::vector<MinHeap> nodeHeaps;  // per node, with node-level token balance
+  LoadHeap heap;
+  std::vector<LoadHeap> nodeHeaps;  // per node, with node-level token balance
   std::vector<Entry> nodeOrder;    // (least load of the node, node), sorted
   std::vector<double> nodeTokens(c.nodes, 0.0);
   const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
@@ -129,11 +154,10 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         break;
       }
       if (!placed && !balanceNodes) {
-        if (heap.empty())
+        if (heap.v.empty())
           for (int r = 0; r < n; ++r) heap.push({freeAt[r], r});
         const int r = heap.top().second;
-        heap.pop();
-        heap.push({freeAt[r] + piece[i], r});
+        heap.replaceTop({freeAt[r] + piece[i], r});
         ring[0] = r;
         occupy(i, freeAt[r]);
       } else if (!placed) {
@@ -154,11 +178,11 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
             break;
           }
         const int r = nodeHeaps[nd].top().second;
-        nodeOrder.erase(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), Entry{nodeHeaps[nd].top().first, nd}));
-        nodeHeaps[nd].pop();
-        nodeHeaps[nd].push({freeAt[r] + piece[i], r});
-        const Entry moved{nodeHeaps[nd].top().first, nd};
-        nodeOrder.insert(std::lower_bound(nodeOrder.begin(), nodeOrder.end(), moved), moved);
+        auto at = std::lower_bound(nodeOrder.begin(), nodeOrder.end(), Entry{nodeHeaps[nd].top().first, nd});
+        nodeHeaps[nd].replaceTop({freeAt[r] + piece[i], r});
+        // The node's least load only grows: its entry moves right, in place.
+        at->first = nodeHeaps[nd].top().first;
+        for (auto next = at + 1; next != nodeOrder.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
         ring[0] = r;
         occupy(i, freeAt[r]);
       }
@@ -207,26 +231,14 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
   // table that does not fall with the chunk length, so byLength is the guess.
   std::vector<size_t> order = byLength;
   stableSortFromGuess(order, [&](size_t a, size_t b) { return cost[a] > cost[b]; });
-  using Entry = std::pair<double, int>;
-  // A min-heap of (load, group): in index order to begin with (all zero), and
-  // its top replaced by one sift down per sequence (not a pop and a push).
-  std::vector<Entry> heap(groups);
-  for (int k = 0; k < groups; ++k) heap[k] = {0.0, k};
-  auto replaceTop = [&](Entry e) {
-    size_t at = 0;
-    for (size_t child = 1; child < heap.size(); child = 2 * at + 1) {
-      if (child + 1 < heap.size() && heap[child + 1] < heap[child]) ++child;
-      if (!(heap[child] < e)) break;
-      heap[at] = heap[child];
-      at = child;
-    }
-    heap[at] = e;
-  };
+  // (load, group): in index order to begin with (all zero, already a heap).
+  LoadHeap heap;
+  for (int k = 0; k < groups; ++k) heap.v.push_back({0.0, k});
   std::vector<int> groupOf(lens.size());
   std::vector<double> attn(groups, 0.0), back(groups, 0.0), tokens(groups, 0.0);
   for (size_t i : order) {
-    const auto [load, k] = heap.front();
-    replaceTop({load + cost[i], k});
+    const auto [load, k] = heap.top();
+    heap.replaceTop({load + cost[i], k});
     groupOf[i] = k;
     attn[k] += fwd[i];
     back[k] += bwd[i];
