@@ -25,6 +25,12 @@
 //    ranks share the cores faithfully, and model and measurement differ
 //    only by what the plan's schedule, the network and the driver add.
 // --model-only prints the model's rows without running the passes.
+// Columns: the model's forward and backward seconds (its waits and exposed
+// communication included) and its idle; measured, the median and the least
+// over -n passes of the slowest rank's forward and backward; their ratio;
+// the measured forward alone (the model charges a backward 2.5 forwards,
+// cost_model.h's kAttnBackwardFlops, as FlashAttention-2's is; the reference
+// CPU kernel's is about one).
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,7 +110,8 @@ zpBatchPlan_t toApi(const BatchPlan& p, int nranks, int ranksPerNode, bool causa
 }
 
 struct Measured {
-  std::vector<double> seconds;  // per pass, the slowest rank's
+  std::vector<double> seconds;  // per forward and backward, the slowest rank's
+  std::vector<double> forward;  // the slowest rank's forward alone
 };
 
 // Forward and backward passes of the driver under `plan`, each between two
@@ -137,12 +144,13 @@ Measured run(zpBatchPlan_t plan, const SleepRate* sleep, int passes, int warm, i
     const double t0 = now();
     if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
       die("zpAttentionForward", comm);
+    const double fwd = now() - t0;
     if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
                             dk.data(), dv.data(), nullptr) != zpSuccess)
       die("zpAttentionBackward", comm);
-    double t = now() - t0, slowest = 0;
-    if (zpAllReduce(&t, &slowest, 1, zpFloat64, zpMax, comm, nullptr) != zpSuccess) die("zpAllReduce", comm);
-    if (i >= warm) m.seconds.push_back(slowest);
+    double t[2] = {now() - t0, fwd}, slowest[2];
+    if (zpAllReduce(t, slowest, 2, zpFloat64, zpMax, comm, nullptr) != zpSuccess) die("zpAllReduce", comm);
+    if (i >= warm) m.seconds.push_back(slowest[0]), m.forward.push_back(slowest[1]);
   }
   zpAttentionDestroy(attn);
   return m;
@@ -267,7 +275,8 @@ int main(int argc, char** argv) {
     printf("# %d ranks (%d nodes x %d), %zu sequences, %lld tokens (longest %lld), seed %ld; %s /%ld\n", n, c.nodes,
            rpn, lens.size(), (long long)total, (long long)longest, seed, lengthsFile.c_str(), divide);
     printf("# model: calibration %s, %s kernel, compute share %.2f\n", calibrationFile.c_str(), kernel.c_str(), share);
-    printf("%-8s %10s %10s %10s %10s %10s\n", "plan", "model s", "idle s", "measured", "min", "meas/model");
+    printf("%-8s %10s %10s %10s %10s %10s %10s\n", "plan", "model s", "idle s", "measured", "min", "meas/model",
+           "forward");
   }
   for (const Row& r : rows) {
     const StrategyResult model = simulatePlan(r.plan, step, c, false);
@@ -280,8 +289,8 @@ int main(int argc, char** argv) {
     const Measured m = run(api, sleeping ? &rate : nullptr, int(passes), int(warm), rank, comm);
     zpPlanDestroy(api);
     if (rank == 0)
-      printf("%-8s %10.3f %10.3f %10.3f %10.3f %10.2f\n", r.name, attn, model.parts.idle, median(m.seconds),
-             *std::min_element(m.seconds.begin(), m.seconds.end()), median(m.seconds) / attn);
+      printf("%-8s %10.3f %10.3f %10.3f %10.3f %10.2f %10.3f\n", r.name, attn, model.parts.idle, median(m.seconds),
+             *std::min_element(m.seconds.begin(), m.seconds.end()), median(m.seconds) / attn, median(m.forward));
   }
   zpCommDestroy(comm);
   return 0;
