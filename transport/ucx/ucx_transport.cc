@@ -27,6 +27,8 @@ constexpr size_t kCtrlMax = 1024;
 // How long dropOps lets UCX finish the requests of a broken communicator
 // before it cuts the peers that hold them (at most a quarter of ZP_TIMEOUT).
 constexpr uint64_t kDropGraceMs = 500;
+// How long the abort and goodbye messages may take to leave (sendToAll).
+constexpr uint64_t kCtrlSendMs = 2000;
 
 ucp_tag_t makeTag(uint64_t type, uint64_t kind, uint64_t src, uint64_t seq) {
   return type << kTypeShift | (kind & 0x3F) << kKindShift | (src & kSrcMask) << kSrcShift | (seq & kSeqMask);
@@ -628,8 +630,13 @@ void UcxTransport::dropOps(zpResult_t status, const std::string& why) {
 void UcxTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& why) {
   for (int r = 0; r < (int)peers_.size(); r++)
     if (peers_[r].ep) sendCtrl(r, type, 0, code, why);
-  // Bounded: a peer that is gone cannot hold this rank up.
-  uint64_t deadline = nowMs() + 2000;
+  // Bounded: a peer that is gone cannot hold this rank up. An abort comes
+  // from a failing rank before dropOps' grace, so it is held to the same
+  // share of ZP_TIMEOUT (the peers hear within the timeout they were
+  // promised); a goodbye, from a healthy destroy, gets the full bound.
+  uint64_t boundMs = kCtrlSendMs;
+  if (type == kCtrlAbort) boundMs = std::min<uint64_t>(boundMs, std::max(ctx_.cfg->timeoutMs, 4) / 4);
+  uint64_t deadline = nowMs() + boundMs;
   while (!ctrlReqs_.empty() && nowMs() < deadline) ucp_worker_progress(worker_);
 }
 
