@@ -26,4 +26,6 @@ assert zeppelin.__version__.count('.') == 2
 c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)
 c.destroy()
 " "$lib")
+# The package says it is typed (PEP 561), so type checkers read its hints.
+test -f "$tmp/prefix/lib/python3/dist-packages/zeppelin/py.typed"
 echo "install test: find_package, static, pkg-config, the tools and the Python package all fine"

@@ -6,7 +6,10 @@ torch and NumPy are not imported here: an object is recognised by its type's
 module, so the package imports (and works on bytearrays) without either.
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import Any, Dict, Optional
 
 from .errors import InvalidArgument
 
@@ -50,14 +53,14 @@ def _is_numpy(obj):
     return type(obj).__module__ == "numpy" and hasattr(obj, "__array_interface__")
 
 
-def dtype_of(obj):
+def dtype_of(obj: Any) -> Optional[int]:
     """The zpDataType_t of a tensor, array or dtype (torch or NumPy), or None."""
     name = str(getattr(obj, "dtype", obj))
     name = name[6:] if name.startswith("torch.") else name
     return DTYPES.get(name)
 
 
-_TORCH_CODES = {}  # torch.dtype -> zpDataType_t (None: unsupported), filled as dtypes are seen
+_TORCH_CODES: Dict[Any, Optional[int]] = {}  # torch.dtype -> zpDataType_t (None: unsupported), filled as dtypes are seen
 
 
 def _torch(obj, what):
@@ -184,7 +187,7 @@ _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _release_buffer.restype = None
 
 
-_KIND = {}  # type -> "torch" | "numpy" | "dlpack" | "buffer"
+_KIND: Dict[type, str] = {}  # type -> "torch" | "numpy" | "dlpack" | "buffer"
 
 
 def _kind(obj):

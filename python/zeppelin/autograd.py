@@ -30,16 +30,24 @@ __cause__ is the kernel's exception. The communicator is unusable afterwards,
 as after any failed collective in NCCL.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
 import torch
 
 from .errors import InvalidArgument, ZeppelinError
 from .kernels import kernel_of
 from .plan import Attention, Remap, ulysses_alltoall, ulysses_heads
 
+if TYPE_CHECKING:
+    from .comm import Communicator
+    from .plan import BatchPlan, Layout
+
 _DIRECTIONS = {"linear->attention": False, "attention->linear": True}
 
 
-def _plan_comm(plan, comm, fn):
+def _plan_comm(plan: BatchPlan, comm: Optional[Communicator], fn: str) -> Communicator:
     comm = comm if comm is not None else getattr(plan, "comm", None)
     if comm is None:
         raise InvalidArgument("%s: pass the plan's communicator (comm=...)" % fn)
@@ -54,7 +62,7 @@ def _cache(plan):
 
 
 # ---- remap ----
-def plan_remap(plan, comm):
+def plan_remap(plan: BatchPlan, comm: Communicator) -> Remap:
     """The plan's linear -> attention Remap on comm (made once per plan and communicator)."""
     key = ("remap", id(comm))
     c = _cache(plan)
@@ -74,7 +82,8 @@ class _RemapFn(torch.autograd.Function):
         return ctx.remap.execute(g.contiguous(), inverse=not ctx.inverse), None, None
 
 
-def remap(x, plan, direction="linear->attention", comm=None):
+def remap(x: torch.Tensor, plan: BatchPlan, direction: str = "linear->attention",
+          comm: Optional[Communicator] = None) -> torch.Tensor:
     """x's rows (this rank's tokens of one of plan's layouts, [tokens, ...]) moved
     to the other layout: direction "linear->attention" or "attention->linear"."""
     if direction not in _DIRECTIONS:
@@ -104,7 +113,8 @@ class _UlyssesFn(torch.autograd.Function):
         return _exchange(g, layout, q_heads, heads, comm, 1 - direction), None, None, None, None, None
 
 
-def ulysses(x, layout, heads, comm, q_heads=None, inverse=False):
+def ulysses(x: torch.Tensor, layout: Layout, heads: int, comm: Communicator, q_heads: Optional[int] = None,
+            inverse: bool = False) -> torch.Tensor:
     """The Ulysses exchange over comm for a batch laid out as layout says.
     Forward: x [this rank's tokens, heads, d] -> [every token in cu_seqlens order,
     this rank's heads, d] (ulysses_heads tells which); inverse=True: back.
@@ -167,7 +177,9 @@ class _RingAttentionFn(torch.autograd.Function):
         return dq.to(tq), dk.to(tk), dv.to(tv), None
 
 
-def ring_attention(q, k, v, plan, comm=None, kernel="torch", scale=None):
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BatchPlan,
+                   comm: Optional[Communicator] = None, kernel: Any = "torch",
+                   scale: Optional[float] = None) -> torch.Tensor:
     """Attention of every sequence of plan over its rings: q [T, H, d], k, v
     [T, Hk, d], this rank's tokens of the plan's attention layout (Hk divides H).
     Returns out [T, H, d] in q's dtype. scale: default 1/sqrt(d)."""

@@ -1,5 +1,7 @@
 """Communicators, groups and the data calls (point to point, alltoallv, collectives)."""
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import enum
@@ -7,10 +9,25 @@ import functools
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple, Union
 
 from . import _interrupt, _lib
 from ._buffers import buffer, same_dtype
 from .errors import InvalidArgument, InvalidUsage, RemoteError, check, error_from
+
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+# What the data calls take (see _buffers.py): a torch tensor (CPU, or CUDA
+# with a stream), a NumPy array, a DLPack object or a writable buffer-protocol
+# object such as a bytearray. Counts: a sequence of ints, or a 1-D tensor or
+# array of them.
+Buffer = Any
+Counts = Union[Sequence[int], "torch.Tensor", "numpy.ndarray"]
+# A CUDA stream: a torch.cuda.Stream, or its handle as an int (cudaStream_t).
+Stream = Any
+Op = Union["ReduceOp", int]
 
 SPLIT_NOCOLOR = _lib.SPLIT_NOCOLOR
 UNIQUE_ID_BYTES = _lib.UNIQUE_ID_BYTES
@@ -119,7 +136,7 @@ def _version_code():
     return v.value
 
 
-def version():
+def version() -> Tuple[int, int, int]:
     """The library's version as (major, minor, patch)."""
     v = _version_code()
     return v // 10000, v // 100 % 100, v % 100
@@ -140,7 +157,7 @@ def _group_keep():
 
 
 @contextlib.contextmanager
-def group():
+def group() -> Iterator[None]:
     """zpGroupStart / zpGroupEnd: the calls inside run together when the
     outermost group ends (a rank can then send to and receive from many
     peers without deadlock). The buffers passed inside are kept alive until
@@ -165,7 +182,7 @@ def group():
                 _groups_open[0] -= 1
 
 
-def get_unique_id():
+def get_unique_id() -> bytes:
     """A new zpUniqueId as bytes (and, in this process, the rendezvous
     service the ranks meet at). Share it with the other ranks out of band;
     it holds a secret: treat it as a password."""
@@ -208,7 +225,8 @@ def _secret_from_torchrun_store():
     env["ZP_SECRET"] = value.decode()
 
 
-def init(timeout=None, routing=None, node_id=None, net_devices=None):
+def init(timeout: Optional[float] = None, routing: Optional[str] = None, node_id: Optional[int] = None,
+         net_devices: Optional[str] = None) -> Communicator:
     """The communicator a launcher describes in the environment
     (zpCommInitFromEnv): zprun, torchrun (python3 -m torch.distributed.run),
     Open MPI's mpirun, Slurm's srun. Collective over the job's ranks.
@@ -227,19 +245,21 @@ class Communicator:
     aborts it if the block raised (so peers fail at once instead of waiting
     for the timeout)."""
 
-    def __init__(self, handle):
+    def __init__(self, handle: Optional[int]) -> None:
         if not handle:
             raise InvalidArgument("Communicator: no handle")
-        self._h = handle
+        self._h: Optional[int] = handle
         n, r = ctypes.c_int(), ctypes.c_int()
         check(_lib.lib.zpCommCount(handle, ctypes.byref(n)), handle)
         check(_lib.lib.zpCommUserRank(handle, ctypes.byref(r)), handle)
         self._size, self._rank = n.value, r.value
-        self._has_device = None
-        self._a2a = None  # (key, size_t arrays, send extent, recv extent, lists) of the last alltoallv
+        self._has_device: Optional[bool] = None
+        self._a2a: Optional[Tuple[Any, ...]] = None  # (key, size_t arrays, send extent, recv extent, lists) of the last alltoallv
 
     @classmethod
-    def from_unique_id(cls, unique_id, size, rank, timeout=None, routing=None, node_id=None, net_devices=None):
+    def from_unique_id(cls, unique_id: bytes, size: int, rank: int, timeout: Optional[float] = None,
+                       routing: Optional[str] = None, node_id: Optional[int] = None,
+                       net_devices: Optional[str] = None) -> Communicator:
         """zpCommInitRankConfig: collective over size processes that share unique_id
         (bytes from get_unique_id)."""
         uid = bytes(unique_id)
@@ -256,15 +276,15 @@ class Communicator:
 
     # ---- identity and lifetime ----
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._rank
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._size
 
     @property
-    def handle(self):
+    def handle(self) -> Optional[int]:
         """The zpComm_t as an int (for other bindings), or None once destroyed."""
         return self._h
 
@@ -278,7 +298,7 @@ class Communicator:
             raise error_from(r, self._h)
 
     @property
-    def has_device(self):
+    def has_device(self) -> bool:
         """Whether device (CUDA) buffers can be used: a build with CUDA, a GPU
         and ZP_CUDA_DEVICE not none."""
         if self._has_device is None:
@@ -286,28 +306,27 @@ class Communicator:
             self._has_device = _lib.lib.zpCommGetNcclComm(self._handle(), ctypes.byref(nccl)) == 0
         return self._has_device
 
-    def destroy(self):
+    def destroy(self) -> None:
         """zpCommDestroy (local; waits for queued device work)."""
         if self._h:
             h, self._h = self._h, None
             check(_lib.lib.zpCommDestroy(h), None)
 
-    def abort(self):
+    def abort(self) -> None:
         """zpCommAbort: destroys it and tells every peer to fail its pending and
         future calls on this communicator at once."""
         if self._h:
             h, self._h = self._h, None
             check(_lib.lib.zpCommAbort(h), None)
 
-    def __enter__(self):
+    def __enter__(self) -> Communicator:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.destroy()
         else:
             self.abort()
-        return False
 
     def __del__(self):
         try:
@@ -317,10 +336,10 @@ class Communicator:
         except Exception:
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<zeppelin.Communicator rank %d of %d%s>" % (self._rank, self._size, "" if self._h else " destroyed")
 
-    def get_async_error(self):
+    def get_async_error(self) -> Optional[BaseException]:
         """None, or the exception (not raised) of the error that broke the
         communicator: a dead peer, a peer that aborted, failed device work.
         Polling also moves pending work forward."""
@@ -330,7 +349,9 @@ class Communicator:
             return None
         return error_from(e.value, self._h)
 
-    def split(self, color, key=None, timeout=None, routing=None, node_id=None, net_devices=None):
+    def split(self, color: int, key: Optional[int] = None, timeout: Optional[float] = None,
+              routing: Optional[str] = None, node_id: Optional[int] = None,
+              net_devices: Optional[str] = None) -> Optional[Communicator]:
         """zpCommSplit: collective; ranks with the same color >= 0 form a new
         communicator ranked by key (default: this rank). SPLIT_NOCOLOR: take
         part, get None. Settings not given are this communicator's."""
@@ -381,7 +402,7 @@ class Communicator:
         return peer
 
     @_profiled
-    def send(self, tensor, peer, stream=None):
+    def send(self, tensor: Buffer, peer: int, stream: Stream = None) -> None:
         """zpSend of the whole tensor to peer (matched in call order with its recv)."""
         h = self._handle()
         self._peer("send", peer)
@@ -389,7 +410,7 @@ class Communicator:
         self._check(_lib.lib.zpSend(b.ptr, b.numel, b.dtype, peer, h, s))
 
     @_profiled
-    def recv(self, tensor, peer, stream=None):
+    def recv(self, tensor: Buffer, peer: int, stream: Stream = None) -> Buffer:
         """zpRecv into the whole tensor from peer; its size must equal the send's."""
         h = self._handle()
         self._peer("recv", peer)
@@ -418,7 +439,9 @@ class Communicator:
         return vals
 
     @_profiled
-    def alltoallv(self, send, sendcounts, recv, recvcounts, sdispls=None, rdispls=None, stream=None):
+    def alltoallv(self, send: Buffer, sendcounts: Counts, recv: Buffer, recvcounts: Counts,
+                  sdispls: Optional[Counts] = None, rdispls: Optional[Counts] = None,
+                  stream: Stream = None) -> Buffer:
         """zpAlltoallv: sendcounts[p] elements from element sdispls[p] of send go
         to rank p, which receives them at element rdispls[rank] of recv. Counts
         and displacements in elements; displacements default to the blocks back
@@ -458,7 +481,8 @@ class Communicator:
         return recv
 
     @_profiled
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, stream=None):
+    def all_to_all_single(self, output: Buffer, input: Buffer, output_split_sizes: Optional[Counts] = None,
+                          input_split_sizes: Optional[Counts] = None, stream: Stream = None) -> Buffer:
         """torch.distributed.all_to_all_single's semantics on zpAlltoallv: split
         sizes are rows of dimension 0 (None: equal splits); rows go back to
         back in rank order. Returns output."""
@@ -501,7 +525,7 @@ class Communicator:
         return root
 
     @_profiled
-    def all_reduce(self, tensor, op=SUM, out=None, stream=None):
+    def all_reduce(self, tensor: Buffer, op: Op = SUM, out: Optional[Buffer] = None, stream: Stream = None) -> Buffer:
         """zpAllReduce; in place unless out is given. Returns the result."""
         fn, h, op = "all_reduce", self._handle(), _op(op)
         target = tensor if out is None else out
@@ -511,7 +535,7 @@ class Communicator:
         return target
 
     @_profiled
-    def broadcast(self, tensor, root=0, out=None, stream=None):
+    def broadcast(self, tensor: Buffer, root: int = 0, out: Optional[Buffer] = None, stream: Stream = None) -> Buffer:
         """zpBroadcast of root's tensor; in place unless out is given."""
         fn, h = "broadcast", self._handle()
         self._root(fn, root)
@@ -522,7 +546,8 @@ class Communicator:
         return target
 
     @_profiled
-    def reduce(self, tensor, root=0, op=SUM, out=None, stream=None):
+    def reduce(self, tensor: Buffer, root: int = 0, op: Op = SUM, out: Optional[Buffer] = None,
+               stream: Stream = None) -> Buffer:
         """zpReduce to root (in place unless out is given; only root's is written)."""
         fn, h, op = "reduce", self._handle(), _op(op)
         self._root(fn, root)
@@ -533,7 +558,7 @@ class Communicator:
         return target
 
     @_profiled
-    def all_gather(self, tensor, out, stream=None):
+    def all_gather(self, tensor: Buffer, out: Buffer, stream: Stream = None) -> Buffer:
         """zpAllGather: out holds size x tensor's elements, rank r's at r x count."""
         fn, h = "all_gather", self._handle()
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
@@ -542,7 +567,7 @@ class Communicator:
         return out
 
     @_profiled
-    def reduce_scatter(self, tensor, out, op=SUM, stream=None):
+    def reduce_scatter(self, tensor: Buffer, out: Buffer, op: Op = SUM, stream: Stream = None) -> Buffer:
         """zpReduceScatter: tensor holds size x out's elements; out gets the
         reduction of every rank's block number rank."""
         fn, h, op = "reduce_scatter", self._handle(), _op(op)
@@ -552,7 +577,8 @@ class Communicator:
         return out
 
     @_profiled
-    def all_gatherv(self, tensor, out, recvcounts, rdispls=None, stream=None):
+    def all_gatherv(self, tensor: Buffer, out: Buffer, recvcounts: Counts, rdispls: Optional[Counts] = None,
+                    stream: Stream = None) -> Buffer:
         """zpAllGatherv: rank r's tensor (recvcounts[r] elements) lands at
         element rdispls[r] of out (default: blocks back to back); recvcounts
         must be the same on every rank."""
@@ -569,7 +595,8 @@ class Communicator:
         return out
 
     @_profiled
-    def reduce_scatterv(self, tensor, out, recvcounts, op=SUM, stream=None):
+    def reduce_scatterv(self, tensor: Buffer, out: Buffer, recvcounts: Counts, op: Op = SUM,
+                        stream: Stream = None) -> Buffer:
         """zpReduceScatterv: tensor holds sum(recvcounts) elements; out gets
         the recvcounts[rank] of them at this rank's offset, reduced over every
         rank; recvcounts must be the same on every rank."""
@@ -583,6 +610,6 @@ class Communicator:
         return out
 
     @_profiled
-    def barrier(self):
+    def barrier(self) -> None:
         """zpBarrier: returns once every rank has called it (a host barrier)."""
         self._check(_lib.lib.zpBarrier(self._handle(), None))

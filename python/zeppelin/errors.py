@@ -7,6 +7,10 @@ calls C (dtype, device, contiguity, lengths) raise InvalidArgument the same
 way, so one `except zeppelin.InvalidArgument` covers both.
 """
 
+from __future__ import annotations
+
+from typing import Dict, Optional, Type
+
 from . import _interrupt, _lib
 
 SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
@@ -16,9 +20,9 @@ INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS = 4, 5, 6, 7
 class ZeppelinError(Exception):
     """A Zeppelin call failed. .code is the zpResult_t, .message Zeppelin's text."""
 
-    code = None
+    code: Optional[int] = None
 
-    def __init__(self, message, code=None):
+    def __init__(self, message: str, code: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -64,16 +68,16 @@ class InProgress(ZeppelinError):
     code = IN_PROGRESS
 
 
-_BY_CODE = {c.code: c for c in (CudaError, ZpSystemError, InternalError, InvalidArgument, InvalidUsage,
+_BY_CODE: Dict[Optional[int], Type[ZeppelinError]] = {c.code: c for c in (CudaError, ZpSystemError, InternalError, InvalidArgument, InvalidUsage,
                                  RemoteError, InProgress)}
 
 
-def error_class(code):
+def error_class(code: int) -> Type[ZeppelinError]:
     """The exception class of a zpResult_t (ZeppelinError for an unknown one)."""
     return _BY_CODE.get(code, ZeppelinError)
 
 
-def error_from(code, comm_handle=None):
+def error_from(code: int, comm_handle: Optional[int] = None) -> BaseException:
     """The exception for a failed call: its class and Zeppelin's last error text
     (KeyboardInterrupt for a call that Ctrl-C ended)."""
     # The thread's last error is this call's (every failure records it there);
@@ -87,7 +91,7 @@ def error_from(code, comm_handle=None):
     return error_class(code)(text, code)
 
 
-def check(code, comm_handle=None):
+def check(code: int, comm_handle: Optional[int] = None) -> None:
     """Raises the exception of a zpResult_t that is not zpSuccess."""
     if code != SUCCESS:
         raise error_from(code, comm_handle)

@@ -19,9 +19,16 @@ imports and CUDA is available (flash_available()); the package imports and
 tests without it.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
 import torch
 
 from .errors import ZeppelinError
+
+if TYPE_CHECKING:
+    from .plan import AttnBlock
 
 MASK_CAUSAL = 1
 
@@ -30,20 +37,22 @@ class BlockKernel:
     """Base of Python kernels: subclass and define forward and backward on torch
     tensors (see the module's text)."""
 
-    def forward(self, q, k, v, causal, scale):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def backward(self, q, k, v, out, lse, dout, causal, scale):
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 dout: torch.Tensor, causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def block_forward(self, blk):
+    def block_forward(self, blk: AttnBlock) -> None:
         """The driver's forward call on one plan.AttnBlock."""
         out, lse = self.forward(blk.tensor("q"), blk.tensor("k"), blk.tensor("v"), blk.mask == MASK_CAUSAL,
                                 blk.scale)
         blk.tensor("out").copy_(out)
         blk.tensor("lse").copy_(lse)
 
-    def block_backward(self, blk):
+    def block_backward(self, blk: AttnBlock) -> None:
         """The driver's backward call on one plan.AttnBlock: adds this block's gradients."""
         t = blk.tensor
         dq, dk, dv = self.backward(t("q"), t("k"), t("v"), t("out"), t("lse"), t("dout"), blk.mask == MASK_CAUSAL,
@@ -68,7 +77,8 @@ class TorchKernel(BlockKernel):
     """Exact attention of one block in float32 with torch (the driver's buffers are
     float32; inputs of bfloat16 or float64 reach the kernel as float32)."""
 
-    def forward(self, q, k, v, causal, scale):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
         rep = q.shape[1] // k.shape[1]
         s = _scores(q, k, causal, scale)
         lse = torch.logsumexp(s, dim=-1)                              # [H, sq]
@@ -77,7 +87,8 @@ class TorchKernel(BlockKernel):
         out = torch.einsum("hij,jhd->ihd", p, vv)
         return out, lse
 
-    def backward(self, q, k, v, out, lse, dout, causal, scale):
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 dout: torch.Tensor, causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         H, Hk = q.shape[1], k.shape[1]
         rep = H // Hk
         p = torch.exp(_scores(q, k, causal, scale) - lse[..., None])  # the row's probabilities in this block
@@ -95,7 +106,7 @@ class TorchKernel(BlockKernel):
         return dq, dk, dv
 
 
-def flash_available():
+def flash_available() -> bool:
     """True when flash-attention's varlen kernels can run here (flash_attn and a GPU)."""
     try:
         import flash_attn  # noqa: F401
@@ -111,7 +122,7 @@ class FlashKernel(BlockKernel):
 
     Not exercised by the test suite on machines without a GPU and flash_attn."""
 
-    def __init__(self, dtype=torch.bfloat16, device="cuda"):
+    def __init__(self, dtype: torch.dtype = torch.bfloat16, device: Any = "cuda") -> None:
         if not flash_available():
             raise ZeppelinError("FlashKernel: flash_attn does not import or no GPU is present; "
                                 "use kernel='torch'")
@@ -121,7 +132,8 @@ class FlashKernel(BlockKernel):
     def _cu(self, n):
         return torch.tensor([0, n], dtype=torch.int32, device=self.device)
 
-    def forward(self, q, k, v, causal, scale):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
         g = [t.to(self.device, self.dtype) for t in (q, k, v)]
         sq, sk = q.shape[0], k.shape[0]
         out, lse, _ = self.fai.flash_attn_varlen_func(g[0], g[1], g[2], self._cu(sq), self._cu(sk), sq, sk,
@@ -129,7 +141,8 @@ class FlashKernel(BlockKernel):
         # lse is [H, total_q] or, in older releases, [batch, H, max_seqlen]
         return out.float().cpu(), lse.reshape(-1, lse.shape[-1])[:, :sq].float().cpu()
 
-    def backward(self, q, k, v, out, lse, dout, causal, scale):
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 dout: torch.Tensor, causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # The low-level backward, since it takes the row's merged lse (a block's own
         # forward would not); its parameters differ between releases, so by name.
         import inspect
@@ -148,7 +161,7 @@ class FlashKernel(BlockKernel):
         return dq.float().cpu(), dk.float().cpu(), dv.float().cpu()
 
 
-def kernel_of(kernel):
+def kernel_of(kernel: Any) -> Optional[BlockKernel]:
     """A BlockKernel from kernel: "torch", "flash", a BlockKernel, or None for
     "reference" (the C reference kernels, zpAttnRefForward / Backward)."""
     if isinstance(kernel, BlockKernel):

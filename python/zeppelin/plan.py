@@ -1,13 +1,21 @@
 """Batch plans, layouts, remaps, and thin bindings of the Ulysses exchange,
 rings and the ring-attention driver (for autograd functions built on them)."""
 
+from __future__ import annotations
+
 import ctypes
 import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._buffers import FLOAT32, buffer
 from .comm import Communicator
 from .errors import INVALID_USAGE, InvalidArgument, InvalidUsage, check, error_from
+
+# Sequences of ints, or 1-D tensors or arrays of them; buffers and streams
+# as the data calls take them (comm.py).
+Ints = Union[Sequence[int], Any]
+Segment = Tuple[int, int, int]  # (seq, start, count)
 
 ATTENTION, LINEAR = 0, 1  # zpLayoutKind_t
 LOCAL, INTRA_NODE, INTER_NODE = 0, 1, 2  # a sequence's class in a plan
@@ -21,7 +29,7 @@ def _int64s(values, what):
     return vals, (ctypes.c_int64 * max(len(vals), 1))(*vals)
 
 
-def lengths_from_cu_seqlens(cu_seqlens):
+def lengths_from_cu_seqlens(cu_seqlens: Ints) -> List[int]:
     """Sequence lengths from a packed batch's cumulative offsets (flash-attn's,
     Transformer Engine's and Megatron's int32 cu_seqlens: 0, then each
     sequence's end). Empty sequences (padding entries) are refused."""
@@ -69,7 +77,7 @@ def _empty_like(obj, shape):
 class _Owned:
     """A C handle freed by close(), by leaving a with block, or when collected."""
 
-    def close(self):
+    def close(self) -> None:
         raise NotImplementedError
 
     def __enter__(self):
@@ -91,8 +99,8 @@ class Layout(_Owned):
     segments (seq, start, count); a rank's buffer holds its segments' tokens
     back to back, each token as elems_per_token elements."""
 
-    def __init__(self, handle, owner=None):
-        self._h = handle
+    def __init__(self, handle: Optional[int], owner: Optional[BatchPlan] = None) -> None:
+        self._h: Optional[int] = handle
         self._owner = owner  # the plan that owns a plan's layout; None: this object owns it
         n, s, lens = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int64)()
         check(_lib.lib.zpLayoutGetInfo(handle, ctypes.byref(n), ctypes.byref(s), ctypes.byref(lens)))
@@ -109,7 +117,7 @@ class Layout(_Owned):
         self.tokens_per_rank = [sum(c for _, _, c in segs) for segs in self._segs]
 
     @classmethod
-    def from_thd(cls, cu_seqlens, nranks, mode="contiguous"):
+    def from_thd(cls, cu_seqlens: Ints, nranks: int, mode: str = "contiguous") -> Layout:
         """The layout of a THD batch sharded as context-parallel trainers shard
         it: every sequence cut into nranks equal chunks, rank r holding chunk
         r ("contiguous"), or into 2 x nranks chunks, rank r holding chunks r
@@ -121,7 +129,7 @@ class Layout(_Owned):
             raise InvalidArgument("from_thd: nranks must be >= 1 and mode contiguous or zigzag, got %r, %r"
                                   % (nranks, mode))
         parts = n if mode == "contiguous" else 2 * n
-        segments = [[] for _ in range(n)]
+        segments: List[List[Segment]] = [[] for _ in range(n)]
         for seq, L in enumerate(lens):
             if L % parts:
                 raise InvalidArgument("from_thd: sequence %d has %d tokens, not a multiple of %d (%s over %d ranks)"
@@ -132,7 +140,7 @@ class Layout(_Owned):
                 segments[r].extend((seq, k * c, c) for k in chunks)
         return cls.create(lens, segments)
 
-    def local_cu_seqlens(self, rank):
+    def local_cu_seqlens(self, rank: int) -> Tuple[List[int], int]:
         """Rank's buffer as a packed batch of its segments, for its own
         attention kernel: (cu_seqlens, max_seqlen), each segment one sequence."""
         cu = [0]
@@ -141,7 +149,7 @@ class Layout(_Owned):
         return cu, max((c for _, _, c in self._segs[rank]), default=0)
 
     @classmethod
-    def create(cls, lengths, segments):
+    def create(cls, lengths: Ints, segments: Sequence[Sequence[Segment]]) -> Layout:
         """zpLayoutCreate: segments[r] is rank r's list of (seq, start, count);
         every token of every sequence must be on exactly one rank."""
         lens, arr = _int64s(lengths, "lengths")
@@ -156,35 +164,35 @@ class Layout(_Owned):
         return cls(h.value)
 
     @property
-    def handle(self):
+    def handle(self) -> Optional[int]:
         return self._h
 
     @property
-    def total_tokens(self):
+    def total_tokens(self) -> int:
         return self.cu_seqlens[-1]
 
-    def segments(self, rank):
+    def segments(self, rank: int) -> List[Segment]:
         """Rank's segments, in buffer order: a list of (seq, start, count)."""
         return list(self._segs[rank])
 
-    def tokens(self, rank):
+    def tokens(self, rank: int) -> int:
         return self.tokens_per_rank[rank]
 
-    def ranges(self, rank):
+    def ranges(self, rank: int) -> List[Tuple[int, int]]:
         """Rank's tokens as [begin, end) ranges of the packed batch (sequences
         back to back in order, cu_seqlens), in buffer order."""
         return [(self.cu_seqlens[s] + a, self.cu_seqlens[s] + a + c) for s, a, c in self._segs[rank]]
 
-    def index_list(self, rank):
+    def index_list(self, rank: int) -> List[int]:
         """Rank's tokens as indices into the packed batch, in buffer order."""
         return [i for b, e in self.ranges(rank) for i in range(b, e)]
 
-    def indices(self, rank, device=None):
+    def indices(self, rank: int, device: Any = None) -> Any:
         """index_list as a torch int64 tensor (for index_select on a packed batch)."""
         import torch
         return torch.tensor(self.index_list(rank), dtype=torch.int64, device=device)
 
-    def shard(self, packed, rank):
+    def shard(self, packed: Any, rank: int) -> Any:
         """Rank's rows of a packed batch [total_tokens, ...] (torch or NumPy), in buffer order."""
         if _shape(packed) is None or _shape(packed)[0] != self.total_tokens:
             raise InvalidArgument("shard: the packed batch needs %d rows, got shape %s" % (self.total_tokens,
@@ -194,7 +202,7 @@ class Layout(_Owned):
         import numpy
         return packed[numpy.asarray(self.index_list(rank), dtype=numpy.int64)]
 
-    def unshard(self, shards, out=None):
+    def unshard(self, shards: Sequence[Any], out: Any = None) -> Any:
         """The packed batch from every rank's shard (the inverse of shard)."""
         if len(shards) != self.nranks:
             raise InvalidArgument("unshard: %d shards for %d ranks" % (len(shards), self.nranks))
@@ -211,7 +219,7 @@ class Layout(_Owned):
                 at += e - b
         return out
 
-    def close(self):
+    def close(self) -> None:
         if self._h and self._owner is None:
             _lib.lib.zpLayoutDestroy(self._h)
         self._h = None
@@ -226,24 +234,25 @@ class BatchPlan(_Owned):
     """A zpBatchPlan_t: which ranks attend each sequence (its ring), and the
     attention and linear layouts of the batch."""
 
-    def __init__(self, handle):
-        self._h = handle
+    def __init__(self, handle: Optional[int]) -> None:
+        self._h: Optional[int] = handle
         n, s, lens, causal = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int()
         check(_lib.lib.zpPlanGetInfo(handle, ctypes.byref(n), ctypes.byref(s), ctypes.byref(lens),
                                      ctypes.byref(causal)))
         self.nranks, self.causal = n.value, bool(causal.value)
         self.lengths = [lens[i] for i in range(s.value)]
-        self._layouts = {}
-        self.comm = None  # plan_batch's Communicator, if it was given one (the autograd functions' default)
+        self._layouts: Dict[int, Layout] = {}
+        self.comm: Optional[Communicator] = None  # plan_batch's Communicator, if it was given one (the autograd functions' default)
 
     @classmethod
-    def from_rings(cls, lengths, rings, nranks, causal=True, ranks_per_node=0):
+    def from_rings(cls, lengths: Ints, rings: Sequence[Sequence[int]], nranks: int, causal: bool = True,
+                   ranks_per_node: int = 0) -> BatchPlan:
         """zpPlanCreate: sequence s runs on the ranks rings[s] in ring order
         (one rank: local), chunked as the planner does."""
         lens, arr = _int64s(lengths, "lengths")
         if len(rings) != len(lens):
             raise InvalidArgument("from_rings: %d rings for %d sequences" % (len(rings), len(lens)))
-        offs, flat = [0], []
+        offs, flat = [0], []  # type: List[int], List[int]
         for ring in rings:
             flat.extend(int(r) for r in ring)
             offs.append(len(flat))
@@ -254,7 +263,7 @@ class BatchPlan(_Owned):
         return cls(h.value)
 
     @property
-    def handle(self):
+    def handle(self) -> Optional[int]:
         return self._h
 
     def _layout(self, kind):
@@ -265,36 +274,36 @@ class BatchPlan(_Owned):
         return self._layouts[kind]
 
     @property
-    def attention_layout(self):
+    def attention_layout(self) -> Layout:
         return self._layout(ATTENTION)
 
     @property
-    def linear_layout(self):
+    def linear_layout(self) -> Layout:
         """Tokens balanced across ranks (contiguous runs), for the linear layers."""
         return self._layout(LINEAR)
 
-    def sequence(self, seq):
+    def sequence(self, seq: int) -> Tuple[int, List[int]]:
         """(class, ranks) of sequence seq: class LOCAL, INTRA_NODE or INTER_NODE,
         ranks its ring in order."""
         cls, n, ranks = ctypes.c_int(), ctypes.c_int(), ctypes.POINTER(ctypes.c_int)()
         check(_lib.lib.zpPlanSequence(self._h, int(seq), ctypes.byref(cls), ctypes.byref(n), ctypes.byref(ranks)))
         return cls.value, [ranks[i] for i in range(n.value)]
 
-    def ring_order(self):
+    def ring_order(self) -> List[int]:
         """zpPlanRingOrder: the order attention runs in, every sequence id once
         (a ring at the place of the first of its sequences; reversed backward)."""
         seqs, n = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int()
         check(_lib.lib.zpPlanRingOrder(self._h, ctypes.byref(seqs), ctypes.byref(n)))
         return [seqs[i] for i in range(n.value)]
 
-    def set_ring_order(self, seqs):
+    def set_ring_order(self, seqs: Ints) -> None:
         """zpPlanSetRingOrder: run in this order (every sequence id once, the
         same on every rank) from now on; InvalidArgument, the plan unchanged,
         otherwise. Drivers made before keep their order."""
         vals, arr = _int64s(seqs, "set_ring_order: seqs")
         check(_lib.lib.zpPlanSetRingOrder(self._h, len(vals), arr))
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             for lay in self._layouts.values():
                 lay._h = None
@@ -306,9 +315,10 @@ class BatchPlan(_Owned):
                                                                   ", causal" if self.causal else "")
 
 
-def plan_batch(lengths=None, comm_or_nranks=None, causal=True, q_heads=32, kv_heads=8, head_dim=128, elem_bytes=2,
-               nodes=1, nics_per_node=1, nic_gbps=200.0, intra_node_gbps=200.0, tflops=312.0, efficiency=0.5,
-               cu_seqlens=None):
+def plan_batch(lengths: Optional[Ints] = None, comm_or_nranks: Union[Communicator, int, None] = None,
+               causal: bool = True, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128, elem_bytes: int = 2,
+               nodes: int = 1, nics_per_node: int = 1, nic_gbps: float = 200.0, intra_node_gbps: float = 200.0,
+               tflops: float = 312.0, efficiency: float = 0.5, cu_seqlens: Optional[Ints] = None) -> BatchPlan:
     """zpPlanBatch: the hierarchical partition of a batch of sequence lengths
     (or of cu_seqlens=, a packed batch's offsets as flash-attn takes them).
     With a Communicator, for its cluster (nodes, ranks per node, NICs and
@@ -329,6 +339,7 @@ def plan_batch(lengths=None, comm_or_nranks=None, causal=True, q_heads=32, kv_he
                               "plan_batch(cu_seqlens=...)" % lens[:4])
     shape = _lib.AttnShape(int(q_heads), int(kv_heads), int(head_dim), int(elem_bytes), int(bool(causal)))
     h = _lib.Plan()
+    cluster: Any
     if isinstance(comm_or_nranks, Communicator):
         cluster, comm = None, comm_or_nranks._handle()
     else:
@@ -340,7 +351,7 @@ def plan_batch(lengths=None, comm_or_nranks=None, causal=True, q_heads=32, kv_he
         cluster, comm = ctypes.byref(cluster), None
     check(_lib.lib.zpPlanBatch(ctypes.byref(h), len(lens), arr, ctypes.byref(shape), cluster, comm), comm)
     plan = BatchPlan(h.value)
-    if comm is not None:
+    if isinstance(comm_or_nranks, Communicator):
         plan.comm = comm_or_nranks
     return plan
 
@@ -363,14 +374,15 @@ class Remap(_Owned):
     """zpRemapCreate: moves tokens from one layout to another (and back with
     inverse=True) over comm, whose size must equal the layouts' rank count."""
 
-    def __init__(self, from_layout, to_layout, comm):
+    def __init__(self, from_layout: Layout, to_layout: Layout, comm: Communicator) -> None:
         self.source, self.target, self.comm = from_layout, to_layout, comm
         h = _lib.RemapH()
         ch = _comm_handle(comm)
         check(_lib.lib.zpRemapCreate(ctypes.byref(h), from_layout.handle, to_layout.handle, ch), ch)
         self._h = h.value
 
-    def execute(self, inp, out=None, inverse=False, elems_per_token=None, stream=None):
+    def execute(self, inp: Any, out: Any = None, inverse: bool = False, elems_per_token: Optional[int] = None,
+                stream: Any = None) -> Any:
         """zpRemapExecute: inp holds this rank's tokens of the source layout
         (the target's if inverse) as [tokens, ...]; returns out (allocated
         like inp when None) in the other layout. in and out must not overlap."""
@@ -395,14 +407,14 @@ class Remap(_Owned):
 
     __call__ = execute
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib.lib.zpRemapDestroy(self._h)
         self._h = None
 
 
 # ---- Ulysses ----
-def ulysses_heads(rank, size, q_heads, heads):
+def ulysses_heads(rank: int, size: int, q_heads: int, heads: int) -> Tuple[int, int]:
     """[lo, hi) of the heads (of a tensor with `heads` heads) that rank holds
     in the head-parallel layout (as the C library assigns them)."""
     qlo, qhi = rank * q_heads // size, (rank + 1) * q_heads // size
@@ -412,7 +424,8 @@ def ulysses_heads(rank, size, q_heads, heads):
     return qlo // g, (qhi + g - 1) // g
 
 
-def ulysses_alltoall(inp, layout, q_heads, heads, head_dim, direction, comm, out=None, stream=None):
+def ulysses_alltoall(inp: Any, layout: Layout, q_heads: int, heads: int, head_dim: int, direction: int,
+                     comm: Communicator, out: Any = None, stream: Any = None) -> Any:
     """zpUlyssesAlltoall. direction 0: inp [this rank's tokens, heads, head_dim]
     in layout order -> out [all tokens in cu_seqlens order, my heads,
     head_dim]; direction 1 the reverse (heads held by several ranks, GQA,
@@ -447,7 +460,7 @@ class Ring(_Owned):
     previous rank's: start() returns at once, wait() returns its result.
     The buffers are kept alive until wait()."""
 
-    def __init__(self, comm, ranks=None, bidirectional=False):
+    def __init__(self, comm: Communicator, ranks: Optional[Sequence[int]] = None, bidirectional: bool = False) -> None:
         self.comm = comm
         self.ranks = list(range(comm.size)) if ranks is None else [int(x) for x in ranks]
         h = _lib.RingH()
@@ -456,9 +469,9 @@ class Ring(_Owned):
                                     (ctypes.c_int * max(len(self.ranks), 1))(*self.ranks),
                                     int(bool(bidirectional))), ch)
         self._h = h.value
-        self._inflight = None
+        self._inflight: Optional[Tuple[Any, Any]] = None
 
-    def start(self, send, recv, stream=None):
+    def start(self, send: Any, recv: Any, stream: Any = None) -> Any:
         """zpRingExchangeStart of all of send's bytes into all of recv's."""
         fn = "Ring.start"
         if not self._h:
@@ -471,7 +484,7 @@ class Ring(_Owned):
         self._inflight = (sb, rb)
         return recv
 
-    def wait(self):
+    def wait(self) -> None:
         """zpRingExchangeWait: the exchange's result (raises its error)."""
         if self._inflight is None:
             raise InvalidUsage("Ring.wait: no exchange in flight")
@@ -479,12 +492,12 @@ class Ring(_Owned):
         self._inflight = None
         check(r, self.comm.handle)
 
-    def exchange(self, send, recv, stream=None):
+    def exchange(self, send: Any, recv: Any, stream: Any = None) -> Any:
         self.start(send, recv, stream)
         self.wait()
         return recv
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             if self._inflight is not None:
                 _lib.lib.zpRingExchangeWait(self._h)
@@ -502,7 +515,7 @@ class AttnBlock:
     zpAttnBlock_t's sizes, and its buffers as float32 arrays (array(name)) or
     torch tensors (tensor(name)) that alias Zeppelin's memory."""
 
-    def __init__(self, ptr):
+    def __init__(self, ptr: Any) -> None:
         b = ptr.contents
         self._b = b
         self.sq, self.sk = b.sq, b.sk
@@ -522,10 +535,10 @@ class AttnBlock:
             return (self.q_heads, self.sq)
         raise KeyError(name)
 
-    def has(self, name):
+    def has(self, name: str) -> bool:
         return bool(getattr(self._b, name))
 
-    def array(self, name):
+    def array(self, name: str) -> Any:
         import numpy
         shape = self._shape(name)
         p = getattr(self._b, name)
@@ -533,7 +546,7 @@ class AttnBlock:
             raise InvalidArgument("AttnBlock: %s is not set in this call" % name)
         return numpy.ctypeslib.as_array(p, shape=shape)
 
-    def tensor(self, name):
+    def tensor(self, name: str) -> Any:
         import torch
         return torch.from_numpy(self.array(name))
 
@@ -545,8 +558,9 @@ class Attention(_Owned):
     then fail with RemoteError), or None for the C reference kernels. Buffers
     are float32, in the plan's attention layout of this rank."""
 
-    def __init__(self, plan, comm, q_heads, kv_heads, head_dim, scale=0.0, forward=None, backward=None,
-                 kernel_accumulates=False):
+    def __init__(self, plan: BatchPlan, comm: Communicator, q_heads: int, kv_heads: int, head_dim: int,
+                 scale: float = 0.0, forward: Optional[Callable[[AttnBlock], None]] = None,
+                 backward: Optional[Callable[[AttnBlock], None]] = None, kernel_accumulates: bool = False) -> None:
         self.plan, self.comm = plan, comm
         self.q_heads, self.kv_heads, self.head_dim = int(q_heads), int(kv_heads), int(head_dim)
         self._error = None
@@ -600,14 +614,15 @@ class Attention(_Owned):
                 raise exc from err
             raise exc
 
-    def forward(self, q, k, v, out, lse):
+    def forward(self, q: Any, k: Any, v: Any, out: Any, lse: Any) -> Tuple[Any, Any]:
         """zpAttentionForward: fills out [T, q_heads, head_dim] and lse [q_heads, T]."""
         bufs = self._args("Attention.forward", [("q", q, False), ("k", k, False), ("v", v, False),
                                                 ("out", out, True), ("lse", lse, True)])
         self._run(_lib.lib.zpAttentionForward, bufs)
         return out, lse
 
-    def backward(self, q, k, v, out, lse, dout, dq, dk, dv):
+    def backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dq: Any, dk: Any,
+                 dv: Any) -> Tuple[Any, Any, Any]:
         """zpAttentionBackward: fills dq, dk and dv."""
         bufs = self._args("Attention.backward", [("q", q, False), ("k", k, False), ("v", v, False),
                                                  ("out", out, False), ("lse", lse, False), ("dout", dout, False),
@@ -615,7 +630,7 @@ class Attention(_Owned):
         self._run(_lib.lib.zpAttentionBackward, bufs)
         return dq, dk, dv
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib.lib.zpAttentionDestroy(self._h)
         self._h = None
