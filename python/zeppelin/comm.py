@@ -191,7 +191,32 @@ def get_unique_id() -> bytes:
     return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
 
 
-def _secret_from_torchrun_store():
+def _share_through_store(store: Any, key: str, value: Optional[str], seconds: float, what: str) -> str:
+    """A string from the rank that has it (value not None) to every rank,
+    through a torch.distributed store; the first value set stays (a second
+    init, a restarted communicator, gets the first). compare_set with an
+    empty expected value sets only a missing key; with "-" it sets nothing
+    and returns the key's value, or "-" while it is missing. Polled:
+    PyTorch 1.13's blocking get() sometimes never saw the key another client
+    set meanwhile (its timeout, in about 1 run of 3 here)."""
+    import time
+    if value is not None:
+        store.compare_set(key, "", value)
+    deadline = time.monotonic() + seconds
+    while True:
+        got = store.compare_set(key, "-", "-")
+        if got != b"-":
+            return got.decode()
+        if time.monotonic() > deadline:
+            raise RemoteError("%s after %g s (ZP_TIMEOUT)" % (what, seconds))
+        time.sleep(0.01)
+
+
+def _timeout_seconds() -> float:
+    return float(os.environ.get("ZP_TIMEOUT") or 300)  # fractions allowed, as the library reads it
+
+
+def _secret_from_torchrun_store() -> None:
     """Under torchrun, without ZP_SECRET: rank 0 draws a secret and hands it
     out through torchrun's own store (which its workers reach at MASTER_ADDR:
     MASTER_PORT), so that the rendezvous secret is not derived from public
@@ -200,29 +225,13 @@ def _secret_from_torchrun_store():
     if env.get("ZP_SECRET") or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("ZP_UNIQUE_ID"):
         return
     import datetime
-    import time
     import torch.distributed as dist
-    seconds = float(env.get("ZP_TIMEOUT") or 300)  # fractions allowed, as the library reads it
+    seconds = _timeout_seconds()
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=seconds))
-    key = "zeppelin/secret"
-    # Once per job: a second init (a restarted communicator) keeps the first
-    # secret. compare_set with an empty expected value sets only a missing key;
-    # with "-" it sets nothing and returns the key's value, or "-" while it is
-    # missing. Polled: PyTorch 1.13's blocking get() sometimes never saw the
-    # key another client set meanwhile (its timeout, in about 1 run of 3 here).
-    if env.get("RANK") == "0":
-        store.compare_set(key, "", os.urandom(16).hex())
-    deadline = time.monotonic() + seconds
-    while True:
-        value = store.compare_set(key, "-", "-")
-        if value != b"-":
-            break
-        if time.monotonic() > deadline:
-            raise RemoteError("torchrun's store has no rendezvous secret from rank 0 after %g s (ZP_TIMEOUT)"
-                              % seconds)
-        time.sleep(0.01)
-    env["ZP_SECRET"] = value.decode()
+    mine = os.urandom(16).hex() if env.get("RANK") == "0" else None
+    env["ZP_SECRET"] = _share_through_store(store, "zeppelin/secret", mine, seconds,
+                                            "torchrun's store has no rendezvous secret from rank 0")
 
 
 def init(timeout: Optional[float] = None, routing: Optional[str] = None, node_id: Optional[int] = None,

@@ -99,12 +99,13 @@ def test_imports_and_works_without_torch_or_numpy():
 
 def test_the_public_api_has_type_hints():
     """Every public function and method (zeppelin.__all__, the autograd
-    functions, the kernels) annotates each parameter but self and cls, and its
+    functions, the backend, the kernels) annotates each parameter but self and cls, and its
     return: the package ships py.typed, so type checkers take its hints as
     complete. (The python_types test runs mypy over them.)"""
     import enum
     import inspect
     import zeppelin.autograd
+    import zeppelin.distributed
     import zeppelin.kernels
 
     missing = []
@@ -121,6 +122,7 @@ def test_the_public_api_has_type_hints():
 
     public = [(zeppelin, zeppelin.__all__),
               (zeppelin.autograd, ["plan_remap", "remap", "ulysses", "ring_attention"]),
+              (zeppelin.distributed, ["ProcessGroupZeppelin", "communicator"]),
               (zeppelin.kernels, ["BlockKernel", "TorchKernel", "FlashKernel", "flash_available", "kernel_of"])]
     checked = 0
     for mod, names in public:

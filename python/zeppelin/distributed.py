@@ -1,0 +1,185 @@
+"""Zeppelin under torch.distributed: a process-group backend named "zeppelin",
+and Zeppelin communicators over the ranks of an existing process group.
+
+    import torch.distributed as dist
+    import zeppelin.distributed              # registers the "zeppelin" backend
+    dist.init_process_group("zeppelin")      # as for "gloo": torchrun's variables, or init_method=
+    dist.all_reduce(t)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)   # gradients through Zeppelin
+
+    comm = zeppelin.distributed.communicator(group)   # e.g. a gloo or nccl group you have
+
+The backend's process group holds one Communicator (its `.comm`) and maps
+each torch.distributed call onto it: all_reduce, broadcast, reduce,
+all_gather (and all_gather_into_tensor), reduce_scatter (and
+reduce_scatter_tensor), all_to_all_single, all_to_all, barrier, send, recv.
+The calls take what Communicator takes: CPU tensors, and CUDA tensors in a
+build with CUDA (on the current stream). A host call is done when it returns,
+so async_op=True gives a Work that is already complete. ReduceOp SUM,
+PRODUCT, MIN, MAX and AVG map to Zeppelin's; the bitwise ops, PREMUL_SUM,
+gather, scatter and tags other than 0 are refused with a clear error.
+Sends and receives between two ranks match in call order, as in NCCL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, List, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds
+from .comm import get_unique_id
+from .errors import InvalidArgument
+
+BACKEND = "zeppelin"
+
+# (torch 1.13's type stubs lack ReduceOp.AVG, its ProcessGroup constructor
+# and the methods' C++ signatures, which the calls below follow: the
+# "type: ignore"s are for the stubs.)
+_OPS = {dist.ReduceOp.SUM: SUM, dist.ReduceOp.PRODUCT: PROD, dist.ReduceOp.MIN: MIN, dist.ReduceOp.MAX: MAX,
+        dist.ReduceOp.AVG: AVG}  # type: ignore[attr-defined]
+
+
+def _op(op: Any) -> ReduceOp:
+    for theirs, ours in _OPS.items():
+        if op == theirs:
+            return ours
+    raise InvalidArgument("the zeppelin backend reduces with SUM, PRODUCT, MIN, MAX and AVG, not %s" % (op,))
+
+
+def _done(result: Any) -> Any:
+    """The Work of a call that completed before it returned: a C++ Work made
+    from a completed future. (A Python subclass of Work is not enough: a C++
+    caller that outlives its Python object, as DistributedDataParallel's
+    parameter check does, falls back to Work::wait, which waits forever.)"""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
+
+
+class ProcessGroupZeppelin(dist.ProcessGroup):  # type: ignore[misc]
+    """A torch.distributed process group whose calls run on a Communicator."""
+
+    def __init__(self, comm: Communicator) -> None:
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
+        self.comm = comm
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        op = _op(opts.reduceOp) if opts is not None else SUM
+        for t in tensors:
+            self.comm.all_reduce(t, op=op)
+        return _done(tensors)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            self.comm.broadcast(t, root=root)
+        return _done(tensors)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        root, op = (opts.rootRank, _op(opts.reduceOp)) if opts is not None else (0, SUM)
+        for t in tensors:
+            self.comm.reduce(t, root=root, op=op)
+        return _done(tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self.comm.all_gather(input, output)
+        return _done([output])
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],  # type: ignore[override]
+                  opts: Any = None) -> Any:
+        for outs, t in zip(output_tensors, input_tensors):
+            flat = t.new_empty((self.comm.size * t.numel(),))
+            self.comm.all_gather(t, flat)
+            for r, out in enumerate(outs):
+                out.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(out))
+        return _done(output_tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self.comm.reduce_scatter(input, output, op=_op(opts.reduceOp) if opts is not None else SUM)
+        return _done([output])
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],  # type: ignore[override]
+                       opts: Any = None) -> Any:
+        op = _op(opts.reduceOp) if opts is not None else SUM
+        for out, ins in zip(output_tensors, input_tensors):
+            self.comm.reduce_scatter(torch.cat([x.reshape(-1) for x in ins]), out, op=op)
+        return _done(output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                      input_split_sizes: Sequence[int], opts: Any = None) -> Any:
+        # torch passes empty lists for "equal splits".
+        self.comm.all_to_all_single(output, input, list(output_split_sizes) or None, list(input_split_sizes) or None)
+        return _done([output])
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> Any:
+        send = torch.cat([t.reshape(-1) for t in input_tensors])
+        recv = send.new_empty((sum(t.numel() for t in output_tensors),))
+        self.comm.alltoallv(send, [t.numel() for t in input_tensors], recv, [t.numel() for t in output_tensors])
+        at = 0
+        for t in output_tensors:
+            t.copy_(recv[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        return _done(output_tensors)
+
+    def barrier(self, opts: Any = None) -> Any:
+        self.comm.barrier()
+        return _done([])
+
+    def _tag(self, fn: str, tag: int) -> None:
+        if tag:
+            raise InvalidArgument("the zeppelin backend's %s matches messages in call order; tag %d is not supported"
+                                  % (fn, tag))
+
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
+        self._tag("send", tag)
+        for t in tensors:
+            self.comm.send(t, dstRank)
+        return _done(tensors)
+
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
+        self._tag("recv", tag)
+        for t in tensors:
+            self.comm.recv(t, srcRank)
+        return _done(tensors)
+
+    def gather(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgument("the zeppelin backend has no gather: use all_gather")
+
+    def scatter(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgument("the zeppelin backend has no scatter: use broadcast or all_to_all")
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupZeppelin:
+    """torch.distributed's constructor of the backend: rank 0 draws a
+    unique id and hands it out through the process group's store."""
+    seconds = min(timeout.total_seconds(), _timeout_seconds())
+    uid = get_unique_id().hex() if rank == 0 else None
+    shared = _share_through_store(store, "zeppelin/unique_id", uid, seconds,
+                                  "the process group's store has no unique id from rank 0")
+    return ProcessGroupZeppelin(Communicator.from_unique_id(bytes.fromhex(shared), size, rank))
+
+
+def communicator(group: Any = None) -> Communicator:
+    """A Communicator over the ranks of an existing process group (default:
+    the world), ranked as in it: its first rank draws a unique id and
+    broadcasts it over the group. Collective over the group."""
+    g = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(g), dist.get_world_size(g)
+    box = [get_unique_id() if rank == 0 else None]
+    src = dist.get_global_rank(g, 0) if g is not dist.group.WORLD else 0
+    dist.broadcast_object_list(box, src=src, group=g)
+    uid = box[0]
+    if not isinstance(uid, bytes):
+        raise InvalidArgument("communicator: the group's first rank sent %r, not a unique id" % (uid,))
+    return Communicator.from_unique_id(uid, size, rank)
+
+
+dist.Backend.register_backend(BACKEND, _create)
