@@ -30,7 +30,7 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
 // disagrees. me only names this rank in the message.
 zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 
-// The standard collectives (standard.cc): checked against every rank's call
+// The standard collectives (standard*.cc): checked against every rank's call
 // first (zpInvalidUsage on every rank if any differs; arguments are checked
 // by the caller), then rings on host buffers, or (a stream) NCCL's own
 // collective on the StreamTransport.
@@ -39,7 +39,7 @@ zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
 const char* typeName(zpDataType_t t);
 const char* opName(zpRedOp_t op);
 
-// zpCommSplit's collective part, under the parent's lock: every rank's
+// zpCommSplit's collective part (split.cc), under the parent's lock: every rank's
 // (color, key) and the verdict on them (localCheck: this rank's own
 // arguments, its message in lastError()), then the child's transports set up
 // through the parent. *child stays empty for ZP_SPLIT_NOCOLOR.

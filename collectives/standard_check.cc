@@ -1,0 +1,100 @@
+// The header check: every rank's call (which collective, count, datatype,
+// op, root, settings) sent to every other rank and compared, before any data
+// moves; and the names of datatypes and ops for its messages.
+#include <string>
+#include <vector>
+
+#include "collectives/standard_internal.h"
+#include "src/core/log.h"
+
+namespace zp {
+namespace detail {
+
+namespace {
+
+const char* kindName(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce: return "allreduce";
+    case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kReduce: return "reduce";
+    case CollKind::kAllGather: return "allgather";
+    case CollKind::kReduceScatter: return "reducescatter";
+    case CollKind::kBarrier: return "barrier";
+    case CollKind::kAllGatherv: return "allgatherv";
+    case CollKind::kReduceScatterv: return "reducescatterv";
+  }
+  return "collective";
+}
+
+bool reduces(CollKind k) {
+  return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter ||
+         k == CollKind::kReduceScatterv;
+}
+
+std::string describe(const Header& h) {
+  if (h.kind & kSplitHeader) return "zpCommSplit";
+  CollKind k = (CollKind)h.kind;
+  std::string s = kindName(k);
+  if (k == CollKind::kBarrier) return s;
+  s += " of " + std::to_string(h.count) + " " + typeName((zpDataType_t)h.dtype);
+  if (isV(k)) s += " in all, split by recvcounts with hash " + std::to_string(h.countsHash % 100000);
+  if (reduces(k)) s += std::string(" (") + opName((zpRedOp_t)h.op) + ")";
+  if (k == CollKind::kBroadcast || k == CollKind::kReduce) s += " to root " + std::to_string(h.root);
+  return s;
+}
+
+}  // namespace
+
+bool isV(CollKind k) { return k == CollKind::kAllGatherv || k == CollKind::kReduceScatterv; }
+
+uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' bytes
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)counts[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  return h;
+}
+
+zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
+  const int n = c->nranks(), me = c->rank();
+  std::vector<Header> all(n);
+  all[me] = mine;
+  std::vector<Op> ops;
+  ops.reserve(2 * (size_t)(n - 1));
+  for (int i = 1; i < n; i++) {
+    int to = (me + i) % n, from = (me - i + n) % n;
+    ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));
+    ops.push_back(makeOp(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1));
+  }
+  ZP_CHECK(run(c, ops, xferId(seq, 0)));
+  for (int r = 1; r < n; r++)
+    if (!(all[r] == all[0]))
+      return fail(zpInvalidUsage, "rank %d: rank 0 calls %s but rank %d calls %s", me, describe(all[0]).c_str(), r,
+                  describe(all[r]).c_str());
+  for (int r = 1; r < n; r++)
+    if (all[r].settings != all[0].settings)
+      return fail(zpInvalidUsage, "rank %d: ranks 0 and %d choose collective algorithms differently (ZP_COLL_ALGO, "
+                  "ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW must be the same on every rank)",
+                  me, r);
+  return zpSuccess;
+}
+
+}  // namespace detail
+
+const char* opName(zpRedOp_t op) {
+  switch (op) {
+    case zpSum: return "sum";
+    case zpProd: return "prod";
+    case zpMax: return "max";
+    case zpMin: return "min";
+    case zpAvg: return "avg";
+    default: return "?";
+  }
+}
+
+const char* typeName(zpDataType_t t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                "float16", "float32", "float64", "bfloat16"};
+  return (int)t >= 0 && (int)t < 10 ? names[t] : "?";
+}
+
+}  // namespace zp

@@ -1,0 +1,301 @@
+// What the standard collectives' files (standard*.cc, split.cc) share: the
+// relay ids of their messages, the header check's header, the arithmetic's
+// entry points, scratch memory and the step engine (Step, Blocks, Call).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "collectives/collectives.h"
+
+namespace zp {
+namespace detail {
+
+// Transfer ids of the relay for these calls, apart from alltoallv's: bit 61,
+// a step tag from bit 40 (0 the header check, then each algorithm's own,
+// the same on both ends of every message), the sequence.
+constexpr uint64_t kCollectiveXfer = 1ull << 61;
+constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFFF0;
+// The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
+// of them (the step field has 21 bits).
+constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
+// The hierarchical all-gather's and reduce-scatter's rounds: the node's
+// round at kStepHier, the rail ring's messages from kStepHier + 1 on, one
+// lane each, kHierLanes of them (below kStepFixed, where the fixed tags
+// are: reduce's kStepGather follows its reduce-scatter in one call).
+constexpr uint64_t kStepHier = 0x8000, kStepFixed = 0xFFF0, kHierLanes = kStepFixed - kStepHier - 1;
+constexpr size_t kMaxSlices = 256;
+inline uint64_t xferId(uint64_t seq, uint64_t step) {
+  return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1));
+}
+
+// Runs the ops, routing those to other nodes through the relay under id
+// (standard_step.cc).
+zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uint64_t>* lanes = nullptr);
+
+// ---- The header check (standard_check.cc) ----
+// count: the v calls' total of recvcounts (their per-rank counts agree
+// when countsHash does).
+// settings: the ones that choose the algorithm, which must agree too.
+struct Header {
+  uint64_t kind, count, dtype, op, root, countsHash, settings = 0;
+  bool operator==(const Header& o) const {
+    return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root &&
+           countsHash == o.countsHash;
+  }
+};
+
+// all-gatherv, reduce-scatterv.
+bool isV(CollKind k);
+uint64_t hashCounts(const size_t* counts, int n);  // FNV-1a over the counts' bytes
+
+// A header's kind carries this bit for zpCommSplit's own all-gather.
+constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
+
+// zpInvalidUsage on every rank unless every rank's header is mine.
+zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
+
+// SplitMix64's mixer: the settings' hash in the header, the split's secret.
+inline uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// ---- Arithmetic (standard_arith.cc) ----
+// The type the data travels and adds in: float32 for the 16-bit floats.
+inline bool isHalf(zpDataType_t t) { return t == zpFloat16 || t == zpBfloat16; }
+inline zpDataType_t workType(zpDataType_t t) { return isHalf(t) ? zpFloat32 : t; }
+
+// dst = a op b, elems of the work type wt (dst may be a or b).
+void reduceElems(void* dst, const void* a, const void* b, size_t elems, zpDataType_t wt, zpRedOp_t op);
+// out = in[0] op in[1] op ... op in[k-1], in that order for every element,
+// a cache-sized piece at a time (one pass over memory, not k-1). out may be
+// in[0], no other.
+void reduceMany(void* out, const std::vector<const char*>& in, size_t elems, zpDataType_t wt, zpRedOp_t op);
+// The transports' reduce-while-copying: one reducer per (work type, op), at
+// [work type * zpNumOps + op].
+extern const OpReducer kReducers[zpNumTypes * zpNumOps];
+// Work buffers: the data in its work type (float32 for the 16-bit floats).
+void toWork(const void* src, void* dst, size_t elems, zpDataType_t t);
+void fromWork(const void* src, void* dst, size_t elems, zpDataType_t t);
+// zpAvg's division by n, at the end (nothing for the other ops).
+void finishAvg(char* work, size_t elems, zpDataType_t wt, zpRedOp_t op, int n);
+
+// ---- Steps (standard_step.cc) ----
+// Scratch memory of the calling thread (a call runs under its
+// communicator's lock, in one thread), kept between calls so that large
+// collectives do not fault fresh pages in every time.
+// Each use has its own slot, so that no two of one call share memory.
+enum Slot {
+  kScratchPending,  // receives whose transport cannot reduce (Step)
+  kScratchAcc0,     // partial results: ring reduce-scatter, recursive doubling, direct reduce-scatter
+  kScratchAcc1,     // the ring's other partial; the reduce tree's
+  kScratchMine,     // a non-root's block of reduce's reduce-scatter
+  kScratchHalf,     // float16 / bfloat16 in float32
+  kScratchNodeIn,   // the hierarchical reduce-scatter's receives inside the node
+  kScratchNodePart, // and its node's partial sums, the rail ring's input
+  kScratchCount
+};
+char* scratch(Slot slot, size_t bytes);
+
+// One round of a call's messages: its sends and receives run together. tag
+// names the round in the relay's transfer ids, the same at both ends of each
+// message (ranks run different numbers of rounds in the trees).
+class Step {
+ public:
+  Step(Comm* c, uint64_t seq) : c_(c), seq_(seq) {}
+  // From now on peers are indices into members (null: ranks), and tags
+  // start at tagBase (a subgroup's rounds get ids of their own).
+  void within(const std::vector<int>* members, uint64_t tagBase) {
+    members_ = members;
+    tagBase_ = tagBase;
+  }
+  // Ops added from now on are on this lane (their round tag plus lane, in
+  // the relay's ids), until the step runs: ops of one round with the same
+  // peer must be on different lanes.
+  void lane(uint64_t l) { lane_ = l; }
+  void send(int peer, const void* buf, size_t bytes, size_t ts) {
+    ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
+    lanes_.push_back(lane_);
+  }
+  void recv(int peer, void* buf, size_t bytes, size_t ts) {
+    ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
+    lanes_.push_back(lane_);
+  }
+  // Receives bytes of wt and stores dst = a op them: while copying where the
+  // transport can, else into scratch and reduced once the round is done.
+  void recvReduce(int peer, void* dst, const void* a, size_t bytes, zpDataType_t wt, zpRedOp_t op);
+  // A receive that is member `slot` of group g (OpReduceGroup): reduced
+  // with the others by the transport, into the group's out.
+  void recvInGroup(int peer, const OpReduceGroup* g, int slot, size_t ts) {
+    recv(peer, g->out, g->bytes, ts);
+    ops_.back().group = g;
+    ops_.back().groupSlot = slot;
+  }
+  // Whether receives of `bytes` from these peers can form a group: all on
+  // one transport that can reduce them together.
+  bool canGroup(const std::vector<int>& peers, size_t bytes) const;
+  // The ops added so far, for a caller that runs them itself (on one node,
+  // where no op is routed, so none needs a transfer id). Only plain sends
+  // and receives: no lanes, no reduce into scratch.
+  std::vector<Op> take();
+  // Runs the ops added so far as round tag, then the reduces from scratch.
+  zpResult_t run(uint64_t tag);
+
+ private:
+  struct Pending {
+    size_t op, at;  // which op, where in scratch
+    void* dst;
+    const void* a;
+    size_t bytes;
+    zpDataType_t wt;
+    zpRedOp_t redop;
+  };
+  int rankOf(int peer) const { return members_ ? (*members_)[peer] : peer; }
+  Comm* c_;
+  uint64_t seq_;
+  const std::vector<int>* members_ = nullptr;
+  uint64_t tagBase_ = 0;
+  std::vector<Op> ops_;  // detail::run takes their addresses only once they are all here
+  std::vector<uint64_t> lanes_;  // each op's
+  uint64_t lane_ = 0;
+  std::vector<Pending> pending_;
+  size_t pendingBytes_ = 0;
+};
+
+// A buffer cut into n blocks, in elements: block b is [off[b], off[b] + cnt[b]).
+struct Blocks {
+  std::vector<size_t> off, cnt;
+  size_t maxCnt = 0, total = 0;
+  static Blocks even(size_t count, int n) {  // count cut as evenly as can be
+    std::vector<size_t> c(n);
+    for (int i = 0; i < n; i++) c[i] = count * (i + 1) / n - count * i / n;
+    return of(c.data(), nullptr, n);
+  }
+  static Blocks of(const size_t* counts, const size_t* displs, int n) {  // packed without displs
+    Blocks b;
+    for (int i = 0; i < n; i++) {
+      b.off.push_back(displs ? displs[i] : b.total);
+      b.cnt.push_back(counts[i]);
+      b.total += counts[i];
+      b.maxCnt = std::max(b.maxCnt, counts[i]);
+    }
+    return b;
+  }
+};
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// One call on host buffers, with what its algorithms need. Each algorithm
+// uses its own range of round tags (the header check is 0).
+// What all algorithms share is in standard_step.cc (the ring reduce-scatter
+// here, as a template), the algorithms in standard_allreduce.cc,
+// standard_gather_scatter.cc and standard_bcast_reduce.cc.
+struct Call {
+  Comm* c;
+  const CollArgs& a;
+  int n, me;  // the ranks the algorithms run over and my index among them (see within)
+  const zpDataType_t wt;  // the work type
+  const size_t ts, wts;   // the user's and the work type's element sizes
+  Step step;
+  std::deque<OpReduceGroup> groups;  // the call's reduce groups (their ops point at them)
+  Call(Comm* comm, const CollArgs& args, uint64_t seq)
+      : c(comm),
+        a(args),
+        n(comm->nranks()),
+        me(comm->rank()),
+        wt(workType(args.dtype)),
+        ts(zpTypeSize(args.dtype)),
+        wts(zpTypeSize(workType(args.dtype))),
+        step(comm, seq) {}
+
+  // The family of algorithms for this many bytes per rank (the same on
+  // every rank).
+  enum class Family { kLatency, kRing, kDirect };
+  Family family(size_t bytesPerRank) const;
+  bool ring(size_t bytesPerRank) const { return family(bytesPerRank) == Family::kRing; }
+  bool allLocal() const;  // every rank on my node
+
+  // Runs f with the algorithms over some of the ranks (members, in the
+  // order they take): n and me are their count and my index among them.
+  template <class F>
+  zpResult_t within(const std::vector<int>& members, uint64_t tagBase, F f) {
+    const int n0 = n, me0 = me;
+    n = (int)members.size();
+    me = (int)(std::find(members.begin(), members.end(), c->rank()) - members.begin());
+    step.within(&members, tagBase);
+    const zpResult_t r = f();
+    n = n0;
+    me = me0;
+    step.within(nullptr, 0);
+    return r;
+  }
+
+  // My node's ranks, the ranks at my place on every node, every node's
+  // ranks: false unless the nodes are two or more of the same size.
+  bool nodeGroups(std::vector<int>* local, std::vector<int>* rail,
+                  std::vector<std::vector<int>>* grid = nullptr) const;
+  // The same, with two ranks per node or more.
+  bool nodeGrid(std::vector<int>* local, std::vector<int>* rail, std::vector<std::vector<int>>* grid) const;
+
+  // ---- Rings ----
+  // Reduce-scatter round the ring over blocks `b` of the work type: src holds
+  // this rank's contribution to every block. Rank r sends block r+k first
+  // and ends holding block r+k+1 reduced over every rank, at acc(n-2, block);
+  // acc(s, block) is where round s leaves its partial result (it must stay
+  // put until round s+1 has sent it).
+  template <class Acc>
+  zpResult_t ringReduceScatter(const char* src, const Blocks& b, int k, Acc acc) {
+    for (int s = 0; s < n - 1; s++) {
+      ringReduceScatterRound(src, b, k, s, acc);
+      ZP_CHECK(step.run(1 + (uint64_t)s));
+    }
+    return zpSuccess;
+  }
+  // Round s of it, added to the step (not run).
+  template <class Acc>
+  void ringReduceScatterRound(const char* src, const Blocks& b, int k, int s, Acc acc) {
+    const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
+    const char* from = s == 0 ? src + b.off[sb] * wts : acc(s - 1, sb);
+    step.send(mod(me + 1, n), from, b.cnt[sb] * wts, wts);
+    step.recvReduce(mod(me - 1, n), acc(s, rb), src + b.off[rb] * wts, b.cnt[rb] * wts, wt, a.op);
+  }
+
+  // All-gather round the ring in buf over blocks b, and round s of it.
+  zpResult_t ringAllGather(char* buf, size_t es, const Blocks& b, int k, const char* first, int hasAll = -1);
+  void ringAllGatherRound(char* buf, size_t es, const Blocks& b, int k, int s, const char* first, int hasAll = -1);
+
+  // ---- All-reduce (standard_allreduce.cc) ----
+  zpResult_t allReduce(const char* src, char* w, size_t count);
+  zpResult_t allReduceNodes(const char* src, char* w, size_t count, const std::vector<int>& local,
+                            const std::vector<int>& rail);
+  zpResult_t allReduceDirectOverlapped(const char* src, char* w, const Blocks& b);
+
+  // ---- Reduce-scatter(v) and all-gather(v) (standard_gather_scatter.cc) ----
+  zpResult_t reduceScatter(const char* src, char* out, const Blocks& b);
+  zpResult_t reduceScatter(const char* src, char* out, const Blocks& b, Family f);
+  bool reduceScatterDirectRound(const char* src, const Blocks& b, char* in, char* out);
+  void reduceScatterDirectFinish(const char* src, char* out, const Blocks& b, const char* in, bool grouped);
+  zpResult_t allGatherDirect(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1);
+  void allGatherDirectRound(char* buf, size_t es, const Blocks& b, const char* first, int hasAll = -1);
+  zpResult_t reduceScatterNodes(const char* src, char* out, const Blocks& b, const std::vector<int>& local,
+                                const std::vector<int>& rail, const std::vector<std::vector<int>>& grid);
+  zpResult_t allGatherNodes(const char* sendbuff, char* recvbuff, const Blocks& b, const std::vector<int>& local,
+                            const std::vector<int>& rail, const std::vector<std::vector<int>>& grid);
+  template <class Round>
+  zpResult_t railRing(const Blocks& b, size_t es, Round round);
+  static Blocks nodeBlocksOf(const Blocks& b, const std::vector<int>& ranks);
+  zpResult_t allGather(const char* sendbuff, char* recvbuff, const Blocks& b);
+
+  // ---- Broadcast and reduce (standard_bcast_reduce.cc) ----
+  zpResult_t broadcast();
+  zpResult_t reduce(const char* src, char* out, size_t count);
+};
+
+}  // namespace detail
+}  // namespace zp
