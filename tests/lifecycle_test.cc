@@ -249,20 +249,28 @@ size_t heapInUse() {
 // gets an error.
 TEST(Lifecycle, InitDestroyCyclesDoNotGrowTheHeap) {
   const int kWarmCycles = 30, kCycles = 300;
-  // Measured: 0.5-3.5 KB in 300 cycles, 3.3 KB in 1000, 3.8 KB in 3000 (the
+  // Measured: 0.5-3.8 KB in 300 cycles, 3.3 KB in 1000, 3.8 KB in 3000 (the
   // base communicator's queues and malloc's caches settling, not a cost per
-  // cycle); 150 B per cycle would be 45 KB. The bound is 27 B per cycle, under
-  // issue 16's 50.
-  const size_t kMaxGrowthBytes = 8192;
+  // cycle), and once 9.0 KB on rank 0 in 300 under a CI run's load; 150 B per
+  // cycle would be 45 KB. The bound is 40 B per cycle, under issue 16's 50.
+  const size_t kMaxGrowthBytes = 12288;
   auto exits = zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
     zpComm_t base = zptest::initComm(rank, nranks, id);
     zpUniqueId each;
     size_t start = 0;
+    // Rank 0's rendezvous thread of the last init may still be ending (and
+    // holding its buffers) when the loop does: each count is taken once no
+    // thread but this one is left.
+    auto quiet = [&] { return zptest::waitFor([&] { return threads() <= 1; }, 10); };
     for (int c = 0; c < kWarmCycles + kCycles; c++) {
-      if (c == kWarmCycles) start = heapInUse();
+      if (c == kWarmCycles) {
+        EXPECT_TRUE(quiet()) << "rank " << rank << ": " << threads() << " threads";
+        start = heapInUse();
+      }
       ZP_EXPECT_OK(zpCommDestroy(freshComm(base, rank, nranks, &each)));
       if (::testing::Test::HasFailure()) return;
     }
+    EXPECT_TRUE(quiet()) << "rank " << rank << ": " << threads() << " threads";
     size_t end = heapInUse();
     printf("rank %d: heap %+ld bytes over %d cycles\n", rank, (long)(end - start), kCycles);
     EXPECT_LE(end, start + kMaxGrowthBytes) << "rank " << rank << ": the heap grew by " << (long)(end - start)
