@@ -52,9 +52,9 @@ def _op(op: Any) -> ReduceOp:
 
 def _done(result: Any) -> Any:
     """The Work of a call that completed before it returned: a C++ Work made
-    from a completed future. (A Python subclass of Work is not enough: a C++
-    caller that outlives its Python object, as DistributedDataParallel's
-    parameter check does, falls back to Work::wait, which waits forever.)"""
+    from a completed future. (With a Python subclass of Work,
+    DistributedDataParallel's parameter check waited forever in C++,
+    apparently in the base class's wait once the Python half was gone.)"""
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
