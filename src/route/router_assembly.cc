@@ -22,9 +22,12 @@ int pickProxy(const Net& net, int node, int nic, int self, const std::vector<u64
   return best;
 }
 
-// Counts bytes relayed by proxy for self (nothing if it is self) in shmLoad.
-void relay(std::vector<u64>* shmLoad, int proxy, int self, u64 bytes) {
+// The proxy of self's bytes on NIC nic of node (pickProxy), with the bytes
+// it relays for self (none if it is self) counted in shmLoad.
+int relayThrough(const Net& net, int node, int nic, int self, u64 bytes, std::vector<u64>* shmLoad) {
+  const int proxy = pickProxy(net, node, nic, self, *shmLoad);
   if (proxy != self) (*shmLoad)[(size_t)proxy] += bytes;
+  return proxy;
 }
 
 // The one segment of a transfer on its direct path.
@@ -100,10 +103,8 @@ void assembleRailBalanced(const Net& net, const RouteParams& params, const std::
         rc.push_back({tr, 0});
       for (const auto& x : rc) {
         u64 bytes = x.second * C + (x.first == tr ? r.tail : 0);
-        int sp = pickProxy(net, r.a, x.first, r.src, *shmLoad);
-        relay(shmLoad, sp, r.src, bytes);
-        int dp = pickProxy(net, r.b, x.first, r.dst, *shmLoad);
-        relay(shmLoad, dp, r.dst, bytes);
+        int sp = relayThrough(net, r.a, x.first, r.src, bytes, shmLoad);
+        int dp = relayThrough(net, r.b, x.first, r.dst, bytes, shmLoad);
         segs.push_back({x.first, x.first, sp, dp, x.second, x.first == tr});
       }
     }
@@ -141,8 +142,7 @@ void assembleFabricBalanced(const Net& net, const RouteParams& params, const std
       int node = side ? r.b : r.a, self = side ? r.dst : r.src;
       for (const auto& x : c) {
         u64 bytes = x.second * C + (x.first == tn ? r.tail : 0);
-        int px = pickProxy(net, node, x.first, self, *shmLoad);
-        relay(shmLoad, px, self, bytes);
+        int px = relayThrough(net, node, x.first, self, bytes, shmLoad);
         if (x.second) runs[side].push_back({x.first, px, x.second});
         if (x.first == tn) {
           tailNic[side] = tn;
@@ -189,10 +189,8 @@ void assembleUnbalanced(const Net& net, const RouteParams& params, const std::ve
         segs.push_back(directSeg(r));
         plan->transfers[i].direct = true;
       } else {
-        int sp = pickProxy(net, r.a, k, r.src, *shmLoad);
-        relay(shmLoad, sp, r.src, r.bytes);
-        int dp = pickProxy(net, r.b, k, r.dst, *shmLoad);
-        relay(shmLoad, dp, r.dst, r.bytes);
+        int sp = relayThrough(net, r.a, k, r.src, r.bytes, shmLoad);
+        int dp = relayThrough(net, r.b, k, r.dst, r.bytes, shmLoad);
         segs.push_back({k, k, sp, dp, r.nFull, r.tail != 0});
       }
     } else {  // rail mode, full fabric
@@ -205,10 +203,8 @@ void assembleUnbalanced(const Net& net, const RouteParams& params, const std::ve
       if (rk < 0)
         for (int k = 0; rk < 0 && k < net.K[(size_t)r.b]; k++)
           if (net.owned(r.b, k)) rk = k;
-      int sp = pickProxy(net, r.a, sk, r.src, *shmLoad);
-      relay(shmLoad, sp, r.src, r.bytes);
-      int dp = pickProxy(net, r.b, rk, r.dst, *shmLoad);
-      relay(shmLoad, dp, r.dst, r.bytes);
+      int sp = relayThrough(net, r.a, sk, r.src, r.bytes, shmLoad);
+      int dp = relayThrough(net, r.b, rk, r.dst, r.bytes, shmLoad);
       segs.push_back({sk, rk, sp, dp, r.nFull, r.tail != 0});
     }
     addPieces(&plan->transfers[i], segs, C);
