@@ -99,11 +99,6 @@ zpResult_t timedKernel(const zpAttnBlock_t* b, void* user) {
   return zpUnhandledCudaError;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +223,7 @@ int main(int argc, char** argv) {
       if (i >= warm) t.push_back(now() - t0);
     }
     zpRingDestroy(r);
-    return median(t);
+    return zpbench::median(t);
   };
   const size_t kvBytes = (size_t)tokens * tokenBytes;
   const double C = exchangeSeconds(kvBytes), C2 = exchangeSeconds(2 * kvBytes);
@@ -284,7 +279,7 @@ int main(int argc, char** argv) {
       }
     }
     if (rank != 0) continue;
-    const double f = median(tf), b = median(tb);
+    const double f = zpbench::median(tf), b = zpbench::median(tb);
     auto hidden = [&](double pass, double c, double hops) {
       return std::min(1.0, std::max(0.0, 1.0 - (pass - n * T) / (hops * c)));
     };

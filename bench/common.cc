@@ -482,6 +482,12 @@ Buffer::~Buffer() { free(p_); }
 
 // ------------------------------------------------------------ time and table
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 double nowSeconds() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

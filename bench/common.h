@@ -183,6 +183,8 @@ void printRunHeader(const char* prog, const std::string& library, const std::str
 
 // ---- Timing and the result table ----
 double nowSeconds();  // CLOCK_MONOTONIC
+// The median of v (of an even count, the mean of the middle two).
+double median(std::vector<double> v);
 // nicColumn: add "%nic" (percent of a NIC's rate, see nicPercent).
 void printTableHeader(bool nicColumn = false);
 // wrong < 0 prints "N/A" (check disabled); nicPct < 0 prints no NIC column.

@@ -61,8 +61,6 @@ using namespace zp::plan;
   exit(1);
 }
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // The kernel calibrate.py measures (micro_bench BM_AttnRefCausal).
 constexpr int kQHeads = 2, kKvHeads = 1, kHeadDim = 64;
 
@@ -141,24 +139,19 @@ Measured run(zpBatchPlan_t plan, const SleepRate* sleep, int passes, int warm, i
   Measured m;
   for (int i = 0; i < warm + passes; ++i) {
     if (zpBarrier(comm, nullptr) != zpSuccess) die("zpBarrier", comm);
-    const double t0 = now();
+    const double t0 = zpbench::nowSeconds();
     if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
       die("zpAttentionForward", comm);
-    const double fwd = now() - t0;
+    const double fwd = zpbench::nowSeconds() - t0;
     if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
                             dk.data(), dv.data(), nullptr) != zpSuccess)
       die("zpAttentionBackward", comm);
-    double t[2] = {now() - t0, fwd}, slowest[2];
+    double t[2] = {zpbench::nowSeconds() - t0, fwd}, slowest[2];
     if (zpAllReduce(t, slowest, 2, zpFloat64, zpMax, comm, nullptr) != zpSuccess) die("zpAllReduce", comm);
     if (i >= warm) m.seconds.push_back(slowest[0]), m.forward.push_back(slowest[1]);
   }
   zpAttentionDestroy(attn);
   return m;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace
@@ -288,9 +281,10 @@ int main(int argc, char** argv) {
     zpBatchPlan_t api = toApi(r.plan, n, rpn, true, comm);
     const Measured m = run(api, sleeping ? &rate : nullptr, int(passes), int(warm), rank, comm);
     zpPlanDestroy(api);
+    const double measured = zpbench::median(m.seconds);
     if (rank == 0)
-      printf("%-8s %10.3f %10.3f %10.3f %10.3f %10.2f %10.3f\n", r.name, attn, model.parts.idle, median(m.seconds),
-             *std::min_element(m.seconds.begin(), m.seconds.end()), median(m.seconds) / attn, median(m.forward));
+      printf("%-8s %10.3f %10.3f %10.3f %10.3f %10.2f %10.3f\n", r.name, attn, model.parts.idle, measured,
+             *std::min_element(m.seconds.begin(), m.seconds.end()), measured / attn, zpbench::median(m.forward));
   }
   zpCommDestroy(comm);
   return 0;
