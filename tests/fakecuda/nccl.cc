@@ -1091,6 +1091,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     changed().wait(l, [&] { return c->inflight == 0 || c->aborted; });
     bye = !c->byeSent;
     c->byeSent = true;
+    // How deep a program's queue got, to compare with FAKENCCL_QUEUE_DEPTH.
+    if (envInt("FAKENCCL_QUEUE_REPORT", 0))
+      fprintf(stderr, "fakenccl: rank %d: at most %lld operations queued, %llu host blocks on a full queue\n", c->rank,
+              (long long)c->mostPendingOps, (unsigned long long)c->queueBlocks);
   }
   if (bye) sendBye(c);
   teardown(c);
