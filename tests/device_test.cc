@@ -649,6 +649,38 @@ TEST(Device, SplitCommunicatorsCarryDeviceCalls) {
   }));
 }
 
+// Two ranks on one GPU (ZP_CUDA_DEVICE=0): NCCL 2.28 refuses them on every
+// rank ("Duplicate GPU detected") unless each has a host id of its own
+// (NCCL_HOSTID), which lets them share it, as the tests did on one H200.
+TEST(Device, RanksShareOneGpuOnlyWithHostIdsOfTheirOwn) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = zptest::testCaseSeed();
+  for (bool hostIds : {false, true}) {
+    zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv("ZP_CUDA_DEVICE", "0", 1);
+      if (hostIds)
+        setenv("NCCL_HOSTID", ("zptest-shared-gpu-" + std::to_string(rank)).c_str(), 1);
+      else
+        unsetenv("NCCL_HOSTID");
+      CUDA_OK(cudaSetDevice(0));
+      zpConfig_t config = ZP_CONFIG_INITIALIZER;
+      config.checkMode = zpCheckFull;
+      zpComm_t comm = nullptr;
+      const zpResult_t r = zpCommInitRankConfig(&comm, nranks, id, rank, &config);
+      if (!hostIds) {
+        EXPECT_NE(r, zpSuccess) << "rank " << rank << ": two ranks on GPU 0 of one host were accepted";
+        EXPECT_NE(std::string(zpGetLastError(nullptr)).find("Duplicate GPU detected"), std::string::npos)
+            << zpGetLastError(nullptr);
+        if (r == zpSuccess) zpCommDestroy(comm);
+        return;
+      }
+      ZP_ASSERT_OK(r);
+      EXPECT_EQ(deviceAlltoallvError(comm, rank, zptest::randomCounts(2, seed, 5000, 0.1), zpFloat32, seed), "");
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
+}
+
 TEST(Device, NcclCommunicatorIsHandedOut) {
   SKIP_WITHOUT_DEVICE();
   zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {

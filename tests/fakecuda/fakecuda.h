@@ -39,11 +39,18 @@ ncclResult_t fakencclInjectAsyncError(ncclComm_t comm, ncclResult_t error);
  * through proxies. */
 ncclResult_t fakencclPeerBytes(ncclComm_t comm, int peer, unsigned long long* sent);
 
+/* The communicator's bounded work queue (README.md): *blocks, how many times
+ * an enqueue call (ncclSend, ncclRecv, ncclGroupEnd, a collective) blocked
+ * its host thread on a full queue until the device drained some; *most, the
+ * most operations it ever had enqueued and not done. Either may be NULL. */
+ncclResult_t fakencclQueueStats(ncclComm_t comm, unsigned long long* blocks, unsigned long long* most);
+
 /* How many times so far a thread of this process waited in the runtime for
  * device work (cudaStreamSynchronize, cudaEventSynchronize,
  * cudaDeviceSynchronize, and the synchronous cudaMemcpy, cudaMemset and
- * cudaFree, which wait the same way): a call that must only enqueue shows
- * as a change of this count. */
+ * cudaFree, which wait the same way), or in NCCL on a full work queue
+ * (fakencclQueueStats): a call that must only enqueue shows as a change of
+ * this count. */
 unsigned long long fakecudaHostWaits(void);
 
 #ifdef __cplusplus

@@ -258,9 +258,11 @@ bool runRanks(int n, const std::function<int(int, const ncclUniqueId&)>& body) {
   return ok;
 }
 
+// Each rank on a device of its own: NCCL (and the double) refuses two ranks
+// of one communicator on one GPU of one host.
 ncclComm_t initComm(int n, int rank, const ncclUniqueId& id) {
   ncclComm_t c = nullptr;
-  if (ncclCommInitRank(&c, n, id, rank) != ncclSuccess) _exit(90);
+  if (cudaSetDevice(rank % 8) != cudaSuccess || ncclCommInitRank(&c, n, id, rank) != ncclSuccess) _exit(90);
   return c;
 }
 
@@ -365,6 +367,124 @@ TEST(FakeNccl, HostBuffersAreRefused) {
     if (ncclSend(host, 64, ncclUint8, 0, c, nullptr) != ncclInvalidArgument) return 2;
     return ncclCommDestroy(c) == ncclSuccess ? 0 : 3;
   }));
+}
+
+// Ranks on one GPU: NCCL refuses them ("Duplicate GPU detected") on every
+// rank, unless each has a host id of its own (NCCL_HOSTID), which lets ranks
+// share one GPU (as the device tests did on a single H200).
+TEST(FakeNccl, TwoRanksOnOneGpuAreRefusedUnlessTheirHostIdsDiffer) {
+  for (bool hostIds : {false, true}) {
+    EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
+      if (hostIds)
+        setenv("NCCL_HOSTID", ("fakecuda-test-" + std::to_string(rank)).c_str(), 1);
+      else
+        unsetenv("NCCL_HOSTID");
+      if (cudaSetDevice(0) != cudaSuccess) return 2;
+      ncclComm_t c = nullptr;
+      const ncclResult_t r = ncclCommInitRank(&c, 2, id, rank);
+      if (!hostIds) {
+        if (r != ncclInvalidUsage) return 3;
+        return strstr(ncclGetLastError(nullptr), "Duplicate GPU detected") ? 0 : 4;
+      }
+      if (r != ncclSuccess) return 5;
+      // And they work: a grouped exchange on the shared device.
+      cudaStream_t st;
+      cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+      void *sb, *rb;
+      cudaMalloc(&sb, 64);
+      cudaMalloc(&rb, 64);
+      cudaMemset(sb, rank + 1, 64);
+      ncclGroupStart();
+      ncclSend(sb, 64, ncclUint8, 1 - rank, c, st);
+      ncclRecv(rb, 64, ncclUint8, 1 - rank, c, st);
+      if (ncclGroupEnd() != ncclSuccess || cudaStreamSynchronize(st) != cudaSuccess) return 6;
+      char h[64];
+      cudaMemcpy(h, rb, 64, cudaMemcpyDeviceToHost);
+      for (char b : h)
+        if (b != 2 - rank) return 7;
+      return ncclCommDestroy(c) == ncclSuccess ? 0 : 8;
+    })) << (hostIds ? "with distinct NCCL_HOSTIDs" : "without host ids");
+  }
+}
+
+// The bounded work queue: with room for 8 operations, an exchange enqueued
+// group after group behind a stream that sleeps blocks the host (counted as
+// a host wait and by fakencclQueueStats) until the device drains, never
+// holds more than 8, and moves every byte.
+TEST(FakeNccl, AFullWorkQueueBlocksTheHostUntilTheDeviceDrains) {
+  setenv("FAKENCCL_QUEUE_DEPTH", "8", 1);
+  EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = initComm(2, rank, id);
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    const int groups = 20;
+    std::vector<void*> sb(groups), rb(groups);
+    for (int g = 0; g < groups; g++) {
+      cudaMalloc(&sb[g], 16);
+      cudaMalloc(&rb[g], 16);
+      cudaMemset(sb[g], rank * 64 + g, 16);
+    }
+    sleepOnStream(st, 300);
+    const unsigned long long waits = fakecudaHostWaits();
+    const auto start = std::chrono::steady_clock::now();
+    for (int g = 0; g < groups; g++) {
+      ncclGroupStart();
+      ncclSend(sb[g], 16, ncclUint8, 1 - rank, c, st);
+      ncclRecv(rb[g], 16, ncclUint8, 1 - rank, c, st);
+      if (ncclGroupEnd() != ncclSuccess) return 2;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    unsigned long long blocks = 0, most = 0;
+    if (fakencclQueueStats(c, &blocks, &most) != ncclSuccess) return 3;
+    if (blocks == 0 || fakecudaHostWaits() == waits) return 4;  // it blocked, and said so
+    if (most > 8) return 5;
+    if (ms < 200) return 6;  // the host waited for the sleeping stream
+    if (cudaStreamSynchronize(st) != cudaSuccess) return 7;
+    for (int g = 0; g < groups; g++) {
+      char h[16];
+      cudaMemcpy(h, rb[g], 16, cudaMemcpyDeviceToHost);
+      for (char b : h)
+        if (b != (char)((1 - rank) * 64 + g)) return 8;
+    }
+    return ncclCommDestroy(c) == ncclSuccess ? 0 : 9;
+  }));
+  unsetenv("FAKENCCL_QUEUE_DEPTH");
+}
+
+// A host function that holds its stream until the host opens it.
+std::atomic<bool> gHeldStreamOpen{false};
+void holdStream(void*) {
+  while (!gHeldStreamOpen.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// One rank, a queue of 4, FAKENCCL_DEADLOCK_SECONDS 1: the body enqueues
+// behind a stream the host holds, or a receive whose send comes later.
+void queueDeadlockBody(bool holdTheStream) {
+  setenv("FAKENCCL_QUEUE_DEPTH", "4", 1);
+  setenv("FAKENCCL_DEADLOCK_SECONDS", "1", 1);
+  ncclUniqueId id;
+  ncclGetUniqueId(&id);
+  ncclComm_t c = nullptr;
+  if (ncclCommInitRank(&c, 1, id, 0) != ncclSuccess) _exit(2);
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  void* b = nullptr;
+  cudaMalloc(&b, 64);
+  if (holdTheStream) cudaLaunchHostFunc(st, holdStream, nullptr);
+  // A receive from itself whose send is enqueued only after the rest.
+  else ncclRecv(b, 64, ncclUint8, 0, c, st);
+  for (int i = 0; i < 8; i++) ncclAllReduce(b, b, 16, ncclFloat32, ncclSum, c, st);
+  ncclSend(b, 64, ncclUint8, 0, c, st);
+  gHeldStreamOpen = true;  // never reached: the host is blocked above
+  cudaStreamSynchronize(st);
+  _exit(3);
+}
+
+// On a GPU both hang forever: the enqueue spins on a full queue that only
+// this host thread could drain. The double aborts, naming the rule.
+TEST(FakeNcclDeathTest, ABlockOnAFullQueueThatOnlyThisHostCouldDrainAborts) {
+  EXPECT_DEATH(queueDeadlockBody(true), "bounded work queue rule");
+  EXPECT_DEATH(queueDeadlockBody(false), "bounded work queue rule");
 }
 
 }  // namespace

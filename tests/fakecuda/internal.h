@@ -100,4 +100,9 @@ cudaError_t enterRuntime();
 // Environment knobs, read once.
 int envInt(const char* name, int dflt);
 
+// Counts one wait of a host thread for device work (fakecudaHostWaits): the
+// runtime's synchronisations, and NCCL's enqueue calls that block on a full
+// work queue (nccl.cc).
+void countHostWait();
+
 }  // namespace fakecuda

@@ -14,6 +14,14 @@
 // A peer that exits without finalizing its communicator makes the
 // communicator's async error ncclRemoteError within a poll interval; work
 // waiting for it stays blocked (NCCL kernels spin) until ncclCommAbort.
+//
+// Each communicator's queue of work enqueued but not yet done is bounded
+// (FAKENCCL_QUEUE_DEPTH operations), as NCCL's is: an enqueue that would pass
+// the bound blocks the host until the device side drains some (see
+// waitForQueueRoom).
+//
+// Two ranks on the same GPU of the same host are refused at init ("Duplicate
+// GPU detected"), as NCCL refuses them, unless NCCL_HOSTID tells them apart.
 #include <nccl.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -141,8 +149,25 @@ struct ncclComm {
   bool aborted = false, finalizing = false, byeSent = false, stopReceiver = false;
   std::vector<bool> peerBye;
   int inflight = 0;  // stream items with ops of this communicator
+  // The bounded work queue (waitForQueueRoom), under lock(): operations
+  // enqueued on streams and not done yet, the most there ever were, how many
+  // are done so far (progress), how many times a host thread blocked on a
+  // full queue (fakencclQueueBlocks), and how many host threads are blocked
+  // on it now.
+  int64_t pendingOps = 0, mostPendingOps = 0;
+  uint64_t doneOps = 0, queueBlocks = 0;
+  int hostsBlockedOnQueue = 0;
   std::thread init, receiver;
   int wake[2] = {-1, -1};
+
+  void opsEnqueued(int64_t n) {  // lock() held
+    pendingOps += n;
+    mostPendingOps = std::max(mostPendingOps, pendingOps);
+  }
+  void opsDone(int64_t n) {  // lock() held
+    pendingOps -= n;
+    doneOps += (uint64_t)n;
+  }
 
   void setError(ncclResult_t r, const std::string& text) {  // lock() held
     if (error != ncclSuccess) return;
@@ -156,8 +181,36 @@ struct ncclComm {
 
 namespace {
 
+// Which host a rank is on, as NCCL tells (getHostHash, src/misc/utils.cc):
+// NCCL_HOSTID if set, else the host name (per UTS namespace: each node of an
+// emulated cluster has its own) and the boot id.
+uint64_t hostHash() {
+  std::string id;
+  if (const char* env = getenv("NCCL_HOSTID")) {
+    id = env;
+  } else {
+    char name[256] = {0};
+    gethostname(name, sizeof name - 1);
+    id = name;
+    if (FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char boot[64] = {0};
+      if (fscanf(f, "%63s", boot) == 1) id += boot;
+      fclose(f);
+    }
+  }
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : id) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
 // ---- Setting up the mesh: rank j connects to every rank below it ----
-ncclResult_t connectMesh(ncclComm* c) {
+// Each hello carries the rank's host hash and device, answered by the
+// accepting rank's, so that every rank knows every peer's (NCCL gathers its
+// peers' info at init alike). *why says what failed.
+ncclResult_t connectMesh(ncclComm* c, std::string* why) {
+  const uint64_t myHost = hostHash();
+  std::vector<uint64_t> peerHost(c->nranks, myHost);
+  std::vector<int> peerDevice(c->nranks, c->device);
   const int deadlineSec = envInt("FAKENCCL_INIT_SECONDS", 120);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(deadlineSec);
   socklen_t len;
@@ -177,8 +230,16 @@ ncclResult_t connectMesh(ncclComm* c) {
     for (;;) {
       int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (connect(fd, (sockaddr*)&peer, len) == 0) {
-        Msg hello{kHello, (uint32_t)c->rank, 0, 0};
-        writeAll(fd, &hello, sizeof hello);
+        Msg hello{kHello, (uint32_t)c->rank, myHost, (uint64_t)c->device}, reply;
+        if (!writeAll(fd, &hello, sizeof hello) || !readAll(fd, &reply, sizeof reply) || reply.type != kHello ||
+            (int)reply.from != j) {
+          close(fd);
+          close(lfd);
+          *why = "rank " + std::to_string(j) + " did not answer the hello";
+          return ncclSystemError;
+        }
+        peerHost[j] = reply.seq;
+        peerDevice[j] = (int)reply.bytes;
         c->fd[j] = fd;
         break;
       }
@@ -189,6 +250,7 @@ ncclResult_t connectMesh(ncclComm* c) {
       }
       if (std::chrono::steady_clock::now() > deadline) {
         close(lfd);
+        *why = "rank " + std::to_string(j) + " did not come within FAKENCCL_INIT_SECONDS";
         return ncclRemoteError;
       }
       usleep(1000);
@@ -201,6 +263,7 @@ ncclResult_t connectMesh(ncclComm* c) {
       std::lock_guard<std::mutex> l(lock());
       if (c->aborted || std::chrono::steady_clock::now() > deadline) {
         close(lfd);
+        *why = c->aborted ? "aborted during init" : "a peer did not come within FAKENCCL_INIT_SECONDS";
         return ncclRemoteError;
       }
     }
@@ -209,11 +272,26 @@ ncclResult_t connectMesh(ncclComm* c) {
     if (fd < 0 || !readAll(fd, &hello, sizeof hello) || hello.type != kHello || (int)hello.from <= c->rank ||
         (int)hello.from >= c->nranks) {
       close(lfd);
+      *why = "a bad hello";
       return ncclSystemError;
     }
+    Msg reply{kHello, (uint32_t)c->rank, myHost, (uint64_t)c->device};
+    writeAll(fd, &reply, sizeof reply);
+    peerHost[hello.from] = hello.seq;
+    peerDevice[hello.from] = (int)hello.bytes;
     c->fd[hello.from] = fd;
   }
   close(lfd);
+  // NCCL refuses two ranks of one communicator on one GPU of one host
+  // (init.cc: "Duplicate GPU detected"), on every rank, as ncclInvalidUsage.
+  // Ranks that share a GPU must look like different hosts: NCCL_HOSTID.
+  for (int p = 0; p < c->nranks; p++)
+    if (p != c->rank && peerHost[p] == myHost && peerDevice[p] == c->device) {
+      *why = "Duplicate GPU detected: rank " + std::to_string(std::min(p, c->rank)) + " and rank " +
+             std::to_string(std::max(p, c->rank)) + " both on CUDA device " + std::to_string(c->device) +
+             " of the same host (give each rank its own NCCL_HOSTID to let them share it)";
+      return ncclInvalidUsage;
+    }
   return ncclSuccess;
 }
 
@@ -286,6 +364,75 @@ void receive(ncclComm* c) {
   }
 }
 
+// ---- The bounded work queue ----
+// NCCL queues a communicator's work for the device in bounded host-side
+// structures, and an enqueue call that finds them full spins until the GPU
+// has consumed enough:
+// - the work FIFO, NCCL_WORK_FIFO_BYTES (1 MiB by default, src/init.cc):
+//   uploadWork calls waitWorkFifoAvailable, which loops until
+//   `desiredProduced - comm->workFifoConsumed <= comm->workFifoBytes`, and
+//   workFifoConsumed moves only as the kernels read their work (NVIDIA/nccl,
+//   src/enqueue.cc; RCCL added a warning for hosts stuck there, ROCm/rccl#1772);
+// - the proxy's op pool, MAX_OPS_PER_PEER = 2 * MAXCHANNELS * 2 *
+//   NCCL_MAX_DEV_WORK_P2P_PER_BATCH per local rank (src/include/proxy.h);
+// - and below NCCL, CUDA's queue of pending launches per stream, about 1000
+//   (a launch past it waits for the device: NVIDIA developer forums, "CUDA
+//   stream are blocked when launch lots of kernels (>1000)").
+// How many operations fill them depends on sizes, channels and protocols;
+// the double counts operations (each send, receive or collective is one) and
+// takes 1024 per communicator by default, the order of all three.
+// FAKENCCL_QUEUE_DEPTH sets it (0: unbounded). A group larger than the bound
+// is admitted when the queue is empty (NCCL splits it into several kernels).
+// Work enqueued by a graph launch is not bounded (NCCL keeps a graph's work in
+// memory of its own, not in the FIFO).
+int queueDepth() {
+  static const int depth = envInt("FAKENCCL_QUEUE_DEPTH", 1024);
+  return depth;
+}
+
+// Blocks the calling host thread while n more operations would not fit in
+// c's queue, until the device side has done enough (lock() held via l). On a
+// GPU the host spins; it never returns if the work ahead waits for something
+// only this host thread could still provide (a stream it holds, a send it has
+// not enqueued yet): a hang. The double reports that and aborts: when no
+// operation of the communicator completes for FAKENCCL_DEADLOCK_SECONDS
+// while the host is blocked here, or when a send or receive ahead of the
+// block is found deadlocked (runOps). Each block counts as a host wait
+// (fakecudaHostWaits) and in fakencclQueueBlocks.
+ncclResult_t waitForQueueRoom(std::unique_lock<std::mutex>& l, ncclComm* c, int64_t n, const char* call) {
+  const int64_t depth = queueDepth();
+  auto full = [&] { return c->pendingOps > 0 && c->pendingOps + n > depth; };
+  if (depth <= 0 || !full()) return ncclSuccess;
+  c->queueBlocks++;
+  countHostWait();
+  c->hostsBlockedOnQueue++;
+  const int stallSec = envInt("FAKENCCL_DEADLOCK_SECONDS", 10);
+  uint64_t seen = c->doneOps;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(stallSec);
+  while (full() && !c->aborted) {
+    if (c->doneOps != seen) {
+      seen = c->doneOps;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(stallSec);
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      fprintf(stderr,
+              "fakenccl: rank %d: %s blocked the host on a full work queue (%lld operations of the communicator "
+              "enqueued and not done, the bound is %lld: FAKENCCL_QUEUE_DEPTH) and none of them has completed in "
+              "%d s: the work ahead waits on this host (a stream it holds, or a send or receive it has not "
+              "enqueued yet). On a GPU NCCL's enqueue spins here forever (the bounded work queue rule).\n",
+              c->rank, call, (long long)c->pendingOps, (long long)depth, stallSec);
+      abort();
+    }
+    changed().wait_for(l, std::chrono::milliseconds(50));
+  }
+  c->hostsBlockedOnQueue--;
+  // NCCL's wait gives up with ncclInternalError when the communicator is aborted.
+  if (c->aborted) {
+    lastErrorText() = std::string(call) + ": the communicator was aborted while the host waited for room in its queue";
+    return ncclInternalError;
+  }
+  return ncclSuccess;
+}
+
 // ---- Groups ----
 struct PendingOp {
   bool isSend;
@@ -297,6 +444,19 @@ struct PendingOp {
 };
 thread_local int tlsGroupDepth = 0;
 thread_local std::vector<PendingOp> tlsGroup;
+
+// A send or receive of c deadlocked (waited FAKENCCL_DEADLOCK_SECONDS) while
+// a host thread of this process is blocked on c's full queue: aborts, naming
+// the bounded work queue rule. Called with lock() held.
+void queueDeadlock(ncclComm* c, const char* what) {
+  if (c->hostsBlockedOnQueue == 0) return;
+  fprintf(stderr,
+          "fakenccl: rank %d: %s has waited %d s for its peer while this rank's host is blocked on a full work queue "
+          "(%lld operations enqueued and not done; FAKENCCL_QUEUE_DEPTH %d): what would match it can only be enqueued "
+          "after the block, which never ends. On a GPU this hangs (the bounded work queue rule).\n",
+          c->rank, what, envInt("FAKENCCL_DEADLOCK_SECONDS", 10), (long long)c->pendingOps, queueDepth());
+  abort();
+}
 
 // Runs on a stream's thread: the group's ops on that stream.
 cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm, std::vector<RecvOp>& recvs,
@@ -381,6 +541,12 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
     // A send whose receive never comes: with no group around it, both ranks
     // may be sending first. Reported, and the stream moves on (failed).
     if (std::chrono::steady_clock::now() > deadline) {
+      // The host of this process blocked on a full queue behind this op:
+      // whatever would match it can only come after the block, which never
+      // ends (a GPU hangs). Reported by the rule's name, not as a plain
+      // deadlock that the double then lets the stream move past.
+      for (ncclComm* c : sendComm) queueDeadlock(c, "a send");
+      for (ncclComm* c : recvComm) queueDeadlock(c, "a receive");
       for (size_t i = 0; i < sends.size(); i++)
         if (!sends[i].sent && !sends[i].cleared) {
           ncclComm* c = sendComm[i];
@@ -407,7 +573,7 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
   return result;
 }
 
-ncclResult_t launchGroup(std::vector<PendingOp> ops) {
+ncclResult_t launchGroup(std::vector<PendingOp> ops, const char* call) {
   // Every op is checked before any is enqueued.
   for (PendingOp& op : ops) {
     ncclResult_t error;
@@ -418,6 +584,18 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops) {
       text = op.comm->aborted ? "the communicator was aborted" : op.comm->errorText;
     }
     if (error != ncclSuccess) return failWith(error, text);
+  }
+  // Room in each communicator's queue for its ops (not for those a stream
+  // capture records: a graph's work is not queued until it is launched).
+  {
+    std::unique_lock<std::mutex> l(lock());
+    std::map<ncclComm*, int64_t> enqueuing;
+    for (PendingOp& op : ops)
+      if (!op.stream->capture) enqueuing[op.comm]++;
+    for (auto& e : enqueuing) {
+      ncclResult_t r = waitForQueueRoom(l, e.first, e.second, call);
+      if (r != ncclSuccess) return r;
+    }
   }
   // One item per stream, with that stream's ops, in call order. Sequence
   // numbers are taken when the item is made: at once, or, for a stream that
@@ -440,7 +618,9 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops) {
       auto sendComm = std::make_shared<std::vector<ncclComm*>>();
       auto recvComm = std::make_shared<std::vector<ncclComm*>>();
       std::vector<ncclComm*> comms;
+      std::map<ncclComm*, int64_t> opsOf;  // the queue's count, by communicator
       for (const PendingOp& op : mine) {
+        opsOf[op.comm]++;
         if (op.isSend) {
           sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, (const char*)op.buf, op.bytes});
           sendComm->push_back(op.comm);
@@ -451,10 +631,12 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops) {
         if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
       }
       for (ncclComm* c : comms) c->inflight++;
+      for (auto& o : opsOf) o.first->opsEnqueued(o.second);
       return [=] {
         cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
         std::lock_guard<std::mutex> l2(lock());
         for (ncclComm* c : comms) c->inflight--;
+        for (auto& o : opsOf) o.first->opsDone(o.second);
         changed().notify_all();
         return e;
       };
@@ -492,7 +674,7 @@ ncclResult_t p2p(bool isSend, const void* buf, size_t count, ncclDataType_t type
   if (tlsGroupDepth > 0) return ncclSuccess;
   std::vector<PendingOp> ops;
   ops.swap(tlsGroup);
-  return launchGroup(std::move(ops));  // a call outside a group is a group of one
+  return launchGroup(std::move(ops), isSend ? "ncclSend" : "ncclRecv");  // a call outside a group is a group of one
 }
 
 // ---- Collectives: every rank's input to every rank (the double's own
@@ -614,8 +796,14 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
     return failWith(ncclInvalidArgument, "a collective's buffer is not device memory of its size (a host pointer?)");
   auto s = streamOf(stream);
   if (!s) return failWith(ncclInvalidArgument, "invalid stream");
-  std::lock_guard<std::mutex> l(lock());
+  std::unique_lock<std::mutex> l(lock());
   if (comm->aborted || comm->error != ncclSuccess) return comm->aborted ? ncclInvalidUsage : comm->error;
+  if (!s->capture) {
+    static const char* const names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather",
+                                        "ncclReduceScatter"};
+    ncclResult_t r = waitForQueueRoom(l, comm, 1, names[(int)kind]);
+    if (r != ncclSuccess) return r;
+  }
   // Made at once, or at every launch of a graph that captured it (fresh
   // sequence numbers and scratch each time).
   MakeRun make = [=]() -> RunFn {
@@ -637,6 +825,7 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
     auto sendComm = std::make_shared<std::vector<ncclComm*>>(sends->size(), comm);
     auto recvComm = std::make_shared<std::vector<ncclComm*>>(recvs->size(), comm);
     comm->inflight++;
+    comm->opsEnqueued(1);
     return [=] {
       cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
       if (e == cudaSuccess) {
@@ -659,6 +848,7 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
       }
       std::lock_guard<std::mutex> l2(lock());
       comm->inflight--;
+      comm->opsDone(1);
       changed().notify_all();
       return e;
     };
@@ -768,10 +958,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   // Init is done when the mesh is: a failure after that (a peer that died
   // right away) is an asynchronous error of a communicator that exists.
   auto setUp = [c] {
-    ncclResult_t r = connectMesh(c);
+    std::string why;
+    ncclResult_t r = connectMesh(c, &why);
     std::lock_guard<std::mutex> l(lock());
-    if (r != ncclSuccess) {
-      c->setError(r, "fakenccl: could not connect the ranks of the communicator");
+    if (r == ncclInvalidUsage) {
+      c->setError(r, why);  // NCCL's own words
+    } else if (r != ncclSuccess) {
+      c->setError(r, "fakenccl: could not connect the ranks of the communicator (" + why + ")");
     } else if (!c->aborted) {
       c->receiver = std::thread(receive, c);
     }
@@ -841,7 +1034,7 @@ ncclResult_t ncclGroupEnd() {
   if (--tlsGroupDepth > 0) return ncclSuccess;
   std::vector<PendingOp> ops;
   ops.swap(tlsGroup);
-  return launchGroup(std::move(ops));
+  return launchGroup(std::move(ops), "ncclGroupEnd");
 }
 
 ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
@@ -898,6 +1091,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     changed().wait(l, [&] { return c->inflight == 0 || c->aborted; });
     bye = !c->byeSent;
     c->byeSent = true;
+    // How deep a program's queue got, to compare with FAKENCCL_QUEUE_DEPTH.
+    if (envInt("FAKENCCL_QUEUE_REPORT", 0))
+      fprintf(stderr, "fakenccl: rank %d: at most %lld operations queued, %llu host blocks on a full queue\n", c->rank,
+              (long long)c->mostPendingOps, (unsigned long long)c->queueBlocks);
   }
   if (bye) sendBye(c);
   teardown(c);
@@ -936,6 +1133,14 @@ ncclResult_t fakencclPeerBytes(ncclComm_t c, int peer, unsigned long long* sent)
   if (!c || !sent || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
   std::lock_guard<std::mutex> l(lock());
   *sent = c->sentBytes[peer];
+  return ncclSuccess;
+}
+
+ncclResult_t fakencclQueueStats(ncclComm_t c, unsigned long long* blocks, unsigned long long* most) {
+  if (!c) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> l(lock());
+  if (blocks) *blocks = c->queueBlocks;
+  if (most) *most = (unsigned long long)c->mostPendingOps;
   return ncclSuccess;
 }
 

@@ -333,6 +333,8 @@ int envInt(const char* name, int dflt) {
 
 int currentDevice() { return tlsDevice; }
 
+void countHostWait() { gHostWaits++; }
+
 cudaError_t setError(cudaError_t e) {
   if (e != cudaSuccess) tlsError = e;
   return e;
