@@ -21,7 +21,7 @@
 
 namespace zp {
 
-constexpr uint64_t kSegMagic = 0x5a50534547000001ull;
+constexpr uint64_t kSegMagic = 0x5a50534547000002ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -58,21 +58,43 @@ struct SegHeader {
 
 enum MsgType : uint32_t { kPad = 1, kData, kRts, kMeta, kFin, kStatus, kBye, kAbort };
 
+// A record's header; its payload follows at kPayload, so a message of up to
+// 16 bytes is one cache line, the line the receiver polls (as Open MPI's
+// fastboxes): a small message costs the receiver one line from the sender's
+// cache, and nothing else moves between them.
 struct MsgHdr {
+  // The record's position in the ring plus one, stored last (release): the
+  // reader knows a record is complete from it, without reading the ring's
+  // head, a second line. No stale word can match: a record's first line
+  // held either an older record's header, whose stamp is a lap or more
+  // behind, or payload, whose first words the reader zeroes when it frees
+  // a record (ringFree).
+  std::atomic<uint64_t> stamp;
   uint32_t type;
-  uint32_t len;     // payload bytes after the header (pad: bytes to skip, header included)
-  uint64_t seq;     // the op's position among this pair's messages
-  uint64_t total;   // the whole message's bytes
-  uint64_t offset;  // data: where this fragment goes
-  uint64_t addr;    // rts: the sender's buffer
-  int32_t status;   // fin / status: a zpResult_t
-  uint32_t kind;    // OpKind
-  uint64_t collSeq;
-  uint32_t lane;    // fin: the lane of the send it completes
+  uint32_t len;  // payload bytes after the header (pad: bytes to skip, header included)
+  uint64_t seq;  // the op's position among this pair's messages
+  union {
+    uint64_t total;    // data, rts, meta: the whole message's bytes
+    uint64_t collSeq;  // status
+  };
+  union {
+    uint64_t offset;  // data: where this fragment goes
+    uint64_t addr;    // rts: the sender's buffer
+  };
+  union {
+    uint32_t kind;  // data, rts, meta: OpKind
+    uint32_t lane;  // fin: the lane of the send it completes
+  };
+  int32_t status;  // fin / status / bye / abort: a zpResult_t
 };
-static_assert(sizeof(MsgHdr) <= kRecord, "header must fit one record");
+constexpr uint64_t kPayload = sizeof(MsgHdr);
+static_assert(kPayload == 48, "a record's first line holds its header and 16 bytes of payload");
 
 inline uint64_t roundRecord(uint64_t n) { return (n + kRecord - 1) & ~(kRecord - 1); }
+// A record's bytes in the ring, header included.
+inline uint64_t recordBytes(uint64_t payload) { return roundRecord(kPayload + payload); }
+inline char* payloadOf(MsgHdr* h) { return (char*)h + kPayload; }
+inline const char* payloadOf(const MsgHdr* h) { return (const char*)h + kPayload; }
 
 inline size_t segmentBytes(uint32_t nlocal, uint64_t ringBytes) {
   size_t hdr = roundRecord(sizeof(SegHeader));
@@ -96,60 +118,113 @@ inline void locateRings(void* base, uint32_t nlocal, uint64_t ringBytes, int slo
   ctrl->cap = kCtrlRingBytes;
 }
 
+inline MsgHdr* recordAt(const Ring& r, uint64_t pos) { return (MsgHdr*)(r.buf + (pos & (r.cap - 1))); }
+
 // Producer: room for a record of `bytes` (a multiple of kRecord, at most
-// cap/2), contiguous; records never wrap, a pad fills the end instead.
+// cap/2), contiguous; records never wrap, a pad fills the end instead. The
+// reader's tail is read only when the tail last seen leaves too little
+// room: it is the reader's line, and reading it per message would move it.
+// Nothing is visible to the reader until ringPublish, and a claim not
+// published is simply forgotten.
 inline MsgHdr* ringClaim(Ring& r, uint64_t bytes) {
   uint64_t head = r.ctl->head.load(std::memory_order_relaxed);
-  uint64_t tail = r.ctl->tail.load(std::memory_order_acquire);
   uint64_t pos = head & (r.cap - 1);
   uint64_t pad = (r.cap - pos < bytes) ? r.cap - pos : 0;
-  if (pad + bytes > r.cap - (head - tail)) return nullptr;
-  if (pad) {
-    MsgHdr* h = (MsgHdr*)(r.buf + pos);
-    h->type = kPad;
-    h->len = (uint32_t)pad;
-    head += pad;
-    pos = 0;
+  if (pad + bytes > r.cap - (head - r.tailSeen)) {
+    r.tailSeen = r.ctl->tail.load(std::memory_order_acquire);
+    if (pad + bytes > r.cap - (head - r.tailSeen)) return nullptr;
   }
-  r.pendingHead = head + bytes;
-  return (MsgHdr*)(r.buf + pos);
+  r.pendingPad = pad;
+  r.pendingPos = head + pad;
+  return recordAt(r, head + pad);
 }
 
-inline void ringPublish(Ring& r) { r.ctl->head.store(r.pendingHead, std::memory_order_release); }
+// Producer: the claimed record is complete: its pad, if any, then it.
+inline void ringPublish(Ring& r) {
+  const uint64_t at = r.pendingPos;
+  if (r.pendingPad) {
+    MsgHdr* pad = recordAt(r, at - r.pendingPad);
+    pad->type = kPad;
+    pad->len = (uint32_t)r.pendingPad;
+    pad->stamp.store(at - r.pendingPad + 1, std::memory_order_release);
+  }
+  MsgHdr* h = recordAt(r, at);
+  r.ctl->head.store(at + recordBytes(h->len), std::memory_order_relaxed);
+  h->stamp.store(at + 1, std::memory_order_release);
+}
+
+// Producer: claims and publishes a whole record made by makeRecord; false
+// if the ring has no room.
+inline bool ringPush(Ring& r, const std::vector<char>& rec) {
+  MsgHdr* h = ringClaim(r, rec.size());
+  if (!h) return false;
+  memcpy((char*)h + sizeof(h->stamp), rec.data() + sizeof(h->stamp), rec.size() - sizeof(h->stamp));
+  ringPublish(r);
+  return true;
+}
 
 // Claims a record of `bytes` and fills the header fields every op's record has.
 inline MsgHdr* claimOpRecord(Ring& r, uint64_t bytes, uint32_t type, const Op* op) {
   MsgHdr* h = ringClaim(r, bytes);
   if (!h) return nullptr;
-  memset(h, 0, sizeof(MsgHdr));
   h->type = type;
+  h->len = 0;
   h->seq = op->seq;
   h->total = op->bytes;
+  h->offset = 0;
   h->kind = (uint32_t)op->kind;
+  h->status = 0;
   return h;
 }
 
-// Consumer: the next record, or null.
+// Consumer: frees the `bytes` at the tail. The first word of every line
+// after the first is zeroed: a later record may start there, and its stamp
+// must not be matched by stale payload.
+inline void ringFree(Ring& r, uint64_t tail, uint64_t bytes) {
+  for (uint64_t off = kRecord; off < bytes; off += kRecord)
+    recordAt(r, tail + off)->stamp.store(0, std::memory_order_relaxed);
+  r.ctl->tail.store(tail + bytes, std::memory_order_release);
+}
+
+// Consumer: the record at the tail if it is complete (pads skipped), else null.
 inline MsgHdr* ringPeek(Ring& r) {
   for (;;) {
     uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
-    uint64_t head = r.ctl->head.load(std::memory_order_acquire);
-    if (head == tail) return nullptr;
-    MsgHdr* h = (MsgHdr*)(r.buf + (tail & (r.cap - 1)));
+    MsgHdr* h = recordAt(r, tail);
+    if (h->stamp.load(std::memory_order_acquire) != tail + 1) return nullptr;
     if (h->type != kPad) return h;
-    r.ctl->tail.store(tail + h->len, std::memory_order_release);
+    ringFree(r, tail, h->len);  // a pad is published with the record after it, which ringPop frees
   }
 }
 
-// Consumer: frees the record; true if the producer is waiting for room.
+// Consumer: frees the record at the tail; true if the producer is waiting
+// for room (then it must be woken, asleep or not). The fence orders the
+// tail's store before the flag's load, as the producer orders the flag's
+// store before its last look at the tail (progressSend): one of the two
+// sees the other's.
 inline bool ringPop(Ring& r, const MsgHdr* h) {
-  uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
-  r.ctl->tail.store(tail + kRecord + roundRecord(h->len), std::memory_order_release);
-  if (r.ctl->producerWaiting.load(std::memory_order_acquire)) {
+  ringFree(r, r.ctl->tail.load(std::memory_order_relaxed), recordBytes(h->len));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (r.ctl->producerWaiting.load(std::memory_order_relaxed)) {
     r.ctl->producerWaiting.store(0, std::memory_order_relaxed);
     return true;
   }
   return false;
+}
+
+// A record has arrived that the consumer has not looked at yet (read
+// without the consumer's lock: every field read is atomic).
+inline bool ringFresh(const Ring& r) {
+  const uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
+  const uint64_t stamp = recordAt(r, tail)->stamp.load(std::memory_order_acquire);
+  return stamp == tail + 1 && stamp != __atomic_load_n(&r.parked, __ATOMIC_RELAXED);
+}
+
+// The consumer has looked at the record at the tail and leaves it there
+// (nothing asked for it yet): it is no news to a waiter any more.
+inline void ringPark(Ring& r) {
+  const uint64_t tail = r.ctl->tail.load(std::memory_order_relaxed);
+  __atomic_store_n(&r.parked, tail + 1, __ATOMIC_RELAXED);
 }
 
 inline long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
@@ -172,7 +247,7 @@ inline bool processExited(pid_t pid, int pidfd) {
 inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
                              const std::string& text = {}, uint32_t lane = 0) {
   size_t len = std::min<size_t>(text.size(), 512);
-  std::vector<char> rec(kRecord + roundRecord(len), 0);
+  std::vector<char> rec(recordBytes(len), 0);
   MsgHdr* h = (MsgHdr*)rec.data();
   h->type = type;
   h->len = (uint32_t)len;
@@ -180,7 +255,7 @@ inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status,
   h->status = status;
   h->collSeq = collSeq;
   h->lane = lane;
-  memcpy(rec.data() + kRecord, text.data(), len);
+  memcpy(payloadOf(h), text.data(), len);
   return rec;
 }
 

@@ -108,7 +108,7 @@ bool ShmTransport::runGroups() {
     it = groups_.erase(it);
   }
   for (Peer& p : peers_)
-    if (p.dirty) notify(p);
+    if (p.dirty || p.wake) notify(p);
   return did;
 }
 
@@ -163,23 +163,53 @@ void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, con
 }
 
 bool ShmTransport::pushCtrl(Peer& p, std::vector<char> record) {
-  if (p.ctrlBacklog.empty()) {
-    if (MsgHdr* h = ringClaim(p.outCtrl, record.size())) {
-      memcpy(h, record.data(), record.size());
-      ringPublish(p.outCtrl);
-      p.dirty = true;
-      return true;
-    }
+  if (p.ctrlBacklog.empty() && ringPush(p.outCtrl, record)) {
+    p.dirty = true;
+    return true;
   }
   p.ctrlBacklog.push_back(std::move(record));
-  return false;
+  flushCtrl(p);
+  return p.ctrlBacklog.empty();
+}
+
+bool ShmTransport::flushCtrl(Peer& p) {
+  bool did = false, asked = false;
+  while (!p.ctrlBacklog.empty()) {
+    if (!ringPush(p.outCtrl, p.ctrlBacklog.front())) {
+      if (asked) break;
+      // Full: ask the peer to ring when it frees room, then look once more
+      // in case it did so before it could see the flag.
+      p.outCtrl.ctl->producerWaiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // see ringPop
+      asked = true;
+      continue;
+    }
+    p.ctrlBacklog.pop_front();
+    p.dirty = did = true;
+  }
+  return did;
 }
 
 void ShmTransport::notify(Peer& p) {
-  p.dirty = false;
+  const bool force = p.wake;
+  p.dirty = p.wake = false;
+  // The records written are published before `sleeping` is read, and a
+  // sleeper counts itself before it looks at its rings once more (sleep):
+  // either it sees the records or this rank sees it sleeping.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!force && !p.seg->sleeping.load(std::memory_order_relaxed)) return;
   p.seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (p.seg->sleeping.load(std::memory_order_seq_cst))
     futex(&p.seg->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+bool ShmTransport::inboundReady() const {
+  for (const Peer& p : peers_) {
+    if (ringFresh(p.inCtrl)) return true;
+    for (const Lane& l : p.lane)
+      if (ringFresh(l.in)) return true;
+  }
+  return false;
 }
 
 uint32_t ShmTransport::waitToken() const {
@@ -251,7 +281,7 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   const int spinUs = oversubscribed_ && waitsForSingleCopy() && othersRunnable() ? 0 : spinUs_;
   uint64_t spinUntil = nowUs() + spinUs;
   for (int i = 0; spinUs > 0; i++) {
-    if (mine_->doorbell.load(std::memory_order_acquire) != token) return;
+    if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) return;
     if ((i & 15) == 15) {
       if (elsewhere && elsewhere()) return;
       if (nowUs() > spinUntil) break;
@@ -268,6 +298,10 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
 bool ShmTransport::sleep(uint32_t token, int ms) {
   if (!mine_) return true;
   mine_->sleeping.fetch_add(1, std::memory_order_seq_cst);
+  if (inboundReady()) {  // came before the writer could see this rank asleep (notify)
+    mine_->sleeping.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
   timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
   long rc = futex(&mine_->doorbell, FUTEX_WAIT, token, &ts);
   int err = errno;
@@ -338,11 +372,8 @@ void ShmTransport::sendToAll(uint32_t type, zpResult_t code, const std::string& 
   // waiting): the rings stay mapped, so a write to a dead peer's is harmless.
   for (Peer& p : peers_) {
     // Straight into the ring, or not at all: a rank on its way out cannot wait for room.
-    std::vector<char> rec = makeRecord(type, 0, code, 0, why);
-    if (MsgHdr* h = ringClaim(p.outCtrl, rec.size())) {
-      memcpy(h, rec.data(), rec.size());
-      ringPublish(p.outCtrl);
-    }
+    ringPush(p.outCtrl, makeRecord(type, 0, code, 0, why));
+    p.wake = true;
     notify(p);
   }
 }
@@ -366,10 +397,16 @@ bool ShmTransport::progress() {
   // may be a long single-copy read, and peers should not wait for it to learn
   // what this rank offers them.
   for (Peer& p : peers_) {
-    if (p.gone) continue;
+    if (p.gone) {
+      // Nothing from it is read any more: what it still writes is no news.
+      if (ringPeek(p.inCtrl)) ringPark(p.inCtrl);
+      for (Lane& l : p.lane)
+        if (ringPeek(l.in)) ringPark(l.in);
+      continue;
+    }
     did |= drainCtrl(p);
     for (int l = 0; l < kLanes && !p.gone; l++) did |= progressSend(p, l);
-    if (p.dirty) notify(p);
+    if (p.dirty || p.wake) notify(p);
   }
   for (Peer& p : peers_) {
     for (int l = 0; l < kLanes && !p.gone; l++) {
@@ -380,26 +417,17 @@ bool ShmTransport::progress() {
         lane.recvq.clear();
       }
     }
-    if (p.dirty) notify(p);
+    if (p.dirty || p.wake) notify(p);
   }
   if (!groups_.empty()) did |= runGroups();
   return did;
 }
 
 bool ShmTransport::drainCtrl(Peer& p) {
-  bool did = false;
-  while (!p.ctrlBacklog.empty()) {
-    std::vector<char>& rec = p.ctrlBacklog.front();
-    MsgHdr* h = ringClaim(p.outCtrl, rec.size());
-    if (!h) break;
-    memcpy(h, rec.data(), rec.size());
-    ringPublish(p.outCtrl);
-    p.ctrlBacklog.pop_front();
-    p.dirty = did = true;
-  }
+  bool did = flushCtrl(p);
   while (MsgHdr* h = ringPeek(p.inCtrl)) {
     did = true;
-    std::string text(((const char*)h) + kRecord, std::min<uint32_t>(h->len, 512));
+    std::string text(payloadOf(h), std::min<uint32_t>(h->len, 512));
     switch (h->type) {
       case kFin: {
         std::map<uint64_t, Op*>& finWait = p.lane[h->lane < kLanes ? h->lane : 0].finWait;
@@ -437,7 +465,7 @@ bool ShmTransport::drainCtrl(Peer& p) {
       default:
         break;
     }
-    if (ringPop(p.inCtrl, h)) p.dirty = true;
+    if (ringPop(p.inCtrl, h)) p.wake = true;
   }
   return did;
 }
@@ -450,11 +478,14 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       // Fragments of a message whose receive was refused: skip them.
       l.discardLeft -= std::min<uint64_t>(l.discardLeft, h->len);
       if (l.discardLeft == 0) l.discarding = false;
-      if (ringPop(l.in, h)) p.dirty = true;
+      if (ringPop(l.in, h)) p.wake = true;
       did = true;
       continue;
     }
-    if (l.recvq.empty()) break;  // not asked for yet: it waits in the ring
+    if (l.recvq.empty()) {  // not asked for yet: it waits in the ring
+      ringPark(l.in);
+      break;
+    }
     Op* op = l.recvq.front();
     did = true;
     if (h->seq != op->seq || h->kind != (uint32_t)op->kind) {
@@ -467,8 +498,8 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       return true;
     }
     if (h->type == kMeta) {
-      memcpy(op->meta, (const char*)h + kRecord, std::min<uint32_t>(h->len, op->metaBytes));
-      if (ringPop(l.in, h)) p.dirty = true;
+      memcpy(op->meta, payloadOf(h), std::min<uint32_t>(h->len, op->metaBytes));
+      if (ringPop(l.in, h)) p.wake = true;
       continue;
     }
     if (op->progressed == 0 && h->total != op->bytes) {
@@ -485,7 +516,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
           l.discardLeft = left;
         }
       }
-      if (ringPop(l.in, h)) p.dirty = true;
+      if (ringPop(l.in, h)) p.wake = true;
       l.recvq.pop_front();
       op->finish(zpInvalidUsage, why);
       continue;
@@ -493,7 +524,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
     if (h->type == kRts && op->group) {
       // A group's member: read with the others once all can be (runGroups).
       groups_[op->group].in.push_back({p.rank, lane, h->seq, h->addr, op});
-      if (ringPop(l.in, h)) p.dirty = true;
+      if (ringPop(l.in, h)) p.wake = true;
       l.recvq.pop_front();
       continue;
     }
@@ -520,7 +551,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
         done += want;
       }
       uint64_t seq = h->seq;
-      if (ringPop(l.in, h)) p.dirty = true;
+      if (ringPop(l.in, h)) p.wake = true;
       l.recvq.pop_front();
       if (err) {
         std::string why;
@@ -540,12 +571,12 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       return true;
     }
     if (h->len && op->reduce)  // fragments hold whole elements: fragMax_ is a multiple of 64
-      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, (const char*)h + kRecord,
+      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, payloadOf(h),
                      h->len);
     else if (h->len)
-      memcpy((char*)op->buf + h->offset, (const char*)h + kRecord, h->len);  // buf may be NULL when empty
+      memcpy((char*)op->buf + h->offset, payloadOf(h), h->len);  // buf may be NULL when empty
     op->progressed += h->len;
-    if (ringPop(l.in, h)) p.dirty = true;
+    if (ringPop(l.in, h)) p.wake = true;
     if (op->progressed == op->bytes) {
       l.recvq.pop_front();
       op->finish(zpSuccess);
@@ -561,18 +592,18 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
   while (!l.sendq.empty()) {
     Op* op = l.sendq.front();
     if (op->metaBytes) {
-      need = kRecord + roundRecord(op->metaBytes);
+      need = recordBytes(op->metaBytes);
       MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
       if (!h) goto full;
       h->len = op->metaBytes;
-      memcpy((char*)h + kRecord, op->meta, op->metaBytes);
+      memcpy(payloadOf(h), op->meta, op->metaBytes);
       ringPublish(l.out);
       op->metaBytes = 0;  // sent
       p.dirty = did = true;
     }
     bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes;
     if (rendezvous) {
-      need = kRecord;
+      need = recordBytes(0);
       MsgHdr* h = claimOpRecord(l.out, need, kRts, op);
       if (!h) goto full;
       h->addr = (uint64_t)(uintptr_t)op->buf;
@@ -585,12 +616,12 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
     // Fragments through the ring; a zero-byte message is one empty fragment.
     do {
       size_t len = std::min(op->bytes - op->progressed, fragMax_);
-      need = kRecord + roundRecord(len);
+      need = recordBytes(len);
       MsgHdr* h = claimOpRecord(l.out, need, kData, op);
       if (!h) goto full;
       h->len = (uint32_t)len;
       h->offset = op->progressed;
-      if (len) memcpy((char*)h + kRecord, (const char*)op->buf + op->progressed, len);
+      if (len) memcpy(payloadOf(h), (const char*)op->buf + op->progressed, len);
       ringPublish(l.out);
       op->progressed += len;
       p.dirty = did = true;
@@ -602,7 +633,8 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
 full:
   // Ask the receiver to ring when it frees room, then look once more in case
   // it did so before seeing the flag.
-  l.out.ctl->producerWaiting.store(1, std::memory_order_seq_cst);
+  l.out.ctl->producerWaiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // see ringPop
   if (ringClaim(l.out, need)) did = true;
   return did;
 }

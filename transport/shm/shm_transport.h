@@ -17,8 +17,12 @@
 //    sender has offered its buffer, then are read a piece of each at a time
 //    and reduced together.
 //
-// Waiting: a rank sleeps on a futex in its segment ("doorbell") that every
-// writer bumps; so idle ranks use no CPU, even with more ranks than cores.
+// Waiting: a rank polls its rings for new records for a while, then sleeps
+// on a futex in its segment ("doorbell"). A writer bumps the doorbell only
+// when the reader sleeps (or waits for room the writer freed): the bump is a
+// cache line moving between the two, on top of the record's own. So idle
+// ranks use no CPU, even with more ranks than cores, and a polling reader
+// gets a small message as one line.
 #pragma once
 
 #include <sys/types.h>
@@ -43,7 +47,10 @@ struct Ring {
   RingCtl* ctl = nullptr;
   char* buf = nullptr;
   uint64_t cap = 0;
-  uint64_t pendingHead = 0;  // producer: head after the claimed record
+  uint64_t pendingPos = 0;       // producer: where the claimed record starts
+  uint64_t pendingPad = 0;       // producer: the pad before it (bytes)
+  uint64_t tailSeen = 0;         // producer: the consumer's tail when last read
+  uint64_t parked = 0;           // consumer: the stamp of a record left at the tail (atomic access: ringFresh)
 };
 
 // Messages of one class between a pair, in order: lane 0 carries the user's
@@ -94,8 +101,8 @@ class ShmTransport : public Transport {
   // local peers are still alive. While it polls, it also stops as soon as
   // `elsewhere` (news from another transport) holds.
   void wait(uint32_t token, int ms, const std::function<bool()>& elsewhere = {});
-  // Only the sleep, touching nothing but the doorbell (safe without the
-  // communicator's lock); false if the time ran out.
+  // Only the sleep (safe without the communicator's lock): it returns at
+  // once if a record came that nobody has looked at; false if the time ran out.
   bool sleep(uint32_t token, int ms);
   void dropOps(zpResult_t status, const std::string& why) override;
   void abortPeers(zpResult_t code, const std::string& why) override;
@@ -122,7 +129,8 @@ class ShmTransport : public Transport {
     Ring outCtrl;              // in the peer's segment, written by this rank
     Ring inCtrl;               // in this rank's segment, written by the peer
     bool cma = false;          // the peer reads large messages from this rank directly
-    bool dirty = false;        // wrote to the peer since the last doorbell
+    bool dirty = false;        // wrote to the peer since the last notify: ring if it sleeps
+    bool wake = false;         // freed room it waits for: ring in any case
     bool gone = false;
     bool bye = false;  // the peer left: what it sent before is still in the ring
     zpResult_t goneCode = zpSuccess;
@@ -168,6 +176,8 @@ class ShmTransport : public Transport {
   bool progressRecv(Peer& p, int lane);
   bool progressSend(Peer& p, int lane);
   bool pushCtrl(Peer& p, std::vector<char> record);
+  // Writes the control records waiting for room; true if any went.
+  bool flushCtrl(Peer& p);
   // A single-copy read of `bytes` from p failed with errno err: why says so;
   // zpRemoteError (and the communicator broken) if p's process is gone,
   // else zpSystemError.
@@ -176,7 +186,11 @@ class ShmTransport : public Transport {
   void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
   // Fails and forgets every op queued with one peer.
   void failOps(Peer& p, zpResult_t code, const std::string& why);
+  // Rings p's doorbell if it sleeps or waits for room; call after writing.
   void notify(Peer& p);
+  // A record from a peer that this rank has not looked at yet: news for a
+  // waiter. Safe without the communicator's lock.
+  bool inboundReady() const;
 
   TransportContext ctx_;
   std::string name_;
