@@ -242,6 +242,33 @@ TEST(InitErrors, BadEnvironmentIsInvalidArgument) {
 // would wait for a reader, and init used to hang there for good. It is
 // refused with a warning, and the log goes to stderr. (A fresh process:
 // the log reads its settings once per process.)
+// A build without UCX (ZP_WITH_UCX=OFF, or AUTO without UCX) serves one
+// node only: ranks that say they are on two nodes (zpConfig_t.nodeId) must
+// each fail at init, in time, saying that the build has no UCX, not crash
+// or hang. A build with UCX connects them instead (the multinode tests).
+TEST(InitErrors, CommunicatorAcrossNodesWithoutUcxSaysSo) {
+#if ZP_WITH_UCX
+  GTEST_SKIP() << "this build has UCX (ZP_WITH_UCX=ON or AUTO with UCX found)";
+#else
+  zptest::RunOptions opts;
+  opts.timeoutSec = 30;  // a rank still waiting then is hanging
+  auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    const std::string node = rank == 0 ? "node-a" : "node-b";
+    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+    cfg.nodeId = node.c_str();
+    zpComm_t comm = nullptr;
+    zpResult_t r = zpCommInitRankConfig(&comm, n, id, rank, &cfg);
+    const std::string msg = zpGetLastError(nullptr);
+    EXPECT_EQ(r, zpInvalidUsage) << "rank " << rank << ": " << msg;
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_TRUE(contains(msg, "spans 2 nodes") && contains(msg, "this build of Zeppelin has no UCX") &&
+                contains(msg, "-DZP_WITH_UCX=ON"))
+        << "rank " << rank << ": " << msg;
+  }, opts);
+  zptest::expectAllOk(exits);
+#endif
+}
+
 TEST(InitErrors, DebugFileThatIsAFifoIsRefused) {
   zptest::TempDir dir("zp_fifo");
   const std::string fifo = dir.path() + "/log";

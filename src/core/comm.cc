@@ -201,7 +201,16 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   std::string address, nic;
   int32_t rail = 0;
   double rate = 0;
-  zpResult_t res = remote ? chooseNic(&nic, &rail, &rate) : zpSuccess;
+  // A build without UCX reaches no other node: say so before looking for
+  // NICs, whose errors would hide the cause. Every rank of such a
+  // communicator spans nodes, so every rank fails here with this message.
+  std::string noNet;
+  zpResult_t res = zpSuccess;
+  if (remote && !UcxTransport::available(&noNet))
+    res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
+               "but %s", rank_, nnodes_, noNet.c_str());
+  else if (remote)
+    res = chooseNic(&nic, &rail, &rate);
   nicName_ = nic;
   // This rank's shared-memory segment is made before the round below: a
   // rank that cannot have one (no room in /dev/shm) tells every rank there,

@@ -231,6 +231,8 @@ UcxTransport::~UcxTransport() {
 
 long UcxTransport::liveRequests() { return gLiveRequests.load(); }
 
+bool UcxTransport::available(std::string*) { return true; }
+
 std::string UcxTransport::describe(int) const {
   return "UCX" + (device_.empty() ? std::string() : " (NIC " + device_ + ")");
 }

@@ -10,9 +10,22 @@
 // Each rank's context is bound to its NIC (ZP_NET_DEVICES, or
 // ZP_SOCKET_IFNAME): UCX 1.13 can hang setting up connections when a context
 // sees several NICs. Waiting sleeps on the worker's event fd.
+//
+// A build without UCX (ZP_WITH_UCX=0: configured with -DZP_WITH_UCX=OFF, or
+// AUTO without UCX) compiles ucx_none.cc instead of ucx_transport.cc: the
+// class keeps its interface, so the code that holds one compiles unchanged,
+// but available() says why there is none and create() fails, so a
+// communicator that spans nodes fails at init (Comm::initTransports).
 #pragma once
 
+// Every file that includes this header must see the same class: CMake
+// defines ZP_WITH_UCX (0 or 1) for the library and for what links it.
+#ifndef ZP_WITH_UCX
+#error "ZP_WITH_UCX is not defined: it is set by CMakeLists.txt (0 or 1) for every target that includes this header"
+#endif
+#if ZP_WITH_UCX
 #include <ucp/api/ucp.h>
+#endif
 
 #include <map>
 #include <memory>
@@ -26,6 +39,8 @@ namespace zp {
 
 class UcxTransport : public Transport {
  public:
+  // Whether this build has UCX; if not, *why says so and what to do.
+  static bool available(std::string* why);
   // Creates the context and worker; *address is what peers need to connect.
   // nic: the one network device this rank uses (empty: UCX picks).
   // eagerUpTo: messages up to this size go eagerly, never by rendezvous (the
@@ -68,6 +83,7 @@ class UcxTransport : public Transport {
   static long liveRequests();
 
  private:
+#if ZP_WITH_UCX
   struct Peer {
     ucp_ep_h ep = nullptr;
     // Control messages (statuses, the relay's acknowledgements) on an
@@ -122,6 +138,9 @@ class UcxTransport : public Transport {
   std::vector<char> ctrlBuf_;
   std::vector<std::pair<int, std::string>> epErrors_;  // reported inside ucp_worker_progress
   std::vector<std::unique_ptr<EpArg>> epArgs_;
+#else
+  UcxTransport() = default;  // never made: create() fails in a build without UCX
+#endif
 };
 
 }  // namespace zp
