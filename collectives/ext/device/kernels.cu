@@ -95,7 +95,9 @@ struct RefLaunch {
 template <class... Fs>
 struct KernelList {
   template <class F>
-  static constexpr bool has = (std::is_same<F, Fs>::value || ...);
+  static constexpr bool has() {
+    return (std::is_same<F, Fs>::value || ...);
+  }
 };
 using Kernels =
     KernelList<AddStrided<float>, AddStrided<double>, FillF32, Convert<float, Bf16>, Convert<Bf16, float>,
@@ -124,7 +126,7 @@ const void* kernelOf() {
 
 template <class F>
 cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
-  static_assert(Kernels::has<F>, "a kernel missing from Kernels would not be loaded by loadKernels");
+  static_assert(Kernels::has<F>(), "a kernel missing from Kernels would not be loaded by loadKernels");
   if (n == 0) return cudaSuccess;
   const HostLaunch<F> launch{f, n};
   return fakecudaLaunch(stream, &forEachOnHost<F>, &launch, sizeof launch);
@@ -141,7 +143,7 @@ const void* kernelOf() {
 
 template <class F>
 cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
-  static_assert(Kernels::has<F>, "a kernel missing from Kernels would not be loaded by loadKernels");
+  static_assert(Kernels::has<F>(), "a kernel missing from Kernels would not be loaded by loadKernels");
   if (n == 0) return cudaSuccess;
   const unsigned threads = 256;
   const size_t blocks = (n + threads - 1) / threads;
