@@ -596,6 +596,16 @@ zpResult_t zpSetLastError(zpComm_t comm, zpResult_t code, const char* format, ..
 zpResult_t zpLayoutGetInfo(zpLayout_t layout, int* nranks, int* nseqs, const int64_t** seqLens);
 /* The same of a plan, and whether its sequences are causal. */
 zpResult_t zpPlanGetInfo(zpBatchPlan_t plan, int* nranks, int* nseqs, const int64_t** seqLens, int* causal);
+/* Has hook(device) called in this process once per CUDA device, with that
+ * device current: where the first communicator with a device data plane on
+ * it is created (before the create returns), or at once, from this call,
+ * for a device that has had one already. For a layer's own CUDA kernels,
+ * to load them there: CUDA loads a kernel lazily at its first launch, which
+ * may synchronise the whole device and so wait for a stream the caller
+ * holds (docs/device.md). A hook must not call zpAddDeviceInitHook.
+ * zpInvalidArgument for NULL. */
+typedef void (*zpDeviceInitHook_t)(int device);
+zpResult_t zpAddDeviceInitHook(zpDeviceInitHook_t hook);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -312,9 +312,11 @@ inline std::string deviceAttentionPassError(zpComm_t comm, int rank, zpBatchPlan
   const cudaError_t synced = cudaStreamSynchronize(stream);
   if (err.empty() && checkRun && !(*runErr = checkRun(attn)).empty()) *runErr = where + *runErr;
   zpAttentionDestroy(attn);
+  // First: the failure a GPU shows too (the double's count of host waits
+  // then has changed as well).
+  if (gate.timedOut) return where + "a call waited for the held stream" + (err.empty() ? "" : "; " + err);
   if (!err.empty()) return err;
   if (synced != cudaSuccess) return where + "cudaStreamSynchronize: " + cudaGetErrorString(synced);
-  if (gate.timedOut) return where + "a call waited for the held stream";
   if (spy.calls == 0 || spy.wrongStream || spy.hostBuffers || spy.wrongType)
     return where + "of " + std::to_string(spy.calls) + " kernel calls, " + std::to_string(spy.wrongStream) +
            " on another stream, " + std::to_string(spy.hostBuffers) + " buffers not on the device, " +

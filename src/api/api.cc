@@ -27,6 +27,7 @@
 #include "src/core/log.h"
 #include "src/core/socket.h"
 #include "src/route/relay.h"
+#include "transport/nccl/nccl_transport.h"
 
 namespace {
 
@@ -154,6 +155,14 @@ const char* zpGetErrorString(zpResult_t r) {
     case zpInProgress: return "operation in progress";
     default: return "unknown result code";
   }
+}
+
+// Called from static initializers (the extension layer's kernels): touches
+// none of this file's globals.
+zpResult_t zpAddDeviceInitHook(zpDeviceInitHook_t hook) try {
+  return zp::addDeviceInitHook(hook);
+} catch (...) {
+  return zp::failFromException("zpAddDeviceInitHook");
 }
 
 zpResult_t zpSetLastError(zpComm_t comm, zpResult_t code, const char* format, ...) {

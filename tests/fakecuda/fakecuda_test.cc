@@ -207,6 +207,107 @@ TEST(FakeCuda, KernelsSeeDeviceMemoryThroughTheAlias) {
   });
 }
 
+// Lazy loading (runtime.cc): the first use of a kernel on a device loads it,
+// a context synchronization that waits for every stream of the device and
+// counts as a host wait; cudaFuncGetAttributes loads it without launching;
+// CUDA_MODULE_LOADING=EAGER loads everything up front.
+void countUp(void* p) {
+  int* x = (int*)fakecudaAlias(*(int**)p, sizeof(int));
+  ++*x;
+}
+void countUpToo(void* p) { countUp(p); }
+
+// Launches fn on s while another stream of the device sleeps for 300 ms:
+// how many host waits the launch counted and how long it took.
+std::pair<unsigned long long, double> launchBesideABusyStream(void (*fn)(void*), int** counter) {
+  cudaStream_t s, busy;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking);
+  sleepOnStream(busy, 300);
+  const unsigned long long waits = fakecudaHostWaits();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(fakecudaLaunch(s, fn, counter, sizeof *counter), cudaSuccess);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const unsigned long long counted = fakecudaHostWaits() - waits;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(busy);
+  return {counted, ms};
+}
+
+TEST(FakeCuda, AKernelsFirstLaunchWaitsForEveryStreamOfTheDevice) {
+  inChild([&] {
+    int* counter;
+    CUDA_OK(cudaMalloc((void**)&counter, sizeof(int)));
+    CUDA_OK(cudaMemset(counter, 0, sizeof(int)));
+    auto first = launchBesideABusyStream(countUp, &counter);
+    EXPECT_EQ(first.first, 1u);
+    EXPECT_GE(first.second, 250) << "the first launch did not wait for the other stream";
+    auto again = launchBesideABusyStream(countUp, &counter);
+    EXPECT_EQ(again.first, 0u);
+    EXPECT_LT(again.second, 250);
+    // Loaded without a launch: its first launch needs nothing.
+    cudaFuncAttributes attr;
+    CUDA_OK(cudaFuncGetAttributes(&attr, (const void*)countUpToo));
+    auto preloaded = launchBesideABusyStream(countUpToo, &counter);
+    EXPECT_EQ(preloaded.first, 0u);
+    EXPECT_LT(preloaded.second, 250);
+    // Loaded on one device is not loaded on another.
+    CUDA_OK(cudaSetDevice(1));
+    int* counter1;
+    CUDA_OK(cudaMalloc((void**)&counter1, sizeof(int)));
+    CUDA_OK(cudaMemset(counter1, 0, sizeof(int)));
+    EXPECT_EQ(launchBesideABusyStream(countUp, &counter1).first, 1u);
+    int got = 0;
+    CUDA_OK(cudaMemcpy(&got, counter1, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, 1);
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaMemcpy(&got, counter, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, 3);
+  });
+  inChild([&] {
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    int* counter;
+    CUDA_OK(cudaMalloc((void**)&counter, sizeof(int)));
+    auto eager = launchBesideABusyStream(countUp, &counter);
+    EXPECT_EQ(eager.first, 0u);
+    EXPECT_LT(eager.second, 250);
+  });
+}
+
+// A first launch behind a stream this host holds waits for the host: on a GPU
+// it never returns; here the hold gives up after 3 s, and the launch returns
+// only then.
+TEST(FakeCuda, AKernelsFirstLaunchBehindAHeldStreamWaitsForTheHost) {
+  inChild([&] {
+    struct Gate {
+      std::atomic<bool> open{false}, timedOut{false};
+    } gate;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaLaunchHostFunc(
+        s,
+        [](void* p) {
+          Gate* g = (Gate*)p;
+          const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+          while (!g->open.load())
+            if (std::chrono::steady_clock::now() > end) {
+              g->timedOut = true;
+              return;
+            }
+        },
+        &gate));
+    int* counter;
+    CUDA_OK(cudaMalloc((void**)&counter, sizeof(int)));
+    CUDA_OK(fakecudaLaunch(s, countUp, &counter, sizeof counter));
+    gate.open = true;
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_TRUE(gate.timedOut.load()) << "the first launch did not wait for the held stream";
+    cudaFree(counter);
+    cudaStreamDestroy(s);
+  });
+}
+
 // CUDA does not survive fork: once a process has used the runtime (even only
 // cudaGetDeviceCount), a child it forks gets cudaErrorInitializationError
 // from every call and cannot make an NCCL communicator; a child forked

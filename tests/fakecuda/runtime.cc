@@ -129,6 +129,69 @@ thread_local std::map<int, std::shared_ptr<Stream>> tlsPerThread;
 
 std::atomic<unsigned long long> gHostWaits{0};  // fakecudaHostWaits
 
+// ---- Lazy loading ----
+// What CUDA documents (programming guide, "Lazy Loading"; the default on
+// Linux since CUDA 12.2, CUDA_MODULE_LOADING=LAZY|EAGER): the runtime loads
+// a module at the first use of one of its kernels, and a kernel when it is
+// first used or referenced (it resolves it with cuModuleGetFunction then),
+// not at init. "Potential Hazards": loading a kernel may need a context
+// synchronization, which waits for all work of the device; so a first
+// launch behind work that waits for the launching host (a stream it holds)
+// never returns, and programs that need kernels to run concurrently are
+// told to load them first or to run with CUDA_MODULE_LOADING=EAGER. A call
+// that references a kernel without launching it (cudaFuncGetAttributes, as
+// NCCL's ncclInitKernelsForDevice calls on each of its kernels at
+// ncclCommInitRank) loads it, so its later launches need nothing.
+// Where the double chooses:
+// - CUDA says "may"; the double always synchronises: the first use of each
+//   kernel on each device waits until every stream of the device has done
+//   the work enqueued before it, and counts as a host wait
+//   (fakecudaHostWaits), even when they are idle.
+// - Per kernel (a host-compiled kernel is its function), not per module:
+//   CUDA loads kernels one by one even within a loaded module, and the
+//   double cannot tell Zeppelin's module from another anyway. So a preload
+//   must reference every kernel, as NCCL's does.
+// - Per device (a context's modules are its own), and anew in a child of
+//   fork (a new context).
+// - A first launch into a capture loads the same way (nothing in CUDA's
+//   documentation exempts it), without breaking the capture.
+// Under gMu: the (kernel, device) pairs loaded so far.
+std::set<std::pair<const void*, int>>& gLoadedKernels = *new std::set<std::pair<const void*, int>>;
+
+bool lazyLoading() {
+  static const bool lazy = [] {
+    const char* v = getenv("CUDA_MODULE_LOADING");
+    return !(v && strcmp(v, "EAGER") == 0);
+  }();
+  return lazy;
+}
+
+// Loads the kernel on the device if it is not yet (lock held through l): a
+// context synchronization. Names the rule on stderr when the device's
+// streams are still busy after 2 s (a stream held by this very host never
+// drains: on a GPU the call hangs).
+void loadKernelLocked(std::unique_lock<std::mutex>& l, const void* kernel, int device) {
+  if (!lazyLoading() || gLoadedKernels.count({kernel, device})) return;
+  gHostWaits++;
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> all;
+  for (auto& s : gAllStreams)
+    if (s->device == device) all.push_back({s, s->enqueued});
+  auto idle = [&] {
+    for (auto& p : all)
+      if (p.first->completed < p.second) return false;
+    return true;
+  };
+  if (!gChanged.wait_for(l, std::chrono::seconds(2), idle)) {
+    fprintf(stderr,
+            "fakecuda: the first use of kernel %p on device %d loads it (CUDA_MODULE_LOADING is not EAGER), a "
+            "context synchronization: it has waited 2 s for a busy stream of the device and goes on waiting (the "
+            "lazy loading rule; load kernels before holding a stream, e.g. with cudaFuncGetAttributes)\n",
+            kernel, device);
+    gChanged.wait(l, idle);
+  }
+  gLoadedKernels.insert({kernel, device});
+}
+
 // Waits (lock held) until the stream has completed `ticket` items.
 void waitTicket(std::unique_lock<std::mutex>& l, const std::shared_ptr<Stream>& s, uint64_t ticket) {
   gChanged.wait(l, [&] { return s->completed >= ticket; });
@@ -168,6 +231,7 @@ void afterForkChild() {
   gAllStreams.clear();
   gLegacy.clear();
   tlsPerThread.clear();
+  gLoadedKernels.clear();
   gCapturesForkReset();
   gMemMu.unlock();
   gMu.unlock();
@@ -1183,6 +1247,25 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   return cudaSuccess;
 }
 
+// A host-compiled kernel (a function given to fakecudaLaunch) is its own
+// symbol: this loads it on the current device (lazy loading, above). Any
+// non-null pointer is taken for a kernel (the double cannot tell); the
+// attributes are nominal.
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func) {
+  if (cudaError_t e_ = enterRuntime()) return e_;
+  if (!attr) return setError(cudaErrorInvalidValue);
+  if (!func) return setError(cudaErrorInvalidDeviceFunction);
+  {
+    std::unique_lock<std::mutex> l(gMu);
+    loadKernelLocked(l, func, tlsDevice);
+  }
+  *attr = cudaFuncAttributes{};
+  attr->maxThreadsPerBlock = 1024;
+  attr->numRegs = 32;
+  attr->ptxVersion = attr->binaryVersion = 90;
+  return cudaSuccess;
+}
+
 // ---- The double's own calls (fakecuda.h) ----
 
 cudaError_t fakecudaLaunch(cudaStream_t stream, void (*fn)(void*), const void* arg, size_t argBytes) {
@@ -1197,7 +1280,8 @@ cudaError_t fakecudaLaunch(cudaStream_t stream, void (*fn)(void*), const void* a
     tlsInKernel = false;
     return cudaSuccess;
   };
-  std::lock_guard<std::mutex> l(gMu);
+  std::unique_lock<std::mutex> l(gMu);
+  loadKernelLocked(l, reinterpret_cast<const void*>(fn), s->device);
   return setError(submitLocked(s, [run] { return run; }));
 }
 

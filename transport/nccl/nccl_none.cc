@@ -16,6 +16,10 @@ bool deviceUsable(std::string* why) {
 }
 
 zpResult_t chooseDevice(int, int*) { return fail(zpInvalidUsage, "%s", kWhy); }
+zpResult_t addDeviceInitHook(void (*hook)(int)) {
+  // No device communicator is ever created here: the hook never runs.
+  return hook ? zpSuccess : fail(zpInvalidArgument, "zpAddDeviceInitHook: hook is NULL");
+}
 zpResult_t makeNcclId(std::string*) { return fail(zpInvalidUsage, "%s", kWhy); }
 zpResult_t createNcclTransport(const std::string&, int, int, int, int, std::unique_ptr<StreamTransport>*) {
   return fail(zpInvalidUsage, "%s", kWhy);

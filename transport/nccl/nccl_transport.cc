@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "src/core/log.h"
@@ -294,7 +296,41 @@ class NcclTransport : public StreamTransport {
   bool stagingUsed_ = false;
 };
 
+// addDeviceInitHook: the hooks, and the devices whose first communicator in
+// this process has run them. The lock is held while hooks run, so that a
+// second communicator on a device waits until its first one's hooks are done.
+// Made at first use: hooks are added from other files' static initializers.
+struct DeviceInit {
+  std::mutex mu;
+  std::vector<void (*)(int)> hooks;
+  std::set<int> devices;
+};
+DeviceInit& deviceInit() {
+  static DeviceInit& d = *new DeviceInit;  // never destroyed: comms may be made during exit
+  return d;
+}
+
+// Runs the hooks if this is the device's first communicator (device current).
+void runDeviceInitHooks(int device) {
+  DeviceInit& d = deviceInit();
+  std::lock_guard<std::mutex> l(d.mu);
+  if (!d.devices.insert(device).second) return;
+  for (auto hook : d.hooks) hook(device);
+}
+
 }  // namespace
+
+zpResult_t addDeviceInitHook(void (*hook)(int)) {
+  if (!hook) return fail(zpInvalidArgument, "zpAddDeviceInitHook: hook is NULL");
+  DeviceInit& d = deviceInit();
+  std::lock_guard<std::mutex> l(d.mu);
+  d.hooks.push_back(hook);
+  for (int device : d.devices) {
+    DeviceScope scope(device);
+    hook(device);
+  }
+  return zpSuccess;
+}
 
 bool deviceUsable(std::string* why) {
   if (envString("ZP_CUDA_DEVICE", "local") == "none") {
@@ -365,6 +401,7 @@ zpResult_t createNcclTransport(const std::string& id, int nranks, int rank, int 
     if (comm) ncclCommAbort(comm);
     return res;
   }
+  runDeviceInitHooks(device);
   out->reset(new NcclTransport(comm, device, timeoutMs));
   ZP_INFO(kSubInit, "rank %d: device data plane: %s", rank, (*out)->describe().c_str());
   return zpSuccess;

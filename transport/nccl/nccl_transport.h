@@ -19,6 +19,11 @@ bool deviceUsable(std::string* why);
 // or an ordinal), given its index among its node's ranks.
 zpResult_t chooseDevice(int localRank, int* device);
 
+// zpAddDeviceInitHook: hook(device) runs once per device in this process,
+// with the device current, where its first NCCL communicator is created
+// (createNcclTransport), or at once for a device that has had one.
+zpResult_t addDeviceInitHook(void (*hook)(int device));
+
 // A new ncclUniqueId, as bytes to carry to the other ranks.
 zpResult_t makeNcclId(std::string* id);
 

@@ -4,6 +4,8 @@
 // its host aliases (tests/fakecuda/ext_kernels.cc); a GPU never calls it.
 #include "collectives/ext/device/kernels.h"
 
+#include <type_traits>
+
 #include "collectives/ext/device/attn_kernels.h"
 
 namespace zpx {
@@ -32,24 +34,6 @@ struct AddStrided {
 struct AtomicAdd {
   void operator()(float* p, float v) const { *p += v; }
 };
-
-// On the double: the whole index range on the stream's thread, in order.
-template <class F>
-cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  struct Launch {
-    F f;
-    size_t n;
-  } launch{f, n};
-  return fakecudaLaunch(
-      stream,
-      [](void* p) {
-        const Launch* l = (const Launch*)p;
-        const F g = l->f.mapped([](const void* d, size_t bytes) { return fakecudaAlias(d, bytes); });
-        for (size_t i = 0; i < l->n; i++) g(i);
-      },
-      &launch, sizeof launch);
-}
 #else
 struct AtomicAdd {
   ZPX_HD void operator()(float* p, float v) const {
@@ -60,21 +44,12 @@ struct AtomicAdd {
 #endif
   }
 };
-
-template <class F>
-__global__ void forEachKernel(F f, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) f(i);
-}
-
-template <class F>
-cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const unsigned threads = 256;
-  const size_t blocks = (n + threads - 1) / threads;
-  forEachKernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(f, n);
-  return cudaGetLastError();
-}
 #endif
+
+// f(i) for i < n on the stream: one kernel per functor type F (defined below
+// the list of them, Kernels).
+template <class F>
+cudaError_t forEach(const F& f, size_t n, cudaStream_t stream);
 
 // The reference kernels, one thread per (query row, head): the forward
 // row's accumulator in local memory, the backward's key/value gradients
@@ -115,6 +90,91 @@ struct RefLaunch {
   }
 };
 
+// Every kernel of this file, one per functor type forEach is given: what
+// loadKernels loads. forEach refuses (at compile time) a type not listed.
+template <class... Fs>
+struct KernelList {
+  template <class F>
+  static constexpr bool has() {
+    return (std::is_same<F, Fs>::value || ...);
+  }
+};
+using Kernels =
+    KernelList<AddStrided<float>, AddStrided<double>, FillF32, Convert<float, Bf16>, Convert<Bf16, float>,
+               Convert<float, Half>, Convert<Half, float>, MergeLse, AttnRefForwardKernel<float>,
+               AttnRefForwardKernel<Bf16>, AttnRefForwardKernel<Half>, AttnRefBackwardKernel<float>,
+               AttnRefBackwardKernel<Bf16>, AttnRefBackwardKernel<Half>>;
+
+#ifdef ZPX_HOST_KERNELS
+// On the double: the whole index range on the stream's thread, in order.
+// The host function is the kernel (its symbol, for cudaFuncGetAttributes).
+template <class F>
+struct HostLaunch {
+  F f;
+  size_t n;
+};
+template <class F>
+void forEachOnHost(void* p) {
+  const HostLaunch<F>* l = (const HostLaunch<F>*)p;
+  const F g = l->f.mapped([](const void* d, size_t bytes) { return fakecudaAlias(d, bytes); });
+  for (size_t i = 0; i < l->n; i++) g(i);
+}
+template <class F>
+const void* kernelOf() {
+  return reinterpret_cast<const void*>(&forEachOnHost<F>);
+}
+
+template <class F>
+cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
+  static_assert(Kernels::has<F>(), "a kernel missing from Kernels would not be loaded by loadKernels");
+  if (n == 0) return cudaSuccess;
+  const HostLaunch<F> launch{f, n};
+  return fakecudaLaunch(stream, &forEachOnHost<F>, &launch, sizeof launch);
+}
+#else
+template <class F>
+__global__ void forEachKernel(F f, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) f(i);
+}
+template <class F>
+const void* kernelOf() {
+  return (const void*)&forEachKernel<F>;
+}
+
+template <class F>
+cudaError_t forEach(const F& f, size_t n, cudaStream_t stream) {
+  static_assert(Kernels::has<F>(), "a kernel missing from Kernels would not be loaded by loadKernels");
+  if (n == 0) return cudaSuccess;
+  const unsigned threads = 256;
+  const size_t blocks = (n + threads - 1) / threads;
+  forEachKernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), threads, 0, stream>>>(f, n);
+  return cudaGetLastError();
+}
+#endif
+
+template <class... Fs>
+cudaError_t loadEach(KernelList<Fs...>) {
+  cudaError_t first = cudaSuccess;
+  for (const void* kernel : {kernelOf<Fs>()...}) {
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess && first == cudaSuccess) first = e;
+  }
+  if (first != cudaSuccess) cudaGetLastError();  // not left for the next launch's check to find
+  return first;
+}
+
+}  // namespace
+
+cudaError_t loadKernels() { return loadEach(Kernels{}); }
+
+namespace {
+// Loaded where a device gets its first communicator in a process, as NCCL
+// loads its own kernels in ncclCommInitRank, not at their first launch
+// (loadKernels). Registered when the library is loaded, which calls no CUDA:
+// a process that never makes a device communicator (a test parent that
+// forks its ranks) loads nothing.
+[[maybe_unused]] const zpResult_t kLoadedAtDeviceInit = zpAddDeviceInitHook([](int) { loadKernels(); });
 }  // namespace
 
 cudaError_t launchAddStrided(void* dst, size_t dstStride, const void* src, size_t rows, size_t width, size_t elem,

@@ -15,6 +15,15 @@
 
 namespace zpx {
 
+// Loads every kernel of kernels.cu on the current device (cudaFuncGetAttributes
+// on each), so that none of them is loaded at its first launch: with CUDA's
+// lazy loading (the default since CUDA 12.2) that load may synchronise the
+// whole device, and so wait for a stream the caller holds (docs/device.md,
+// Fix 3). Called in each process once per device, where its first
+// device communicator is created (zpAddDeviceInitHook). The first failure,
+// if any; the thread's last CUDA error is cleared.
+cudaError_t loadKernels();
+
 // dst[r * dstStride + c] += src[r * width + c] for r < rows, c < width:
 // summing a contiguous block into a strided one (float or double; elem is
 // sizeof the type, 4 or 8).
