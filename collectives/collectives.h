@@ -48,7 +48,7 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
 
 // Groups (thread-local, as in NCCL).
 zpResult_t groupStart();
-zpResult_t groupEnd();
+zpResult_t groupEnd(bool* ended = nullptr);  // ended: set when this call ended the outermost group
 bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
 zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,

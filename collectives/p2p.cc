@@ -20,6 +20,10 @@ struct Group {
   // Their addresses are taken only at zpGroupEnd, once every call is in.
   std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> collectives;
+  // groupEnd's storage, kept from group to group (one thread-local in all:
+  // in a shared library each one costs a call to find it).
+  std::vector<std::pair<std::shared_ptr<Comm>, Op>> running;
+  std::vector<Op*> ops;
 };
 thread_local Group tlsGroup;
 
@@ -40,14 +44,15 @@ zpResult_t groupStart() {
   return zpSuccess;
 }
 
-zpResult_t groupEnd() {
+zpResult_t groupEnd(bool* ended) {
   Group& g = tlsGroup;
   if (g.depth == 0) return fail(zpInvalidUsage, "zpGroupEnd called without a matching zpGroupStart");
   if (--g.depth > 0) return zpSuccess;
+  if (ended) *ended = true;
   // The group's calls move out (a call made while they run starts a new
   // group), into storage kept from group to group: a send/recv group per
   // step allocates nothing here.
-  thread_local std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
+  std::vector<std::pair<std::shared_ptr<Comm>, Op>>& p2p = g.running;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> colls;
   p2p.clear();
   p2p.swap(g.p2p);
@@ -82,7 +87,7 @@ zpResult_t groupEnd() {
     only = e.first.get();
   }
   if (only && single) {
-    thread_local std::vector<Op*> ops;
+    std::vector<Op*>& ops = g.ops;
     ops.clear();
     for (auto& e : p2p)
       if (!e.second.stream) ops.push_back(&e.second);

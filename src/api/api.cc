@@ -491,9 +491,9 @@ zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm) try {
 zpResult_t zpGroupStart(void) try { return zp::groupStart(); } catch (...) {  return zp::failFromException("zpGroupStart"); }
 
 zpResult_t zpGroupEnd(void) try {
-  bool outermost = zp::groupOpen();
-  zpResult_t r = zp::groupEnd();
-  if (outermost && !zp::groupOpen()) {
+  bool ended = false;
+  zpResult_t r = zp::groupEnd(&ended);
+  if (ended) {
     if (r != zpSuccess)
       for (zpComm_t h : tlsGroupComms) noted(h, r);
     tlsGroupComms.clear();  // keeps its storage: a group per step allocates nothing here

@@ -495,7 +495,9 @@ void setInterruptCheck(InterruptCheck check, void* arg) {
 zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
   gHostPeerWaits.fetch_add(1, std::memory_order_relaxed);
-  uint64_t lastMove = nowMs(), lastAsked = lastMove;
+  // The clock is first read when the first look finds the call not done:
+  // a small message's whole call is a few clock reads' time.
+  uint64_t lastMove = 0, lastAsked = 0;
   for (;;) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
@@ -512,6 +514,7 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::funct
       }
     if (done()) return zpSuccess;
     uint64_t now = nowMs();
+    if (lastMove == 0) lastMove = lastAsked = now;
     if (moved) {
       lastMove = now;
       continue;

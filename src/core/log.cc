@@ -47,10 +47,12 @@ unsigned parseSubsys(const char* s) {
   return invert ? ~mask : mask;
 }
 
-LogState& state() {
-  static LogState st;
-  static std::once_flag once;
-  std::call_once(once, [] {
+// Made once, at first use; a function-local static rather than
+// std::call_once, which libstdc++ makes set thread-local state on every
+// call, and every call with a log line in it (ZP_INFO) asks here.
+LogState makeState() {
+  LogState st;
+  {
     gethostname(st.host, sizeof(st.host) - 1);
     // Read through the parameter table; a bad value falls back to the
     // default here (logging cannot report its own errors).
@@ -91,7 +93,12 @@ LogState& state() {
                              : (std::string("cannot be opened: ") + strerror(err)).c_str());
       }
     }
-  });
+  }
+  return st;
+}
+
+LogState& state() {
+  static LogState st = makeState();
   return st;
 }
 
