@@ -5,7 +5,9 @@
 // Every call starts with each rank's header (which collective, count,
 // datatype, op, root, a hash of the v calls' recvcounts) sent to every other
 // rank: a rank that differs makes the call zpInvalidUsage on every rank,
-// naming it, before any data moves. The exchange is also zpBarrier.
+// naming it, before any data moves. The exchange is also zpBarrier. A small
+// all-reduce on one node sends its header with its data instead, in one
+// round (fusedAllReduce).
 //
 // Then, by the bytes each rank holds (ZP_COLL_RING_ABOVE; ZP_COLL_ALGO
 // forces one family):
@@ -84,6 +86,7 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   // for every peer's host. The check blocks on the network, never on the
   // GPU: a mismatch fails on every rank before anything is enqueued, instead
   // of hanging the device.
+  if (!stream && fusesCheck(c, a)) return fusedAllReduce(c, a, seq, mine);
   if (!stream || cfg.checkDeviceCalls) ZP_CHECK(checkHeaders(c, seq, mine));
   if (a.kind == CollKind::kBarrier || (isV(a.kind) ? mine.count : a.count) == 0) return zpSuccess;
   if (stream) return c->enqueueCollectiveOnStream(a, stream);

@@ -11,6 +11,69 @@
 namespace zp {
 namespace detail {
 
+// ---- Small all-reduces on one node: the header check and the data in one round ----
+// Each rank sends its header (as the message's meta) and its data to every
+// other rank at once, checks every header, then reduces the n blocks in rank
+// order: one round where the header check and recursive doubling take
+// 1 + log2(n), and the same bits on every rank. Nothing is written before
+// the headers agree, so a mismatch is still zpInvalidUsage on every rank,
+// naming the calls (a count that differs also makes the messages' sizes
+// differ: the transport refuses the data, the headers still came ahead).
+// Up to kFusedBytes of the work type per rank; never exactly a header's
+// size, so that a rank in another collective's header check always sees a
+// message of the wrong size rather than data taken for a header.
+constexpr size_t kFusedBytes = 4096;
+
+bool fusesCheck(Comm* c, const CollArgs& a) {
+  const size_t bytes = a.count * zpTypeSize(workType(a.dtype));
+  const CollAlgo algo = c->cfg().collAlgo;
+  if (a.kind != CollKind::kAllReduce || a.count == 0 || bytes > kFusedBytes || bytes == sizeof(Header)) return false;
+  if (c->nranks() < 2 || (algo != CollAlgo::kAuto && algo != CollAlgo::kTree)) return false;
+  for (int p = 0; p < c->nranks(); p++)
+    if (!c->isLocal(p)) return false;
+  return true;
+}
+
+zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine) {
+  const int n = c->nranks(), me = c->rank();
+  const zpDataType_t wt = workType(a.dtype);
+  const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
+  std::vector<Header> all(n);
+  for (Header& h : all) h.kind = kNoHeader;
+  all[me] = mine;
+  char* blocks = scratch(kScratchAcc0, bytes * n);  // rank r's data at r * bytes
+  if (isHalf(a.dtype))
+    toWork(a.send, blocks + me * bytes, a.count, a.dtype);
+  else
+    memcpy(blocks + me * bytes, a.send, bytes);
+  std::vector<Op> ops;
+  ops.reserve(2 * (size_t)(n - 1));
+  for (int i = 1; i < n; i++) {
+    const int to = (me + i) % n, from = (me - i + n) % n;
+    ops.push_back(makeOp(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws));
+    ops.back().meta = &all[me];
+    ops.back().metaBytes = sizeof(Header);
+    ops.push_back(makeOp(OpKind::kCollective, false, from, blocks + from * bytes, bytes, ws));
+    ops.back().meta = &all[from];
+    ops.back().metaBytes = sizeof(Header);
+  }
+  // A peer that failed or died is that error; a message of the wrong size
+  // (zpInvalidUsage) is explained by the headers, which came ahead of it.
+  const zpResult_t moved = run(c, ops, xferId(seq, 0));
+  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
+  ZP_CHECK(compareHeaders(me, all));
+  ZP_CHECK(moved);
+  std::vector<const char*> in(n);
+  for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;
+  reduceMany(blocks, in, a.count, wt, a.op);
+  finishAvg(blocks, a.count, wt, a.op, n);
+  if (isHalf(a.dtype))
+    fromWork(blocks, a.recv, a.count, a.dtype);
+  else
+    memcpy(a.recv, blocks, bytes);
+  return zpSuccess;
+}
+
 // ---- All-reduce: count elements of the work type from src into w (src may be w) ----
 zpResult_t Call::allReduce(const char* src, char* w, size_t count) {
   const size_t bytes = count * wts;

@@ -57,6 +57,16 @@ constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
 
 // zpInvalidUsage on every rank unless every rank's header is mine.
 zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
+// The comparison alone, of headers every rank has: zpInvalidUsage naming
+// the first rank whose call differs from rank 0's.
+zpResult_t compareHeaders(int me, const std::vector<Header>& all);
+// The kind of a header that never came (its place is set to this first).
+constexpr uint64_t kNoHeader = ~uint64_t(0);
+
+// A small all-reduce on one node, its header check fused into its one round
+// (standard_allreduce.cc); false if this call is not one.
+bool fusesCheck(Comm* c, const CollArgs& a);
+zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine);
 
 // SplitMix64's mixer: the settings' hash in the header, the split's secret.
 inline uint64_t splitmix(uint64_t z) {

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "src/core/comm.h"  // zp::hostPeerWaits
 #include "tests/harness.h"
 #include "tests/reduce_reference.h"
 #include "transport/shm/shm_transport.h"
@@ -386,6 +387,31 @@ TEST(Collectives, InAGroupWithSendAndRecv) {
     EXPECT_EQ(in.wrongBytes(seed, prev, rank), 0u);
     EXPECT_EQ(checkReduced(a.data(), 100, 0, seed, nranks, zpInt64, zpSum), "");
     EXPECT_EQ(checkReduced(b.data(), 100, 0, seed + 1, nranks, zpInt64, zpMax), "");
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// A small all-reduce on one node is one round: its header check travels
+// with its data (each header as its message's meta), where the check and
+// recursive doubling were 1 + log2(n) rounds, each a wait on the peers
+// (zp::hostPeerWaits counts them). A larger one still checks first.
+TEST(CollectiveRounds, SmallAllReduceOnOneNodeIsOneRound) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    for (size_t count : {1, 7, 1000}) {
+      std::vector<float> x(count);
+      fillInput(x.data(), count, 0, seed + count, rank, zpFloat32, zpSum);
+      const uint64_t before = zp::hostPeerWaits();
+      ZP_ASSERT_OK(zpAllReduce(x.data(), x.data(), count, zpFloat32, zpSum, comm, nullptr));
+      EXPECT_EQ(zp::hostPeerWaits() - before, 1u) << count << " float32";
+      EXPECT_EQ(checkReduced(x.data(), count, 0, seed + count, nranks, zpFloat32, zpSum), "");
+    }
+    std::vector<float> big(65536, 1.0f);
+    const uint64_t before = zp::hostPeerWaits();
+    ZP_ASSERT_OK(zpAllReduce(big.data(), big.data(), big.size(), zpFloat32, zpSum, comm, nullptr));
+    EXPECT_GE(zp::hostPeerWaits() - before, 2u) << "64K float32: checked apart";
+    EXPECT_EQ(big[12345], (float)nranks);
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }
