@@ -28,10 +28,7 @@ bool fusesCheck(Comm* c, const CollArgs& a) {
   const size_t bytes = a.count * zpTypeSize(workType(a.dtype));
   const CollAlgo algo = c->cfg().collAlgo;
   if (a.kind != CollKind::kAllReduce || a.count == 0 || bytes > kFusedBytes || bytes == sizeof(Header)) return false;
-  if (c->nranks() < 2 || (algo != CollAlgo::kAuto && algo != CollAlgo::kTree)) return false;
-  for (int p = 0; p < c->nranks(); p++)
-    if (!c->isLocal(p)) return false;
-  return true;
+  return c->nranks() > 1 && c->nnodes() == 1 && (algo == CollAlgo::kAuto || algo == CollAlgo::kTree);
 }
 
 zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine) {

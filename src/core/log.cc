@@ -52,46 +52,44 @@ unsigned parseSubsys(const char* s) {
 // call, and every call with a log line in it (ZP_INFO) asks here.
 LogState makeState() {
   LogState st;
-  {
-    gethostname(st.host, sizeof(st.host) - 1);
-    // Read through the parameter table; a bad value falls back to the
-    // default here (logging cannot report its own errors).
-    std::string level = envString("ZP_DEBUG"), subsys = envString("ZP_DEBUG_SUBSYS");
-    std::string logFile = envString("ZP_DEBUG_FILE");
-    if (const char* lv = level.empty() ? nullptr : level.c_str()) {
-      if (!strcasecmp(lv, "VERSION") || !strcasecmp(lv, "NONE") || !strcmp(lv, "0")) st.level = kLogNone;
-      else if (!strcasecmp(lv, "WARN")) st.level = kLogWarn;
-      else if (!strcasecmp(lv, "INFO")) st.level = kLogInfo;
-      else if (!strcasecmp(lv, "TRACE")) st.level = kLogTrace;
+  gethostname(st.host, sizeof(st.host) - 1);
+  // Read through the parameter table; a bad value falls back to the
+  // default here (logging cannot report its own errors).
+  std::string level = envString("ZP_DEBUG"), subsys = envString("ZP_DEBUG_SUBSYS");
+  std::string logFile = envString("ZP_DEBUG_FILE");
+  if (const char* lv = level.empty() ? nullptr : level.c_str()) {
+    if (!strcasecmp(lv, "VERSION") || !strcasecmp(lv, "NONE") || !strcmp(lv, "0")) st.level = kLogNone;
+    else if (!strcasecmp(lv, "WARN")) st.level = kLogWarn;
+    else if (!strcasecmp(lv, "INFO")) st.level = kLogInfo;
+    else if (!strcasecmp(lv, "TRACE")) st.level = kLogTrace;
+  }
+  if (!subsys.empty()) st.subsys = parseSubsys(subsys.c_str());
+  if (!strcasecmp(envString("ZP_DEBUG_ERRORS").c_str(), "INFO")) st.errorLevel = kLogInfo;
+  if (const char* file = logFile.empty() ? nullptr : logFile.c_str()) {
+    std::string path;
+    for (const char* p = file; *p; p++) {
+      if (p[0] == '%' && p[1] == 'h') { path += st.host; p++; }
+      else if (p[0] == '%' && p[1] == 'p') { path += std::to_string(getpid()); p++; }
+      else path += *p;
     }
-    if (!subsys.empty()) st.subsys = parseSubsys(subsys.c_str());
-    if (!strcasecmp(envString("ZP_DEBUG_ERRORS").c_str(), "INFO")) st.errorLevel = kLogInfo;
-    if (const char* file = logFile.empty() ? nullptr : logFile.c_str()) {
-      std::string path;
-      for (const char* p = file; *p; p++) {
-        if (p[0] == '%' && p[1] == 'h') { path += st.host; p++; }
-        else if (p[0] == '%' && p[1] == 'p') { path += std::to_string(getpid()); p++; }
-        else path += *p;
-      }
-      // Opened without waiting: opening a FIFO for writing waits until
-      // something reads it, which may be never (init hung there). A FIFO
-      // or pipe that is read (/dev/stderr into a pipe) opens at once.
-      const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
-      const int err = errno;
-      FILE* f = nullptr;
-      if (fd >= 0) {
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        if (!(f = fdopen(fd, "a"))) close(fd);
-      }
-      if (f) {
-        setvbuf(f, nullptr, _IOLBF, 0);
-        st.out = f;
-      } else {
-        fprintf(stderr, "%s:%d:%ld ZP WARN ZP_DEBUG_FILE=%s %s: logging to stderr instead\n", st.host, getpid(),
-                (long)syscall(SYS_gettid), path.c_str(),
-                err == ENXIO ? "is not a regular file, and nothing reads it (a FIFO or a socket)"
-                             : (std::string("cannot be opened: ") + strerror(err)).c_str());
-      }
+    // Opened without waiting: opening a FIFO for writing waits until
+    // something reads it, which may be never (init hung there). A FIFO
+    // or pipe that is read (/dev/stderr into a pipe) opens at once.
+    const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    const int err = errno;
+    FILE* f = nullptr;
+    if (fd >= 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      if (!(f = fdopen(fd, "a"))) close(fd);
+    }
+    if (f) {
+      setvbuf(f, nullptr, _IOLBF, 0);
+      st.out = f;
+    } else {
+      fprintf(stderr, "%s:%d:%ld ZP WARN ZP_DEBUG_FILE=%s %s: logging to stderr instead\n", st.host, getpid(),
+              (long)syscall(SYS_gettid), path.c_str(),
+              err == ENXIO ? "is not a regular file, and nothing reads it (a FIFO or a socket)"
+                           : (std::string("cannot be opened: ") + strerror(err)).c_str());
     }
   }
   return st;
