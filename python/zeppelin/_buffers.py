@@ -9,7 +9,10 @@ module, so the package imports (and works on bytearrays) without either.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, Optional
+import os
+import struct
+import weakref
+from typing import Any, Dict, Optional, Tuple
 
 from .errors import InvalidArgument
 
@@ -63,7 +66,7 @@ def dtype_of(obj: Any) -> Optional[int]:
 _TORCH_CODES: Dict[Any, Optional[int]] = {}  # torch.dtype -> zpDataType_t (None: unsupported), filled as dtypes are seen
 
 
-def _torch(obj, what):
+def _torch(obj, what, writable):
     # The hot path of every call: a few attribute reads, no string work.
     dt = obj.dtype
     code = _TORCH_CODES.get(dt, -1)
@@ -84,7 +87,86 @@ def _torch(obj, what):
     if not obj.is_cpu:
         raise InvalidArgument("%s: a tensor on device %s; Zeppelin takes CPU tensors, or CUDA tensors in a "
                               "build with CUDA" % (what, obj.device))
-    return Buf(obj, obj.data_ptr(), obj.numel(), code)
+    b = Buf(obj, obj.data_ptr(), obj.numel(), code)
+    if writable and b.numel:
+        _check_torch_writable(obj, b, what)
+    return b
+
+
+# ---- Is a CPU tensor's memory writable? ----
+# torch (1.13) keeps no read-only flag: torch.frombuffer over a bytes object or
+# a read-only mmap only warns, and the tensor reports nothing. So an output
+# tensor's memory is asked directly, through /proc/self/mem, which reads any
+# mapped memory without faulting (an unmapped address is EIO, not SIGSEGV):
+#  - read-only pages: one byte of the tensor is read from /proc/self/mem into
+#    the tensor itself; the kernel's copy into it fails with EFAULT where the
+#    page may not be written (the byte written back is the one just read, and
+#    the call is about to overwrite this output anyway); its first and last
+#    page are asked, a tensor that straddles mappings of mixed rights is not;
+#  - a bytes object: CPython lays it out as refcount, type, size, hash, then
+#    the data, so the words before the tensor are searched for a header whose
+#    type is bytes and whose data covers the whole tensor, within 1 KiB: a
+#    tensor starting further into a bytes object is not found.
+# A tensor found writable is remembered (weakly, with its address), since
+# outputs are reused call after call; the check then costs a dict lookup.
+_BYTES_WINDOW = 1024
+_BYTES_HEADER = struct.Struct("<qQqq")  # ob_refcnt, ob_type, ob_size, ob_shash
+_BYTES_TYPE = struct.pack("<Q", id(bytes))
+# id(tensor) -> (a weak reference to it, (address, bytes)); by id, since a
+# tensor's == is elementwise and WeakKeyDictionary compares keys with it.
+_checked: Dict[int, Tuple[Any, Tuple[int, int]]] = {}
+_mem: Dict[str, Any] = {}  # "pid", "fd": /proc/self/mem of this process (reopened after fork)
+
+
+def _self_mem():
+    if _mem.get("pid") != os.getpid():
+        try:
+            _mem["fd"] = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            _mem["fd"] = None  # no procfs: the check is skipped, as docs/reliability.md says
+        _mem["pid"] = os.getpid()
+    return _mem["fd"]
+
+
+_pread = ctypes.CDLL(None, use_errno=True).pread
+_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+_pread.restype = ctypes.c_ssize_t
+
+
+def _check_torch_writable(obj, b, what):
+    key = (b.ptr, b.nbytes)
+    seen = _checked.get(id(obj))
+    if seen is not None and seen[0]() is obj and seen[1] == key:
+        return
+    fd = _self_mem()
+    if fd is None:
+        return
+    last = b.ptr + b.nbytes - 1
+    for at in (b.ptr,) if last // 4096 == b.ptr // 4096 else (b.ptr, last):
+        if _pread(fd, at, 1, at) != 1:
+            raise InvalidArgument("%s: the tensor's memory is read-only (torch.frombuffer over a read-only "
+                                  "buffer?); pass a writable tensor" % what)
+    start = max(b.ptr - _BYTES_WINDOW, 0)
+    try:
+        before = os.pread(fd, b.ptr - start, start)
+    except OSError:
+        before = b""  # the window reaches into unmapped memory: search what is mapped
+        start = b.ptr - (b.ptr % 4096)
+        if start < b.ptr:
+            before = os.pread(fd, b.ptr - start, start)
+    i = before.find(_BYTES_TYPE)
+    while i >= 0:
+        head = i - 8
+        if head >= 0 and (start + head) % 8 == 0 and head + _BYTES_HEADER.size <= len(before):
+            refs, _, size, _ = _BYTES_HEADER.unpack_from(before, head)
+            data = start + head + _BYTES_HEADER.size
+            if refs > 0 and data <= b.ptr and b.ptr + b.nbytes <= data + size:
+                raise InvalidArgument("%s: the tensor's memory belongs to a bytes object, which is immutable "
+                                      "(torch.frombuffer(bytes)?); pass a writable tensor, e.g. over a "
+                                      "bytearray" % what)
+        i = before.find(_BYTES_TYPE, i + 1)
+    ident = id(obj)
+    _checked[ident] = (weakref.ref(obj, lambda _, ident=ident: _checked.pop(ident, None)), key)
 
 
 def _numpy(obj, what, writable):
@@ -205,7 +287,7 @@ def buffer(obj, what, writable=False, stream=None):
         raise InvalidArgument("%s is None" % what)
     k = _kind(obj)
     if k == "torch":
-        return _torch(obj, what)
+        return _torch(obj, what, writable)
     if k == "numpy":
         return _numpy(obj, what, writable)
     if k == "dlpack":
