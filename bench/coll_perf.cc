@@ -1,9 +1,11 @@
 // all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf,
 // barrier_perf:
 // nccl-tests style sweeps of the standard collectives, built from this file
-// once per collective (ZP_BENCH_COLL) against Zeppelin, and with
-// ZP_BENCH_MPI against MPI (mpi_all_reduce_perf, ...), so both measure the
-// same calls the same way.
+// once per collective (ZP_BENCH_COLL) against Zeppelin, with ZP_BENCH_MPI
+// against MPI (mpi_all_reduce_perf, ...) and, in a build with CUDA, with
+// ZP_BENCH_NCCL against NCCL's own collectives (nccl_all_reduce_perf, ...,
+// device buffers only; no barrier), so all measure the same calls the same
+// way. -G 1: device buffers, the calls on a CUDA stream (device.h).
 //
 // size is nccl-tests' size: the all-reduce's and the broadcast's buffer, the
 // all-gather's whole output, the reduce-scatter's whole input. Time = the
@@ -20,9 +22,13 @@
 #include <vector>
 
 #include "common.h"
+#include "device.h"
 #ifdef ZP_BENCH_MPI
 #include "mpi_comm.h"
 #define PROG_PREFIX "mpi_"
+#elif defined(ZP_BENCH_NCCL)
+#include "nccl_comm.h"
+#define PROG_PREFIX "nccl_"
 #else
 #include "zp_comm.h"
 #define PROG_PREFIX ""
@@ -71,10 +77,22 @@ double load(const void* buf, size_t i, const TypeInfo& t) {
   }
 }
 
+// barrier_perf's call; NCCL has none (no nccl_barrier_perf is built).
+template <class Comm>
+void barrierOf(Comm& comm, void* stream) {
+#ifdef ZP_BENCH_NCCL
+  (void)comm, (void)stream;
+#else
+  comm.barrierCall(stream);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/false);
+  Options opt = parseOptions(argc, argv, kProg, /*withPattern=*/false);
+  if (BenchComm::deviceOnly()) opt.gpu = 1;
+  requireDeviceSupport(opt, kProg, BenchComm::supportsDevice());
   const TypeInfo& t = *opt.type;
   if (opt.check && t.size == 2) {
     if (launcherRank() == 0) fprintf(stderr, "%s: -c 1 supports 8-, 32- and 64-bit types; pass -d float or -c 0\n", kProg);
@@ -86,8 +104,8 @@ int main(int argc, char** argv) {
   const bool root = rank == 0;
   if (root) {
     char params[256];
-    snprintf(params, sizeof params, "nranks %d  op sum  root 0  iters %d  warmup %d  datatype %s  check %d", n, opt.iters,
-             opt.warmup, t.name, opt.check);
+    snprintf(params, sizeof params, "nranks %d  op sum  root 0  iters %d  warmup %d  datatype %s  check %d  gpu %d", n,
+             opt.iters, opt.warmup, t.name, opt.check, opt.gpu);
     printRunHeader(kProg, comm.describe(), params, nicInfo());
   }
   unsigned long long totalWrong = 0;
@@ -103,16 +121,20 @@ int main(int argc, char** argv) {
     Buffer in(inElems * t.size), out(outElems * t.size);
     memset(in.data(), 0, in.size());  // touch every page before timing
     memset(out.data(), 0, out.size());
+    CallStream stream(opt.gpu);
+    CallBuffer inCall(in, opt.gpu), outCall(out, opt.gpu);
     auto call = [&] {
+      void* const s = stream.get();
       switch (kColl) {
-        case kAllReduce: comm.allreduce(in.data(), out.data(), count, t); break;
-        case kAllGather: comm.allgather(in.data(), out.data(), count, t); break;
-        case kReduceScatter: comm.reducescatter(in.data(), out.data(), count, t); break;
-        case kBroadcast: comm.broadcast(in.data(), out.data(), count, t, 0); break;
-        case kBarrier: comm.barrierCall(); break;
+        case kAllReduce: comm.allreduce(inCall.data(), outCall.data(), count, t, s); break;
+        case kAllGather: comm.allgather(inCall.data(), outCall.data(), count, t, s); break;
+        case kReduceScatter: comm.reducescatter(inCall.data(), outCall.data(), count, t, s); break;
+        case kBroadcast: comm.broadcast(inCall.data(), outCall.data(), count, t, 0, s); break;
+        case kBarrier: barrierOf(comm, s); break;
       }
     };
     for (int i = 0; i < opt.warmup; ++i) call();
+    stream.sync();
     comm.barrier();
     // On an emulated cluster, each NIC's transmitted bytes over the timed
     // calls, read by the first rank of each node (its namespace's NICs).
@@ -122,6 +144,7 @@ int main(int argc, char** argv) {
     const std::vector<uint64_t> tx0 = nicReader ? nicTxBytes(nics) : std::vector<uint64_t>();
     const double t0 = nowSeconds();
     for (int i = 0; i < opt.iters; ++i) call();
+    stream.sync();
     const double timeUs = comm.maxDouble((nowSeconds() - t0) / opt.iters) * 1e6;
     std::string nicLine;
     if (nics > 0) {
@@ -142,7 +165,7 @@ int main(int argc, char** argv) {
     if (opt.check && kColl != kBarrier) {
       for (size_t i = 0; i < inElems; i++) store(in.data(), i, t, inputOf(rank, i));
       memset(out.data(), 0xA5, out.size());
-      call();
+      runMirrored(inCall, outCall, stream, call);
       size_t local = 0;
       for (size_t i = 0; i < outElems; i++) {
         double want = 0;

@@ -21,7 +21,10 @@
 #               alltoallv_perf -G 1 against nccl_alltoallv_perf (NCCL's own
 #               grouped ncclSend/ncclRecv) on the same traffic, every byte
 #               checked, and one table of both
-#   allreduce   skipped: no device all-reduce benchmark exists (below)
+#   allreduce_zp, allreduce_nccl, allreduce_table
+#               all_reduce_perf -G 1 against nccl_all_reduce_perf (NCCL's
+#               own ncclAllReduce) on the same buffers, every element
+#               checked, and one table of both
 #   attention   attn_perf -G 1, the attention driver on device buffers
 #   route_*     only with GPU_CHECK_LAUNCH (a launcher of one job across GPU
 #               nodes): routed alltoallv, ZP_ROUTING=balanced, rail and off,
@@ -107,13 +110,16 @@ summary=$out/summary.txt
 if [ "$mode" = double ]; then
   tests_bin=tests/device_tests_double; zp_a2a=tests/alltoallv_perf_double
   nccl_a2a=tests/nccl_alltoallv_perf_double; attn=tests/attn_perf_double
+  zp_ar=tests/all_reduce_perf_double; nccl_ar=tests/nccl_all_reduce_perf_double
   # One emulated GPU that every rank shares, as on a one-GPU machine.
   export FAKECUDA_DEVICE_COUNT=1
 else
   tests_bin=tests/device_tests; zp_a2a=bench/alltoallv_perf
   nccl_a2a=bench/nccl_alltoallv_perf; attn=bench/attn_perf
+  zp_ar=bench/all_reduce_perf; nccl_ar=bench/nccl_all_reduce_perf
 fi
-targets=(zprun "$(basename $tests_bin)" "$(basename $zp_a2a)" "$(basename $nccl_a2a)" "$(basename $attn)")
+targets=(zprun)
+for p in $tests_bin $zp_a2a $nccl_a2a $attn $zp_ar $nccl_ar; do targets+=("$(basename "$p")"); done
 
 # ---- steps: each one timed, its output in OUT/NAME.log, its status kept ----
 rows=()      # "name|status|seconds|note"
@@ -299,14 +305,14 @@ bench() {  # bench PROGRAM SECONDS ARGS...
   "$build/zprun" -n "$ranks" --timeout "$secs" "${hostid[@]}" "$prog" "$@"
 }
 
-table() {  # the two alltoallv tables side by side; fails on a wrong byte or a missing row
-  python3 - "$out/alltoallv_zp.log" "$out/alltoallv_nccl.log" <<'PY'
+table() {  # table NAME: NAME_zp's and NAME_nccl's tables side by side; fails on a wrong element or a missing row
+  python3 - "$out/$1_zp.log" "$out/$1_nccl.log" <<'PY'
 import os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
 from compare import parse_table
 zp, nccl = (parse_table(open(f).read()) for f in sys.argv[1:3])
 if not zp or not nccl:
-    print("no table from %s" % ("alltoallv_zp" if not zp else "alltoallv_nccl"))
+    print("no table from %s" % os.path.basename(sys.argv[1 if not zp else 2])[:-4])
     sys.exit(1)
 bad = 0
 print("%12s %12s %12s %8s %8s" % ("size (B)", "zp busbw", "nccl busbw", "zp/nccl", "#wrong"))
@@ -342,19 +348,23 @@ if [ "$mode" = double ]; then
   others_run='Ranks/DeviceRanks.AlltoallvRandomCountsEveryByte/2:Ranks/DeviceRanks.CollectivesMatchTheHostPath/2'
   others_run+=':DeviceErrors.HostAndDeviceBuffersMustMatchTheStream:Device.NcclCommunicatorIsHandedOut'
   sweep=(-b 64K -e 1M -f 4 -n 2 -w 1 -c 1 -P "$pattern"); attn_args=(-G 1 -b 256K -n 1 -w 0)
+  ar_sweep=(-b 64K -e 1M -f 4 -n 2 -w 1 -c 1)
   tsecs=60; bsecs=60
 else
   kernels_run=$kernel_filter
   others_run="-$kernel_filter"
   sweep=(-b 1M -e 64M -f 4 -n 10 -w 3 -c 1 -P "$pattern"); attn_args=(-G 1 -b 8M -n 3 -w 1)
+  ar_sweep=(-b 1M -e 256M -f 4 -n 10 -w 3 -c 1)
   tsecs=240; bsecs=120
 fi
 step kernels gtest "$kernels_run" "$tsecs"
 step device_tests gtest "$others_run" "$tsecs"
 step alltoallv_zp bench "$zp_a2a" "$bsecs" -G 1 "${sweep[@]}"
 step alltoallv_nccl bench "$nccl_a2a" "$bsecs" "${sweep[@]}"
-step alltoallv_table table
-skip allreduce "no device all-reduce benchmark exists (bench/coll_perf.cc has no -G and no NCCL variant); the device all-reduce's results are checked in device_tests (CollectivesMatchTheHostPath)"
+step alltoallv_table table alltoallv
+step allreduce_zp bench "$zp_ar" "$bsecs" -G 1 "${ar_sweep[@]}"
+step allreduce_nccl bench "$nccl_ar" "$bsecs" "${ar_sweep[@]}"
+step allreduce_table table allreduce
 attention() {
   bench "$attn" "$bsecs" "${attn_args[@]}"
   local rc=$?
@@ -424,6 +434,11 @@ total=$(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
   if [ -s "$out/alltoallv_table.log" ]; then
     echo "alltoallv, $ranks ranks, device buffers (alltoallv_perf -G 1 / nccl_alltoallv_perf ${sweep[*]}):"
     cat "$out/alltoallv_table.log"
+    echo
+  fi
+  if [ -s "$out/allreduce_table.log" ]; then
+    echo "all-reduce, $ranks ranks, device buffers (all_reduce_perf -G 1 / nccl_all_reduce_perf ${ar_sweep[*]}):"
+    cat "$out/allreduce_table.log"
     echo
   fi
   [ -s "$out/route_table.log" ] && { cat "$out/route_table.log"; echo; }

@@ -67,22 +67,23 @@ class BenchComm {
   }
 
   void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
-  void barrierCall() { barrier(); }  // barrier_perf
+  void barrierCall(void* /*stream: always NULL*/ = nullptr) { barrier(); }  // barrier_perf
 
   // The standard collectives (coll_perf.cc), sum where they reduce.
-  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t) {
+  // (stream: always NULL, as alltoallv's)
+  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t, void* = nullptr) {
     check(MPI_Allreduce(s, r, int(count), mpiType(t), MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
   }
-  void allgather(const void* s, void* r, size_t count, const TypeInfo& t) {
+  void allgather(const void* s, void* r, size_t count, const TypeInfo& t, void* = nullptr) {
     check(MPI_Allgather(s, int(count), mpiType(t), r, int(count), mpiType(t), MPI_COMM_WORLD), "MPI_Allgather");
   }
-  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t) {
+  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t, void* = nullptr) {
     check(MPI_Reduce_scatter_block(s, r, int(count), mpiType(t), MPI_SUM, MPI_COMM_WORLD),
           "MPI_Reduce_scatter_block");
   }
   // MPI_Bcast has one buffer: the root copies its input there first, as
   // Zeppelin's root does for separate buffers.
-  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root, void* = nullptr) {
     if (rank_ == root && s != r) memcpy(r, s, count * t.size);
     check(MPI_Bcast(r, int(count), mpiType(t), root, MPI_COMM_WORLD), "MPI_Bcast");
   }

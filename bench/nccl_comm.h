@@ -1,6 +1,7 @@
-// BenchComm over NCCL itself, for nccl_alltoallv_perf: the same traffic as
-// alltoallv_perf moved by NCCL's grouped ncclSend / ncclRecv, so that a GPU
-// run puts Zeppelin and NCCL side by side. NCCL's communicator is the one
+// BenchComm over NCCL itself, for nccl_alltoallv_perf and the nccl_ variants
+// of coll_perf (nccl_all_reduce_perf, ...): the same traffic as Zeppelin's
+// programs moved by NCCL's grouped ncclSend / ncclRecv and by its own
+// collectives, so that a GPU run puts Zeppelin and NCCL side by side. NCCL's communicator is the one
 // under Zeppelin's (zpCommGetNcclComm): the same ranks and devices, created
 // by Zeppelin's bootstrap; the benchmark's own control messages (barrier,
 // timings, the check's sums) go through Zeppelin's host path, outside the
@@ -29,8 +30,8 @@ class NcclBenchComm : public ZpBenchComm {
     // PXN (NCCL's own rail relay through a peer GPU) is the run's choice.
     const char* pxn = getenv("NCCL_PXN_DISABLE");
     char buf[128];
-    snprintf(buf, sizeof buf, "NCCL %d.%d.%d (grouped ncclSend/ncclRecv, NCCL_PXN_DISABLE=%s)", v / 10000,
-             v / 100 % 100, v % 100, pxn && *pxn ? pxn : "unset");
+    snprintf(buf, sizeof buf, "NCCL %d.%d.%d (its own calls, NCCL_PXN_DISABLE=%s)", v / 10000, v / 100 % 100,
+             v % 100, pxn && *pxn ? pxn : "unset");
     return buf;
   }
 
@@ -52,7 +53,26 @@ class NcclBenchComm : public ZpBenchComm {
     ncclCheck(ncclGroupEnd(), "ncclGroupEnd");
   }
 
+  // The standard collectives (coll_perf.cc), sum where they reduce. NCCL
+  // has no barrier (nccl-tests has no barrier_perf): barrier_perf has no
+  // NCCL variant.
+  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t, void* stream) {
+    ncclCheck(ncclAllReduce(s, r, count, ncclType(t), ncclSum, nccl_, cudaStream_t(stream)), "ncclAllReduce");
+  }
+  void allgather(const void* s, void* r, size_t count, const TypeInfo& t, void* stream) {
+    ncclCheck(ncclAllGather(s, r, count, ncclType(t), nccl_, cudaStream_t(stream)), "ncclAllGather");
+  }
+  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t, void* stream) {
+    ncclCheck(ncclReduceScatter(s, r, count, ncclType(t), ncclSum, nccl_, cudaStream_t(stream)), "ncclReduceScatter");
+  }
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root, void* stream) {
+    ncclCheck(ncclBroadcast(s, r, count, ncclType(t), root, nccl_, cudaStream_t(stream)), "ncclBroadcast");
+  }
+
  private:
+  // zpDataType_t has NCCL's values (zeppelin.h).
+  static ncclDataType_t ncclType(const TypeInfo& t) { return ncclDataType_t(t.zpType); }
+
   // Zeppelin made the communicator nonblocking: a call may answer
   // ncclInProgress, and then its state is polled until it settles.
   void ncclCheck(ncclResult_t r, const char* what) {

@@ -79,18 +79,19 @@ class ZpBenchComm {
     check(zpGroupEnd(), "zpGroupEnd");
   }
 
-  // The standard collectives (coll_perf.cc), sum where they reduce.
-  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t) {
-    check(zpAllReduce(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, nullptr), "zpAllReduce");
+  // The standard collectives (coll_perf.cc), sum where they reduce; stream
+  // as alltoallv's.
+  void allreduce(const void* s, void* r, size_t count, const TypeInfo& t, void* stream = nullptr) {
+    check(zpAllReduce(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, zpStream_t(stream)), "zpAllReduce");
   }
-  void allgather(const void* s, void* r, size_t count, const TypeInfo& t) {
-    check(zpAllGather(s, r, count, zpDataType_t(t.zpType), comm_, nullptr), "zpAllGather");
+  void allgather(const void* s, void* r, size_t count, const TypeInfo& t, void* stream = nullptr) {
+    check(zpAllGather(s, r, count, zpDataType_t(t.zpType), comm_, zpStream_t(stream)), "zpAllGather");
   }
-  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t) {
-    check(zpReduceScatter(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, nullptr), "zpReduceScatter");
+  void reducescatter(const void* s, void* r, size_t count, const TypeInfo& t, void* stream = nullptr) {
+    check(zpReduceScatter(s, r, count, zpDataType_t(t.zpType), zpSum, comm_, zpStream_t(stream)), "zpReduceScatter");
   }
-  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root) {
-    check(zpBroadcast(s, r, count, zpDataType_t(t.zpType), root, comm_, nullptr), "zpBroadcast");
+  void broadcast(const void* s, void* r, size_t count, const TypeInfo& t, int root, void* stream = nullptr) {
+    check(zpBroadcast(s, r, count, zpDataType_t(t.zpType), root, comm_, zpStream_t(stream)), "zpBroadcast");
   }
 
   // Every rank's k values, at every rank, in rank order.
@@ -111,7 +112,7 @@ class ZpBenchComm {
   }
 
   // The library's own barrier (barrier_perf).
-  void barrierCall() { check(zpBarrier(comm_, nullptr), "zpBarrier"); }
+  void barrierCall(void* stream = nullptr) { check(zpBarrier(comm_, zpStream_t(stream)), "zpBarrier"); }
 
   // One byte to and from every rank: nobody leaves before all have arrived.
   // (A zero-count alltoallv would do if the library always synchronizes on
