@@ -15,6 +15,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
+#include <mutex>
 #include <vector>
 
 #include "collectives/ext/ext.h"
@@ -693,6 +695,55 @@ TEST(Device, NcclCommunicatorIsHandedOut) {
     EXPECT_EQ(ncclCommUserRank(nccl, &me), ncclSuccess);
     EXPECT_EQ(count, nranks);
     EXPECT_EQ(me, rank);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// Two host threads calling on one communicator at once: each call is either
+// enqueued or refused by the library (its twin on the host path is
+// Errors.SecondThreadCallingWhileACallRunsIsRefused), never two NCCL calls
+// on one NCCL communicator at once, which NCCL leaves undefined (and the
+// double refuses: its one-thread rule). One rank, so that a refused call
+// cannot leave a peer waiting.
+TEST(DeviceErrors, TwoThreadsCallingAtOnceNeverMeetInNccl) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(1, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id, zpCheckLocal);
+    constexpr int kCalls = 2000;
+    std::atomic<int> refused{0}, failed{0};
+    std::string firstFailure;
+    std::mutex mu;
+    auto calls = [&] {
+      float *in = nullptr, *out = nullptr;
+      cudaStream_t s = nullptr;
+      if (cudaMalloc(&in, 64) != cudaSuccess || cudaMalloc(&out, 64) != cudaSuccess ||
+          cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        failed++;
+        return;
+      }
+      for (int i = 0; i < kCalls; i++) {
+        const zpResult_t r = zpAllReduce(in, out, 16, zpFloat32, zpSum, comm, s);
+        if (r == zpSuccess) continue;
+        const std::string why = zpGetLastError(nullptr);
+        if (r == zpInvalidUsage && why.find("another thread is running a call") != std::string::npos) {
+          refused++;
+          continue;
+        }
+        std::lock_guard<std::mutex> l(mu);
+        if (failed++ == 0) firstFailure = std::string(zpGetErrorString(r)) + ": " + why;
+      }
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+      cudaFree(in);
+      cudaFree(out);
+    };
+    std::thread a(calls), b(calls);
+    a.join();
+    b.join();
+    EXPECT_EQ(failed.load(), 0) << firstFailure;
+    zpResult_t async = zpSuccess;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpSuccess) << zpGetLastError(comm);
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }

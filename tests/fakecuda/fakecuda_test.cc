@@ -470,6 +470,48 @@ TEST(FakeNccl, HostBuffersAreRefused) {
   }));
 }
 
+// The one-thread rule: a second host thread's call on a communicator that
+// another thread is using (here, holding it in an open group) is refused and
+// breaks the communicator, as concurrent use does on a GPU (undefined: the
+// two threads' operations interleave differently on each rank). One thread
+// after another, each with its calls done, is fine.
+TEST(FakeNccl, TwoHostThreadsUsingOneCommunicatorAtOnceAreRefused) {
+  EXPECT_TRUE(runRanks(1, [&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = initComm(1, rank, id);
+    void *a = nullptr, *b = nullptr;
+    if (cudaMalloc(&a, 64) != cudaSuccess || cudaMalloc(&b, 64) != cudaSuccess) return 2;
+    auto selfExchange = [&] {  // a group of a send to itself and its receive
+      if (ncclGroupStart() != ncclSuccess || ncclSend(a, 64, ncclUint8, 0, c, nullptr) != ncclSuccess ||
+          ncclRecv(b, 64, ncclUint8, 0, c, nullptr) != ncclSuccess)
+        return false;
+      return ncclGroupEnd() == ncclSuccess && cudaStreamSynchronize(nullptr) == cudaSuccess;
+    };
+    for (int t = 0; t < 2; t++) {  // one thread after another
+      bool ok = false;
+      std::thread([&] { ok = selfExchange(); }).join();
+      if (!ok) return 3;
+    }
+    std::atomic<int> stage{0};
+    ncclResult_t second = ncclSuccess;
+    std::thread other([&] {
+      while (stage.load() == 0) std::this_thread::yield();
+      second = ncclAllReduce(a, b, 16, ncclFloat32, ncclSum, c, nullptr);
+      stage = 2;
+    });
+    if (ncclGroupStart() != ncclSuccess || ncclRecv(b, 64, ncclUint8, 0, c, nullptr) != ncclSuccess) return 4;
+    stage = 1;  // the group holds the communicator while the other thread calls
+    while (stage.load() != 2) std::this_thread::yield();
+    other.join();
+    if (second != ncclInvalidUsage) return 5;
+    ncclSend(a, 64, ncclUint8, 0, c, nullptr);
+    if (ncclGroupEnd() != ncclInvalidUsage) return 6;  // the communicator is broken
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(c, &async) != ncclSuccess || async != ncclInvalidUsage) return 7;
+    ncclCommAbort(c);
+    return 0;
+  }));
+}
+
 // Ranks on one GPU: NCCL refuses them ("Duplicate GPU detected") on every
 // rank, unless each has a host id of its own (NCCL_HOSTID), which lets ranks
 // share one GPU (as the device tests did on a single H200).

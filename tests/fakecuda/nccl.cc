@@ -39,6 +39,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <type_traits>
 
 #include "tests/fakecuda/fakecuda.h"
@@ -149,6 +150,9 @@ struct ncclComm {
   bool aborted = false, finalizing = false, byeSent = false, stopReceiver = false;
   std::vector<bool> peerBye;
   int inflight = 0;  // stream items with ops of this communicator
+  // The host thread using the communicator (the one-thread rule): inside an
+  // enqueue call, or with its operations in a group it has not ended yet.
+  std::atomic<std::thread::id> user{};
   // The bounded work queue (waitForQueueRoom), under lock(): operations
   // enqueued on streams and not done yet, the most there ever were, how many
   // are done so far (progress), how many times a host thread blocked on a
@@ -654,6 +658,57 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops, const char* call) {
   return ncclSuccess;
 }
 
+// ---- The one-thread rule: NCCL communicators are not thread-safe ----
+// NCCL leaves concurrent calls on one communicator from two host threads
+// undefined (their operations interleave in a different order on each rank);
+// the double's global lock would serialize them and hide it. So a
+// communicator belongs to the host thread inside an enqueue call on it, and
+// to the thread whose open group holds its operations until that group ends.
+// Another thread's enqueue meanwhile is refused and breaks the communicator
+// (its error, ncclInvalidUsage, on stderr as every such error). Query, abort
+// and destroy are not enqueue calls and may come from any thread, as with
+// NCCL.
+thread_local std::vector<ncclComm*> tlsGroupComms;  // held by this thread's open group
+
+class CommUse {
+ public:
+  CommUse(ncclComm* c, const char* call) : c_(c) {
+    std::thread::id none;
+    const std::thread::id me = std::this_thread::get_id();
+    if (c->user.compare_exchange_strong(none, me)) {
+      held_ = true;
+    } else if (none != me) {
+      std::lock_guard<std::mutex> l(lock());
+      c->setError(ncclInvalidUsage, std::string(call) + " on a communicator that another host thread is using (in a "
+                                                         "call, or in a group it has not ended): NCCL communicators "
+                                                         "are not thread-safe (the one-thread rule)");
+      ok_ = false;
+      return;
+    }
+    // Inside a group the communicator stays this thread's until the group ends.
+    if (held_ && tlsGroupDepth > 0) {
+      tlsGroupComms.push_back(c);
+      held_ = false;
+    }
+  }
+  ~CommUse() {
+    if (held_) c_->user.store(std::thread::id());
+  }
+  CommUse(const CommUse&) = delete;
+  CommUse& operator=(const CommUse&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  ncclComm* c_;
+  bool held_ = false, ok_ = true;
+};
+
+// At the outermost ncclGroupEnd: the group's communicators are free again.
+void releaseGroupComms() {
+  for (ncclComm* c : tlsGroupComms) c->user.store(std::thread::id());
+  tlsGroupComms.clear();
+}
+
 ncclResult_t p2p(bool isSend, const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                  cudaStream_t stream) {
   static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
@@ -670,6 +725,8 @@ ncclResult_t p2p(bool isSend, const void* buf, size_t count, ncclDataType_t type
     return failWith(ncclInvalidArgument, "the buffer is on another device than the communicator");
   auto s = streamOf(stream);
   if (!s) return failWith(ncclInvalidArgument, "invalid stream");
+  CommUse use(comm, isSend ? "ncclSend" : "ncclRecv");
+  if (!use.ok()) return failWith(ncclInvalidUsage, "the communicator is in use by another host thread");
   tlsGroup.push_back(PendingOp{isSend, comm, peer, (void*)buf, bytes, s});
   if (tlsGroupDepth > 0) return ncclSuccess;
   std::vector<PendingOp> ops;
@@ -796,11 +853,13 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
     return failWith(ncclInvalidArgument, "a collective's buffer is not device memory of its size (a host pointer?)");
   auto s = streamOf(stream);
   if (!s) return failWith(ncclInvalidArgument, "invalid stream");
+  static const char* const names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather",
+                                      "ncclReduceScatter"};
+  CommUse use(comm, names[(int)kind]);
+  if (!use.ok()) return failWith(ncclInvalidUsage, "the communicator is in use by another host thread");
   std::unique_lock<std::mutex> l(lock());
   if (comm->aborted || comm->error != ncclSuccess) return comm->aborted ? ncclInvalidUsage : comm->error;
   if (!s->capture) {
-    static const char* const names[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather",
-                                        "ncclReduceScatter"};
     ncclResult_t r = waitForQueueRoom(l, comm, 1, names[(int)kind]);
     if (r != ncclSuccess) return r;
   }
@@ -1034,7 +1093,9 @@ ncclResult_t ncclGroupEnd() {
   if (--tlsGroupDepth > 0) return ncclSuccess;
   std::vector<PendingOp> ops;
   ops.swap(tlsGroup);
-  return launchGroup(std::move(ops), "ncclGroupEnd");
+  const ncclResult_t r = launchGroup(std::move(ops), "ncclGroupEnd");
+  releaseGroupComms();
+  return r;
 }
 
 ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
