@@ -376,6 +376,7 @@ class Communicator:
     def _bufs(self, fn, args, stream, same_dtypes=True):
         """Checks the (object, name, writable) args of one call; returns their
         Bufs and the stream to pass (None: host memory)."""
+        stream = getattr(stream, "cuda_stream", stream)  # a torch.cuda.Stream: its handle
         try:
             bufs = [buffer(o, name, writable, stream) for o, name, writable in args]
         except InvalidArgument as e:  # named here, not formatted on every call

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._buffers import FLOAT32, buffer
+from ._buffers import BFLOAT16, DTYPE_NAMES, FLOAT16, FLOAT32, buffer
 from .comm import Communicator
 from .errors import INVALID_USAGE, InvalidArgument, InvalidUsage, check, error_from
 
@@ -556,12 +556,18 @@ class Attention(_Owned):
     backward: Python callables kernel(AttnBlock) (an exception in one becomes
     this rank's error, re-raised from forward()/backward(); the ring peers
     then fail with RemoteError), or None for the C reference kernels. Buffers
-    are float32, in the plan's attention layout of this rank."""
+    are in the plan's attention layout of this rank, of dtype (float32,
+    bfloat16 or float16; lse is always float32): host buffers, or device
+    buffers (CUDA tensors, DLPack) with a stream, on which the whole pass is
+    enqueued (the reference kernels then run on the device)."""
 
     def __init__(self, plan: BatchPlan, comm: Communicator, q_heads: int, kv_heads: int, head_dim: int,
                  scale: float = 0.0, forward: Optional[Callable[[AttnBlock], None]] = None,
-                 backward: Optional[Callable[[AttnBlock], None]] = None, kernel_accumulates: bool = False) -> None:
-        self.plan, self.comm = plan, comm
+                 backward: Optional[Callable[[AttnBlock], None]] = None, kernel_accumulates: bool = False,
+                 dtype: int = FLOAT32) -> None:
+        if dtype not in (FLOAT32, BFLOAT16, FLOAT16):
+            raise InvalidArgument("Attention: dtype %s; float32, bfloat16 or float16" % DTYPE_NAMES.get(dtype, dtype))
+        self.plan, self.comm, self.dtype = plan, comm, dtype
         self.q_heads, self.kv_heads, self.head_dim = int(q_heads), int(kv_heads), int(head_dim)
         self._error = None
         self._fw = _lib.AttnKernel(self._wrap(forward)) if forward else None
@@ -569,7 +575,7 @@ class Attention(_Owned):
         cfg = _lib.AttnConfig(self.q_heads, self.kv_heads, self.head_dim, float(scale),
                               ctypes.cast(self._fw, ctypes.c_void_p).value if self._fw else _lib.ATTN_REF_FORWARD,
                               ctypes.cast(self._bw, ctypes.c_void_p).value if self._bw else _lib.ATTN_REF_BACKWARD,
-                              None, int(bool(kernel_accumulates)), FLOAT32)
+                              None, int(bool(kernel_accumulates)), dtype)
         h = _lib.AttentionH()
         ch = _comm_handle(comm)
         check(_lib.lib.zpAttentionCreate(ctypes.byref(h), plan.handle, ctypes.byref(cfg), ch), ch)
@@ -589,24 +595,25 @@ class Attention(_Owned):
                 return INVALID_USAGE
         return call
 
-    def _args(self, fn, named):
+    def _args(self, fn, named, stream):
+        """The checked buffers of a pass, and its stream (None: host buffers)."""
         T, H, K, D = self.tokens, self.q_heads, self.kv_heads, self.head_dim
         want = {"q": T * H * D, "k": T * K * D, "v": T * K * D, "out": T * H * D, "lse": H * T,
                 "dout": T * H * D, "dq": T * H * D, "dk": T * K * D, "dv": T * K * D}
-        bufs = []
-        for name, obj, writable in named:
-            b = buffer(obj, "%s: %s" % (fn, name), writable)
-            if b.device != "cpu" or b.dtype != FLOAT32:
-                raise InvalidArgument("%s: %s must be a float32 host buffer" % (fn, name))
+        bufs, stream = self.comm._bufs(fn, [(obj, name, writable) for name, obj, writable in named], stream,
+                                       same_dtypes=False)
+        for (name, _, _), b in zip(named, bufs):
+            dtype = FLOAT32 if name == "lse" else self.dtype
+            if b.dtype != dtype:
+                raise InvalidArgument("%s: %s is %s, %s expected" % (fn, name, DTYPE_NAMES[b.dtype], DTYPE_NAMES[dtype]))
             if b.numel != want[name]:
                 raise InvalidArgument("%s: %s has %d elements, %d expected (%d tokens)" % (fn, name, b.numel,
                                                                                         want[name], T))
-            bufs.append(b)
-        return bufs
+        return bufs, stream
 
-    def _run(self, f, bufs):
+    def _run(self, f, bufs, stream):
         self._error = None
-        r = f(self._h, *[b.ptr for b in bufs], None)  # NULL stream: host buffers
+        r = f(self._h, *[b.ptr for b in bufs], stream)
         if r != 0:
             err, self._error = self._error, None
             exc = error_from(r, self.comm.handle)
@@ -614,20 +621,21 @@ class Attention(_Owned):
                 raise exc from err
             raise exc
 
-    def forward(self, q: Any, k: Any, v: Any, out: Any, lse: Any) -> Tuple[Any, Any]:
-        """zpAttentionForward: fills out [T, q_heads, head_dim] and lse [q_heads, T]."""
-        bufs = self._args("Attention.forward", [("q", q, False), ("k", k, False), ("v", v, False),
-                                                ("out", out, True), ("lse", lse, True)])
-        self._run(_lib.lib.zpAttentionForward, bufs)
+    def forward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, stream: Any = None) -> Tuple[Any, Any]:
+        """zpAttentionForward: fills out [T, q_heads, head_dim] and lse [q_heads, T]
+        (device buffers: enqueued on stream, by default a CUDA tensor's current one)."""
+        bufs, s = self._args("Attention.forward", [("q", q, False), ("k", k, False), ("v", v, False),
+                                                   ("out", out, True), ("lse", lse, True)], stream)
+        self._run(_lib.lib.zpAttentionForward, bufs, s)
         return out, lse
 
     def backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, dq: Any, dk: Any,
-                 dv: Any) -> Tuple[Any, Any, Any]:
-        """zpAttentionBackward: fills dq, dk and dv."""
-        bufs = self._args("Attention.backward", [("q", q, False), ("k", k, False), ("v", v, False),
-                                                 ("out", out, False), ("lse", lse, False), ("dout", dout, False),
-                                                 ("dq", dq, True), ("dk", dk, True), ("dv", dv, True)])
-        self._run(_lib.lib.zpAttentionBackward, bufs)
+                 dv: Any, stream: Any = None) -> Tuple[Any, Any, Any]:
+        """zpAttentionBackward: fills dq, dk and dv (device buffers: as forward)."""
+        bufs, s = self._args("Attention.backward", [("q", q, False), ("k", k, False), ("v", v, False),
+                                                    ("out", out, False), ("lse", lse, False), ("dout", dout, False),
+                                                    ("dq", dq, True), ("dk", dk, True), ("dv", dv, True)], stream)
+        self._run(_lib.lib.zpAttentionBackward, bufs, s)
         return dq, dk, dv
 
     def close(self) -> None:
