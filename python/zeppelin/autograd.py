@@ -15,13 +15,20 @@ driver, for PyTorch models trained on variable-length packed batches.
   q_heads) a head goes to every rank whose query heads use it, and the way back
   sums those copies: that sum is the key/value gradient of the shared head
   (in float32 for bfloat16 and float16, which the C library does not sum).
-- ring_attention(q, k, v, plan, comm, kernel="torch"): causal (as the plan
+- ring_attention(q, k, v, plan, comm, kernel=None): causal (as the plan
   says) attention of every sequence over the plan's rings, q [T, H, d], k, v
-  [T, Hk, d] in the attention layout; backward runs zpAttentionBackward. The
-  driver works in float32: float32, bfloat16 and float64 inputs are computed in
-  float32 and the results returned in the input's dtype. kernel: "torch"
-  (kernels.TorchKernel), "flash" (flash-attention's varlen kernels, GPU),
-  "reference" (Zeppelin's C kernels), or a kernels.BlockKernel.
+  [T, Hk, d] in the attention layout; backward runs zpAttentionBackward. On
+  CPU tensors the driver works in float32: float32, bfloat16 and float64
+  inputs are computed in float32 and the results returned in the input's
+  dtype; kernel: "torch" (kernels.TorchKernel, the default), "flash"
+  (flash-attention's varlen kernels, each block copied to the GPU),
+  "reference" (Zeppelin's C kernels), or a kernels.BlockKernel. On CUDA
+  tensors (float32, bfloat16 or float16) it runs on the device in their
+  dtype, with Zeppelin's device kernels, on torch's current stream.
+- ring_attention_varlen(q, k, v, cu_seqlens, ..., group=...): the same for a
+  packed batch described as flash-attention describes it, every sequence on
+  one ring of all ranks (varlen_plan), called as ring-flash-attn's varlen
+  function is.
 
 An exception in a Python block kernel fails the driver's call on that rank;
 ring_attention then aborts the communicator, so the ring's other ranks fail at
@@ -32,17 +39,18 @@ as after any failed collective in NCCL.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import torch
 
+from ._buffers import BFLOAT16, FLOAT16, FLOAT32
 from .errors import InvalidArgument, ZeppelinError
 from .kernels import kernel_of
-from .plan import Attention, Remap, ulysses_alltoall, ulysses_heads
+from .plan import Attention, BatchPlan, Remap, lengths_from_cu_seqlens, ulysses_alltoall, ulysses_heads
 
 if TYPE_CHECKING:
     from .comm import Communicator
-    from .plan import BatchPlan, Layout
+    from .plan import Layout
 
 _DIRECTIONS = {"linear->attention": False, "attention->linear": True}
 
@@ -127,15 +135,21 @@ def ulysses(x: torch.Tensor, layout: Layout, heads: int, comm: Communicator, q_h
 
 
 # ---- ring attention ----
-class RingAttention:
-    """The attention driver for one plan, communicator, shape and kernel."""
+_DEVICE_DTYPES = {torch.float32: FLOAT32, torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}
 
-    def __init__(self, plan, comm, q_heads, kv_heads, head_dim, kernel="torch", scale=None):
+
+class RingAttention:
+    """The attention driver for one plan, communicator, shape and kernel: on
+    the host in float32, or on CUDA tensors in their own dtype (device_dtype)."""
+
+    def __init__(self, plan, comm, q_heads, kv_heads, head_dim, kernel="torch", scale=None, device_dtype=None):
+        self.device = device_dtype is not None
         self.kernel = kernel_of(kernel)
         self.comm = comm
         fw = self.kernel.block_forward if self.kernel else None
         bw = self.kernel.block_backward if self.kernel else None
-        self.attn = Attention(plan, comm, q_heads, kv_heads, head_dim, 0.0 if scale is None else scale, fw, bw)
+        self.attn = Attention(plan, comm, q_heads, kv_heads, head_dim, 0.0 if scale is None else scale, fw, bw,
+                              dtype=_DEVICE_DTYPES[device_dtype] if self.device else FLOAT32)
 
     def _call(self, method, *args):
         try:
@@ -147,10 +161,11 @@ class RingAttention:
             raise
 
     def forward(self, q, k, v):
+        """out [T, H, d] (q's dtype on a device, else float32) and lse [H, T] (float32)."""
         T, H, d = q.shape
-        out = torch.empty(T, H, d, dtype=torch.float32)
-        lse = torch.empty(H, T, dtype=torch.float32)
-        self._call(self.attn.forward, q, k, v, out, lse)
+        out = torch.empty(T, H, d, dtype=q.dtype if self.device else torch.float32, device=q.device)
+        lse = torch.empty(H, T, dtype=torch.float32, device=q.device)
+        self._call(self.attn.forward, q, k, v, out, lse)  # a CUDA tensor's current stream
         return out, lse
 
     def backward(self, q, k, v, out, lse, dout):
@@ -160,46 +175,147 @@ class RingAttention:
 
 
 class _RingAttentionFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, ra):
-        dtype = q.dtype
-        q32, k32, v32 = (t.detach().to(torch.float32).contiguous() for t in (q, k, v))
-        out, lse = ra.forward(q32, k32, v32)
-        ctx.save_for_backward(q32, k32, v32, out, lse)
-        ctx.ra, ctx.dtypes = ra, (q.dtype, k.dtype, v.dtype)
-        return out.to(dtype)
+    """(out, lse); lse is not differentiable. Host tensors go through float32;
+    CUDA tensors stay in their dtype on the device."""
 
     @staticmethod
-    def backward(ctx, g):
-        q32, k32, v32, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.ra.backward(q32, k32, v32, out, lse, g.to(torch.float32).contiguous())
+    def forward(ctx, q, k, v, ra):
+        dtypes = (q.dtype, k.dtype, v.dtype)
+        if not ra.device:
+            q, k, v = (t.detach().to(torch.float32).contiguous() for t in (q, k, v))
+        else:
+            q, k, v = (t.detach().contiguous() for t in (q, k, v))
+        out, lse = ra.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ra, ctx.dtypes = ra, dtypes
+        ctx.mark_non_differentiable(lse)
+        return out.to(dtypes[0]), lse
+
+    @staticmethod
+    def backward(ctx, g, _g_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.ra.backward(q, k, v, out, lse, g.to(out.dtype).contiguous())
         tq, tk, tv = ctx.dtypes
         return dq.to(tq), dk.to(tk), dv.to(tv), None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BatchPlan,
-                   comm: Optional[Communicator] = None, kernel: Any = "torch",
-                   scale: Optional[float] = None) -> torch.Tensor:
-    """Attention of every sequence of plan over its rings: q [T, H, d], k, v
-    [T, Hk, d], this rank's tokens of the plan's attention layout (Hk divides H).
-    Returns out [T, H, d] in q's dtype. scale: default 1/sqrt(d)."""
-    comm = _plan_comm(plan, comm, "ring_attention")
+def _ring_attention(q, k, v, plan, comm, kernel, scale, fn):
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] \
             or q.shape[2] != k.shape[2]:
-        raise InvalidArgument("ring_attention: q [T, H, d], k and v [T, Hk, d] expected, got %s, %s, %s"
-                              % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        raise InvalidArgument("%s: q [T, H, d], k and v [T, Hk, d] expected, got %s, %s, %s"
+                              % (fn, tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    cuda = q.device.type == "cuda"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-            raise InvalidArgument("ring_attention: %s has dtype %s; float32, bfloat16, float16 or float64"
-                                  % (name, t.dtype))
-        if t.device.type != "cpu":
-            raise InvalidArgument("ring_attention: %s is on %s; the driver takes host tensors" % (name, t.device))
+        if t.device != q.device:
+            raise InvalidArgument("%s: %s is on %s, q on %s" % (fn, name, t.device, q.device))
+        if cuda and t.dtype != q.dtype:
+            raise InvalidArgument("%s: on CUDA q, k and v share one dtype; %s is %s, q %s" % (fn, name, t.dtype,
+                                                                                         q.dtype))
+        allowed = tuple(_DEVICE_DTYPES) if cuda else (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+        if t.dtype not in allowed:
+            raise InvalidArgument("%s: %s has dtype %s; one of %s on %s" % (fn, name, t.dtype,
+                                  ", ".join(str(a)[6:] for a in allowed), "CUDA" if cuda else "the CPU"))
+        if t.device.type not in ("cpu", "cuda"):
+            raise InvalidArgument("%s: %s is on %s; CPU or CUDA tensors" % (fn, name, t.device))
+    if kernel is None:
+        kernel = "reference" if cuda else "torch"
+    if cuda and kernel != "reference":
+        # A Python block kernel gets host float32 blocks; on CUDA tensors the
+        # driver runs Zeppelin's device kernels (flash-attention's varlen
+        # kernels are not wired to device blocks yet).
+        raise InvalidArgument("%s: on CUDA tensors the kernel is \"reference\" (Zeppelin's device kernels), "
+                              "not %r" % (fn, kernel))
     H, Hk, d = q.shape[1], k.shape[1], q.shape[2]
-    key = ("attention", id(comm), H, Hk, d, kernel if isinstance(kernel, str) else id(kernel), scale)
+    key = ("attention", id(comm), H, Hk, d, kernel if isinstance(kernel, str) else id(kernel), scale,
+           q.dtype if cuda else None)
     c = _cache(plan)
     if key not in c:
-        c[key] = RingAttention(plan, comm, H, Hk, d, kernel, scale)
+        c[key] = RingAttention(plan, comm, H, Hk, d, kernel, scale, q.dtype if cuda else None)
     return _RingAttentionFn.apply(q, k, v, c[key])
 
 
-__all__ = ["remap", "ulysses", "ulysses_heads", "ring_attention", "RingAttention", "plan_remap"]
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BatchPlan,
+                   comm: Optional[Communicator] = None, kernel: Any = None,
+                   scale: Optional[float] = None) -> torch.Tensor:
+    """Attention of every sequence of plan over its rings: q [T, H, d], k, v
+    [T, Hk, d], this rank's tokens of the plan's attention layout (Hk divides H).
+    Returns out [T, H, d] in q's dtype. scale: default 1/sqrt(d).
+    CPU tensors: computed in float32 by kernel ("torch", the default, "flash",
+    "reference" or a kernels.BlockKernel). CUDA tensors (float32, bfloat16 or
+    float16, one dtype): computed in that dtype on the device by Zeppelin's
+    device kernels, forward and backward enqueued on torch's current stream,
+    no block copied to the host."""
+    comm = _plan_comm(plan, comm, "ring_attention")
+    return _ring_attention(q, k, v, plan, comm, kernel, scale, "ring_attention")[0]
+
+
+_VARLEN_PLANS: Dict[Tuple[Any, ...], BatchPlan] = {}  # (lengths, ranks, causal) -> plan, the last 64
+
+
+def varlen_plan(cu_seqlens: Any, nranks: int, causal: bool = True) -> BatchPlan:
+    """The plan ring_attention_varlen runs: every sequence of the packed batch
+    (cu_seqlens: int32 offsets, as flash-attention's varlen functions take)
+    on one ring of all nranks ranks, zigzag-split when causal (each rank a
+    chunk from each end, so causal work balances), in even contiguous parts
+    otherwise. Its attention_layout shards the packed batch:
+    plan.attention_layout.shard(packed, rank) and .unshard(...)."""
+    lengths = tuple(lengths_from_cu_seqlens(cu_seqlens))
+    key = (lengths, int(nranks), bool(causal))
+    plan = _VARLEN_PLANS.get(key)
+    if plan is None:
+        if len(_VARLEN_PLANS) >= 64:
+            _VARLEN_PLANS.pop(next(iter(_VARLEN_PLANS)))
+        everyone = list(range(int(nranks)))
+        plan = _VARLEN_PLANS[key] = BatchPlan.from_rings(list(lengths), [everyone] * len(lengths), int(nranks),
+                                                         causal=bool(causal))
+    return plan
+
+
+def _group_comm(group: Any, fn: str) -> Communicator:
+    from .comm import Communicator
+    if isinstance(group, Communicator):
+        return group
+    if group is None:
+        raise InvalidArgument("%s: pass group= (a zeppelin.Communicator, or a torch.distributed process group)" % fn)
+    made = _GROUP_COMMS.get(id(group))
+    if made is None:
+        from .distributed import communicator
+        made = _GROUP_COMMS[id(group)] = (group, communicator(group))
+    return made[1]
+
+
+# A process group's communicator, made once (the group kept, so its id stays its own).
+_GROUP_COMMS: Dict[int, Tuple[Any, Communicator]] = {}
+
+
+def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Any,
+                          max_seqlen: Optional[int] = None, causal: bool = True,
+                          softmax_scale: Optional[float] = None, group: Any = None, return_lse: bool = False,
+                          kernel: Any = None) -> Any:
+    """Ring attention of a packed batch over every rank of group, as
+    ring-flash-attn's varlen function is called: cu_seqlens (int32 offsets of
+    the WHOLE batch, as flash-attention takes them); q [T, H, d], k, v [T, Hk,
+    d] this rank's shard in varlen_plan(cu_seqlens, size, causal)'s attention
+    layout (plan.attention_layout.shard(packed, rank) makes it); group: a
+    Communicator or a torch.distributed process group (a communicator over
+    its ranks is made once, collectively). max_seqlen is checked against the
+    batch. Returns out [T, H, d], and with return_lse also lse [H, T]
+    (float32, natural log, flash-attention's softmax_lse layout). CPU or CUDA
+    tensors as ring_attention takes them."""
+    fn = "ring_attention_varlen"
+    comm = _group_comm(group, fn)
+    plan = varlen_plan(cu_seqlens, comm.size, causal)
+    if max_seqlen is not None and int(max_seqlen) < max(plan.lengths, default=0):
+        raise InvalidArgument("%s: max_seqlen %d, but cu_seqlens has a sequence of %d tokens"
+                              % (fn, int(max_seqlen), max(plan.lengths)))
+    mine = plan.attention_layout.tokens(comm.rank)
+    if q.dim() >= 1 and q.shape[0] != mine:
+        raise InvalidArgument("%s: q has %d rows, but this rank holds %d tokens of the batch: shard it with "
+                              "varlen_plan(cu_seqlens, %d%s).attention_layout.shard(packed, %d)"
+                              % (fn, q.shape[0], mine, comm.size, "" if causal else ", causal=False", comm.rank))
+    out, lse = _ring_attention(q, k, v, plan, comm, kernel, softmax_scale, fn)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["remap", "ulysses", "ulysses_heads", "ring_attention", "ring_attention_varlen", "varlen_plan",
+           "RingAttention", "plan_remap"]

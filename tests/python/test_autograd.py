@@ -237,6 +237,66 @@ def test_ring_attention_bfloat16(comm):
     assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_attention_varlen_as_ring_flash_attn_is_called(comm, causal):
+    """cu_seqlens of the whole packed batch (int32, with a sequence shorter
+    than the ring), this rank's shard of varlen_plan's layout; out, lse and
+    the gradients against float64 attention in torch."""
+    n = comm.size
+    lengths = [6 * n + 5, 3, 2 * n, 1, 4 * n + 1]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    plan = za.varlen_plan(cu, n, causal)
+    assert za.varlen_plan(cu, n, causal) is plan  # made once
+    assert all(plan.sequence(s)[1] == list(range(n)) for s in range(len(lengths)))
+    mine = plan.attention_layout.indices(comm.rank)
+    total = sum(lengths)
+    H, Hk, d = 4, 2, 4
+    q, k, v = attention_inputs(total, H, Hk, d, ("varlen", causal))
+    lse_got = []
+
+    def f(q, k, v):
+        q, k, v = (_Replicated.apply(t, comm).index_select(0, mine) for t in (q, k, v))
+        out, lse = za.ring_attention_varlen(q, k, v, cu, max(lengths), causal=causal, group=comm, return_lse=True)
+        lse_got.append(lse)
+        return whole(out, mine, total, comm)
+    out = f(q, k, v)
+    want = reference_attention(q, k, v, lengths, causal)
+    assert (out - want).abs().max() < 1e-5
+    g = torch.randn(out.shape, generator=gen("varlen dout", causal), dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        assert (a - b).abs().max() < 1e-5 * max(1.0, float(b.abs().max()))
+    # lse [H, my tokens]: log of each query row's softmax denominator
+    rep = H // Hk
+    at, lse_want = 0, []
+    for L in lengths:
+        s = q[at:at + L].detach().transpose(0, 1) @ k[at:at + L].detach().repeat_interleave(rep, 1).permute(1, 2, 0)
+        s = s / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        lse_want.append(s.logsumexp(-1))
+        at += L
+    lse_want = torch.cat(lse_want, 1)[:, mine]
+    assert lse_got[0].dtype == torch.float32 and lse_got[0].shape == (H, len(mine))
+    assert (lse_got[0].double() - lse_want).abs().max() < 1e-5
+
+
+def test_ring_attention_varlen_says_what_is_wrong(comm):
+    cu = [0, 4 * comm.size, 4 * comm.size + 3]
+    plan = za.varlen_plan(cu, comm.size)
+    T = plan.attention_layout.tokens(comm.rank)
+    q, k = torch.zeros(T, 2, 4), torch.zeros(T, 1, 4)
+    with pytest.raises(zeppelin.InvalidArgument, match="shard it with varlen_plan"):
+        za.ring_attention_varlen(q[:T - 1], k[:T - 1], k[:T - 1], cu, group=comm)
+    with pytest.raises(zeppelin.InvalidArgument, match="max_seqlen 3"):
+        za.ring_attention_varlen(q, k, k, cu, 3, group=comm)
+    with pytest.raises(zeppelin.InvalidArgument, match="group="):
+        za.ring_attention_varlen(q, k, k, cu)
+    with pytest.raises(zeppelin.InvalidArgument, match="cu_seqlens"):
+        za.ring_attention_varlen(q, k, k, [4 * comm.size, 3], group=comm)  # lengths, not offsets
+    out = za.ring_attention_varlen(q, k, k, cu, group=comm)
+    assert out.shape == q.shape
+
+
 def test_torch_kernel_is_the_reference_kernel(comm):
     """The package's torch block kernel and Zeppelin's C reference kernel give the same
     results block by block (both through the driver, on the planner's plan)."""
