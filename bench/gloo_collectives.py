@@ -8,7 +8,12 @@ programs; prints the same table (nccl-tests' busbw formulas). -c 1 checks
 every element (inputs are small integers: exact sums). Torch 1.13's Gloo has
 no reduce_scatter: -o reducescatter exits 4.
 
+--backend zeppelin runs the same calls through Zeppelin's torch.distributed
+backend (zeppelin.distributed; the library from ZEPPELIN_LIBRARY or the
+tree's build), to put it beside Gloo under the same torch calls.
+
     python3 bench/gloo_collectives.py -o allreduce -N 4 -b 1M -e 64M -f 2
+    ZEPPELIN_LIBRARY=build/libzeppelin.so python3 bench/gloo_collectives.py --backend zeppelin -o allreduce -N 4
 """
 
 import argparse
@@ -27,9 +32,11 @@ def worker(rank, a, port):
 
     torch.set_num_threads(1)
     n = a.nranks
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    if a.backend == "zeppelin":
+        import zeppelin.distributed  # noqa: F401 (registers the backend)
+    dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     if rank == 0:
-        print(f"# gloo_collectives: torch {torch.__version__} Gloo {a.op}")
+        print(f"# gloo_collectives: torch {torch.__version__} backend {a.backend} {a.op}")
         print(f"# nranks {n}  iters {a.iters}  warmup {a.warmup}  datatype float  check {a.check}")
         print("#")
         sys.stdout.flush()
@@ -96,6 +103,7 @@ def main(argv):
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup", type=int, default=5)
     ap.add_argument("-c", "--check", type=int, default=1)
+    ap.add_argument("--backend", choices=["gloo", "zeppelin"], default="gloo")
     a = ap.parse_args(argv)
     if a.op == "reducescatter":
         print("gloo_collectives.py: torch 1.13's Gloo has no reduce_scatter", file=sys.stderr)
