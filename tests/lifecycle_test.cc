@@ -11,8 +11,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "src/core/bootstrap.h"
+#include "src/core/log.h"  // zp::clearLastError
 #include "src/util/strings.h"
 #include "tests/harness.h"
 
@@ -72,6 +75,29 @@ TEST(Lifecycle, SingleRankCommunicatorTalksToItself) {
     // Alone, an ungrouped send to self has no receive to meet.
     EXPECT_NE(zpSend(send.data(), 10, zpUint8, 0, comm, nullptr), zpSuccess);
     ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
+// A destroyed communicator's handle is refused at once in every thread,
+// also in one that resolved it before (lookups are cached per thread) and
+// while something still holds the communicator: here a send queued in this
+// thread's open group, while another thread destroys it.
+TEST(Lifecycle, AHandleDestroyedByAnotherThreadIsRefusedAtOnce) {
+  auto exits = zptest::runRanks(1, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int count = 0;
+    ZP_ASSERT_OK(zpCommCount(comm, &count));  // resolved in this thread
+    char byte = 1;
+    ZP_ASSERT_OK(zpGroupStart());
+    ZP_EXPECT_OK(zpSend(&byte, 1, zpUint8, 0, comm, nullptr));  // the queued send holds the communicator
+    zpResult_t destroyed = zpInternalError;
+    std::thread([&] { destroyed = zpCommDestroy(comm); }).join();
+    ZP_EXPECT_OK(destroyed);
+    zp::clearLastError();
+    EXPECT_EQ(zpCommCount(comm, &count), zpInvalidArgument);
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("destroyed"), std::string::npos) << zpGetLastError(nullptr);
+    EXPECT_NE(zpGroupEnd(), zpSuccess);  // its communicator is gone
   });
   zptest::expectAllOk(exits);
 }

@@ -53,6 +53,9 @@ constexpr uintptr_t kHandleBase = 0x5a70000000000000ull, kHandleStep = 16;
 std::mutex gHandlesMu;
 uint64_t gHandlesMade = 0;
 std::unordered_map<zpComm_t, std::shared_ptr<HandleState>> gLive;  // handles not yet destroyed
+// Bumped by every destroy: a thread's cached lookups (lookup) from an
+// earlier epoch are not trusted.
+std::atomic<uint64_t> gDestroyEpoch{0};
 
 std::shared_ptr<HandleState> stateOf(zpComm_t handle) {
   std::lock_guard<std::mutex> lock(gHandlesMu);
@@ -86,13 +89,36 @@ void inGroup(zpComm_t handle) {
     tlsGroupComms.push_back(handle);
 }
 
+// The last few handles this thread resolved, so that a call does not take
+// the global lock and hash the handle (every data call resolves one). An
+// entry holds the communicator weakly (a destroyed one is freed as before)
+// and counts only while no communicator was destroyed since it was made.
+struct LookupCache {
+  struct Entry {
+    zpComm_t handle = nullptr;
+    uint64_t epoch = 0;
+    std::weak_ptr<zp::Comm> comm;
+  };
+  Entry entries[4];
+  unsigned next = 0;
+};
+thread_local LookupCache tlsLookups;
+
 // Resolves a handle (a number: nothing is dereferenced).
 zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
+  LookupCache& cache = tlsLookups;
+  const uint64_t epoch = gDestroyEpoch.load(std::memory_order_acquire);
+  for (LookupCache::Entry& e : cache.entries)
+    if (e.handle == handle && e.epoch == epoch && (*out = e.comm.lock())) return zpSuccess;
   std::lock_guard<std::mutex> lock(gHandlesMu);
   auto it = gLive.find(handle);
-  if (it != gLive.end()) {
+  if (it != gLive.end() && it->second->impl) {
     *out = it->second->impl;
+    LookupCache::Entry& e = cache.entries[cache.next++ % 4];
+    e.handle = handle;
+    e.epoch = epoch;
+    e.comm = *out;
     return zpSuccess;
   }
   if (handedOut(handle)) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
@@ -390,6 +416,7 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
     if (it == gLive.end()) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
     impl = std::move(it->second->impl);
     gLive.erase(it);
+    gDestroyEpoch.fetch_add(1, std::memory_order_release);
   }
   impl->leave(abort);
   return zpSuccess;
