@@ -104,10 +104,12 @@ def _rows_for_elements(fn, send, recv, sendcounts, recvcounts):
     shapes = [tuple(getattr(t, "shape", ())) for t in (send, recv)]
     if any(len(sh) < 2 for sh in shapes):
         return
-    if sum(sendcounts) == shapes[0][0] and sum(recvcounts) == shapes[1][0]:
-        row = 1
-        for d in shapes[0][1:]:
-            row *= d
+    row = 1
+    for d in shapes[0][1:]:
+        row *= d
+    # (rows of one element, or nothing to move either way, are no fraction)
+    sent, received = sum(sendcounts), sum(recvcounts)
+    if row > 1 and sent + received > 0 and sent == shapes[0][0] and received == shapes[1][0]:
         raise InvalidArgument(
             "%s: the counts are elements, but these sum to the rows of send %s and recv %s, so they would move "
             "1/%d of each block: multiply them by %d, or call all_to_all_single, which takes split sizes in rows"

@@ -142,6 +142,60 @@ def test_ddp_trains_as_one_process_would():
         assert torch.allclose(p, q, rtol=0, atol=1e-12), (p - q).abs().max()
 
 
+def test_ddp_three_steps_lose_as_with_gloo():
+    """Three steps of DistributedDataParallel on the zeppelin backend and on a
+    gloo group, from the same model and data: the same losses on every rank
+    and the same parameters at the end (float64; the gradient averages may
+    sum in another order, so within 1e-12)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+
+    def train(group):
+        torch.manual_seed(11)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(12 + rank)
+        losses = []
+        for _ in range(3):
+            x, y = torch.randn(5, 8, generator=g).double(), torch.randn(5, 4, generator=g).double()
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    ours, ours_params = train(None)  # the default group: zeppelin
+    theirs, their_params = train(gloo)
+    assert len(set(ours)) == 3  # three steps on three batches
+    for a, b in zip(ours, theirs):
+        assert abs(a - b) <= 1e-12, (ours, theirs)
+    for p, q in zip(ours_params, their_params):
+        assert torch.allclose(p, q, rtol=0, atol=1e-12), (p - q).abs().max()
+    dist.destroy_process_group(gloo)
+
+
+def test_all_to_all_single_matches_gloo_on_random_splits():
+    """Random row splits, zeros among them, through the zeppelin backend and
+    through gloo: the same output (NaN-poisoned first)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    width = 3
+    for trial in range(5):
+        g = torch.Generator().manual_seed(60 + trial)
+        rows = torch.randint(0, 4, (n, n), generator=g)  # rows[s][d]: what rank s sends to rank d
+        rows[trial % n, (trial + 1) % n] = 0
+        send = values(rank, n=int(rows[rank].sum()) * width, seed=70 + trial).view(-1, width)
+        outs = []
+        for group in (None, gloo):
+            out = torch.full((int(rows[:, rank].sum()), width), float("nan"), dtype=torch.float64)
+            dist.all_to_all_single(out, send, rows[:, rank].tolist(), rows[rank].tolist(), group=group)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]), trial
+    dist.destroy_process_group(gloo)
+
+
 def test_communicator_from_a_gloo_group_and_a_subgroup():
     rank, n = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")

@@ -207,6 +207,7 @@ def test_alltoallv_refuses_split_sizes_given_as_rows(comm):
     assert (recv == -1).all()
     comm.alltoallv(send, [128] * n, recv, [128] * n)  # elements: the whole blocks
     assert (recv == 1).all()
+    comm.alltoallv(torch.ones(0, 64), [0] * n, torch.ones(0, 64), [0] * n)  # nothing to move is no fraction
     still_works(comm)
 
 
