@@ -188,3 +188,46 @@ def test_device_buffers_are_checked(comm):
             *(torch.zeros(T, h, 4) for h in (2, 1, 1, 2)), torch.zeros(2, T))
     with pytest.raises(zeppelin.InvalidArgument, match="float32, bfloat16 or float16"):
         zeppelin.Attention(plan, comm, 2, 1, 4, dtype=zeppelin.FLOAT64)
+
+
+def test_varlen_plan_on_device_matches_float64_attention(comm):
+    """What ring_attention_varlen runs on CUDA tensors, on the double's
+    memory: varlen_plan's rings (every sequence over every rank) and the
+    device driver in bfloat16, forward and backward, against float64
+    attention in torch on the same bfloat16 values. Bound: 2**-7 relative
+    to the largest element of each result (a few bf16 roundings of inputs
+    and outputs; the driver itself is exact to rounding, test above)."""
+    import zeppelin.autograd as za
+    n, me = comm.size, comm.rank
+    lengths = [8 * n + 3, 5, 3 * n]
+    cu = [0]
+    for L in lengths:
+        cu.append(cu[-1] + L)
+    plan = za.varlen_plan(torch.tensor(cu, dtype=torch.int32), n, causal=True)
+    mine = plan.attention_layout.indices(me)
+    H, Hk, d = 4, 2, 8
+    g = gen("varlen")
+    q, k, v, dout = (torch.randn(cu[-1], h, d, generator=g).to(torch.bfloat16) for h in (H, Hk, Hk, H))
+    s = ctypes.c_void_p()
+    ok(cuda.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
+    with zeppelin.Attention(plan, comm, H, Hk, d, dtype=zeppelin.BFLOAT16) as attn:
+        got = run(attn, *(DeviceArray.of(t[mine], me) for t in (q, k, v, dout)),
+                  lambda shape, dt: DeviceArray(shape, dt, me), stream=s.value)
+        ok(cuda.cudaStreamSynchronize(s.value), "cudaStreamSynchronize")
+    cuda.cudaStreamDestroy(s.value)
+    out, _, dq, dk, dv = (a.cpu().double() for a in got)
+
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    rep, at, ref = H // Hk, 0, []
+    for L in lengths:
+        qs, ks, vs = (t[at:at + L].transpose(0, 1) for t in (q64, k64, v64))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        sc = (qs @ ks.transpose(1, 2) / math.sqrt(d)).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1),
+                                                                   float("-inf"))
+        ref.append((sc.softmax(-1) @ vs).transpose(0, 1))
+        at += L
+    ref = torch.cat(ref)
+    grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, a, b in (("out", out, ref.detach()[mine]), ("dq", dq, grads[0][mine]), ("dk", dk, grads[1][mine]),
+                       ("dv", dv, grads[2][mine])):
+        assert (a - b).abs().max().item() <= 2 ** -7 * b.abs().max().item(), name
