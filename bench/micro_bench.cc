@@ -23,7 +23,7 @@
 
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 #include "src/route/router.h"
 
 namespace {

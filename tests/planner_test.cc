@@ -19,7 +19,7 @@
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
 #include "tests/plan_fixtures.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 
 #include <gtest/gtest.h>
 

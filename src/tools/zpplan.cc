@@ -1,6 +1,6 @@
 // zpplan: simulates training steps (forward and backward, every layer) of
 // variable-length batches on a modelled cluster, for Zeppelin's plan, its
-// variants and the baselines (src/plan/simulator.h), over many batches and
+// variants and the baselines (src/sim/simulator.h), over many batches and
 // seeds, and prints each strategy's step time (median and 90% interval),
 // where the time goes, its memory, and Zeppelin's speedup over the best
 // feasible baseline. docs/simulator.md explains the model and the output.
@@ -27,9 +27,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "src/plan/calibration.h"
+#include "src/sim/calibration.h"
 #include "src/plan/planner.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 #include "src/util/cli.h"
 #include "src/util/strings.h"
 

@@ -1,4 +1,4 @@
-#include "src/plan/calibration.h"
+#include "src/sim/calibration.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

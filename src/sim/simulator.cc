@@ -1,4 +1,4 @@
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 
 #include <algorithm>
 #include <cmath>
