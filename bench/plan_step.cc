@@ -54,6 +54,7 @@
 namespace {
 
 using namespace zp::plan;
+using namespace zp::sim;
 
 [[noreturn]] void die(const char* what, zpComm_t comm) {
   fprintf(stderr, "plan_step: %s: %s\n", what, zpGetLastError(comm));

@@ -37,6 +37,8 @@
 namespace zp::plan {
 namespace {
 
+using namespace zp::sim;  // the step model some tests plan with
+
 uint64_t testSeed() {
   static uint64_t seed = [] {
     const char* e = std::getenv("ZP_TEST_SEED");

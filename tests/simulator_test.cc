@@ -26,6 +26,8 @@
 namespace zp::plan {
 namespace {
 
+using namespace zp::sim;
+
 ClusterModel node8(int nodes = 1) { return zptest::a800Model(nodes); }
 
 // One layer, no recomputation, constant efficiencies: every term by hand.

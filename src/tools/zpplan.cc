@@ -34,6 +34,7 @@
 #include "src/util/strings.h"
 
 using namespace zp::plan;
+using namespace zp::sim;
 // Members in the order they are set (the strategies in strategyNames() order).
 using Json = nlohmann::ordered_json;
 
