@@ -23,7 +23,7 @@
 
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 #include "src/route/router.h"
 
 namespace {
@@ -41,7 +41,7 @@ const std::vector<int64_t>& lengths() {
 
 std::vector<int64_t> batch(int ranks) {
   std::mt19937_64 rng(1);
-  return zp::plan::formBatch(lengths(), int64_t(65536) * ranks, rng);
+  return zp::sim::formBatch(lengths(), int64_t(65536) * ranks, rng);
 }
 
 zp::plan::ClusterModel cluster(int ranks) {
@@ -66,8 +66,8 @@ void BM_PlanForStep(benchmark::State& state) {
   const int ranks = int(state.range(0));
   auto lens = batch(ranks);
   auto c = cluster(ranks);
-  zp::plan::StepConfig cfg;
-  for (auto _ : state) benchmark::DoNotOptimize(zp::plan::planForStep(lens, cfg, c));
+  zp::sim::StepConfig cfg;
+  for (auto _ : state) benchmark::DoNotOptimize(zp::sim::planForStep(lens, cfg, c));
   state.counters["seqs"] = double(lens.size());
 }
 BENCHMARK(BM_PlanForStep)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
@@ -86,8 +86,8 @@ void BM_SimulateStep(benchmark::State& state) {
   const int ranks = int(state.range(0));
   auto lens = batch(ranks);
   auto c = cluster(ranks);
-  zp::plan::StepConfig cfg;
-  for (auto _ : state) benchmark::DoNotOptimize(zp::plan::simulateStep(lens, cfg, c));
+  zp::sim::StepConfig cfg;
+  for (auto _ : state) benchmark::DoNotOptimize(zp::sim::simulateStep(lens, cfg, c));
 }
 BENCHMARK(BM_SimulateStep)->Arg(16)->Arg(256)->Unit(benchmark::kMillisecond);
 

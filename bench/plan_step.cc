@@ -3,7 +3,7 @@
 // with the reference CPU kernels on host memory, under two plans of the same
 // batch: the planner's (idle-aware, run in the order it carries) and the
 // legacy planner's (loads summed per rank, rings by class and size). For
-// each, the step model's prediction (src/plan/simulator.h, the plan's
+// each, the step model's prediction (src/sim/simulator.h, the plan's
 // attention with its waits and exposed communication, no linear layers) for
 // a calibration of this machine (bench/calibrate.py), and the measured time.
 //
@@ -44,9 +44,9 @@
 #include <vector>
 
 #include "common.h"
-#include "src/plan/calibration.h"
+#include "src/sim/calibration.h"
 #include "src/plan/planner.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 #include "src/util/cli.h"
 #include "src/util/strings.h"
 #include "zeppelin.h"
@@ -54,6 +54,7 @@
 namespace {
 
 using namespace zp::plan;
+using namespace zp::sim;
 
 [[noreturn]] void die(const char* what, zpComm_t comm) {
   fprintf(stderr, "plan_step: %s: %s\n", what, zpGetLastError(comm));

@@ -23,13 +23,18 @@
 // single-process run is the same layer in float64 over each whole batch,
 // with its own attention; every rank compares its rows of dx, rank 0 the
 // loss and the weight gradients summed over the D batches.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zeppelin.h>
@@ -221,151 +226,203 @@ void usage() {
           "  batch holds N tokens.\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int64_t tokens = 4096, scale = 16, dpArg = 0;
+// The command line.
+struct Options {
+  int64_t tokens = 4096, scale = 16, dp = 0;  // dp 0: 2 for an even rank count, else 1
   uint64_t seed = 0;
   bool seedGiven = false;
   std::string lengthsFile = ZP_SOURCE_DIR "/tests/data/prolong64k.txt";
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) {
-      usage();
-      return 2;
-    }
+};
+
+// A value an option cannot take; what() is the whole message.
+class BadValue : public CLI::ParseError {
+ public:
+  explicit BadValue(const std::string& message) : CLI::ParseError("BadValue", message, 2) {}
+};
+
+// Reads the command line with CLI11. Every option takes a value; each value
+// is read as soon as it is met (the first bad one is the one reported), by
+// strtoll / strtoull as before. An option given twice keeps its last value.
+// Returns 0, or the exit code after saying why: 2 for a bad value, an
+// unknown argument or a missing value (the usage).
+int parseOptions(int argc, char** argv, Options* o) {
+  CLI::App app("", "trainer");
+  app.set_help_flag();  // no -h: like any argument it does not know, it prints the usage
+  auto value = [&](const char* name, std::function<bool(const std::string&)> take) {
+    app.add_option_function<std::string>(
+           name,
+           [name, take](const std::string& v) {
+             if (!take(v)) throw BadValue(std::string("bad value for ") + name + ": " + v);
+           })
+        ->trigger_on_parse();
+  };
+  auto integer = [](const std::string& v, int64_t* out, int64_t lo) {
     char* end = nullptr;
-    if (a == "--dp") {
-      dpArg = strtoll(argv[++i], &end, 10);
-      if (end && !*end && dpArg < 1) end = nullptr;
-    } else if (a == "--tokens") {
-      tokens = strtoll(argv[++i], &end, 10);
-    } else if (a == "--scale") {
-      scale = strtoll(argv[++i], &end, 10);
-    } else if (a == "--seed") {
-      seed = strtoull(argv[++i], &end, 10);
-      seedGiven = true;
-    } else if (a == "--lengths") {
-      lengthsFile = argv[++i];
-      continue;
-    } else {
-      usage();
-      return 2;
-    }
-    if (!end || *end || tokens < 1 || scale < 1) {
-      fprintf(stderr, "trainer: bad value for %s: %s\n", a.c_str(), argv[i]);
-      return 2;
-    }
+    *out = strtoll(v.c_str(), &end, 10);
+    return !*end && *out >= lo;
+  };
+  value("--dp", [o, integer](const std::string& v) { return integer(v, &o->dp, 1); });
+  value("--tokens", [o, integer](const std::string& v) { return integer(v, &o->tokens, 1); });
+  value("--scale", [o, integer](const std::string& v) { return integer(v, &o->scale, 1); });
+  value("--seed", [o](const std::string& v) {
+    char* end = nullptr;
+    o->seed = strtoull(v.c_str(), &end, 10);
+    o->seedGiven = true;
+    return !*end;
+  });
+  value("--lengths", [o](const std::string& v) {
+    o->lengthsFile = v;
+    return true;
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const BadValue& e) {
+    fprintf(stderr, "trainer: %s\n", e.what());
+    return 2;
+  } catch (const CLI::ParseError&) {
+    usage();
+    return 2;
   }
+  return 0;
+}
+
+// The sequence lengths to draw from: the positive integers of the file.
+std::vector<int64_t> readLengths(const std::string& path) {
   std::vector<int64_t> pool;
-  if (FILE* f = fopen(lengthsFile.c_str(), "r")) {
+  if (FILE* f = fopen(path.c_str(), "r")) {
     long long v;
     while (fscanf(f, "%lld", &v) == 1)
       if (v > 0) pool.push_back(v);
     fclose(f);
   }
-  if (pool.empty()) {
-    fprintf(stderr, "trainer: no lengths in %s (one positive integer per line)\n", lengthsFile.c_str());
-    return 2;
-  }
+  return pool;
+}
 
-  check(zpCommInitFromEnv(&gComm, nullptr), "zpCommInitFromEnv");
+// The ranks as a D x C grid: the whole job, my context-parallel group
+// (consecutive ranks, one batch) and my data-parallel group (the ranks at my
+// place in every other batch's group; the job-wide sums below could run on
+// it too, but the whole job is what a data-parallel step sums over when
+// every rank holds weights).
+struct Grid {
+  zpComm_t world = nullptr, cpComm = nullptr, dpComm = nullptr;
   int worldRank = 0, worldN = 1;
-  zpCommUserRank(gComm, &worldRank);
-  zpCommCount(gComm, &worldN);
+  int dp = 1, cp = 1;     // data-parallel groups, ranks in each
+  int dpIndex = 0;        // my batch's group
+  int rank = 0, n = 1;    // my place in my batch's group
+};
+
+// Splits the job (gComm) into the grid; returns 0 or the exit code.
+int makeGrid(int64_t dpArg, Grid* grid) {
+  Grid& gr = *grid;
+  gr.world = gComm;
+  zpCommUserRank(gComm, &gr.worldRank);
+  zpCommCount(gComm, &gr.worldN);
+  const int worldRank = gr.worldRank, worldN = gr.worldN;
   const int dp = dpArg ? (int)dpArg : worldN % 2 == 0 ? 2 : 1, cp = worldN / dp;
   if (dp > worldN || worldN % dp) {
     if (worldRank == 0) fprintf(stderr, "trainer: --dp %d does not divide %d ranks\n", dp, worldN);
-    zpCommDestroy(gComm);
     return 2;
   }
-  // The grid: my context-parallel group (consecutive ranks, one batch) and
-  // my data-parallel group (the ranks at my place in every other batch's
-  // group; the job-wide sums below could run on it too, but the whole job
-  // is what a data-parallel step sums over when every rank holds weights).
-  const int dpIndex = worldRank / cp;
-  zpComm_t cpComm = nullptr, dpComm = nullptr;
-  check(zpCommSplit(gComm, dpIndex, worldRank % cp, &cpComm, nullptr), "zpCommSplit (context-parallel groups)");
-  check(zpCommSplit(gComm, worldRank % cp, dpIndex, &dpComm, nullptr), "zpCommSplit (data-parallel groups)");
-  int rank = 0, n = 1, dpRank = 0;
-  zpCommUserRank(cpComm, &rank);  // from here on rank and n are my place in my batch's group
-  zpCommCount(cpComm, &n);
-  zpCommUserRank(dpComm, &dpRank);
-  if (dpRank != dpIndex) die("zpCommSplit: the data-parallel group's ranks are out of order");
-  // Rank 0 picks the seed (fresh unless given), and every rank gets it.
-  if (worldRank == 0 && !seedGiven) seed = std::random_device{}();
-  check(zpBroadcast(&seed, &seed, 1, zpUint64, 0, gComm, nullptr), "sharing the seed");
+  gr.dp = dp;
+  gr.cp = cp;
+  gr.dpIndex = worldRank / cp;
+  check(zpCommSplit(gComm, gr.dpIndex, worldRank % cp, &gr.cpComm, nullptr), "zpCommSplit (context-parallel groups)");
+  check(zpCommSplit(gComm, worldRank % cp, gr.dpIndex, &gr.dpComm, nullptr), "zpCommSplit (data-parallel groups)");
+  int dpRank = 0;
+  zpCommUserRank(gr.cpComm, &gr.rank);
+  zpCommCount(gr.cpComm, &gr.n);
+  zpCommUserRank(gr.dpComm, &dpRank);
+  if (dpRank != gr.dpIndex) die("zpCommSplit: the data-parallel group's ranks are out of order");
+  return 0;
+}
 
-  std::mt19937_64 rng(seed);
-  // The weights, the same everywhere; then each batch from a seed of its own.
+std::vector<float> draw(std::mt19937_64& from, size_t count, float amp) {
   std::uniform_real_distribution<float> uni(-1, 1);
-  auto draw = [&](std::mt19937_64& from, size_t count, float amp) {
-    std::vector<float> v(count);
-    for (float& e : v) e = amp * uni(from);
-    return v;
-  };
+  std::vector<float> v(count);
+  for (float& e : v) e = amp * uni(from);
+  return v;
+}
+
+// The weights, the same everywhere.
+Weights drawWeights(uint64_t seed) {
+  std::mt19937_64 rng(seed);
   Weights w;
   w.qkv = draw(rng, kHidden * kQkv, 0.25f);
   w.o = draw(rng, kHeads * kHeadDim * kHidden, 0.25f);
   w.w1 = draw(rng, kHidden * kMlp, 0.25f);
   w.w2 = draw(rng, kMlp * kHidden, 0.25f);
-  struct Batch {
-    std::vector<int64_t> lens;
-    std::vector<float> X, G;
-  };
-  auto drawBatch = [&](int d) {
-    std::mt19937_64 brng(seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(d + 1)));
-    Batch b;
-    int64_t sum = 0;
-    while (sum < tokens) {
-      int64_t l = std::max<int64_t>(1, pool[brng() % pool.size()] / scale);
-      l = std::min(l, tokens - sum);
-      b.lens.push_back(l);
-      sum += l;
-    }
-    b.X = draw(brng, sum * kHidden, 1.0f);
-    b.G = draw(brng, sum * kHidden, 1.0f);
-    return b;
-  };
-  const Batch mine = drawBatch(dpIndex);
-  const std::vector<int64_t>& lens = mine.lens;
-  const std::vector<float>& X = mine.X;
-  const std::vector<float>& G = mine.G;
-  int64_t total = 0;
-  for (int64_t l : lens) total += l;
+  return w;
+}
+
+// Batch d: lengths drawn from the pool (divided by scale) until it holds
+// `tokens` tokens, its input and the loss's weights; from a seed of its own.
+struct Batch {
+  std::vector<int64_t> lens;
+  std::vector<float> X, G;
+};
+Batch drawBatch(uint64_t seed, int d, const std::vector<int64_t>& pool, int64_t tokens, int64_t scale) {
+  std::mt19937_64 brng(seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(d + 1)));
+  Batch b;
+  int64_t sum = 0;
+  while (sum < tokens) {
+    int64_t l = std::max<int64_t>(1, pool[brng() % pool.size()] / scale);
+    l = std::min(l, tokens - sum);
+    b.lens.push_back(l);
+    sum += l;
+  }
+  b.X = draw(brng, sum * kHidden, 1.0f);
+  b.G = draw(brng, sum * kHidden, 1.0f);
+  return b;
+}
+
+// The batch as its group runs it: the plan for this communicator's cluster,
+// the remap between its layouts, the attention driver, and my tokens.
+struct Planned {
+  zpBatchPlan_t plan = nullptr;
+  zpLayout_t lin = nullptr, att = nullptr;
+  zpRemap_t remap = nullptr;
+  zpAttention_t attn = nullptr;
+  int64_t Tl = 0, Ta = 0;     // my tokens in the linear and the attention layout
+  std::vector<int64_t> rows;  // batch row of each of my linear-layout tokens
+};
+
+Planned planBatch(const std::vector<int64_t>& lens, int rank) {
   const int nseq = (int)lens.size();
   std::vector<int64_t> cu(nseq + 1, 0);
   for (int s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
-  zpComm_t worldComm = gComm;
-  gComm = cpComm;  // the batch's plan, remap and attention run on its group
-
-  // The plan, for this communicator's cluster, and the remap between layouts.
+  Planned p;
   zpAttnShape_t shape = {kHeads, kKvHeads, kHeadDim, 4, 1};
-  zpBatchPlan_t plan = nullptr;
-  check(zpPlanBatch(&plan, nseq, lens.data(), &shape, nullptr, gComm), "zpPlanBatch");
-  zpLayout_t lin = nullptr, att = nullptr;
-  check(zpPlanGetLayout(plan, zpLinearLayout, &lin), "zpPlanGetLayout");
-  check(zpPlanGetLayout(plan, zpAttentionLayout, &att), "zpPlanGetLayout");
-  zpRemap_t remap = nullptr;
-  check(zpRemapCreate(&remap, lin, att, gComm), "zpRemapCreate");
+  check(zpPlanBatch(&p.plan, nseq, lens.data(), &shape, nullptr, gComm), "zpPlanBatch");
+  check(zpPlanGetLayout(p.plan, zpLinearLayout, &p.lin), "zpPlanGetLayout");
+  check(zpPlanGetLayout(p.plan, zpAttentionLayout, &p.att), "zpPlanGetLayout");
+  check(zpRemapCreate(&p.remap, p.lin, p.att, gComm), "zpRemapCreate");
   zpAttnConfig_t cfg = {kHeads, kKvHeads, kHeadDim, 0.0f, zpAttnRefForward, zpAttnRefBackward, nullptr, 1, zpFloat32};
-  zpAttention_t attn = nullptr;
-  check(zpAttentionCreate(&attn, plan, &cfg, gComm), "zpAttentionCreate");
-  int64_t Tl = 0, Ta = 0;
-  zpLayoutRankTokens(lin, rank, &Tl);
-  zpLayoutRankTokens(att, rank, &Ta);
+  check(zpAttentionCreate(&p.attn, p.plan, &cfg, gComm), "zpAttentionCreate");
+  zpLayoutRankTokens(p.lin, rank, &p.Tl);
+  zpLayoutRankTokens(p.att, rank, &p.Ta);
   const zpSegment_t* linSegs = nullptr;
   size_t nLinSegs = 0;
-  zpLayoutRankSegments(lin, rank, &linSegs, &nLinSegs);
-  std::vector<int64_t> rows;  // batch row of each of my linear-layout tokens
+  zpLayoutRankSegments(p.lin, rank, &linSegs, &nLinSegs);
   for (size_t i = 0; i < nLinSegs; i++)
-    for (int64_t t = 0; t < linSegs[i].count; t++) rows.push_back(cu[linSegs[i].seq] + linSegs[i].start + t);
-  std::vector<float> x(Tl * kHidden), g(Tl * kHidden);
-  for (int64_t t = 0; t < Tl; t++) {
-    memcpy(&x[t * kHidden], &X[rows[t] * kHidden], kHidden * sizeof(float));
-    memcpy(&g[t * kHidden], &G[rows[t] * kHidden], kHidden * sizeof(float));
-  }
+    for (int64_t t = 0; t < linSegs[i].count; t++) p.rows.push_back(cu[linSegs[i].seq] + linSegs[i].start + t);
+  return p;
+}
 
+// What this rank computed of the layer: its rows of dx, its share of the
+// weight gradients (dWqkv, dWo, dW1, dW2 in one array, to sum in one call),
+// its share of the loss, and how long forward and backward took.
+struct LayerRun {
+  std::vector<float> dx, grads;
+  double loss = 0, forwardSec = 0, backwardSec = 0;
+};
+
+// The layer over my rows x of the batch (g: the loss's weights of them),
+// on my batch's group (gComm).
+LayerRun runLayer(const Planned& p, const Weights& w, const std::vector<float>& x, const std::vector<float>& g) {
+  const int64_t Tl = p.Tl, Ta = p.Ta;
+  const zpRemap_t remap = p.remap;
+  const zpAttention_t attn = p.attn;
+  LayerRun run;
   // ---- Forward ----
   const int HD = kHeads * kHeadDim, HkD = kKvHeads * kHeadDim;
   const double t0 = now();
@@ -387,15 +444,13 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < Tl * kMlp; i++) h[i] = gelu(pre[i]);
   z = y;
   matmul(h.data(), w.w2.data(), z.data(), Tl, kMlp, kHidden, true);
-  double loss = 0;
-  for (int64_t i = 0; i < Tl * kHidden; i++) loss += (double)z[i] * g[i];
+  for (int64_t i = 0; i < Tl * kHidden; i++) run.loss += (double)z[i] * g[i];
   const double t1 = now();
 
   // ---- Backward ----
-  // grads: dWqkv, dWo, dW1, dW2 (this rank's share), then the loss: one array to sum on rank 0.
   const size_t nW[4] = {w.qkv.size(), w.o.size(), w.w1.size(), w.w2.size()};
-  std::vector<float> grads(nW[0] + nW[1] + nW[2] + nW[3] + 1, 0.0f);
-  float* dWqkv = grads.data();
+  run.grads.assign(nW[0] + nW[1] + nW[2] + nW[3], 0.0f);
+  float* dWqkv = run.grads.data();
   float* dWo = dWqkv + nW[0];
   float* dW1 = dWo + nW[1];
   float* dW2 = dW1 + nW[2];
@@ -419,87 +474,142 @@ int main(int argc, char** argv) {
   }
   check(zpRemapExecute(remap, dqkvAtt.data(), dqkvLin.data(), kQkv, zpFloat32, 1, gComm, nullptr), "remap dqkv");
   matmulAtAdd(x.data(), dqkvLin.data(), dWqkv, Tl, kHidden, kQkv);
-  std::vector<float> dx(dy);
-  matmulBt(dqkvLin.data(), w.qkv.data(), dx.data(), Tl, kQkv, kHidden, true);
-  const double t2 = now();
+  run.dx = dy;
+  matmulBt(dqkvLin.data(), w.qkv.data(), run.dx.data(), Tl, kQkv, kHidden, true);
+  run.forwardSec = t1 - t0;
+  run.backwardSec = now() - t1;
+  return run;
+}
+
+// Adds the single-process runs of the other batches (1 to dp - 1) to ref,
+// batch 0's: the loss and weight gradients a data-parallel step sums.
+void addOtherBatches(Reference* ref, const Options& opt, const std::vector<int64_t>& pool, int dp, const Weights& w) {
+  for (int d = 1; d < dp; d++) {
+    const Batch b = drawBatch(opt.seed, d, pool, opt.tokens, opt.scale);
+    const Reference r = referenceLayer(b.X, b.G, w, b.lens);
+    ref->loss += r.loss;
+    for (auto pr : {std::make_pair(&ref->dqkv, &r.dqkv), std::make_pair(&ref->dwo, &r.dwo),
+                    std::make_pair(&ref->dw1, &r.dw1), std::make_pair(&ref->dw2, &r.dw2)})
+      for (size_t i = 0; i < pr.first->size(); i++) (*pr.first)[i] += (*pr.second)[i];
+  }
+}
+
+// Rank 0's verdict: the loss and the weight gradients summed over the job
+// (sum: dWqkv, dWo, dW1, dW2) against ref, the single-process runs of every
+// batch summed, and the worst rank's dx error. Prints the report; true if
+// it passed.
+bool judge(const Options& opt, const Grid& grid, const Weights& w, const Batch& mine, const Planned& p,
+           const std::vector<double>& sum, double lossSum, double worstDx, const LayerRun& run, const Reference& ref) {
+  const double bound = 1e-4;  // float32 sums over 64-128 terms against float64
+  const int nseq = (int)mine.lens.size();
+  int64_t total = 0;
+  for (int64_t l : mine.lens) total += l;
+  int local = 0, intra = 0, inter = 0;
+  for (int s = 0; s < nseq; s++) {
+    int cls = 0, gsz = 0;
+    const int* rr = nullptr;
+    zpPlanSequence(p.plan, s, &cls, &gsz, &rr);
+    (cls == 0 ? local : cls == 1 ? intra : inter)++;
+  }
+  auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+      diff = std::max(diff, std::fabs(got[i] - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    return scale > 0 ? diff / scale : diff;
+  };
+  const size_t nW[4] = {w.qkv.size(), w.o.size(), w.w1.size(), w.w2.size()};
+  auto slice = [&](size_t from, size_t count) {
+    return std::vector<double>(sum.begin() + from, sum.begin() + from + count);
+  };
+  const double errs[5] = {std::fabs(lossSum - ref.loss) / std::max(1.0, std::fabs(ref.loss)),
+                          rel(slice(0, nW[0]), ref.dqkv), rel(slice(nW[0], nW[1]), ref.dwo),
+                          rel(slice(nW[0] + nW[1], nW[2]), ref.dw1),
+                          rel(slice(nW[0] + nW[1] + nW[2], nW[3]), ref.dw2)};
+  printf("# trainer: %d ranks as %d data-parallel x %d context-parallel (zpCommSplit), seed %llu\n", grid.worldN,
+         grid.dp, grid.cp, (unsigned long long)opt.seed);
+  printf("# batch 0 of %d: %d sequences, %lld tokens (lengths from %s / %lld)\n", grid.dp, nseq, (long long)total,
+         opt.lengthsFile.c_str(), (long long)opt.scale);
+  printf("# plan: %d local, %d intra-node rings, %d inter-node rings; layer: hidden %d, %d/%d heads of %d, mlp %d\n",
+         local, intra, inter, kHidden, kHeads, kKvHeads, kHeadDim, kMlp);
+  printf("# rank 0: forward %.1f ms, backward %.1f ms\n", run.forwardSec * 1e3, run.backwardSec * 1e3);
+  printf("# weight gradients and loss: zpAllReduce over all %d ranks\n", grid.worldN);
+  printf("# relative error vs the single-process float64 runs (max |err| / max |ref|, bound %.0e):\n", bound);
+  printf("#   loss %.2e  dWqkv %.2e  dWo %.2e  dW1 %.2e  dW2 %.2e  dx (worst rank) %.2e\n", errs[0], errs[1], errs[2],
+         errs[3], errs[4], worstDx);
+  bool failed = false;
+  for (double e : errs) failed |= !(e < bound);
+  failed |= !(worstDx < bound);
+  printf("%s\n", failed ? "FAIL" : "PASS");
+  return !failed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (int code = parseOptions(argc, argv, &opt)) return code;
+  const std::vector<int64_t> pool = readLengths(opt.lengthsFile);
+  if (pool.empty()) {
+    fprintf(stderr, "trainer: no lengths in %s (one positive integer per line)\n", opt.lengthsFile.c_str());
+    return 2;
+  }
+
+  check(zpCommInitFromEnv(&gComm, nullptr), "zpCommInitFromEnv");
+  Grid grid;
+  if (makeGrid(opt.dp, &grid)) {
+    zpCommDestroy(gComm);
+    return 2;
+  }
+  const zpComm_t worldComm = grid.world;
+  // Rank 0 picks the seed (fresh unless given), and every rank gets it.
+  if (grid.worldRank == 0 && !opt.seedGiven) opt.seed = std::random_device{}();
+  check(zpBroadcast(&opt.seed, &opt.seed, 1, zpUint64, 0, gComm, nullptr), "sharing the seed");
+
+  const Weights w = drawWeights(opt.seed);
+  const Batch mine = drawBatch(opt.seed, grid.dpIndex, pool, opt.tokens, opt.scale);
+  gComm = grid.cpComm;  // the batch's plan, remap and attention run on its group
+  const Planned p = planBatch(mine.lens, grid.rank);
+  std::vector<float> x(p.Tl * kHidden), g(p.Tl * kHidden);
+  for (int64_t t = 0; t < p.Tl; t++) {
+    memcpy(&x[t * kHidden], &mine.X[p.rows[t] * kHidden], kHidden * sizeof(float));
+    memcpy(&g[t * kHidden], &mine.G[p.rows[t] * kHidden], kHidden * sizeof(float));
+  }
+  LayerRun run = runLayer(p, w, x, g);
 
   // Weight gradients summed over every rank of the job (each batch's
   // group holds its batch's share, the groups their batches'), in place;
   // the loss in float64.
-  grads.pop_back();
-  check(zpAllReduce(grads.data(), grads.data(), grads.size(), zpFloat32, zpSum, worldComm, nullptr),
+  check(zpAllReduce(run.grads.data(), run.grads.data(), run.grads.size(), zpFloat32, zpSum, worldComm, nullptr),
         "summing the weight gradients");
-  double lossSum = loss;
+  double lossSum = run.loss;
   check(zpAllReduce(&lossSum, &lossSum, 1, zpFloat64, zpSum, worldComm, nullptr), "summing the loss");
-  const std::vector<double> sum(grads.begin(), grads.end());
+  const std::vector<double> sum(run.grads.begin(), run.grads.end());
 
   // The single-process runs (each batch; rank 0 sums them), and the comparison.
-  Reference ref = referenceLayer(X, G, w, lens);
-  std::vector<double> refDx(Tl * kHidden);
-  for (int64_t t = 0; t < Tl; t++)
-    for (int e = 0; e < kHidden; e++) refDx[t * kHidden + e] = ref.dx[rows[t] * kHidden + e];
-  if (worldRank == 0)
-    for (int d = 1; d < dp; d++) {
-      const Batch b = drawBatch(d);
-      const Reference r = referenceLayer(b.X, b.G, w, b.lens);
-      ref.loss += r.loss;
-      for (auto pr : {std::make_pair(&ref.dqkv, &r.dqkv), std::make_pair(&ref.dwo, &r.dwo),
-                      std::make_pair(&ref.dw1, &r.dw1), std::make_pair(&ref.dw2, &r.dw2)})
-        for (size_t i = 0; i < pr.first->size(); i++) (*pr.first)[i] += (*pr.second)[i];
-    }
-  const double bound = 1e-4;  // float32 sums over 64-128 terms against float64
-  double dxErr = relError(dx.data(), refDx.data(), refDx.size());
+  Reference ref = referenceLayer(mine.X, mine.G, w, mine.lens);
+  std::vector<double> refDx(p.Tl * kHidden);
+  for (int64_t t = 0; t < p.Tl; t++)
+    for (int e = 0; e < kHidden; e++) refDx[t * kHidden + e] = ref.dx[p.rows[t] * kHidden + e];
+  double dxErr = relError(run.dx.data(), refDx.data(), refDx.size());
   // Every rank's dx error, everywhere.
-  std::vector<double> dxErrs(worldN, 0.0);
+  std::vector<double> dxErrs(grid.worldN, 0.0);
   check(zpAllGather(&dxErr, dxErrs.data(), 1, zpFloat64, worldComm, nullptr), "gathering dx errors");
   int failed = 0;
-  if (worldRank == 0) {
-    int local = 0, intra = 0, inter = 0;
-    for (int s = 0; s < nseq; s++) {
-      int cls = 0, gsz = 0;
-      const int* rr = nullptr;
-      zpPlanSequence(plan, s, &cls, &gsz, &rr);
-      (cls == 0 ? local : cls == 1 ? intra : inter)++;
-    }
-    auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
-      double diff = 0, scale = 0;
-      for (size_t i = 0; i < want.size(); i++) {
-        diff = std::max(diff, std::fabs(got[i] - want[i]));
-        scale = std::max(scale, std::fabs(want[i]));
-      }
-      return scale > 0 ? diff / scale : diff;
-    };
-    auto slice = [&](size_t from, size_t count) {
-      return std::vector<double>(sum.begin() + from, sum.begin() + from + count);
-    };
-    const double errs[5] = {std::fabs(lossSum - ref.loss) / std::max(1.0, std::fabs(ref.loss)),
-                            rel(slice(0, nW[0]), ref.dqkv), rel(slice(nW[0], nW[1]), ref.dwo),
-                            rel(slice(nW[0] + nW[1], nW[2]), ref.dw1),
-                            rel(slice(nW[0] + nW[1] + nW[2], nW[3]), ref.dw2)};
+  if (grid.worldRank == 0) {
     double worstDx = 0;
     for (double e : dxErrs) worstDx = std::max(worstDx, e);
-    printf("# trainer: %d ranks as %d data-parallel x %d context-parallel (zpCommSplit), seed %llu\n", worldN, dp, cp,
-           (unsigned long long)seed);
-    printf("# batch 0 of %d: %d sequences, %lld tokens (lengths from %s / %lld)\n", dp, nseq, (long long)total,
-           lengthsFile.c_str(), (long long)scale);
-    printf("# plan: %d local, %d intra-node rings, %d inter-node rings; layer: hidden %d, %d/%d heads of %d, mlp %d\n",
-           local, intra, inter, kHidden, kHeads, kKvHeads, kHeadDim, kMlp);
-    printf("# rank 0: forward %.1f ms, backward %.1f ms\n", (t1 - t0) * 1e3, (t2 - t1) * 1e3);
-    printf("# weight gradients and loss: zpAllReduce over all %d ranks\n", worldN);
-    printf("# relative error vs the single-process float64 runs (max |err| / max |ref|, bound %.0e):\n", bound);
-    printf("#   loss %.2e  dWqkv %.2e  dWo %.2e  dW1 %.2e  dW2 %.2e  dx (worst rank) %.2e\n", errs[0], errs[1],
-           errs[2], errs[3], errs[4], worstDx);
-    for (double e : errs) failed |= !(e < bound);
-    failed |= !(worstDx < bound);
-    printf("%s\n", failed ? "FAIL" : "PASS");
+    addOtherBatches(&ref, opt, pool, grid.dp, w);
+    failed = !judge(opt, grid, w, mine, p, sum, lossSum, worstDx, run, ref);
   }
   // Everyone learns the verdict, so every rank's exit code tells it.
   check(zpBroadcast(&failed, &failed, 1, zpInt32, 0, worldComm, nullptr), "sharing the verdict");
-  zpAttentionDestroy(attn);
-  zpRemapDestroy(remap);
-  zpPlanDestroy(plan);
-  zpCommDestroy(cpComm);
-  zpCommDestroy(dpComm);
+  zpAttentionDestroy(p.attn);
+  zpRemapDestroy(p.remap);
+  zpPlanDestroy(p.plan);
+  zpCommDestroy(grid.cpComm);
+  zpCommDestroy(grid.dpComm);
   gComm = worldComm;
   zpCommDestroy(worldComm);
   return failed ? 1 : 0;

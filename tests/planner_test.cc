@@ -19,7 +19,7 @@
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
 #include "tests/plan_fixtures.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 
 #include <gtest/gtest.h>
 
@@ -36,6 +36,8 @@
 
 namespace zp::plan {
 namespace {
+
+using namespace zp::sim;  // the step model some tests plan with
 
 uint64_t testSeed() {
   static uint64_t seed = [] {
@@ -149,22 +151,6 @@ std::vector<int64_t> readLengths(const char* file = "prolong64k.txt") {
   return v;
 }
 
-// A batch of `budget` tokens: consecutive lengths of the file from a random
-// start (wrapping), skipping any longer than the budget, until the next
-// would not fit.
-std::vector<int64_t> drawBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
-  std::vector<int64_t> b;
-  int64_t total = 0;
-  size_t i = rng() % all.size();
-  for (size_t k = 0; k < all.size(); ++k, i = (i + 1) % all.size()) {
-    if (all[i] > budget) continue;
-    if (total + all[i] > budget) break;
-    b.push_back(all[i]);
-    total += all[i];
-  }
-  return b;
-}
-
 TEST(Planner, RandomBatchesFollowPlanRules) {
   SEED_TRACE;
   std::mt19937_64 rng(testSeed());
@@ -188,7 +174,7 @@ TEST(Planner, Deterministic) {
   std::mt19937_64 rng(testSeed());
   auto all = readLengths();
   ASSERT_FALSE(all.empty());
-  auto lens = drawBatch(all, 64 * 65536, rng);
+  auto lens = formBatch(all, 64 * 65536, rng);
   BatchPlan a = planBatch(lens, true, AttnShape{}, a800(8));
   BatchPlan b = planBatch(lens, true, AttnShape{}, a800(8));
   EXPECT_TRUE(samePlan(a, b));
@@ -304,7 +290,7 @@ TEST(Planner, MakespanNearTheBound) {
     for (int nranks : {16, 64, 256}) {
       ClusterModel c = a800(nranks / 8);
       for (int b = 0; b < 2; ++b) {
-        auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+        auto lens = formBatch(all, int64_t(nranks) * 65536, rng);
         SCOPED_TRACE(std::string(file) + ", " + std::to_string(nranks) + " ranks, batch " + std::to_string(b));
         double mean = 0, floor = 0;
         for (int64_t l : lens) {
@@ -345,7 +331,7 @@ TEST(Planner, PlanOrderIsTheSchedule) {
   double worse = 0;
   for (int nranks : {64, 256}) {
     ClusterModel c = a800(nranks / 8);
-    auto lens = drawBatch(all, int64_t(nranks) * 65536, rng);
+    auto lens = formBatch(all, int64_t(nranks) * 65536, rng);
     BatchPlan p = planBatch(lens, true, sh, c);
     BatchPlan sorted = p;
     orderByClassAndSize(&sorted);

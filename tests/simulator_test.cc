@@ -1,15 +1,15 @@
-// The full-step simulator (src/plan/simulator.h) and its calibration
-// (src/plan/calibration.h): every baseline against a hand-computed case on a
+// The full-step simulator (src/sim/simulator.h) and its calibration
+// (src/sim/calibration.h): every baseline against a hand-computed case on a
 // one-layer model with a constant attention efficiency and no latency, the
 // memory-feasibility check, and that a calibration changes predictions the
 // way it should (efficiency by chunk length, latency, routing).
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
-#include "src/plan/calibration.h"
+#include "src/sim/calibration.h"
 #include "src/plan/planner.h"
 #include "tests/harness.h"
 #include "tests/plan_fixtures.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -25,6 +25,8 @@
 
 namespace zp::plan {
 namespace {
+
+using namespace zp::sim;
 
 ClusterModel node8(int nodes = 1) { return zptest::a800Model(nodes); }
 

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "src/core/log.h"
 #include "tests/process_util.h"
 
@@ -1101,6 +1103,12 @@ ToolRun runTool(const std::string& args) {
   return r;
 }
 
+// The JSON document of zptopo --json's output (the log lines before it aside).
+nlohmann::json jsonIn(const std::string& out) {
+  const size_t at = out.compare(0, 1, "{") == 0 ? 0 : out.find("\n{") + 1;
+  return nlohmann::json::parse(out.substr(at), nullptr, false);
+}
+
 TEST(Zptopo, HelpAndBadOptions) {
   ToolRun r = runTool("-h");
   EXPECT_EQ(r.status, 0) << r.out;
@@ -1183,8 +1191,12 @@ TEST(Zptopo, ShowsRanksOnGpusAndTheirNics) {
       << r.out;
   r = runTool("--json");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_TRUE(contains(r.out, "{\"localRank\": 3, \"gpu\": 1, \"nic\": \"ib1\", \"proxyFor\": \"ib1\"}")) << r.out;
-  EXPECT_TRUE(contains(r.out, "\"nicHops\": [3, 2, 6, 6], \"nic\": \"ib0\"}")) << r.out;
+  nlohmann::json j = jsonIn(r.out);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["ranks"][3], nlohmann::json::parse(R"({"localRank": 3, "gpu": 1, "nic": "ib1", "proxyFor": "ib1"})"))
+      << r.out;
+  EXPECT_EQ(j["gpus"][0]["nicHops"], nlohmann::json::parse("[3, 2, 6, 6]")) << r.out;
+  EXPECT_EQ(j["gpus"][0]["nic"], "ib0") << r.out;
   EXPECT_TRUE(contains(r.out, "\"hca\": \"mlx5_0:1\"")) << r.out;
 }
 #endif  // ZPTOPO_PATH

@@ -259,57 +259,59 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
   return lin;
 }
 
-}  // namespace
-
-BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
-                    const ClusterModel& c, const PlanOptions& opt) {
-  validate(lens, shape, c);
+// The legacy planner: halve the cap until the summed imbalance is within
+// 2%, keeping the best; rings in the order the simulator used to run them.
+BatchPlan planLegacy(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+                     const PlanOptions& opt, double mean) {
   const int n = c.ranks();
-  double total = 0;
-  for (int64_t s : lens) total += attnComputeSeconds(attnFlops(s, causal, shape), double(s), c);
-  const double mean = total / n;
-
-  if (opt.legacy) {
-    // Halve the cap until the summed imbalance is within 2%, keeping the
-    // best; rings in the order the simulator used to run them.
-    std::vector<std::vector<int>> best;
-    double bestImb = 0;
-    double cap = mean;
-    for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
-      std::vector<double> load;
-      auto ranks = placeBySummedLoad(lens, causal, shape, c, opt, cap, load);
-      double imb = imbalance(load);
-      if (best.empty() || imb < bestImb - 1e-12) {
-        best = std::move(ranks);
-        bestImb = imb;
-      }
-      if (bestImb <= 1.02) break;
+  std::vector<std::vector<int>> best;
+  double bestImb = 0;
+  double cap = mean;
+  for (int attempt = 0; attempt < 7; ++attempt, cap /= 2) {
+    std::vector<double> load;
+    auto ranks = placeBySummedLoad(lens, causal, shape, c, opt, cap, load);
+    double imb = imbalance(load);
+    if (best.empty() || imb < bestImb - 1e-12) {
+      best = std::move(ranks);
+      bestImb = imb;
     }
-    BatchPlan p = planFromRings(lens, causal, best, n, c.ranksPerNode);
-    orderByClassAndSize(&p);
-    return p;
+    if (bestImb <= 1.02) break;
   }
+  BatchPlan p = planFromRings(lens, causal, best, n, c.ranksPerNode);
+  orderByClassAndSize(&p);
+  return p;
+}
 
-  // Every candidate is scheduled and the one with the shortest modelled step
-  // kept: the splits of a range of caps (smaller pieces balance better but
-  // communicate more and run shorter, less efficient kernels), with rings
-  // across nodes and inside nodes only, and the placements of DP x CP
-  // groups. The planner's own model: attention's forward and backward
-  // makespans and the remaps; PlanOptions::score replaces it.
-  const double q = double(shape.qHeads) * shape.headDim * shape.elemBytes;
-  const double kv = double(shape.kvHeads) * shape.headDim * shape.elemBytes;
-  auto modelled = [&](const BatchPlan& p, const Schedule& s) {
-    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
-    const double remap = rs.in + rs.out;
-    return opt.forwardPasses * (s.forward + remap) + s.backward + remap;
-  };
+// The best of planBatch's candidates so far. The planner's own model:
+// attention's forward and backward makespans and the remaps;
+// PlanOptions::score replaces it.
+struct BestPlan {
+  BestPlan(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+           const PlanOptions& opt)
+      : lens(lens), causal(causal), shape(shape), c(c), opt(opt) {}
+
+  const std::vector<int64_t>& lens;
+  bool causal;
+  const AttnShape& shape;
+  const ClusterModel& c;
+  const PlanOptions& opt;
   BatchPlan best;
   double bestScore = 0;
   bool have = false;
+
+  double modelled(const BatchPlan& p, const Schedule& s) const {
+    const double q = double(shape.qHeads) * shape.headDim * shape.elemBytes;
+    const double kv = double(shape.kvHeads) * shape.headDim * shape.elemBytes;
+    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
+    const double remap = rs.in + rs.out;
+    return opt.forwardPasses * (s.forward + remap) + s.backward + remap;
+  }
+
   // Scores a candidate fully, keeping it if it is the best so far. A plan is
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
-  auto consider = [&](const Schedule& s) {
+  void consider(const Schedule& s) {
+    const int n = c.ranks();
     auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
     // The planner's own model adds the remaps' non-negative seconds to the
     // makespans, so a candidate whose makespans alone are no better cannot
@@ -350,7 +352,27 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     } else if (won) {
       best = std::move(p);
     }
-  };
+  }
+};
+
+}  // namespace
+
+BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
+                    const ClusterModel& c, const PlanOptions& opt) {
+  validate(lens, shape, c);
+  const int n = c.ranks();
+  double total = 0;
+  for (int64_t s : lens) total += attnComputeSeconds(attnFlops(s, causal, shape), double(s), c);
+  const double mean = total / n;
+
+  if (opt.legacy) return planLegacy(lens, causal, shape, c, opt, mean);
+
+  // Every candidate is scheduled and the one with the shortest modelled step
+  // kept: the splits of a range of caps (smaller pieces balance better but
+  // communicate more and run shorter, less efficient kernels), with rings
+  // across nodes and inside nodes only, and the placements of DP x CP
+  // groups (BestPlan scores them).
+  BestPlan bestPlan(lens, causal, shape, c, opt);
   // Candidates are screened by their attention makespans (plus, for groups,
   // the linear layers' imbalance); the few best of each kind are scored
   // fully, since building and scoring a plan costs more than scheduling it.
@@ -388,8 +410,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   };
   if (opt.onlyCap > 0) {
     tryCap(mean * opt.onlyCap, opt, options);
-    consider(caps.front().second);
-    return best;
+    bestPlan.consider(caps.front().second);
+    return std::move(bestPlan.best);
   }
   // Caps halving from the mean load down to 1/64 of it, then a local search
   // around the best in steps of a half, a quarter and an eighth of an octave:
@@ -455,11 +477,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
   // The best of each kind, and the runner-up (when not thorough, only within 3%).
   for (size_t i = 0; i < caps.size() && i < 2; ++i)
-    if (i == 0 || thorough || caps[i].first <= 1.03 * caps[0].first) consider(caps[i].second);
+    if (i == 0 || thorough || caps[i].first <= 1.03 * caps[0].first) bestPlan.consider(caps[i].second);
   for (size_t i = 0; i < groupSizes.size() && i < 2; ++i)
     if (i == 0 || thorough || groupSizes[i].first <= 1.03 * groupSizes[0].first)
-      consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true, byLength));
-  return best;
+      bestPlan.consider(groupSchedule(lens, causal, shape, c, opt, groupSizes[i].second, true, byLength));
+  return std::move(bestPlan.best);
 }
 
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,

@@ -31,7 +31,7 @@ struct PlanOptions {
   // asked about a plan as it is (remap true) and with the linear layers on
   // the attention layout (remap false: the plan's linear layout is to be
   // taken as its attention layout, so the planner need not copy it). The
-  // simulator passes its full step (simulator.h).
+  // simulator passes its full step (src/sim/simulator.h).
   std::function<double(const BatchPlan&, bool remap)> score;
   // With `score`, if set: a lower bound of score, either way, for any plan
   // whose rank r computes attention for at least attnForward[r] seconds in

@@ -42,6 +42,47 @@ struct Gap {
   double begin, end;
 };
 
+namespace {
+
+// An inter-node ring of G ranks: the G / ranksPerNode nodes that are free
+// soonest, whole, node by node so only that many hops of the ring cross the
+// network. Writes the ring's ranks; returns when they are all free.
+double placeAcrossNodes(const std::vector<double>& freeAt, const ClusterModel& c, int G, int* ring) {
+  const int rpn = c.ranksPerNode;
+  const int k = G / rpn;
+  std::vector<Entry> nodes;
+  for (int nd = 0; nd < c.nodes; ++nd)
+    nodes.push_back({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
+  std::stable_sort(nodes.begin(), nodes.end());
+  std::vector<int> chosen;
+  double at = 0;
+  for (int j = 0; j < k; ++j) {
+    chosen.push_back(nodes[j].second);
+    at = std::max(at, nodes[j].first);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  int* next = ring;
+  for (int nd : chosen)
+    for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) *next++ = r;
+  return at;
+}
+
+// The backward pass of a schedule: the same rings in reverse order, each
+// starting when the last of its ranks is free (back: each sequence's
+// backward seconds). Returns its makespan.
+double backwardMakespan(const Schedule& out, const std::vector<double>& back, int n) {
+  std::vector<double> freeAt(n, 0.0);
+  for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
+    const size_t i = size_t(*it);
+    double at = 0;
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + back[i];
+  }
+  return *std::max_element(freeAt.begin(), freeAt.end());
+}
+
+}  // namespace
+
 // List scheduling of one candidate (the splits a cap gives): rings go, largest
 // first, where they can start soonest, and a ring starts when the last of its
 // ranks is free, so all its ranks finish together at start + its time (the
@@ -101,24 +142,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     const Split& s = splits[i];
     int* const ring = out.ranks.data() + out.first[i];  // s.G ranks
     if (s.cls == SeqClass::InterNode) {
-      // The k nodes that are free soonest, whole, node by node so only k hops
-      // of the ring cross the network.
-      const int k = s.G / rpn;
-      std::vector<Entry> nodes;
-      for (int nd = 0; nd < c.nodes; ++nd)
-        nodes.push_back({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
-      std::stable_sort(nodes.begin(), nodes.end());
-      std::vector<int> chosen;
-      double at = 0;
-      for (int j = 0; j < k; ++j) {
-        chosen.push_back(nodes[j].second);
-        at = std::max(at, nodes[j].first);
-      }
-      std::sort(chosen.begin(), chosen.end());
-      int* next = ring;
-      for (int nd : chosen)
-        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) *next++ = r;
-      occupy(i, at);
+      occupy(i, placeAcrossNodes(freeAt, c, s.G, ring));
     } else if (s.cls == SeqClass::IntraNode) {
       // The node where G ranks are free soonest; of its ranks free by then,
       // the G that are free latest, so the ring leaves the least idle and the
@@ -192,16 +216,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
   out.order.assign(order.begin(), order.end());
   std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return start[a] < start[b]; });
-  // The backward pass: the same rings in reverse order, each starting when
-  // the last of its ranks is free.
-  std::fill(freeAt.begin(), freeAt.end(), 0.0);
-  for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
-    const size_t i = size_t(*it);
-    double at = 0;
-    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
-    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + back[i];
-  }
-  out.backward = *std::max_element(freeAt.begin(), freeAt.end());
+  out.backward = backwardMakespan(out, back, n);
   return out;
 }
 

@@ -1,6 +1,6 @@
 // zpplan: simulates training steps (forward and backward, every layer) of
 // variable-length batches on a modelled cluster, for Zeppelin's plan, its
-// variants and the baselines (src/plan/simulator.h), over many batches and
+// variants and the baselines (src/sim/simulator.h), over many batches and
 // seeds, and prints each strategy's step time (median and 90% interval),
 // where the time goes, its memory, and Zeppelin's speedup over the best
 // feasible baseline. docs/simulator.md explains the model and the output.
@@ -25,13 +25,18 @@
 #include <type_traits>
 #include <vector>
 
-#include "src/plan/calibration.h"
+#include <nlohmann/json.hpp>
+
+#include "src/sim/calibration.h"
 #include "src/plan/planner.h"
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 #include "src/util/cli.h"
 #include "src/util/strings.h"
 
 using namespace zp::plan;
+using namespace zp::sim;
+// Members in the order they are set (the strategies in strategyNames() order).
+using Json = nlohmann::ordered_json;
 
 namespace {
 
@@ -169,9 +174,7 @@ struct Spread {
 };
 Spread spread(const std::vector<double>& v) { return {quantile(v, 0.5), quantile(v, 0.05), quantile(v, 0.95)}; }
 
-std::string jsonSpread(const Spread& s, double scale = 1) {
-  return zp::strprintf("{\"median\": %.6g, \"p5\": %.6g, \"p95\": %.6g}", s.median * scale, s.lo * scale, s.hi * scale);
-}
+Json jsonSpread(const Spread& s) { return {{"median", s.median}, {"p5", s.lo}, {"p95", s.hi}}; }
 
 // What one strategy did over all batches of one rank count.
 struct Tally {
@@ -183,6 +186,238 @@ struct Tally {
   bool baseline = false, reference = false;
 };
 
+// What every strategy did over all draws of one rank count.
+struct RankCount {
+  int nranks = 0, nodes = 0, ranksPerNode = 0;
+  std::vector<Tally> tally;  // by strategy, in strategyNames() order
+  std::vector<double> planMs, bestSpeedup, bestSpeedupCharged, ofBound;
+  std::map<std::string, int> bestCount;
+  size_t seqs = 0, draws = 0;
+  int zeppelinInfeasible = 0;
+};
+
+// The simulator's input: the machine, the model and the step, from the
+// options; 0, or the exit code after saying why.
+int setUp(const Options& opt, Calibration* cal, StepConfig* cfg) {
+  calibrationPreset(opt.preset, cal);
+  if (!opt.calibrationFile.empty()) {
+    try {
+      *cal = readCalibration(opt.calibrationFile);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "zpplan: %s\n", e.what());
+      return kExitUsage;
+    }
+  }
+  for (const auto& set : opt.clusterOverrides) set(cal);
+  modelPreset(opt.modelName, &cfg->model);
+  for (const auto& set : opt.modelOverrides) set(&cfg->model);
+  if (cfg->model.attn.qHeads % cfg->model.attn.kvHeads) {
+    fprintf(stderr, "zpplan: %d key/value heads do not divide %d query heads\n", cfg->model.attn.kvHeads, cfg->model.attn.qHeads);
+    return kExitUsage;
+  }
+  cfg->causal = !opt.full;
+  cfg->recompute = !opt.noRecompute;
+  cfg->nodeTokenBalance = !opt.noNodeBalance;
+  cfg->legacyPlanner = opt.legacyPlanner;
+  cfg->linearEfficiency = cal->linearEfficiency;
+  cfg->memoryBytes = cal->memoryGiB * double(1 << 30);
+  return 0;
+}
+
+// The sequence lengths of the file; 0, or the exit code after saying why.
+int readLengths(const std::string& file, std::vector<int64_t>* all) {
+  std::ifstream f(file);
+  std::string word;
+  while (f >> word) {
+    long long x = 0;
+    if (!zp::parseInt(word, 1, (long long)1 << 40, &x)) {
+      fprintf(stderr, "zpplan: '%s': '%s' is not a sequence length (an integer from 1 to 2^40)\n", file.c_str(), word.c_str());
+      return kExitUsage;
+    }
+    all->push_back(x);
+  }
+  if (all->empty()) {
+    fprintf(stderr, "zpplan: no lengths read from '%s'\n", file.c_str());
+    return kExitUsage;
+  }
+  return 0;
+}
+
+// Plans and simulates every draw (seeds x batches) for nranks ranks; 0, or
+// the exit code after saying why.
+int simulateRankCount(const Options& opt, const StepConfig& cfg, const Calibration& cal,
+                      const std::vector<int64_t>& all, int nranks, RankCount* out) {
+  ClusterModel c = cal.cluster;
+  c.nodes = nranks / c.ranksPerNode;
+  RankCount& rc = *out;
+  rc.nranks = nranks;
+  rc.nodes = c.nodes;
+  rc.ranksPerNode = c.ranksPerNode;
+  rc.tally.assign(strategyNames().size(), Tally());
+  for (int s = 0; s < opt.seeds; ++s) {
+    std::mt19937_64 rng(opt.seed + s);
+    for (int b = 0; b < opt.batches; ++b, ++rc.draws) {
+      auto lens = formBatch(all, opt.perRank * nranks, rng);
+      if (lens.empty()) {
+        fprintf(stderr, "zpplan: no length of '%s' fits a batch of %lld tokens\n", opt.file.c_str(),
+                (long long)(opt.perRank * nranks));
+        return kExitUsage;
+      }
+      rc.seqs += lens.size();
+      std::vector<StrategyResult> r;
+      double ms = 0;
+      try {
+        auto t0 = std::chrono::steady_clock::now();
+        planForStep(lens, cfg, c);
+        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        r = simulateStep(lens, cfg, c);
+      } catch (const std::invalid_argument& e) {
+        fprintf(stderr, "zpplan: %s\n", e.what());
+        return kExitUsage;
+      }
+      rc.planMs.push_back(ms);
+      const double zt = r[0].stepSeconds;
+      int best = -1;
+      for (size_t k = 0; k < r.size(); ++k) {
+        Tally& t = rc.tally[k];
+        t.step.push_back(r[k].stepSeconds);
+        t.speedup.push_back(r[k].stepSeconds / zt);
+        t.memGiB.push_back(r[k].peakMemoryBytes / double(1 << 30));
+        t.parts.attn += r[k].parts.attn;
+        t.parts.comm += r[k].parts.comm;
+        t.parts.remap += r[k].parts.remap;
+        t.parts.linear += r[k].parts.linear;
+        t.parts.idle += r[k].parts.idle;
+        t.feasible += r[k].feasible;
+        if (r[k].group) t.groups[r[k].group]++;
+        if (r[k].limitTokens) t.limits.push_back(double(r[k].limitTokens));
+        t.baseline = r[k].baseline;
+        t.reference = r[k].reference;
+        if (r[k].baseline && r[k].feasible && (best < 0 || r[k].stepSeconds < r[best].stepSeconds)) best = int(k);
+      }
+      if (!r[0].feasible) ++rc.zeppelinInfeasible;
+      rc.ofBound.push_back(r.back().stepSeconds / zt);  // the lower bound ("ideal") comes last
+      if (best >= 0) {
+        rc.bestCount[r[best].name]++;
+        rc.bestSpeedup.push_back(r[best].stepSeconds / zt);
+        rc.bestSpeedupCharged.push_back(r[best].stepSeconds / (zt + ms * 1e-3));
+      } else {
+        rc.bestCount["(none feasible)"]++;
+      }
+    }
+  }
+  return 0;
+}
+
+// The group size a strategy chose most often (0: none).
+int groupOf(const Tally& t) {
+  int g = 0, most = 0;
+  for (const auto& [size, cnt] : t.groups)
+    if (cnt > most) g = size, most = cnt;
+  return g;
+}
+
+// The run's header: the machine, the model, the step and the draws.
+Json headerJson(const Options& opt, const Calibration& cal, const StepConfig& cfg) {
+  const ModelShape& m = cfg.model;
+  return {{"machine", cal.name},
+          {"source", cal.source},
+          {"model",
+           {{"name", m.name},
+            {"hidden", m.hidden},
+            {"ffn", m.ffn},
+            {"layers", m.layers},
+            {"q_heads", m.attn.qHeads},
+            {"kv_heads", m.attn.kvHeads},
+            {"head_dim", m.attn.headDim}}},
+          {"causal", cfg.causal},
+          {"recompute", cfg.recompute},
+          {"tokens_per_rank", opt.perRank},
+          {"node_balance", cfg.nodeTokenBalance},
+          {"batches", opt.batches},
+          {"seeds", opt.seeds},
+          {"seed", opt.seed},
+          {"results", Json::array()}};
+}
+
+// One rank count's results: the draws, planning time, the best baseline and
+// Zeppelin's speedup over it, and every strategy's figures.
+Json rankCountJson(const RankCount& rc) {
+  const double nb = double(rc.draws);
+  const std::vector<std::string>& names = strategyNames();
+  Json best = Json::object();
+  for (const auto& [name, cnt] : rc.bestCount) best[name] = cnt;
+  Json strategies = Json::object();
+  for (size_t k = 0; k < names.size(); ++k) {
+    const Tally& t = rc.tally[k];
+    strategies[names[k]] = {
+        {"baseline", t.baseline},
+        {"reference", t.reference},
+        {"step_s", jsonSpread(spread(t.step))},
+        {"breakdown_s",
+         {{"attn", t.parts.attn / nb},
+          {"comm", t.parts.comm / nb},
+          {"remap", t.parts.remap / nb},
+          {"linear", t.parts.linear / nb},
+          {"idle", t.parts.idle / nb}}},
+        {"feasible", t.feasible / nb},
+        {"peak_mem_gib", jsonSpread(spread(t.memGiB))},
+        {"group", groupOf(t)},
+        {"limit_tokens", quantile(t.limits, 0.5)},
+        {"zeppelin_speedup", jsonSpread(spread(t.speedup))}};
+  }
+  return {{"ranks", rc.nranks},
+          {"nodes", rc.nodes},
+          {"draws", rc.draws},
+          {"mean_seqs", rc.seqs / nb},
+          {"plan_ms", jsonSpread(spread(rc.planMs))},
+          {"zeppelin_infeasible", rc.zeppelinInfeasible},
+          {"best_baseline", best},
+          {"speedup_over_best", jsonSpread(spread(rc.bestSpeedup))},
+          {"speedup_over_best_planning_charged", jsonSpread(spread(rc.bestSpeedupCharged))},
+          {"bound_over_zeppelin", jsonSpread(spread(rc.ofBound))},
+          {"strategies", strategies}};
+}
+
+void printHeader(const Calibration& cal, const StepConfig& cfg) {
+  const ModelShape& m = cfg.model;
+  printf("# machine %s (%s)\n# model %s: hidden %d, ffn %d, %d layers, %d/%d heads of %d; %s, %s\n", cal.name.c_str(),
+         cal.source.empty() ? "no source given" : cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers,
+         m.attn.qHeads, m.attn.kvHeads, m.attn.headDim, cfg.causal ? "causal" : "full attention",
+         cfg.recompute ? "full recomputation" : "no recomputation");
+}
+
+void printRankCount(const Options& opt, const RankCount& rc) {
+  const double nb = double(rc.draws);
+  const std::vector<std::string>& names = strategyNames();
+  const Spread plan = spread(rc.planMs), sp = spread(rc.bestSpeedup), spc = spread(rc.bestSpeedupCharged),
+               bound = spread(rc.ofBound);
+  std::string bestList;
+  for (const auto& [name, cnt] : rc.bestCount) bestList += (bestList.empty() ? "" : ", ") + name + " " + std::to_string(cnt);
+  printf("\n%d ranks (%d nodes x %d), %zu batches (%d seeds x %d) of %lld tokens/rank, mean %.0f seqs; planning %.2f ms "
+         "[%.2f, %.2f]\n",
+         rc.nranks, rc.nodes, rc.ranksPerNode, rc.draws, opt.seeds, opt.batches, (long long)opt.perRank, rc.seqs / nb,
+         plan.median, plan.lo, plan.hi);
+  printf("  %-19s %22s | %6s %6s %6s %6s %6s | %7s %5s %5s | %s\n", "strategy", "step s: median [90%]", "attn", "comm",
+         "remap", "linear", "idle", "mem GiB", "fits", "g/lim", "zp speedup");
+  for (size_t k = 0; k < names.size(); ++k) {
+    const Tally& t = rc.tally[k];
+    Spread st = spread(t.step), su = spread(t.speedup);
+    int g = groupOf(t);
+    std::string gs = g ? std::to_string(g) : t.limits.empty() ? "-" : zp::strprintf("%.0fK", quantile(t.limits, 0.5) / 1024);
+    printf("  %-19s %6.2f [%6.2f, %6.2f] | %6.2f %6.2f %6.2f %6.2f %6.2f | %7.1f %4.0f%% %5s | %5.2fx [%.2f, %.2f]\n",
+           (names[k] + (t.reference ? " (ref)" : "")).c_str(), st.median, st.lo, st.hi, t.parts.attn / nb,
+           t.parts.comm / nb, t.parts.remap / nb, t.parts.linear / nb, t.parts.idle / nb, quantile(t.memGiB, 0.5),
+           100.0 * t.feasible / nb, gs.c_str(), su.median, su.lo, su.hi);
+  }
+  printf("  best feasible baseline per batch: %s\n", bestList.c_str());
+  if (!rc.bestSpeedup.empty())
+    printf("  Zeppelin over the best feasible baseline: %.2fx [%.2f, %.2f]; planning time charged: %.2fx [%.2f, %.2f]%s\n",
+           sp.median, sp.lo, sp.hi, spc.median, spc.lo, spc.hi,
+           rc.zeppelinInfeasible ? zp::strprintf(" (Zeppelin over memory in %d batches)", rc.zeppelinInfeasible).c_str() : "");
+  printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]\n", bound.median, bound.lo, bound.hi);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,29 +427,8 @@ int main(int argc, char** argv) {
   int code = 0;
   if (!zp::cli::parseOptionsOnly(app, argc, argv, "unknown option '%s'", &code)) return code;
   Calibration cal;
-  calibrationPreset(opt.preset, &cal);
-  if (!opt.calibrationFile.empty()) {
-    try {
-      cal = readCalibration(opt.calibrationFile);
-    } catch (const std::exception& e) {
-      fprintf(stderr, "zpplan: %s\n", e.what());
-      return kExitUsage;
-    }
-  }
-  for (const auto& set : opt.clusterOverrides) set(&cal);
   StepConfig cfg;
-  modelPreset(opt.modelName, &cfg.model);
-  for (const auto& set : opt.modelOverrides) set(&cfg.model);
-  if (cfg.model.attn.qHeads % cfg.model.attn.kvHeads) {
-    fprintf(stderr, "zpplan: %d key/value heads do not divide %d query heads\n", cfg.model.attn.kvHeads, cfg.model.attn.qHeads);
-    return kExitUsage;
-  }
-  cfg.causal = !opt.full;
-  cfg.recompute = !opt.noRecompute;
-  cfg.nodeTokenBalance = !opt.noNodeBalance;
-  cfg.legacyPlanner = opt.legacyPlanner;
-  cfg.linearEfficiency = cal.linearEfficiency;
-  cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
+  if (int bad = setUp(opt, &cal, &cfg)) return bad;
   if (!opt.writeCalibration.empty()) {
     std::ofstream out(opt.writeCalibration);
     out << calibrationJson(cal);
@@ -228,159 +442,24 @@ int main(int argc, char** argv) {
     fputs(app.help().c_str(), stderr);
     return kExitUsage;
   }
-  std::ifstream f(opt.file);
   std::vector<int64_t> all;
-  std::string word;
-  while (f >> word) {
-    long long x = 0;
-    if (!zp::parseInt(word, 1, (long long)1 << 40, &x)) {
-      fprintf(stderr, "zpplan: '%s': '%s' is not a sequence length (an integer from 1 to 2^40)\n", opt.file.c_str(), word.c_str());
-      return kExitUsage;
-    }
-    all.push_back(x);
-  }
-  if (all.empty()) {
-    fprintf(stderr, "zpplan: no lengths read from '%s'\n", opt.file.c_str());
-    return kExitUsage;
-  }
+  if (int bad = readLengths(opt.file, &all)) return bad;
   for (int nranks : opt.rankList)
     if (nranks % cal.cluster.ranksPerNode != 0) {
       fprintf(stderr, "zpplan: %d ranks is not a multiple of %d ranks per node\n", nranks, cal.cluster.ranksPerNode);
       return kExitUsage;
     }
 
-  const std::vector<std::string>& names = strategyNames();
-  const ModelShape& m = cfg.model;
-  if (opt.json) {
-    printf("{\"machine\": \"%s\", \"source\": \"%s\", \"model\": {\"name\": \"%s\", \"hidden\": %d, \"ffn\": %d, \"layers\": %d, "
-           "\"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d}, \"causal\": %s, \"recompute\": %s, \"tokens_per_rank\": %lld, "
-           "\"node_balance\": %s, \"batches\": %d, \"seeds\": %d, \"seed\": %llu, \"results\": [",
-           cal.name.c_str(), cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers, m.attn.qHeads, m.attn.kvHeads,
-           m.attn.headDim, cfg.causal ? "true" : "false", cfg.recompute ? "true" : "false", (long long)opt.perRank,
-           cfg.nodeTokenBalance ? "true" : "false", opt.batches, opt.seeds, (unsigned long long)opt.seed);
-  } else {
-    printf("# machine %s (%s)\n# model %s: hidden %d, ffn %d, %d layers, %d/%d heads of %d; %s, %s\n", cal.name.c_str(),
-           cal.source.empty() ? "no source given" : cal.source.c_str(), m.name.c_str(), m.hidden, m.ffn, m.layers,
-           m.attn.qHeads, m.attn.kvHeads, m.attn.headDim, cfg.causal ? "causal" : "full attention",
-           cfg.recompute ? "full recomputation" : "no recomputation");
-  }
-  bool firstRow = true;
+  Json report = headerJson(opt, cal, cfg);
+  if (!opt.json) printHeader(cal, cfg);
   for (int nranks : opt.rankList) {
-    ClusterModel c = cal.cluster;
-    c.nodes = nranks / c.ranksPerNode;
-    std::vector<Tally> tally(names.size());
-    std::vector<double> planMs, bestSpeedup, bestSpeedupCharged, ofBound;
-    std::map<std::string, int> bestCount;
-    size_t seqs = 0, draws = 0;
-    int zeppelinInfeasible = 0;
-    for (int s = 0; s < opt.seeds; ++s) {
-      std::mt19937_64 rng(opt.seed + s);
-      for (int b = 0; b < opt.batches; ++b, ++draws) {
-        auto lens = formBatch(all, opt.perRank * nranks, rng);
-        if (lens.empty()) {
-          fprintf(stderr, "zpplan: no length of '%s' fits a batch of %lld tokens\n", opt.file.c_str(),
-                  (long long)(opt.perRank * nranks));
-          return kExitUsage;
-        }
-        seqs += lens.size();
-        std::vector<StrategyResult> r;
-        double ms = 0;
-        try {
-          auto t0 = std::chrono::steady_clock::now();
-          planForStep(lens, cfg, c);
-          ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          r = simulateStep(lens, cfg, c);
-        } catch (const std::invalid_argument& e) {
-          fprintf(stderr, "zpplan: %s\n", e.what());
-          return kExitUsage;
-        }
-        planMs.push_back(ms);
-        const double zt = r[0].stepSeconds;
-        int best = -1;
-        for (size_t k = 0; k < r.size(); ++k) {
-          Tally& t = tally[k];
-          t.step.push_back(r[k].stepSeconds);
-          t.speedup.push_back(r[k].stepSeconds / zt);
-          t.memGiB.push_back(r[k].peakMemoryBytes / double(1 << 30));
-          t.parts.attn += r[k].parts.attn;
-          t.parts.comm += r[k].parts.comm;
-          t.parts.remap += r[k].parts.remap;
-          t.parts.linear += r[k].parts.linear;
-          t.parts.idle += r[k].parts.idle;
-          t.feasible += r[k].feasible;
-          if (r[k].group) t.groups[r[k].group]++;
-          if (r[k].limitTokens) t.limits.push_back(double(r[k].limitTokens));
-          t.baseline = r[k].baseline;
-          t.reference = r[k].reference;
-          if (r[k].baseline && r[k].feasible && (best < 0 || r[k].stepSeconds < r[best].stepSeconds)) best = int(k);
-        }
-        if (!r[0].feasible) ++zeppelinInfeasible;
-        ofBound.push_back(r.back().stepSeconds / zt);  // the lower bound ("ideal") comes last
-        if (best >= 0) {
-          bestCount[r[best].name]++;
-          bestSpeedup.push_back(r[best].stepSeconds / zt);
-          bestSpeedupCharged.push_back(r[best].stepSeconds / (zt + ms * 1e-3));
-        } else {
-          bestCount["(none feasible)"]++;
-        }
-      }
-    }
-    const double nb = double(draws);
-    const Spread plan = spread(planMs), sp = spread(bestSpeedup), spc = spread(bestSpeedupCharged), bound = spread(ofBound);
-    std::string bestList;
-    for (const auto& [name, cnt] : bestCount) bestList += (bestList.empty() ? "" : ", ") + name + " " + std::to_string(cnt);
-    auto groupOf = [](const Tally& t) {
-      int g = 0, most = 0;
-      for (const auto& [size, cnt] : t.groups)
-        if (cnt > most) g = size, most = cnt;
-      return g;
-    };
-    if (opt.json) {
-      printf("%s\n  {\"ranks\": %d, \"nodes\": %d, \"draws\": %zu, \"mean_seqs\": %.1f, \"plan_ms\": %s, \"zeppelin_infeasible\": %d, "
-             "\"best_baseline\": {",
-             firstRow ? "" : ",", nranks, c.nodes, draws, seqs / nb, jsonSpread(plan).c_str(), zeppelinInfeasible);
-      bool first = true;
-      for (const auto& [name, cnt] : bestCount) printf("%s\"%s\": %d", first ? "" : ", ", name.c_str(), cnt), first = false;
-      printf("}, \"speedup_over_best\": %s, \"speedup_over_best_planning_charged\": %s, \"bound_over_zeppelin\": %s, "
-             "\"strategies\": {",
-             jsonSpread(sp).c_str(), jsonSpread(spc).c_str(), jsonSpread(bound).c_str());
-      for (size_t k = 0; k < names.size(); ++k) {
-        const Tally& t = tally[k];
-        printf("%s\n    \"%s\": {\"baseline\": %s, \"reference\": %s, \"step_s\": %s, \"breakdown_s\": {\"attn\": %.6g, \"comm\": %.6g, "
-               "\"remap\": %.6g, \"linear\": %.6g, \"idle\": %.6g}, \"feasible\": %.4g, \"peak_mem_gib\": %s, \"group\": %d, "
-               "\"limit_tokens\": %.0f, \"zeppelin_speedup\": %s}",
-               k ? "," : "", names[k].c_str(), t.baseline ? "true" : "false", t.reference ? "true" : "false",
-               jsonSpread(spread(t.step)).c_str(), t.parts.attn / nb, t.parts.comm / nb, t.parts.remap / nb,
-               t.parts.linear / nb, t.parts.idle / nb, t.feasible / nb, jsonSpread(spread(t.memGiB)).c_str(), groupOf(t),
-               quantile(t.limits, 0.5), jsonSpread(spread(t.speedup)).c_str());
-      }
-      printf("}}");
-    } else {
-      printf("\n%d ranks (%d nodes x %d), %zu batches (%d seeds x %d) of %lld tokens/rank, mean %.0f seqs; planning %.2f ms "
-             "[%.2f, %.2f]\n",
-             nranks, c.nodes, c.ranksPerNode, draws, opt.seeds, opt.batches, (long long)opt.perRank, seqs / nb, plan.median,
-             plan.lo, plan.hi);
-      printf("  %-19s %22s | %6s %6s %6s %6s %6s | %7s %5s %5s | %s\n", "strategy", "step s: median [90%]", "attn", "comm",
-             "remap", "linear", "idle", "mem GiB", "fits", "g/lim", "zp speedup");
-      for (size_t k = 0; k < names.size(); ++k) {
-        const Tally& t = tally[k];
-        Spread st = spread(t.step), su = spread(t.speedup);
-        int g = groupOf(t);
-        std::string gs = g ? std::to_string(g) : t.limits.empty() ? "-" : zp::strprintf("%.0fK", quantile(t.limits, 0.5) / 1024);
-        printf("  %-19s %6.2f [%6.2f, %6.2f] | %6.2f %6.2f %6.2f %6.2f %6.2f | %7.1f %4.0f%% %5s | %5.2fx [%.2f, %.2f]\n",
-               (names[k] + (t.reference ? " (ref)" : "")).c_str(), st.median, st.lo, st.hi, t.parts.attn / nb,
-               t.parts.comm / nb, t.parts.remap / nb, t.parts.linear / nb, t.parts.idle / nb, quantile(t.memGiB, 0.5),
-               100.0 * t.feasible / nb, gs.c_str(), su.median, su.lo, su.hi);
-      }
-      printf("  best feasible baseline per batch: %s\n", bestList.c_str());
-      if (!bestSpeedup.empty())
-        printf("  Zeppelin over the best feasible baseline: %.2fx [%.2f, %.2f]; planning time charged: %.2fx [%.2f, %.2f]%s\n",
-               sp.median, sp.lo, sp.hi, spc.median, spc.lo, spc.hi,
-               zeppelinInfeasible ? zp::strprintf(" (Zeppelin over memory in %d batches)", zeppelinInfeasible).c_str() : "");
-      printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]\n", bound.median, bound.lo, bound.hi);
-    }
-    firstRow = false;
+    RankCount rc;
+    if (int bad = simulateRankCount(opt, cfg, cal, all, nranks, &rc)) return bad;
+    if (opt.json)
+      report["results"].push_back(rankCountJson(rc));
+    else
+      printRankCount(opt, rc);
   }
-  if (opt.json) printf("\n]}\n");
+  if (opt.json) printf("%s\n", report.dump(2).c_str());
   return 0;
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/topology.h"
@@ -18,6 +20,9 @@
 #include "src/util/strings.h"
 
 namespace {
+
+// Members in the order they are set, as the text output has them.
+using Json = nlohmann::ordered_json;
 
 constexpr int kExitError = 1;  // discovery failed, a bad topology file, a bad ZP_NET_DEVICES
 constexpr int kExitUsage = 2;  // bad options or environment
@@ -64,32 +69,39 @@ bool envInt(const char* name, long lo, long hi, long dflt, long* out) {
   return true;
 }
 
-std::string jstr(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += (char)c;
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", c);
-      o += buf;
-    } else {
-      o += (char)c;
-    }
+// What --json prints on discovery: this rank's view and, as "node", the node
+// in the topology file format.
+Json nodeJson(const zp::NodeTopology& node, const std::string& nodeId, const char* nodeIdFrom, const std::string& host,
+              long localRank, long localRanks, const std::string& netDevices, const std::vector<int>& all, int nic,
+              const std::string& why) {
+  auto nicName = [&](int k) { return k >= 0 ? Json(node.nics[(size_t)k].name) : Json(nullptr); };
+  Json j = {{"nodeId", nodeId}, {"nodeIdFrom", nodeIdFrom}, {"hostname", host}};
+  j["localRank"] = localRank;
+  j["localRanks"] = localRanks;
+  j["netDevices"] = netDevices.empty() ? Json(nullptr) : Json(netDevices);
+  j["nic"] = nicName(nic);
+  if (nic < 0) j["nicError"] = why;
+  j["virtualNics"] = Json::array();
+  for (const zp::Nic& n : node.nics)
+    if (n.isVirtual) j["virtualNics"].push_back(n.name);
+  j["gpus"] = Json::array();
+  for (const zp::Gpu& gpu : node.gpus) {
+    Json hops = Json::array();
+    for (int h : gpu.nicHops) hops.push_back(h >= 0 ? Json(h) : Json(nullptr));
+    j["gpus"].push_back({{"pci", gpu.pciBusId}, {"numa", gpu.numa}, {"nicHops", hops}, {"nic", nicName(gpu.nic)}});
   }
-  return o + "\"";
-}
-
-// A multi-line JSON value placed as a member at one level of indent.
-std::string nest(std::string json) {
-  while (!json.empty() && json.back() == '\n') json.pop_back();
-  std::string o;
-  for (char c : json) {
-    o += c;
-    if (c == '\n') o += "  ";
+  // Each local rank: its GPU (rank i drives GPU i % G), its NIC, and the
+  // rail it is a proxy for (every owner of a NIC relays for it).
+  j["ranks"] = Json::array();
+  for (long l = 0; l < localRanks; l++) {
+    const int k = all.empty() ? -1 : all[(size_t)l];
+    j["ranks"].push_back({{"localRank", l},
+                          {"gpu", node.gpus.empty() ? Json(nullptr) : Json(l % (long)node.gpus.size())},
+                          {"nic", nicName(k)},
+                          {"proxyFor", nicName(k)}});
   }
-  return o;
+  j["node"] = Json::parse(zp::toJson(node, (int)localRanks, all));
+  return j;
 }
 
 std::string hostname() {
@@ -129,17 +141,18 @@ int main(int argc, char** argv) {
     int nic = rank >= 0 ? topo.rankNic[(size_t)rank] : -1;
     std::string nicName = nic >= 0 ? topo.node[(size_t)node].nics[(size_t)nic].name : "";
     if (json) {
-      printf("{\n  \"nodeId\": %s,\n  \"nodeIdFrom\": %s,\n  \"hostname\": %s,\n  \"topoFile\": %s,\n",
-             jstr(nodeId).c_str(), jstr(nodeIdFrom).c_str(), jstr(host).c_str(), jstr(topoFile).c_str());
+      Json j = {{"nodeId", nodeId}, {"nodeIdFrom", nodeIdFrom}, {"hostname", host}, {"topoFile", topoFile}};
       if (rank >= 0) {
-        printf("  \"rank\": %ld,\n  \"node\": %d,\n", rank, node);
-        printf("  \"localRank\": %d,\n  \"localRanks\": %zu,\n", topo.rankLocal[(size_t)rank],
-               topo.nodeRanks[(size_t)node].size());
-        printf("  \"nic\": %s,\n", nic >= 0 ? jstr(nicName).c_str() : "null");
+        j["rank"] = rank;
+        j["node"] = node;
+        j["localRank"] = topo.rankLocal[(size_t)rank];
+        j["localRanks"] = topo.nodeRanks[(size_t)node].size();
+        j["nic"] = nic >= 0 ? Json(nicName) : Json(nullptr);
       } else {
-        printf("  \"rank\": null,\n");
+        j["rank"] = nullptr;
       }
-      printf("  \"cluster\": %s\n}\n", nest(zp::toJson(topo)).c_str());
+      j["cluster"] = Json::parse(zp::toJson(topo));
+      printf("%s\n", j.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
       return 0;
     }
     printf("node id:        %s (%s)\n", nodeId.c_str(), nodeIdFrom);
@@ -170,40 +183,9 @@ int main(int argc, char** argv) {
   int status = (nic < 0 && !netDevices.empty()) ? kExitError : 0;
 
   if (json) {
-    printf("{\n  \"nodeId\": %s,\n  \"nodeIdFrom\": %s,\n  \"hostname\": %s,\n", jstr(nodeId).c_str(),
-           jstr(nodeIdFrom).c_str(), jstr(host).c_str());
-    printf("  \"localRank\": %ld,\n  \"localRanks\": %ld,\n  \"netDevices\": %s,\n", localRank, localRanks,
-           netDevices.empty() ? "null" : jstr(netDevices).c_str());
-    if (nic >= 0)
-      printf("  \"nic\": %s,\n", jstr(node.nics[(size_t)nic].name).c_str());
-    else
-      printf("  \"nic\": null,\n  \"nicError\": %s,\n", jstr(why).c_str());
-    std::string virt;
-    for (const zp::Nic& n : node.nics)
-      if (n.isVirtual) virt += (virt.empty() ? "" : ", ") + jstr(n.name);
-    printf("  \"virtualNics\": [%s],\n", virt.c_str());
-    printf("  \"gpus\": [");
-    for (size_t g = 0; g < node.gpus.size(); g++) {
-      const zp::Gpu& gpu = node.gpus[g];
-      std::string hops;
-      for (int h : gpu.nicHops) hops += (hops.empty() ? "" : ", ") + (h >= 0 ? std::to_string(h) : "null");
-      printf("%s\n    {\"pci\": %s, \"numa\": %d, \"nicHops\": [%s], \"nic\": %s}", g ? "," : "",
-             jstr(gpu.pciBusId).c_str(), gpu.numa, hops.c_str(),
-             gpu.nic >= 0 ? jstr(node.nics[(size_t)gpu.nic].name).c_str() : "null");
-    }
-    printf("%s],\n", node.gpus.empty() ? "" : "\n  ");
-    // Each local rank: its GPU (rank i drives GPU i % G), its NIC, and the
-    // rail it is a proxy for (every owner of a NIC relays for it).
-    printf("  \"ranks\": [");
-    for (long l = 0; l < localRanks; l++) {
-      const int k = all.empty() ? -1 : all[(size_t)l];
-      printf("%s\n    {\"localRank\": %ld, \"gpu\": %s, \"nic\": %s, \"proxyFor\": %s}", l ? "," : "", l,
-             node.gpus.empty() ? "null" : std::to_string(l % (long)node.gpus.size()).c_str(),
-             k >= 0 ? jstr(node.nics[(size_t)k].name).c_str() : "null",
-             k >= 0 ? jstr(node.nics[(size_t)k].name).c_str() : "null");
-    }
-    printf("\n  ],\n");
-    printf("  \"node\": %s\n}\n", nest(zp::toJson(node, (int)localRanks, all)).c_str());
+    printf("%s\n", nodeJson(node, nodeId, nodeIdFrom, host, localRank, localRanks, netDevices, all, nic, why)
+                           .dump(2, ' ', false, Json::error_handler_t::replace)
+                           .c_str());
     if (status) fprintf(stderr, "zptopo: %s\n", why.c_str());
     return status;
   }

@@ -25,7 +25,12 @@
 #include "src/plan/cost_model.h"
 #include "src/plan/plan.h"
 
-namespace zp::plan {
+namespace zp::sim {
+
+// The planner's types the simulator takes and returns.
+using plan::AttnShape;
+using plan::BatchPlan;
+using plan::ClusterModel;
 
 // The transformer whose step is simulated.
 struct ModelShape {
@@ -128,4 +133,4 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, co
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget,
                                std::mt19937_64& rng);
 
-}  // namespace zp::plan
+}  // namespace zp::sim

@@ -9,7 +9,9 @@
 
 #include "src/plan/cost_model.h"
 
-namespace zp::plan {
+namespace zp::sim {
+
+using plan::ClusterModel;
 
 struct Calibration {
   std::string name = "a800";
@@ -34,4 +36,4 @@ Calibration parseCalibration(const std::string& text, const std::string& what);
 // A calibration as the file's JSON, every key written.
 std::string calibrationJson(const Calibration& cal);
 
-}  // namespace zp::plan
+}  // namespace zp::sim

@@ -1,4 +1,4 @@
-#include "src/plan/simulator.h"
+#include "src/sim/simulator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,10 @@
 
 #include "src/plan/planner.h"
 
-namespace zp::plan {
+namespace zp::sim {
+
+// The simulator runs the planner and its cost model.
+using namespace zp::plan;
 
 bool modelPreset(const std::string& name, ModelShape* out) {
   // hidden, ffn, layers, q heads, kv heads, vocab; head dimension 128 for all.
@@ -691,4 +694,4 @@ std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, 
   return b;
 }
 
-}  // namespace zp::plan
+}  // namespace zp::sim

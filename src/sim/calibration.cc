@@ -1,4 +1,4 @@
-#include "src/plan/calibration.h"
+#include "src/sim/calibration.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace zp::plan {
+namespace zp::sim {
 namespace {
 
 using json = nlohmann::json;
@@ -207,4 +207,4 @@ std::string calibrationJson(const Calibration& c) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace zp::plan
+}  // namespace zp::sim
