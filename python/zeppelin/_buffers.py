@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
@@ -94,24 +93,20 @@ def _torch(obj, what, writable):
 
 
 # ---- Is a CPU tensor's memory writable? ----
-# torch (1.13) keeps no read-only flag: torch.frombuffer over a bytes object or
-# a read-only mmap only warns, and the tensor reports nothing. So an output
-# tensor's memory is asked directly, through /proc/self/mem, which reads any
-# mapped memory without faulting (an unmapped address is EIO, not SIGSEGV):
-#  - read-only pages: one byte of the tensor is read from /proc/self/mem into
-#    the tensor itself; the kernel's copy into it fails with EFAULT where the
-#    page may not be written (the byte written back is the one just read, and
-#    the call is about to overwrite this output anyway); its first and last
-#    page are asked, a tensor that straddles mappings of mixed rights is not;
-#  - a bytes object: CPython lays it out as refcount, type, size, hash, then
-#    the data, so the words before the tensor are searched for a header whose
-#    type is bytes and whose data covers the whole tensor, within 1 KiB: a
-#    tensor starting further into a bytes object is not found.
+# torch (1.13) keeps no read-only flag: torch.frombuffer over a read-only mmap
+# only warns, and writing the tensor then kills the process with SIGSEGV. So
+# an output tensor's pages are asked directly: one byte of the tensor is read
+# from /proc/self/mem (which reads any mapped memory without faulting) into
+# the tensor itself, and the kernel's copy into it fails with EFAULT where
+# the page may not be written. The byte written back is the one just read,
+# and the call is about to overwrite this output anyway. The first and the
+# last page are asked; a tensor whose middle pages alone are read-only is
+# not found. Memory that is writable but belongs to an immutable Python
+# object (torch.frombuffer(bytes)) cannot be told apart soundly: a header
+# search found stale headers of freed bytes objects in torch's own
+# allocations, so there is none (docs/reliability.md).
 # A tensor found writable is remembered (weakly, with its address), since
 # outputs are reused call after call; the check then costs a dict lookup.
-_BYTES_WINDOW = 1024
-_BYTES_HEADER = struct.Struct("<qQqq")  # ob_refcnt, ob_type, ob_size, ob_shash
-_BYTES_TYPE = struct.pack("<Q", id(bytes))
 # id(tensor) -> (a weak reference to it, (address, bytes)); by id, since a
 # tensor's == is elementwise and WeakKeyDictionary compares keys with it.
 _checked: Dict[int, Tuple[Any, Tuple[int, int]]] = {}
@@ -146,25 +141,6 @@ def _check_torch_writable(obj, b, what):
         if _pread(fd, at, 1, at) != 1:
             raise InvalidArgument("%s: the tensor's memory is read-only (torch.frombuffer over a read-only "
                                   "buffer?); pass a writable tensor" % what)
-    start = max(b.ptr - _BYTES_WINDOW, 0)
-    try:
-        before = os.pread(fd, b.ptr - start, start)
-    except OSError:
-        before = b""  # the window reaches into unmapped memory: search what is mapped
-        start = b.ptr - (b.ptr % 4096)
-        if start < b.ptr:
-            before = os.pread(fd, b.ptr - start, start)
-    i = before.find(_BYTES_TYPE)
-    while i >= 0:
-        head = i - 8
-        if head >= 0 and (start + head) % 8 == 0 and head + _BYTES_HEADER.size <= len(before):
-            refs, _, size, _ = _BYTES_HEADER.unpack_from(before, head)
-            data = start + head + _BYTES_HEADER.size
-            if refs > 0 and data <= b.ptr and b.ptr + b.nbytes <= data + size:
-                raise InvalidArgument("%s: the tensor's memory belongs to a bytes object, which is immutable "
-                                      "(torch.frombuffer(bytes)?); pass a writable tensor, e.g. over a "
-                                      "bytearray" % what)
-        i = before.find(_BYTES_TYPE, i + 1)
     ident = id(obj)
     _checked[ident] = (weakref.ref(obj, lambda _, ident=ident: _checked.pop(ident, None)), key)
 
