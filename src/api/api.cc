@@ -26,7 +26,7 @@
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/socket.h"
-#include "src/route/relay.h"
+#include "src/route/routing_state.h"
 #include "transport/nccl/nccl_transport.h"
 
 namespace {
@@ -214,7 +214,7 @@ zpResult_t zpGetUniqueId(zpUniqueId* id) try {
 
 // A new handle for a communicator made here (init or split).
 static zpComm_t newHandle(std::unique_ptr<zp::Comm> impl) {
-  zp::Relay::enable(impl.get());
+  zp::enableRouting(impl.get());
   auto h = std::make_shared<HandleState>();
   h->impl = std::move(impl);
   std::lock_guard<std::mutex> lock(gHandlesMu);

@@ -49,6 +49,9 @@ bool Comm::isLocal(int peer) const {
   return strncmp(ranks_[peer].nodeId, ranks_[rank_].nodeId, sizeof(ranks_[peer].nodeId)) == 0;
 }
 
+CarrierTransport* Comm::shm() const { return shm_.get(); }
+CarrierTransport* Comm::net() const { return net_.get(); }
+
 TransportContext Comm::transportContext() {
   TransportContext ctx;
   ctx.rank = rank_;

@@ -21,6 +21,7 @@
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
+#include "src/core/routing.h"
 #include "src/core/topology.h"
 #include "src/core/transport.h"
 
@@ -78,13 +79,17 @@ class Comm : public TransportSink {
   const std::string& nicName() const { return nicName_; }
   // The transports this communicator made (net is null on one node), for a
   // transport built on them.
-  ShmTransport* shm() const { return shm_.get(); }
-  UcxTransport* net() const { return net_.get(); }
+  CarrierTransport* shm() const;
+  CarrierTransport* net() const;
   TransportContext transportContext();
 
   // Makes t the transport that reaches `peers` (a layer above: the relay).
   // Control messages that came before it is installed are handed to it.
   void installTransport(std::unique_ptr<Transport> t, const std::vector<int>& peers);
+  // The routing state (src/route) of a communicator whose traffic to other
+  // nodes is routed, else null. It outlives the installed transports.
+  Routing* routing() const { return routing_.get(); }
+  void setRouting(std::unique_ptr<Routing> routing) { routing_ = std::move(routing); }
   Transport* transportFor(int peer) const { return byPeer_[peer]; }
   // The device data plane (NCCL); null when this communicator moves host
   // buffers only, for the reason noDeviceWhy() gives.
@@ -205,6 +210,7 @@ class Comm : public TransportSink {
 
   std::unique_ptr<ShmTransport> shm_;  // ranks of this node
   std::unique_ptr<UcxTransport> net_;  // ranks of other nodes (none on a single node)
+  std::unique_ptr<Routing> routing_;   // before installed_: the relay uses it until it goes
   std::vector<std::unique_ptr<Transport>> installed_;  // by layers above
   std::unique_ptr<StreamTransport> device_;             // device buffers on streams (NCCL), if any
   std::string noDeviceWhy_;

@@ -42,11 +42,11 @@ constexpr int kAnyRemotePeer = -2;
 
 // Control messages ride on status messages with collective sequence numbers
 // no call reaches (UCX tags carry 36 bits). The top few are the transports'
-// own (src/route/relay.h); the communicator hands them to every transport.
+// own (transport/relay/relay.h); the communicator hands them to every transport.
 constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 
-// Defined by the layer that planned a routed op's path (src/route/relay.h);
-// the executor carries the pointer without looking at it.
+// A routed op's transfer (src/core/routing.h); the executor carries the
+// pointer without looking at it.
 struct RoutedXfer;
 
 // How a receive reduces what arrives into its buffer (the collectives):
@@ -180,6 +180,23 @@ class Transport {
   virtual void checkAlive() = 0;
   // How this transport reaches a peer, for logs ("SHM/CMA", "UCX/tcp zpnic0").
   virtual std::string describe(int peer) const = 0;
+};
+
+// A transport another transport is built on (shared memory and UCX, under
+// the relay): what the relay needs of them beyond Transport. Each answers
+// what it can; the rest keep these defaults.
+class CarrierTransport : public Transport {
+ public:
+  // Shared memory: bytes rank r of this node has queued on its NIC and not
+  // yet sent (kept where the node's ranks can read it), and this rank's
+  // count of them, which the relay keeps up to date.
+  virtual uint64_t netQueued(int /*rank*/) const { return 0; }
+  virtual void addNetQueued(int64_t /*bytes*/) {}
+  // Shared memory: local peers whose relay messages wait unread here.
+  virtual std::vector<int> relayInboundPeers() { return {}; }
+  // The network: stops using the path to peer (a NIC on it is down): its
+  // operations fail with why, and its errors no longer break the communicator.
+  virtual void cutPeer(int /*peer*/, const std::string& /*why*/) {}
 };
 
 // A standard collective's arguments (NCCL's), as the C API takes them.

@@ -67,7 +67,7 @@ struct Lane {
   uint64_t discardLeft = 0;
 };
 
-class ShmTransport : public Transport {
+class ShmTransport : public CarrierTransport {
  public:
   // Collective among the ranks of this node, in two steps. create: this
   // rank's segment, its pages reserved in /dev/shm (a page tmpfs cannot
@@ -94,7 +94,7 @@ class ShmTransport : public Transport {
   bool progress() override;
   bool busy() const override;
   // Local peers whose relay messages wait unread in this rank's rings.
-  std::vector<int> relayInboundPeers();
+  std::vector<int> relayInboundPeers() override;
   // A token that changes whenever a peer signals this rank.
   uint32_t waitToken() const;
   // Sleeps until the token differs from `token` or ms pass; then checks that
@@ -113,8 +113,8 @@ class ShmTransport : public Transport {
   std::string describe(int peer) const override;
   // Bytes this rank has queued on its NIC (the router's point-to-point
   // choice reads them): kept in the segment so the node's ranks can read it.
-  void addNetQueued(int64_t bytes);
-  uint64_t netQueued(int rank) const;
+  void addNetQueued(int64_t bytes) override;
+  uint64_t netQueued(int rank) const override;
 
  private:
   struct Peer {

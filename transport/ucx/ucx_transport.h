@@ -37,7 +37,7 @@
 
 namespace zp {
 
-class UcxTransport : public Transport {
+class UcxTransport : public CarrierTransport {
  public:
   // Whether this build has UCX; if not, *why says so and what to do.
   static bool available(std::string* why);
@@ -73,7 +73,7 @@ class UcxTransport : public Transport {
   // Stops using the network path to peer (a NIC on it is down, see
   // the router's NIC health, src/route/nic_health.h): its operations fail with why, its endpoint is closed
   // by force, and its errors no longer break the communicator.
-  void cutPeer(int peer, const std::string& why);
+  void cutPeer(int peer, const std::string& why) override;
 
   struct Request;  // one UCP request and what it completes
   // Requests of every UcxTransport in this process not yet freed. Zero once
