@@ -776,12 +776,6 @@ zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  out->nodeOf = c->nodeOf();
-  out->nicsPerNode = 0;
-  out->nicBitsPerSec = 0;
-  for (const zp::NodeTopology& n : c->cluster().node) {
-    out->nicsPerNode = std::max(out->nicsPerNode, (int)n.nics.size());
-    for (const zp::Nic& nic : n.nics) out->nicBitsPerSec = std::max(out->nicBitsPerSec, nic.bitsPerSec);
-  }
+  *out = c->shape();
   return zpSuccess;
 }

@@ -52,6 +52,16 @@ bool Comm::isLocal(int peer) const {
 CarrierTransport* Comm::shm() const { return shm_.get(); }
 CarrierTransport* Comm::net() const { return net_.get(); }
 
+CommShape Comm::shape() const {
+  CommShape out;
+  out.nodeOf = nodeOf_;
+  for (const NodeTopology& n : cluster_.node) {
+    out.nicsPerNode = std::max(out.nicsPerNode, (int)n.nics.size());
+    for (const Nic& nic : n.nics) out.nicBitsPerSec = std::max(out.nicBitsPerSec, nic.bitsPerSec);
+  }
+  return out;
+}
+
 TransportContext Comm::transportContext() {
   TransportContext ctx;
   ctx.rank = rank_;

@@ -42,6 +42,14 @@ struct DeviceHello {
 // and UCX address follow), or it failed (its zpResult_t as an int32, then its message).
 constexpr char kTransportsReady = 'R', kTransportsFailed = 'F';
 
+// What the planner needs of a communicator's layout: each rank's node, NICs
+// per node (the most any node has) and their rate in bits/s (0: unknown).
+struct CommShape {
+  std::vector<int> nodeOf;
+  int nicsPerNode = 0;
+  double nicBitsPerSec = 0;
+};
+
 class Comm : public TransportSink {
  public:
   // Bootstrap, then shared memory within the node and UCX across nodes.
@@ -75,6 +83,8 @@ class Comm : public TransportSink {
   // Nodes, their ranks and NICs with the rates their owners reported, as
   // found at init (the router keeps its own copy, with NICs that went down).
   const ClusterTopology& cluster() const { return cluster_; }
+  // The layout as the planner sees it (zpPlanBatch).
+  CommShape shape() const;
   // This rank's network device (empty on one node, or when UCX picks).
   const std::string& nicName() const { return nicName_; }
   // The transports this communicator made (net is null on one node), for a
@@ -255,13 +265,8 @@ using InterruptCheck = int (*)(void* arg);
 void setInterruptCheck(InterruptCheck check, void* arg);
 constexpr uint64_t kInterruptCheckMs = 100;
 
-// What the planner needs of a communicator's layout: each rank's node, NICs
-// per node (the most any node has) and their rate in bits/s (0: unknown).
-struct CommShape {
-  std::vector<int> nodeOf;
-  int nicsPerNode = 0;
-  double nicBitsPerSec = 0;
-};
+// The shape of the handle's communicator (Comm::shape), or the lookup's
+// error naming fn; defined with the handles (src/api/api.cc).
 zpResult_t commShape(zpComm_t comm, const char* fn, CommShape* out);
 
 }  // namespace zp
