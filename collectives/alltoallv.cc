@@ -8,7 +8,6 @@
 #include "src/core/routing.h"
 #include "src/route/router.h"
 #include "src/core/log.h"
-#include "src/core/socket.h"
 
 namespace zp {
 

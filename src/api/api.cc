@@ -25,9 +25,9 @@
 #include "src/core/comm.h"
 #include "src/core/config.h"
 #include "src/core/log.h"
-#include "src/core/socket.h"
 #include "src/route/routing_state.h"
 #include "transport/nccl/nccl_transport.h"
+#include "src/util/clock.h"
 
 namespace {
 

@@ -9,11 +9,11 @@
 #include <mutex>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
 #include "src/core/topology.h"
 #include "transport/nccl/nccl_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
+#include "src/util/clock.h"
 
 namespace zp {
 
