@@ -49,7 +49,9 @@ void enableRouting(Comm* c) {
   for (int r = 0; r < c->nranks(); r++)
     if (!c->isLocal(r)) remote.push_back(r);
   c->setRouting(std::make_unique<RoutingState>(*c));
-  c->installTransport(std::make_unique<Relay>(c->transportContext(), c->shm(), c->net(), c->routing()), remote);
+  c->installTransport(
+      std::make_unique<Relay>(c->transportContext(), c->carrierFor(c->rank()), c->carrierFor(remote[0]), c->routing()),
+      remote);
   c->startProgressThread();
 }
 

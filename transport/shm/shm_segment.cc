@@ -171,6 +171,13 @@ zpResult_t ShmTransport::peerFailed(const Peer& p) const {
               why.c_str());
 }
 
+zpResult_t ShmTransport::connect(const std::vector<std::string>& addresses) {
+  std::vector<uint64_t> ringBytes(addresses.size(), 0);
+  for (size_t r = 0; r < addresses.size(); r++)
+    if (addresses[r].size() == sizeof(uint64_t)) memcpy(&ringBytes[r], addresses[r].data(), sizeof(uint64_t));
+  return connect(ringBytes);
+}
+
 zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
   const TransportContext& c = ctx_;
   connecting_ = true;

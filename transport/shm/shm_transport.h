@@ -79,6 +79,9 @@ class ShmTransport : public CarrierTransport {
   // peer's, and returns once all have mapped each other. ringBytes: every
   // rank's ZP_SHM_RING_BYTES, from that round.
   zpResult_t connect(const std::vector<uint64_t>& ringBytes);
+  // The same from every rank's address: its ZP_SHM_RING_BYTES (address()).
+  zpResult_t connect(const std::vector<std::string>& addresses) override;
+  static std::string address(uint64_t ringBytes) { return std::string((const char*)&ringBytes, sizeof(ringBytes)); }
   ~ShmTransport();
 
   void post(Op* op) override;
@@ -95,8 +98,14 @@ class ShmTransport : public CarrierTransport {
   bool busy() const override;
   // Local peers whose relay messages wait unread in this rank's rings.
   std::vector<int> relayInboundPeers() override;
+  // Waiting (Transport): a doorbell.
+  Wakeup wakeup() const override { return Wakeup::kDoorbell; }
+  void waitDoorbell(uint32_t token, int ms, const std::function<bool()>& elsewhere) override {
+    wait(token, ms, elsewhere);
+  }
+  bool sleepDoorbell(uint32_t token, int ms) override { return sleep(token, ms); }
   // A token that changes whenever a peer signals this rank.
-  uint32_t waitToken() const;
+  uint32_t waitToken() const override;
   // Sleeps until the token differs from `token` or ms pass; then checks that
   // local peers are still alive. While it polls, it also stops as soon as
   // `elsewhere` (news from another transport) holds.

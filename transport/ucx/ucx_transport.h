@@ -48,7 +48,7 @@ class UcxTransport : public CarrierTransport {
   static zpResult_t create(const TransportContext& ctx, const std::string& nic, size_t eagerUpTo,
                            std::unique_ptr<UcxTransport>* out, std::string* address);
   // Creates endpoints to every remote peer from their addresses (indexed by rank).
-  zpResult_t connect(const std::vector<std::string>& addresses);
+  zpResult_t connect(const std::vector<std::string>& addresses) override;
   ~UcxTransport() override;
 
   void post(Op* op) override;
@@ -61,6 +61,11 @@ class UcxTransport : public CarrierTransport {
   std::vector<int> busyPeers() const override;
   void checkAlive() override {}  // UCX reports dead peers through the endpoint error handler
   std::string describe(int peer) const override;
+  // Waiting (Transport): an event fd.
+  Wakeup wakeup() const override { return Wakeup::kEventFd; }
+  void waitEvents(int ms) override { wait(ms); }
+  bool armEvents() override { return arm(); }
+  bool eventsReady() const override { return ready(); }
   // Sleeps on the worker's event fd until something arrives or ms pass.
   void wait(int ms);
   // wait() in two steps, for a thread that must not hold the communicator's
