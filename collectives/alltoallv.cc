@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "src/route/relay.h"
+#include "src/core/routing.h"
+#include "src/route/router.h"
 #include "src/core/log.h"
-#include "src/core/socket.h"
 
 namespace zp {
 
@@ -110,7 +110,7 @@ zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
 
 // The router's plan of a call's inter-node bytes, from the count matrix
 // (the same at every rank, so every rank gets the same plan).
-zpResult_t planCall(Comm* c, Relay* relay, const std::vector<uint64_t>& rows, size_t ts, const RoutePlan** plan) {
+zpResult_t planCall(Comm* c, Routing* routing, const std::vector<uint64_t>& rows, size_t ts, const RoutePlan** plan) {
   const int n = c->nranks();
   const size_t rowLen = countRowLen(n);
   std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
@@ -119,12 +119,12 @@ zpResult_t planCall(Comm* c, Relay* relay, const std::vector<uint64_t>& rows, si
     for (int d = 0; d < n; d++)
       if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
   std::string why;
-  if (relay->plan(rows, bytes, plan, &why) != zpSuccess)
+  if (routing->plan(rows, bytes, plan, &why) != zpSuccess)
     return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", c->rank(), why.c_str());
   return zpSuccess;
 }
 
-zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
+zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* sendbuff, const size_t sendcounts[],
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts) {
   const int n = c->nranks(), me = c->rank();
@@ -133,7 +133,7 @@ zpResult_t routedAlltoallv(Comm* c, Relay* relay, uint64_t seq, const void* send
   ZP_CHECK(checkCounts(c, rows));
 
   const RoutePlan* plan = nullptr;
-  ZP_CHECK(planCall(c, relay, rows, ts, &plan));
+  ZP_CHECK(planCall(c, routing, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
@@ -222,17 +222,17 @@ struct DeviceHop {
 // block, pieces whose proxies are their own ends). Every rank derives the
 // same message list from the same plan and posts its ends in that order,
 // which is how NCCL pairs each pair's sends and receives.
-zpResult_t deviceRouted(Comm* c, Relay* relay, const std::vector<uint64_t>& rows, const void* sendbuff,
+zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& rows, const void* sendbuff,
                         const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                         const size_t recvcounts[], const size_t rdispls[], size_t ts, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const std::vector<int>& nodeOf = c->nodeOf();
   const RoutePlan* plan = nullptr;
-  ZP_CHECK(planCall(c, relay, rows, ts, &plan));
+  ZP_CHECK(planCall(c, routing, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
-  const uint64_t chunk = relay->chunkBytes();
+  const uint64_t chunk = routing->chunkBytes();
   std::vector<DeviceHop> hops;
   SlotAlloc slots[2];  // kOut, kIn
   auto hop = [&](int stage, int from, int to, const char* src, char* dst, size_t len) -> DeviceHop& {
@@ -320,13 +320,13 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts, void* stream) {
   const int n = c->nranks(), me = c->rank();
-  Relay* relay = Relay::of(c);
-  if (relay || c->cfg().checkDeviceCalls) {
+  Routing* routing = c->routing();
+  if (routing || c->cfg().checkDeviceCalls) {
     std::vector<uint64_t> rows;
     ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
     ZP_CHECK(checkCounts(c, rows));
-    if (relay)
-      return deviceRouted(c, relay, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
+    if (routing)
+      return deviceRouted(c, routing, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
   }
   std::vector<Op> ops;
   ops.reserve(2 * n);
@@ -376,7 +376,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
 
   uint64_t seq = c->nextCollSeq();
   if (stream) return deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
-  if (Relay* relay = Relay::of(c)) return routedAlltoallv(c, relay, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+  if (Routing* routing = c->routing()) return routedAlltoallv(c, routing, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is
   // caught by all ranks without a second round of messages. Larger

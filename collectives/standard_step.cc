@@ -7,7 +7,7 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/relay.h"
+#include "src/core/routing.h"
 
 namespace zp {
 namespace detail {

@@ -3,9 +3,19 @@
 includes anything above it (docs/design.md, "Layers").
 
 Each folder may include Zeppelin headers only from the folders listed for it
-(standard and system headers are not checked). Run from ctest with the
-source directory as the argument; prints one line per file checked and fails
-on the first rule broken, naming the file, the line and the rule.
+(standard and system headers are not checked), and never the headers listed
+as banned for it. Among them:
+- no file under transport/ includes src/core/comm.h or src/route/ (a
+  transport knows the communicator only through src/core/transport.h, and
+  the routing layer only through src/core/routing.h);
+- no file under collectives/ includes anything under transport/ or the
+  relay (src/route/relay*): collectives hand Ops to the executor;
+- src/core includes neither src/route nor collectives.
+Besides includes, no library source may dynamic_cast to a transport type:
+the executor finds a transport by peer, never by asking what it is.
+
+Run from ctest with the source directory as the argument; prints one line
+per rule broken, naming the file, the line and the rule, and fails if any is.
 """
 import os
 import re
@@ -15,14 +25,14 @@ import sys
 # most specific folder wins.
 RULES = {
     "src/util": (["src/util/"], []),
-    "transport": (["include/", "src/util/", "src/core/", "transport/"], ["src/core/comm.h"]),
-    "src/core": (["include/", "src/util/", "src/core/", "transport/"], []),
+    "transport": (["include/", "src/util/", "src/core/", "transport/"], ["src/core/comm.h", "src/route/"]),
+    "src/core": (["include/", "src/util/", "src/core/", "transport/"], ["src/route/", "collectives/"]),
     "src/route": (["include/", "src/util/", "src/core/", "transport/", "src/route/"], []),
     "src/plan": (["include/", "src/util/", "src/core/", "src/plan/"], []),
     # The step simulator sits on the planner, outside the library.
     "src/sim": (["include/", "src/util/", "src/plan/", "src/sim/"], []),
-    "collectives": (["include/", "src/util/", "src/core/", "transport/", "src/route/", "collectives/"],
-                    ["collectives/ext/"]),
+    "collectives": (["include/", "src/util/", "src/core/", "src/route/", "collectives/"],
+                    ["collectives/ext/", "transport/", "src/route/relay"]),
     # The extension layer is built on the public C API only.
     "collectives/ext": (["include/zeppelin.h", "collectives/ext/"], []),
     # The emulated cluster is a test fixture of its own: no Zeppelin internals.
@@ -34,6 +44,9 @@ RULES = {
     "src/launcher": (["include/", "src/util/", "src/core/bootstrap.h", "src/launcher/"], []),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+# A dynamic_cast to a transport type (Transport, ShmTransport, Relay, ...).
+CAST_CHECKED = ["include", "src", "transport", "collectives", "bench", "examples"]
+TRANSPORT_CAST = re.compile(r'dynamic_cast\s*<\s*(const\s+)?(\w+::)*\w*(Transport|Relay)\b')
 SOURCE = (".h", ".cc", ".c", ".cu", ".cuh")
 
 
@@ -77,6 +90,19 @@ def main():
                             failed.add(path)
                             print(f"{path}:{lineno}: includes {inc}, but {owner}/ may include only "
                                   f"{', '.join(allowed)}" + (f" and never {', '.join(banned)}" if banned else ""))
+    # The casts: in every source of the tree but the tests.
+    for top in CAST_CHECKED:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                if not name.endswith(SOURCE):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, name), root)
+                with open(os.path.join(root, path), encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        if TRANSPORT_CAST.search(line):
+                            failed.add(path)
+                            print(f"{path}:{lineno}: casts to a transport type; the executor finds a transport "
+                                  f"by peer (Comm::transportFor), never by its type")
     print(f"include rules: {checked} files checked")
     print(f"{checked - len(failed)} passed, {len(failed)} failed")
     return 1 if failed or checked == 0 else 0

@@ -25,9 +25,9 @@
 #include "src/core/comm.h"
 #include "src/core/config.h"
 #include "src/core/log.h"
-#include "src/core/socket.h"
-#include "src/route/relay.h"
+#include "src/route/routing_state.h"
 #include "transport/nccl/nccl_transport.h"
+#include "src/util/clock.h"
 
 namespace {
 
@@ -240,7 +240,7 @@ zpResult_t zpGetUniqueId(zpUniqueId* id) try {
 
 // A new handle for a communicator made here (init or split).
 static zpComm_t newHandle(std::unique_ptr<zp::Comm> impl) {
-  zp::Relay::enable(impl.get());
+  zp::enableRouting(impl.get());
   auto h = std::make_shared<HandleState>();
   h->impl = std::move(impl);
   std::lock_guard<std::mutex> lock(gHandlesMu);
@@ -803,12 +803,6 @@ zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {
 zpResult_t zp::commShape(zpComm_t comm, const char* fn, CommShape* out) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  out->nodeOf = c->nodeOf();
-  out->nicsPerNode = 0;
-  out->nicBitsPerSec = 0;
-  for (const zp::NodeTopology& n : c->cluster().node) {
-    out->nicsPerNode = std::max(out->nicsPerNode, (int)n.nics.size());
-    for (const zp::Nic& nic : n.nics) out->nicBitsPerSec = std::max(out->nicBitsPerSec, nic.bitsPerSec);
-  }
+  *out = c->shape();
   return zpSuccess;
 }

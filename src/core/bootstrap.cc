@@ -14,6 +14,7 @@
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/socket.h"
+#include "src/util/clock.h"
 
 namespace zp {
 

@@ -9,11 +9,9 @@
 #include <mutex>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
 #include "src/core/topology.h"
 #include "transport/nccl/nccl_transport.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/ucx/ucx_transport.h"
+#include "src/util/clock.h"
 
 namespace zp {
 
@@ -39,14 +37,24 @@ Comm::~Comm() {
     progressThread_.join();
   }
   // The transports may still complete a relay's operations while they shut
-  // down: the installed transports go last.
-  net_.reset();
-  shm_.reset();
+  // down: the installed transports go last. The carriers go in the
+  // table's reverse order (the network before shared memory).
+  while (!carriers_.empty()) carriers_.pop_back();
   installed_.clear();
 }
 
 bool Comm::isLocal(int peer) const {
   return strncmp(ranks_[peer].nodeId, ranks_[rank_].nodeId, sizeof(ranks_[peer].nodeId)) == 0;
+}
+
+CommShape Comm::shape() const {
+  CommShape out;
+  out.nodeOf = nodeOf_;
+  for (const NodeTopology& n : cluster_.node) {
+    out.nicsPerNode = std::max(out.nicsPerNode, (int)n.nics.size());
+    for (const Nic& nic : n.nics) out.nicBitsPerSec = std::max(out.nicBitsPerSec, nic.bitsPerSec);
+  }
+  return out;
 }
 
 TransportContext Comm::transportContext() {
@@ -180,10 +188,10 @@ void Comm::buildCluster(const std::vector<double>& rates) {
 }
 
 // Shared memory within the node; UCX to other nodes. The second bootstrap
-// round carries each rank's rail, its NIC's rate and its UCX worker address.
-zpResult_t Comm::initTransports(const BlobExchange& exchange) {
-  sendSeq_.assign(nranks_, 0);
-  recvSeq_.assign(nranks_, 0);
+// round carries each rank's rail, its NIC's rate and what its transports'
+// peers need to connect (UCX's worker address, shared memory's ring size).
+// Each rank's node (in order of first rank) and its index there.
+void Comm::findNodes() {
   nodeOf_.assign(nranks_, -1);
   localIndex_.assign(nranks_, 0);
   std::vector<int> nodeSize;
@@ -197,28 +205,71 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     localIndex_[r] = nodeSize[nodeOf_[r]]++;
   }
   nnodes_ = (int)nodeSize.size();
+}
+
+// The transports made, and every rank's addresses for them ([kind][rank]):
+// connects them, and each peer gets the first that reaches it.
+zpResult_t Comm::connectTransports(const std::vector<const TransportKind*>& kinds,
+                                   const std::vector<std::vector<std::string>>& addresses) {
+  // Connected in the table's reverse order, as before the table: the
+  // network's endpoints, then shared memory (which waits for the node's ranks).
+  for (size_t i = carriers_.size(); i-- > 0;) ZP_CHECK(carriers_[i]->connect(addresses[i]));
+  transports_.clear();
+  for (auto& t : carriers_) {
+    transports_.push_back(t.get());
+    if (!doorbell_ && t->wakeup() == Transport::Wakeup::kDoorbell) doorbell_ = t.get();
+    if (!events_ && t->wakeup() == Transport::Wakeup::kEventFd) events_ = t.get();
+  }
+  const TransportContext ctx = transportContext();
+  carrierByPeer_.assign(nranks_, nullptr);
+  for (int r = 0; r < nranks_; r++)
+    for (size_t i = 0; i < kinds.size() && !carrierByPeer_[r]; i++)
+      if (kinds[i]->canReach(ctx, r)) carrierByPeer_[r] = carriers_[i].get();
+  byPeer_.assign(carrierByPeer_.begin(), carrierByPeer_.end());
+  return zpSuccess;
+}
+
+zpResult_t Comm::initTransports(const BlobExchange& exchange) {
+  sendSeq_.assign(nranks_, 0);
+  recvSeq_.assign(nranks_, 0);
+  findNodes();
   bool remote = nnodes_ > 1;
-  std::string address, nic;
+  std::string nic;
   int32_t rail = 0;
   double rate = 0;
+  // The kinds of host transport this communicator needs: those that reach some rank.
+  const TransportContext ctx = transportContext();
+  std::vector<const TransportKind*> kinds;
+  for (const TransportKind& k : hostTransports()) {
+    bool needed = false;
+    for (int r = 0; r < nranks_ && !needed; r++) needed = k.canReach(ctx, r);
+    if (needed) kinds.push_back(&k);
+  }
   // A build without UCX reaches no other node: say so before looking for
   // NICs, whose errors would hide the cause. Every rank of such a
   // communicator spans nodes, so every rank fails here with this message.
-  std::string noNet;
+  // (Only the network may be missing from a build.)
+  std::string missing;
   zpResult_t res = zpSuccess;
-  if (remote && !UcxTransport::available(&noNet))
-    res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
-               "but %s", rank_, nnodes_, noNet.c_str());
-  else if (remote)
-    res = chooseNic(&nic, &rail, &rate);
+  for (const TransportKind* k : kinds)
+    if (res == zpSuccess && !k->available(&missing))
+      res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
+                 "but %s", rank_, nnodes_, missing.c_str());
+  if (res == zpSuccess && remote) res = chooseNic(&nic, &rail, &rate);
   nicName_ = nic;
-  // This rank's shared-memory segment is made before the round below: a
-  // rank that cannot have one (no room in /dev/shm) tells every rank there,
-  // and after it every local peer's segment exists.
-  if (res == zpSuccess) res = ShmTransport::create(transportContext(), &shm_);
-  // With routing, the relay's chunks go eagerly (see UcxTransport::create).
-  size_t eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
-  if (res == zpSuccess && remote) res = UcxTransport::create(transportContext(), nic, eagerUpTo, &net_, &address);
+  // The transports are made before the round below: a rank that cannot
+  // have its shared-memory segment (no room in /dev/shm) tells every rank
+  // there, and after it every local peer's segment exists. With routing,
+  // the relay's chunks go eagerly (see UcxTransport::create).
+  TransportSetup setup;
+  setup.nic = nic;
+  setup.eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
+  std::vector<std::string> myAddresses(kinds.size());
+  for (size_t i = 0; i < kinds.size() && res == zpSuccess; i++) {
+    std::unique_ptr<CarrierTransport> t;
+    res = kinds[i]->create(ctx, setup, &t, &myAddresses[i]);
+    if (res == zpSuccess) carriers_.push_back(std::move(t));
+  }
   // The device data plane rides along: whether this rank can use a CUDA
   // device, and (rank 0) the NCCL id that every rank needs.
   DeviceHello hello;
@@ -234,14 +285,17 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     }
   }
   // Every rank takes part in the second round, even to say it failed (its
-  // error and message), so that nobody waits for it and every rank can say why.
-  const uint64_t shmRing = cfg_.shmRingBytes;
-  const size_t head = 1 + sizeof(rail) + sizeof(rate) + sizeof(shmRing) + sizeof(hello);
+  // error and message), so that nobody waits for it and every rank can say
+  // why. Its blob: the head, then each transport's address with its length.
+  const size_t head = 1 + sizeof(rail) + sizeof(rate) + sizeof(hello);
   std::string blob;
   if (res == zpSuccess) {
     blob = std::string(1, kTransportsReady) + std::string((const char*)&rail, sizeof(rail)) +
-           std::string((const char*)&rate, sizeof(rate)) + std::string((const char*)&shmRing, sizeof(shmRing)) +
-           std::string((const char*)&hello, sizeof(hello)) + address;
+           std::string((const char*)&rate, sizeof(rate)) + std::string((const char*)&hello, sizeof(hello));
+    for (const std::string& a : myAddresses) {
+      const uint32_t len = (uint32_t)a.size();
+      blob += std::string((const char*)&len, sizeof(len)) + a;
+    }
   } else {
     const int32_t code = res;
     blob = std::string(1, kTransportsFailed) + std::string((const char*)&code, sizeof(code)) + lastError();
@@ -252,8 +306,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   ZP_CHECK(ex);
   rail_.assign(nranks_, 0);
   std::vector<double> rates(nranks_, 0);
-  std::vector<std::string> addresses(nranks_);
-  std::vector<uint64_t> shmRings(nranks_);
+  std::vector<std::vector<std::string>> addresses(kinds.size(), std::vector<std::string>(nranks_));  // [kind][rank]
   for (int r = 0; r < nranks_; r++) {
     const std::string& b = blobs[r];
     if (b.size() > sizeof(int32_t) && b[0] == kTransportsFailed) {
@@ -268,22 +321,25 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     const char* at = b.data() + 1;
     memcpy(&rail_[r], at, sizeof(int32_t));
     memcpy(&rates[r], at += sizeof(int32_t), sizeof(double));
-    memcpy(&shmRings[r], at += sizeof(double), sizeof(uint64_t));
     DeviceHello theirs;
-    memcpy(&theirs, at += sizeof(uint64_t), sizeof(theirs));
+    memcpy(&theirs, at += sizeof(double), sizeof(theirs));
     if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
     // This rank's own reason first (it says what to fix here), else the first rank's that has none.
     if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
     if (!theirs.usable && noDeviceWhy_.empty()) noDeviceWhy_ = "rank " + std::to_string(r) + " has no usable CUDA device";
-    addresses[r] = blobs[r].substr(head);
+    size_t pos = head;
+    for (size_t i = 0; i < kinds.size(); i++) {
+      uint32_t len = 0;
+      if (b.size() - pos < sizeof(len)) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
+      memcpy(&len, b.data() + pos, sizeof(len));
+      pos += sizeof(len);
+      if (b.size() - pos < len) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
+      addresses[i][r] = b.substr(pos, len);
+      pos += len;
+    }
   }
   buildCluster(rates);
-  if (net_) ZP_CHECK(net_->connect(addresses));
-  ZP_CHECK(shm_->connect(shmRings));
-  transports_ = {shm_.get()};
-  if (net_) transports_.push_back(net_.get());
-  byPeer_.resize(nranks_);
-  for (int r = 0; r < nranks_; r++) byPeer_[r] = isLocal(r) ? (Transport*)shm_.get() : (Transport*)net_.get();
+  ZP_CHECK(connectTransports(kinds, addresses));
   // NCCL's init is collective: every rank starts it, or (some rank has no
   // device) none does, and the communicator moves host buffers only.
   if (!noDeviceWhy_.empty()) {
@@ -309,18 +365,18 @@ void Comm::progressLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (asyncError_ != zpSuccess) break;  // the next call reports it
-      token = shm_->waitToken();
+      token = doorbell_->waitToken();
       if (progress()) {
         lastMove = nowMs();
         continue;
       }
-      if (net_) armed = net_->arm();
+      if (events_) armed = events_->armEvents();
     }
     if (!armed) continue;
     // Busy lately: short naps, so chunks from the network do not wait;
     // idle: longer ones (a doorbell wakes it at once either way).
     int napMs = nowMs() - lastMove < 200 ? 1 : 20;
-    shm_->sleep(token, napMs);
+    doorbell_->sleepDoorbell(token, napMs);
   }
 }
 
@@ -385,26 +441,28 @@ bool Comm::progress() {
   return moved;
 }
 
-uint32_t Comm::waitToken() const { return shm_ ? shm_->waitToken() : 0; }
+uint32_t Comm::waitToken() const { return doorbell_ ? doorbell_->waitToken() : 0; }
 
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
-  // through a futex: sleep on the one with work, and nap briefly when both
-  // have. A transport built on both (the relay) may hear from either side.
+  // through a doorbell: sleep on the one with work, and nap briefly when
+  // both have. A transport built on both (the relay, with no wake-up of its
+  // own) may hear from either side.
   bool stacked = false;
-  for (const auto& t : installed_) stacked |= t->busy();
-  bool shmBusy = shm_->busy() || stacked;
-  bool netBusy = net_ && (net_->busy() || stacked);
-  if (!net_) {
-    shm_->wait(token, ms);
-  } else if (!shmBusy) {
-    net_->wait(ms);
-  } else if (!netBusy) {
-    net_->wait(0);
-    shm_->wait(token, std::min(ms, 1));
-  } else if (net_->arm()) {
+  for (Transport* t : transports_)
+    if (t->wakeup() == Transport::Wakeup::kNone) stacked |= t->busy();
+  bool bellBusy = doorbell_->busy() || stacked;
+  bool eventsBusy = events_ && (events_->busy() || stacked);
+  if (!events_) {
+    doorbell_->waitDoorbell(token, ms, {});
+  } else if (!bellBusy) {
+    events_->waitEvents(ms);
+  } else if (!eventsBusy) {
+    events_->waitEvents(0);
+    doorbell_->waitDoorbell(token, std::min(ms, 1), {});
+  } else if (events_->armEvents()) {
     // Both: poll the doorbell and the network's fd together, then nap briefly.
-    shm_->wait(token, std::min(ms, 1), [this] { return net_->ready(); });
+    doorbell_->waitDoorbell(token, std::min(ms, 1), [this] { return events_->eventsReady(); });
   }
 }
 

@@ -3,8 +3,9 @@
 // executor posts each to the transport that reaches its peer and drives every
 // transport's progress until all are done, a peer fails, or the timeout
 // expires. The communicator knows its transports only through the Transport
-// interface: shared memory and UCX are created here, and a layer above may
-// install another for some peers (the router's relay, src/route).
+// interface: it makes those of the table of host transports that it needs
+// (hostTransports(), src/core/transport.h), and a layer above may install
+// another for some peers (the relay, by the routing layer in src/route).
 #pragma once
 
 #include <atomic>
@@ -21,13 +22,11 @@
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
+#include "src/core/routing.h"
 #include "src/core/topology.h"
 #include "src/core/transport.h"
 
 namespace zp {
-
-class ShmTransport;
-class UcxTransport;
 
 // What each rank tells the others at init about the device data plane:
 // whether it can use a CUDA device, and (rank 0) the NCCL id.
@@ -37,9 +36,19 @@ struct DeviceHello {
 };
 
 // The first byte of each rank's blob in init's second bootstrap round: it
-// set up its transports (its rail, NIC rate, ZP_SHM_RING_BYTES, DeviceHello
-// and UCX address follow), or it failed (its zpResult_t as an int32, then its message).
+// set up its transports (its rail, NIC rate and DeviceHello follow, then
+// each transport's address, in the table's order, after its length as a
+// uint32: shared memory's is its ZP_SHM_RING_BYTES, UCX's its worker
+// address), or it failed (its zpResult_t as an int32, then its message).
 constexpr char kTransportsReady = 'R', kTransportsFailed = 'F';
+
+// What the planner needs of a communicator's layout: each rank's node, NICs
+// per node (the most any node has) and their rate in bits/s (0: unknown).
+struct CommShape {
+  std::vector<int> nodeOf;
+  int nicsPerNode = 0;
+  double nicBitsPerSec = 0;
+};
 
 class Comm : public TransportSink {
  public:
@@ -74,17 +83,22 @@ class Comm : public TransportSink {
   // Nodes, their ranks and NICs with the rates their owners reported, as
   // found at init (the router keeps its own copy, with NICs that went down).
   const ClusterTopology& cluster() const { return cluster_; }
+  // The layout as the planner sees it (zpPlanBatch).
+  CommShape shape() const;
   // This rank's network device (empty on one node, or when UCX picks).
   const std::string& nicName() const { return nicName_; }
-  // The transports this communicator made (net is null on one node), for a
-  // transport built on them.
-  ShmTransport* shm() const { return shm_.get(); }
-  UcxTransport* net() const { return net_.get(); }
+  // The transport from the table that reaches peer, for a transport built
+  // on them (the relay).
+  CarrierTransport* carrierFor(int peer) const { return carrierByPeer_[peer]; }
   TransportContext transportContext();
 
   // Makes t the transport that reaches `peers` (a layer above: the relay).
   // Control messages that came before it is installed are handed to it.
   void installTransport(std::unique_ptr<Transport> t, const std::vector<int>& peers);
+  // The routing state (src/route) of a communicator whose traffic to other
+  // nodes is routed, else null. It outlives the installed transports.
+  Routing* routing() const { return routing_.get(); }
+  void setRouting(std::unique_ptr<Routing> routing) { routing_ = std::move(routing); }
   Transport* transportFor(int peer) const { return byPeer_[peer]; }
   // The device data plane (NCCL); null when this communicator moves host
   // buffers only, for the reason noDeviceWhy() gives.
@@ -167,7 +181,10 @@ class Comm : public TransportSink {
 
  private:
   Comm() = default;
+  void findNodes();
   zpResult_t initTransports(const BlobExchange& exchange);
+  zpResult_t connectTransports(const std::vector<const TransportKind*>& kinds,
+                               const std::vector<std::vector<std::string>>& addresses);
   zpResult_t chooseNic(std::string* nic, int* rail, double* bitsPerSec);
   void buildCluster(const std::vector<double>& rates);
   void progressLoop();
@@ -203,13 +220,16 @@ class Comm : public TransportSink {
   ClusterTopology cluster_;
   std::string nicName_;
 
-  std::unique_ptr<ShmTransport> shm_;  // ranks of this node
-  std::unique_ptr<UcxTransport> net_;  // ranks of other nodes (none on a single node)
+  std::vector<std::unique_ptr<CarrierTransport>> carriers_;  // made from the table, in its order
+  std::vector<CarrierTransport*> carrierByPeer_;             // the one of them that reaches each peer
+  Transport* doorbell_ = nullptr;  // the one woken by a doorbell (shared memory)
+  Transport* events_ = nullptr;    // the one woken by an event fd (the network), if any
+  std::unique_ptr<Routing> routing_;   // before installed_: the relay uses it until it goes
   std::vector<std::unique_ptr<Transport>> installed_;  // by layers above
   std::unique_ptr<StreamTransport> device_;             // device buffers on streams (NCCL), if any
   std::string noDeviceWhy_;
   int inheritedDevice_ = -1;  // a split child's: its parent's device
-  std::vector<Transport*> transports_;  // shm, net if there is one, then the installed ones
+  std::vector<Transport*> transports_;  // the carriers, then the installed ones
   std::vector<Transport*> byPeer_;      // the transport that reaches each peer
   std::vector<std::pair<int, std::pair<uint64_t, std::string>>> earlyControl_;  // control messages nobody took yet
 
@@ -249,13 +269,8 @@ using InterruptCheck = int (*)(void* arg);
 void setInterruptCheck(InterruptCheck check, void* arg);
 constexpr uint64_t kInterruptCheckMs = 100;
 
-// What the planner needs of a communicator's layout: each rank's node, NICs
-// per node (the most any node has) and their rate in bits/s (0: unknown).
-struct CommShape {
-  std::vector<int> nodeOf;
-  int nicsPerNode = 0;
-  double nicBitsPerSec = 0;
-};
+// The shape of the handle's communicator (Comm::shape), or the lookup's
+// error naming fn; defined with the handles (src/api/api.cc).
 zpResult_t commShape(zpComm_t comm, const char* fn, CommShape* out);
 
 }  // namespace zp

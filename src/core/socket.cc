@@ -15,14 +15,9 @@
 #include <ctime>
 
 #include "src/core/log.h"
+#include "src/util/clock.h"
 
 namespace zp {
-
-uint64_t nowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static socklen_t addrLen(const sockaddr_storage& a) {
   return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);

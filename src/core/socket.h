@@ -12,7 +12,6 @@
 
 namespace zp {
 
-uint64_t nowMs();
 std::string addrToString(const sockaddr_storage& addr);
 // The address of interface ifname; empty ifname means loopback.
 zpResult_t interfaceAddress(const std::string& ifname, sockaddr_storage* out);

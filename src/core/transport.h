@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,11 +44,11 @@ constexpr int kAnyRemotePeer = -2;
 
 // Control messages ride on status messages with collective sequence numbers
 // no call reaches (UCX tags carry 36 bits). The top few are the transports'
-// own (src/route/relay.h); the communicator hands them to every transport.
+// own (transport/relay/relay.h); the communicator hands them to every transport.
 constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 
-// Defined by the layer that planned a routed op's path (src/route/relay.h);
-// the executor carries the pointer without looking at it.
+// A routed op's transfer (src/core/routing.h); the executor carries the
+// pointer without looking at it.
 struct RoutedXfer;
 
 // How a receive reduces what arrives into its buffer (the collectives):
@@ -180,7 +182,71 @@ class Transport {
   virtual void checkAlive() = 0;
   // How this transport reaches a peer, for logs ("SHM/CMA", "UCX/tcp zpnic0").
   virtual std::string describe(int peer) const = 0;
+
+  // Waiting. When nothing moved, the executor sleeps until a transport may
+  // have news: shared memory is woken by a doorbell (a futex word: a token
+  // read before progress, slept on after it), the network by an event
+  // file descriptor (armed, then polled). A transport says which it has;
+  // one built on others (the relay) has neither and is woken through them.
+  enum class Wakeup { kNone, kDoorbell, kEventFd };
+  virtual Wakeup wakeup() const { return Wakeup::kNone; }
+  // kDoorbell: a token that changes whenever a peer rings; a wait until it
+  // differs from `token` or ms pass, which also stops as soon as
+  // `elsewhere` (news from another transport) holds; and the sleep alone,
+  // safe without the communicator's lock (false if the time ran out).
+  virtual uint32_t waitToken() const { return 0; }
+  virtual void waitDoorbell(uint32_t /*token*/, int /*ms*/, const std::function<bool()>& /*elsewhere*/) {}
+  virtual bool sleepDoorbell(uint32_t /*token*/, int /*ms*/) { return false; }
+  // kEventFd: sleeps until events come or ms pass; the same in two steps
+  // for a thread that must not hold the lock while it sleeps: arm (false:
+  // events are waiting already), then eventsReady (events came since).
+  virtual void waitEvents(int /*ms*/) {}
+  virtual bool armEvents() { return false; }
+  virtual bool eventsReady() const { return false; }
 };
+
+// A transport another transport is built on (shared memory and UCX, under
+// the relay): what the relay needs of them beyond Transport. Each answers
+// what it can; the rest keep these defaults.
+class CarrierTransport : public Transport {
+ public:
+  // Shared memory: bytes rank r of this node has queued on its NIC and not
+  // yet sent (kept where the node's ranks can read it), and this rank's
+  // count of them, which the relay keeps up to date.
+  virtual uint64_t netQueued(int /*rank*/) const { return 0; }
+  virtual void addNetQueued(int64_t /*bytes*/) {}
+  // Shared memory: local peers whose relay messages wait unread here.
+  virtual std::vector<int> relayInboundPeers() { return {}; }
+  // The network: stops using the path to peer (a NIC on it is down): its
+  // operations fail with why, and its errors no longer break the communicator.
+  virtual void cutPeer(int /*peer*/, const std::string& /*why*/) {}
+  // Connects to every peer it reaches, given every rank's address (indexed
+  // by rank: what TransportKind::create gave at that rank).
+  virtual zpResult_t connect(const std::vector<std::string>& addresses) = 0;
+};
+
+// What a host transport is made with besides the context.
+struct TransportSetup {
+  std::string nic;       // this rank's network device (empty: the transport picks)
+  size_t eagerUpTo = 0;  // the network: messages up to this size go eagerly (the relay's chunks)
+};
+
+// A host transport as the executor's table lists it (transport/transports.cc,
+// as NCCL's ncclTransports[]): the communicator makes every kind that
+// reaches some rank, in the table's order, and each peer is reached by the
+// first kind that can.
+struct TransportKind {
+  const char* name;
+  // Whether it carries this rank's traffic to peer (ctx.rank itself included).
+  bool (*canReach)(const TransportContext& ctx, int peer);
+  // Whether this build has it; if not, *why says why and what to do.
+  bool (*available)(std::string* why);
+  // Made before init's setup round; *address is what every peer needs to
+  // connect to it (CarrierTransport::connect, after the round).
+  zpResult_t (*create)(const TransportContext& ctx, const TransportSetup& setup,
+                       std::unique_ptr<CarrierTransport>* out, std::string* address);
+};
+const std::vector<TransportKind>& hostTransports();
 
 // A standard collective's arguments (NCCL's), as the C API takes them.
 enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kBarrier, kAllGatherv, kReduceScatterv };

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
+#include "src/util/clock.h"
 
 namespace zp {
 

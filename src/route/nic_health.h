@@ -2,7 +2,8 @@
 // and so which ranks this one still reaches over the network directly.
 // Each rank watches its own NIC; news of a NIC found down (by this rank or
 // heard from another) is applied once, after the transports' progress, by
-// the relay (relay.h), which routes around it and passes the news on.
+// the relay (transport/relay/relay.h, through RoutingState), which routes
+// around it and passes the news on.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "src/core/comm.h"
+#include "src/core/routing.h"
 #include "src/core/topology.h"
 
 namespace zp {
@@ -32,10 +34,7 @@ class NicHealth {
   // The same for the network path between ranks a and b of different nodes.
   bool pathUp(int a, int b) const;
 
-  struct Down {
-    int node, rail;
-    std::string name;
-  };
+  using Down = NicDown;
   // Looks at this rank's NIC (every few ms); down: the news is queued.
   void check();
   // News from a peer (a kSeqNicDown message's text); queued.

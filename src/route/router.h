@@ -160,6 +160,7 @@
 #include "include/zeppelin.h"
 #include "src/core/topology.h"
 #include "src/core/config.h"
+#include "src/core/routing.h"  // Piece
 
 namespace zp {
 
@@ -189,19 +190,6 @@ struct RouteParams {
 struct TransferDemand {
   int src = 0, dst = 0;
   uint64_t bytes = 0;
-};
-
-struct Piece {
-  uint64_t offset = 0, bytes = 0;  // within the transfer
-  int srcProxy = -1;               // global rank on the source node that sends it
-  int sendNic = -1;                // NIC index on the source node
-  int dstProxy = -1;               // global rank on the destination node that receives it
-  int recvNic = -1;                // NIC index on the destination node
-
-  bool operator==(const Piece& o) const {
-    return offset == o.offset && bytes == o.bytes && srcProxy == o.srcProxy &&
-           sendNic == o.sendNic && dstProxy == o.dstProxy && recvNic == o.recvNic;
-  }
 };
 
 struct Transfer {

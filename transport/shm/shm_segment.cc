@@ -9,8 +9,8 @@
 #include <cstdio>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
 #include "transport/shm/shm_layout.h"
+#include "src/util/clock.h"
 
 namespace zp {
 
@@ -169,6 +169,13 @@ zpResult_t ShmTransport::peerFailed(const Peer& p) const {
   const std::string why(p.seg->failedWhy, strnlen(p.seg->failedWhy, sizeof(p.seg->failedWhy)));
   return fail(zpRemoteError, "rank %d: local rank %d failed to set up shared memory: %s", ctx_.rank, p.rank,
               why.c_str());
+}
+
+zpResult_t ShmTransport::connect(const std::vector<std::string>& addresses) {
+  std::vector<uint64_t> ringBytes(addresses.size(), 0);
+  for (size_t r = 0; r < addresses.size(); r++)
+    if (addresses[r].size() == sizeof(uint64_t)) memcpy(&ringBytes[r], addresses[r].data(), sizeof(uint64_t));
+  return connect(ringBytes);
 }
 
 zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {

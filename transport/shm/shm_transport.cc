@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
+#include "src/util/clock.h"
 
 namespace zp {
 

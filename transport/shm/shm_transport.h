@@ -67,7 +67,7 @@ struct Lane {
   uint64_t discardLeft = 0;
 };
 
-class ShmTransport : public Transport {
+class ShmTransport : public CarrierTransport {
  public:
   // Collective among the ranks of this node, in two steps. create: this
   // rank's segment, its pages reserved in /dev/shm (a page tmpfs cannot
@@ -79,6 +79,9 @@ class ShmTransport : public Transport {
   // peer's, and returns once all have mapped each other. ringBytes: every
   // rank's ZP_SHM_RING_BYTES, from that round.
   zpResult_t connect(const std::vector<uint64_t>& ringBytes);
+  // The same from every rank's address: its ZP_SHM_RING_BYTES (address()).
+  zpResult_t connect(const std::vector<std::string>& addresses) override;
+  static std::string address(uint64_t ringBytes) { return std::string((const char*)&ringBytes, sizeof(ringBytes)); }
   ~ShmTransport();
 
   void post(Op* op) override;
@@ -94,9 +97,15 @@ class ShmTransport : public Transport {
   bool progress() override;
   bool busy() const override;
   // Local peers whose relay messages wait unread in this rank's rings.
-  std::vector<int> relayInboundPeers();
+  std::vector<int> relayInboundPeers() override;
+  // Waiting (Transport): a doorbell.
+  Wakeup wakeup() const override { return Wakeup::kDoorbell; }
+  void waitDoorbell(uint32_t token, int ms, const std::function<bool()>& elsewhere) override {
+    wait(token, ms, elsewhere);
+  }
+  bool sleepDoorbell(uint32_t token, int ms) override { return sleep(token, ms); }
   // A token that changes whenever a peer signals this rank.
-  uint32_t waitToken() const;
+  uint32_t waitToken() const override;
   // Sleeps until the token differs from `token` or ms pass; then checks that
   // local peers are still alive. While it polls, it also stops as soon as
   // `elsewhere` (news from another transport) holds.
@@ -113,8 +122,8 @@ class ShmTransport : public Transport {
   std::string describe(int peer) const override;
   // Bytes this rank has queued on its NIC (the router's point-to-point
   // choice reads them): kept in the segment so the node's ranks can read it.
-  void addNetQueued(int64_t bytes);
-  uint64_t netQueued(int rank) const;
+  void addNetQueued(int64_t bytes) override;
+  uint64_t netQueued(int rank) const override;
 
  private:
   struct Peer {

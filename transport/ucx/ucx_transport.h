@@ -37,7 +37,7 @@
 
 namespace zp {
 
-class UcxTransport : public Transport {
+class UcxTransport : public CarrierTransport {
  public:
   // Whether this build has UCX; if not, *why says so and what to do.
   static bool available(std::string* why);
@@ -48,7 +48,7 @@ class UcxTransport : public Transport {
   static zpResult_t create(const TransportContext& ctx, const std::string& nic, size_t eagerUpTo,
                            std::unique_ptr<UcxTransport>* out, std::string* address);
   // Creates endpoints to every remote peer from their addresses (indexed by rank).
-  zpResult_t connect(const std::vector<std::string>& addresses);
+  zpResult_t connect(const std::vector<std::string>& addresses) override;
   ~UcxTransport() override;
 
   void post(Op* op) override;
@@ -61,6 +61,11 @@ class UcxTransport : public Transport {
   std::vector<int> busyPeers() const override;
   void checkAlive() override {}  // UCX reports dead peers through the endpoint error handler
   std::string describe(int peer) const override;
+  // Waiting (Transport): an event fd.
+  Wakeup wakeup() const override { return Wakeup::kEventFd; }
+  void waitEvents(int ms) override { wait(ms); }
+  bool armEvents() override { return arm(); }
+  bool eventsReady() const override { return ready(); }
   // Sleeps on the worker's event fd until something arrives or ms pass.
   void wait(int ms);
   // wait() in two steps, for a thread that must not hold the communicator's
@@ -73,7 +78,7 @@ class UcxTransport : public Transport {
   // Stops using the network path to peer (a NIC on it is down, see
   // the router's NIC health, src/route/nic_health.h): its operations fail with why, its endpoint is closed
   // by force, and its errors no longer break the communicator.
-  void cutPeer(int peer, const std::string& why);
+  void cutPeer(int peer, const std::string& why) override;
 
   struct Request;  // one UCP request and what it completes
   // Requests of every UcxTransport in this process not yet freed. Zero once

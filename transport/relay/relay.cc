@@ -1,96 +1,20 @@
-#include "src/route/relay.h"
+#include "transport/relay/relay.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "src/core/log.h"
-#include "src/core/socket.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/relay/relay_chunk.h"
 
 namespace zp {
 
-namespace {
-constexpr uint64_t kRelayMagic = 0x5a5052454c415931ull;
-// Staging slots per pool; with 512 KiB chunks, 8 MiB per pool.
-constexpr int kSlotsPerPool = 16;
-// Chunks of this rank's own sends in flight per first hop.
-constexpr int kWindow = 128;
-// Finished deliveries remembered per rank, to drop copies sent again.
-constexpr size_t kFinishedKept = 4096;
-// A relayed control message starts with this byte, so it is never empty.
-constexpr char kControlMark = 'C';
-enum Pool { kOutbound = 0, kInbound = 1 };
-}  // namespace
-
-struct Relay::Chunk {
-  RelayHeader hdr{};
-  Op hdrOp, dataOp;
-  char* data = nullptr;           // where its bytes are
-  std::unique_ptr<char[]> own;    // an early chunk's bytes at its destination
-  int from = -1;                  // the hop it comes from (receiving)
-  InRecv* standing = nullptr;     // the shared-memory header receive it came through
-  int pool = -1;                  // the pool of its slot, if data is one
-  SendXfer* sx = nullptr;         // the routed send it belongs to (at the source)
-  int firstHop = -1;              // at the source: where it goes first
-  int srcProxy = -1;              // at the source: its path
-  bool claimed = false;           // at the destination: received straight into the receive buffer
-  bool dup = false;               // at the destination: a copy of bytes already here
-  // Waiting for a staging slot, receiving its bytes, sending them on, or
-  // dead (its previous hop failed: the communicator is broken).
-  enum class State { kWaitingSlot, kReceiving, kSending, kFailed } state = State::kWaitingSlot;
-};
-
-// A standing receive of relay headers: from one local peer, or from any
-// rank of another node.
-struct Relay::InRecv {
-  int peer = kAnyRemotePeer;
-  RelayHeader hdr{};
-  Op op;
-  bool posted = false;
-  bool blocked = false;  // a chunk from this peer waits for a slot: the lane is held
-};
-
-
-namespace {
-RouteParams paramsOf(const Config& cfg) {
-  RouteParams p;
-  p.mode = (RouteMode)cfg.routing;
-  p.chunkBytes = cfg.routeChunkBytes;
-  p.directBelow = cfg.routeDirectBelow;
-  return p;
-}
-}  // namespace
-
-void Relay::enable(Comm* c) {
-  if (c->cfg().routing == zpRoutingOff || c->nnodes() < 2) return;
-  bool severalRails = false;
-  for (int r = 1; r < c->nranks(); r++) severalRails |= c->rail()[r] != c->rail()[0];
-  if (!severalRails) return;
-  std::vector<int> remote;
-  for (int r = 0; r < c->nranks(); r++)
-    if (!c->isLocal(r)) remote.push_back(r);
-  c->installTransport(std::make_unique<Relay>(c), remote);
-  c->startProgressThread();
-}
-
-Relay* Relay::of(const Comm* c) {
-  for (int r = 0; r < c->nranks(); r++)
-    if (!c->isLocal(r)) return dynamic_cast<Relay*>(c->transportFor(r));
-  return nullptr;
-}
-
-Relay::Relay(Comm* comm)
-    : c_(comm),
-      shm_(comm->shm()),
-      net_(comm->net()),
-      params_(paramsOf(comm->cfg())),
-      chunkBytes_(params_.chunkBytes),
-      health_(*comm) {
-  relaySendSeq_.assign(c_->nranks(), 0);
-  relayRecvSeq_.assign(c_->nranks(), 0);
-  p2pSends_.assign(c_->nranks(), 0);
-  p2pRecvs_.assign(c_->nranks(), 0);
+Relay::Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTransport* net, Routing* routing)
+    : ctx_(ctx), shm_(shm), net_(net), routing_(routing), chunkBytes_(routing->chunkBytes()) {
+  relaySendSeq_.assign(ctx_.nranks, 0);
+  relayRecvSeq_.assign(ctx_.nranks, 0);
+  p2pSends_.assign(ctx_.nranks, 0);
+  p2pRecvs_.assign(ctx_.nranks, 0);
+  for (int r = 0; r < ctx_.nranks; r++) local_.push_back(ctx_.sameNode(r, ctx_.rank));
 }
 
 void Relay::post(Op* op) {
@@ -119,66 +43,31 @@ void Relay::post(Op* op) {
   send(op, rx ? xfer : p2pSends_[op->peer]++, pieces);
 }
 
-zpResult_t Relay::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                       const RoutePlan** out, std::string* why) {
-  if (key != planKey_) {
-    planKey_.clear();
-    ZP_CHECK(planRoutes(health_.topology(), bytes, params_, &plan_, why));
-    planKey_ = key;
-    ZP_TRACE(kSubColl, "rank %d: %s", c_->rank(), zp::describe(plan_, 4).c_str());
-  }
-  *out = &plan_;
-  return zpSuccess;
-}
-
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
-  if (health_.directAlive(peer)) via(peer)->sendStatus(peer, seq, status, text);
+  if (routing_->directAlive(peer)) via(peer)->sendStatus(peer, seq, status, text);
   else sendControl(peer, seq, status, text);
 }
 
 bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
   switch (seq) {
-    case kSeqNicDown: health_.heard(text); return true;
+    case kSeqNicDown: routing_->heardNicDown(text); return true;
     case kSeqRelayAck: onAck(peer, text); return true;
     case kSeqLeaving: left_.insert(peer); return true;
     default: return false;
   }
 }
 
-bool Relay::applyNicNews() {
-  std::vector<NicHealth::Down> fresh = health_.apply();
-  if (fresh.empty()) return false;
-  const int me = c_->rank();
-  planKey_.clear();  // plans made with the NIC are void
-  for (const NicHealth::Down& n : fresh) {
-    ZP_INFO(kSubNet, "rank %d: NIC %s (rail %d of node %d) is down: routing around it", me, n.name.c_str(), n.rail,
-            n.node);
-    std::string text = NicHealth::encode(n);
-    for (int p = 0; p < c_->nranks(); p++)
-      if (p != me && health_.directAlive(p)) via(p)->sendStatus(p, kSeqNicDown, zpSuccess, text);
-    for (int p = 0; p < c_->nranks(); p++)
-      if (!health_.directAlive(p))
-        net_->cutPeer(p, "the network path to rank " + std::to_string(p) + " is down (NIC " + n.name + " of node " +
-                             std::to_string(n.node) + ")");
-    if (health_.nodeCut(n.node))
-      c_->setAsyncError(zpRemoteError, "node " + std::to_string(n.node) + " has no working NIC left (the last, " +
-                                           n.name + ", went down): no path to its ranks");
-  }
-  onPathsChanged();
-  return true;
-}
-
 std::vector<int> Relay::stayFor() {
-  const int me = c_->rank();
+  const int me = ctx_.rank;
   if (!leaving_) {
     leaving_ = true;
-    for (int p = 0; p < c_->nranks(); p++)
-      if (p != me && health_.directAlive(p)) via(p)->sendStatus(p, kSeqLeaving, zpSuccess, "");
+    for (int p = 0; p < ctx_.nranks; p++)
+      if (p != me && routing_->directAlive(p)) via(p)->sendStatus(p, kSeqLeaving, zpSuccess, "");
   }
   // Ranks not yet come, else those this rank still relays for.
   std::vector<int> out;
-  for (int p = 0; p < c_->nranks(); p++)
-    if (p != me && health_.directAlive(p) && !left_.count(p)) out.push_back(p);
+  for (int p = 0; p < ctx_.nranks; p++)
+    if (p != me && routing_->directAlive(p) && !left_.count(p)) out.push_back(p);
   if (out.empty()) out = holdingFor();
   if (out.empty()) out = shm_->relayInboundPeers();
   return out;
@@ -192,20 +81,17 @@ std::string Relay::describe(int peer) const {
 // each NIC's owners have posted and not yet sent.
 bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
                        std::vector<uint64_t> queued) {
-  for (int r = 0; r < c_->nranks(); r++)
-    if (c_->isLocal(r)) {
-      if ((int)queued.size() <= c_->rail()[r]) queued.resize(c_->rail()[r] + 1, 0);
-      queued[c_->rail()[r]] += shm_->netQueued(r);
+  const std::vector<int>& rail = routing_->rails();
+  for (int r = 0; r < ctx_.nranks; r++)
+    if (isLocal(r)) {
+      if ((int)queued.size() <= rail[r]) queued.resize(rail[r] + 1, 0);
+      queued[rail[r]] += shm_->netQueued(r);
     }
-  return pickPath(health_.topology(), c_->rank(), dst, bytes, queued, params_, pieces, why) == zpSuccess;
+  return routing_->pickPath(ctx_.rank, dst, bytes, queued, pieces, why);
 }
 
-// Whether a chunk's path (src -> srcProxy -> network -> dstProxy -> dst)
-// crosses a NIC that is down. Only the network hop can: shared memory does not fail.
-bool Relay::pathDead(int srcProxy, int dstProxy) const { return !health_.pathUp(srcProxy, dstProxy); }
-
 void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
-  const int me = c_->rank();
+  const int me = ctx_.rank;
   ch->hdr.dstProxy = dstProxy;
   ch->srcProxy = srcProxy;
   ch->firstHop = srcProxy == me ? dstProxy : srcProxy;
@@ -219,14 +105,14 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   std::vector<Piece> pieces;
   std::string why;
   if (!pickPieces(peer, payload.size(), &pieces, &why) || pieces.size() != 1) {
-    ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", c_->rank(), peer, why.c_str());
+    ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", ctx_.rank, peer, why.c_str());
     return;
   }
   auto ch = std::make_unique<Chunk>();
   RelayHeader& h = ch->hdr;
   h.magic = kRelayMagic;
   h.kind = (uint32_t)OpKind::kControl;
-  h.src = c_->rank();
+  h.src = ctx_.rank;
   h.dst = peer;
   h.status = status;
   h.xfer = seq;
@@ -241,7 +127,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
 Relay::~Relay() = default;
 
 Transport* Relay::via(int peer) const {
-  return c_->isLocal(peer) ? (Transport*)shm_ : (Transport*)net_;
+  return isLocal(peer) ? shm_ : net_;
 }
 
 char* Relay::takeSlot(bool inbound) {
@@ -274,7 +160,7 @@ void Relay::postHeaderRecvs() {
 
 void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   start();
-  const int me = c_->rank();
+  const int me = ctx_.rank;
   Key key(op->peer, (uint32_t)op->kind, xfer);
   if (sends_.count(key)) {
     op->finish(zpInternalError, "a routed send to rank " + std::to_string(op->peer) + " reuses transfer id " +
@@ -361,7 +247,7 @@ bool Relay::accept(Delivery& d, const RelayHeader& h) {
   d.failed = true;
   op->finish(zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(h.src) + " sends " +
                                  std::to_string(h.total / op->typeSize) + " elements to rank " +
-                                 std::to_string(c_->rank()) + " but rank " + std::to_string(c_->rank()) + " expects " +
+                                 std::to_string(ctx_.rank) + " but rank " + std::to_string(ctx_.rank) + " expects " +
                                  std::to_string(op->bytes / op->typeSize));
   return false;
 }
@@ -386,7 +272,7 @@ void Relay::finishDelivery(const Key& key) {
 void Relay::remember(const Key& key, uint64_t total) {
   finished_[key] = total;
   finishedOrder_.push_back(key);
-  if (finishedOrder_.size() > kFinishedKept * (size_t)c_->nranks()) {
+  if (finishedOrder_.size() > kFinishedKept * (size_t)ctx_.nranks) {
     finished_.erase(finishedOrder_.front());
     finishedOrder_.pop_front();
   }
@@ -394,7 +280,7 @@ void Relay::remember(const Key& key, uint64_t total) {
 
 void Relay::sendChunk(Chunk* ch, int to) {
   RelayHeader& h = ch->hdr;
-  h.hop = c_->rank();
+  h.hop = ctx_.rank;
   uint64_t hdrSeq = nextSeq(to);
   h.dataSeq = nextSeq(to);
   ch->hdrOp = makeOp(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
@@ -402,7 +288,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
   ch->dataOp = makeOp(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kSending;
-  if (!c_->isLocal(to)) shm_->addNetQueued((int64_t)h.bytes);
+  if (!isLocal(to)) shm_->addNetQueued((int64_t)h.bytes);
   via(to)->post(&ch->hdrOp);
   via(to)->post(&ch->dataOp);
 }
@@ -411,7 +297,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
 // must wait for a staging slot.
 bool Relay::placeChunk(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
-  if (h.dst == c_->rank()) {
+  if (h.dst == ctx_.rank) {
     Key key(h.src, h.kind, h.xfer);
     Delivery* d = nullptr;
     if (h.kind == (uint32_t)OpKind::kControl || finished_.count(key)) {
@@ -433,7 +319,7 @@ bool Relay::placeChunk(Chunk* ch) {
       ch->data = ch->own.get();
     }
   } else {
-    bool inbound = c_->isLocal(h.dst);
+    bool inbound = isLocal(h.dst);
     char* slot = takeSlot(inbound);
     if (!slot) return false;
     ch->data = slot;
@@ -449,9 +335,9 @@ bool Relay::placeChunk(Chunk* ch) {
 }
 
 void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
-  if (h.magic != kRelayMagic || h.src < 0 || h.src >= c_->nranks() || h.dst < 0 || h.dst >= c_->nranks() ||
+  if (h.magic != kRelayMagic || h.src < 0 || h.src >= ctx_.nranks || h.dst < 0 || h.dst >= ctx_.nranks ||
       h.hop != (from == kAnyRemotePeer ? h.hop : from) || h.bytes > chunkBytes_ || h.offset + h.bytes > h.total) {
-    c_->setAsyncError(zpInternalError, "rank " + std::to_string(c_->rank()) + ": a corrupt relay header came from rank " +
+    ctx_.sink->setAsyncError(zpInternalError, "rank " + std::to_string(ctx_.rank) + ": a corrupt relay header came from rank " +
                                            std::to_string(h.hop));
     return;
   }
@@ -463,24 +349,24 @@ void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
   chunks_.push_back(std::move(ch));
   if (!placeChunk(raw)) {
     if (raw->standing) raw->standing->blocked = true;
-    waitingSlot_[c_->isLocal(h.dst) ? kInbound : kOutbound].push_back(raw);
+    waitingSlot_[isLocal(h.dst) ? kInbound : kOutbound].push_back(raw);
   }
 }
 
 void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   Chunk* ch = it->get();
   const RelayHeader& h = ch->hdr;
-  if (h.dst != c_->rank()) {
+  if (h.dst != ctx_.rank) {
     // A proxy: on to the destination if it is on this node, else over the
     // network to the destination's proxy.
-    sendChunk(ch, c_->isLocal(h.dst) ? h.dst : h.dstProxy);
+    sendChunk(ch, isLocal(h.dst) ? h.dst : h.dstProxy);
     return;
   }
   std::unique_ptr<Chunk> mine = std::move(*it);
   chunks_.erase(it);
   if (h.kind == (uint32_t)OpKind::kControl) {
     if (h.bytes >= 1 && ch->data[0] == kControlMark)
-      c_->onStatus(h.src, h.xfer, (zpResult_t)h.status, std::string(ch->data + 1, h.bytes - 1));
+      ctx_.sink->onStatus(h.src, h.xfer, (zpResult_t)h.status, std::string(ch->data + 1, h.bytes - 1));
     return;
   }
   ack(h.src, h.kind, h.xfer, h.offset, h.offset + h.bytes);  // copies too: the first one's acknowledgement may be lost
@@ -537,20 +423,20 @@ void Relay::chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it) {
       finishDelivery(key);
     }
   }
-  ZP_TRACE(kSubNet, "rank %d: dropped chunk %d -> %d offset %llu (its path is down)", c_->rank(), h.src, h.dst,
+  ZP_TRACE(kSubNet, "rank %d: dropped chunk %d -> %d offset %llu (its path is down)", ctx_.rank, h.src, h.dst,
            (unsigned long long)h.offset);
   chunks_.erase(it);
 }
 
 void Relay::chunkSent(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
-  if (!c_->isLocal(ch->hdrOp.peer)) shm_->addNetQueued(-(int64_t)h.bytes);
+  if (!isLocal(ch->hdrOp.peer)) shm_->addNetQueued(-(int64_t)h.bytes);
   if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
   if (ch->firstHop >= 0) inFlight_[ch->firstHop]--;
   zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;
   // A send cut off with its path is sent again (onPathsChanged); other
   // failures break the communicator.
-  bool cut = st != zpSuccess && !health_.directAlive(ch->hdrOp.peer);
+  bool cut = st != zpSuccess && !routing_->directAlive(ch->hdrOp.peer);
   if (SendXfer* sx = ch->sx) {
     Op* op = sx->op;
     sx->inBuffer--;
@@ -583,143 +469,12 @@ void Relay::maybeFinish(SendXfer* sx) {
   sends_.erase(sx->key);
 }
 
-void Relay::ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi) {
-  hi = std::max(hi, lo + 1);  // a zero-byte transfer's one chunk is acknowledged as [0, 1)
-  std::vector<AckRange>& v = acks_[src];
-  if (!v.empty() && v.back().kind == kind && v.back().xfer == xfer && v.back().hi == lo) v.back().hi = hi;
-  else v.push_back({kind, xfer, lo, hi});
-}
-
-// Sends the acknowledgements gathered in this round, a few dozen per message.
-void Relay::flushAcks() {
-  const size_t kPerMessage = 16;
-  for (auto& [src, ranges] : acks_)
-    for (size_t i = 0; i < ranges.size(); i += kPerMessage) {
-      size_t n = std::min(kPerMessage, ranges.size() - i);
-      std::string payload((const char*)&ranges[i], n * sizeof(AckRange));
-      sendStatus(src, kSeqRelayAck, zpSuccess, payload);
-    }
-  acks_.clear();
-}
-
-void Relay::onAck(int from, const std::string& payload) {
-  size_t n = payload.size() / sizeof(AckRange);
-  for (size_t i = 0; i < n; i++) {
-    AckRange a;
-    memcpy(&a, payload.data() + i * sizeof(AckRange), sizeof(a));
-    auto it = sends_.find(Key(from, a.kind, a.xfer));
-    if (it == sends_.end()) continue;  // finished: an acknowledgement sent again
-    SendXfer& sx = it->second;
-    for (auto c = sx.chunks.lower_bound(a.lo); c != sx.chunks.end() && c->first < a.hi; ++c)
-      if (!c->second.acked && c->first + c->second.bytes <= a.hi) {
-        c->second.acked = true;
-        sx.unacked--;
-      }
-    maybeFinish(&sx);
-  }
-}
-
-void Relay::onPathsChanged() {
-  const int me = c_->rank();
-  // Chunks of this rank's sends that have not started: new paths where theirs is dead.
-  std::vector<std::unique_ptr<Chunk>> moved;
-  for (auto& [hop, queue] : pending_)
-    for (auto q = queue.begin(); q != queue.end();)
-      if (pathDead((*q)->srcProxy, (*q)->hdr.dstProxy)) {
-        moved.push_back(std::move(*q));
-        q = queue.erase(q);
-      } else {
-        ++q;
-      }
-  // Chunks already on their way along a dead path: send them again.
-  std::vector<SendXfer*> touched;
-  for (auto& [key, sx] : sends_) {
-    for (auto& [offset, rec] : sx.chunks) {
-      if (rec.acked || !pathDead(rec.srcProxy, rec.dstProxy)) continue;
-      auto ch = std::make_unique<Chunk>();
-      RelayHeader& h = ch->hdr;
-      h.magic = kRelayMagic;
-      h.kind = std::get<1>(key);
-      h.src = me;
-      h.dst = sx.op->peer;
-      h.xfer = std::get<2>(key);
-      h.total = sx.op->bytes;
-      h.offset = offset;
-      h.bytes = rec.bytes;
-      ch->data = (char*)sx.op->buf + offset;
-      ch->sx = &sx;
-      sx.inBuffer++;
-      moved.push_back(std::move(ch));
-    }
-    touched.push_back(&sx);
-  }
-  // New paths, per destination for all its chunks at once, so that they
-  // spread over the NICs left (one at a time, all would take the NIC that
-  // looks emptiest now). The NICs' queues count what this rank has yet to send.
-  std::vector<uint64_t> backlog;
-  for (auto& [hop, queue] : pending_)
-    for (auto& ch : queue) {
-      int k = c_->rail()[ch->srcProxy];
-      if ((int)backlog.size() <= k) backlog.resize(k + 1, 0);
-      backlog[k] += ch->hdr.bytes;
-    }
-  std::map<int, std::vector<std::unique_ptr<Chunk>>> byDst;
-  for (auto& ch : moved) byDst[ch->hdr.dst].push_back(std::move(ch));
-  for (auto& [dst, list] : byDst) {
-    // Full chunks first: the router's pieces are runs of whole chunks, a short one last.
-    std::stable_sort(list.begin(), list.end(), [](const std::unique_ptr<Chunk>& x, const std::unique_ptr<Chunk>& y) {
-      return x->hdr.bytes > y->hdr.bytes;
-    });
-    uint64_t total = 0;
-    for (auto& ch : list) total += std::max<uint64_t>(ch->hdr.bytes, 1);
-    std::vector<Piece> pieces;
-    std::string why;
-    bool ok = pickPieces(dst, total, &pieces, &why, backlog);
-    size_t pi = 0;
-    uint64_t left = ok && !pieces.empty() ? pieces[0].bytes : 0;
-    for (auto& ch : list) {
-      SendXfer* sx = ch->sx;
-      if (sx) sx->inBuffer--;  // queueChunk counts it again
-      if (!ok || pi >= pieces.size()) {
-        if (sx && sx->op->status == zpSuccess) {
-          sx->op->status = zpRemoteError;
-          sx->op->error = "no path left to rank " + std::to_string(dst) + ": " + why;
-        }
-        continue;
-      }
-      const Piece& pc = pieces[pi];
-      if (sx) {
-        Sent& rec = sx->chunks[ch->hdr.offset];
-        rec.srcProxy = pc.srcProxy;
-        rec.dstProxy = pc.dstProxy;
-      }
-      uint64_t b = std::max<uint64_t>(ch->hdr.bytes, 1);
-      left = left > b ? left - b : 0;
-      if (left == 0 && ++pi < pieces.size()) left = pieces[pi].bytes;
-      queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
-    }
-  }
-  for (SendXfer* sx : touched) maybeFinish(sx);
-  // Acknowledge again what is here: acknowledgements on the dead path are lost.
-  // (Chunks start at multiples of the chunk size: router.h.)
-  for (auto& [key, d] : deliveries_)
-    for (uint64_t off : d.have)
-      ack(std::get<0>(key), std::get<1>(key), std::get<2>(key), off, off + std::min<uint64_t>(chunkBytes_, d.total - off));
-  const size_t kRecent = 256;  // a send waits only for transfers that finished just now
-  for (size_t i = finishedOrder_.size() > kRecent ? finishedOrder_.size() - kRecent : 0; i < finishedOrder_.size(); i++) {
-    const Key& key = finishedOrder_[i];
-    auto f = finished_.find(key);
-    if (f != finished_.end()) ack(std::get<0>(key), std::get<1>(key), std::get<2>(key), 0, f->second);
-  }
-  pump();
-}
-
 // Posts the standing header receives, once: from then on this rank relays.
 void Relay::start() {
   if (started_) return;
   started_ = true;
-  for (int r = 0; r < c_->nranks(); r++)
-    if (r != c_->rank() && c_->isLocal(r)) {
+  for (int r = 0; r < ctx_.nranks; r++)
+    if (r != ctx_.rank && isLocal(r)) {
       standing_.push_back(std::make_unique<InRecv>());
       standing_.back()->peer = r;
     }
@@ -728,7 +483,7 @@ void Relay::start() {
 }
 
 bool Relay::progress() {
-  health_.check();
+  routing_->checkNic();
   bool moved = applyNicNews();
   return moveChunks() || moved;
 }
@@ -760,7 +515,7 @@ bool Relay::moveChunks() {
       moved = true;
       chunkSent(ch);
       chunks_.erase(cur);
-    } else if (ch->state == Chunk::State::kReceiving && !ch->dataOp.done && !health_.directAlive(ch->from)) {
+    } else if (ch->state == Chunk::State::kReceiving && !ch->dataOp.done && !routing_->directAlive(ch->from)) {
       moved = true;
       abandon(cur);
     } else if (ch->state == Chunk::State::kReceiving && ch->dataOp.done) {
@@ -769,7 +524,7 @@ bool Relay::moveChunks() {
         chunkArrived(cur);
         continue;
       }
-      if (!health_.directAlive(ch->from)) {
+      if (!routing_->directAlive(ch->from)) {
         chunkLost(cur);  // its path went down: the source sends it again
         continue;
       }

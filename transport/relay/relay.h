@@ -1,5 +1,5 @@
 // The router's executor: carries routed transfers along the pieces a plan
-// (router.h) gives them, with every rank serving as a proxy for its node.
+// (src/route/router.h) gives them, with every rank serving as a proxy for its node.
 //
 // A transfer src -> dst (on another node) is cut into chunks of at most
 // chunkBytes. Each chunk travels as two messages per hop: a RelayHeader,
@@ -15,7 +15,7 @@
 // A routed send finishes when the destination has acknowledged every chunk
 // (acknowledgements travel back in batches as control messages), not when
 // its chunks have left: until then the source can send any of them again.
-// That is how NIC failure is survived: when a NIC goes down (nic_health.h),
+// That is how NIC failure is survived: when a NIC goes down (src/route/nic_health.h),
 // proxies drop chunks whose path used it, the source sends its
 // unacknowledged chunks of such paths again on paths that work, and
 // destinations acknowledge again what they hold (acknowledgements on the
@@ -32,13 +32,14 @@
 // waits for a slot: no cycle of waits can form.
 //
 // The relay is a Transport (src/core/transport.h) built on the two the
-// communicator made: installed for the ranks of other nodes, it takes their
+// communicator made, which it knows only as CarrierTransports: installed
+// for the ranks of other nodes (src/route/routing_state.h), it takes their
 // Ops from the executor like any transport, and sends its own messages over
-// shared memory and UCX. It also owns the rest of the routing state: the
-// router's last plan and NIC health.
+// shared memory and UCX. Paths and NIC health come from the routing layer
+// through src/core/routing.h; what it reports goes to the TransportSink.
 //
 // Everything here runs inside the executor's progress, i.e. under the
-// communicator's lock, from a user call or from its progress thread (comm.h).
+// communicator's lock, from a user call or from its progress thread (src/core/comm.h).
 #pragma once
 
 #include <cstdint>
@@ -52,29 +53,16 @@
 #include <vector>
 
 #include "include/zeppelin.h"
-#include "src/core/comm.h"
+#include "src/core/routing.h"
 #include "src/core/transport.h"
-#include "src/route/nic_health.h"
-#include "src/route/router.h"
 
 namespace zp {
-
-class ShmTransport;
-class UcxTransport;
 
 // Control messages of the relay (src/core/transport.h's reserved range).
 constexpr uint64_t kSeqLeaving = (1ull << 36) - 1;  // this rank reached zpCommDestroy
 constexpr uint64_t kSeqNicDown = (1ull << 36) - 2;  // text: "node rail name"
 constexpr uint64_t kSeqRelayAck = (1ull << 36) - 3; // text: the relay's acknowledgements
 static_assert(kSeqRelayAck >= kSeqFirstControl, "the relay's control messages must be in the reserved range");
-
-// A collective's transfer as the router planned it: its id among the
-// transfers of its (source, destination, kind), and its pieces (null: the
-// relay picks a path from the NICs' queues, as for point-to-point calls).
-struct RoutedXfer {
-  uint64_t id = 0;
-  const std::vector<Piece>* pieces = nullptr;
-};
 
 struct RelayHeader {
   uint64_t magic;
@@ -91,24 +79,10 @@ struct RelayHeader {
 
 class Relay : public Transport {
  public:
-  // Installs a relay for the ranks of other nodes when routing pays: routing
-  // is on (ZP_ROUTING), and there are several nodes and several rails to
-  // spread the traffic over. Then starts the communicator's progress thread.
-  static void enable(Comm* comm);
-  // The relay of a communicator, or null when its traffic is not routed.
-  static Relay* of(const Comm* comm);
-
-  explicit Relay(Comm* comm);
+  // ctx: the communicator's; shm and net: the transports it relays over
+  // (net is null on one node); routing: paths and NIC health. All outlive it.
+  Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTransport* net, Routing* routing);
   ~Relay() override;
-
-  // Bytes of a chunk (the router's chunkBytes).
-  uint64_t chunkBytes() const { return params_.chunkBytes; }
-  // The router's plan for a collective whose inter-node demand is `bytes`
-  // ([src][dst]); `key` identifies the call's shape, and the plan of the
-  // last key is kept (plans repeat from call to call). A NIC that goes down
-  // voids it.
-  zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                  const RoutePlan** out, std::string* why);
 
   // Transport. post takes an op with a rank of another node: a
   // point-to-point op gets its path from the NICs' queues (pickPieces);
@@ -157,6 +131,7 @@ class Relay : public Transport {
   // A NIC went down: re-send and re-acknowledge.
   void onPathsChanged();
   Transport* via(int peer) const;
+  bool isLocal(int peer) const { return local_[peer]; }
 
   struct Chunk;
   struct InRecv;
@@ -210,14 +185,12 @@ class Relay : public Transport {
   char* takeSlot(bool inbound);
   void freeSlot(char* slot, bool inbound);
 
-  Comm* c_;
-  ShmTransport* shm_;
-  UcxTransport* net_;
-  RouteParams params_;
+  TransportContext ctx_;
+  CarrierTransport* shm_;
+  CarrierTransport* net_;
+  Routing* routing_;
   uint64_t chunkBytes_;
-  NicHealth health_;
-  RoutePlan plan_;                  // the last plan, and the key it was made for
-  std::vector<uint64_t> planKey_;
+  std::vector<char> local_;         // by rank: on this node
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
   bool started_ = false;

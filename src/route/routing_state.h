@@ -1,0 +1,50 @@
+// The routing state of one communicator (src/core/routing.h's Routing): the
+// routing setting, NIC health (nic_health.h) and the router's last plan
+// (router.h). The relay (transport/relay) and routed collectives reach it
+// through the communicator, never by name.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/core/comm.h"
+#include "src/core/routing.h"
+#include "src/route/nic_health.h"
+#include "src/route/router.h"
+
+namespace zp {
+
+class RoutingState : public Routing {
+ public:
+  explicit RoutingState(const Comm& comm);
+
+  uint64_t chunkBytes() const override { return params_.chunkBytes; }
+  const std::vector<int>& rails() const override { return comm_.rail(); }
+  bool directAlive(int peer) const override { return health_.directAlive(peer); }
+  bool pathUp(int a, int b) const override { return health_.pathUp(a, b); }
+  bool nodeCut(int node) const override { return health_.nodeCut(node); }
+  void checkNic() override { health_.check(); }
+  void heardNicDown(const std::string& text) override { health_.heard(text); }
+  std::vector<NicDown> applyNicNews() override;
+  std::string encodeNicDown(const NicDown& nic) const override { return NicHealth::encode(nic); }
+  bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& queuedByRail,
+                std::vector<Piece>* pieces, std::string* why) override;
+  zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
+                  const RoutePlan** out, std::string* why) override;
+
+ private:
+  const Comm& comm_;
+  RouteParams params_;
+  NicHealth health_;
+  RoutePlan plan_;  // the last plan, and the key it was made for
+  std::vector<uint64_t> planKey_;
+};
+
+// Routes the communicator's traffic to other nodes when routing pays:
+// routing is on (ZP_ROUTING), and there are several nodes and several rails
+// to spread the traffic over. Then it gets a RoutingState, the relay is
+// installed for the ranks of other nodes, and its progress thread starts.
+void enableRouting(Comm* comm);
+
+}  // namespace zp
