@@ -181,27 +181,24 @@ Pass::Held Pass::held(Group& g, int t, int j) {
 // that my own block leaves straight from the caller's buffers; later
 // blocks lie together in kv[] and go as one.
 void Pass::sendHeld(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
-  const int j = posMod(g.pos - t, g.G());
-  const Held h = held(g, t, j);
-  const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * es();
-  if (t > 0) {
-    ops->push_back({true, (void*)h.k, 2 * bytes, peer});
-    return;
-  }
-  ops->push_back({true, (void*)h.k, bytes, peer});
-  ops->push_back({true, (void*)h.v, bytes, peer});
+  addBlock(ops, true, g, t, posMod(g.pos - t, g.G()), t > 0, peer);
 }
 
 void Pass::recvNext(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer) {
-  const int j = posMod(g.pos - t - 1, g.G());
-  const Held h = held(g, t + 1, j);
+  addBlock(ops, false, g, t + 1, posMod(g.pos - t - 1, g.G()), t > 0, peer);
+}
+
+// Chunk j's key/value block as held at step `at`: one message if its keys
+// and values lie together, else two.
+void Pass::addBlock(std::vector<zpx::P2POp>* ops, bool send, Group& g, int at, int j, bool together, int peer) {
+  const Held h = held(g, at, j);
   const size_t bytes = (size_t)g.tokens[j] * a_->kvRow() * es();
-  if (t > 0) {
-    ops->push_back({false, (void*)h.k, 2 * bytes, peer});
+  if (together) {
+    ops->push_back({send, (void*)h.k, 2 * bytes, peer});
     return;
   }
-  ops->push_back({false, (void*)h.k, bytes, peer});
-  ops->push_back({false, (void*)h.v, bytes, peer});
+  ops->push_back({send, (void*)h.k, bytes, peer});
+  ops->push_back({send, (void*)h.v, bytes, peer});
 }
 
 // Packs my key/value chunks where they do not lie together in the

@@ -87,6 +87,7 @@ class Pass {
   Held held(Group& g, int t, int j);
   void sendHeld(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer);
   void recvNext(std::vector<zpx::P2POp>* ops, Group& g, int t, int peer);
+  void addBlock(std::vector<zpx::P2POp>* ops, bool send, Group& g, int at, int j, bool together, int peer);
 
   // Kernel calls.
   zpAttnBlock_t blockFor(int64_t sq, int64_t sk, zpAttnMask_t mask) const;

@@ -27,6 +27,35 @@ const std::vector<std::pair<double, double>> kAmpereCurve = {
 const std::vector<std::pair<double, double>> kHopperCurve = {
     {512, 0.20}, {1024, 0.33}, {2048, 0.47}, {4096, 0.57}, {8192, 0.62}, {16384, 0.65}};
 
+// The presets: one row per machine, from its datasheet; the NIC builds and
+// everything the datasheets do not give are assumptions, and say so.
+struct Preset {
+  const char* name;
+  int nicsPerNode;
+  double nicGbps, intraNodeGBps, tflops;
+  const std::vector<std::pair<double, double>>* attnEfficiency;
+  double memoryGiB;
+  const char* source;
+};
+const Preset kPresets[] = {
+    // NVIDIA A100/A800 SXM datasheet: 312 TFLOPS dense bf16, NVLink 400 GB/s
+    // both directions on the A800 (200 each way), 80 GB; 4 x 200 Gbit/s HDR
+    // NICs per node is a common A800 cluster build (assumed).
+    {"a800", 4, 200, 200, 312, &kAmpereCurve, 80,
+     "A100/A800 SXM datasheet (312 TFLOPS bf16, NVLink 200 GB/s each way, 80 GB); 4 x 200 Gbit/s NICs assumed; "
+     "attention efficiency read off FlashAttention-2 Fig. 5 (A100, causal, d=128); latencies and routing assumed"},
+    // H100/H800 SXM datasheet: 989 TFLOPS dense bf16; the H800's NVLink is
+    // cut to 400 GB/s both directions; 80 GB; 8 x 400 Gbit/s NDR per node.
+    {"h800", 8, 400, 200, 989, &kHopperCurve, 80,
+     "H100/H800 SXM datasheet (989 TFLOPS bf16, NVLink 200 GB/s each way on the H800, 80 GB); 8 x 400 Gbit/s "
+     "NICs; attention efficiency read off FlashAttention-3 Fig. 5 (H100, causal, d=128); latencies and routing assumed"},
+    // H200 SXM datasheet: the H100's compute, NVLink 900 GB/s both
+    // directions (450 each way), 141 GB; 8 x 400 Gbit/s per node.
+    {"h200", 8, 400, 450, 989, &kHopperCurve, 141,
+     "H200 SXM datasheet (989 TFLOPS bf16, NVLink 450 GB/s each way, 141 GB); 8 x 400 Gbit/s NICs; attention "
+     "efficiency as H100 (FlashAttention-3 Fig. 5); latencies and routing assumed"},
+};
+
 }  // namespace
 
 const char* calibrationPresetNames() { return "a800, h800, h200"; }
@@ -44,43 +73,17 @@ bool calibrationPreset(const std::string& name, Calibration* out) {
   // The routing layer's share of a node's NICs for one ring hop: an
   // assumption until bench/calibrate.py measures it with route_perf.
   m.routeEfficiency = 0.8;
-  if (name == "a800") {
-    // NVIDIA A100/A800 SXM datasheet: 312 TFLOPS dense bf16, NVLink 400 GB/s
-    // both directions on the A800 (200 each way), 80 GB; 4 x 200 Gbit/s HDR
-    // NICs per node is a common A800 cluster build (assumed).
-    m.nicsPerNode = 4;
-    m.nicGbps = 200;
-    m.intraNodeGBps = 200;
-    m.tflops = 312;
-    m.attnEfficiency = kAmpereCurve;
-    c.memoryGiB = 80;
-    c.source = "A100/A800 SXM datasheet (312 TFLOPS bf16, NVLink 200 GB/s each way, 80 GB); 4 x 200 Gbit/s NICs assumed; "
-               "attention efficiency read off FlashAttention-2 Fig. 5 (A100, causal, d=128); latencies and routing assumed";
-  } else if (name == "h800") {
-    // H100/H800 SXM datasheet: 989 TFLOPS dense bf16; the H800's NVLink is
-    // cut to 400 GB/s both directions; 80 GB; 8 x 400 Gbit/s NDR per node.
-    m.nicsPerNode = 8;
-    m.nicGbps = 400;
-    m.intraNodeGBps = 200;
-    m.tflops = 989;
-    m.attnEfficiency = kHopperCurve;
-    c.memoryGiB = 80;
-    c.source = "H100/H800 SXM datasheet (989 TFLOPS bf16, NVLink 200 GB/s each way on the H800, 80 GB); 8 x 400 Gbit/s "
-               "NICs; attention efficiency read off FlashAttention-3 Fig. 5 (H100, causal, d=128); latencies and routing assumed";
-  } else if (name == "h200") {
-    // H200 SXM datasheet: the H100's compute, NVLink 900 GB/s both
-    // directions (450 each way), 141 GB; 8 x 400 Gbit/s per node.
-    m.nicsPerNode = 8;
-    m.nicGbps = 400;
-    m.intraNodeGBps = 450;
-    m.tflops = 989;
-    m.attnEfficiency = kHopperCurve;
-    c.memoryGiB = 141;
-    c.source = "H200 SXM datasheet (989 TFLOPS bf16, NVLink 450 GB/s each way, 141 GB); 8 x 400 Gbit/s NICs; attention "
-               "efficiency as H100 (FlashAttention-3 Fig. 5); latencies and routing assumed";
-  } else {
-    return false;
-  }
+  const Preset* p = nullptr;
+  for (const Preset& row : kPresets)
+    if (name == row.name) p = &row;
+  if (!p) return false;
+  m.nicsPerNode = p->nicsPerNode;
+  m.nicGbps = p->nicGbps;
+  m.intraNodeGBps = p->intraNodeGBps;
+  m.tflops = p->tflops;
+  m.attnEfficiency = *p->attnEfficiency;
+  c.memoryGiB = p->memoryGiB;
+  c.source = p->source;
   m.efficiency = m.attnEfficiency.back().second;
   *out = c;
   return true;
