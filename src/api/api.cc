@@ -26,8 +26,8 @@
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/route/routing_state.h"
-#include "transport/nccl/nccl_transport.h"
 #include "src/util/clock.h"
+#include "transport/nccl/nccl_transport.h"
 
 namespace {
 

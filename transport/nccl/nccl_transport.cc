@@ -18,8 +18,8 @@
 
 #include "src/core/log.h"
 #include "src/core/params.h"
-#include "src/util/strings.h"
 #include "src/util/clock.h"
+#include "src/util/strings.h"
 
 namespace zp {
 

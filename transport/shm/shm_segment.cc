@@ -9,8 +9,8 @@
 #include <cstdio>
 
 #include "src/core/log.h"
-#include "transport/shm/shm_layout.h"
 #include "src/util/clock.h"
+#include "transport/shm/shm_layout.h"
 
 namespace zp {
 
