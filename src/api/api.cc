@@ -21,6 +21,7 @@
 
 #include "collectives/collectives.h"
 #include "include/zeppelin.h"
+#include "src/api/handles.h"
 #include "src/core/bootstrap.h"
 #include "src/core/comm.h"
 #include "src/core/config.h"

@@ -269,8 +269,4 @@ using InterruptCheck = int (*)(void* arg);
 void setInterruptCheck(InterruptCheck check, void* arg);
 constexpr uint64_t kInterruptCheckMs = 100;
 
-// The shape of the handle's communicator (Comm::shape), or the lookup's
-// error naming fn; defined with the handles (src/api/api.cc).
-zpResult_t commShape(zpComm_t comm, const char* fn, CommShape* out);
-
 }  // namespace zp

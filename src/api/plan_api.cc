@@ -1,5 +1,6 @@
 // The C API for batch plans (include/zeppelin.h, "Batch plans"): wraps
-// zp::plan::planBatch and hands out its results as plain arrays.
+// zp::plan::planBatch and hands out its results as plain arrays; part of the
+// C face, beside the handles it resolves (src/api/handles.h).
 #include <algorithm>
 #include <new>
 #include <string>
@@ -7,7 +8,7 @@
 #include <vector>
 
 #include "include/zeppelin.h"
-#include "src/core/comm.h"
+#include "src/api/handles.h"
 #include "src/core/log.h"
 #include "src/plan/layout.h"
 #include "src/plan/planner.h"
