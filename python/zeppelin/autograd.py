@@ -220,9 +220,9 @@ def _ring_attention(q, k, v, plan, comm, kernel, scale, fn):
     if kernel is None:
         kernel = "reference" if cuda else "torch"
     if cuda and kernel != "reference":
-        # A Python block kernel gets host float32 blocks; on CUDA tensors the
-        # driver runs Zeppelin's device kernels (flash-attention's varlen
-        # kernels are not wired to device blocks yet).
+        # The package's Python block kernels work on host tensors; on CUDA
+        # tensors the driver runs Zeppelin's device kernels (flash-attention's
+        # varlen kernels are not wired to device blocks yet).
         raise InvalidArgument("%s: on CUDA tensors the kernel is \"reference\" (Zeppelin's device kernels), "
                               "not %r" % (fn, kernel))
     H, Hk, d = q.shape[1], k.shape[1], q.shape[2]
