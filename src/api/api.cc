@@ -21,6 +21,7 @@
 
 #include "collectives/collectives.h"
 #include "include/zeppelin.h"
+#include "src/api/coll_checks.h"
 #include "src/api/handles.h"
 #include "src/core/bootstrap.h"
 #include "src/core/comm.h"
@@ -591,86 +592,6 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
 
 // ---- The standard collectives ----
 
-// The v calls' counts (and all-gatherv's displacements) on this rank: no
-// sum past the call's limit, all-gatherv's sendcount equal to its own
-// recvcounts entry, receive ranges that do not overlap. Whether the ranks'
-// recvcounts agree is checked across ranks, with the rest of the call.
-static zpResult_t checkCounts(const char* fn, const zp::CollArgs& a, int n, int me, size_t ts, size_t* sendElems,
-                              size_t* recvElems) {
-  if (!a.counts) return zp::fail(zpInvalidArgument, "%s: recvcounts is NULL", fn);
-  const bool gather = a.kind == zp::CollKind::kAllGatherv;
-  if (gather && !a.displs) return zp::fail(zpInvalidArgument, "%s: rdispls is NULL", fn);
-  const size_t maxElems = zp::kMaxCallBytes / ts;
-  size_t total = 0;
-  for (int p = 0; p < n; p++) {
-    if (a.counts[p] > maxElems - total)
-      return zp::fail(zpInvalidArgument, "%s: recvcounts[%d]=%zu is too large (a negative value cast to size_t?)", fn, p,
-                      a.counts[p]);
-    total += a.counts[p];
-  }
-  if (!gather) {
-    *sendElems = total;
-    *recvElems = a.counts[me];
-    return zpSuccess;
-  }
-  if (a.count != a.counts[me])
-    return zp::fail(zpInvalidArgument, "%s: rank %d's sendcount %zu differs from its recvcounts[%d]=%zu", fn, me, a.count,
-                    me, a.counts[me]);
-  std::vector<std::pair<size_t, int>> ranges;  // (first element, rank), non-empty ones
-  for (int p = 0; p < n; p++) {
-    if (a.displs[p] > maxElems - a.counts[p])
-      return zp::fail(zpInvalidArgument, "%s: rdispls[%d]=%zu is too large (a negative value cast to size_t?)", fn, p,
-                      a.displs[p]);
-    if (a.counts[p]) ranges.push_back({a.displs[p], p});
-  }
-  std::sort(ranges.begin(), ranges.end());
-  size_t end = 0;
-  for (size_t i = 0; i < ranges.size(); i++) {
-    if (i && ranges[i].first < end)
-      return zp::fail(zpInvalidArgument, "%s: the receive ranges of ranks %d and %d overlap", fn, ranges[i - 1].second,
-                      ranges[i].second);
-    end = ranges[i].first + a.counts[ranges[i].second];
-  }
-  *sendElems = a.count;
-  *recvElems = end;
-  return zpSuccess;
-}
-
-// Send and receive buffers either do not overlap or are the call's in-place
-// form (NCCL's): the same buffer for all-reduce, broadcast and reduce; this
-// rank's block of the output as the input for all-gather(v); this rank's
-// block of the input as the output for reduce-scatter(v). Any other overlap
-// would read data the call has already overwritten.
-static zpResult_t checkOverlap(const char* fn, const zp::CollArgs& a, int n, int me, size_t ts, size_t sendElems,
-                               size_t recvElems) {
-  using K = zp::CollKind;
-  if (a.kind == K::kAllGather) recvElems = a.count * (size_t)n;
-  if (a.kind == K::kReduceScatter) sendElems = a.count * (size_t)n;
-  const uintptr_t s = (uintptr_t)a.send, r = (uintptr_t)a.recv;
-  const size_t sendBytes = sendElems * ts, recvBytes = recvElems * ts;
-  if (!sendBytes || !recvBytes || s + sendBytes <= r || r + recvBytes <= s) return zpSuccess;
-  size_t before = 0;  // elements of the blocks before this rank's (the v calls: back to back)
-  if (a.kind == K::kAllGather || a.kind == K::kReduceScatter) before = (size_t)me * a.count;
-  if (a.kind == K::kAllGatherv) before = a.displs[me];
-  if (a.kind == K::kReduceScatterv)
-    for (int p = 0; p < me; p++) before += a.counts[p];
-  uintptr_t inPlace = r;  // where sendbuff must be
-  const char* form = "recvbuff itself";
-  if (a.kind == K::kAllGather || a.kind == K::kAllGatherv) {
-    inPlace = r + before * ts;
-    form = "recvbuff plus this rank's block offset";
-  }
-  if (a.kind == K::kReduceScatter || a.kind == K::kReduceScatterv) {
-    inPlace = r - before * ts;  // recvbuff == sendbuff + this rank's offset
-    form = "recvbuff minus this rank's block offset (recvbuff = sendbuff + offset)";
-  }
-  if (s == inPlace) return zpSuccess;
-  return zp::fail(zpInvalidArgument,
-                  "%s: sendbuff and recvbuff overlap but are not the in-place form (on rank %d sendbuff must be %s, "
-                  "%lld bytes from recvbuff; it is %lld bytes from it)",
-                  fn, me, form, (long long)(inPlace - r), (long long)(s - r));
-}
-
 // Checks one collective's arguments on this rank (whether the ranks agree is
 // checked inside, across ranks), then runs it or queues it in the group.
 static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream,
@@ -694,14 +615,14 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
       return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
     size_t sendElems = a.count, recvElems = a.count;
     if (a.kind == zp::CollKind::kAllGatherv || a.kind == zp::CollKind::kReduceScatterv)
-      ZP_CHECK(checkCounts(fn, a, n, me, ts, &sendElems, &recvElems));
+      ZP_CHECK(zp::checkCounts(fn, a, n, me, ts, &sendElems, &recvElems));
     // Which buffers this rank reads and writes.
     const bool readsSend = a.kind != zp::CollKind::kBroadcast || me == a.root;
     const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
     if (sendElems && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
     if (recvElems && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
     if (readsSend && writesRecv)
-      ZP_CHECK(checkOverlap(fn, a, n, me, ts, sendElems, recvElems));
+      ZP_CHECK(zp::checkOverlap(fn, a, n, me, ts, sendElems, recvElems));
   }
   // A stream means device buffers (NCCL's collective); a barrier's stream is not used.
   if (a.kind != zp::CollKind::kBarrier)
