@@ -72,6 +72,18 @@ void BM_PlanForStep(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanForStep)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
 
+// The same without the candidates whose rings are sized to their slot
+// (PlanOptions::fitRings): what those candidates cost.
+void BM_PlanForStepNoFit(benchmark::State& state) {
+  const int ranks = int(state.range(0));
+  auto lens = batch(ranks);
+  auto c = cluster(ranks);
+  zp::sim::StepConfig cfg;
+  cfg.fitRings = false;
+  for (auto _ : state) benchmark::DoNotOptimize(zp::sim::planForStep(lens, cfg, c));
+}
+BENCHMARK(BM_PlanForStepNoFit)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
+
 void BM_PlanBatchLegacy(benchmark::State& state) {
   const int ranks = int(state.range(0));
   auto lens = batch(ranks);

@@ -43,6 +43,10 @@ struct PlanOptions {
   // halved until their max/mean is within 2%, rings ordered by class and
   // size. For comparison only.
   bool legacy = false;
+  // Also the candidates whose rings are sized to the time left where they
+  // land (scheduleToTarget); false: caps and DP x CP groups only, as the
+  // planner was before them. For comparison.
+  bool fitRings = true;
   // > 0: the splits of this one cap (a fraction of the mean attention load
   // per rank) and no other candidate. For tests and comparisons.
   double onlyCap = 0;

@@ -59,6 +59,16 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
   // distinct peers (seenBy: the last rank that counted a peer, by peer and
   // link).
   std::vector<double> out(n, 0), in(n, 0), lat(n, 0);
+  // With routing, the remap's zpAlltoallv goes through the router, which
+  // spreads what crosses nodes over all of a node's NICs where that beats
+  // each rank's own NIC (router.h, "balanced"): a rank then takes its
+  // intra-node part plus its node's crossing bytes at the routed rate, or
+  // the direct time, whichever is less.
+  const bool routed = c.routeEfficiency > 0 && c.nodes > 1;
+  const double nodeBytesPerSec = linkBytesPerSec(Link::Routed, c);
+  const int nodes = (n + c.ranksPerNode - 1) / c.ranksPerNode;
+  std::vector<double> nodeOut(routed ? nodes : 0, 0), nodeIn(routed ? nodes : 0, 0);
+  std::vector<double> intraOut(routed ? n : 0, 0), intraIn(routed ? n : 0, 0);
   std::vector<int> seenBy(2 * size_t(n), -1);
   RemapSeconds res;
   double movedCross = 0, movedIntra = 0;
@@ -80,6 +90,13 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
         double secs = double(e - b) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
         out[r] += secs;
         in[ar] += secs;
+        if (cross && routed) {
+          nodeOut[r / c.ranksPerNode] += double(e - b) / nodeBytesPerSec;
+          nodeIn[ar / c.ranksPerNode] += double(e - b) / nodeBytesPerSec;
+        } else if (routed) {
+          intraOut[r] += secs;
+          intraIn[ar] += secs;
+        }
         const size_t peer = size_t(ar) * 2 + (cross ? 1 : 0);
         if (seenBy[peer] != r) {
           seenBy[peer] = r;
@@ -91,8 +108,13 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
   for (int r = 0; r < n; ++r) {
     // q, k, v go from the linear layout to attention, the output back: the
     // same pairs, the other way.
-    res.in = std::max(res.in, std::max(out[r], in[r]) * inBytesPerToken + lat[r]);
-    res.out = std::max(res.out, std::max(out[r], in[r]) * outBytesPerToken + lat[r]);
+    double secs = std::max(out[r], in[r]);
+    if (routed) {
+      const int nd = r / c.ranksPerNode;
+      secs = std::min(secs, std::max(intraOut[r] + nodeOut[nd], intraIn[r] + nodeIn[nd]));
+    }
+    res.in = std::max(res.in, secs * inBytesPerToken + lat[r]);
+    res.out = std::max(res.out, secs * outBytesPerToken + lat[r]);
   }
   res.nicBytes = movedCross * (inBytesPerToken + outBytesPerToken);
   res.intraBytes = movedIntra * (inBytesPerToken + outBytesPerToken);

@@ -220,6 +220,216 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   return out;
 }
 
+namespace {
+
+// The share of the target a ring may start later to land on nodes with fewer
+// tokens (scheduleToTarget).
+constexpr double kTokenSlack = 0.15;
+
+// The ranks' state while scheduleToTarget places sequences: when each is
+// free, the idle gaps rings leave, each node's tokens, and what finding a
+// place asks often (each node's soonest free rank; per node, its ranks' free
+// times sorted, and the nodes by when all their ranks are free), kept up to
+// date node by node as ranks get work.
+class Slots {
+ public:
+  Slots(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt)
+      : c_(c), rpn_(c.ranksPerNode), freeAt_(c.ranks(), 0.0), sorted_(c.ranks(), 0.0), nodeMin_(c.nodes, 0.0),
+        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(c.nodes) {
+    balanceNodes_ = opt.nodeTokenBalance && c.nodes > 1;
+    nodeQuota_ = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
+    for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = nodeOrder_[nd] = {0.0, nd};
+  }
+
+  // Where a whole sequence of len tokens and `seconds` can start soonest:
+  // the smallest idle gap it fits (on a node with room for its tokens), else
+  // the least loaded rank of the least loaded node with room (of any node if
+// none has).
+  struct Whole {
+    int rank;
+    double at;
+    std::multimap<double, Gap>::iterator gap;
+  };
+  Whole whole(int64_t len, double seconds) {
+    int tries = 0;
+    for (auto it = gaps_.lower_bound(seconds - kEps); it != gaps_.end() && tries < 4; ++it, ++tries)
+      if (hasRoom(it->second.rank / rpn_, len)) return {it->second.rank, it->second.begin, it};
+    int node = nodeOrder_.front().second;
+    for (const Entry& e : nodeOrder_)
+      if (hasRoom(e.second, len)) {
+        node = e.second;
+        break;
+      }
+    int r = node * rpn_;
+    for (int q = r + 1; q < (node + 1) * rpn_; ++q)
+      if (freeAt_[q] < freeAt_[r]) r = q;
+    return {r, freeAt_[r], gaps_.end()};
+  }
+
+  // When G ranks of one node (intra-node) or G / ranksPerNode whole nodes
+  // (inter-node) are free soonest.
+  double ringStart(const Split& sp) {
+    refresh();
+    if (sp.cls == SeqClass::InterNode) return nodeFree_[sp.G / rpn_ - 1].first;
+    double at = sorted_[sp.G - 1];
+    for (int nd = 1; nd < c_.nodes; ++nd) at = std::min(at, sorted_[nd * rpn_ + sp.G - 1]);
+    return at;
+  }
+
+  void placeWhole(const Whole& w, double seconds, int64_t len) {
+    if (w.gap != gaps_.end()) {
+      const Gap g = w.gap->second;
+      gaps_.erase(w.gap);
+      if (g.end - g.begin - seconds > kEps) gaps_.insert({g.end - g.begin - seconds, {g.rank, g.begin + seconds, g.end}});
+    } else {
+      freeAt_[w.rank] = w.at + seconds;
+      touched(w.rank / rpn_);
+    }
+    nodeTokens_[w.rank / rpn_] += double(len);
+  }
+
+  // Places a ring that may start by `latest` (ringStart(sp) or later): of
+  // the places free by then, those on the nodes holding the fewest tokens.
+  // Appends its ranks to `ring`; returns its start.
+  double placeRing(const Split& sp, double latest, double seconds, int64_t len, std::vector<int>* ring) {
+    refresh();
+    const size_t first = ring->size();
+    double at = 0;
+    if (sp.cls == SeqClass::InterNode) {
+      eligible_.clear();
+      for (const Entry& e : nodeFree_)
+        if (e.first <= latest) eligible_.push_back({nodeTokens_[e.second], e.second});
+      std::stable_sort(eligible_.begin(), eligible_.end());
+      chosen_.clear();
+      for (int j = 0; j < sp.G / rpn_; ++j) {
+        chosen_.push_back(eligible_[j].second);
+        at = std::max(at, sorted_[(eligible_[j].second + 1) * rpn_ - 1]);
+      }
+      std::sort(chosen_.begin(), chosen_.end());
+      for (int nd : chosen_)
+        for (int r = nd * rpn_; r < (nd + 1) * rpn_; ++r) ring->push_back(r);
+    } else {
+      // Of the node's ranks free by the start, the G free latest (schedule()
+      // says why).
+      int best = -1;
+      for (int nd = 0; nd < c_.nodes; ++nd)
+        if (sorted_[nd * rpn_ + sp.G - 1] <= latest && (best < 0 || nodeTokens_[nd] < nodeTokens_[best])) best = nd;
+      at = sorted_[best * rpn_ + sp.G - 1];
+      eligible_.clear();
+      for (int r = best * rpn_; r < (best + 1) * rpn_; ++r)
+        if (freeAt_[r] <= at) eligible_.push_back({-freeAt_[r], r});
+      std::stable_sort(eligible_.begin(), eligible_.end());
+      for (int j = 0; j < sp.G; ++j) ring->push_back(eligible_[j].second);
+      std::sort(ring->begin() + first, ring->end());
+    }
+    for (size_t j = first; j < ring->size(); ++j) {
+      const int r = (*ring)[j];
+      if (at > freeAt_[r] + kEps) gaps_.insert({at - freeAt_[r], {r, freeAt_[r], at}});
+      freeAt_[r] = at + seconds;
+      nodeTokens_[r / rpn_] += double(len) / sp.G;
+      touched(r / rpn_);
+    }
+    return at;
+  }
+
+  double makespan() const { return *std::max_element(freeAt_.begin(), freeAt_.end()); }
+
+ private:
+  static constexpr double kEps = 1e-12;
+  bool hasRoom(int nd, int64_t len) const { return !balanceNodes_ || nodeTokens_[nd] + len <= nodeQuota_; }
+  void touched(int nd) {
+    // A node's soonest free time only grows: its entry moves right, in place.
+    auto at = std::lower_bound(nodeOrder_.begin(), nodeOrder_.end(), Entry{nodeMin_[nd], nd});
+    nodeMin_[nd] = *std::min_element(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_);
+    at->first = nodeMin_[nd];
+    for (auto next = at + 1; next != nodeOrder_.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
+    dirty_[nd] = 1;
+    anyDirty_ = true;
+  }
+  // Re-sorts the nodes whose ranks got work since the last call.
+  void refresh() {
+    if (!anyDirty_) return;
+    for (int nd = 0; nd < c_.nodes; ++nd) {
+      if (!dirty_[nd]) continue;
+      std::copy(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_, sorted_.begin() + nd * rpn_);
+      std::sort(sorted_.begin() + nd * rpn_, sorted_.begin() + (nd + 1) * rpn_);
+      dirty_[nd] = 0;
+    }
+    for (int nd = 0; nd < c_.nodes; ++nd) nodeFree_[nd] = {sorted_[(nd + 1) * rpn_ - 1], nd};
+    std::stable_sort(nodeFree_.begin(), nodeFree_.end());
+    anyDirty_ = false;
+  }
+
+  const ClusterModel& c_;
+  const int rpn_;
+  std::vector<double> freeAt_, sorted_, nodeMin_, nodeTokens_;
+  std::vector<char> dirty_;
+  bool anyDirty_ = false;
+  std::vector<Entry> nodeFree_, eligible_;
+  std::vector<Entry> nodeOrder_;  // (nodeMin_, node), sorted
+  std::vector<int> chosen_;
+  std::multimap<double, Gap> gaps_;
+  bool balanceNodes_ = false;
+  double nodeQuota_ = 0;
+};
+
+}  // namespace
+
+Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+                          const std::vector<std::vector<SplitOption>>& options, double target,
+                          const std::vector<size_t>& byWork) {
+  const size_t m = lens.size();
+  const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
+  target *= 1 + 1e-9;
+  Slots slots(lens, c, opt);
+  std::vector<double> start(m, 0.0), back(m, 0.0);
+  // The rings in placement order; sequence i's at placed[at[i]], size[i].
+  std::vector<int> placed;
+  std::vector<size_t> at(m, 0), size(m, 1);
+  placed.reserve(m);
+  for (size_t i : byWork) {
+    const std::vector<SplitOption>& opts = options[i];
+    const Slots::Whole whole = slots.whole(lens[i], opts[0].seconds);
+    // The cheapest option that ends by the target, else the one ending first.
+    size_t pick = 0;
+    double pickAt = whole.at, pickEnd = whole.at + opts[0].seconds;
+    for (size_t k = 1; k < opts.size() && pickEnd > target; ++k) {
+      const Split& sp = opts[k].split;
+      if (sp.cls == SeqClass::InterNode && sp.G / c.ranksPerNode > maxNodes) break;
+      const double t = slots.ringStart(sp);
+      if (t + opts[k].seconds < pickEnd * (1 - 1e-9) || t + opts[k].seconds <= target)
+        pick = k, pickAt = t, pickEnd = t + opts[k].seconds;
+    }
+    const SplitOption& o = opts[pick];
+    back[i] = o.backward;
+    at[i] = placed.size();
+    if (pick == 0) {
+      slots.placeWhole(whole, o.seconds, lens[i]);
+      placed.push_back(whole.rank);
+      start[i] = whole.at;
+    } else {
+      // Where the ring may start a little later without passing the target,
+      // it takes the nodes holding the fewest tokens, so that the nodes'
+      // tokens stay even and the remap stays inside nodes.
+      const double latest = pickAt + std::max(0.0, std::min(kTokenSlack * target, target - pickEnd));
+      start[i] = slots.placeRing(o.split, latest, o.seconds, lens[i], &placed);
+      size[i] = size_t(o.split.G);
+    }
+  }
+  Schedule out;
+  out.first.assign(1, 0);
+  out.ranks.reserve(placed.size());
+  for (size_t i = 0; i < m; ++i) {
+    out.ranks.insert(out.ranks.end(), placed.begin() + at[i], placed.begin() + at[i] + size[i]);
+    out.first.push_back(out.ranks.size());
+  }
+  out.forward = slots.makespan();
+  out.order.assign(byWork.begin(), byWork.end());
+  std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return start[a] < start[b]; });
+  out.backward = backwardMakespan(out, back, c.ranks());
+  return out;
+}
+
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's
 // packed rings run it): n / g groups of g consecutive ranks, every sequence
 // of a group on the group's ring (the driver runs them as one group).

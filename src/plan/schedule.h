@@ -65,6 +65,23 @@ struct Schedule {
 Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                   const std::vector<Split>& splits, const std::vector<double>& piece, const std::vector<double>& back,
                   const std::vector<size_t>& byLength);
+// A ring size a sequence may take and the time one rank spends on it under
+// that size, forward and backward (planner.cc's split options, cheap to
+// costly links).
+struct SplitOption {
+  Split split;
+  double seconds, backward;
+};
+// The rings sized to meet a target makespan (moldable list scheduling): the
+// sequences, most work first, each where it can start soonest on the
+// cheapest ring size that still ends by `target`, else on the size that ends
+// soonest. Unlike schedule(), a ring's size follows the time left where it
+// lands, so rings fill the schedule instead of all taking a cap's pieces.
+// options[i]: sequence i's split options; maxNodes: the widest ring in
+// nodes. byWork: the sequences by their whole time, most first.
+Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+                          const std::vector<std::vector<SplitOption>>& options, double target,
+                          const std::vector<size_t>& byWork);
 // Fixed groups of g ranks, sequences whole in a group (DP x CP placement).
 // withRanks: also the ranks of each sequence (else only the makespans).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,

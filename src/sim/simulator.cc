@@ -356,6 +356,7 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.linearSecondsPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
   o.legacy = cfg.legacyPlanner;
   o.onlyCap = cfg.planCap;
+  o.fitRings = cfg.fitRings;
   if (!o.legacy)
     o.score = [&](const BatchPlan& p, bool remapPlan) {
       StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);

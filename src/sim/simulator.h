@@ -63,6 +63,7 @@ struct StepConfig {
   bool nodeTokenBalance = true;    // the planner's option of that name (planner.h)
   bool legacyPlanner = false;      // the planner's `legacy` option, for comparison
   double planCap = 0;              // the planner's `onlyCap` option, for tests
+  bool fitRings = true;            // the planner's `fitRings` option, for comparison
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
