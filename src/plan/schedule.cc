@@ -267,13 +267,25 @@ class Slots {
   }
 
   // When G ranks of one node (intra-node) or G / ranksPerNode whole nodes
-  // (inter-node) are free soonest.
-  double ringStart(const Split& sp) {
+  // (inter-node) are free soonest, on nodes with room for the ring's tokens
+  // where there are enough of them (as a whole sequence goes to a node with
+  // room, so that the remap stays inside nodes).
+  double ringStart(const Split& sp, int64_t len) {
     refresh();
-    if (sp.cls == SeqClass::InterNode) return nodeFree_[sp.G / rpn_ - 1].first;
-    double at = sorted_[sp.G - 1];
-    for (int nd = 1; nd < c_.nodes; ++nd) at = std::min(at, sorted_[nd * rpn_ + sp.G - 1]);
-    return at;
+    const double share = nodeShare(sp, len);
+    if (sp.cls == SeqClass::InterNode) {
+      int k = sp.G / rpn_;
+      for (const Entry& e : nodeFree_)
+        if (roomFor(e.second, share) && --k == 0) return e.first;
+      return nodeFree_[sp.G / rpn_ - 1].first;
+    }
+    double at = -1, any = -1;
+    for (int nd = 0; nd < c_.nodes; ++nd) {
+      const double t = sorted_[nd * rpn_ + sp.G - 1];
+      if (any < 0 || t < any) any = t;
+      if (roomFor(nd, share) && (at < 0 || t < at)) at = t;
+    }
+    return at >= 0 ? at : any;
   }
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
@@ -295,10 +307,13 @@ class Slots {
     refresh();
     const size_t first = ring->size();
     double at = 0;
+    const double share = nodeShare(sp, len);
+    // Nodes with room first, then those holding the fewest tokens.
+    auto key = [&](int nd) { return nodeTokens_[nd] + (roomFor(nd, share) ? 0 : 1e300); };
     if (sp.cls == SeqClass::InterNode) {
       eligible_.clear();
       for (const Entry& e : nodeFree_)
-        if (e.first <= latest) eligible_.push_back({nodeTokens_[e.second], e.second});
+        if (e.first <= latest) eligible_.push_back({key(e.second), e.second});
       std::stable_sort(eligible_.begin(), eligible_.end());
       chosen_.clear();
       for (int j = 0; j < sp.G / rpn_; ++j) {
@@ -313,7 +328,7 @@ class Slots {
       // says why).
       int best = -1;
       for (int nd = 0; nd < c_.nodes; ++nd)
-        if (sorted_[nd * rpn_ + sp.G - 1] <= latest && (best < 0 || nodeTokens_[nd] < nodeTokens_[best])) best = nd;
+        if (sorted_[nd * rpn_ + sp.G - 1] <= latest && (best < 0 || key(nd) < key(best))) best = nd;
       at = sorted_[best * rpn_ + sp.G - 1];
       eligible_.clear();
       for (int r = best * rpn_; r < (best + 1) * rpn_; ++r)
@@ -336,7 +351,12 @@ class Slots {
 
  private:
   static constexpr double kEps = 1e-12;
-  bool hasRoom(int nd, int64_t len) const { return !balanceNodes_ || nodeTokens_[nd] + len <= nodeQuota_; }
+  bool hasRoom(int nd, int64_t len) const { return roomFor(nd, double(len)); }
+  bool roomFor(int nd, double tokens) const { return !balanceNodes_ || nodeTokens_[nd] + tokens <= nodeQuota_; }
+  // Tokens a ring puts on each of its nodes.
+  double nodeShare(const Split& sp, int64_t len) const {
+    return sp.cls == SeqClass::InterNode ? double(len) * rpn_ / sp.G : double(len);
+  }
   void touched(int nd) {
     // A node's soonest free time only grows: its entry moves right, in place.
     auto at = std::lower_bound(nodeOrder_.begin(), nodeOrder_.end(), Entry{nodeMin_[nd], nd});
@@ -396,7 +416,7 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
     for (size_t k = 1; k < opts.size() && pickEnd > target; ++k) {
       const Split& sp = opts[k].split;
       if (sp.cls == SeqClass::InterNode && sp.G / c.ranksPerNode > maxNodes) break;
-      const double t = slots.ringStart(sp);
+      const double t = slots.ringStart(sp, lens[i]);
       if (t + opts[k].seconds < pickEnd * (1 - 1e-9) || t + opts[k].seconds <= target)
         pick = k, pickAt = t, pickEnd = t + opts[k].seconds;
     }
