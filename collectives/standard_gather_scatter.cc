@@ -51,7 +51,7 @@ bool Call::reduceScatterDirectRound(const char* src, const Blocks& b, char* in, 
                                            &kReducers[(size_t)wt * zpNumOps + (size_t)a.op], n - 1});
   for (int i = 1; i < n; i++) {
     const int to = mod(me + i, n), f = from[i - 1];
-    step.send(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
+    step.sendToReduce(to, src + b.off[to] * wts, b.cnt[to] * wts, wts);
     if (g)
       step.recvInGroup(f, g, f < me ? f : f - 1, wts);
     else

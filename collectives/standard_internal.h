@@ -133,6 +133,11 @@ class Step {
     ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
     lanes_.push_back(lane_);
   }
+  // A send whose receiver reduces what it carries (Op::reducedByPeer).
+  void sendToReduce(int peer, const void* buf, size_t bytes, size_t ts) {
+    send(peer, buf, bytes, ts);
+    ops_.back().reducedByPeer = true;
+  }
   void recv(int peer, void* buf, size_t bytes, size_t ts) {
     ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
     lanes_.push_back(lane_);

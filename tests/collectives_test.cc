@@ -284,6 +284,7 @@ TEST_P(ReduceGroups, EveryTypeAndOpInAndOutOfPlace) {
   const uint64_t seed = zptest::testCaseSeed();
   zptest::expectAllOk(zptest::runRanks(GetParam(), [&](int rank, int nranks, const zpUniqueId& id) {
     setenv("ZP_COLL_ALGO", "direct", 1);
+    setenv("ZP_SHM_REDUCE_COPY", "1G", 1);  // every block from 32 KiB on by single copy (the next test: above)
     zpComm_t comm = zptest::initComm(rank, nranks, id);
     const long before = zp::ShmTransport::groupsReduced();
     long calls = 0;  // of which this rank's block is a group
@@ -325,6 +326,51 @@ TEST_P(ReduceGroups, EveryTypeAndOpInAndOutOfPlace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ReduceGroups, ::testing::Values(2, 3, 5));
+
+// Blocks of ZP_SHM_REDUCE_COPY (512 KiB) and more go through the ring, the
+// sender copying while the receiver reduces: no rank offers them by single
+// copy and no reduce group forms; with the setting at 1G they are read by
+// single copy in groups, as smaller blocks are. Every element checked both
+// ways, all-reduce and reduce-scatter, in and out of place.
+TEST_P(ReduceGroups, LargeBlocksArePipelinedThroughTheRing) {
+  const uint64_t seed = zptest::testCaseSeed();
+  for (const char* copyFrom : {"512K", "1G"}) {
+    SCOPED_TRACE(std::string("ZP_SHM_REDUCE_COPY=") + copyFrom);
+    zptest::expectAllOk(zptest::runRanks(GetParam(), [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv("ZP_COLL_ALGO", "direct", 1);
+      setenv("ZP_SHM_REDUCE_COPY", copyFrom, 1);
+      zpComm_t comm = zptest::initComm(rank, nranks, id);
+      const long groups = zp::ShmTransport::groupsReduced(), offered = zp::ShmTransport::singleCopySends();
+      const zpDataType_t t = zpFloat32;
+      const size_t block = (512u << 10) / 4 + 3, count = block * (size_t)nranks;
+      for (int c = 0; c < 4; ++c) {
+        const uint64_t s = seed + (uint64_t)c;
+        GuardedBuffer send(count * 4), recv(count * 4);
+        fillInput(send.data(), count, 0, s, rank, t, zpSum);
+        void* out = c % 2 ? send.data() : recv.data();
+        if (c < 2) {
+          ASSERT_EQ(zpAllReduce(send.data(), out, count, t, zpSum, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+          EXPECT_EQ(checkReduced(out, count, 0, s, nranks, t, zpSum), "") << "all-reduce " << c;
+        } else {
+          const size_t each = count / (size_t)nranks;
+          char* mine = (char*)out + (c % 2 ? (size_t)rank * each * 4 : 0);
+          ASSERT_EQ(zpReduceScatter(send.data(), mine, each, t, zpSum, comm, nullptr), zpSuccess)
+              << zpGetLastError(comm);
+          EXPECT_EQ(checkReduced(mine, each, (size_t)rank * each, s, nranks, t, zpSum), "") << "reduce-scatter " << c;
+        }
+        EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
+      }
+      if (std::string(copyFrom) == "512K") {
+        EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 0);
+        // (the all-gather half of an all-reduce still offers its blocks)
+        EXPECT_EQ(zp::ShmTransport::singleCopySends() - offered, 2L * (nranks - 1));
+      } else {
+        EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 4);
+      }
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
+}
 
 // The order of a float sum is fixed, so its bits are the same on every run
 // and over both protocols: block b is its owner's element, then every other

@@ -82,6 +82,7 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   int proto = -1;  // auto, cma, copy: ShmProto's order
   ZP_CHECK(paramEnum("ZP_SHM_PROTO", &proto));
   if (proto >= 0) c.shmProto = (ShmProto)proto;
+  ZP_CHECK(paramSize("ZP_SHM_REDUCE_COPY", &c.shmReduceCopyFrom));
   ZP_CHECK(paramSize("ZP_SHM_EAGER", &c.shmEagerBytes));
   ZP_CHECK(paramSize("ZP_SHM_RING_BYTES", &c.shmRingBytes));
   long long spin = c.shmSpinUs;

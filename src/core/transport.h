@@ -106,6 +106,10 @@ struct Op {
   // Receives only: a member of a group reduced together (OpReduceGroup).
   const OpReduceGroup* group = nullptr;
   int groupSlot = 0;
+  // Sends only: the receiver reduces what this carries (a direct
+  // reduce-scatter's block), so shared memory may pipeline it through its
+  // ring instead of letting the receiver read it (ZP_SHM_REDUCE_COPY).
+  bool reducedByPeer = false;
 
   void finish(zpResult_t st, std::string err = {}) {
     done = true;

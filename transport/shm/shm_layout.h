@@ -50,6 +50,10 @@ struct SegHeader {
   // from eagerBytes on when cmaTo[i] (its protocol choice, made at init).
   uint64_t eagerBytes;
   std::atomic<uint8_t> cmaTo[kMaxLocal];
+  // Messages its receiver reduces (Op::reducedByPeer) go through the ring
+  // from this size on even where cmaTo[i] (ZP_SHM_REDUCE_COPY), so no
+  // reduce group waits for an RTS of them.
+  uint64_t reduceCopyFrom;
   // The owner's init failed after it made this segment: why (failedWhy
   // first, then failed), for the peers waiting for it to map theirs.
   std::atomic<uint32_t> failed;

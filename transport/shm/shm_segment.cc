@@ -263,6 +263,7 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
 
   const Config& cfg = *c.cfg;
   mine_->eagerBytes = cfg.shmEagerBytes;
+  mine_->reduceCopyFrom = cfg.shmReduceCopyFrom;
   for (Peer& p : peers_) {
     bool peerCanRead = p.seg->cmaOkFrom[myLocalIdx_] != 0;
     p.cma = cfg.shmProto != ShmProto::kCopy && peerCanRead;

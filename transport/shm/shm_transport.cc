@@ -26,7 +26,8 @@ namespace zp {
 // A reducing single-copy receive reads this much at a time (fits in L2);
 // a group, this much of all its members together.
 constexpr size_t kReduceSlice = 256 << 10;
-std::atomic<long> gGroupsReduced{0};  // ShmTransport::groupsReduced()
+std::atomic<long> gGroupsReduced{0};    // ShmTransport::groupsReduced()
+std::atomic<long> gSingleCopySends{0};  // ShmTransport::singleCopySends()
 
 
 ShmTransport::Peer* ShmTransport::peer(int rank) {
@@ -67,10 +68,11 @@ bool ShmTransport::canReduceGroup(int rank, size_t bytes) const {
   const int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
   if (i < 0 || peers_[i].gone) return false;
   const SegHeader* s = peers_[i].seg;  // what the sender decided at its init
-  return s->cmaTo[myLocalIdx_].load(std::memory_order_acquire) && bytes >= s->eagerBytes;
+  return s->cmaTo[myLocalIdx_].load(std::memory_order_acquire) && bytes >= s->eagerBytes && bytes < s->reduceCopyFrom;
 }
 
 long ShmTransport::groupsReduced() { return gGroupsReduced.load(); }
+long ShmTransport::singleCopySends() { return gSingleCopySends.load(); }
 
 bool ShmTransport::runGroups() {
   bool did = false;
@@ -605,13 +607,19 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       op->metaBytes = 0;  // sent
       p.dirty = did = true;
     }
-    bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes;
+    // A block its receiver reduces goes through the ring from
+    // ZP_SHM_REDUCE_COPY on: the copies pipeline (this rank copies while the
+    // receiver reduces), which beats the receiver reading and reducing alone
+    // (docs/collectives.md, "Shared memory").
+    const bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes &&
+                            !(op->reducedByPeer && op->bytes >= ctx_.cfg->shmReduceCopyFrom);
     if (rendezvous) {
       need = recordBytes(0);
       MsgHdr* h = claimOpRecord(l.out, need, kRts, op);
       if (!h) goto full;
       h->addr = (uint64_t)(uintptr_t)op->buf;
       ringPublish(l.out);
+      gSingleCopySends++;
       l.finWait[op->seq] = op;
       l.sendq.pop_front();
       p.dirty = did = true;

@@ -93,6 +93,8 @@ class ShmTransport : public CarrierTransport {
   bool canReduceGroup(int peer, size_t bytes) const override;
   // Groups this process has reduced (for tests: that a path was taken).
   static long groupsReduced();
+  // Messages this process offered its receivers to read (single copy).
+  static long singleCopySends();
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;
