@@ -235,9 +235,10 @@ std::vector<int64_t> lengthsOf(const char* file) {
   return v;
 }
 
-StepConfig a800Step(ClusterModel* c, int nranks) {
+// A step on a preset's machine (a800, h800, h200), Llama-8B.
+StepConfig presetStep(const char* preset, ClusterModel* c, int nranks) {
   Calibration cal;
-  calibrationPreset("a800", &cal);
+  calibrationPreset(preset, &cal);
   *c = cal.cluster;
   c->nodes = nranks / c->ranksPerNode;
   StepConfig cfg;
@@ -246,6 +247,8 @@ StepConfig a800Step(ClusterModel* c, int nranks) {
   cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
   return cfg;
 }
+
+StepConfig a800Step(ClusterModel* c, int nranks) { return presetStep("a800", c, nranks); }
 
 // The regime Zeppelin was built for (the long-tail mix, 64K tokens per rank,
 // A800): it never loses to the best feasible baseline (by more than 0.1%,
@@ -346,18 +349,6 @@ TEST(Simulator, PlanIsAsFastAsTheBestCapOfAFineGrid) {
   }
 }
 
-StepConfig h800Step(ClusterModel* c, int nranks) {
-  Calibration cal;
-  calibrationPreset("h800", &cal);
-  *c = cal.cluster;
-  c->nodes = nranks / c->ranksPerNode;
-  StepConfig cfg;
-  modelPreset("llama-8b", &cfg.model);
-  cfg.linearEfficiency = cal.linearEfficiency;
-  cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
-  return cfg;
-}
-
 // Rings sized to the time left where they land (the planner's
 // scheduleToTarget candidates): on the long tail at 16K tokens per rank on
 // H800-class ranks, where a cap's rings all take about the cap's time and
@@ -366,7 +357,7 @@ StepConfig h800Step(ClusterModel* c, int nranks) {
 TEST(Simulator, RingsSizedToTheirSlotMakeFasterPlans) {
   auto all = lengthsOf("longtail_mix.txt");
   ClusterModel c;
-  StepConfig cfg = h800Step(&c, 128);
+  StepConfig cfg = presetStep("h800", &c, 128);
   std::mt19937_64 fixed(1);
   double gain = 0;
   for (int b = 0; b < 3; ++b) {

@@ -15,7 +15,10 @@
 //    could read this process's memory at init (ptrace rules allow it).
 //    Receives of a reduce group (OpReduceGroup) wait until every member's
 //    sender has offered its buffer, then are read a piece of each at a time
-//    and reduced together.
+//    and reduced together. A message its receiver reduces (Op::reducedByPeer)
+//    goes by copy from ZP_SHM_REDUCE_COPY on: the two copies pipeline, the
+//    sender copying while the receiver reduces, where single copy leaves
+//    both the read and the reduction to the receiver.
 //
 // Waiting: a rank polls its rings for new records for a while, then sleeps
 // on a futex in its segment ("doorbell"). A writer bumps the doorbell only
