@@ -86,7 +86,9 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
 // The remap between a plan's linear and attention layouts, modelled: the
 // busiest rank's seconds to move q, k and v in (inBytesPerToken per moved
 // token) and the output back (outBytesPerToken), and the bytes of both that
-// cross nodes and that stay inside them. A sequence's attention segments
+// cross nodes and that stay inside them. With routing (routeEfficiency > 0)
+// what crosses nodes may go over all of its node's NICs, as the router
+// sends the remap's alltoallv (docs/planner.md, the cost model). A sequence's attention segments
 // must not overlap (as in every plan planFromRings makes).
 struct RemapSeconds {
   double in = 0, out = 0;

@@ -10,8 +10,8 @@ namespace zp::plan {
 
 // The remap between a plan's linear and attention layouts: the busiest
 // rank's seconds (its sends or its receives, whichever take longer;
-// intra-node at the link rate, across nodes at its share of the node's NICs;
-// one message latency per peer).
+// intra-node at the link rate, across nodes at its share of the node's NICs
+// or, routed, as below; one message latency per peer).
 RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
   const int n = c.ranks();
   // A linear segment inside an attention segment of its own rank moves
