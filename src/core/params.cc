@@ -59,7 +59,7 @@ const std::vector<Param> kParams = {
   // Shared memory.
   {"ZP_SHM_PROTO", K::kEnum, R::kSetting, "auto", "auto|cma|copy",
    "large messages: cma (one copy, process_vm_readv) when allowed, or copy (pipelined through the ring)"},
-  {"ZP_SHM_REDUCE_COPY", K::kSize, R::kSetting, "512K", "0..1P",
+  {"ZP_SHM_REDUCE_COPY", K::kSize, R::kSetting, "256K", "0..1P",
    "messages their receiver reduces (a reduce-scatter's blocks) go through the ring from this size on, pipelined "
    "(the sender copies while the receiver reduces), rather than read by the receiver by single copy (measured: "
    "docs/collectives.md)"},
