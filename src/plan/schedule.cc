@@ -44,6 +44,60 @@ struct Gap {
 
 namespace {
 
+constexpr double kEps = 1e-12;
+
+// The idle gaps rings leave, by length, so that a whole sequence takes the
+// smallest one it fits (schedule() and scheduleToTarget() alike).
+class IdleGaps {
+ public:
+  using Iter = std::multimap<double, Gap>::iterator;
+  // Rank r, free from `freeAt`, waits until a ring starts at `at`.
+  void wait(int r, double freeAt, double at) {
+    if (at > freeAt + kEps) gaps_.insert({at - freeAt, {r, freeAt, at}});
+  }
+  // Of the four smallest gaps of at least `seconds`, the first whose rank
+  // `ok` takes; else end().
+  template <class Ok>
+  Iter find(double seconds, Ok ok) {
+    int tries = 0;
+    for (auto it = gaps_.lower_bound(seconds - kEps); it != gaps_.end() && tries < 4; ++it, ++tries)
+      if (ok(it->second.rank)) return it;
+    return gaps_.end();
+  }
+  Iter end() { return gaps_.end(); }
+  // `seconds` of work go at the gap's start; what is left stays a gap.
+  void fill(Iter it, double seconds) {
+    const Gap g = it->second;
+    gaps_.erase(it);
+    if (g.end - g.begin - seconds > kEps) gaps_.insert({g.end - g.begin - seconds, {g.rank, g.begin + seconds, g.end}});
+  }
+
+ private:
+  std::multimap<double, Gap> gaps_;
+};
+
+// An intra-node ring of G ranks starting at `at` on `node`: of the node's
+// ranks free by then, the G that are free latest, so the ring leaves the
+// least idle and the ranks free earlier stay for shorter work. Writes the
+// ranks in order; scratch is the caller's, kept from call to call.
+void latestFree(const std::vector<double>& freeAt, int node, int rpn, double at, int G, std::vector<Entry>& scratch,
+                int* ring) {
+  scratch.clear();
+  for (int r = node * rpn; r < (node + 1) * rpn; ++r)
+    if (freeAt[r] <= at) scratch.push_back({-freeAt[r], r});
+  std::stable_sort(scratch.begin(), scratch.end());
+  for (int j = 0; j < G; ++j) ring[j] = scratch[j].second;
+  std::sort(ring, ring + G);
+}
+
+// A node's entry in a list sorted by (least load, node) gets a larger load:
+// it moves right, in place.
+void raiseEntry(std::vector<Entry>& sorted, Entry was, double load) {
+  auto at = std::lower_bound(sorted.begin(), sorted.end(), was);
+  at->first = load;
+  for (auto next = at + 1; next != sorted.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
+}
+
 // An inter-node ring of G ranks: the G / ranksPerNode nodes that are free
 // soonest, whole, node by node so only that many hops of the ring cross the
 // network. Writes the ring's ranks; returns when they are all free.
@@ -118,14 +172,12 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     if (splits[i].cls == SeqClass::Local) order.push_back(i);
   stableSortFromGuess(order, before);
   std::vector<double> freeAt(n, 0.0), start(m, 0.0);
-  // Idle gaps by length, so a whole sequence takes the smallest one it fits.
-  std::multimap<double, Gap> gaps;
-  const double eps = 1e-12;
+  IdleGaps gaps;
   auto occupy = [&](size_t i, double s) {
     start[i] = s;
     for (const int* it = out.ringBegin(i); it != out.ringEnd(i); ++it) {
       const int r = *it;
-      if (s > freeAt[r] + eps) gaps.insert({s - freeAt[r], {r, freeAt[r], s}});
+      gaps.wait(r, freeAt[r], s);
       freeAt[r] = s + piece[i];
     }
   };
@@ -144,9 +196,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     if (s.cls == SeqClass::InterNode) {
       occupy(i, placeAcrossNodes(freeAt, c, s.G, ring));
     } else if (s.cls == SeqClass::IntraNode) {
-      // The node where G ranks are free soonest; of its ranks free by then,
-      // the G that are free latest, so the ring leaves the least idle and the
-      // ranks free earlier stay for shorter work.
+      // The node where G ranks are free soonest (latestFree says which).
       double at = 0;
       int bestNode = -1;
       for (int nd = 0; nd < c.nodes; ++nd) {
@@ -154,28 +204,18 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         std::nth_element(nodeFree.begin(), nodeFree.begin() + (s.G - 1), nodeFree.end());
         if (bestNode < 0 || nodeFree[s.G - 1] < at) at = nodeFree[s.G - 1], bestNode = nd;
       }
-      rs.clear();
-      for (int r = bestNode * rpn; r < (bestNode + 1) * rpn; ++r)
-        if (freeAt[r] <= at) rs.push_back({-freeAt[r], r});
-      std::stable_sort(rs.begin(), rs.end());
-      for (int j = 0; j < s.G; ++j) ring[j] = rs[j].second;
-      std::sort(ring, ring + s.G);
+      latestFree(freeAt, bestNode, rpn, at, s.G, rs, ring);
       occupy(i, at);
     } else {
       // A whole sequence: the smallest idle gap it fits (on a node with room
       // for its tokens), else the least loaded rank. Rings are all placed by
       // now, so loads change only through these heaps.
-      bool placed = false;
-      int tries = 0;
-      for (auto it = gaps.lower_bound(piece[i] - eps); it != gaps.end() && tries < 4; ++it, ++tries) {
-        Gap g = it->second;
-        if (!hasRoom(g.rank / rpn, lens[i])) continue;
-        gaps.erase(it);
-        ring[0] = g.rank;
-        start[i] = g.begin;
-        if (g.end - g.begin - piece[i] > eps) gaps.insert({g.end - g.begin - piece[i], {g.rank, g.begin + piece[i], g.end}});
-        placed = true;
-        break;
+      const IdleGaps::Iter gap = gaps.find(piece[i], [&](int r) { return hasRoom(r / rpn, lens[i]); });
+      const bool placed = gap != gaps.end();
+      if (placed) {
+        ring[0] = gap->second.rank;
+        start[i] = gap->second.begin;
+        gaps.fill(gap, piece[i]);
       }
       if (!placed && !balanceNodes) {
         if (heap.v.empty())
@@ -202,11 +242,9 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
             break;
           }
         const int r = nodeHeaps[nd].top().second;
-        auto at = std::lower_bound(nodeOrder.begin(), nodeOrder.end(), Entry{nodeHeaps[nd].top().first, nd});
+        const Entry was{nodeHeaps[nd].top().first, nd};
         nodeHeaps[nd].replaceTop({freeAt[r] + piece[i], r});
-        // The node's least load only grows: its entry moves right, in place.
-        at->first = nodeHeaps[nd].top().first;
-        for (auto next = at + 1; next != nodeOrder.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
+        raiseEntry(nodeOrder, was, nodeHeaps[nd].top().first);  // a node's least load only grows
         ring[0] = r;
         occupy(i, freeAt[r]);
       }
@@ -248,12 +286,11 @@ class Slots {
   struct Whole {
     int rank;
     double at;
-    std::multimap<double, Gap>::iterator gap;
+    IdleGaps::Iter gap;
   };
   Whole whole(int64_t len, double seconds) {
-    int tries = 0;
-    for (auto it = gaps_.lower_bound(seconds - kEps); it != gaps_.end() && tries < 4; ++it, ++tries)
-      if (hasRoom(it->second.rank / rpn_, len)) return {it->second.rank, it->second.begin, it};
+    const IdleGaps::Iter gap = gaps_.find(seconds, [&](int r) { return hasRoom(r / rpn_, len); });
+    if (gap != gaps_.end()) return {gap->second.rank, gap->second.begin, gap};
     int node = nodeOrder_.front().second;
     for (const Entry& e : nodeOrder_)
       if (hasRoom(e.second, len)) {
@@ -290,9 +327,7 @@ class Slots {
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
     if (w.gap != gaps_.end()) {
-      const Gap g = w.gap->second;
-      gaps_.erase(w.gap);
-      if (g.end - g.begin - seconds > kEps) gaps_.insert({g.end - g.begin - seconds, {g.rank, g.begin + seconds, g.end}});
+      gaps_.fill(w.gap, seconds);
     } else {
       freeAt_[w.rank] = w.at + seconds;
       touched(w.rank / rpn_);
@@ -324,22 +359,16 @@ class Slots {
       for (int nd : chosen_)
         for (int r = nd * rpn_; r < (nd + 1) * rpn_; ++r) ring->push_back(r);
     } else {
-      // Of the node's ranks free by the start, the G free latest (schedule()
-      // says why).
       int best = -1;
       for (int nd = 0; nd < c_.nodes; ++nd)
         if (sorted_[nd * rpn_ + sp.G - 1] <= latest && (best < 0 || key(nd) < key(best))) best = nd;
       at = sorted_[best * rpn_ + sp.G - 1];
-      eligible_.clear();
-      for (int r = best * rpn_; r < (best + 1) * rpn_; ++r)
-        if (freeAt_[r] <= at) eligible_.push_back({-freeAt_[r], r});
-      std::stable_sort(eligible_.begin(), eligible_.end());
-      for (int j = 0; j < sp.G; ++j) ring->push_back(eligible_[j].second);
-      std::sort(ring->begin() + first, ring->end());
+      ring->resize(first + size_t(sp.G));
+      latestFree(freeAt_, best, rpn_, at, sp.G, eligible_, ring->data() + first);
     }
     for (size_t j = first; j < ring->size(); ++j) {
       const int r = (*ring)[j];
-      if (at > freeAt_[r] + kEps) gaps_.insert({at - freeAt_[r], {r, freeAt_[r], at}});
+      gaps_.wait(r, freeAt_[r], at);
       freeAt_[r] = at + seconds;
       nodeTokens_[r / rpn_] += double(len) / sp.G;
       touched(r / rpn_);
@@ -350,7 +379,6 @@ class Slots {
   double makespan() const { return *std::max_element(freeAt_.begin(), freeAt_.end()); }
 
  private:
-  static constexpr double kEps = 1e-12;
   bool hasRoom(int nd, int64_t len) const { return roomFor(nd, double(len)); }
   bool roomFor(int nd, double tokens) const { return !balanceNodes_ || nodeTokens_[nd] + tokens <= nodeQuota_; }
   // Tokens a ring puts on each of its nodes.
@@ -358,11 +386,9 @@ class Slots {
     return sp.cls == SeqClass::InterNode ? double(len) * rpn_ / sp.G : double(len);
   }
   void touched(int nd) {
-    // A node's soonest free time only grows: its entry moves right, in place.
-    auto at = std::lower_bound(nodeOrder_.begin(), nodeOrder_.end(), Entry{nodeMin_[nd], nd});
+    const Entry was{nodeMin_[nd], nd};
     nodeMin_[nd] = *std::min_element(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_);
-    at->first = nodeMin_[nd];
-    for (auto next = at + 1; next != nodeOrder_.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
+    raiseEntry(nodeOrder_, was, nodeMin_[nd]);  // a node's soonest free time only grows
     dirty_[nd] = 1;
     anyDirty_ = true;
   }
@@ -388,7 +414,7 @@ class Slots {
   std::vector<Entry> nodeFree_, eligible_;
   std::vector<Entry> nodeOrder_;  // (nodeMin_, node), sorted
   std::vector<int> chosen_;
-  std::multimap<double, Gap> gaps_;
+  IdleGaps gaps_;
   bool balanceNodes_ = false;
   double nodeQuota_ = 0;
 };
