@@ -2,7 +2,6 @@
 // zp::plan::planBatch and hands out its results as plain arrays; part of the
 // C face, beside the handles it resolves (src/api/handles.h).
 #include <algorithm>
-#include <new>
 #include <string>
 #include <stdexcept>
 #include <vector>
@@ -60,8 +59,23 @@ zpResult_t clusterFromComm(zpComm_t comm, zp::plan::ClusterModel* c) {
   return zpSuccess;
 }
 
-}  // namespace
+// Runs one of the planner's calls for fn: the planner's refusal of its input
+// (std::invalid_argument) is the caller's zpInvalidArgument with its reason,
+// less a leading "strip"; anything else, out of memory included, goes on to
+// the entry point's failFromException.
+template <class Call>
+zpResult_t planCall(const char* fn, const char* strip, Call call) {
+  try {
+    call();
+    return zpSuccess;
+  } catch (const std::invalid_argument& e) {
+    const std::string why = e.what();
+    const size_t n = std::string(strip).size();
+    return zp::fail(zpInvalidArgument, "%s: %s", fn, why.compare(0, n, strip) == 0 ? why.c_str() + n : why.c_str());
+  }
+}
 
+}  // namespace
 
 zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
@@ -88,15 +102,10 @@ zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
   } else {
     ZP_CHECK(clusterFromComm(comm, &c));
   }
-  try {
+  return planCall("zpPlanBatch", "planBatch: ", [&] {
     *plan = wrap(zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c),
                  c.ranks());
-    return zpSuccess;
-  } catch (const std::invalid_argument& e) {
-    return zp::fail(zpInvalidArgument, "zpPlanBatch: %s", e.what() + (std::string(e.what()).rfind("planBatch: ", 0) == 0 ? 11 : 0));
-  } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "zpPlanBatch: out of memory");
-  }
+  });
 } catch (...) {
   return zp::failFromException("zpPlanBatch");
 }
@@ -119,16 +128,11 @@ zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, 
                       s, s + 1, ringOffsets[s], ringOffsets[s + 1], nranks);
   std::vector<std::vector<int>> rings(nseqs);
   for (int s = 0; s < nseqs; ++s) rings[s].assign(ringRanks + ringOffsets[s], ringRanks + ringOffsets[s + 1]);
-  try {
+  return planCall("zpPlanCreate", "", [&] {
     *plan = wrap(zp::plan::planFromRings(std::vector<int64_t>(seqLens, seqLens + nseqs), causal != 0, rings, nranks,
                                          ranksPerNode),
                  nranks);
-    return zpSuccess;
-  } catch (const std::invalid_argument& e) {
-    return zp::fail(zpInvalidArgument, "zpPlanCreate: %s", e.what());
-  } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "zpPlanCreate: out of memory");
-  }
+  });
 } catch (...) {
   return zp::failFromException("zpPlanCreate");
 }
@@ -209,14 +213,9 @@ zpResult_t zpPlanSetRingOrder(zpBatchPlan_t plan, int nseqs, const int64_t* seqs
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: plan is NULL");
   if (nseqs < 0) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: nseqs %d is negative", nseqs);
   if (!seqs && nseqs > 0) return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: seqs is NULL");
-  try {
+  return planCall("zpPlanSetRingOrder", "", [&] {
     zp::plan::setOrder(&plan->plan, nseqs ? std::vector<int64_t>(seqs, seqs + nseqs) : std::vector<int64_t>());
-    return zpSuccess;
-  } catch (const std::invalid_argument& e) {
-    return zp::fail(zpInvalidArgument, "zpPlanSetRingOrder: %s", e.what());
-  } catch (const std::bad_alloc&) {
-    return zp::fail(zpSystemError, "zpPlanSetRingOrder: out of memory");
-  }
+  });
 } catch (...) {
   return zp::failFromException("zpPlanSetRingOrder");
 }
