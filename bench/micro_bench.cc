@@ -61,27 +61,21 @@ void BM_PlanBatch(benchmark::State& state) {
 BENCHMARK(BM_PlanBatch)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 // The planner as zpplan's "zeppelin" runs it: candidates ranked by the whole
-// step model (planForStep), and the planner before idle-aware scheduling.
-void BM_PlanForStep(benchmark::State& state) {
+// step model (planForStep); NoFit without the candidates whose rings are
+// sized to their slot (PlanOptions::fitRings), for what they cost; and the
+// planner before idle-aware scheduling.
+void planForStep(benchmark::State& state, bool fitRings) {
   const int ranks = int(state.range(0));
   auto lens = batch(ranks);
   auto c = cluster(ranks);
   zp::sim::StepConfig cfg;
+  cfg.fitRings = fitRings;
   for (auto _ : state) benchmark::DoNotOptimize(zp::sim::planForStep(lens, cfg, c));
   state.counters["seqs"] = double(lens.size());
 }
+void BM_PlanForStep(benchmark::State& state) { planForStep(state, true); }
+void BM_PlanForStepNoFit(benchmark::State& state) { planForStep(state, false); }
 BENCHMARK(BM_PlanForStep)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
-
-// The same without the candidates whose rings are sized to their slot
-// (PlanOptions::fitRings): what those candidates cost.
-void BM_PlanForStepNoFit(benchmark::State& state) {
-  const int ranks = int(state.range(0));
-  auto lens = batch(ranks);
-  auto c = cluster(ranks);
-  zp::sim::StepConfig cfg;
-  cfg.fitRings = false;
-  for (auto _ : state) benchmark::DoNotOptimize(zp::sim::planForStep(lens, cfg, c));
-}
 BENCHMARK(BM_PlanForStepNoFit)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
 
 void BM_PlanBatchLegacy(benchmark::State& state) {
