@@ -77,8 +77,9 @@ struct SplitOption {
 // cheapest ring size that still ends by `target`, else on the size that ends
 // soonest. Unlike schedule(), a ring's size follows the time left where it
 // lands, so rings fill the schedule instead of all taking a cap's pieces.
-// options[i]: sequence i's split options; maxNodes: the widest ring in
-// nodes. byWork: the sequences by their whole time, most first.
+// options[i]: sequence i's split options (rings no wider than
+// opt.maxRingNodes nodes). byWork: the sequences by their whole time, most
+// first.
 Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                           const std::vector<std::vector<SplitOption>>& options, double target,
                           const std::vector<size_t>& byWork);
