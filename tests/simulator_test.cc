@@ -21,6 +21,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace zp::plan {
@@ -371,6 +372,36 @@ TEST(Simulator, RingsSizedToTheirSlotMakeFasterPlans) {
     gain = std::max(gain, before / chosen);
   }
   EXPECT_GT(gain, 1.03);
+}
+
+// Running a plan in its order, as the executor does (a ring starts when the
+// last of its ranks is free; backward in the reverse order), takes exactly the
+// makespans the planner scheduled it for: the order is the schedule. Every
+// kind of candidate (caps, rings sized to their slot, DP x CP groups) wins
+// somewhere among these batches, presets and variants.
+TEST(Simulator, RunningAPlanInItsOrderTakesThePlannedMakespans) {
+  SEED_TRACE;
+  std::mt19937_64 rng(zptest::testSeed());
+  for (const char* file : {"longtail_mix.txt", "prolong64k.txt", "pareto_code.txt"}) {
+    auto all = lengthsOf(file);
+    for (const auto& [preset, nranks, perRank] :
+         {std::tuple{"h800", 256, 16384}, std::tuple{"h800", 64, 16384}, std::tuple{"a800", 64, 65536}}) {
+      ClusterModel c;
+      StepConfig cfg = presetStep(preset, &c, nranks);
+      for (int b = 0; b < 4; ++b) {
+        auto lens = formBatch(all, int64_t(nranks) * perRank, rng);
+        for (bool fit : {true, false}) {
+          cfg.fitRings = fit;
+          const BatchPlan p = planForStep(lens, cfg, c);
+          SCOPED_TRACE(std::string(file) + " " + preset + " " + std::to_string(nranks) + " batch " +
+                       std::to_string(b) + (fit ? "" : " no fit"));
+          ASSERT_GT(p.plannedForward, 0);
+          EXPECT_NEAR(attnMakespan(p, cfg.model.attn, c), p.plannedForward, 1e-9 * p.plannedForward);
+          EXPECT_NEAR(attnMakespan(p, cfg.model.attn, c, true), p.plannedBackward, 1e-9 * p.plannedBackward);
+        }
+      }
+    }
+  }
 }
 
 // The lower bound: linear layers token-balanced, attention balanced at

@@ -76,6 +76,11 @@ struct BatchPlan {
   // when the last of its ranks is free), the simulator and the attention
   // driver run it as given.
   std::vector<int64_t> order;
+  // The planner's own modelled makespans of attention's forward and
+  // backward passes in `order` (seconds; 0 for a plan planBatch did not
+  // make): run as the executor runs it (attnMakespan), the plan takes
+  // exactly these.
+  double plannedForward = 0, plannedBackward = 0;
   Layout attention;                // from seqs, as described above
   Layout linear;                   // token balanced: every rank within one token of the mean
 };

@@ -332,6 +332,8 @@ struct BestPlan {
     }
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
+    p.plannedForward = s.forward;
+    p.plannedBackward = s.backward;
     const double score = opt.score ? opt.score(p, true) : modelled(p, s);
     const bool won = better(score);
     if (won) bestScore = score, have = true;
@@ -611,12 +613,14 @@ void orderByClassAndSize(BatchPlan* plan) {
   });
 }
 
-double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c) {
+double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c, bool backward) {
   std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
-  for (int64_t i : plan.order) {
-    const SeqPlacement& p = plan.seqs[i];
+  for (size_t k = 0; k < plan.order.size(); ++k) {
+    const SeqPlacement& p = plan.seqs[plan.order[backward ? plan.order.size() - 1 - k : k]];
     const Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
-    const double t = ringSeconds(p.len, plan.causal, int(p.ranks.size()), link, shape, c);
+    const int G = int(p.ranks.size());
+    const double t = backward ? ringBackwardSeconds(p.len, plan.causal, G, link, shape, c)
+                              : ringSeconds(p.len, plan.causal, G, link, shape, c);
     double at = 0;
     for (int r : p.ranks) at = std::max(at, freeAt[r]);
     for (int r : p.ranks) freeAt[r] = at + t;

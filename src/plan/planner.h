@@ -74,9 +74,11 @@ void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
 // sequences first.
 void orderByClassAndSize(BatchPlan* plan);
 
-// The forward attention makespan of a plan run in its order: a ring starts
-// when the last of its ranks is free and all of them finish together.
-double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& cluster);
+// The attention makespan of a plan run in its order, forward (or, with
+// `backward`, in the reverse order, backward): a ring starts when the last of
+// its ranks is free and all of them finish together.
+double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& cluster,
+                    bool backward = false);
 
 // Modelled attention seconds of every rank under a plan (exposed
 // communication included, see cost_model.h).
