@@ -392,12 +392,27 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::vector<size_t> byLength(lens.size());
   std::iota(byLength.begin(), byLength.end(), 0);
   std::stable_sort(byLength.begin(), byLength.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
+  // `from` chooses the splits (the unrouted options below choose them as if
+  // routing were off); the schedule always takes the times the executor will
+  // run them in, which are `options`'.
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
     for (size_t i = 0; i < lens.size(); ++i) {
-      const SplitOption& pick = pickSplit(from[i], cap, c, o);
-      splits[i] = pick.split;
-      piece[i] = pick.seconds;
-      back[i] = pick.backward;
+      const SplitOption* pick = &pickSplit(from[i], cap, c, o);
+      if (&from != &options) {
+        auto same = std::find_if(options[i].begin(), options[i].end(),
+                                 [&](const SplitOption& x) { return x.split == pick->split; });
+        pick = same != options[i].end() ? &*same : nullptr;
+      }
+      splits[i] = pick ? pick->split : pickSplit(from[i], cap, c, o).split;
+      if (pick) {
+        piece[i] = pick->seconds;
+        back[i] = pick->backward;
+      } else {
+        const Link link = splits[i].cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+        const RingSeconds t = ringBothSeconds(lens[i], causal, splits[i].G, link, shape, c);
+        piece[i] = t.forward;
+        back[i] = t.backward;
+      }
     }
     for (const auto& [sp, score] : seen)
       if (sp == splits) return score;

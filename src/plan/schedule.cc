@@ -488,16 +488,13 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
                        const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength) {
   const int groups = c.ranks() / g;
-  const Link link = g > c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
-  std::vector<double> cost(lens.size()), fwd(lens.size()), bwd(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
-    const int G = int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i])));
+  std::vector<double> cost(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i)
     cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
               opt.linearSecondsPerToken * double(lens[i]);
-    const RingSeconds t = ringBothSeconds(lens[i], causal, G, link, shape, c);
-    fwd[i] = t.forward;
-    bwd[i] = t.backward;
-  }
+  // A sequence too short for the whole ring runs on its first ranks; its
+  // ring crosses nodes only if they do.
+  auto ringOf = [&](size_t i) { return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]))); };
   // Largest cost first. The cost grows with the length for any efficiency
   // table that does not fall with the chunk length, so byLength is the guess.
   std::vector<size_t> order = byLength;
@@ -511,16 +508,17 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     const auto [load, k] = heap.top();
     heap.replaceTop({load + cost[i], k});
     groupOf[i] = k;
-    attn[k] += fwd[i];
-    back[k] += bwd[i];
+    const int G = ringOf(i), first = k * g;
+    const Link link = first / c.ranksPerNode != (first + G - 1) / c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
+    const RingSeconds t = ringBothSeconds(lens[i], causal, G, link, shape, c);
+    attn[k] += t.forward;
+    back[k] += t.backward;
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
   if (withRanks) out.first.assign(1, 0);
   for (size_t i = 0; i < lens.size() && withRanks; ++i) {
-    const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
-    // A sequence too short for the whole ring runs on its first ranks.
-    for (int r = groupOf[i] * g; r < groupOf[i] * g + std::min<int64_t>(g, maxG); ++r) out.ranks.push_back(r);
+    for (int r = groupOf[i] * g; r < groupOf[i] * g + ringOf(i); ++r) out.ranks.push_back(r);
     out.first.push_back(out.ranks.size());
     out.order.push_back(int64_t(i));
   }
