@@ -10,7 +10,6 @@
 
 #include "src/core/log.h"
 #include "src/core/topology.h"
-#include "transport/nccl/nccl_transport.h"
 #include "src/util/clock.h"
 
 namespace zp {
@@ -271,14 +270,15 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (res == zpSuccess) carriers_.push_back(std::move(t));
   }
   // The device data plane rides along: whether this rank can use a CUDA
-  // device, and (rank 0) the NCCL id that every rank needs.
+  // device, and (rank 0) the key that every rank needs to join it.
+  const StreamTransportKind& stream = streamTransportKind();
   DeviceHello hello;
   std::string noDevice;
-  hello.usable = res == zpSuccess && deviceUsable(&noDevice);  // else lastError() keeps this rank's reason
+  hello.usable = res == zpSuccess && stream.usable(&noDevice);  // else lastError() keeps this rank's reason
   if (rank_ == 0 && hello.usable) {
-    std::string ncclId;
-    if (makeNcclId(&ncclId) == zpSuccess && ncclId.size() == sizeof(hello.ncclId)) {
-      memcpy(hello.ncclId, ncclId.data(), sizeof(hello.ncclId));
+    std::string joinKey;
+    if (stream.makeJoinKey(&joinKey) == zpSuccess && joinKey.size() == sizeof(hello.joinKey)) {
+      memcpy(hello.joinKey, joinKey.data(), sizeof(hello.joinKey));
     } else {
       hello.usable = 0;
       noDevice = lastError();
@@ -323,7 +323,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     memcpy(&rates[r], at += sizeof(int32_t), sizeof(double));
     DeviceHello theirs;
     memcpy(&theirs, at += sizeof(double), sizeof(theirs));
-    if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
+    if (r == 0) memcpy(hello.joinKey, theirs.joinKey, sizeof(hello.joinKey));
     // This rank's own reason first (it says what to fix here), else the first rank's that has none.
     if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
     if (!theirs.usable && noDeviceWhy_.empty()) noDeviceWhy_ = "rank " + std::to_string(r) + " has no usable CUDA device";
@@ -349,9 +349,8 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // A split child stays on its parent's device (as ncclCommSplit does); a
   // new communicator picks one by ZP_CUDA_DEVICE.
   int device = inheritedDevice_;
-  if (device < 0) ZP_CHECK(chooseDevice(localIndex_[rank_], &device));
-  return createNcclTransport(std::string(hello.ncclId, sizeof(hello.ncclId)), nranks_, rank_, device, cfg_.timeoutMs,
-                             &device_);
+  if (device < 0) ZP_CHECK(stream.chooseDevice(localIndex_[rank_], &device));
+  return stream.create(ctx, std::string(hello.joinKey, sizeof(hello.joinKey)), device, &device_);
 }
 
 // The progress thread: progress while no call holds the lock. It sleeps

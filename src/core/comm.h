@@ -28,11 +28,12 @@
 
 namespace zp {
 
-// What each rank tells the others at init about the device data plane:
-// whether it can use a CUDA device, and (rank 0) the NCCL id.
+// What each rank tells the others at init about the device data plane
+// (streamTransportKind()): whether it can use a CUDA device, and (rank 0) the
+// key every rank joins it with, which only the data plane reads.
 struct DeviceHello {
   uint8_t usable = 0;
-  char ncclId[128] = {};  // sizeof(ncclUniqueId)
+  char joinKey[128] = {};  // the size of NCCL's ncclUniqueId, the one data plane's key
 };
 
 // The first byte of each rank's blob in init's second bootstrap round: it
