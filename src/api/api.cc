@@ -27,6 +27,7 @@
 #include "src/core/comm.h"
 #include "src/core/config.h"
 #include "src/core/log.h"
+#include "src/route/routing_setting.h"
 #include "src/route/routing_state.h"
 #include "src/util/clock.h"
 #include "transport/nccl/nccl_transport.h"
@@ -260,7 +261,7 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int r
   zp::Config cfg;
   ZP_CHECK(zp::resolveConfig(config, &cfg));
   std::unique_ptr<zp::Comm> impl;
-  ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, &impl));
+  ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, zp::routedEagerBytes(cfg), &impl));
   *comm = newHandle(std::move(impl));
   return zpSuccess;
 } catch (...) {

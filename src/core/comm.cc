@@ -259,10 +259,11 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // The transports are made before the round below: a rank that cannot
   // have its shared-memory segment (no room in /dev/shm) tells every rank
   // there, and after it every local peer's segment exists. With routing,
-  // the relay's chunks go eagerly (see UcxTransport::create).
+  // the relay's chunks go eagerly (see UcxTransport::create): the size
+  // comes from the layer above, which knows the routing setting.
   TransportSetup setup;
   setup.nic = nic;
-  setup.eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
+  setup.eagerUpTo = netEagerUpTo_;
   std::vector<std::string> myAddresses(kinds.size());
   for (size_t i = 0; i < kinds.size() && res == zpSuccess; i++) {
     std::unique_ptr<CarrierTransport> t;
@@ -383,11 +384,13 @@ void Comm::startProgressThread() {
   if (!progressThread_.joinable()) progressThread_ = std::thread(&Comm::progressLoop, this);
 }
 
-zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, std::unique_ptr<Comm>* out) {
+zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, size_t netEagerUpTo,
+                        std::unique_ptr<Comm>* out) {
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->cfg_ = cfg;
+  c->netEagerUpTo_ = netEagerUpTo;
   if (!decodeId(uid, &c->id_))
     return fail(zpInvalidArgument, "the zpUniqueId is not valid (not made by zpGetUniqueId, or corrupted)");
   if ((c->id_.flags & kIdFlagRootAtRank0) && rank == 0) ZP_CHECK(startRootAt(c->id_));
@@ -412,11 +415,13 @@ zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Confi
 }
 
 zpResult_t Comm::createChild(const Comm& parent, const std::vector<int>& members, int rank, const Config& cfg,
-                             const uint8_t secret[16], const BlobExchange& exchange, std::unique_ptr<Comm>* out) {
+                             size_t netEagerUpTo, const uint8_t secret[16], const BlobExchange& exchange,
+                             std::unique_ptr<Comm>* out) {
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = (int)members.size();
   c->cfg_ = cfg;
+  c->netEagerUpTo_ = netEagerUpTo;
   // The node identity stays the parent's: the ranks' records come from it.
   c->cfg_.nodeId = parent.cfg_.nodeId;
   c->id_ = parent.id_;
