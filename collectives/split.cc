@@ -7,6 +7,7 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
+#include "src/route/routing_setting.h"
 
 namespace zp {
 
@@ -76,7 +77,7 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
       }
     return run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++));
   };
-  return Comm::createChild(*parent, members, newRank, cfg, secret, exchange, child);
+  return Comm::createChild(*parent, members, newRank, cfg, routedEagerBytes(cfg), secret, exchange, child);
 }
 
 }  // namespace zp

@@ -7,6 +7,7 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
+#include "src/route/routing_setting.h"
 
 namespace zp {
 namespace detail {
@@ -175,7 +176,7 @@ template <class Round>
 zpResult_t Call::railRing(const Blocks& b, size_t es, Round round) {
   const size_t directBelow = c->cfg().routeDirectBelow;
   size_t slices = 1;
-  if (c->cfg().routing != zpRoutingOff && directBelow > es && b.maxCnt) {
+  if (routingOn(c->cfg()) && directBelow > es && b.maxCnt) {
     const size_t perSlice = (directBelow - 1) / es;  // elements of a slice below directBelow
     slices = std::min({(b.maxCnt + perSlice - 1) / perSlice, kMaxSlices, (size_t)(kHierLanes / (n - 1))});
   }

@@ -10,7 +10,10 @@ as banned for it. Among them:
   the routing layer only through src/core/routing.h);
 - no file under collectives/ includes anything under transport/ or the
   relay (src/route/relay*): collectives hand Ops to the executor;
-- src/core includes neither src/route nor collectives.
+- src/core includes neither src/route nor collectives, nor anything under
+  transport/: the communicator reaches every transport, host or device,
+  through the table declared in src/core/transport.h (hostTransports(),
+  streamTransportKind()), which transport/transports.cc defines.
 Besides includes, no library source may dynamic_cast to a transport type:
 the executor finds a transport by peer, never by asking what it is.
 
@@ -26,7 +29,7 @@ import sys
 RULES = {
     "src/util": (["src/util/"], []),
     "transport": (["include/", "src/util/", "src/core/", "transport/"], ["src/core/comm.h", "src/route/"]),
-    "src/core": (["include/", "src/util/", "src/core/", "transport/"], ["src/route/", "collectives/"]),
+    "src/core": (["include/", "src/util/", "src/core/"], ["src/route/", "collectives/", "transport/"]),
     "src/route": (["include/", "src/util/", "src/core/", "transport/", "src/route/"], []),
     # The planner is plain computation: it never sees a communicator.
     "src/plan": (["include/", "src/util/", "src/core/", "src/plan/"], ["src/core/comm.h"]),

@@ -1,10 +1,12 @@
-// The table of host transports (src/core/transport.h, TransportKind): the
-// only place that names them. The communicator makes, in this order, every
-// kind that reaches some rank; a peer is reached by the first kind that can.
+// The table of host transports (src/core/transport.h, TransportKind) and
+// the device data plane's entry (StreamTransportKind): the only place that
+// names them. The communicator makes, in this order, every host kind that
+// reaches some rank; a peer is reached by the first kind that can.
 // The relay (transport/relay) is not here: it is built on these by the
 // routing layer for routed communicators (src/route/routing_state.h).
 #include "src/core/log.h"
 #include "src/core/transport.h"
+#include "transport/nccl/nccl_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -35,7 +37,19 @@ zpResult_t createUcx(const TransportContext& ctx, const TransportSetup& setup, s
   return zpSuccess;
 }
 
+// NCCL: device buffers on the callers' streams (nccl_none.cc in a build
+// without CUDA, whose functions say why there is none).
+zpResult_t createNccl(const TransportContext& ctx, const std::string& joinKey, int device,
+                      std::unique_ptr<StreamTransport>* out) {
+  return createNcclTransport(joinKey, ctx.nranks, ctx.rank, device, ctx.cfg->timeoutMs, out);
+}
+
 }  // namespace
+
+const StreamTransportKind& streamTransportKind() {
+  static const StreamTransportKind nccl = {"nccl", deviceUsable, makeNcclId, chooseDevice, createNccl};
+  return nccl;
+}
 
 const std::vector<TransportKind>& hostTransports() {
   static const std::vector<TransportKind> table = {

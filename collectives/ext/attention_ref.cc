@@ -76,22 +76,24 @@ struct HostRef {
 
 }  // namespace
 
-zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) try {
-  ZPX_CHECK(checkBlock(b, "zpAttnRefForward", false));
-  if (b->stream) return refOnStream(b, "zpAttnRefForward", false);
-  HostRef run{*b, false};
+// Both reference kernels (fn: the caller's name, for messages): the block
+// checked, then run on its stream, or on the host.
+static zpResult_t runReference(const zpAttnBlock_t* b, const char* fn, bool backward) {
+  ZPX_CHECK(checkBlock(b, fn, backward));
+  if (b->stream) return refOnStream(b, fn, backward);
+  HostRef run{*b, backward};
   zpx::withInputType(b->datatype, run);
   return zpSuccess;
+}
+
+zpResult_t zpAttnRefForward(const zpAttnBlock_t* b, void* /*user*/) try {
+  return runReference(b, "zpAttnRefForward", false);
 } catch (...) {
   return zpx::failFromException("zpAttnRefForward");
 }
 
 zpResult_t zpAttnRefBackward(const zpAttnBlock_t* b, void* /*user*/) try {
-  ZPX_CHECK(checkBlock(b, "zpAttnRefBackward", true));
-  if (b->stream) return refOnStream(b, "zpAttnRefBackward", true);
-  HostRef run{*b, true};
-  zpx::withInputType(b->datatype, run);
-  return zpSuccess;
+  return runReference(b, "zpAttnRefBackward", true);
 } catch (...) {
   return zpx::failFromException("zpAttnRefBackward");
 }

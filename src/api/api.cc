@@ -27,6 +27,7 @@
 #include "src/core/comm.h"
 #include "src/core/config.h"
 #include "src/core/log.h"
+#include "src/route/routing_setting.h"
 #include "src/route/routing_state.h"
 #include "src/util/clock.h"
 #include "transport/nccl/nccl_transport.h"
@@ -260,7 +261,7 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int r
   zp::Config cfg;
   ZP_CHECK(zp::resolveConfig(config, &cfg));
   std::unique_ptr<zp::Comm> impl;
-  ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, &impl));
+  ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, zp::routedEagerBytes(cfg), &impl));
   *comm = newHandle(std::move(impl));
   return zpSuccess;
 } catch (...) {
@@ -427,14 +428,22 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
 zpResult_t zpCommDestroy(zpComm_t comm) try { return noted(comm, destroy(comm, false, "zpCommDestroy")); } catch (...) {  return zp::failFromException("zpCommDestroy"); }
 zpResult_t zpCommAbort(zpComm_t comm) try { return noted(comm, destroy(comm, true, "zpCommAbort")); } catch (...) {  return zp::failFromException("zpCommAbort"); }
 
-zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
+// The calls that read one value of a communicator: the handle looked up,
+// the out pointer checked (named outName in the message), *out = get(comm).
+template <class T, class Get>
+static zpResult_t commValue(zpComm_t comm, const char* fn, const char* outName, T* out, Get get) {
   std::shared_ptr<zp::Comm> c;
-  ZP_CHECK(noted(comm, lookup(comm, "zpCommGetAsyncError", &c)));
-  if (!asyncError) return noted(comm, zp::fail(zpInvalidArgument, "zpCommGetAsyncError: asyncError is NULL"));
+  ZP_CHECK(noted(comm, lookup(comm, fn, &c)));
+  if (!out) return noted(comm, zp::fail(zpInvalidArgument, "%s: %s is NULL", fn, outName));
+  *out = get(*c);
+  return zpSuccess;
+}
+
+zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) try {
   // There is no background thread: polling here is what lets a waiting
   // caller learn of a peer's failure between calls.
-  *asyncError = c->pollAsyncError();
-  return zpSuccess;
+  return commValue(comm, "zpCommGetAsyncError", "asyncError", asyncError,
+                   [](zp::Comm& c) { return c.pollAsyncError(); });
 } catch (...) {
   return zp::failFromException("zpCommGetAsyncError");
 }
@@ -445,21 +454,13 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg) {
 }
 
 zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
-  std::shared_ptr<zp::Comm> c;
-  ZP_CHECK(noted(comm, lookup(comm, "zpCommCount", &c)));
-  if (!count) return noted(comm, zp::fail(zpInvalidArgument, "zpCommCount: count is NULL"));
-  *count = c->nranks();
-  return zpSuccess;
+  return commValue(comm, "zpCommCount", "count", count, [](zp::Comm& c) { return c.nranks(); });
 } catch (...) {
   return zp::failFromException("zpCommCount");
 }
 
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank) try {
-  std::shared_ptr<zp::Comm> c;
-  ZP_CHECK(noted(comm, lookup(comm, "zpCommUserRank", &c)));
-  if (!rank) return noted(comm, zp::fail(zpInvalidArgument, "zpCommUserRank: rank is NULL"));
-  *rank = c->rank();
-  return zpSuccess;
+  return commValue(comm, "zpCommUserRank", "rank", rank, [](zp::Comm& c) { return c.rank(); });
 } catch (...) {
   return zp::failFromException("zpCommUserRank");
 }

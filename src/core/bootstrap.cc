@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -102,6 +103,95 @@ std::string sourceOf(const sockaddr_storage& a) {
   std::string s = addrToString(a);
   size_t colon = s.rfind(':');  // "host:port" or "[v6]:port"
   return colon == std::string::npos ? s : s.substr(0, colon);
+}
+
+// New connections on listenFd, a batch of them: each pending until its
+// header comes, within the bounds on pending connections (evictOldest makes
+// room); out of descriptors, the listening socket rests (*listenPausedUntil).
+void acceptConnections(int listenFd, std::vector<Pending>* pendingOut, std::map<std::string, size_t>* perSourceOut,
+                       DropLog* dropLogOut, uint64_t* listenPausedUntil,
+                       const std::function<bool(const std::string*, const char*)>& evictOldest) {
+  std::vector<Pending>& pending = *pendingOut;
+  std::map<std::string, size_t>& perSource = *perSourceOut;
+  DropLog& dropLog = *dropLogOut;
+  for (int a = 0; a < kAcceptBatch; a++) {
+    sockaddr_storage from;
+    socklen_t len = sizeof(from);
+    int fd = accept4(listenFd, (sockaddr*)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: the oldest stranger makes room for the
+        // next in the queue (a rank may be behind it); with none to
+        // evict, the listening socket rests: it stays readable, and
+        // polling it again at once would spin.
+        if (evictOldest(nullptr, "evicted: the root is out of file descriptors")) continue;
+        dropLog.note("the listening socket", strerror(errno));
+        *listenPausedUntil = nowMs() + kAcceptPauseMs;
+      }
+      break;  // EAGAIN: none left; ECONNABORTED and the like: next turn
+    }
+    Pending p;
+    p.fd = fd;
+    p.acceptedMs = nowMs();
+    p.deadlineMs = p.acceptedMs + kHeaderTimeoutMs;
+    p.peer = addrToString(from);
+    p.source = sourceOf(from);
+    if (perSource[p.source] >= kMaxPendingPerSource)
+      evictOldest(&p.source, "evicted: too many connections without a header from this address");
+    else if (pending.size() >= kMaxPending)
+      evictOldest(nullptr, "evicted: too many connections without a header");
+    if (pending.size() >= kMaxPending) {  // every one knows the secret (cannot happen with real ranks)
+      dropLog.note(p.peer, "refused: too many ranks connecting at once");
+      close(fd);
+      continue;
+    }
+    perSource[p.source]++;
+    pending.push_back(std::move(p));
+  }
+}
+
+// The end of a rendezvous (failure empty: every rank joined): each joined
+// rank gets the table or the failure, then, on success, the second round
+// (every rank's blob to every rank); the ranks' sockets close.
+void answerRanks(const std::vector<int>& rankFd, const std::vector<RankInfo>& table, int rankTimeoutMs,
+                 std::string failure) {
+  uint64_t replyDeadline = nowMs() + 30000;
+  for (int r = 0; r < (int)rankFd.size(); r++) {
+    if (rankFd[r] < 0) continue;
+    if (failure.empty()) sendReply(rankFd[r], zpSuccess, "", &table, replyDeadline);
+    else sendReply(rankFd[r], zpRemoteError, failure, nullptr, replyDeadline);
+  }
+  if (failure.empty()) {
+    // Second round: every rank's transport address (UCX worker address),
+    // which a rank only creates once the table says it has remote peers.
+    std::vector<std::string> blobs(rankFd.size());
+    uint64_t roundDeadline = nowMs() + (uint64_t)std::max(rankTimeoutMs, 1000);
+    for (int r = 0; r < (int)rankFd.size() && failure.empty(); r++) {
+      uint32_t len = 0;
+      if (recvAll(rankFd[r], &len, sizeof(len), roundDeadline) != zpSuccess || len > kMaxBlob) {
+        failure = "rank " + std::to_string(r) + " left during the address exchange";
+        break;
+      }
+      blobs[r].resize(len);
+      if (len && recvAll(rankFd[r], &blobs[r][0], len, roundDeadline) != zpSuccess)
+        failure = "rank " + std::to_string(r) + " left during the address exchange";
+    }
+    std::string all;
+    if (failure.empty())
+      for (auto& b : blobs) {
+        uint32_t len = (uint32_t)b.size();
+        all.append((const char*)&len, sizeof(len));
+        all += b;
+      }
+    for (int r = 0; r < (int)rankFd.size(); r++) {
+      int32_t ok = failure.empty() ? 1 : 0;
+      if (sendAll(rankFd[r], &ok, sizeof(ok), replyDeadline) == zpSuccess && ok)
+        sendAll(rankFd[r], all.data(), all.size(), replyDeadline);
+    }
+  }
+  for (int fd : rankFd)
+    if (fd >= 0) close(fd);
+  if (!failure.empty()) ZP_WARN(kSubBootstrap, "bootstrap root: %s", failure.c_str());
 }
 
 // Serves one communicator's rendezvous, then returns.
@@ -218,84 +308,14 @@ void rootMain(int listenFd, IdLayout id) {
       if (now >= p.deadlineMs) dropPending(i, "no complete header in time");
     }
     // New connections, a batch per turn.
-    if (listening && (fds[0].revents & POLLIN)) {
-      for (int a = 0; a < kAcceptBatch; a++) {
-        sockaddr_storage from;
-        socklen_t len = sizeof(from);
-        int fd = accept4(listenFd, (sockaddr*)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            // Out of descriptors: the oldest stranger makes room for the
-            // next in the queue (a rank may be behind it); with none to
-            // evict, the listening socket rests: it stays readable, and
-            // polling it again at once would spin.
-            if (evictOldest(nullptr, "evicted: the root is out of file descriptors")) continue;
-            dropLog.note("the listening socket", strerror(errno));
-            listenPausedUntil = nowMs() + kAcceptPauseMs;
-          }
-          break;  // EAGAIN: none left; ECONNABORTED and the like: next turn
-        }
-        Pending p;
-        p.fd = fd;
-        p.acceptedMs = nowMs();
-        p.deadlineMs = p.acceptedMs + kHeaderTimeoutMs;
-        p.peer = addrToString(from);
-        p.source = sourceOf(from);
-        if (perSource[p.source] >= kMaxPendingPerSource)
-          evictOldest(&p.source, "evicted: too many connections without a header from this address");
-        else if (pending.size() >= kMaxPending)
-          evictOldest(nullptr, "evicted: too many connections without a header");
-        if (pending.size() >= kMaxPending) {  // every one knows the secret (cannot happen with real ranks)
-          dropLog.note(p.peer, "refused: too many ranks connecting at once");
-          close(fd);
-          continue;
-        }
-        perSource[p.source]++;
-        pending.push_back(std::move(p));
-      }
-    }
+    if (listening && (fds[0].revents & POLLIN))
+      acceptConnections(listenFd, &pending, &perSource, &dropLog, &listenPausedUntil, evictOldest);
   }
   dropLog.flush();
 
   for (auto& p : pending) close(p.fd);
   close(listenFd);
-  uint64_t replyDeadline = nowMs() + 30000;
-  for (int r = 0; r < (int)rankFd.size(); r++) {
-    if (rankFd[r] < 0) continue;
-    if (failure.empty()) sendReply(rankFd[r], zpSuccess, "", &table, replyDeadline);
-    else sendReply(rankFd[r], zpRemoteError, failure, nullptr, replyDeadline);
-  }
-  if (failure.empty()) {
-    // Second round: every rank's transport address (UCX worker address),
-    // which a rank only creates once the table says it has remote peers.
-    std::vector<std::string> blobs(rankFd.size());
-    uint64_t roundDeadline = nowMs() + (uint64_t)std::max(rankTimeoutMs, 1000);
-    for (int r = 0; r < (int)rankFd.size() && failure.empty(); r++) {
-      uint32_t len = 0;
-      if (recvAll(rankFd[r], &len, sizeof(len), roundDeadline) != zpSuccess || len > kMaxBlob) {
-        failure = "rank " + std::to_string(r) + " left during the address exchange";
-        break;
-      }
-      blobs[r].resize(len);
-      if (len && recvAll(rankFd[r], &blobs[r][0], len, roundDeadline) != zpSuccess)
-        failure = "rank " + std::to_string(r) + " left during the address exchange";
-    }
-    std::string all;
-    if (failure.empty())
-      for (auto& b : blobs) {
-        uint32_t len = (uint32_t)b.size();
-        all.append((const char*)&len, sizeof(len));
-        all += b;
-      }
-    for (int r = 0; r < (int)rankFd.size(); r++) {
-      int32_t ok = failure.empty() ? 1 : 0;
-      if (sendAll(rankFd[r], &ok, sizeof(ok), replyDeadline) == zpSuccess && ok)
-        sendAll(rankFd[r], all.data(), all.size(), replyDeadline);
-    }
-  }
-  for (int fd : rankFd)
-    if (fd >= 0) close(fd);
-  if (!failure.empty()) ZP_WARN(kSubBootstrap, "bootstrap root: %s", failure.c_str());
+  answerRanks(rankFd, table, rankTimeoutMs, failure);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 
 #include "src/core/log.h"
 #include "src/core/topology.h"
-#include "transport/nccl/nccl_transport.h"
 #include "src/util/clock.h"
 
 namespace zp {
@@ -260,10 +259,11 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // The transports are made before the round below: a rank that cannot
   // have its shared-memory segment (no room in /dev/shm) tells every rank
   // there, and after it every local peer's segment exists. With routing,
-  // the relay's chunks go eagerly (see UcxTransport::create).
+  // the relay's chunks go eagerly (see UcxTransport::create): the size
+  // comes from the layer above, which knows the routing setting.
   TransportSetup setup;
   setup.nic = nic;
-  setup.eagerUpTo = cfg_.routing != zpRoutingOff ? cfg_.routeChunkBytes : 0;
+  setup.eagerUpTo = netEagerUpTo_;
   std::vector<std::string> myAddresses(kinds.size());
   for (size_t i = 0; i < kinds.size() && res == zpSuccess; i++) {
     std::unique_ptr<CarrierTransport> t;
@@ -271,14 +271,15 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (res == zpSuccess) carriers_.push_back(std::move(t));
   }
   // The device data plane rides along: whether this rank can use a CUDA
-  // device, and (rank 0) the NCCL id that every rank needs.
+  // device, and (rank 0) the key that every rank needs to join it.
+  const StreamTransportKind& stream = streamTransportKind();
   DeviceHello hello;
   std::string noDevice;
-  hello.usable = res == zpSuccess && deviceUsable(&noDevice);  // else lastError() keeps this rank's reason
+  hello.usable = res == zpSuccess && stream.usable(&noDevice);  // else lastError() keeps this rank's reason
   if (rank_ == 0 && hello.usable) {
-    std::string ncclId;
-    if (makeNcclId(&ncclId) == zpSuccess && ncclId.size() == sizeof(hello.ncclId)) {
-      memcpy(hello.ncclId, ncclId.data(), sizeof(hello.ncclId));
+    std::string joinKey;
+    if (stream.makeJoinKey(&joinKey) == zpSuccess && joinKey.size() == sizeof(hello.joinKey)) {
+      memcpy(hello.joinKey, joinKey.data(), sizeof(hello.joinKey));
     } else {
       hello.usable = 0;
       noDevice = lastError();
@@ -323,7 +324,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     memcpy(&rates[r], at += sizeof(int32_t), sizeof(double));
     DeviceHello theirs;
     memcpy(&theirs, at += sizeof(double), sizeof(theirs));
-    if (r == 0) memcpy(hello.ncclId, theirs.ncclId, sizeof(hello.ncclId));
+    if (r == 0) memcpy(hello.joinKey, theirs.joinKey, sizeof(hello.joinKey));
     // This rank's own reason first (it says what to fix here), else the first rank's that has none.
     if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
     if (!theirs.usable && noDeviceWhy_.empty()) noDeviceWhy_ = "rank " + std::to_string(r) + " has no usable CUDA device";
@@ -349,9 +350,8 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // A split child stays on its parent's device (as ncclCommSplit does); a
   // new communicator picks one by ZP_CUDA_DEVICE.
   int device = inheritedDevice_;
-  if (device < 0) ZP_CHECK(chooseDevice(localIndex_[rank_], &device));
-  return createNcclTransport(std::string(hello.ncclId, sizeof(hello.ncclId)), nranks_, rank_, device, cfg_.timeoutMs,
-                             &device_);
+  if (device < 0) ZP_CHECK(stream.chooseDevice(localIndex_[rank_], &device));
+  return stream.create(ctx, std::string(hello.joinKey, sizeof(hello.joinKey)), device, &device_);
 }
 
 // The progress thread: progress while no call holds the lock. It sleeps
@@ -384,11 +384,13 @@ void Comm::startProgressThread() {
   if (!progressThread_.joinable()) progressThread_ = std::thread(&Comm::progressLoop, this);
 }
 
-zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, std::unique_ptr<Comm>* out) {
+zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, size_t netEagerUpTo,
+                        std::unique_ptr<Comm>* out) {
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->cfg_ = cfg;
+  c->netEagerUpTo_ = netEagerUpTo;
   if (!decodeId(uid, &c->id_))
     return fail(zpInvalidArgument, "the zpUniqueId is not valid (not made by zpGetUniqueId, or corrupted)");
   if ((c->id_.flags & kIdFlagRootAtRank0) && rank == 0) ZP_CHECK(startRootAt(c->id_));
@@ -413,11 +415,13 @@ zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Confi
 }
 
 zpResult_t Comm::createChild(const Comm& parent, const std::vector<int>& members, int rank, const Config& cfg,
-                             const uint8_t secret[16], const BlobExchange& exchange, std::unique_ptr<Comm>* out) {
+                             size_t netEagerUpTo, const uint8_t secret[16], const BlobExchange& exchange,
+                             std::unique_ptr<Comm>* out) {
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = (int)members.size();
   c->cfg_ = cfg;
+  c->netEagerUpTo_ = netEagerUpTo;
   // The node identity stays the parent's: the ranks' records come from it.
   c->cfg_.nodeId = parent.cfg_.nodeId;
   c->id_ = parent.id_;

@@ -28,11 +28,12 @@
 
 namespace zp {
 
-// What each rank tells the others at init about the device data plane:
-// whether it can use a CUDA device, and (rank 0) the NCCL id.
+// What each rank tells the others at init about the device data plane
+// (streamTransportKind()): whether it can use a CUDA device, and (rank 0) the
+// key every rank joins it with, which only the data plane reads.
 struct DeviceHello {
   uint8_t usable = 0;
-  char ncclId[128] = {};  // sizeof(ncclUniqueId)
+  char joinKey[128] = {};  // the size of NCCL's ncclUniqueId, the one data plane's key
 };
 
 // The first byte of each rank's blob in init's second bootstrap round: it
@@ -53,7 +54,11 @@ struct CommShape {
 class Comm : public TransportSink {
  public:
   // Bootstrap, then shared memory within the node and UCX across nodes.
-  static zpResult_t create(int nranks, const zpUniqueId& id, int rank, const Config& cfg, std::unique_ptr<Comm>* out);
+  // netEagerUpTo: the network sends messages up to this size eagerly
+  // (TransportSetup::eagerUpTo), which the layer above decides (with
+  // routing, the relay's chunks: routedEagerBytes in src/route).
+  static zpResult_t create(int nranks, const zpUniqueId& id, int rank, const Config& cfg, size_t netEagerUpTo,
+                           std::unique_ptr<Comm>* out);
   // Every rank gives a blob and gets every rank's (all->size() == nranks).
   using BlobExchange = std::function<zpResult_t(const std::string& mine, std::vector<std::string>* all)>;
   // A communicator of some of parent's ranks (zpCommSplit): parent's ranks
@@ -61,9 +66,11 @@ class Comm : public TransportSink {
   // bootstrap: the ranks' identities come from the parent, and the blob
   // round that sets up the transports (NIC rail and rate, device hello, UCX
   // address) runs through `exchange` (over the parent's transports).
-  // `secret` names its shared resources, different for every child.
+  // `secret` names its shared resources, different for every child;
+  // netEagerUpTo as for create.
   static zpResult_t createChild(const Comm& parent, const std::vector<int>& members, int rank, const Config& cfg,
-                                const uint8_t secret[16], const BlobExchange& exchange, std::unique_ptr<Comm>* out);
+                                size_t netEagerUpTo, const uint8_t secret[16], const BlobExchange& exchange,
+                                std::unique_ptr<Comm>* out);
   // The secret of the unique id this communicator was made from (or derived).
   const uint8_t* secret() const { return id_.secret; }
   ~Comm() override;
@@ -229,6 +236,7 @@ class Comm : public TransportSink {
   std::unique_ptr<StreamTransport> device_;             // device buffers on streams (NCCL), if any
   std::string noDeviceWhy_;
   int inheritedDevice_ = -1;  // a split child's: its parent's device
+  size_t netEagerUpTo_ = 0;   // TransportSetup::eagerUpTo, from create's caller
   std::vector<Transport*> transports_;  // the carriers, then the installed ones
   std::vector<Transport*> byPeer_;      // the transport that reaches each peer
   std::vector<std::pair<int, std::pair<uint64_t, std::string>>> earlyControl_;  // control messages nobody took yet

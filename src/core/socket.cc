@@ -140,32 +140,32 @@ static zpResult_t waitFd(int fd, short events, uint64_t deadlineMs) {
   }
 }
 
-zpResult_t sendAll(int fd, const void* buf, size_t len, uint64_t deadlineMs) {
-  const char* p = (const char*)buf;
+// sendAll and recvAll: move(p, len) moves what the socket takes now (send
+// or recv, never blocking); when it takes nothing, wait for `events` until
+// the deadline. A failure is "<what> failed: <errno's text, or closed>".
+template <class Move>
+static zpResult_t moveAll(int fd, char* p, size_t len, uint64_t deadlineMs, short events, Move move,
+                          const char* what, const char* closed) {
   while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = move(p, len);
     if (n > 0) { p += n; len -= n; continue; }
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      ZP_CHECK(waitFd(fd, POLLOUT, deadlineMs));
+      ZP_CHECK(waitFd(fd, events, deadlineMs));
       continue;
     }
-    return fail(zpRemoteError, "send failed: %s", n < 0 ? strerror(errno) : "connection closed");
+    return fail(zpRemoteError, "%s failed: %s", what, n < 0 ? strerror(errno) : closed);
   }
   return zpSuccess;
 }
 
+zpResult_t sendAll(int fd, const void* buf, size_t len, uint64_t deadlineMs) {
+  auto sendNow = [fd](const char* p, size_t n) { return send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT); };
+  return moveAll(fd, (char*)buf, len, deadlineMs, POLLOUT, sendNow, "send", "connection closed");
+}
+
 zpResult_t recvAll(int fd, void* buf, size_t len, uint64_t deadlineMs) {
-  char* p = (char*)buf;
-  while (len > 0) {
-    ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
-    if (n > 0) { p += n; len -= n; continue; }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      ZP_CHECK(waitFd(fd, POLLIN, deadlineMs));
-      continue;
-    }
-    return fail(zpRemoteError, "receive failed: %s", n < 0 ? strerror(errno) : "connection closed by peer");
-  }
-  return zpSuccess;
+  auto recvNow = [fd](char* p, size_t n) { return recv(fd, p, n, MSG_DONTWAIT); };
+  return moveAll(fd, (char*)buf, len, deadlineMs, POLLIN, recvNow, "receive", "connection closed by peer");
 }
 
 }  // namespace zp

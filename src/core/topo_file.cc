@@ -348,7 +348,18 @@ class TopoReader {
       rankNicOfNode_.push_back(std::move(affinity));
     }
 
-    // Global ranks.
+    if (!numberRanks(listForm, totalRanks, lists, listAt, &topo)) return false;
+    // (Counts cannot leave a hole; N distinct ranks in 0..N-1 cannot either.)
+    *out = std::move(topo);
+    return true;
+  }
+
+ private:
+  // Global ranks: every rank's node, index there and NIC, the ranks listed
+  // by the nodes (listForm 1) or numbered in node order (counts).
+  bool numberRanks(int listForm, long totalRanks, const std::vector<std::vector<long>>& lists,
+                   const std::vector<std::vector<std::string>>& listAt, ClusterTopology* out) {
+    ClusterTopology& topo = *out;
     topo.rankNode.assign((size_t)totalRanks, -1);
     topo.rankLocal.assign((size_t)totalRanks, -1);
     topo.rankNic.assign((size_t)totalRanks, -1);
@@ -369,12 +380,9 @@ class TopoReader {
         topo.rankNic[(size_t)g] = rankNicOfNode_[i][l];
       }
     }
-    // (Counts cannot leave a hole; N distinct ranks in 0..N-1 cannot either.)
-    *out = std::move(topo);
     return true;
   }
 
- private:
   Errors* err_;
   const JValue* top_ = nullptr;
   long ranksPerNode_ = 0;

@@ -307,4 +307,27 @@ class StreamTransport {
   virtual std::string describe() const = 0;
 };
 
+// The device data plane as the transport table lists it (streamTransportKind(),
+// defined in transport/transports.cc beside hostTransports()). Its start is
+// collective: rank 0 makes a join key that init's setup round carries to
+// every rank (DeviceHello, src/core/comm.h), and every rank, once all can
+// use a device, creates it with that key.
+struct StreamTransportKind {
+  const char* name;
+  // Whether this build has it and this process a device it may use; if
+  // not, *why says why.
+  bool (*usable)(std::string* why);
+  // Rank 0's part before the setup round: what every rank needs to join
+  // (NCCL's unique id), opaque to the communicator.
+  zpResult_t (*makeJoinKey)(std::string* key);
+  // The device this rank uses (ZP_CUDA_DEVICE), given its index among its
+  // node's ranks.
+  zpResult_t (*chooseDevice)(int localRank, int* device);
+  // Creates this rank's end on device from rank 0's key (collective: every
+  // rank calls it with the same key); gives up after ctx.cfg->timeoutMs.
+  zpResult_t (*create)(const TransportContext& ctx, const std::string& joinKey, int device,
+                       std::unique_ptr<StreamTransport>* out);
+};
+const StreamTransportKind& streamTransportKind();
+
 }  // namespace zp

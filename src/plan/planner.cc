@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <queue>
@@ -354,6 +355,44 @@ struct BestPlan {
   }
 };
 
+// The last stage of planBatch: of the candidates screened (caps: a cap's
+// splits scheduled, fits: rings sized to a target, groupSizes: DP x CP
+// groups, each with its screening score), the finalists scored in full;
+// groupPlan(g) schedules groups of g ranks with their rings.
+void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<std::pair<double, Schedule>>& fits,
+                    std::vector<std::pair<double, int>>& groupSizes, bool thorough,
+                    const std::function<Schedule(int)>& groupPlan, BestPlan* best) {
+  BestPlan& bestPlan = *best;
+  auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::stable_sort(caps.begin(), caps.end(), byScore);
+  std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
+  std::stable_sort(fits.begin(), fits.end(), byScore);
+  // The best of each kind and its runner-up (when not thorough, only within
+  // 3%) are scored in full, the most promising first: the better the plan
+  // found early, the more of the others the bound skips without building.
+  struct Finalist {
+    double quick;
+    const Schedule* schedule;  // or, for a DP x CP group, null and its size
+    int group;
+  };
+  std::vector<Finalist> finalists;
+  auto nominate = [&](const auto& ranked, auto finalist) {
+    for (size_t i = 0; i < ranked.size() && i < 2; ++i)
+      if (i == 0 || thorough || ranked[i].first <= 1.03 * ranked[0].first) finalists.push_back(finalist(ranked[i]));
+  };
+  nominate(caps, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
+  nominate(fits, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
+  nominate(groupSizes, [](const auto& e) { return Finalist{e.first, nullptr, e.second}; });
+  std::stable_sort(finalists.begin(), finalists.end(),
+                   [](const Finalist& a, const Finalist& b) { return a.quick < b.quick; });
+  for (const Finalist& f : finalists) {
+    if (f.schedule)
+      bestPlan.consider(*f.schedule);
+    else
+      bestPlan.consider(groupPlan(f.group));
+  }
+}
+
 }  // namespace
 
 BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
@@ -500,34 +539,8 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
   }
-  auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
-  std::stable_sort(caps.begin(), caps.end(), byScore);
-  std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
-  std::stable_sort(fits.begin(), fits.end(), byScore);
-  // The best of each kind and its runner-up (when not thorough, only within
-  // 3%) are scored in full, the most promising first: the better the plan
-  // found early, the more of the others the bound skips without building.
-  struct Finalist {
-    double quick;
-    const Schedule* schedule;  // or, for a DP x CP group, null and its size
-    int group;
-  };
-  std::vector<Finalist> finalists;
-  auto nominate = [&](const auto& ranked, auto finalist) {
-    for (size_t i = 0; i < ranked.size() && i < 2; ++i)
-      if (i == 0 || thorough || ranked[i].first <= 1.03 * ranked[0].first) finalists.push_back(finalist(ranked[i]));
-  };
-  nominate(caps, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
-  nominate(fits, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
-  nominate(groupSizes, [](const auto& e) { return Finalist{e.first, nullptr, e.second}; });
-  std::stable_sort(finalists.begin(), finalists.end(),
-                   [](const Finalist& a, const Finalist& b) { return a.quick < b.quick; });
-  for (const Finalist& f : finalists) {
-    if (f.schedule)
-      bestPlan.consider(*f.schedule);
-    else
-      bestPlan.consider(groupSchedule(lens, causal, shape, c, opt, f.group, true, byLength));
-  }
+  scoreFinalists(caps, fits, groupSizes, thorough,
+                 [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
   return std::move(bestPlan.best);
 }
 

@@ -35,6 +35,32 @@ Seg directSeg(const RT& r) {
   return Seg{r.dSend, r.dRecv, r.src, r.dst, r.nFull, r.tail != 0};
 }
 
+// Every mode's loop over the transfers: a direct transfer is its one
+// direct segment; the others' segments come from relayed(i, r, &segs),
+// the mode's own choice; then the transfer's pieces from its segments.
+template <class Relayed>
+void assembleEach(const RouteParams& params, const std::vector<RT>& rts, RoutePlan* plan, Relayed relayed) {
+  const u64 C = params.chunkBytes;
+  for (size_t i = 0; i < rts.size(); i++) {
+    const RT& r = rts[i];
+    std::vector<Seg> segs;
+    if (r.direct) {
+      segs.push_back(directSeg(r));
+    } else {
+      relayed(i, r, &segs);
+    }
+    addPieces(&plan->transfers[i], segs, C);
+  }
+}
+
+// A side's chunks by NIC, with the tail's NIC (tailNic, -1: no tail) among
+// them, with no full chunk if it carries none.
+void addTailNic(std::vector<std::pair<int, u64>>* chunks, int tailNic) {
+  if (tailNic >= 0 &&
+      std::none_of(chunks->begin(), chunks->end(), [&](const std::pair<int, u64>& x) { return x.first == tailNic; }))
+    chunks->push_back({tailNic, 0});
+}
+
 }  // namespace
 
 void addPieces(Transfer* t, std::vector<Seg> segs, u64 C) {
@@ -91,38 +117,23 @@ RoutePlan startPlan(const Net& net, const RouteParams& params, const std::vector
 void assembleRailBalanced(const Net& net, const RouteParams& params, const std::vector<RT>& rts,
                           const RailChunks& rb, std::vector<u64>* shmLoad, RoutePlan* plan) {
   const u64 C = params.chunkBytes;
-  for (size_t i = 0; i < rts.size(); i++) {
-    const RT& r = rts[i];
-    std::vector<Seg> segs;
-    if (r.direct) {
-      segs.push_back(directSeg(r));
-    } else {
-      std::vector<std::pair<int, u64>> rc(rb.chunks.begin() + rb.chunkBegin[i], rb.chunks.begin() + rb.chunkEnd[i]);
-      int tr = r.tail ? rb.tailRail[i] : -1;
-      if (tr >= 0 && std::none_of(rc.begin(), rc.end(), [&](const std::pair<int, u64>& x) { return x.first == tr; }))
-        rc.push_back({tr, 0});
-      for (const auto& x : rc) {
-        u64 bytes = x.second * C + (x.first == tr ? r.tail : 0);
-        int sp = relayThrough(net, r.a, x.first, r.src, bytes, shmLoad);
-        int dp = relayThrough(net, r.b, x.first, r.dst, bytes, shmLoad);
-        segs.push_back({x.first, x.first, sp, dp, x.second, x.first == tr});
-      }
+  assembleEach(params, rts, plan, [&](size_t i, const RT& r, std::vector<Seg>* segs) {
+    std::vector<std::pair<int, u64>> rc(rb.chunks.begin() + rb.chunkBegin[i], rb.chunks.begin() + rb.chunkEnd[i]);
+    int tr = r.tail ? rb.tailRail[i] : -1;
+    addTailNic(&rc, tr);
+    for (const auto& x : rc) {
+      u64 bytes = x.second * C + (x.first == tr ? r.tail : 0);
+      int sp = relayThrough(net, r.a, x.first, r.src, bytes, shmLoad);
+      int dp = relayThrough(net, r.b, x.first, r.dst, bytes, shmLoad);
+      segs->push_back({x.first, x.first, sp, dp, x.second, x.first == tr});
     }
-    addPieces(&plan->transfers[i], segs, C);
-  }
+  });
 }
 
 void assembleFabricBalanced(const Net& net, const RouteParams& params, const std::vector<RT>& rts,
                             const FabricChunks& fb, std::vector<u64>* shmLoad, RoutePlan* plan) {
   const u64 C = params.chunkBytes;
-  for (size_t i = 0; i < rts.size(); i++) {
-    const RT& r = rts[i];
-    std::vector<Seg> segs;
-    if (r.direct) {
-      segs.push_back(directSeg(r));
-      addPieces(&plan->transfers[i], segs, C);
-      continue;
-    }
+  assembleEach(params, rts, plan, [&](size_t i, const RT& r, std::vector<Seg>* segs) {
     // Each side's runs of full chunks (NIC, proxy, chunks), and its tail's
     // NIC and proxy; the two sides are zipped chunk by chunk.
     struct Run {
@@ -134,8 +145,7 @@ void assembleFabricBalanced(const Net& net, const RouteParams& params, const std
     for (int side = 0; side < 2; side++) {
       auto c = fb.chunks[side][i];
       int tn = r.tail ? fb.tailNic[side][i] : -1;
-      if (tn >= 0 && std::none_of(c.begin(), c.end(), [&](const std::pair<int, u64>& x) { return x.first == tn; }))
-        c.push_back({tn, 0});
+      addTailNic(&c, tn);
       std::stable_sort(c.begin(), c.end(), [&](const std::pair<int, u64>& x, const std::pair<int, u64>& y) {
         return x.first != tn && y.first == tn;
       });
@@ -154,26 +164,20 @@ void assembleFabricBalanced(const Net& net, const RouteParams& params, const std
     u64 sl = runs[0].empty() ? 0 : runs[0][0].chunks, rl = runs[1].empty() ? 0 : runs[1][0].chunks;
     while (si < runs[0].size() && ri < runs[1].size()) {
       u64 x = std::min(sl, rl);
-      segs.push_back({runs[0][si].nic, runs[1][ri].nic, runs[0][si].proxy, runs[1][ri].proxy, x, false});
+      segs->push_back({runs[0][si].nic, runs[1][ri].nic, runs[0][si].proxy, runs[1][ri].proxy, x, false});
       sl -= x;
       rl -= x;
       if (!sl && ++si < runs[0].size()) sl = runs[0][si].chunks;
       if (!rl && ++ri < runs[1].size()) rl = runs[1][ri].chunks;
     }
-    if (r.tail) segs.push_back({tailNic[0], tailNic[1], tailProxy[0], tailProxy[1], 0, true});
-    addPieces(&plan->transfers[i], segs, C);
-  }
+    if (r.tail) segs->push_back({tailNic[0], tailNic[1], tailProxy[0], tailProxy[1], 0, true});
+  });
 }
 
 void assembleUnbalanced(const Net& net, const RouteParams& params, const std::vector<RT>& rts,
                         std::vector<u64>* shmLoad, RoutePlan* plan) {
-  const u64 C = params.chunkBytes;
-  for (size_t i = 0; i < rts.size(); i++) {
-    const RT& r = rts[i];
-    std::vector<Seg> segs;
-    if (r.direct) {
-      segs.push_back(directSeg(r));
-    } else if (params.railOnly) {  // rail mode
+  assembleEach(params, rts, plan, [&](size_t i, const RT& r, std::vector<Seg>* segs) {
+    if (params.railOnly) {  // rail mode
       int k;
       if (r.rd >= 0 && r.rd < net.K[(size_t)r.a] && net.owned(r.a, r.rd) && net.owned(r.b, r.rd)) {
         k = r.rd;
@@ -186,12 +190,12 @@ void assembleUnbalanced(const Net& net, const RouteParams& params, const std::ve
         while (!net.usable(r.a, r.b, k)) k++;  // classify saw one
       }
       if (k < 0) {
-        segs.push_back(directSeg(r));
+        segs->push_back(directSeg(r));
         plan->transfers[i].direct = true;
       } else {
         int sp = relayThrough(net, r.a, k, r.src, r.bytes, shmLoad);
         int dp = relayThrough(net, r.b, k, r.dst, r.bytes, shmLoad);
-        segs.push_back({k, k, sp, dp, r.nFull, r.tail != 0});
+        segs->push_back({k, k, sp, dp, r.nFull, r.tail != 0});
       }
     } else {  // rail mode, full fabric
       int sk = r.rd, rk = r.rd;
@@ -205,10 +209,9 @@ void assembleUnbalanced(const Net& net, const RouteParams& params, const std::ve
           if (net.owned(r.b, k)) rk = k;
       int sp = relayThrough(net, r.a, sk, r.src, r.bytes, shmLoad);
       int dp = relayThrough(net, r.b, rk, r.dst, r.bytes, shmLoad);
-      segs.push_back({sk, rk, sp, dp, r.nFull, r.tail != 0});
+      segs->push_back({sk, rk, sp, dp, r.nFull, r.tail != 0});
     }
-    addPieces(&plan->transfers[i], segs, C);
-  }
+  });
 }
 
 void addLoadsAndCost(const Net& net, const RouteParams& params, RoutePlan* plan) {

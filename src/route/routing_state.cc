@@ -1,6 +1,7 @@
 #include "src/route/routing_state.h"
 
 #include "src/core/log.h"
+#include "src/route/routing_setting.h"
 #include "transport/relay/relay.h"
 
 namespace zp {
@@ -14,6 +15,10 @@ RouteParams paramsOf(const Config& cfg) {
   return p;
 }
 }  // namespace
+
+bool routingOn(const Config& cfg) { return cfg.routing != zpRoutingOff; }
+
+size_t routedEagerBytes(const Config& cfg) { return routingOn(cfg) ? cfg.routeChunkBytes : 0; }
 
 RoutingState::RoutingState(const Comm& comm) : comm_(comm), params_(paramsOf(comm.cfg())), health_(comm) {}
 
@@ -41,7 +46,7 @@ zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vecto
 }
 
 void enableRouting(Comm* c) {
-  if (c->cfg().routing == zpRoutingOff || c->nnodes() < 2) return;
+  if (!routingOn(c->cfg()) || c->nnodes() < 2) return;
   bool severalRails = false;
   for (int r = 1; r < c->nranks(); r++) severalRails |= c->rail()[r] != c->rail()[0];
   if (!severalRails) return;
