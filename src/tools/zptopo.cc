@@ -54,15 +54,17 @@ void defineOptions(CLI::App& app, bool* json) {
       "a NIC the node does not have, 2 bad options or environment.");
 }
 
+// The range depends on the topology, so the value is read through the
+// parameter table as text and checked here.
 bool envInt(const char* name, long lo, long hi, long dflt, long* out) {
-  const char* v = getenv(name);
-  if (!v || !*v) {
+  const std::string v = zp::envString(name);
+  if (v.empty()) {
     *out = dflt;
     return true;
   }
   long long x = 0;
-  if (!zp::parseInt(v, (long long)lo, (long long)hi, &x)) {
-    fprintf(stderr, "zptopo: %s='%s' is not an integer in [%ld, %ld]\n", name, v, lo, hi);
+  if (!zp::parseInt(v.c_str(), (long long)lo, (long long)hi, &x)) {
+    fprintf(stderr, "zptopo: %s='%s' is not an integer in [%ld, %ld]\n", name, v.c_str(), lo, hi);
     return false;
   }
   *out = (long)x;
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
   printf("node id:     %s (%s)\n", nodeId.c_str(), nodeIdFrom);
   printf("hostname:    %s\n", host.c_str());
   printf("local rank:  %ld of %ld%s\n", localRank, localRanks,
-         getenv("ZP_LOCAL_RANK") ? "" : " (ZP_LOCAL_RANK / ZP_LOCAL_NRANKS unset)");
+         zp::envString("ZP_LOCAL_RANK").empty() ? " (ZP_LOCAL_RANK / ZP_LOCAL_NRANKS unset)" : "");
   if (!netDevices.empty()) printf("net devices: %s (ZP_NET_DEVICES)\n", netDevices.c_str());
   if (nic >= 0) {
     const zp::Nic& n = node.nics[(size_t)nic];
