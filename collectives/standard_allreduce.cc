@@ -103,7 +103,7 @@ zpResult_t Call::allReduce(const char* src, char* w, size_t count) {
   int p = 1;
   while (p * 2 <= n) p *= 2;
   if (me >= p) {
-    step.send(me - p, src, bytes, wts);
+    step.sendToReduce(me - p, src, bytes, wts);
     ZP_CHECK(step.run(2000));
     step.recv(me - p, w, bytes, wts);
     return step.run(kStepResult);
@@ -121,7 +121,7 @@ zpResult_t Call::allReduce(const char* src, char* w, size_t count) {
   uint64_t tag = 2001;
   for (int mask = 1; mask < p; mask <<= 1, tag++) {
     const int peer = me ^ mask, next = cur == 0 ? 1 : 0;
-    step.send(peer, at(cur), bytes, wts);
+    step.sendToReduce(peer, at(cur), bytes, wts);
     step.recvReduce(peer, bufs[next], at(cur), bytes, wt, a.op);
     ZP_CHECK(step.run(tag));
     cur = next;

@@ -90,7 +90,7 @@ zpResult_t Call::reduce(const char* src, char* out, size_t count) {
   const char* cur = src;  // what this rank holds so far
   for (int mask = 1; mask < n; mask <<= 1) {
     if (vr & mask) {
-      step.send(mod(vr - mask + root, n), cur, bytes, wts);
+      step.sendToReduce(mod(vr - mask + root, n), cur, bytes, wts);
       return step.run(6000 + (uint64_t)mask);
     }
     if (vr + mask < n) {

@@ -277,7 +277,7 @@ struct Call {
   void ringReduceScatterRound(const char* src, const Blocks& b, int k, int s, Acc acc) {
     const int sb = mod(me + k - s, n), rb = mod(me + k - s - 1, n);
     const char* from = s == 0 ? src + b.off[sb] * wts : acc(s - 1, sb);
-    step.send(mod(me + 1, n), from, b.cnt[sb] * wts, wts);
+    step.sendToReduce(mod(me + 1, n), from, b.cnt[sb] * wts, wts);
     step.recvReduce(mod(me - 1, n), acc(s, rb), src + b.off[rb] * wts, b.cnt[rb] * wts, wt, a.op);
   }
 

@@ -327,12 +327,13 @@ TEST_P(ReduceGroups, EveryTypeAndOpInAndOutOfPlace) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ReduceGroups, ::testing::Values(2, 3, 5));
 
-// Blocks of ZP_SHM_REDUCE_COPY (256 KiB by default) and more go through the ring, the
-// sender copying while the receiver reduces: no rank offers them by single
-// copy and no reduce group forms; with the setting at 1G they are read by
-// single copy in groups, as smaller blocks are. Every element checked both
-// ways, all-reduce and reduce-scatter, in and out of place.
-TEST_P(ReduceGroups, LargeBlocksArePipelinedThroughTheRing) {
+// A block its receiver reduces goes through the ring at every size by
+// default (ZP_SHM_REDUCE_COPY=0), the sender copying while the receiver
+// reduces: no rank offers it by single copy and no reduce group forms; with
+// the setting at 1G such blocks are read by single copy in groups. Blocks
+// above the eager size: just over 48 KiB and over 256 KiB. Every element
+// checked both ways, all-reduce and reduce-scatter, in and out of place.
+TEST_P(ReduceGroups, ReducedBlocksArePipelinedThroughTheRing) {
   const uint64_t seed = zptest::testCaseSeed();
   for (const char* copyFrom : {"", "1G"}) {  // "": the default
     SCOPED_TRACE(std::string("ZP_SHM_REDUCE_COPY=") + copyFrom);
@@ -343,36 +344,74 @@ TEST_P(ReduceGroups, LargeBlocksArePipelinedThroughTheRing) {
       else
         unsetenv("ZP_SHM_REDUCE_COPY");
       zpComm_t comm = zptest::initComm(rank, nranks, id);
-      const long groups = zp::ShmTransport::groupsReduced(), offered = zp::ShmTransport::singleCopySends();
-      const zpDataType_t t = zpFloat32;
-      const size_t block = (256u << 10) / 4 + 3, count = block * (size_t)nranks;
-      for (int c = 0; c < 4; ++c) {
-        const uint64_t s = seed + (uint64_t)c;
-        GuardedBuffer send(count * 4), recv(count * 4);
-        fillInput(send.data(), count, 0, s, rank, t, zpSum);
-        void* out = c % 2 ? send.data() : recv.data();
-        if (c < 2) {
-          ASSERT_EQ(zpAllReduce(send.data(), out, count, t, zpSum, comm, nullptr), zpSuccess) << zpGetLastError(comm);
-          EXPECT_EQ(checkReduced(out, count, 0, s, nranks, t, zpSum), "") << "all-reduce " << c;
-        } else {
-          const size_t each = count / (size_t)nranks;
-          char* mine = (char*)out + (c % 2 ? (size_t)rank * each * 4 : 0);
-          ASSERT_EQ(zpReduceScatter(send.data(), mine, each, t, zpSum, comm, nullptr), zpSuccess)
-              << zpGetLastError(comm);
-          EXPECT_EQ(checkReduced(mine, each, (size_t)rank * each, s, nranks, t, zpSum), "") << "reduce-scatter " << c;
+      for (size_t blockBytes : {size_t(48) << 10, size_t(256) << 10}) {
+        SCOPED_TRACE("blocks of " + std::to_string(blockBytes) + " bytes and 12");
+        const long groups = zp::ShmTransport::groupsReduced(), offered = zp::ShmTransport::singleCopySends();
+        const zpDataType_t t = zpFloat32;
+        const size_t block = blockBytes / 4 + 3, count = block * (size_t)nranks;
+        for (int c = 0; c < 4; ++c) {
+          const uint64_t s = seed + (uint64_t)c;
+          GuardedBuffer send(count * 4), recv(count * 4);
+          fillInput(send.data(), count, 0, s, rank, t, zpSum);
+          void* out = c % 2 ? send.data() : recv.data();
+          if (c < 2) {
+            ASSERT_EQ(zpAllReduce(send.data(), out, count, t, zpSum, comm, nullptr), zpSuccess)
+                << zpGetLastError(comm);
+            EXPECT_EQ(checkReduced(out, count, 0, s, nranks, t, zpSum), "") << "all-reduce " << c;
+          } else {
+            const size_t each = count / (size_t)nranks;
+            char* mine = (char*)out + (c % 2 ? (size_t)rank * each * 4 : 0);
+            ASSERT_EQ(zpReduceScatter(send.data(), mine, each, t, zpSum, comm, nullptr), zpSuccess)
+                << zpGetLastError(comm);
+            EXPECT_EQ(checkReduced(mine, each, (size_t)rank * each, s, nranks, t, zpSum), "")
+                << "reduce-scatter " << c;
+          }
+          EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
         }
-        EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
-      }
-      if (!*copyFrom) {
-        EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 0);
-        // (the all-gather half of an all-reduce still offers its blocks)
-        EXPECT_EQ(zp::ShmTransport::singleCopySends() - offered, 2L * (nranks - 1));
-      } else {
-        EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 4);
+        if (!*copyFrom) {
+          EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 0);
+          // (the all-gather half of an all-reduce still offers its blocks)
+          EXPECT_EQ(zp::ShmTransport::singleCopySends() - offered, 2L * (nranks - 1));
+        } else {
+          EXPECT_EQ(zp::ShmTransport::groupsReduced() - groups, 4);
+        }
       }
       ZP_EXPECT_OK(zpCommDestroy(comm));
     }));
   }
+}
+
+// Recursive doubling (the all-reduce below ZP_COLL_RING_ABOVE) and the
+// reduce's tree send what their receivers reduce through the ring too: of
+// a 64 KiB all-reduce only the result handed back to the ranks above the
+// largest power of two p is offered by single copy (n - p sends), and
+// nothing of a reduce. Every element checked.
+TEST_P(ReduceGroups, RecursiveDoublingAndTheTreeSendThroughTheRing) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(GetParam(), [&](int rank, int nranks, const zpUniqueId& id) {
+    setenv("ZP_COLL_ALGO", "tree", 1);
+    unsetenv("ZP_SHM_REDUCE_COPY");
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    int p = 1;
+    while (p * 2 <= nranks) p *= 2;
+    const zpDataType_t t = zpFloat32;
+    const size_t count = (64u << 10) / 4 + 5;
+    GuardedBuffer send(count * 4), recv(count * 4);
+    const long offered = zp::ShmTransport::singleCopySends();
+    fillInput(send.data(), count, 0, seed, rank, t, zpSum);
+    ASSERT_EQ(zpAllReduce(send.data(), recv.data(), count, t, zpSum, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+    EXPECT_EQ(checkReduced(recv.data(), count, 0, seed, nranks, t, zpSum), "");
+    long mine = zp::ShmTransport::singleCopySends() - offered, all = 0;
+    ASSERT_EQ(zpAllReduce(&mine, &all, 1, zpInt64, zpSum, comm, nullptr), zpSuccess);
+    EXPECT_EQ(all, long(nranks - p)) << "sends offered by single copy in the all-reduce, over all ranks";
+    const long before = zp::ShmTransport::singleCopySends();
+    fillInput(send.data(), count, 0, seed + 1, rank, t, zpSum);
+    ASSERT_EQ(zpReduce(send.data(), recv.data(), count, t, zpSum, 0, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+    if (rank == 0) EXPECT_EQ(checkReduced(recv.data(), count, 0, seed + 1, nranks, t, zpSum), "");
+    EXPECT_EQ(zp::ShmTransport::singleCopySends() - before, 0) << "sends offered by single copy in the reduce";
+    EXPECT_EQ(send.guardBytesWritten() + recv.guardBytesWritten(), 0u);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
 }
 
 // The order of a float sum is fixed, so its bits are the same on every run

@@ -39,7 +39,7 @@ struct Config {
   std::string socketIfname;      // ZP_SOCKET_IFNAME: interface for bootstrap sockets
   ShmProto shmProto = ShmProto::kAuto;  // ZP_SHM_PROTO=auto|cma|copy
   size_t shmEagerBytes = 32 << 10;      // ZP_SHM_EAGER: below this, copy through the ring
-  size_t shmReduceCopyFrom = 256 << 10;  // ZP_SHM_REDUCE_COPY: messages their receiver reduces go through the ring from this size
+  size_t shmReduceCopyFrom = 0;  // ZP_SHM_REDUCE_COPY: messages their receiver reduces go through the ring from this size
   size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
   int shmSpinUs = 1000;  // ZP_SHM_SPIN_US: poll (yielding the core) this long before sleeping
   // The router's settings (src/route/router.h).

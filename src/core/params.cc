@@ -59,10 +59,10 @@ const std::vector<Param> kParams = {
   // Shared memory.
   {"ZP_SHM_PROTO", K::kEnum, R::kSetting, "auto", "auto|cma|copy",
    "large messages: cma (one copy, process_vm_readv) when allowed, or copy (pipelined through the ring)"},
-  {"ZP_SHM_REDUCE_COPY", K::kSize, R::kSetting, "256K", "0..1P",
-   "messages their receiver reduces (a reduce-scatter's blocks) go through the ring from this size on, pipelined "
-   "(the sender copies while the receiver reduces), rather than read by the receiver by single copy (measured: "
-   "docs/collectives.md)"},
+  {"ZP_SHM_REDUCE_COPY", K::kSize, R::kSetting, "0", "0..1P",
+   "messages their receiver reduces (a reduce-scatter's blocks, recursive doubling's, a reduce's) go through the "
+   "ring from this size on, pipelined (the sender copies while the receiver reduces), rather than read by the "
+   "receiver by single copy; 0: at every size (measured: docs/collectives.md)"},
   {"ZP_SHM_EAGER", K::kSize, R::kSetting, "32K", "0..1P",
    "messages below this go through the ring even with single copy"},
   {"ZP_SHM_RING_BYTES", K::kSize, R::kSetting, "2M", "64K..1G pow2",
