@@ -53,8 +53,9 @@
 //
 // This file is the entry, collective(); the header check is in
 // standard_check.cc, the arithmetic in standard_arith.cc, the step engine
-// in standard_step.cc, the algorithms in standard_allreduce.cc,
-// standard_gather_scatter.cc and standard_bcast_reduce.cc, zpCommSplit's
+// in standard_step.cc, the algorithms one collective per file
+// (standard_allreduce.cc, standard_reduce_scatter.cc, standard_allgather.cc,
+// standard_broadcast.cc, standard_reduce.cc; across nodes standard_nodes.cc), zpCommSplit's
 // exchange in split.cc (standard_internal.h declares what they share).
 #include <vector>
 

@@ -210,7 +210,8 @@ inline int mod(int a, int n) { return ((a % n) + n) % n; }
 // uses its own range of round tags (the header check is 0).
 // What all algorithms share is in standard_step.cc (the ring reduce-scatter
 // here, as a template), the algorithms in standard_allreduce.cc,
-// standard_gather_scatter.cc and standard_bcast_reduce.cc.
+// standard_reduce_scatter.cc, standard_allgather.cc, standard_nodes.cc,
+// standard_broadcast.cc and standard_reduce.cc.
 struct Call {
   Comm* c;
   const CollArgs& a;
@@ -291,7 +292,8 @@ struct Call {
                             const std::vector<int>& rail);
   zpResult_t allReduceDirectOverlapped(const char* src, char* w, const Blocks& b);
 
-  // ---- Reduce-scatter(v) and all-gather(v) (standard_gather_scatter.cc) ----
+  // ---- Reduce-scatter(v) and all-gather(v) (standard_reduce_scatter.cc,
+  // standard_allgather.cc; across nodes standard_nodes.cc) ----
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b);
   zpResult_t reduceScatter(const char* src, char* out, const Blocks& b, Family f);
   bool reduceScatterDirectRound(const char* src, const Blocks& b, char* in, char* out);
@@ -307,7 +309,7 @@ struct Call {
   static Blocks nodeBlocksOf(const Blocks& b, const std::vector<int>& ranks);
   zpResult_t allGather(const char* sendbuff, char* recvbuff, const Blocks& b);
 
-  // ---- Broadcast and reduce (standard_bcast_reduce.cc) ----
+  // ---- Broadcast and reduce (standard_broadcast.cc, standard_reduce.cc) ----
   zpResult_t broadcast();
   zpResult_t reduce(const char* src, char* out, size_t count);
 };
