@@ -437,12 +437,12 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
     for (size_t i = 0; i < lens.size(); ++i) {
       const SplitOption* pick = &pickSplit(from[i], cap, c, o);
+      splits[i] = pick->split;
       if (&from != &options) {
         auto same = std::find_if(options[i].begin(), options[i].end(),
-                                 [&](const SplitOption& x) { return x.split == pick->split; });
+                                 [&](const SplitOption& x) { return x.split == splits[i]; });
         pick = same != options[i].end() ? &*same : nullptr;
       }
-      splits[i] = pick ? pick->split : pickSplit(from[i], cap, c, o).split;
       if (pick) {
         piece[i] = pick->seconds;
         back[i] = pick->backward;
