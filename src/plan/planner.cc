@@ -13,6 +13,12 @@
 namespace zp::plan {
 namespace {
 
+// A sequence on a ring of this split, with the times the executor runs it in.
+SplitOption splitOption(int64_t len, bool causal, Split split, const AttnShape& shape, const ClusterModel& c) {
+  const RingSeconds t = ringBothSeconds(len, causal, split.G, linkOf(split.cls, c), shape, c);
+  return SplitOption{split, t.forward, t.backward};
+}
+
 // The rings a sequence may run on, from cheap to costly links: whole on one
 // rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
 // whole nodes; with the time one rank spends on the sequence under each
@@ -23,11 +29,7 @@ namespace {
 std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
                                       double minCap = 0) {
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
-  auto option = [&](int G, SeqClass cls) {
-    const Link link = cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
-    const RingSeconds t = ringBothSeconds(len, causal, G, link, shape, c);
-    return SplitOption{{G, cls}, t.forward, t.backward};
-  };
+  auto option = [&](int G, SeqClass cls) { return splitOption(len, causal, {G, cls}, shape, c); };
   std::vector<SplitOption> out = {option(1, SeqClass::Local)};
   minCap *= 1 + 1e-9;
   for (int G = 2; G <= c.ranksPerNode && G <= maxG && out.back().seconds > minCap; ++G)
@@ -433,25 +435,14 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::stable_sort(byLength.begin(), byLength.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
   // `from` chooses the splits (the unrouted options below choose them as if
   // routing were off); the schedule always takes the times the executor will
-  // run them in, which are `options`'.
+  // run them in (`options`' own, or splitOption's).
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
     for (size_t i = 0; i < lens.size(); ++i) {
-      const SplitOption* pick = &pickSplit(from[i], cap, c, o);
-      splits[i] = pick->split;
-      if (&from != &options) {
-        auto same = std::find_if(options[i].begin(), options[i].end(),
-                                 [&](const SplitOption& x) { return x.split == splits[i]; });
-        pick = same != options[i].end() ? &*same : nullptr;
-      }
-      if (pick) {
-        piece[i] = pick->seconds;
-        back[i] = pick->backward;
-      } else {
-        const Link link = splits[i].cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
-        const RingSeconds t = ringBothSeconds(lens[i], causal, splits[i].G, link, shape, c);
-        piece[i] = t.forward;
-        back[i] = t.backward;
-      }
+      const SplitOption& picked = pickSplit(from[i], cap, c, o);
+      const SplitOption pick = &from == &options ? picked : splitOption(lens[i], causal, picked.split, shape, c);
+      splits[i] = pick.split;
+      piece[i] = pick.seconds;
+      back[i] = pick.backward;
     }
     for (const auto& [sp, score] : seen)
       if (sp == splits) return score;
@@ -624,7 +615,7 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
   std::vector<double> load(c.ranks(), 0.0);
   for (const SeqPlacement& p : plan.seqs) {
     int G = static_cast<int>(p.ranks.size());
-    Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+    const Link link = linkOf(p.cls, c);
     double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
     for (int r : p.ranks) load[r] += t;
   }
@@ -645,7 +636,7 @@ double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const Cluster
   std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
   for (size_t k = 0; k < plan.order.size(); ++k) {
     const SeqPlacement& p = plan.seqs[plan.order[backward ? plan.order.size() - 1 - k : k]];
-    const Link link = p.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+    const Link link = linkOf(p.cls, c);
     const int G = int(p.ranks.size());
     const double t = backward ? ringBackwardSeconds(p.len, plan.causal, G, link, shape, c)
                               : ringSeconds(p.len, plan.causal, G, link, shape, c);

@@ -74,6 +74,12 @@ void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
 // sequences first.
 void orderByClassAndSize(BatchPlan* plan);
 
+// The link a ring of this class runs on: Zeppelin's inter-node link across
+// nodes, else the node's own links.
+inline Link linkOf(SeqClass cls, const ClusterModel& c) {
+  return cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra;
+}
+
 // The attention makespan of a plan run in its order, forward (or, with
 // `backward`, in the reverse order, backward): a ring starts when the last of
 // its ranks is free and all of them finish together.

@@ -509,8 +509,9 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     heap.replaceTop({load + cost[i], k});
     groupOf[i] = k;
     const int G = ringOf(i), first = k * g;
-    const Link link = first / c.ranksPerNode != (first + G - 1) / c.ranksPerNode ? zeppelinInterLink(c) : Link::Intra;
-    const RingSeconds t = ringBothSeconds(lens[i], causal, G, link, shape, c);
+    const bool crosses = first / c.ranksPerNode != (first + G - 1) / c.ranksPerNode;
+    const RingSeconds t =
+        ringBothSeconds(lens[i], causal, G, linkOf(crosses ? SeqClass::InterNode : SeqClass::IntraNode, c), shape, c);
     attn[k] += t.forward;
     back[k] += t.backward;
     tokens[k] += double(lens[i]) / g;

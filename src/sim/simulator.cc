@@ -324,7 +324,7 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
     }
     if (last == none || pl.rings[last].ranks != s.ranks) {
       auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-      if (fresh) pl.rings.push_back({{}, s.ranks, s.cls == SeqClass::InterNode ? zeppelinInterLink(c) : Link::Intra, false});
+      if (fresh) pl.rings.push_back({{}, s.ranks, linkOf(s.cls, c), false});
       last = it->second;
     }
     pl.rings[last].lens.push_back(s.len);
