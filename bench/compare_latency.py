@@ -41,7 +41,10 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("-N", "--nranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("-R", "--repeat", type=int, default=5)
-    ap.add_argument("-n", "--iters", default="2000", help="timed calls per size (each program's -n)")
+    # As OSU's latency tests: 10,000 timed calls after 1,000 untimed ones (a
+    # small message's run is then a few milliseconds, not a fraction of one).
+    ap.add_argument("-n", "--iters", default="10000", help="timed calls per size (each program's -n)")
+    ap.add_argument("-w", "--warmup", default="1000", help="untimed calls per size first (each program's -w)")
     ap.add_argument("--ops", nargs="+", default=[o[0] for o in OPS], choices=[o[0] for o in OPS])
     a = ap.parse_args()
     mpirun = shutil.which("mpirun")
@@ -57,7 +60,7 @@ def main():
         for name, prog, extra, largest in OPS:
             if name not in a.ops:
                 continue
-            sweep = ["-b", "8", "-e", largest, "-f", "8", "-n", a.iters, "-w", "200"] + extra
+            sweep = ["-b", "8", "-e", largest, "-f", "8", "-n", a.iters, "-w", a.warmup] + extra
             zp_cmd = [os.path.join(a.build, "zprun"), "-n", str(n), os.path.join(a.build, "bench", prog)] + sweep
             mpi_cmd = mpi + [os.path.join(a.build, "bench", "mpi_" + prog)] + sweep
             zp_runs, mpi_runs = [], []

@@ -51,7 +51,7 @@ zpResult_t groupStart();
 zpResult_t groupEnd(bool* ended = nullptr);  // ended: set when this call ended the outermost group
 bool groupOpen();
 // Queues a send or receive (runs it at once outside a group).
-zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
+zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
                       int peer, void* stream);
 // Queues a collective in the calling thread's open group (zpGroupEnd runs it).
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);

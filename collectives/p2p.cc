@@ -8,6 +8,7 @@
 
 #include "collectives/collectives.h"
 #include "src/core/log.h"
+#include "src/util/per_thread.h"
 
 namespace zp {
 
@@ -20,32 +21,32 @@ struct Group {
   // Their addresses are taken only at zpGroupEnd, once every call is in.
   std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> collectives;
-  // groupEnd's storage, kept from group to group (one thread-local in all:
-  // in a shared library each one costs a call to find it).
+  // groupEnd's storage, kept from group to group.
   std::vector<std::pair<std::shared_ptr<Comm>, Op>> running;
   std::vector<Op*> ops;
+  std::vector<Op*> single;  // a call outside a group: its one op
 };
-thread_local Group tlsGroup;
+Group& tlsGroup() { return PerThread<Group>::get(); }
 
 }  // namespace
 
-bool groupOpen() { return tlsGroup.depth > 0; }
+bool groupOpen() { return tlsGroup().depth > 0; }
 
 bool groupUses(Comm* comm) {
-  for (auto& e : tlsGroup.p2p)
+  for (auto& e : tlsGroup().p2p)
     if (e.first.get() == comm) return true;
-  for (auto& e : tlsGroup.collectives)
+  for (auto& e : tlsGroup().collectives)
     if (e.first.get() == comm) return true;
   return false;
 }
 
 zpResult_t groupStart() {
-  tlsGroup.depth++;
+  tlsGroup().depth++;
   return zpSuccess;
 }
 
 zpResult_t groupEnd(bool* ended) {
-  Group& g = tlsGroup;
+  Group& g = tlsGroup();
   if (g.depth == 0) return fail(zpInvalidUsage, "zpGroupEnd called without a matching zpGroupStart");
   if (--g.depth > 0) return zpSuccess;
   if (ended) *ended = true;
@@ -127,7 +128,7 @@ zpResult_t groupEnd(bool* ended) {
   return res;
 }
 
-zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
+zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
                       int peer, void* stream) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
@@ -138,20 +139,22 @@ zpResult_t enqueueP2P(const std::shared_ptr<Comm>& comm, bool isSend, void* buf,
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
   Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   op.stream = stream;
-  if (tlsGroup.depth > 0) {
-    tlsGroup.p2p.emplace_back(comm, op);
+  Group& g = tlsGroup();
+  if (g.depth > 0) {
+    g.p2p.emplace_back(std::move(comm), std::move(op));
     return zpSuccess;
   }
   Comm::Call call(comm.get(), fn);
   ZP_CHECK(call.status());
-  std::vector<Op*> ops{&op};
+  std::vector<Op*>& ops = g.single;
+  ops.assign(1, &op);
   // On a stream, as in NCCL: a send alone waits (on the device) for its
   // receive, so two ranks that both send first deadlock; use a group.
   return stream ? comm->enqueueOnStreams(ops) : comm->runOps(ops);
 }
 
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {
-  tlsGroup.collectives.emplace_back(comm, std::move(run));
+  tlsGroup().collectives.emplace_back(comm, std::move(run));
 }
 
 }  // namespace zp

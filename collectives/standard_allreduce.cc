@@ -8,6 +8,7 @@
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
 #include "src/route/routing_setting.h"
+#include "src/util/per_thread.h"
 
 namespace zp {
 namespace detail {
@@ -36,7 +37,16 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   const int n = c->nranks(), me = c->rank();
   const zpDataType_t wt = workType(a.dtype);
   const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
-  std::vector<Header> all(n);
+  // Lists kept from call to call on this thread: a small all-reduce
+  // allocates nothing.
+  struct Lists {
+    std::vector<Header> all;
+    std::vector<Op> ops;
+    std::vector<const char*> in;
+  };
+  Lists& l = PerThread<Lists>::get();
+  std::vector<Header>& all = l.all;
+  all.assign(n, Header{});
   for (Header& h : all) h.kind = kNoHeader;
   all[me] = mine;
   char* blocks = scratch(kScratchAcc0, bytes * n);  // rank r's data at r * bytes
@@ -44,8 +54,8 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
     toWork(a.send, blocks + me * bytes, a.count, a.dtype);
   else
     memcpy(blocks + me * bytes, a.send, bytes);
-  std::vector<Op> ops;
-  ops.reserve(2 * (size_t)(n - 1));
+  std::vector<Op>& ops = l.ops;
+  ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
     ops.push_back(makeOp(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws));
@@ -61,7 +71,8 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
   ZP_CHECK(compareHeaders(me, all));
   ZP_CHECK(moved);
-  std::vector<const char*> in(n);
+  std::vector<const char*>& in = l.in;
+  in.resize(n);
   for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;
   reduceMany(blocks, in, a.count, wt, a.op);
   finishAvg(blocks, a.count, wt, a.op, n);

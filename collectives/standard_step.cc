@@ -8,6 +8,7 @@
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
 #include "src/core/routing.h"
+#include "src/util/per_thread.h"
 
 namespace zp {
 namespace detail {
@@ -20,8 +21,13 @@ zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uin
   bool remote = false;  // on one node no op is routed: no transfer ids to make
   for (const Op& op : ops) remote |= !c->isLocal(op.peer);
   std::vector<RoutedXfer> xfers(remote ? (lanes ? ops.size() : 1) : 0);
-  std::vector<Op*> ptrs;
-  ptrs.reserve(ops.size());
+  // Kept from call to call on this thread (a small collective's round
+  // allocates nothing); runOps lends it back before anything else runs.
+  struct Lists {
+    std::vector<Op*> ptrs;
+  };
+  std::vector<Op*>& ptrs = PerThread<Lists>::get().ptrs;
+  ptrs.clear();
   for (size_t i = 0; i < ops.size(); i++) {
     if (remote && !c->isLocal(ops[i].peer)) {
       RoutedXfer& x = xfers[lanes ? i : 0];

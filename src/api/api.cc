@@ -30,6 +30,7 @@
 #include "src/route/routing_setting.h"
 #include "src/route/routing_state.h"
 #include "src/util/clock.h"
+#include "src/util/per_thread.h"
 #include "transport/nccl/nccl_transport.h"
 
 namespace {
@@ -83,15 +84,6 @@ zpResult_t noted(zpComm_t handle, zpResult_t r) {
   return r;
 }
 
-// Communicators with calls queued in this thread's open group: a failing
-// zpGroupEnd is their last error.
-thread_local std::vector<zpComm_t> tlsGroupComms;
-void inGroup(zpComm_t handle) {
-  if (!zp::groupOpen()) return;
-  if (std::find(tlsGroupComms.begin(), tlsGroupComms.end(), handle) == tlsGroupComms.end())
-    tlsGroupComms.push_back(handle);
-}
-
 // The last few handles this thread resolved, so that a call does not take
 // the global lock and hash the handle (every data call resolves one). An
 // entry holds the communicator weakly (a destroyed one is freed as before)
@@ -105,12 +97,26 @@ struct LookupCache {
   Entry entries[4];
   unsigned next = 0;
 };
-thread_local LookupCache tlsLookups;
+
+// What this file keeps per thread.
+struct ApiThread {
+  LookupCache lookups;
+  // Communicators with calls queued in this thread's open group: a failing
+  // zpGroupEnd is their last error.
+  std::vector<zpComm_t> groupComms;
+};
+ApiThread& thisThread() { return zp::PerThread<ApiThread>::get(); }
+
+void inGroup(zpComm_t handle) {
+  if (!zp::groupOpen()) return;
+  std::vector<zpComm_t>& comms = thisThread().groupComms;
+  if (std::find(comms.begin(), comms.end(), handle) == comms.end()) comms.push_back(handle);
+}
 
 // Resolves a handle (a number: nothing is dereferenced).
 zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
-  LookupCache& cache = tlsLookups;
+  LookupCache& cache = thisThread().lookups;
   const uint64_t epoch = gDestroyEpoch.load(std::memory_order_acquire);
   for (LookupCache::Entry& e : cache.entries)
     if (e.handle == handle && e.epoch == epoch && (*out = e.comm.lock())) return zpSuccess;
@@ -524,9 +530,10 @@ zpResult_t zpGroupEnd(void) try {
   bool ended = false;
   zpResult_t r = zp::groupEnd(&ended);
   if (ended) {
+    std::vector<zpComm_t>& comms = thisThread().groupComms;
     if (r != zpSuccess)
-      for (zpComm_t h : tlsGroupComms) noted(h, r);
-    tlsGroupComms.clear();  // keeps its storage: a group per step allocates nothing here
+      for (zpComm_t h : comms) noted(h, r);
+    comms.clear();  // keeps its storage: a group per step allocates nothing here
   }
   return r;
 } catch (...) {
@@ -543,7 +550,7 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
           (unsigned long long)opCount, buf, count, zp::typeName(datatype), peer, (void*)comm, c->nranks(), stream);
   inGroup(comm);
-  return zp::enqueueP2P(c, isSend, buf, count, datatype, peer, stream);
+  return zp::enqueueP2P(std::move(c), isSend, buf, count, datatype, peer, stream);
 }
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,

@@ -43,6 +43,7 @@ Comm::~Comm() {
 }
 
 bool Comm::isLocal(int peer) const {
+  if (!nodeOf_.empty()) return nodeOf_[peer] == nodeOf_[rank_];  // findNodes has run (collectives ask per op)
   return strncmp(ranks_[peer].nodeId, ranks_[rank_].nodeId, sizeof(ranks_[peer].nodeId)) == 0;
 }
 
@@ -68,22 +69,29 @@ TransportContext Comm::transportContext() {
 }
 
 Comm::Call::Call(Comm* c, const char* fn) : c_(c), status_(zpSuccess) {
-  std::thread::id none;
-  if (!c->caller_.compare_exchange_strong(none, std::this_thread::get_id())) {
-    c_ = nullptr;
-    status_ = fail(zpInvalidUsage,
-                   "rank %d: %s: another thread is running a call on this communicator; calls on one communicator "
-                   "must come from one thread at a time (their order would differ between ranks)",
-                   c->rank_, fn);
-    return;
+  // One locked instruction when the lock is free, the common case. Held, it
+  // is another call's (refused: its order against this one would differ
+  // between ranks) or a poller's (pollAsyncError, the progress thread: they
+  // let go soon). A call that took the lock but has not yet said whose it is
+  // is waited for, as a poller is.
+  if (!c->mu_.try_lock()) {
+    if (c->caller_.load(std::memory_order_relaxed) != std::thread::id()) {
+      c_ = nullptr;
+      status_ = fail(zpInvalidUsage,
+                     "rank %d: %s: another thread is running a call on this communicator; calls on one communicator "
+                     "must come from one thread at a time (their order would differ between ranks)",
+                     c->rank_, fn);
+      return;
+    }
+    c->mu_.lock();
   }
-  c->mu_.lock();
+  c->caller_.store(std::this_thread::get_id(), std::memory_order_relaxed);
 }
 
 Comm::Call::~Call() {
   if (!c_) return;
+  c_->caller_.store(std::thread::id(), std::memory_order_relaxed);
   c_->mu_.unlock();
-  c_->caller_.store(std::thread::id());
 }
 
 void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer) {
@@ -556,10 +564,13 @@ void setInterruptCheck(InterruptCheck check, void* arg) {
 // moves for the timeout. `waitingOn` names the ranks still owed something.
 zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
                                const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
-  gHostPeerWaits.fetch_add(1, std::memory_order_relaxed);
+  // A load and a store, not a locked add (every call that moves bytes on
+  // the host comes here): waits on several threads at once may count as one.
+  gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   // The clock is first read when the first look finds the call not done:
   // a small message's whole call is a few clock reads' time.
   uint64_t lastMove = 0, lastAsked = 0;
+  if (done()) return zpSuccess;  // the transports finished it as it was posted
   for (;;) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
@@ -693,7 +704,7 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
       op->seq = op->isSend ? c->sendSeq_[op->peer]++ : c->recvSeq_[op->peer]++;
       c->byPeer_[op->peer]->post(op);
     }
-    c->runSelfOps(selfSends, selfRecvs);
+    if (!selfSends.empty() || !selfRecvs.empty()) c->runSelfOps(selfSends, selfRecvs);
   }
   auto allDone = [&] {
     for (size_t k = 0; k < n; k++)

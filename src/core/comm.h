@@ -141,8 +141,14 @@ class Comm : public TransportSink {
   uint64_t nextCollSeq() { return collSeq_++; }
   // Data calls made on this communicator so far (any thread): the opCount
   // of ZP_DEBUG_SUBSYS=COLL / P2P lines, the same on every rank for the
-  // same call sequence.
-  uint64_t nextOpCount() { return opCount_.fetch_add(1, std::memory_order_relaxed); }
+  // same call sequence. A load and a store, not a locked add (this is on
+  // every call's path): calls on one communicator come from one thread at a
+  // time (Call refuses others), so none is lost but in such misuse.
+  uint64_t nextOpCount() {
+    const uint64_t n = opCount_.load(std::memory_order_relaxed);
+    opCount_.store(n + 1, std::memory_order_relaxed);
+    return n;
+  }
   // A failure that broke the communicator (any thread), and its message
   // (with mutex() held: it is written under the lock, before the code).
   zpResult_t asyncError() const { return asyncError_.load(std::memory_order_acquire); }
@@ -267,7 +273,8 @@ class Comm : public TransportSink {
 
 // How many times calls of this process have waited on their peers over the
 // host transports (every such wait is one Comm::progressUntil). Tests check
-// that a device call adds none when it must only enqueue.
+// that a device call adds none when it must only enqueue. Exact for calls
+// from one thread; concurrent waits on several threads may count as one.
 uint64_t hostPeerWaits();
 
 // The process's interrupt check (zpSetInterruptCheck; NULL: none). A call

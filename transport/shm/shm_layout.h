@@ -89,7 +89,10 @@ struct MsgHdr {
     uint32_t kind;  // data, rts, meta: OpKind
     uint32_t lane;  // fin: the lane of the send it completes
   };
-  int32_t status;  // fin / status / bye / abort: a zpResult_t
+  union {
+    int32_t status;    // fin / status / bye / abort: a zpResult_t
+    uint32_t metaLen;  // data: the send's meta ahead of the data in the payload (a one-record message)
+  };
 };
 constexpr uint64_t kPayload = sizeof(MsgHdr);
 static_assert(kPayload == 48, "a record's first line holds its header and 16 bytes of payload");

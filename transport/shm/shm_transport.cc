@@ -148,8 +148,17 @@ void ShmTransport::post(Op* op) {
     op->finish(p->gone ? p->goneCode : zpRemoteError, p->goneWhy);
     return;
   }
-  Lane& l = p->lane[laneOf(op->kind)];
+  const int lane = laneOf(op->kind);
+  Lane& l = p->lane[lane];
   (op->isSend ? l.sendq : l.recvq).push_back(op);
+  // Moved at once where it can be (a send with room in the ring, a receive
+  // whose message is there): a small message's call then ends without a
+  // pass over every peer's rings. What it cannot do yet, progress() does.
+  if (op->isSend)
+    progressSend(*p, lane);
+  else
+    progressRecv(*p, lane);
+  if (p->dirty || p->wake) notify(*p);
 }
 
 std::vector<int> ShmTransport::relayInboundPeers() {
@@ -508,6 +517,10 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       if (ringPop(l.in, h)) p.wake = true;
       continue;
     }
+    // A one-record message carries its meta ahead of its data.
+    const uint32_t metaLen = h->type == kData ? h->metaLen : 0;
+    if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
+    const uint32_t dataLen = h->len - metaLen;
     if (op->progressed == 0 && h->total != op->bytes) {
       std::string why = std::string(opKindName(op->kind)) + ": rank " + std::to_string(p.rank) + " sends " +
                         std::to_string(h->total / op->typeSize) + " elements to rank " +
@@ -516,7 +529,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       if (h->type == kRts) {
         pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why, lane));
       } else {
-        uint64_t left = h->total - h->len;
+        uint64_t left = h->total - dataLen;
         if (left) {
           l.discarding = true;
           l.discardLeft = left;
@@ -572,16 +585,16 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       continue;
     }
     // A data fragment: bounds were fixed by the matching receive.
-    if (h->offset != op->progressed || h->offset + h->len > op->bytes) {
+    if (h->offset != op->progressed || h->offset + dataLen > op->bytes) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
-    if (h->len && op->reduce)  // fragments hold whole elements: fragMax_ is a multiple of 64
-      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, payloadOf(h),
-                     h->len);
-    else if (h->len)
-      memcpy((char*)op->buf + h->offset, payloadOf(h), h->len);  // buf may be NULL when empty
-    op->progressed += h->len;
+    const char* data = payloadOf(h) + metaLen;
+    if (dataLen && op->reduce)  // fragments hold whole elements: fragMax_ is a multiple of 64
+      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, data, dataLen);
+    else if (dataLen)
+      memcpy((char*)op->buf + h->offset, data, dataLen);  // buf may be NULL when empty
+    op->progressed += dataLen;
     if (ringPop(l.in, h)) p.wake = true;
     if (op->progressed == op->bytes) {
       l.recvq.pop_front();
@@ -597,6 +610,25 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
   uint64_t need = 0;
   while (!l.sendq.empty()) {
     Op* op = l.sendq.front();
+    // rendezvous: see below. A small message and its meta go as one record.
+    if (op->metaBytes && op->progressed == 0 && op->bytes + op->metaBytes <= fragMax_ &&
+        !(p.cma && op->bytes >= ctx_.cfg->shmEagerBytes)) {
+      const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // the data stays 8-byte aligned
+      need = recordBytes(metaLen + op->bytes);
+      MsgHdr* h = claimOpRecord(l.out, need, kData, op);
+      if (!h) goto full;
+      h->len = (uint32_t)(metaLen + op->bytes);
+      h->metaLen = metaLen;
+      memcpy(payloadOf(h), op->meta, op->metaBytes);
+      if (op->bytes) memcpy(payloadOf(h) + metaLen, op->buf, op->bytes);
+      ringPublish(l.out);
+      op->metaBytes = 0;
+      op->progressed = op->bytes;
+      p.dirty = did = true;
+      l.sendq.pop_front();
+      op->finish(zpSuccess);
+      continue;
+    }
     if (op->metaBytes) {
       need = recordBytes(op->metaBytes);
       MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
