@@ -137,13 +137,21 @@ zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t
   if (count > kMaxCallBytes / ts)
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
-  Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
-  op.stream = stream;
   Group& g = tlsGroup();
-  if (g.depth > 0) {
-    g.p2p.emplace_back(std::move(comm), std::move(op));
+  if (g.depth > 0) {  // made in place: an Op is a few cache lines
+    g.p2p.emplace_back();
+    g.p2p.back().first = std::move(comm);
+    Op& op = g.p2p.back().second;
+    op.isSend = isSend;
+    op.peer = peer;
+    op.buf = buf;
+    op.bytes = count * ts;
+    op.typeSize = ts;
+    op.stream = stream;
     return zpSuccess;
   }
+  Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
+  op.stream = stream;
   Comm::Call call(comm.get(), fn);
   ZP_CHECK(call.status());
   std::vector<Op*>& ops = g.single;

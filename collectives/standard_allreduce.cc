@@ -8,7 +8,6 @@
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
 #include "src/route/routing_setting.h"
-#include "src/util/per_thread.h"
 
 namespace zp {
 namespace detail {
@@ -37,14 +36,7 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   const int n = c->nranks(), me = c->rank();
   const zpDataType_t wt = workType(a.dtype);
   const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
-  // Lists kept from call to call on this thread: a small all-reduce
-  // allocates nothing.
-  struct Lists {
-    std::vector<Header> all;
-    std::vector<Op> ops;
-    std::vector<const char*> in;
-  };
-  Lists& l = PerThread<Lists>::get();
+  HeaderLists& l = headerLists();
   std::vector<Header>& all = l.all;
   all.assign(n, Header{});
   for (Header& h : all) h.kind = kNoHeader;

@@ -6,6 +6,7 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
+#include "src/util/per_thread.h"
 
 namespace zp {
 namespace detail {
@@ -54,12 +55,16 @@ uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' b
   return h;
 }
 
+HeaderLists& headerLists() { return PerThread<HeaderLists>::get(); }
+
 zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   const int n = c->nranks(), me = c->rank();
-  std::vector<Header> all(n);
+  HeaderLists& l = headerLists();
+  std::vector<Header>& all = l.all;
+  all.assign(n, Header{});
   all[me] = mine;
-  std::vector<Op> ops;
-  ops.reserve(2 * (size_t)(n - 1));
+  std::vector<Op>& ops = l.ops;
+  ops.clear();
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));

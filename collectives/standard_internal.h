@@ -60,6 +60,15 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
 // The comparison alone, of headers every rank has: zpInvalidUsage naming
 // the first rank whose call differs from rank 0's.
 zpResult_t compareHeaders(int me, const std::vector<Header>& all);
+// The header exchange's lists (every rank's header, the ops, the fused
+// all-reduce's inputs), kept from call to call on the calling thread: a
+// barrier or a small all-reduce allocates nothing.
+struct HeaderLists {
+  std::vector<Header> all;
+  std::vector<Op> ops;
+  std::vector<const char*> in;
+};
+HeaderLists& headerLists();
 // The kind of a header that never came (its place is set to this first).
 constexpr uint64_t kNoHeader = ~uint64_t(0);
 

@@ -75,14 +75,14 @@ bool handedOut(zpComm_t handle) {
 
 // A call on handle returns r: a failure's message (this thread's last error)
 // becomes the communicator's last error too.
-zpResult_t noted(zpComm_t handle, zpResult_t r) {
-  if (r == zpSuccess) return r;
+zpResult_t notedFailure(zpComm_t handle, zpResult_t r) {
   if (std::shared_ptr<HandleState> h = stateOf(handle)) {
     std::lock_guard<std::mutex> lock(h->errorMu);
     h->lastError = zp::lastError();
   }
   return r;
 }
+inline zpResult_t noted(zpComm_t handle, zpResult_t r) { return r == zpSuccess ? r : notedFailure(handle, r); }
 
 // The last few handles this thread resolved, so that a call does not take
 // the global lock and hash the handle (every data call resolves one). An
@@ -110,6 +110,7 @@ ApiThread& thisThread() { return zp::PerThread<ApiThread>::get(); }
 void inGroup(zpComm_t handle) {
   if (!zp::groupOpen()) return;
   std::vector<zpComm_t>& comms = thisThread().groupComms;
+  if (!comms.empty() && comms.back() == handle) return;  // the common case: calls on one communicator
   if (std::find(comms.begin(), comms.end(), handle) == comms.end()) comms.push_back(handle);
 }
 

@@ -562,8 +562,8 @@ void setInterruptCheck(InterruptCheck check, void* arg) {
 
 // Drives the comms' transports until done() holds, a comm breaks, or nothing
 // moves for the timeout. `waitingOn` names the ranks still owed something.
-zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
-                               const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what) {
+zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool()> done,
+                               FunctionRef<std::vector<int>(Comm*)> waitingOn, const char* what) {
   // A load and a store, not a locked add (every call that moves bytes on
   // the host comes here): waits on several threads at once may count as one.
   gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -673,13 +673,13 @@ zpResult_t Comm::enqueueCollectiveOnStream(const CollArgs& args, void* stream) {
   return device_->enqueueCollective(args, stream);
 }
 
-zpResult_t Comm::runOps(std::vector<Work>& work, const std::function<bool()>& until) {
+zpResult_t Comm::runOps(std::vector<Work>& work, FunctionRef<bool()> until) {
   std::vector<Comm*> comms;
   for (Work& w : work) comms.push_back(w.comm);
   return runWork(work.data(), work.size(), comms, until);
 }
 
-zpResult_t Comm::runOps(std::vector<Op*>& ops, const std::function<bool()>& until) {
+zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
   // Without a list of one Work and one Comm made per call (a send/recv
   // group per step would allocate them every time).
   if (self_.empty()) self_.push_back(this);
@@ -690,7 +690,7 @@ zpResult_t Comm::runOps(std::vector<Op*>& ops, const std::function<bool()>& unti
   return r;
 }
 
-zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, const std::function<bool()>& until) {
+zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until) {
   for (Comm* c : comms) ZP_CHECK(c->checkUsable());
   for (size_t k = 0; k < n; k++) {
     Work& w = work[k];

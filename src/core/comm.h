@@ -25,6 +25,7 @@
 #include "src/core/routing.h"
 #include "src/core/topology.h"
 #include "src/core/transport.h"
+#include "src/util/function_ref.h"
 
 namespace zp {
 
@@ -171,8 +172,8 @@ class Comm : public TransportSink {
   // the ops not done yet move on with the next call's progress, and must
   // outlive it (a later runOps must wait for them). A failed op is reported
   // only once every op is done.
-  static zpResult_t runOps(std::vector<Work>& work, const std::function<bool()>& until = nullptr);
-  zpResult_t runOps(std::vector<Op*>& ops, const std::function<bool()>& until = nullptr);
+  static zpResult_t runOps(std::vector<Work>& work, FunctionRef<bool()> until = nullptr);
+  zpResult_t runOps(std::vector<Op*>& ops, FunctionRef<bool()> until = nullptr);
   // Device ops (each with its stream) to the StreamTransport, as one group;
   // returns once they are enqueued. Call with mutex() held.
   zpResult_t enqueueOnStreams(const std::vector<Op*>& ops);
@@ -216,11 +217,11 @@ class Comm : public TransportSink {
   // operations, so that dropOps may cut a peer that still holds a request.
   void breakHere(zpResult_t code, const std::string& msg);
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
-  static zpResult_t progressUntil(const std::vector<Comm*>& comms, const std::function<bool()>& done,
-                                  const std::function<std::vector<int>(Comm*)>& waitingOn, const char* what);
+  static zpResult_t progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool()> done,
+                                  FunctionRef<std::vector<int>(Comm*)> waitingOn, const char* what);
   void runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs);
   // runOps' work: n lists of ops on comms (each list's communicator).
-  static zpResult_t runWork(Work* work, size_t n, const std::vector<Comm*>& comms, const std::function<bool()>& until);
+  static zpResult_t runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until);
   std::vector<Comm*> self_;  // {this}: runOps' list of one communicator
 
   int rank_ = 0;
