@@ -16,13 +16,15 @@ namespace {
 
 struct Group {
   int depth = 0;
-  // The communicators are shared: one destroyed by another thread while
-  // this group is open stays alive (and says so) until the group ends.
-  // Their addresses are taken only at zpGroupEnd, once every call is in.
-  std::vector<std::pair<std::shared_ptr<Comm>, Op>> p2p;
+  // The communicators the group's sends and receives use, each held once:
+  // one destroyed by another thread while this group is open stays alive
+  // (and says so) until the group ends. Their calls' ops point at them.
+  std::vector<std::shared_ptr<Comm>> held;
+  std::vector<std::pair<Comm*, Op>> p2p;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> collectives;
   // groupEnd's storage, kept from group to group.
-  std::vector<std::pair<std::shared_ptr<Comm>, Op>> running;
+  std::vector<std::shared_ptr<Comm>> heldRunning;
+  std::vector<std::pair<Comm*, Op>> running;
   std::vector<Op*> ops;
   std::vector<Op*> single;  // a call outside a group: its one op
 };
@@ -32,9 +34,17 @@ Group& tlsGroup() { return PerThread<Group>::get(); }
 
 bool groupOpen() { return tlsGroup().depth > 0; }
 
+bool groupHolds(const Comm* comm) {
+  const Group& g = tlsGroup();
+  if (g.depth == 0) return false;
+  for (auto it = g.held.rbegin(); it != g.held.rend(); ++it)  // the last one first: usually the one
+    if (it->get() == comm) return true;
+  return false;
+}
+
 bool groupUses(Comm* comm) {
   for (auto& e : tlsGroup().p2p)
-    if (e.first.get() == comm) return true;
+    if (e.first == comm) return true;
   for (auto& e : tlsGroup().collectives)
     if (e.first.get() == comm) return true;
   return false;
@@ -53,15 +63,22 @@ zpResult_t groupEnd(bool* ended) {
   // The group's calls move out (a call made while they run starts a new
   // group), into storage kept from group to group: a send/recv group per
   // step allocates nothing here.
-  std::vector<std::pair<std::shared_ptr<Comm>, Op>>& p2p = g.running;
+  std::vector<std::pair<Comm*, Op>>& p2p = g.running;
+  std::vector<std::shared_ptr<Comm>>& held = g.heldRunning;
   std::vector<std::pair<std::shared_ptr<Comm>, std::function<zpResult_t()>>> colls;
   p2p.clear();
+  held.clear();
   p2p.swap(g.p2p);
+  held.swap(g.held);
   colls.swap(g.collectives);
   struct Clear {  // leaves no Comm alive past this group
-    std::vector<std::pair<std::shared_ptr<Comm>, Op>>& q;
-    ~Clear() { q.clear(); }
-  } clearAtEnd{p2p};
+    std::vector<std::pair<Comm*, Op>>& q;
+    std::vector<std::shared_ptr<Comm>>& held;
+    ~Clear() {
+      q.clear();
+      held.clear();
+    }
+  } clearAtEnd{p2p, held};
 
   zpResult_t res = zpSuccess;
   // Device calls go on their streams first (enqueued, one NCCL group per
@@ -69,8 +86,8 @@ zpResult_t groupEnd(bool* ended) {
   std::vector<std::pair<Comm*, std::vector<Op*>>> device;
   for (auto& e : p2p) {
     if (!e.second.stream) continue;
-    auto it = std::find_if(device.begin(), device.end(), [&](const auto& d) { return d.first == e.first.get(); });
-    if (it == device.end()) it = device.insert(device.end(), {e.first.get(), {}});
+    auto it = std::find_if(device.begin(), device.end(), [&](const auto& d) { return d.first == e.first; });
+    if (it == device.end()) it = device.insert(device.end(), {e.first, {}});
     it->second.push_back(&e.second);
   }
   for (auto& d : device) {
@@ -84,8 +101,8 @@ zpResult_t groupEnd(bool* ended) {
   bool single = true;
   for (auto& e : p2p) {
     if (e.second.stream) continue;
-    if (only && only != e.first.get()) single = false;
-    only = e.first.get();
+    if (only && only != e.first) single = false;
+    only = e.first;
   }
   if (only && single) {
     std::vector<Op*>& ops = g.ops;
@@ -99,9 +116,9 @@ zpResult_t groupEnd(bool* ended) {
     std::vector<Comm::Work> work;
     for (auto& e : p2p) {
       if (e.second.stream) continue;
-      auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first.get(); });
+      auto it = std::find_if(work.begin(), work.end(), [&](const Comm::Work& w) { return w.comm == e.first; });
       if (it == work.end()) {
-        work.push_back({e.first.get(), {}});
+        work.push_back({e.first, {}});
         it = work.end() - 1;
       }
       it->ops.push_back(&e.second);
@@ -128,8 +145,8 @@ zpResult_t groupEnd(bool* ended) {
   return res;
 }
 
-zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t count, zpDataType_t dtype,
-                      int peer, void* stream) {
+zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void* buf, size_t count,
+                      zpDataType_t dtype, int peer, void* stream) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
   if (peer < 0 || peer >= comm->nranks())
@@ -138,9 +155,10 @@ zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
   Group& g = tlsGroup();
-  if (g.depth > 0) {  // made in place: an Op is a few cache lines
-    g.p2p.emplace_back();
-    g.p2p.back().first = std::move(comm);
+  if (g.depth > 0) {
+    if (hold) g.held.push_back(std::move(hold));
+    g.p2p.emplace_back();  // made in place: an Op is a few cache lines
+    g.p2p.back().first = comm;
     Op& op = g.p2p.back().second;
     op.isSend = isSend;
     op.peer = peer;
@@ -152,7 +170,7 @@ zpResult_t enqueueP2P(std::shared_ptr<Comm> comm, bool isSend, void* buf, size_t
   }
   Op op = makeOp(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   op.stream = stream;
-  Comm::Call call(comm.get(), fn);
+  Comm::Call call(comm, fn);
   ZP_CHECK(call.status());
   std::vector<Op*>& ops = g.single;
   ops.assign(1, &op);

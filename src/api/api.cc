@@ -93,6 +93,7 @@ struct LookupCache {
     zpComm_t handle = nullptr;
     uint64_t epoch = 0;
     std::weak_ptr<zp::Comm> comm;
+    zp::Comm* raw = nullptr;  // comm's address
   };
   Entry entries[4];
   unsigned next = 0;
@@ -114,13 +115,27 @@ void inGroup(zpComm_t handle) {
   if (std::find(comms.begin(), comms.end(), handle) == comms.end()) comms.push_back(handle);
 }
 
-// Resolves a handle (a number: nothing is dereferenced).
-zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
+// Resolves a handle (a number: nothing is dereferenced) to a reference that
+// keeps its communicator alive. With `raw`, also to the address; and a
+// communicator the open group already holds comes without a reference (out
+// stays null), so that a group's calls touch no reference count.
+zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out, zp::Comm** raw = nullptr) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
   LookupCache& cache = thisThread().lookups;
   const uint64_t epoch = gDestroyEpoch.load(std::memory_order_acquire);
-  for (LookupCache::Entry& e : cache.entries)
-    if (e.handle == handle && e.epoch == epoch && (*out = e.comm.lock())) return zpSuccess;
+  for (LookupCache::Entry& e : cache.entries) {
+    if (e.handle != handle || e.epoch != epoch) continue;
+    // No communicator was destroyed since the entry was made, so it is the
+    // handle's; held by the group, it cannot be destroyed under this call.
+    if (raw && zp::groupHolds(e.raw)) {
+      *raw = e.raw;
+      return zpSuccess;
+    }
+    if ((*out = e.comm.lock())) {
+      if (raw) *raw = out->get();
+      return zpSuccess;
+    }
+  }
   std::lock_guard<std::mutex> lock(gHandlesMu);
   auto it = gLive.find(handle);
   if (it != gLive.end() && it->second->impl) {
@@ -129,6 +144,8 @@ zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* ou
     e.handle = handle;
     e.epoch = epoch;
     e.comm = *out;
+    e.raw = out->get();
+    if (raw) *raw = e.raw;
     return zpSuccess;
   }
   if (handedOut(handle)) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
@@ -544,14 +561,15 @@ zpResult_t zpGroupEnd(void) try {
 static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                       zpStream_t stream) {
   const char* fn = isSend ? "zpSend" : "zpRecv";
-  std::shared_ptr<zp::Comm> c;
-  ZP_CHECK(lookup(comm, fn, &c));
-  ZP_CHECK(checkDataCall(fn, c.get(), datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
+  std::shared_ptr<zp::Comm> hold;
+  zp::Comm* c = nullptr;
+  ZP_CHECK(lookup(comm, fn, &hold, &c));
+  ZP_CHECK(checkDataCall(fn, c, datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
   const uint64_t opCount = c->nextOpCount();
   ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
           (unsigned long long)opCount, buf, count, zp::typeName(datatype), peer, (void*)comm, c->nranks(), stream);
   inGroup(comm);
-  return zp::enqueueP2P(std::move(c), isSend, buf, count, datatype, peer, stream);
+  return zp::enqueueP2P(c, std::move(hold), isSend, buf, count, datatype, peer, stream);
 }
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,

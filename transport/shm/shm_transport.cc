@@ -154,10 +154,15 @@ void ShmTransport::post(Op* op) {
   // Moved at once where it can be (a send with room in the ring, a receive
   // whose message is there): a small message's call then ends without a
   // pass over every peer's rings. What it cannot do yet, progress() does.
-  if (op->isSend)
-    progressSend(*p, lane);
-  else
-    progressRecv(*p, lane);
+  // The peer's control records first, as progress() reads them: a send to a
+  // rank that has said goodbye fails instead of going into its ring.
+  drainCtrl(*p);
+  if (!op->done && !p->gone) {
+    if (op->isSend)
+      progressSend(*p, lane);
+    else
+      progressRecv(*p, lane);
+  }
   if (p->dirty || p->wake) notify(*p);
 }
 
