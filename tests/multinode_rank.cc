@@ -2,6 +2,8 @@
 // cluster (zprun --nodes ...). ZP_TEST_MODE picks what it does:
 //   check    (default) alltoallv with random counts and grouped send/recv to
 //            partners on this and other nodes, every byte checked;
+//   late     messages sent just before their sender leaves, received
+//            after its connection closed (lateMode);
 //   kill     rank ZP_TEST_VICTIM kills itself in the middle of a loop of
 //            alltoallv calls; every other rank must get zpRemoteError;
 //   foreign  before init, the last rank connects to the rendezvous port from
@@ -132,6 +134,58 @@ std::string sendRecvError(zpComm_t comm, int rank, int n, int shift, uint64_t se
   if (size_t w = recv.wrongBytes(seed, from, rank)) return "send/recv: " + std::to_string(w) + " wrong bytes";
   if (size_t g = recv.guardBytesWritten()) return "send/recv: " + std::to_string(g) + " guard bytes written";
   return "";
+}
+
+// ZP_TEST_MODE=late: rank 0 sends two messages to the first rank of node 1
+// and destroys its communicator at once; the receiver drives progress for a
+// second (it hears the goodbye and the connection close) and only then asks
+// for them. Both must arrive whole; a third receive, of a message never sent,
+// must fail with zpRemoteError at once.
+int lateMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int to = envInt("ZP_LOCAL_NRANKS", 1);
+  const size_t sizes[2] = {1000, 3000};
+  if (rank == 0 && to < n) {
+    for (size_t s : sizes) {
+      zptest::GuardedBuffer msg(s, 1);
+      msg.fill(seed + s, 0, to);
+      if (zpSend(msg.data(), s, zpUint8, to, comm, nullptr) != zpSuccess) {
+        printf("rank 0: send: %s\n", zpGetLastError(comm));
+        return 1;
+      }
+    }
+  }
+  if (rank != to) {
+    zpCommDestroy(comm);
+    printf("rank %d: ok\n", rank);
+    return 0;
+  }
+  for (int i = 0; i < 100; i++) {
+    zpResult_t async = zpSuccess;
+    zpCommGetAsyncError(comm, &async);  // progress: the goodbye, then the closed connection
+    usleep(10000);
+  }
+  for (size_t s : sizes) {
+    zptest::GuardedBuffer msg(s, 3);
+    if (zpRecv(msg.data(), s, zpUint8, 0, comm, nullptr) != zpSuccess) {
+      printf("rank %d: a message rank 0 sent before it left was lost: %s\n", rank, zpGetLastError(comm));
+      return 1;
+    }
+    if (size_t w = msg.wrongBytes(seed + s, 0, to)) {
+      printf("rank %d: %zu wrong bytes\n", rank, w);
+      return 1;
+    }
+  }
+  char byte;
+  const auto start = std::chrono::steady_clock::now();
+  const zpResult_t r = zpRecv(&byte, 1, zpUint8, 0, comm, nullptr);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (r != zpRemoteError || s > 5) {
+    printf("rank %d: a receive of a message never sent returned %s after %.1f s\n", rank, zpGetErrorString(r), s);
+    return 1;
+  }
+  zpCommDestroy(comm);
+  printf("rank %d: ok\n", rank);
+  return 0;
 }
 
 // Foreign connections to the rendezvous: they must be dropped, never joined.
@@ -1101,6 +1155,7 @@ int runRank() {
     return 1;
   }
 
+  if (mode == "late") return lateMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);

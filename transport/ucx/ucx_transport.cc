@@ -24,6 +24,7 @@ constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
 constexpr ucp_tag_t kMatchType = 3ull << kTypeShift;
 constexpr ucp_tag_t kMatchTypeKind = kMatchType | 0x3Full << kKindShift;
 constexpr size_t kCtrlMax = 1024;
+
 // How long dropOps lets UCX finish the requests of a broken communicator
 // before it cuts the peers that hold them (at most a quarter of ZP_TIMEOUT).
 constexpr uint64_t kDropGraceMs = 500;
@@ -245,10 +246,20 @@ void UcxTransport::post(Op* op) {
     return;
   }
   Peer& p = peers_[op->peer];
-  if (p.failed || (p.bye && op->isSend) || !p.ep) {
+  bool usable = !p.failed && p.ep && !(p.bye && !completesAfterBye(op));
+  // A peer closes its connection after its goodbye; a message it sent
+  // before may still wait, unmatched, in this rank's worker: its receive is
+  // posted still (on the worker: it needs no endpoint).
+  if (!usable && !op->isSend && p.bye && completesAfterBye(op)) {
+    ucp_tag_recv_info_t info;
+    usable = ucp_tag_probe_nb(worker_, makeTag(kTagData, (uint64_t)op->kind, op->peer, op->seq), kMatchAllButKind, 0,
+                              &info) != nullptr;
+  }
+  if (!usable) {
     op->finish(zpRemoteError, p.why.empty() ? "no network path to rank " + std::to_string(op->peer) : p.why);
     return;
   }
+  if (op->isSend && !isRelayKind(op->kind)) p.sentEnd = std::max(p.sentEnd, op->seq + 1);
   // One part held while posting, so that a part completing inside the
   // posting call cannot finish the op early.
   ops_[op].parts++;
@@ -340,11 +351,11 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
   if (r == ctrlRecv_) {
     // A control message; the receive is posted again from progress().
     ctrlRecv_ = nullptr;
-    if (status == UCS_OK && length >= sizeof(int32_t)) {
-      int32_t st;
-      memcpy(&st, ctrlBuf_.data(), sizeof(st));
-      onCtrl(tagSrc(tag), tagKind(tag), tag & kSeqMask, st,
-             std::string(ctrlBuf_.data() + sizeof(st), length - sizeof(st)));
+    if (status == UCS_OK && length >= sizeof(CtrlHead)) {
+      CtrlHead h;
+      memcpy(&h, ctrlBuf_.data(), sizeof(h));
+      onCtrl(tagSrc(tag), tagKind(tag), tag & kSeqMask, h,
+             std::string(ctrlBuf_.data() + sizeof(h), length - sizeof(h)));
     }
     delete r;
     return;
@@ -390,6 +401,7 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
                                     std::to_string(op->bytes / op->typeSize));
     } else {
       op->progressed = length;
+      if (!isRelayKind(op->kind)) peers_[peer].receivedEnd = std::max(peers_[peer].receivedEnd, op->seq + 1);
     }
   } else if (op->isSend && !meta) {
     op->progressed = op->bytes;
@@ -408,10 +420,15 @@ void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
   for (Request* r : reqs) ucp_request_cancel(worker_, r->ucx);
 }
 
-void UcxTransport::failPeerOps(int peer, const std::string& why) {
+bool UcxTransport::completesAfterBye(const Op* op) const {
+  const Peer& p = peers_[op->peer];
+  return !isRelayKind(op->kind) && op->seq < (op->isSend ? p.peerReceivedEnd : p.peerSentEnd);
+}
+
+void UcxTransport::failPeerOps(int peer, const std::string& why, bool afterBye) {
   std::vector<Op*> victims;
   for (auto& kv : ops_)
-    if (kv.first->peer == peer) victims.push_back(kv.first);
+    if (kv.first->peer == peer && !(afterBye && completesAfterBye(kv.first))) victims.push_back(kv.first);
   for (Op* op : victims) finishOp(op, zpRemoteError, why);
 }
 
@@ -438,13 +455,18 @@ void UcxTransport::postCtrlRecv() {
 
 void UcxTransport::sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text) {
   Peer& p = peers_[peer];
+  CtrlHead h{status, 0, 0, 0};
+  if (type == kCtrlBye) {
+    h.sentEnd = p.sentEnd;
+    h.receivedEnd = p.receivedEnd;
+  }
   // Statuses overtake queued data; goodbyes and aborts must not (they tell
   // the peer that everything sent before them has arrived).
   ucp_ep_h ep = type == kCtrlStatus ? p.ctrlEp : p.ep;
   if (!ep || p.failed) return;
   Request* r = new Request(this, nullptr, false);
-  r->payload.assign((const char*)&status, sizeof(status));
-  r->payload += text.substr(0, kCtrlMax - sizeof(status));
+  r->payload.assign((const char*)&h, sizeof(h));
+  r->payload += text.substr(0, kCtrlMax - sizeof(h));
   ucp_request_param_t prm;
   memset(&prm, 0, sizeof(prm));
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
@@ -464,8 +486,9 @@ void UcxTransport::sendStatus(int peer, uint64_t collSeq, zpResult_t status, con
   sendCtrl(peer, kCtrlStatus, collSeq, status, text);
 }
 
-void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text) {
+void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, const CtrlHead& h, std::string text) {
   if (peer < 0 || peer >= ctx_.nranks) return;
+  const int32_t status = h.status;
   switch (type) {
     case kCtrlStatus:
       ctx_.sink->onStatus(peer, seq, (zpResult_t)status, std::move(text));
@@ -475,10 +498,19 @@ void UcxTransport::onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status,
       Peer& p = peers_[peer];
       p.bye = true;
       p.why = text;
-      if (type == kCtrlAbort) ctx_.sink->setAsyncError((zpResult_t)status, text, true);
-      // Everything this peer sent before leaving has arrived (one endpoint
-      // keeps order); whatever is still expected from it never will.
-      failPeerOps(peer, text);
+      if (type == kCtrlAbort) {
+        ctx_.sink->setAsyncError((zpResult_t)status, text, true);
+        failPeerOps(peer, text);
+        break;
+      }
+      // A goodbye says which messages the peer sent and received: a
+      // receive of one it sent, and a send it received (a rendezvous waits
+      // for the receiver's acknowledgement), complete still (the goodbye may
+      // overtake the data or the acknowledgement, which can travel on other
+      // lanes of the endpoint); everything else fails: it never comes.
+      p.peerSentEnd = h.sentEnd;
+      p.peerReceivedEnd = h.receivedEnd;
+      failPeerOps(peer, text, /*afterBye=*/true);
       break;
     }
     default:

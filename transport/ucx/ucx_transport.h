@@ -97,6 +97,11 @@ class UcxTransport : public CarrierTransport {
     ucp_ep_h ctrlEp = nullptr;
     bool failed = false;
     bool bye = false;
+    // One past the highest sequence number of the messages posted to this
+    // peer and of those received from it (relays aside), and what the peer
+    // said of its own with its goodbye (UcxTransport::completesAfterBye).
+    uint64_t sentEnd = 0, receivedEnd = 0;
+    uint64_t peerSentEnd = 0, peerReceivedEnd = 0;
     bool cut = false;  // cutPeer: unreachable, but alive
     std::string why;
   };
@@ -120,11 +125,24 @@ class UcxTransport : public CarrierTransport {
   void postCtrlRecv();
   void sendToAll(uint32_t type, zpResult_t code, const std::string& why);
   void sendCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, const std::string& text);
-  void onCtrl(int peer, uint32_t type, uint64_t seq, int32_t status, std::string text);
+  // A control message's payload: this, then its text.
+  struct CtrlHead {
+    int32_t status;
+    uint32_t unused;
+    // A goodbye's: one past the highest sequence number of the messages the
+    // leaving rank sent to the receiver, and of those it received from it.
+    uint64_t sentEnd, receivedEnd;
+  };
+  void onCtrl(int peer, uint32_t type, uint64_t seq, const CtrlHead& h, std::string text);
   void peerFailed(int peer, const std::string& why);
   std::vector<ucs_status_ptr_t> closing_;  // forced closes of cut peers' endpoints
   void finishOp(Op* op, zpResult_t st, const std::string& err);
-  void failPeerOps(int peer, const std::string& why);
+  // Fails the peer's ops; after its goodbye (afterBye), all but those that
+  // complete still (completesAfterBye).
+  void failPeerOps(int peer, const std::string& why, bool afterBye = false);
+  // After the peer's goodbye: whether op completes still, a receive of a
+  // message it sent or a send it received before leaving.
+  bool completesAfterBye(const Op* op) const;
   static void sendCb(void* request, ucs_status_t status, void* user);
   static void recvCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void epErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status);
