@@ -423,9 +423,18 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   PlanOptions o = opt;
   o.nodeTokenBalance = false;
   const double targets[] = {1.0, 1.05, 1.1, 1.15, 1.2, 1.3};
+  std::vector<double> forward(lens.size()), backward(lens.size());
   for (size_t k = 0; k < std::size(targets); k += thorough ? 1 : 2) {
     Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
     const double score = quick(s);
+    // The plan's makespans are attention's alone (plan.h): its rings' own
+    // times, run in the order scheduled.
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const int G = int(s.first[i + 1] - s.first[i]);
+      for (const SplitOption& so : options[i])
+        if (so.split.G == G) forward[i] = so.seconds, backward[i] = so.backward;
+    }
+    retime(&s, forward, backward, c.ranks());
     fits->push_back({score, std::move(s)});
   }
 }
