@@ -422,7 +422,7 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   // balance would only keep sequences off the ranks with time for them.
   PlanOptions o = opt;
   o.nodeTokenBalance = false;
-  const double targets[] = {1.0, 1.05, 1.1, 1.15, 1.2, 1.3};
+  const double targets[] = {1.0, 1.025, 1.05, 1.075, 1.1, 1.15};
   std::vector<double> forward(lens.size()), backward(lens.size());
   for (size_t k = 0; k < std::size(targets); k += thorough ? 1 : 2) {
     Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
