@@ -424,9 +424,14 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   o.nodeTokenBalance = false;
   const double targets[] = {1.0, 1.025, 1.05, 1.075, 1.1, 1.15};
   std::vector<double> forward(lens.size()), backward(lens.size());
-  for (size_t k = 0; k < std::size(targets); k += thorough ? 1 : 2) {
+  // Past the best target, larger ones only leave more idle: the search
+  // stops once two in a row are no better (when not thorough, one).
+  double best = 0;
+  for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
     Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
     const double score = quick(s);
+    worse = k == 0 || score < best ? 0 : worse + 1;
+    best = k == 0 ? score : std::min(best, score);
     // The plan's makespans are attention's alone (plan.h): its rings' own
     // times, run in the order scheduled.
     for (size_t i = 0; i < lens.size(); ++i) {
