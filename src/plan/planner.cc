@@ -362,13 +362,14 @@ struct BestPlan {
 // groups, each with its screening score), the finalists scored in full;
 // groupPlan(g) schedules groups of g ranks with their rings.
 void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<std::pair<double, Schedule>>& fits,
-                    std::vector<std::pair<double, int>>& groupSizes, bool thorough,
+                    std::vector<std::pair<double, Schedule>>& joints, std::vector<std::pair<double, int>>& groupSizes, bool thorough,
                     const std::function<Schedule(int)>& groupPlan, BestPlan* best) {
   BestPlan& bestPlan = *best;
   auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
   std::stable_sort(caps.begin(), caps.end(), byScore);
   std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
   std::stable_sort(fits.begin(), fits.end(), byScore);
+  std::stable_sort(joints.begin(), joints.end(), byScore);
   // The best of each kind and its runner-up (when not thorough, only within
   // 3%) are scored in full, the most promising first: the better the plan
   // found early, the more of the others the bound skips without building.
@@ -384,6 +385,7 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
   };
   nominate(caps, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
   nominate(fits, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
+  nominate(joints, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
   nominate(groupSizes, [](const auto& e) { return Finalist{e.first, nullptr, e.second}; });
   std::stable_sort(finalists.begin(), finalists.end(),
                    [](const Finalist& a, const Finalist& b) { return a.quick < b.quick; });
@@ -392,6 +394,53 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
       bestPlan.consider(*f.schedule);
     else
       bestPlan.consider(groupPlan(f.group));
+  }
+}
+
+// Candidates for a plan that keeps the linear layers on its attention
+// layout (no remap): rings sized to a target as scheduleToTarget does, with
+// every option's time per rank including the linear layers of the tokens it
+// leaves there (forward once, backward twice), so that each rank's attention
+// and linear layers together fill the target. Targets from the mean of that
+// sum; scored in full like the other fits (with and without the remap).
+void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+               const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
+               bool thorough, const std::function<double(const Schedule&)>& quick,
+               std::vector<std::pair<double, Schedule>>* fits) {
+  std::vector<std::vector<SplitOption>> joint(options);
+  double total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (SplitOption& o : joint[i]) {
+      const double lin = opt.linearSecondsPerToken * double(lens[i]) / o.split.G;
+      o.seconds += lin;
+      o.backward += 2 * lin;
+    }
+    total += joint[i][0].seconds;
+  }
+  const double mean = total / c.ranks();
+  // Without a remap the nodes' tokens need not be even: node-level token
+  // balance would only keep sequences off the ranks with time for them.
+  PlanOptions o = opt;
+  o.nodeTokenBalance = false;
+  const double targets[] = {1.0, 1.025, 1.05, 1.075, 1.1, 1.15};
+  std::vector<double> forward(lens.size()), backward(lens.size());
+  // Past the best target, larger ones only leave more idle: the search
+  // stops once two in a row are no better (when not thorough, one).
+  double best = 0;
+  for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
+    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
+    const double score = quick(s);
+    worse = k == 0 || score < best ? 0 : worse + 1;
+    best = k == 0 ? score : std::min(best, score);
+    // The plan's makespans are attention's alone (plan.h): its rings' own
+    // times, run in the order scheduled.
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const int G = int(s.first[i + 1] - s.first[i]);
+      for (const SplitOption& so : options[i])
+        if (so.split.G == G) forward[i] = so.seconds, backward[i] = so.backward;
+    }
+    retime(&s, forward, backward, c.ranks());
+    fits->push_back({score, std::move(s)});
   }
 }
 
@@ -491,13 +540,18 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // when not thorough, every other one.
   std::vector<size_t> byWork = byLength;
   stableSortFromGuess(byWork, [&](size_t a, size_t b) { return options[a][0].seconds > options[b][0].seconds; });
-  std::vector<std::pair<double, Schedule>> fits;
+  std::vector<std::pair<double, Schedule>> fits, joints;
   const double targets[] = {1.0, 1.05, 1.1, 1.15, 1.2, 1.3};
   for (size_t k = 0; k < std::size(targets) && opt.fitRings; k += thorough ? 1 : 2) {
     Schedule s = scheduleToTarget(lens, c, opt, options, mean * targets[k], byWork);
     const double score = quick(s);
     fits.push_back({score, std::move(s)});
   }
+  // Rings sized with each sequence's linear layers folded into its time
+  // (jointFits): for a plan that keeps the linear layers on its attention
+  // layout, so that no remap is needed.
+  if (opt.fitRings && opt.score && opt.linearSecondsPerToken > 0)
+    jointFits(lens, c, opt, options, byWork, thorough, quick, &joints);
   bool crosses = false;
   for (const auto& [score, s] : caps)
     for (size_t i = 0; i < lens.size(); ++i)
@@ -530,7 +584,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
   }
-  scoreFinalists(caps, fits, groupSizes, thorough,
+  scoreFinalists(caps, fits, joints, groupSizes, thorough,
                  [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
   return std::move(bestPlan.best);
 }

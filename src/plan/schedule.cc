@@ -476,6 +476,18 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
   return out;
 }
 
+void retime(Schedule* s, const std::vector<double>& forward, const std::vector<double>& backward, int n) {
+  std::vector<double> freeAt(n, 0.0);
+  for (int64_t k : s->order) {
+    const size_t i = size_t(k);
+    double at = 0;
+    for (const int* r = s->ringBegin(i); r != s->ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
+    for (const int* r = s->ringBegin(i); r != s->ringEnd(i); ++r) freeAt[*r] = at + forward[i];
+  }
+  s->forward = *std::max_element(freeAt.begin(), freeAt.end());
+  s->backward = backwardMakespan(*s, backward, n);
+}
+
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's
 // packed rings run it): n / g groups of g consecutive ranks, every sequence
 // of a group on the group's ring (the driver runs them as one group).

@@ -83,6 +83,10 @@ struct SplitOption {
 Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                           const std::vector<std::vector<SplitOption>>& options, double target,
                           const std::vector<size_t>& byWork);
+// Sets a schedule's makespans to those of its order run forward (and
+// reversed, backward) with these seconds per sequence: a ring starts when
+// the last of its ranks is free.
+void retime(Schedule* s, const std::vector<double>& forward, const std::vector<double>& backward, int n);
 // Fixed groups of g ranks, sequences whole in a group (DP x CP placement).
 // withRanks: also the ranks of each sequence (else only the makespans).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
