@@ -362,7 +362,8 @@ struct BestPlan {
 // groups, each with its screening score), the finalists scored in full;
 // groupPlan(g) schedules groups of g ranks with their rings.
 void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<std::pair<double, Schedule>>& fits,
-                    std::vector<std::pair<double, Schedule>>& joints, std::vector<std::pair<double, int>>& groupSizes, bool thorough,
+                    std::vector<std::pair<double, Schedule>>& joints, std::vector<std::pair<double, int>>& groupSizes,
+                    bool thorough,
                     const std::function<Schedule(int)>& groupPlan, BestPlan* best) {
   BestPlan& bestPlan = *best;
   auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
@@ -550,7 +551,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // Rings sized with each sequence's linear layers folded into its time
   // (jointFits): for a plan that keeps the linear layers on its attention
   // layout, so that no remap is needed.
-  if (opt.fitRings && opt.score && opt.linearSecondsPerToken > 0)
+  if (opt.fitRings && opt.jointFits && opt.score && opt.linearSecondsPerToken > 0)
     jointFits(lens, c, opt, options, byWork, thorough, quick, &joints);
   bool crosses = false;
   for (const auto& [score, s] : caps)

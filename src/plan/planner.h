@@ -47,6 +47,11 @@ struct PlanOptions {
   // land (scheduleToTarget); false: caps and DP x CP groups only, as the
   // planner was before them. For comparison.
   bool fitRings = true;
+  // With fitRings and a step model: also the joint candidates, rings sized
+  // with each sequence's linear layers in its time, for a plan without a
+  // remap (docs/planner.md). false: as the planner was before them. For
+  // comparison.
+  bool jointFits = true;
   // > 0: the splits of this one cap (a fraction of the mean attention load
   // per rank) and no other candidate. For tests and comparisons.
   double onlyCap = 0;

@@ -357,6 +357,7 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.legacy = cfg.legacyPlanner;
   o.onlyCap = cfg.planCap;
   o.fitRings = cfg.fitRings;
+  o.jointFits = cfg.jointFits;
   if (!o.legacy)
     o.score = [&](const BatchPlan& p, bool remapPlan) {
       StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);

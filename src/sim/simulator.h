@@ -64,6 +64,7 @@ struct StepConfig {
   bool legacyPlanner = false;      // the planner's `legacy` option, for comparison
   double planCap = 0;              // the planner's `onlyCap` option, for tests
   bool fitRings = true;            // the planner's `fitRings` option, for comparison
+  bool jointFits = true;           // the planner's `jointFits` option, for comparison
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
