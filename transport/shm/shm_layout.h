@@ -21,7 +21,9 @@
 
 namespace zp {
 
-constexpr uint64_t kSegMagic = 0x5a50534547000002ull;
+// The record format's version is in the low bits: ranks of one node must run
+// the same format (3: a data record may carry its send's meta, MsgHdr::metaLen).
+constexpr uint64_t kSegMagic = 0x5a50534547000003ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
