@@ -570,11 +570,15 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
   // The clock is first read when the first look finds the call not done:
   // a small message's whole call is a few clock reads' time.
   uint64_t lastMove = 0, lastAsked = 0;
-  if (done()) return zpSuccess;  // the transports finished it as it was posted
-  for (;;) {
+  // The first look does not drive the transports: an op may have moved as
+  // it was posted, and a call that is done then returns at once. But a
+  // failure found while posting (a message out of order) breaks the
+  // communicator there, and is passed on to the peers below like any other.
+  for (bool first = true;; first = false) {
     uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
     bool moved = false;
-    for (Comm* c : comms) moved |= c->progress();
+    if (!first)
+      for (Comm* c : comms) moved |= c->progress();
     for (Comm* c : comms)
       if (c->abortRequested_.load())  // zpCommAbort's leave() tells the peers
         c->setAsyncError(zpRemoteError, "the communicator was aborted (zpCommAbort)", /*fromPeer=*/true);
@@ -586,6 +590,7 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
         return fail(c->asyncError_, "rank %d: %s failed: %s", c->rank_, what, c->asyncMsg_.c_str());
       }
     if (done()) return zpSuccess;
+    if (first) continue;  // the transports' progress before any wait
     uint64_t now = nowMs();
     if (lastMove == 0) lastMove = lastAsked = now;
     if (moved) {
