@@ -121,16 +121,16 @@ double placeAcrossNodes(const std::vector<double>& freeAt, const ClusterModel& c
   return at;
 }
 
-// The backward pass of a schedule: the same rings in reverse order, each
-// starting when the last of its ranks is free (back: each sequence's
-// backward seconds). Returns its makespan.
-double backwardMakespan(const Schedule& out, const std::vector<double>& back, int n) {
+// A schedule's rings run in its order (reversed: the backward pass), each
+// starting when the last of its ranks is free and taking seconds[i].
+// Returns the makespan.
+double orderMakespan(const Schedule& out, const std::vector<double>& seconds, int n, bool reversed) {
   std::vector<double> freeAt(n, 0.0);
-  for (auto it = out.order.rbegin(); it != out.order.rend(); ++it) {
-    const size_t i = size_t(*it);
+  for (size_t k = 0; k < out.order.size(); ++k) {
+    const size_t i = size_t(out.order[reversed ? out.order.size() - 1 - k : k]);
     double at = 0;
     for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
-    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + back[i];
+    for (const int* r = out.ringBegin(i); r != out.ringEnd(i); ++r) freeAt[*r] = at + seconds[i];
   }
   return *std::max_element(freeAt.begin(), freeAt.end());
 }
@@ -254,7 +254,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
   out.order.assign(order.begin(), order.end());
   std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return start[a] < start[b]; });
-  out.backward = backwardMakespan(out, back, n);
+  out.backward = orderMakespan(out, back, n, /*reversed=*/true);
   return out;
 }
 
@@ -472,20 +472,13 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
   out.forward = slots.makespan();
   out.order.assign(byWork.begin(), byWork.end());
   std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return start[a] < start[b]; });
-  out.backward = backwardMakespan(out, back, c.ranks());
+  out.backward = orderMakespan(out, back, c.ranks(), /*reversed=*/true);
   return out;
 }
 
 void retime(Schedule* s, const std::vector<double>& forward, const std::vector<double>& backward, int n) {
-  std::vector<double> freeAt(n, 0.0);
-  for (int64_t k : s->order) {
-    const size_t i = size_t(k);
-    double at = 0;
-    for (const int* r = s->ringBegin(i); r != s->ringEnd(i); ++r) at = std::max(at, freeAt[*r]);
-    for (const int* r = s->ringBegin(i); r != s->ringEnd(i); ++r) freeAt[*r] = at + forward[i];
-  }
-  s->forward = *std::max_element(freeAt.begin(), freeAt.end());
-  s->backward = backwardMakespan(*s, backward, n);
+  s->forward = orderMakespan(*s, forward, n, /*reversed=*/false);
+  s->backward = orderMakespan(*s, backward, n, /*reversed=*/true);
 }
 
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's

@@ -24,7 +24,6 @@ constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
 constexpr ucp_tag_t kMatchType = 3ull << kTypeShift;
 constexpr ucp_tag_t kMatchTypeKind = kMatchType | 0x3Full << kKindShift;
 constexpr size_t kCtrlMax = 1024;
-
 // How long dropOps lets UCX finish the requests of a broken communicator
 // before it cuts the peers that hold them (at most a quarter of ZP_TIMEOUT).
 constexpr uint64_t kDropGraceMs = 500;
