@@ -93,7 +93,7 @@ struct MsgHdr {
   };
   union {
     int32_t status;    // fin / status / bye / abort: a zpResult_t
-    uint32_t metaLen;  // data: the send's meta ahead of the data in the payload (a one-record message)
+    uint32_t metaLen;  // data: the send's meta ahead of the data in the payload (a first fragment)
   };
 };
 constexpr uint64_t kPayload = sizeof(MsgHdr);

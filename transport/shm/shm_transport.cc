@@ -522,7 +522,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       if (ringPop(l.in, h)) p.wake = true;
       continue;
     }
-    // A one-record message carries its meta ahead of its data.
+    // A message's first fragment carries its meta ahead of its data.
     const uint32_t metaLen = h->type == kData ? h->metaLen : 0;
     if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
     const uint32_t dataLen = h->len - metaLen;
@@ -595,7 +595,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       return true;
     }
     const char* data = payloadOf(h) + metaLen;
-    if (dataLen && op->reduce)  // fragments hold whole elements: fragMax_ is a multiple of 64
+    if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
       op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, data, dataLen);
     else if (dataLen)
       memcpy((char*)op->buf + h->offset, data, dataLen);  // buf may be NULL when empty
@@ -615,35 +615,6 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
   uint64_t need = 0;
   while (!l.sendq.empty()) {
     Op* op = l.sendq.front();
-    // rendezvous: see below. A small message and its meta go as one record.
-    if (op->metaBytes && op->progressed == 0 && op->bytes + op->metaBytes <= fragMax_ &&
-        !(p.cma && op->bytes >= ctx_.cfg->shmEagerBytes)) {
-      const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // the data stays 8-byte aligned
-      need = recordBytes(metaLen + op->bytes);
-      MsgHdr* h = claimOpRecord(l.out, need, kData, op);
-      if (!h) goto full;
-      h->len = (uint32_t)(metaLen + op->bytes);
-      h->metaLen = metaLen;
-      memcpy(payloadOf(h), op->meta, op->metaBytes);
-      if (op->bytes) memcpy(payloadOf(h) + metaLen, op->buf, op->bytes);
-      ringPublish(l.out);
-      op->metaBytes = 0;
-      op->progressed = op->bytes;
-      p.dirty = did = true;
-      l.sendq.pop_front();
-      op->finish(zpSuccess);
-      continue;
-    }
-    if (op->metaBytes) {
-      need = recordBytes(op->metaBytes);
-      MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
-      if (!h) goto full;
-      h->len = op->metaBytes;
-      memcpy(payloadOf(h), op->meta, op->metaBytes);
-      ringPublish(l.out);
-      op->metaBytes = 0;  // sent
-      p.dirty = did = true;
-    }
     // A block its receiver reduces goes through the ring from
     // ZP_SHM_REDUCE_COPY on: the copies pipeline (this rank copies while the
     // receiver reduces), which beats the receiver reading and reducing alone
@@ -651,6 +622,16 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
     const bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes &&
                             !(op->reducedByPeer && op->bytes >= ctx_.cfg->shmReduceCopyFrom);
     if (rendezvous) {
+      if (op->metaBytes) {  // the meta goes ahead of the offer, on its own
+        need = recordBytes(op->metaBytes);
+        MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
+        if (!h) goto full;
+        h->len = op->metaBytes;
+        memcpy(payloadOf(h), op->meta, op->metaBytes);
+        ringPublish(l.out);
+        op->metaBytes = 0;  // sent
+        p.dirty = did = true;
+      }
       need = recordBytes(0);
       MsgHdr* h = claimOpRecord(l.out, need, kRts, op);
       if (!h) goto full;
@@ -663,15 +644,21 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       continue;
     }
     // Fragments through the ring; a zero-byte message is one empty fragment.
+    // The first carries the send's meta ahead of its data (padded to 8
+    // bytes: the data stays aligned, and a fragment holds whole elements).
     do {
-      size_t len = std::min(op->bytes - op->progressed, fragMax_);
-      need = recordBytes(len);
+      const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // 0 once sent
+      size_t len = std::min(op->bytes - op->progressed, fragMax_ - std::min<size_t>(metaLen, fragMax_));
+      need = recordBytes(metaLen + len);
       MsgHdr* h = claimOpRecord(l.out, need, kData, op);
       if (!h) goto full;
-      h->len = (uint32_t)len;
+      h->len = (uint32_t)(metaLen + len);
+      h->metaLen = metaLen;
       h->offset = op->progressed;
-      if (len) memcpy(payloadOf(h), (const char*)op->buf + op->progressed, len);
+      if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
+      if (len) memcpy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
       ringPublish(l.out);
+      op->metaBytes = 0;
       op->progressed += len;
       p.dirty = did = true;
     } while (op->progressed < op->bytes);
