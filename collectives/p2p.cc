@@ -81,34 +81,39 @@ zpResult_t groupEnd(bool* ended) {
   } clearAtEnd{p2p, held};
 
   zpResult_t res = zpSuccess;
-  // Device calls go on their streams first (enqueued, one NCCL group per
-  // communicator); then the host calls run to completion.
-  std::vector<std::pair<Comm*, std::vector<Op*>>> device;
-  for (auto& e : p2p) {
-    if (!e.second.stream) continue;
-    auto it = std::find_if(device.begin(), device.end(), [&](const auto& d) { return d.first == e.first; });
-    if (it == device.end()) it = device.insert(device.end(), {e.first, {}});
-    it->second.push_back(&e.second);
-  }
-  for (auto& d : device) {
-    Comm::Call call(d.first, "zpGroupEnd");
-    zpResult_t r = call.status() == zpSuccess ? d.first->enqueueOnStreams(d.second) : call.status();
-    if (res == zpSuccess) res = r;
-  }
-  // The common case, host calls on one communicator, without the general
-  // case's lists.
+  // One pass sorts the calls: the host ones into `ops`, and whether they
+  // are all on one communicator (the common case, run without the general
+  // case's lists); device ones are gathered only if there are any.
+  std::vector<Op*>& ops = g.ops;
+  ops.clear();
   Comm* only = nullptr;
-  bool single = true;
+  bool single = true, anyDevice = false;
   for (auto& e : p2p) {
-    if (e.second.stream) continue;
+    if (e.second.stream) {
+      anyDevice = true;
+      continue;
+    }
     if (only && only != e.first) single = false;
     only = e.first;
+    ops.push_back(&e.second);
+  }
+  // Device calls go on their streams first (enqueued, one NCCL group per
+  // communicator); then the host calls run to completion.
+  if (anyDevice) {
+    std::vector<std::pair<Comm*, std::vector<Op*>>> device;
+    for (auto& e : p2p) {
+      if (!e.second.stream) continue;
+      auto it = std::find_if(device.begin(), device.end(), [&](const auto& d) { return d.first == e.first; });
+      if (it == device.end()) it = device.insert(device.end(), {e.first, {}});
+      it->second.push_back(&e.second);
+    }
+    for (auto& d : device) {
+      Comm::Call call(d.first, "zpGroupEnd");
+      zpResult_t r = call.status() == zpSuccess ? d.first->enqueueOnStreams(d.second) : call.status();
+      if (res == zpSuccess) res = r;
+    }
   }
   if (only && single) {
-    std::vector<Op*>& ops = g.ops;
-    ops.clear();
-    for (auto& e : p2p)
-      if (!e.second.stream) ops.push_back(&e.second);
     Comm::Call call(only, "zpGroupEnd");
     zpResult_t r = call.status() == zpSuccess ? only->runOps(ops) : call.status();
     if (res == zpSuccess) res = r;

@@ -105,13 +105,20 @@ struct ApiThread {
   // Communicators with calls queued in this thread's open group: a failing
   // zpGroupEnd is their last error.
   std::vector<zpComm_t> groupComms;
+  // The handle of the open group's last send or receive and its
+  // communicator, which the group holds: the group's next call on it
+  // needs no lookup. Cleared when the group ends.
+  zpComm_t groupHandle = nullptr;
+  zp::Comm* groupComm = nullptr;
 };
 ApiThread& thisThread() { return zp::PerThread<ApiThread>::get(); }
 
 void inGroup(zpComm_t handle) {
-  if (!zp::groupOpen()) return;
   std::vector<zpComm_t>& comms = thisThread().groupComms;
-  if (!comms.empty() && comms.back() == handle) return;  // the common case: calls on one communicator
+  // The common case first: another call on the communicator of the last
+  // (the list is not empty only while a group is open).
+  if (!comms.empty() && comms.back() == handle) return;
+  if (!zp::groupOpen()) return;
   if (std::find(comms.begin(), comms.end(), handle) == comms.end()) comms.push_back(handle);
 }
 
@@ -161,8 +168,18 @@ struct NamedBuffer {
 // device buffers (enqueued, as in NCCL), NULL means host buffers (done on
 // return). Mixing the two is refused here, with what to pass instead, since
 // NCCL would fault on the device and the host path would touch device memory.
-zpResult_t checkDataCall(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStream_t stream,
-                         std::initializer_list<NamedBuffer> buffers) {
+zpResult_t checkBuffers(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStream_t stream,
+                        std::initializer_list<NamedBuffer> buffers);
+inline zpResult_t checkDataCall(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStream_t stream,
+                                std::initializer_list<NamedBuffer> buffers) {
+  // Host buffers on a communicator without a device: nothing to look up
+  // (every small host call comes this way).
+  if (!stream && !c->streamTransport() && zpTypeSize(dtype) != 0) return zpSuccess;
+  return checkBuffers(fn, c, dtype, stream, buffers);
+}
+
+zpResult_t checkBuffers(const char* fn, zp::Comm* c, zpDataType_t dtype, zpStream_t stream,
+                        std::initializer_list<NamedBuffer> buffers) {
   if (zpTypeSize(dtype) == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)dtype);
   zp::StreamTransport* device = c->streamTransport();
   if (stream && !device)
@@ -548,10 +565,12 @@ zpResult_t zpGroupEnd(void) try {
   bool ended = false;
   zpResult_t r = zp::groupEnd(&ended);
   if (ended) {
-    std::vector<zpComm_t>& comms = thisThread().groupComms;
+    ApiThread& t = thisThread();
     if (r != zpSuccess)
-      for (zpComm_t h : comms) noted(h, r);
-    comms.clear();  // keeps its storage: a group per step allocates nothing here
+      for (zpComm_t h : t.groupComms) noted(h, r);
+    t.groupComms.clear();  // keeps its storage: a group per step allocates nothing here
+    t.groupHandle = nullptr;
+    t.groupComm = nullptr;
   }
   return r;
 } catch (...) {
@@ -563,13 +582,24 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   const char* fn = isSend ? "zpSend" : "zpRecv";
   std::shared_ptr<zp::Comm> hold;
   zp::Comm* c = nullptr;
-  ZP_CHECK(lookup(comm, fn, &hold, &c));
+  ApiThread& t = thisThread();
+  const bool known = comm && comm == t.groupHandle;  // the open group's, held by it
+  if (known)
+    c = t.groupComm;
+  else
+    ZP_CHECK(lookup(comm, fn, &hold, &c));
   ZP_CHECK(checkDataCall(fn, c, datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
   const uint64_t opCount = c->nextOpCount();
   ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
           (unsigned long long)opCount, buf, count, zp::typeName(datatype), peer, (void*)comm, c->nranks(), stream);
+  if (known) return zp::enqueueP2P(c, nullptr, isSend, buf, count, datatype, peer, stream);
   inGroup(comm);
-  return zp::enqueueP2P(c, std::move(hold), isSend, buf, count, datatype, peer, stream);
+  ZP_CHECK(zp::enqueueP2P(c, std::move(hold), isSend, buf, count, datatype, peer, stream));
+  if (zp::groupOpen()) {  // queued: the group holds c now
+    t.groupHandle = comm;
+    t.groupComm = c;
+  }
+  return zpSuccess;
 }
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,

@@ -122,10 +122,15 @@ void vlog(LogLevel level, const char* fmt, va_list ap) {
 
 }  // namespace
 
-bool logEnabled(LogLevel level, unsigned subsys) {
+namespace detail {
+std::atomic<uint64_t> gLogGate{0};
+uint64_t logGate() {
   const LogState& st = state();
-  return level <= st.level && (st.subsys & subsys);
+  const uint64_t g = 1ull << 32 | (uint64_t)(st.level < 0 ? 0 : st.level) << 40 | st.subsys;
+  gLogGate.store(g, std::memory_order_relaxed);
+  return g;
 }
+}  // namespace detail
 
 void logMessage(LogLevel level, unsigned /*subsys*/, const char* fmt, ...) {
   va_list ap;

@@ -9,7 +9,9 @@
 // words that explain a result code.
 #pragma once
 
+#include <atomic>
 #include <cstdarg>
+#include <cstdint>
 
 #include "include/zeppelin.h"
 
@@ -26,7 +28,18 @@ enum LogSubsys : unsigned {
   kSubAll = ~0u,
 };
 
-bool logEnabled(LogLevel level, unsigned subsys);
+// Whether a line of this level and subsystem is written. Inline, since
+// every call asks (ZP_INFO): the level and subsystems in force are kept in
+// one word once read from the environment (logGate(), then never changed).
+namespace detail {
+extern std::atomic<uint64_t> gLogGate;  // 0: not read yet; else bit 32 | level << 40 | subsystems
+uint64_t logGate();
+}  // namespace detail
+inline bool logEnabled(LogLevel level, unsigned subsys) {
+  uint64_t g = detail::gLogGate.load(std::memory_order_relaxed);
+  if (__builtin_expect(g == 0, 0)) g = detail::logGate();
+  return (int)level <= (int)(g >> 40) && ((unsigned)g & subsys);
+}
 void logMessage(LogLevel level, unsigned subsys, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -76,6 +76,10 @@ struct OpReduceGroup {
 };
 
 struct Op {
+  // User-provided, so that a value-initialized Op (emplace_back()) is not
+  // zero-filled first: the members' own initializers set every field, and
+  // the fill (a rep stos of the whole Op) was a tenth of a small message's call.
+  Op() noexcept {}
   bool isSend = false;
   int peer = -1;  // a rank, or kAnyRemotePeer
   OpKind kind = OpKind::kP2P;
@@ -165,6 +169,15 @@ class Transport {
   // Whether a receive of `bytes` from peer may be a member of an
   // OpReduceGroup.
   virtual bool canReduceGroup(int /*peer*/, size_t /*bytes*/) const { return false; }
+  // The executor's shortcut for a call's small messages, tried before it
+  // posts them: moves now the ops it can finish without queuing them, in
+  // the order the ops come, and leaves the others untouched for post().
+  // An op it finishes gets its seq from sendSeq / recvSeq (by peer), which
+  // it advances; after an op it leaves, it leaves every later op of the
+  // same direction too, so that each pair's messages keep their order. It
+  // finishes ops with success only: anything unusual is post()'s to handle.
+  virtual void moveNow(const std::vector<Op*>& /*ops*/, std::vector<uint64_t>& /*sendSeq*/,
+                       std::vector<uint64_t>& /*recvSeq*/) {}
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.

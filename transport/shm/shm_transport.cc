@@ -264,6 +264,12 @@ bool ShmTransport::othersRunnable() {
   return othersRunnable_;
 }
 
+inline uint64_t nowUs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+}
+
 // A spinning core's hint to the CPU (x86's pause: less power, and the
 // sibling hyperthread gets the pipeline).
 inline void cpuRelax() {
@@ -285,11 +291,6 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   // the run queue until it is woken. With nothing else competing, polling
   // wins or ties. The measurements and their command:
   // docs/collectives.md, "Polling or sleeping while a peer copies".
-  auto nowUs = [] {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
-  };
   // With a core for every rank of the node, a poll does not yield: a peer
   // never waits for this rank's core, and a sched_yield per poll (a system
   // call, and a task switch when anything else is runnable) was most of a
@@ -594,13 +595,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
-    const char* data = payloadOf(h) + metaLen;
-    if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
-      op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, data, dataLen);
-    else if (dataLen)
-      memcpy((char*)op->buf + h->offset, data, dataLen);  // buf may be NULL when empty
-    op->progressed += dataLen;
-    if (ringPop(l.in, h)) p.wake = true;
+    takeFragment(p, l, op, h, metaLen);
     if (op->progressed == op->bytes) {
       l.recvq.pop_front();
       op->finish(zpSuccess);
@@ -615,13 +610,7 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
   uint64_t need = 0;
   while (!l.sendq.empty()) {
     Op* op = l.sendq.front();
-    // A block its receiver reduces goes through the ring from
-    // ZP_SHM_REDUCE_COPY on: the copies pipeline (this rank copies while the
-    // receiver reduces), which beats the receiver reading and reducing alone
-    // (docs/collectives.md, "Shared memory").
-    const bool rendezvous = p.cma && op->bytes >= ctx_.cfg->shmEagerBytes &&
-                            !(op->reducedByPeer && op->bytes >= ctx_.cfg->shmReduceCopyFrom);
-    if (rendezvous) {
+    if (rendezvous(p, op)) {
       if (op->metaBytes) {  // the meta goes ahead of the offer, on its own
         need = recordBytes(op->metaBytes);
         MsgHdr* h = claimOpRecord(l.out, need, kMeta, op);
@@ -644,22 +633,8 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       continue;
     }
     // Fragments through the ring; a zero-byte message is one empty fragment.
-    // The first carries the send's meta ahead of its data (padded to 8
-    // bytes: the data stays aligned, and a fragment holds whole elements).
     do {
-      const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // 0 once sent
-      size_t len = std::min(op->bytes - op->progressed, fragMax_ - std::min<size_t>(metaLen, fragMax_));
-      need = recordBytes(metaLen + len);
-      MsgHdr* h = claimOpRecord(l.out, need, kData, op);
-      if (!h) goto full;
-      h->len = (uint32_t)(metaLen + len);
-      h->metaLen = metaLen;
-      h->offset = op->progressed;
-      if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
-      if (len) memcpy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
-      ringPublish(l.out);
-      op->metaBytes = 0;
-      op->progressed += len;
+      if (!writeFragment(l, op, &need)) goto full;
       p.dirty = did = true;
     } while (op->progressed < op->bytes);
     l.sendq.pop_front();
@@ -673,6 +648,114 @@ full:
   std::atomic_thread_fence(std::memory_order_seq_cst);  // see ringPop
   if (ringClaim(l.out, need)) did = true;
   return did;
+}
+
+bool ShmTransport::rendezvous(const Peer& p, const Op* op) const {
+  // A block its receiver reduces goes through the ring from
+  // ZP_SHM_REDUCE_COPY on: the copies pipeline (this rank copies while the
+  // receiver reduces), which beats the receiver reading and reducing alone
+  // (docs/collectives.md, "Shared memory").
+  return p.cma && op->bytes >= ctx_.cfg->shmEagerBytes &&
+         !(op->reducedByPeer && op->bytes >= ctx_.cfg->shmReduceCopyFrom);
+}
+
+bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
+  // The first fragment carries the send's meta ahead of its data (padded to
+  // 8 bytes: the data stays aligned, and a fragment holds whole elements).
+  const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // 0 once sent
+  const size_t len = std::min(op->bytes - op->progressed, fragMax_ - std::min<size_t>(metaLen, fragMax_));
+  *need = recordBytes(metaLen + len);
+  MsgHdr* h = claimOpRecord(l.out, *need, kData, op);
+  if (!h) return false;
+  h->len = (uint32_t)(metaLen + len);
+  h->metaLen = metaLen;
+  h->offset = op->progressed;
+  if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
+  if (len) memcpy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
+  ringPublish(l.out);
+  op->metaBytes = 0;
+  op->progressed += len;
+  return true;
+}
+
+void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen) {
+  const uint32_t dataLen = h->len - metaLen;
+  const char* data = payloadOf(h) + metaLen;
+  if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
+    op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, data, dataLen);
+  else if (dataLen)
+    memcpy((char*)op->buf + h->offset, data, dataLen);  // buf may be NULL when empty
+  op->progressed += dataLen;
+  if (ringPop(l.in, h)) p.wake = true;
+}
+
+bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq) {
+  const uint32_t metaLen = h->type == kData ? h->metaLen : 0;
+  if (h->type != kData || h->seq != seq || h->kind != (uint32_t)op->kind || h->offset != 0 ||
+      h->total != op->bytes || h->len - metaLen != op->bytes)
+    return false;  // out of order, of another size, or in several records: progressRecv says what
+  if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
+  op->seq = seq++;
+  takeFragment(p, p.lane[0], op, h, metaLen);
+  op->finish(zpSuccess);
+  return true;
+}
+
+void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& sendSeq, std::vector<uint64_t>& recvSeq) {
+  // Only with nothing queued with any peer: a queued op goes first (each
+  // pair's messages stay in order) and must keep moving, which the general
+  // progress does.
+  if (!connected_ || busy()) return;
+  // A peer this call can use now: not gone, its control records read (a
+  // goodbye among them fails a send instead of filling its ring).
+  auto usable = [&](Peer* p, const Op* op) {
+    return p && !p->gone && !p->bye && p->ctrlBacklog.empty() && !ringPeek(p->inCtrl) && !p->lane[0].discarding &&
+           laneOf(op->kind) == 0 && !op->group && !op->routed && !op->stream;
+  };
+  bool sendsLeft = false;
+  for (Op* op : ops) {
+    if (!op->isSend || op->peer == ctx_.rank) continue;
+    Peer* p = peer(op->peer);
+    uint64_t need;
+    op->seq = p ? sendSeq[op->peer] : 0;
+    if (!usable(p, op) || rendezvous(*p, op) || ((op->metaBytes + 7) & ~7u) + op->bytes > fragMax_ ||
+        !writeFragment(p->lane[0], op, &need)) {  // no room: post() waits for it
+      sendsLeft = true;
+      break;
+    }
+    sendSeq[op->peer]++;
+    p->dirty = true;
+    op->finish(zpSuccess);
+  }
+  for (Peer& p : peers_)
+    if (p.dirty || p.wake) notify(p);
+  // Receives in order; the first whose record has not come is polled for.
+  uint64_t until = 0;
+  for (size_t i = 0, polls = 0; i < ops.size();) {
+    Op* op = ops[i];
+    if (op->isSend || op->peer == ctx_.rank) {
+      i++;
+      continue;
+    }
+    Peer* p = peer(op->peer);
+    if (!usable(p, op)) break;
+    if (MsgHdr* h = ringPeek(p->lane[0].in)) {
+      if (!takeWhole(*p, op, h, recvSeq[op->peer])) break;
+      if (p->wake) notify(*p);
+      i++;
+      continue;
+    }
+    // No waiting while sends of this call are still to be posted (their
+    // receivers may be the very ranks this one waits for), nor where ranks
+    // outnumber cores (the general wait yields the core to the sender).
+    if (sendsLeft || oversubscribed_) break;
+    if ((++polls & 15) == 0) {
+      const uint64_t now = nowUs();
+      if (until == 0) until = now + kMoveNowPollUs;
+      if (now > until) break;
+    }
+    cpuRelax();
+  }
 }
 
 }  // namespace zp

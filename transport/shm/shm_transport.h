@@ -45,6 +45,7 @@ namespace zp {
 
 struct SegHeader;
 struct RingCtl;
+struct MsgHdr;
 
 struct Ring {
   RingCtl* ctl = nullptr;
@@ -88,6 +89,15 @@ class ShmTransport : public CarrierTransport {
   ~ShmTransport();
 
   void post(Op* op) override;
+  // Messages that fit one record of the ring (meta included) and go by
+  // copy, with peers nothing is queued with: a send is written into the
+  // ring, a receive takes its record if it has come, polled for up to
+  // kMoveNowPollUs (one look when ranks outnumber cores: the general wait
+  // yields the core). The whole call of a small message is then a record
+  // written and a record read, without the queues, the executor's passes
+  // and the doorbell's bookkeeping.
+  void moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& sendSeq, std::vector<uint64_t>& recvSeq) override;
+  static constexpr int kMoveNowPollUs = 20;
   // Receives reduce while they copy: from the ring's fragments, or from the
   // sender's memory in slices that stay in cache (see progressRecv).
   bool canReduce() const override { return true; }
@@ -189,6 +199,18 @@ class ShmTransport : public CarrierTransport {
   bool drainCtrl(Peer& p);
   bool progressRecv(Peer& p, int lane);
   bool progressSend(Peer& p, int lane);
+  // Whether op goes to p by single copy (an offer the receiver reads), else
+  // by copy through the ring.
+  bool rendezvous(const Peer& p, const Op* op) const;
+  // Writes op's next fragment (its meta first, in the first) into the ring;
+  // false if there is no room for the `*need` bytes it takes.
+  bool writeFragment(Lane& l, Op* op, uint64_t* need);
+  // Takes a data fragment of op's (its meta, if any, copied already) into
+  // op's buffer, reducing if op reduces, and frees its record.
+  void takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen);
+  // moveNow's receive: op's record if it is the whole message op expects
+  // (true, op finished); false, touching nothing, for anything else.
+  bool takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq);
   bool pushCtrl(Peer& p, std::vector<char> record);
   // Writes the control records waiting for room; true if any went.
   bool flushCtrl(Peer& p);
