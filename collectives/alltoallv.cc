@@ -37,10 +37,10 @@ zpResult_t checkSide(const char* side, const void* buf, const size_t counts[], c
   if (!counts) return fail(zpInvalidArgument, "zpAlltoallv: %s is NULL", countName);
   if (!displs) return fail(zpInvalidArgument, "zpAlltoallv: %s is NULL", displName);
   for (int p = 0; p < n; p++) {
-    if (counts[p] > kMaxCallBytes / ts)
+    if (counts[p] > maxElements(ts))
       return fail(zpInvalidArgument, "zpAlltoallv: %s[%d]=%zu is too large (a negative value cast to size_t?)",
                   countName, p, counts[p]);
-    if (displs[p] > kMaxCallBytes / ts)
+    if (displs[p] > maxElements(ts))
       return fail(zpInvalidArgument, "zpAlltoallv: %s[%d]=%zu is too large (a negative value cast to size_t?)",
                   displName, p, displs[p]);
     if (counts[p] == 0) continue;
@@ -441,7 +441,7 @@ zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows) {
       return fail(zpInvalidUsage, "rank %d: alltoallv: rank 0 passes a %llu-byte datatype but rank %d a %llu-byte one",
                   me, (unsigned long long)rows[2 * n], i, (unsigned long long)ts);
     for (int j = 0; j < 2 * n; j++)
-      if (rows[(size_t)i * rowLen + j] > kMaxCallBytes / ts)
+      if (rows[(size_t)i * rowLen + j] > maxElements(ts))
         return fail(zpInvalidUsage, "rank %d: alltoallv: rank %d sent a count of %llu elements, beyond any call", me,
                     i, (unsigned long long)rows[(size_t)i * rowLen + j]);
   }

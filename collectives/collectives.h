@@ -17,6 +17,10 @@ namespace zp {
 // Bytes in one call are capped far below what size_t holds, so that counts
 // that came from negative ints are caught instead of wrapping around.
 constexpr size_t kMaxCallBytes = size_t(1) << 48;
+// The most elements of ts bytes (a type's size: a power of two, not 0) a
+// call may name: a shift, not a division (a 64-bit divide was a tenth of a
+// small send's call).
+inline size_t maxElements(size_t ts) { return kMaxCallBytes >> __builtin_ctzll(ts); }
 
 // stream: null for host buffers (the executor moves them before returning);
 // a CUDA stream for device buffers (enqueued on the StreamTransport).

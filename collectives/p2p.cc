@@ -156,7 +156,7 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
   const char* fn = isSend ? "zpSend" : "zpRecv";
   if (peer < 0 || peer >= comm->nranks())
     return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d)", fn, peer, comm->nranks() - 1);
-  if (count > kMaxCallBytes / ts)
+  if (count > maxElements(ts))
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
   Group& g = tlsGroup();

@@ -668,7 +668,7 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
       return zp::fail(zpInvalidArgument, "%s: root %d is not a rank of this communicator (0..%d)", fn, a.root, n - 1);
     // all-gather and reduce-scatter move n blocks of count: checked before multiplying.
     const bool blocks = a.kind == zp::CollKind::kAllGather || a.kind == zp::CollKind::kReduceScatter;
-    if (a.count > zp::kMaxCallBytes / ts / (blocks ? (size_t)n : 1))
+    if (blocks ? a.count > zp::maxElements(ts) / (size_t)n : a.count > zp::maxElements(ts))
       return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
     size_t sendElems = a.count, recvElems = a.count;
     if (a.kind == zp::CollKind::kAllGatherv || a.kind == zp::CollKind::kReduceScatterv)

@@ -18,7 +18,7 @@ zpResult_t checkCounts(const char* fn, const CollArgs& a, int n, int me, size_t 
   if (!a.counts) return fail(zpInvalidArgument, "%s: recvcounts is NULL", fn);
   const bool gather = a.kind == zp::CollKind::kAllGatherv;
   if (gather && !a.displs) return fail(zpInvalidArgument, "%s: rdispls is NULL", fn);
-  const size_t maxElems = kMaxCallBytes / ts;
+  const size_t maxElems = maxElements(ts);
   size_t total = 0;
   for (int p = 0; p < n; p++) {
     if (a.counts[p] > maxElems - total)
