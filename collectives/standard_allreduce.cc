@@ -13,22 +13,22 @@ namespace zp {
 namespace detail {
 
 // ---- Small all-reduces on one node: the header check and the data in one round ----
-// Each rank sends its header (as the message's meta) and its data to every
-// other rank at once, checks every header, then reduces the n blocks in rank
-// order: one round where the header check and recursive doubling take
-// 1 + log2(n), and the same bits on every rank. Nothing is written before
-// the headers agree, so a mismatch is still zpInvalidUsage on every rank,
-// naming the calls (a count that differs also makes the messages' sizes
-// differ: the transport refuses the data, the headers still came ahead).
-// Up to kFusedBytes of the work type per rank; never exactly a header's
-// size, so that a rank in another collective's header check always sees a
-// message of the wrong size rather than data taken for a header.
+// Each rank sends its header's digest (as the message's meta) and its data
+// to every other rank at once, checks every digest, then reduces the n
+// blocks in rank order: one round where the header check and recursive
+// doubling take 1 + log2(n), and the same bits on every rank. Nothing is
+// written before the digests agree, so a mismatch is still zpInvalidUsage
+// on every rank, naming the calls (settleHeaders; a count that differs also
+// makes the messages' sizes differ: the transport refuses the data, the
+// digests still came ahead). A rank in another collective's header check
+// sends no data, so its message always has the wrong size here, and this
+// one in its check. Up to kFusedBytes of the work type per rank.
 constexpr size_t kFusedBytes = 4096;
 
 bool fusesCheck(Comm* c, const CollArgs& a) {
   const size_t bytes = a.count * zpTypeSize(workType(a.dtype));
   const CollAlgo algo = c->cfg().collAlgo;
-  if (a.kind != CollKind::kAllReduce || a.count == 0 || bytes > kFusedBytes || bytes == sizeof(Header)) return false;
+  if (a.kind != CollKind::kAllReduce || a.count == 0 || bytes > kFusedBytes) return false;
   return c->nranks() > 1 && c->nnodes() == 1 && (algo == CollAlgo::kAuto || algo == CollAlgo::kTree);
 }
 
@@ -37,10 +37,9 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   const zpDataType_t wt = workType(a.dtype);
   const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
   HeaderLists& l = headerLists();
-  std::vector<Header>& all = l.all;
-  all.assign(n, Header{});
-  for (Header& h : all) h.kind = kNoHeader;
-  all[me] = mine;
+  std::vector<uint64_t>& digests = l.digests;
+  digests.assign(n, kNoDigest);
+  digests[me] = digestOf(mine);
   char* blocks = scratch(kScratchAcc0, bytes * n);  // rank r's data at r * bytes
   if (isHalf(a.dtype))
     toWork(a.send, blocks + me * bytes, a.count, a.dtype);
@@ -51,17 +50,17 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
     ops.push_back(makeOp(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws));
-    ops.back().meta = &all[me];
-    ops.back().metaBytes = sizeof(Header);
+    ops.back().meta = &digests[me];
+    ops.back().metaBytes = sizeof(uint64_t);
     ops.push_back(makeOp(OpKind::kCollective, false, from, blocks + from * bytes, bytes, ws));
-    ops.back().meta = &all[from];
-    ops.back().metaBytes = sizeof(Header);
+    ops.back().meta = &digests[from];
+    ops.back().metaBytes = sizeof(uint64_t);
   }
   // A peer that failed or died is that error; a message of the wrong size
-  // (zpInvalidUsage) is explained by the headers, which came ahead of it.
+  // (zpInvalidUsage) is explained by the digests, which came ahead of it.
   const zpResult_t moved = run(c, ops, xferId(seq, 0));
   if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
-  ZP_CHECK(compareHeaders(me, all));
+  ZP_CHECK(settleHeaders(c, seq, mine, digests));
   ZP_CHECK(moved);
   std::vector<const char*>& in = l.in;
   in.resize(n);

@@ -44,36 +44,7 @@ std::string describe(const Header& h) {
   return s;
 }
 
-}  // namespace
-
-bool isV(CollKind k) { return k == CollKind::kAllGatherv || k == CollKind::kReduceScatterv; }
-
-uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' bytes
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int i = 0; i < n; i++)
-    for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)counts[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-  return h;
-}
-
-HeaderLists& headerLists() { return PerThread<HeaderLists>::get(); }
-
-zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
-  const int n = c->nranks(), me = c->rank();
-  HeaderLists& l = headerLists();
-  std::vector<Header>& all = l.all;
-  all.assign(n, Header{});
-  all[me] = mine;
-  std::vector<Op>& ops = l.ops;
-  ops.clear();
-  for (int i = 1; i < n; i++) {
-    int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));
-    ops.push_back(makeOp(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1));
-  }
-  ZP_CHECK(run(c, ops, xferId(seq, 0)));
-  return compareHeaders(me, all);
-}
-
+// zpInvalidUsage naming the first rank whose call differs from rank 0's, if any.
 zpResult_t compareHeaders(int me, const std::vector<Header>& all) {
   // A rank whose message came without a header called something else (a
   // call that checks its headers on their own, while the others fused theirs).
@@ -88,6 +59,74 @@ zpResult_t compareHeaders(int me, const std::vector<Header>& all) {
                   "ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW must be the same on every rank)",
                   me, r);
   return zpSuccess;
+}
+
+}  // namespace
+
+bool isV(CollKind k) { return k == CollKind::kAllGatherv || k == CollKind::kReduceScatterv; }
+
+uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' bytes
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)counts[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  return h;
+}
+
+HeaderLists& headerLists() { return PerThread<HeaderLists>::get(); }
+
+uint64_t digestOf(const Header& h) {
+  uint64_t d = 0;
+  for (uint64_t v : {h.kind, h.count, h.dtype, h.op, h.root, h.countsHash, h.settings}) d = splitmix(d ^ v);
+  return d == kNoDigest ? 1 : d;
+}
+
+zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
+  const int n = c->nranks(), me = c->rank();
+  HeaderLists& l = headerLists();
+  std::vector<uint64_t>& digests = l.digests;
+  digests.assign(n, kNoDigest);
+  digests[me] = digestOf(mine);
+  std::vector<Op>& ops = l.ops;
+  ops.clear();
+  for (int i = 1; i < n; i++) {
+    const int to = (me + i) % n, from = (me - i + n) % n;
+    ops.push_back(makeOp(OpKind::kCollective, true, to, nullptr, 0, 1));
+    ops.back().meta = &digests[me];
+    ops.back().metaBytes = sizeof(uint64_t);
+    ops.push_back(makeOp(OpKind::kCollective, false, from, nullptr, 0, 1));
+    ops.back().meta = &digests[from];
+    ops.back().metaBytes = sizeof(uint64_t);
+  }
+  // A message of another size (a peer in a fused all-reduce) is explained
+  // by its digest, which came ahead of it.
+  const zpResult_t moved = run(c, ops, xferId(seq, 0));
+  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
+  ZP_CHECK(settleHeaders(c, seq, mine, digests));
+  return moved;
+}
+
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests) {
+  const int n = c->nranks(), me = c->rank();
+  bool same = true;
+  for (uint64_t d : digests) same &= d == digests[me];
+  if (same) return zpSuccess;
+  // The second round: every rank's full header, to name what differs.
+  HeaderLists& l = headerLists();
+  std::vector<Header>& all = l.all;
+  all.assign(n, Header{});
+  for (Header& h : all) h.kind = kNoHeader;
+  all[me] = mine;
+  std::vector<Op> ops;
+  for (int i = 1; i < n; i++) {
+    const int to = (me + i) % n, from = (me - i + n) % n;
+    ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));
+    ops.push_back(makeOp(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1));
+  }
+  const zpResult_t moved = run(c, ops, xferId(seq, kStepHeaders));
+  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
+  ZP_CHECK(compareHeaders(me, all));
+  // Digests that differ while the headers agree: a header that never came.
+  return fail(zpInvalidUsage, "rank %d: the ranks' calls differ (a rank called another operation)", me);
 }
 
 }  // namespace detail

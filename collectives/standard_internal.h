@@ -18,7 +18,7 @@ namespace detail {
 // a step tag from bit 40 (0 the header check, then each algorithm's own,
 // the same on both ends of every message), the sequence.
 constexpr uint64_t kCollectiveXfer = 1ull << 61;
-constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepSplit = 0xFFF0;
+constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepHeaders = 0xFFFC, kStepSplit = 0xFFF0;
 // The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
 // of them (the step field has 21 bits).
 constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
@@ -55,15 +55,27 @@ uint64_t hashCounts(const size_t* counts, int n);  // FNV-1a over the counts' by
 // A header's kind carries this bit for zpCommSplit's own all-gather.
 constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
 
+// The check goes in two rounds, the second only where the calls differ.
+// First every rank sends every other its header's digest (8 bytes, as a
+// message's meta: a barrier's message, or a small all-reduce's with its
+// data, stays one record of shared memory). If any digest differs from
+// this rank's, then every rank sees one that differs from its own, so
+// every rank goes on to the second round, where the full headers go and
+// the error names the calls that differ.
+uint64_t digestOf(const Header& h);
+// The digest of a header that never came (its place is set to this first).
+constexpr uint64_t kNoDigest = 0;
 // zpInvalidUsage on every rank unless every rank's header is mine.
 zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
-// The comparison alone, of headers every rank has: zpInvalidUsage naming
-// the first rank whose call differs from rank 0's.
-zpResult_t compareHeaders(int me, const std::vector<Header>& all);
-// The header exchange's lists (every rank's header, the ops, the fused
-// all-reduce's inputs), kept from call to call on the calling thread: a
-// barrier or a small all-reduce allocates nothing.
+// Once the digests came (digests[r]: rank r's): zpSuccess if every one is
+// mine, else the second round and the error that names the calls.
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests);
+// The header exchange's lists (every rank's digest and, in the second
+// round, header, the ops, the fused all-reduce's inputs), kept from call
+// to call on the calling thread: a barrier or a small all-reduce allocates
+// nothing.
 struct HeaderLists {
+  std::vector<uint64_t> digests;
   std::vector<Header> all;
   std::vector<Op> ops;
   std::vector<const char*> in;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "tests/harness.h"
+#include "transport/shm/shm_transport.h"
 
 namespace {
 
@@ -393,5 +394,46 @@ INSTANTIATE_TEST_SUITE_P(Shm, P2PTwoRanks,
                                            ShmSetup{"auto_eager0", "auto", nullptr, "0"},
                                            ShmSetup{"auto_eager1G", "auto", nullptr, "1G"}),
                          [](const ::testing::TestParamInfo<ShmSetup>& i) { return std::string(i.param.name); });
+
+// The shortcut for small messages (ShmTransport::moveNow): a ring of
+// groups of one small send and one small receive, random sizes below the
+// single-copy threshold, every byte checked, moves every send at once (the
+// receives too when their message comes within the poll); a message larger
+// than a record goes the general way; and a receive that expects another
+// size is refused by the shortcut and still fails with the error that
+// names both sizes.
+TEST(P2PShortcut, SmallMessagesMoveAtOnceTheRestTheGeneralWay) {
+  const uint64_t seed = zptest::testCaseSeed();
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    const int kCalls = 300;
+    long before = zp::ShmTransport::opsMovedNow();
+    for (int i = 0; i < kCalls; i++) {
+      const size_t count = mix(seed, (uint64_t)i) % 8000;  // bytes, below ZP_SHM_EAGER (32 KiB)
+      exchange(comm, rank,
+               {{0, 1, count, zpUint8, mix(seed, 1000 + 2 * (uint64_t)i)},
+                {1, 0, count, zpUint8, mix(seed, 1001 + 2 * (uint64_t)i)}});
+    }
+    const long moved = zp::ShmTransport::opsMovedNow() - before;
+    EXPECT_GE(moved, kCalls) << "every send takes the shortcut";
+    EXPECT_LE(moved, 2 * kCalls);
+    before = zp::ShmTransport::opsMovedNow();
+    exchange(comm, rank, {{0, 1, 1u << 20, zpFloat32, mix(seed, 1)}, {1, 0, 1u << 20, zpFloat32, mix(seed, 2)}});
+    EXPECT_EQ(zp::ShmTransport::opsMovedNow() - before, 0) << "4 MiB is not one record";
+    // Rank 0 sends 8 elements, rank 1 expects 16.
+    GuardedBuffer buf(64, 3);
+    buf.fill(mix(seed, 3), 0, 1);
+    if (rank == 0) {
+      ZP_EXPECT_OK(zpSend(buf.data(), 8, zpFloat32, 1, comm, nullptr));
+    } else {
+      EXPECT_EQ(zpRecv(buf.data(), 16, zpFloat32, 0, comm, nullptr), zpInvalidUsage);
+      EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 0 sends 8 elements to rank 1 but rank 1 expects 16"),
+                std::string::npos)
+          << zpGetLastError(comm);
+    }
+    zptest::barrier(comm, n);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
 
 }  // namespace

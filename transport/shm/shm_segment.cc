@@ -14,6 +14,26 @@
 
 namespace zp {
 
+namespace {
+
+// Maps [addr, addr + len)'s pages now (MADV_POPULATE_WRITE, Linux 5.14 on),
+// best effort: otherwise a ring's first lap takes a page fault in both
+// processes every 4 KiB of messages, which more than doubled a small
+// message's time until the ring had gone round once (2 MiB of traffic per
+// pair by default).
+void prefault(void* addr, size_t len) {
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t from = (uintptr_t)addr & ~(page - 1), to = (uintptr_t)addr + len;
+  madvise((void*)from, to - from, MADV_POPULATE_WRITE);
+#else
+  (void)addr;
+  (void)len;
+#endif
+}
+
+}  // namespace
+
 zpResult_t ShmTransport::create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out) {
   std::unique_ptr<ShmTransport> t(new ShmTransport(ctx));
   ZP_CHECK(t->init());
@@ -98,6 +118,7 @@ zpResult_t ShmTransport::init() {
     return fail(zpSystemError, "rank %d: mmap of %zu bytes of shared memory failed: %s", c.rank, segBytes_,
                 strerror(e));
   }
+  prefault(base, segBytes_);  // the rings every local peer writes here
   mine_ = (SegHeader*)base;
   mine_->magic = kSegMagic;
   mine_->nlocal = nlocal;
@@ -153,6 +174,11 @@ zpResult_t ShmTransport::mapPeer(Peer& p) {
     munmap(base, bytes);
     return res;
   }
+  // The rings this rank writes there: its slot's.
+  Lane lanes[kLanes];
+  Ring ctrl;
+  locateRings(base, s->nlocal, ringBytes_, myLocalIdx_, lanes, false, &ctrl);
+  prefault(lanes[0].out.buf, ctrl.buf + ctrl.cap - lanes[0].out.buf);
   p.seg = s;
   p.segBytes = bytes;
   return zpSuccess;

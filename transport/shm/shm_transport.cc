@@ -28,6 +28,8 @@ namespace zp {
 constexpr size_t kReduceSlice = 256 << 10;
 std::atomic<long> gGroupsReduced{0};    // ShmTransport::groupsReduced()
 std::atomic<long> gSingleCopySends{0};  // ShmTransport::singleCopySends()
+std::atomic<long> gOpsMovedNow{0};      // ShmTransport::opsMovedNow()
+static void countMovedNow() { gOpsMovedNow.store(gOpsMovedNow.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
 
 ShmTransport::Peer* ShmTransport::peer(int rank) {
@@ -73,6 +75,7 @@ bool ShmTransport::canReduceGroup(int rank, size_t bytes) const {
 
 long ShmTransport::groupsReduced() { return gGroupsReduced.load(); }
 long ShmTransport::singleCopySends() { return gSingleCopySends.load(); }
+long ShmTransport::opsMovedNow() { return gOpsMovedNow.load(); }
 
 bool ShmTransport::runGroups() {
   bool did = false;
@@ -262,12 +265,6 @@ bool ShmTransport::othersRunnable() {
   if (sscanf(buf, "%*f %*f %*f %d/", &running) == 1)
     othersRunnable_ = running > (int)peers_.size() + 1;  // more than this node's ranks
   return othersRunnable_;
-}
-
-inline uint64_t nowUs() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
 }
 
 // A spinning core's hint to the CPU (x86's pause: less power, and the
@@ -698,6 +695,7 @@ bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq) {
   op->seq = seq++;
   takeFragment(p, p.lane[0], op, h, metaLen);
   op->finish(zpSuccess);
+  countMovedNow();
   return true;
 }
 
@@ -726,6 +724,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     sendSeq[op->peer]++;
     p->dirty = true;
     op->finish(zpSuccess);
+    countMovedNow();
   }
   for (Peer& p : peers_)
     if (p.dirty || p.wake) notify(p);
