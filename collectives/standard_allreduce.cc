@@ -20,9 +20,9 @@ namespace detail {
 // written before the digests agree, so a mismatch is still zpInvalidUsage
 // on every rank, naming the calls (settleHeaders; a count that differs also
 // makes the messages' sizes differ: the transport refuses the data, the
-// digests still came ahead). A rank in another collective's header check
-// sends no data, so its message always has the wrong size here, and this
-// one in its check. Up to kFusedBytes of the work type per rank.
+// digests still came ahead; a rank in another collective's header check
+// sends its digest as data, not meta: checkHeaders says how that differs
+// too). Up to kFusedBytes of the work type per rank.
 constexpr size_t kFusedBytes = 4096;
 
 bool fusesCheck(Comm* c, const CollArgs& a) {

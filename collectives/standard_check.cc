@@ -90,15 +90,14 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kCollective, true, to, nullptr, 0, 1));
-    ops.back().meta = &digests[me];
-    ops.back().metaBytes = sizeof(uint64_t);
-    ops.push_back(makeOp(OpKind::kCollective, false, from, nullptr, 0, 1));
-    ops.back().meta = &digests[from];
-    ops.back().metaBytes = sizeof(uint64_t);
+    ops.push_back(makeOp(OpKind::kCollective, true, to, &digests[me], sizeof(uint64_t), 1));
+    ops.push_back(makeOp(OpKind::kCollective, false, from, &digests[from], sizeof(uint64_t), 1));
   }
-  // A message of another size (a peer in a fused all-reduce) is explained
-  // by its digest, which came ahead of it.
+  // A peer in a fused all-reduce (one node) sends its digest as meta, which
+  // this receive does not take: its place stays kNoDigest, or the data of
+  // the one size that fits is taken for a digest; either way it differs, on
+  // both sides, and the second round names the calls. A message of another
+  // size is refused here (zpInvalidUsage), and explained the same way.
   const zpResult_t moved = run(c, ops, xferId(seq, 0));
   if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
   ZP_CHECK(settleHeaders(c, seq, mine, digests));

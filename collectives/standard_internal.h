@@ -56,9 +56,9 @@ uint64_t hashCounts(const size_t* counts, int n);  // FNV-1a over the counts' by
 constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
 
 // The check goes in two rounds, the second only where the calls differ.
-// First every rank sends every other its header's digest (8 bytes, as a
-// message's meta: a barrier's message, or a small all-reduce's with its
-// data, stays one record of shared memory). If any digest differs from
+// First every rank sends every other its header's digest (8 bytes: a
+// barrier's message, or a small all-reduce's with its data, the digest as
+// its meta, stays one record of shared memory). If any digest differs from
 // this rank's, then every rank sees one that differs from its own, so
 // every rank goes on to the second round, where the full headers go and
 // the error names the calls that differ.

@@ -522,6 +522,13 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
     ZP_EXPECT_ERROR(zpInvalidUsage, zpBroadcast(send.data(), recv.data(), 100, zpFloat32, odd ? 1 : 0, comm, nullptr));
     ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
                                         : zpAllGather(send.data(), recv.data(), 25, zpFloat32, comm, nullptr));
+    // A small all-reduce (one round, its digest as meta) against a barrier
+    // (its digest as 8 bytes of data): 8 bytes of data on both sides.
+    ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
+                                        : zpAllReduce(send.data(), recv.data(), 2, zpFloat32, zpSum, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 0 calls allreduce of 2 float32 (sum) but rank 2 calls barrier"),
+              std::string::npos)
+        << zpGetLastError(comm);
     // The v calls: one rank's recvcounts differ (the same total), then its sendcount and its entry.
     std::vector<size_t> counts = {1, 2, 3, 4};
     if (odd) counts = {1, 3, 2, 4};
