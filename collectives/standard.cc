@@ -76,7 +76,7 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   const Config& cfg = c->cfg();
   for (uint64_t v : {(uint64_t)cfg.collAlgo, (uint64_t)cfg.collRingAbove, (uint64_t)cfg.collSliceBytes,
                      (uint64_t)cfg.routing, (uint64_t)cfg.routeDirectBelow})
-    mine.settings = splitmix(mine.settings ^ v);
+    mine.settings = hashStep(mine.settings, v);
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];

@@ -90,6 +90,15 @@ bool fusesCheck(Comm* c, const CollArgs& a);
 zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine);
 
 // SplitMix64's mixer: the settings' hash in the header, the split's secret.
+// One step of a header's hash (its digest, its settings): for any v it maps
+// d one to one (an xor, an odd multiplier, a shift-xor), so two headers that
+// differ in one field always hash apart; a multiply where splitmix takes two
+// (every collective hashes its header).
+inline uint64_t hashStep(uint64_t d, uint64_t v) {
+  d = (d ^ v) * 0x9E3779B97F4A7C15ull;
+  return d ^ (d >> 32);
+}
+
 inline uint64_t splitmix(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

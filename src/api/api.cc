@@ -634,8 +634,9 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
                    (void*)comm, c->nranks(), stream);
   }
   inGroup(comm);
-  return zp::enqueueCollective(c, "zpAlltoallv", [=] {
-    return zp::alltoallv(c.get(), sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
+  // By the communicator's address, as the standard collectives' closure.
+  return zp::enqueueCollective(c, "zpAlltoallv", [=, raw = c.get()] {
+    return zp::alltoallv(raw, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
   });
 }
 
@@ -693,7 +694,9 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
           fn + 2, (unsigned long long)opCount, a.send, a.recv, a.count, zp::typeName(a.dtype), zp::opName(a.op), a.root,
           (void*)comm, n, stream);
   inGroup(comm);
-  return zp::enqueueCollective(c, fn, [c, a, stream, keep] { return zp::collective(c.get(), a, stream); });
+  // The closure takes the communicator's address: a queued one is held by
+  // the group with it, and one run at once by c (no reference count moves).
+  return zp::enqueueCollective(c, fn, [raw = c.get(), a, stream, keep] { return zp::collective(raw, a, stream); });
 }
 
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
