@@ -92,9 +92,9 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
   std::deque<Op> ops;
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kAlltoallv, true, to, mine, rowLen * sizeof(uint64_t), 1));
-    ops.push_back(makeOp(OpKind::kAlltoallv, false, from, rows->data() + (size_t)from * rowLen,
-                         rowLen * sizeof(uint64_t), 1));
+    ops.emplace_back(OpKind::kAlltoallv, true, to, mine, rowLen * sizeof(uint64_t), 1);
+    ops.emplace_back(OpKind::kAlltoallv, false, from, rows->data() + (size_t)from * rowLen,
+                         rowLen * sizeof(uint64_t), 1);
   }
   // Across nodes through the relay too, which knows the paths that work.
   RoutedXfer xfer;
@@ -140,7 +140,7 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
   std::deque<Op> ops;
   std::deque<RoutedXfer> xfers;  // deques: addresses stay put
   auto add = [&](bool isSend, int peer, const char* buf, size_t count) {
-    ops.push_back(makeOp(OpKind::kAlltoallv, isSend, peer, (void*)buf, count * ts, ts));
+    ops.emplace_back(OpKind::kAlltoallv, isSend, peer, (void*)buf, count * ts, ts);
     return &ops.back();
   };
   auto route = [&](const std::vector<Piece>* pieces) {
@@ -294,11 +294,11 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
   for (const DeviceHop& h : hops) {
     std::vector<Op>& g = groups[h.stage];
     if (h.from == me)
-      g.push_back(makeOp(OpKind::kAlltoallv, true, h.to, (void*)(h.srcSlot.area == kNoSlot ? h.src : address(h.srcSlot)),
-                         h.bytes, ts));
+      g.emplace_back(OpKind::kAlltoallv, true, h.to, (void*)(h.srcSlot.area == kNoSlot ? h.src : address(h.srcSlot)),
+                         h.bytes, ts);
     if (h.to == me)
-      g.push_back(makeOp(OpKind::kAlltoallv, false, h.from, h.dstSlot.area == kNoSlot ? h.dst : address(h.dstSlot),
-                         h.bytes, ts));
+      g.emplace_back(OpKind::kAlltoallv, false, h.from, h.dstSlot.area == kNoSlot ? h.dst : address(h.dstSlot),
+                         h.bytes, ts);
   }
   zpResult_t res = zpSuccess;
   for (std::vector<Op>& g : groups) {
@@ -333,9 +333,9 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
   for (int i = 0; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     if (sendcounts[to])
-      ops.push_back(makeOp(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts));
+      ops.emplace_back(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts);
     if (recvcounts[from])
-      ops.push_back(makeOp(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts));
+      ops.emplace_back(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts);
   }
   std::vector<Op*> ptrs;
   for (Op& op : ops) {

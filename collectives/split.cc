@@ -58,8 +58,8 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
     std::vector<Op> ops;
     for (int i = 0; i < m; i++)
       if (i != newRank) {
-        ops.push_back(makeOp(OpKind::kCollective, true, members[i], &sizes[newRank], sizeof(uint64_t), 1));
-        ops.push_back(makeOp(OpKind::kCollective, false, members[i], &sizes[i], sizeof(uint64_t), 1));
+        ops.emplace_back(OpKind::kCollective, true, members[i], &sizes[newRank], sizeof(uint64_t), 1);
+        ops.emplace_back(OpKind::kCollective, false, members[i], &sizes[i], sizeof(uint64_t), 1);
       }
     ZP_CHECK(run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++)));
     for (int i = 0; i < m; i++) {
@@ -72,8 +72,8 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
     ops.clear();
     for (int i = 0; i < m; i++)
       if (i != newRank) {
-        ops.push_back(makeOp(OpKind::kCollective, true, members[i], (void*)blob.data(), blob.size(), 1));
-        ops.push_back(makeOp(OpKind::kCollective, false, members[i], &(*out)[i][0], sizes[i], 1));
+        ops.emplace_back(OpKind::kCollective, true, members[i], (void*)blob.data(), blob.size(), 1);
+        ops.emplace_back(OpKind::kCollective, false, members[i], &(*out)[i][0], sizes[i], 1);
       }
     return run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++));
   };

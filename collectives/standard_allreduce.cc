@@ -49,10 +49,10 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws));
+    ops.emplace_back(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws);
     ops.back().meta = &digests[me];
     ops.back().metaBytes = sizeof(uint64_t);
-    ops.push_back(makeOp(OpKind::kCollective, false, from, blocks + from * bytes, bytes, ws));
+    ops.emplace_back(OpKind::kCollective, false, from, blocks + from * bytes, bytes, ws);
     ops.back().meta = &digests[from];
     ops.back().metaBytes = sizeof(uint64_t);
   }

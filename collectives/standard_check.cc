@@ -90,8 +90,8 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kCollective, true, to, &digests[me], sizeof(uint64_t), 1));
-    ops.push_back(makeOp(OpKind::kCollective, false, from, &digests[from], sizeof(uint64_t), 1));
+    ops.emplace_back(OpKind::kCollective, true, to, &digests[me], sizeof(uint64_t), 1);
+    ops.emplace_back(OpKind::kCollective, false, from, &digests[from], sizeof(uint64_t), 1);
   }
   // A peer in a fused all-reduce (one node) sends its digest as meta, which
   // this receive does not take: its place stays kNoDigest, or the data of
@@ -118,8 +118,8 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::v
   std::vector<Op> ops;
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.push_back(makeOp(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1));
-    ops.push_back(makeOp(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1));
+    ops.emplace_back(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1);
+    ops.emplace_back(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1);
   }
   const zpResult_t moved = run(c, ops, xferId(seq, kStepHeaders));
   if (moved != zpSuccess && moved != zpInvalidUsage) return moved;

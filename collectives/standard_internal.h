@@ -160,7 +160,7 @@ class Step {
   // peer must be on different lanes.
   void lane(uint64_t l) { lane_ = l; }
   void send(int peer, const void* buf, size_t bytes, size_t ts) {
-    ops_.push_back(makeOp(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts));
+    ops_.emplace_back(OpKind::kCollective, true, rankOf(peer), (void*)buf, bytes, ts);
     lanes_.push_back(lane_);
   }
   // A send whose receiver reduces what it carries (Op::reducedByPeer).
@@ -169,7 +169,7 @@ class Step {
     ops_.back().reducedByPeer = true;
   }
   void recv(int peer, void* buf, size_t bytes, size_t ts) {
-    ops_.push_back(makeOp(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts));
+    ops_.emplace_back(OpKind::kCollective, false, rankOf(peer), buf, bytes, ts);
     lanes_.push_back(lane_);
   }
   // Receives bytes of wt and stores dst = a op them: while copying where the

@@ -80,6 +80,10 @@ struct Op {
   // zero-filled first: the members' own initializers set every field, and
   // the fill (a rep stos of the whole Op) was a tenth of a small message's call.
   Op() noexcept {}
+  // Made in place in a list of ops (emplace_back), not made then moved:
+  // a move copies the whole Op, its error string included.
+  Op(OpKind k, bool send, int to, void* b, size_t n, size_t ts) noexcept
+      : isSend(send), peer(to), kind(k), buf(b), bytes(n), typeSize(ts) {}
   bool isSend = false;
   int peer = -1;  // a rank, or kAnyRemotePeer
   OpKind kind = OpKind::kP2P;
@@ -123,14 +127,7 @@ struct Op {
 };
 
 inline Op makeOp(OpKind kind, bool isSend, int peer, void* buf, size_t bytes, size_t typeSize) {
-  Op op;
-  op.kind = kind;
-  op.isSend = isSend;
-  op.peer = peer;
-  op.buf = buf;
-  op.bytes = bytes;
-  op.typeSize = typeSize;
-  return op;
+  return Op(kind, isSend, peer, buf, bytes, typeSize);
 }
 
 // What a transport reports back to its communicator.
