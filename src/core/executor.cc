@@ -1,0 +1,243 @@
+// The communicator's executor: a call's ops posted to the transports that
+// reach their peers (shared memory's shortcut first, Transport::moveNow),
+// then every transport driven until all are done, a peer fails, the
+// timeout passes or the interrupt check says stop. The rest of the
+// communicator (its making, transports, failures) is in comm.cc.
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/core/comm.h"
+#include "src/core/log.h"
+#include "src/util/clock.h"
+
+namespace zp {
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < 16; i++) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 16) s += ", ...";
+  return s;
+}
+
+std::atomic<uint64_t> gHostPeerWaits{0};
+
+// Set rarely and read only by calls that have waited a while: a mutex keeps
+// the function and its argument a pair.
+std::mutex gInterruptMu;
+InterruptCheck gInterruptCheck = nullptr;
+void* gInterruptArg = nullptr;
+
+bool interruptRequested() {
+  InterruptCheck check;
+  void* arg;
+  {
+    std::lock_guard<std::mutex> lock(gInterruptMu);
+    check = gInterruptCheck;
+    arg = gInterruptArg;
+  }
+  return check && check(arg) != 0;
+}
+
+}  // namespace
+
+uint64_t hostPeerWaits() { return gHostPeerWaits.load(std::memory_order_relaxed); }
+
+void setInterruptCheck(InterruptCheck check, void* arg) {
+  std::lock_guard<std::mutex> lock(gInterruptMu);
+  gInterruptCheck = check;
+  gInterruptArg = arg;
+}
+
+// Drives the comms' transports until done() holds, a comm breaks, or nothing
+// moves for the timeout. `waitingOn` names the ranks still owed something.
+zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool()> done,
+                               FunctionRef<std::vector<int>(Comm*)> waitingOn, const char* what) {
+  // A load and a store, not a locked add (every call that moves bytes on
+  // the host comes here): waits on several threads at once may count as one.
+  gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // The clock is first read when the first look finds the call not done:
+  // a small message's whole call is a few clock reads' time.
+  uint64_t lastMove = 0, lastAsked = 0;
+  // The first look does not drive the transports: an op may have moved as
+  // it was posted, and a call that is done then returns at once. But a
+  // failure found while posting (a message out of order) breaks the
+  // communicator there, and is passed on to the peers below like any other.
+  for (bool first = true;; first = false) {
+    uint32_t token = comms.size() == 1 ? comms[0]->waitToken() : 0;
+    bool moved = false;
+    if (!first)
+      for (Comm* c : comms) moved |= c->progress();
+    for (Comm* c : comms)
+      if (c->abortRequested_.load())  // zpCommAbort's leave() tells the peers
+        c->setAsyncError(zpRemoteError, "the communicator was aborted (zpCommAbort)", /*fromPeer=*/true);
+    for (Comm* c : comms)
+      if (c->asyncError_ != zpSuccess) {
+        // The peers hear first: dropOps may then cut a peer that still holds a request.
+        if (!c->asyncFromPeer_ && !c->faultSent_) c->passOnFault(c->asyncError_, c->asyncMsg_);
+        c->dropOps(c->asyncError_, c->asyncMsg_);
+        return fail(c->asyncError_, "rank %d: %s failed: %s", c->rank_, what, c->asyncMsg_.c_str());
+      }
+    if (done()) return zpSuccess;
+    if (first) continue;  // the transports' progress before any wait
+    uint64_t now = nowMs();
+    if (lastMove == 0) lastMove = lastAsked = now;
+    if (moved) {
+      lastMove = now;
+      continue;
+    }
+    int timeoutMs = comms[0]->cfg_.timeoutMs;
+    if (now - lastMove >= (uint64_t)timeoutMs) {
+      for (Comm* c : comms) {
+        std::vector<int> peers = waitingOn(c);
+        if (peers.empty()) continue;
+        std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
+                          " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
+        c->breakHere(zpRemoteError, msg);
+        return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
+      }
+      lastMove = now;
+    }
+    if (now - lastAsked >= kInterruptCheckMs) {
+      lastAsked = now;
+      if (interruptRequested()) {
+        // The call is half done on some peers: the communicator cannot go
+        // on, so it breaks here and the peers are told at once.
+        std::string msg = what + std::string(": interrupted (the interrupt check of zpSetInterruptCheck)");
+        for (Comm* c : comms) c->breakHere(zpSystemError, msg);
+        return fail(zpSystemError, "rank %d: %s", comms[0]->rank_, msg.c_str());
+      }
+    }
+    if (comms.size() == 1) {
+      int sliceMs = (int)std::min<uint64_t>(100, timeoutMs - (now - lastMove) + 1);
+      comms[0]->wait(token, std::max(sliceMs, 1));
+    } else {
+      // Several communicators: no single doorbell to sleep on, so nap briefly.
+      usleep(50);
+      static thread_local uint64_t lastCheck = 0;
+      if (now - lastCheck >= 100) {
+        lastCheck = now;
+        for (Comm* c : comms) c->checkAlive();
+      }
+    }
+  }
+}
+
+// Sends and receives with this same rank pair up locally, in call order.
+void Comm::runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs) {
+  size_t n = std::min(sends.size(), recvs.size());
+  for (size_t i = 0; i < n; i++) {
+    Op* s = sends[i];
+    Op* r = recvs[i];
+    if (s->bytes != r->bytes) {
+      std::string why = std::string(opKindName(s->kind)) + ": rank " + std::to_string(rank_) + " sends " +
+                        std::to_string(s->bytes / s->typeSize) + " elements to itself but expects " +
+                        std::to_string(r->bytes / r->typeSize);
+      s->finish(zpInvalidUsage, why);
+      r->finish(zpInvalidUsage, why);
+      continue;
+    }
+    if (s->bytes) memmove(r->buf, s->buf, s->bytes);
+    s->finish(zpSuccess);
+    r->finish(zpSuccess);
+  }
+  const char* why = "a send to self needs a matching receive from self in the same group (and vice versa)";
+  for (size_t i = n; i < sends.size(); i++) sends[i]->finish(zpInvalidUsage, why);
+  for (size_t i = n; i < recvs.size(); i++) recvs[i]->finish(zpInvalidUsage, why);
+}
+
+zpResult_t Comm::checkUsable() const {
+  if (left_)
+    return fail(zpInvalidUsage, "rank %d: the communicator was destroyed while calls on it were queued in a group",
+                rank_);
+  if (asyncError_ != zpSuccess)
+    return fail(asyncError_, "rank %d: the communicator is broken: %s", rank_, asyncMsg_.c_str());
+  return zpSuccess;
+}
+
+zpResult_t Comm::enqueueOnStreams(const std::vector<Op*>& ops) {
+  ZP_CHECK(checkUsable());
+  if (!device_) return fail(zpInternalError, "rank %d: device ops on a communicator without a device data plane", rank_);
+  return device_->enqueue(ops);
+}
+
+zpResult_t Comm::enqueueCollectiveOnStream(const CollArgs& args, void* stream) {
+  ZP_CHECK(checkUsable());
+  if (!device_) return fail(zpInternalError, "rank %d: a device collective on a communicator without a device data plane", rank_);
+  return device_->enqueueCollective(args, stream);
+}
+
+zpResult_t Comm::runOps(std::vector<Work>& work, FunctionRef<bool()> until) {
+  std::vector<Comm*> comms;
+  for (Work& w : work) comms.push_back(w.comm);
+  return runWork(work.data(), work.size(), comms, until);
+}
+
+zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
+  // On one node, shared memory first moves what it can at once (small
+  // messages: Transport::moveNow); a call it finishes whole ends here.
+  if (!until && transports_.size() == 1 && transports_[0] == doorbell_ && asyncError_ == zpSuccess && !left_ &&
+      !abortRequested_.load(std::memory_order_relaxed)) {
+    doorbell_->moveNow(ops, sendSeq_, recvSeq_);
+    bool all = true;
+    for (const Op* op : ops) all &= op->done;
+    if (all) {  // it finishes ops with success only
+      gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return zpSuccess;
+    }
+  }
+  // Without a list of one Work and one Comm made per call (a send/recv
+  // group per step would allocate them every time).
+  if (self_.empty()) self_.push_back(this);
+  Work work{this, {}};
+  work.ops.swap(ops);  // lent, not copied
+  zpResult_t r = runWork(&work, 1, self_, until);
+  ops.swap(work.ops);
+  return r;
+}
+
+zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until) {
+  for (Comm* c : comms) ZP_CHECK(c->checkUsable());
+  for (size_t k = 0; k < n; k++) {
+    Work& w = work[k];
+    Comm* c = w.comm;
+    bool self = false;
+    for (Op* op : w.ops) {
+      if (op->peer == c->rank_) {
+        self = true;
+        continue;
+      }
+      if (op->done) continue;  // moved already (Transport::moveNow)
+      op->seq = op->isSend ? c->sendSeq_[op->peer]++ : c->recvSeq_[op->peer]++;
+      c->byPeer_[op->peer]->post(op);
+    }
+    if (self) {
+      std::vector<Op*> selfSends, selfRecvs;
+      for (Op* op : w.ops)
+        if (op->peer == c->rank_) (op->isSend ? selfSends : selfRecvs).push_back(op);
+      c->runSelfOps(selfSends, selfRecvs);
+    }
+  }
+  auto allDone = [&] {
+    for (size_t k = 0; k < n; k++)
+      for (Op* op : work[k].ops)
+        if (!op->done) return false;
+    return true;
+  };
+  auto busy = [](Comm* c) { return c->busyPeers(); };
+  ZP_CHECK(progressUntil(comms, until ? until : allDone, busy, "send/recv"));
+  for (size_t k = 0; k < n; k++)
+    for (Op* op : work[k].ops)
+      if (op->done && op->status != zpSuccess) {
+        ZP_CHECK(progressUntil(comms, allDone, busy, "send/recv"));  // nothing may still point at an op
+        return fail(op->status, "rank %d: %s", work[k].comm->rank_, op->error.c_str());
+      }
+  return zpSuccess;
+}
+
+}  // namespace zp
