@@ -94,7 +94,7 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
     int to = (me + i) % n, from = (me - i + n) % n;
     ops.emplace_back(OpKind::kAlltoallv, true, to, mine, rowLen * sizeof(uint64_t), 1);
     ops.emplace_back(OpKind::kAlltoallv, false, from, rows->data() + (size_t)from * rowLen,
-                         rowLen * sizeof(uint64_t), 1);
+                     rowLen * sizeof(uint64_t), 1);
   }
   // Across nodes through the relay too, which knows the paths that work.
   RoutedXfer xfer;
@@ -295,10 +295,10 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
     std::vector<Op>& g = groups[h.stage];
     if (h.from == me)
       g.emplace_back(OpKind::kAlltoallv, true, h.to, (void*)(h.srcSlot.area == kNoSlot ? h.src : address(h.srcSlot)),
-                         h.bytes, ts);
+                     h.bytes, ts);
     if (h.to == me)
       g.emplace_back(OpKind::kAlltoallv, false, h.from, h.dstSlot.area == kNoSlot ? h.dst : address(h.dstSlot),
-                         h.bytes, ts);
+                     h.bytes, ts);
   }
   zpResult_t res = zpSuccess;
   for (std::vector<Op>& g : groups) {
@@ -395,9 +395,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   for (int i = 0; i < n; i++) {
     int to = (c->rank() + i) % n, from = (c->rank() - i + n) % n;
     Op& s = ops[2 * i];
-    s = makeOp(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts);
+    s = Op(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts);
     Op& r = ops[2 * i + 1];
-    r = makeOp(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts);
+    r = Op(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts);
     if (inBand && i > 0) {
       s.meta = &rows[(size_t)c->rank() * rowLen];
       s.metaBytes = rowBytes;

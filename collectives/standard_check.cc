@@ -46,8 +46,8 @@ std::string describe(const Header& h) {
 
 // zpInvalidUsage naming the first rank whose call differs from rank 0's, if any.
 zpResult_t compareHeaders(int me, const std::vector<Header>& all) {
-  // A rank whose message came without a header called something else (a
-  // call that checks its headers on their own, while the others fused theirs).
+  // A rank whose header never came sent a message of another size: it is
+  // in another call.
   auto name = [&](size_t r) { return all[r].kind == kNoHeader ? std::string("another collective") : describe(all[r]); };
   for (size_t r = 1; r < all.size(); r++)
     if (!(all[r] == all[0]))

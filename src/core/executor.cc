@@ -26,6 +26,11 @@ std::string rankList(const std::vector<int>& ranks) {
 }
 
 std::atomic<uint64_t> gHostPeerWaits{0};
+// A load and a store, not a locked add (every call that moves bytes on the
+// host counts one): waits on several threads at once may count as one.
+void countHostPeerWait() {
+  gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
 
 // Set rarely and read only by calls that have waited a while: a mutex keeps
 // the function and its argument a pair.
@@ -58,9 +63,7 @@ void setInterruptCheck(InterruptCheck check, void* arg) {
 // moves for the timeout. `waitingOn` names the ranks still owed something.
 zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool()> done,
                                FunctionRef<std::vector<int>(Comm*)> waitingOn, const char* what) {
-  // A load and a store, not a locked add (every call that moves bytes on
-  // the host comes here): waits on several threads at once may count as one.
-  gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  countHostPeerWait();
   // The clock is first read when the first look finds the call not done:
   // a small message's whole call is a few clock reads' time.
   uint64_t lastMove = 0, lastAsked = 0;
@@ -187,7 +190,7 @@ zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
     bool all = true;
     for (const Op* op : ops) all &= op->done;
     if (all) {  // it finishes ops with success only
-      gHostPeerWaits.store(gHostPeerWaits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      countHostPeerWait();
       return zpSuccess;
     }
   }

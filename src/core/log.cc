@@ -126,7 +126,7 @@ namespace detail {
 std::atomic<uint64_t> gLogGate{0};
 uint64_t logGate() {
   const LogState& st = state();
-  const uint64_t g = 1ull << 32 | (uint64_t)(st.level < 0 ? 0 : st.level) << 40 | st.subsys;
+  const uint64_t g = 1ull << 32 | (uint64_t)st.level << 40 | st.subsys;
   gLogGate.store(g, std::memory_order_relaxed);
   return g;
 }

@@ -126,10 +126,6 @@ struct Op {
   }
 };
 
-inline Op makeOp(OpKind kind, bool isSend, int peer, void* buf, size_t bytes, size_t typeSize) {
-  return Op(kind, isSend, peer, buf, bytes, typeSize);
-}
-
 // What a transport reports back to its communicator.
 class TransportSink {
  public:

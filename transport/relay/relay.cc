@@ -150,7 +150,7 @@ void Relay::freeSlot(char* slot, bool inbound) { freeSlots_[inbound ? kInbound :
 void Relay::postHeaderRecvs() {
   for (auto& s : standing_) {
     if (s->posted || s->blocked) continue;
-    s->op = makeOp(OpKind::kRelayHeader, false, s->peer, &s->hdr, sizeof(RelayHeader), 1);
+    s->op = Op(OpKind::kRelayHeader, false, s->peer, &s->hdr, sizeof(RelayHeader), 1);
     if (s->peer != kAnyRemotePeer) s->op.seq = relayRecvSeq_[s->peer]++;
     s->posted = true;
     if (s->peer == kAnyRemotePeer) net_->post(&s->op);
@@ -283,9 +283,9 @@ void Relay::sendChunk(Chunk* ch, int to) {
   h.hop = ctx_.rank;
   uint64_t hdrSeq = nextSeq(to);
   h.dataSeq = nextSeq(to);
-  ch->hdrOp = makeOp(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
+  ch->hdrOp = Op(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
   ch->hdrOp.seq = hdrSeq;
-  ch->dataOp = makeOp(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
+  ch->dataOp = Op(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kSending;
   if (!isLocal(to)) shm_->addNetQueued((int64_t)h.bytes);
@@ -325,7 +325,7 @@ bool Relay::placeChunk(Chunk* ch) {
     ch->data = slot;
     ch->pool = inbound ? kInbound : kOutbound;
   }
-  ch->dataOp = makeOp(OpKind::kRelayData, false, ch->from, ch->data, h.bytes, 1);
+  ch->dataOp = Op(OpKind::kRelayData, false, ch->from, ch->data, h.bytes, 1);
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kReceiving;
   if (ch->standing) relayRecvSeq_[ch->from]++;  // the lane's next message is the data

@@ -102,6 +102,9 @@ static_assert(kPayload == 48, "a record's first line holds its header and 16 byt
 inline uint64_t roundRecord(uint64_t n) { return (n + kRecord - 1) & ~(kRecord - 1); }
 // A record's bytes in the ring, header included.
 inline uint64_t recordBytes(uint64_t payload) { return roundRecord(kPayload + payload); }
+// The bytes a send's meta takes ahead of its data in its first fragment:
+// padded to 8, so the data stays aligned and a fragment holds whole elements.
+inline uint32_t metaLenOf(const Op* op) { return (op->metaBytes + 7) & ~7u; }
 inline char* payloadOf(MsgHdr* h) { return (char*)h + kPayload; }
 inline const char* payloadOf(const MsgHdr* h) { return (const char*)h + kPayload; }
 

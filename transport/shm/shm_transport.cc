@@ -657,9 +657,8 @@ bool ShmTransport::rendezvous(const Peer& p, const Op* op) const {
 }
 
 bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
-  // The first fragment carries the send's meta ahead of its data (padded to
-  // 8 bytes: the data stays aligned, and a fragment holds whole elements).
-  const uint32_t metaLen = (op->metaBytes + 7) & ~7u;  // 0 once sent
+  // The first fragment carries the send's meta ahead of its data.
+  const uint32_t metaLen = metaLenOf(op);  // 0 once sent
   const size_t len = std::min(op->bytes - op->progressed, fragMax_ - std::min<size_t>(metaLen, fragMax_));
   *need = recordBytes(metaLen + len);
   MsgHdr* h = claimOpRecord(l.out, *need, kData, op);
@@ -716,7 +715,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     Peer* p = peer(op->peer);
     uint64_t need;
     op->seq = p ? sendSeq[op->peer] : 0;
-    if (!usable(p, op) || rendezvous(*p, op) || ((op->metaBytes + 7) & ~7u) + op->bytes > fragMax_ ||
+    if (!usable(p, op) || rendezvous(*p, op) || metaLenOf(op) + op->bytes > fragMax_ ||
         !writeFragment(p->lane[0], op, &need)) {  // no room: post() waits for it
       sendsLeft = true;
       break;
