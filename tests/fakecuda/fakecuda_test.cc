@@ -437,6 +437,102 @@ TEST(FakeNccl, UngroupedSendBeforeReceiveOnBothRanksIsADeadlockReported) {
   unsetenv("FAKENCCL_DEADLOCK_SECONDS");
 }
 
+// The call-order rule: NCCL runs one communicator's operations one after
+// another in call order, whatever their streams (it orders each launch after
+// the previous one with events), and a group over several streams is one
+// launch that waits for all of them and that all of them wait for.
+std::atomic<bool> gGateOpen{false};
+void waitAtGate(void*) {
+  while (!gGateOpen.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST(FakeNccl, OneCommunicatorsOperationsRunInCallOrderWhateverTheirStreams) {
+  EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = initComm(2, rank, id);
+    cudaStream_t a, b;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    float *x, *y;
+    cudaMalloc((void**)&x, sizeof(float));
+    cudaMalloc((void**)&y, sizeof(float));
+    const float one = 1.0f;
+    cudaMemcpy(x, &one, sizeof one, cudaMemcpyHostToDevice);
+    cudaMemcpy(y, &one, sizeof one, cudaMemcpyHostToDevice);
+    auto heldFor = [](cudaStream_t s) {  // true if s is still busy after 300 ms
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return cudaStreamQuery(s) == cudaErrorNotReady;
+    };
+    // An all-reduce on b, called after one on a held stream, waits for it.
+    gGateOpen = false;
+    cudaLaunchHostFunc(a, waitAtGate, nullptr);
+    if (ncclAllReduce(x, x, 1, ncclFloat, ncclSum, c, a) != ncclSuccess) return 2;
+    if (ncclAllReduce(y, y, 1, ncclFloat, ncclSum, c, b) != ncclSuccess) return 3;
+    if (!heldFor(b)) return 4;
+    gGateOpen = true;
+    if (cudaStreamSynchronize(b) != cudaSuccess || cudaStreamQuery(a) != cudaSuccess) return 5;
+    float hx = 0, hy = 0;
+    cudaMemcpy(&hx, x, sizeof hx, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&hy, y, sizeof hy, cudaMemcpyDeviceToHost);
+    if (hx != 2.0f || hy != 2.0f) return 6;
+    // A group with a send on a and a receive on b waits for b's earlier
+    // work, and b's later work waits for the whole group.
+    gGateOpen = false;
+    cudaLaunchHostFunc(b, waitAtGate, nullptr);
+    ncclGroupStart();
+    ncclSend(x, 1, ncclFloat, 1 - rank, c, a);
+    ncclRecv(y, 1, ncclFloat, 1 - rank, c, b);
+    if (ncclGroupEnd() != ncclSuccess) return 7;
+    if (!heldFor(a)) return 8;
+    gGateOpen = true;
+    if (cudaStreamSynchronize(b) != cudaSuccess || cudaStreamQuery(a) != cudaSuccess) return 9;
+    ncclResult_t state;
+    ncclCommGetAsyncError(c, &state);
+    return state == ncclSuccess && ncclCommDestroy(c) == ncclSuccess ? 0 : 10;
+  }));
+}
+
+// A send on one stream and its receive on another, each outside a group, on
+// both ranks: the receives wait behind the sends, which wait for them. On a
+// GPU that hangs; here it is reported, naming the rule. Once one rank's send
+// is reported, its receive runs and may let the other rank's send through:
+// so at least one rank must report it, and no rank may fail otherwise.
+TEST(FakeNccl, SendAndReceiveOnTwoStreamsWithoutAGroupIsADeadlockReported) {
+  setenv("FAKENCCL_DEADLOCK_SECONDS", "2", 1);
+  // Per rank: 1 the deadlock reported by the rule's name, 2 no error, else
+  // what went wrong; the ranks meet before either aborts (an abort would make
+  // the other's state a remote error).
+  auto* shared = (std::atomic<int>*)mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  for (int i = 0; i < 3; i++) new (shared + i) std::atomic<int>(0);
+  EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
+    ncclComm_t c = initComm(2, rank, id);
+    cudaStream_t a, b;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    void *s, *r;
+    cudaMalloc(&s, 64);
+    cudaMalloc(&r, 64);
+    ncclSend(s, 64, ncclUint8, 1 - rank, c, a);
+    ncclRecv(r, 64, ncclUint8, 1 - rank, c, b);
+    const cudaError_t synced = cudaStreamSynchronize(a);
+    ncclResult_t state;
+    ncclCommGetAsyncError(c, &state);
+    int outcome = 3;
+    if (synced == cudaErrorLaunchFailure && state == ncclInvalidUsage && strstr(ncclGetLastError(c), "the call-order rule"))
+      outcome = 1;
+    else if (synced == cudaSuccess && state == ncclSuccess)
+      outcome = 2;
+    shared[rank] = outcome;
+    shared[2]++;
+    while (shared[2].load() < 2) usleep(1000);
+    ncclCommAbort(c);
+    return 0;
+  }));
+  EXPECT_TRUE(shared[0] == 1 || shared[1] == 1) << "no rank reported the deadlock: " << shared[0] << " " << shared[1];
+  EXPECT_TRUE(shared[0] != 3 && shared[1] != 3) << "a rank failed otherwise: " << shared[0] << " " << shared[1];
+  munmap(shared, 4096);
+  unsetenv("FAKENCCL_DEADLOCK_SECONDS");
+}
+
 TEST(FakeNccl, ADeadPeerIsARemoteErrorAndAbortEndsTheWaitingWork) {
   EXPECT_TRUE(runRanks(2, [&](int rank, const ncclUniqueId& id) {
     ncclComm_t c = initComm(2, rank, id);

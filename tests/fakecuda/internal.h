@@ -73,8 +73,12 @@ uint64_t enqueue(const std::shared_ptr<Stream>& s, Item item);
 // CUDA does: cudaErrorStreamCaptureInvalidated on a capture that an earlier
 // error invalidated, cudaErrorStreamCaptureImplicit for the legacy stream
 // while a blocking stream of its device is capturing (which invalidates that
-// capture). Call with lock() held.
-cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make);
+// capture). On a stream that is not capturing, the item also waits for
+// `after`, and `*done` (if given) gets the point where it has completed; on a
+// capturing stream `after` is not used and done->stream is left null. Call
+// with lock() held.
+cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make, std::vector<Dep> after = {},
+                         Dep* done = nullptr);
 // True once every dep has completed. Call with lock() held.
 bool depsDone(const std::vector<Dep>& deps);
 

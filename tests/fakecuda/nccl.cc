@@ -173,6 +173,20 @@ struct ncclComm {
     doneOps += (uint64_t)n;
   }
 
+  // The call-order rule (NCCL runs one communicator's operations one after
+  // another, in call order, whatever their streams: it orders each launch
+  // after the previous one with events): the previous launch not captured
+  // in a graph, under lock(); whether a launch ever followed one on another
+  // stream (for the deadlock report).
+  Dep last;
+  bool acrossStreams = false;
+  // Adds the previous launch to what a launch on stream s must wait for.
+  void launchAfterPrevious(const std::shared_ptr<Stream>& s, std::vector<Dep>* after) {  // lock() held
+    if (!last.stream || last.stream == s) return;  // none, or the stream's own order already
+    after->push_back(last);
+    acrossStreams = true;
+  }
+
   void setError(ncclResult_t r, const std::string& text) {  // lock() held
     if (error != ncclSuccess) return;
     error = r;
@@ -557,12 +571,19 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
           c->setError(ncclInvalidUsage,
                       "ncclSend of " + std::to_string(sends[i].bytes) + " bytes from rank " + std::to_string(c->rank) +
                           " to rank " + std::to_string(sends[i].peer) + " has waited " + std::to_string(deadlockSec) +
-                          " s for its receive: a deadlock (an ungrouped send before a receive on both ranks?)");
+                          " s for its receive: a deadlock (an ungrouped send before a receive on both ranks?" +
+                          (c->acrossStreams ? " Or a receive on another stream, which runs after this send: NCCL "
+                                              "runs a communicator's operations in call order, whatever their "
+                                              "streams (the call-order rule)" : "") + ")");
         }
       for (size_t i = 0; i < recvs.size(); i++)
         if (!recvs[i].done)
-          recvComm[i]->setError(ncclInvalidUsage, "ncclRecv from rank " + std::to_string(recvs[i].peer) +
-                                                      " has waited " + std::to_string(deadlockSec) + " s: a deadlock?");
+          recvComm[i]->setError(ncclInvalidUsage,
+                                "ncclRecv from rank " + std::to_string(recvs[i].peer) + " has waited " +
+                                    std::to_string(deadlockSec) + " s: a deadlock?" +
+                                    (recvComm[i]->acrossStreams ? " (the call-order rule: NCCL runs a communicator's "
+                                                                  "operations in call order, whatever their streams)"
+                                                                : ""));
       result = cudaErrorLaunchFailure;
       break;
     }
@@ -575,6 +596,43 @@ cudaError_t runOps(std::vector<SendOp>& sends, std::vector<ncclComm*>& sendComm,
     if (it != recvComm[i]->recvs.end() && it->second == &recvs[i]) recvComm[i]->recvs.erase(it);
   }
   return result;
+}
+
+// What a launch of grouped sends and receives runs, made fresh for each run.
+MakeRun groupRun(std::vector<PendingOp> ops) {
+  for (PendingOp& op : ops) {
+    op.stream = nullptr;  // the maker must not keep the stream alive
+    op.buf = op.bytes ? deviceAlias(op.buf, op.bytes) : nullptr;
+  }
+  return [ops]() -> RunFn {
+    auto sends = std::make_shared<std::vector<SendOp>>();
+    auto recvs = std::make_shared<std::vector<RecvOp>>();
+    auto sendComm = std::make_shared<std::vector<ncclComm*>>();
+    auto recvComm = std::make_shared<std::vector<ncclComm*>>();
+    std::vector<ncclComm*> comms;
+    std::map<ncclComm*, int64_t> opsOf;  // the queue's count, by communicator
+    for (const PendingOp& op : ops) {
+      opsOf[op.comm]++;
+      if (op.isSend) {
+        sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, (const char*)op.buf, op.bytes});
+        sendComm->push_back(op.comm);
+      } else {
+        recvs->push_back(RecvOp{op.peer, op.comm->recvSeq[op.peer]++, (char*)op.buf, op.bytes});
+        recvComm->push_back(op.comm);
+      }
+      if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    }
+    for (ncclComm* c : comms) c->inflight++;
+    for (auto& o : opsOf) o.first->opsEnqueued(o.second);
+    return [=] {
+      cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
+      std::lock_guard<std::mutex> l2(lock());
+      for (ncclComm* c : comms) c->inflight--;
+      for (auto& o : opsOf) o.first->opsDone(o.second);
+      changed().notify_all();
+      return e;
+    };
+  };
 }
 
 ncclResult_t launchGroup(std::vector<PendingOp> ops, const char* call) {
@@ -601,59 +659,49 @@ ncclResult_t launchGroup(std::vector<PendingOp> ops, const char* call) {
       if (r != ncclSuccess) return r;
     }
   }
-  // One item per stream, with that stream's ops, in call order. Sequence
-  // numbers are taken when the item is made: at once, or, for a stream that
-  // is capturing, at every launch of the graph (a captured NCCL operation
-  // runs again at each launch, and matches its peers' launches in order).
+  // Sequence numbers are taken when an item is made: at once, or, for a
+  // stream that is capturing, at every launch of the graph (a captured NCCL
+  // operation runs again at each launch, and matches its peers' launches in
+  // order).
   std::vector<std::shared_ptr<Stream>> streams;
   for (PendingOp& op : ops)
     if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
-  for (auto& s : streams) {
-    std::vector<PendingOp> mine;
+  if (streams.empty()) return ncclSuccess;  // an empty group
+  std::unique_lock<std::mutex> l(lock());
+  bool capturing = false;
+  for (auto& s : streams) capturing |= s->capture != nullptr;
+  cudaError_t e = cudaSuccess;
+  if (!capturing) {
+    // The call-order rule: the whole group is one launch on its first
+    // stream, after every stream's earlier work and every communicator's
+    // previous launch; the other streams' later work waits for it.
+    std::vector<Dep> after;
+    std::vector<ncclComm*> comms;
+    for (auto& s : streams)
+      if (s != streams[0]) after.push_back({s, s->enqueued});
     for (PendingOp& op : ops)
-      if (op.stream == s) {
-        mine.push_back(op);
-        mine.back().stream = nullptr;  // the maker must not keep the stream alive
-        mine.back().buf = op.bytes ? deviceAlias(op.buf, op.bytes) : nullptr;
-      }
-    MakeRun make = [mine]() -> RunFn {
-      auto sends = std::make_shared<std::vector<SendOp>>();
-      auto recvs = std::make_shared<std::vector<RecvOp>>();
-      auto sendComm = std::make_shared<std::vector<ncclComm*>>();
-      auto recvComm = std::make_shared<std::vector<ncclComm*>>();
-      std::vector<ncclComm*> comms;
-      std::map<ncclComm*, int64_t> opsOf;  // the queue's count, by communicator
-      for (const PendingOp& op : mine) {
-        opsOf[op.comm]++;
-        if (op.isSend) {
-          sends->push_back(SendOp{op.peer, op.comm->sendSeq[op.peer]++, (const char*)op.buf, op.bytes});
-          sendComm->push_back(op.comm);
-        } else {
-          recvs->push_back(RecvOp{op.peer, op.comm->recvSeq[op.peer]++, (char*)op.buf, op.bytes});
-          recvComm->push_back(op.comm);
-        }
-        if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
-      }
-      for (ncclComm* c : comms) c->inflight++;
-      for (auto& o : opsOf) o.first->opsEnqueued(o.second);
-      return [=] {
-        cudaError_t e = runOps(*sends, *sendComm, *recvs, *recvComm);
-        std::lock_guard<std::mutex> l2(lock());
-        for (ncclComm* c : comms) c->inflight--;
-        for (auto& o : opsOf) o.first->opsDone(o.second);
-        changed().notify_all();
-        return e;
-      };
-    };
-    cudaError_t e;
-    {
-      std::lock_guard<std::mutex> l(lock());
-      e = submitLocked(s, make);
+      if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    for (ncclComm* c : comms) c->launchAfterPrevious(streams[0], &after);
+    Dep done;
+    e = submitLocked(streams[0], groupRun(ops), std::move(after), &done);
+    for (size_t i = 1; i < streams.size() && e == cudaSuccess; i++)
+      e = submitLocked(streams[i], [] { return RunFn(); }, {done});
+    if (e == cudaSuccess)
+      for (ncclComm* c : comms) c->last = done;
+  } else {
+    // In a capture: one node per stream, with that stream's ops in call
+    // order (the call-order rule is not applied to captured work).
+    for (size_t i = 0; i < streams.size() && e == cudaSuccess; i++) {
+      std::vector<PendingOp> mine;
+      for (PendingOp& op : ops)
+        if (op.stream == streams[i]) mine.push_back(op);
+      e = submitLocked(streams[i], groupRun(mine));
     }
-    if (e != cudaSuccess) {
-      setError(e);
-      return failWith(ncclUnhandledCudaError, std::string("enqueueing on the stream: ") + cudaGetErrorString(e));
-    }
+  }
+  l.unlock();
+  if (e != cudaSuccess) {
+    setError(e);
+    return failWith(ncclUnhandledCudaError, std::string("enqueueing on the stream: ") + cudaGetErrorString(e));
   }
   return ncclSuccess;
 }
@@ -912,7 +960,11 @@ ncclResult_t collective(Coll kind, const void* send, void* recv, size_t count, n
       return e;
     };
   };
-  cudaError_t e = submitLocked(s, make);
+  std::vector<Dep> after;
+  if (!s->capture) comm->launchAfterPrevious(s, &after);
+  Dep done;
+  cudaError_t e = submitLocked(s, make, std::move(after), &done);
+  if (done.stream) comm->last = done;
   if (e != cudaSuccess) {
     setError(e);
     lastErrorText() = std::string("enqueueing on the stream: ") + cudaGetErrorString(e);

@@ -366,7 +366,7 @@ void endCaptureLocked(const std::shared_ptr<Capture>& c) {
 // For the double's NCCL: its allocation calls are unsafe during capture too.
 cudaError_t captureUnsafe(const char* what) { return checkUnsafe(what); }
 
-cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make) {
+cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make, std::vector<Dep> after, Dep* done) {
   if (auto c = s->capture) {
     if (c->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
     Node n;
@@ -379,7 +379,8 @@ cudaError_t submitLocked(const std::shared_ptr<Stream>& s, MakeRun make) {
   }
   cudaError_t e = checkLegacyLocked(s, "work");
   if (e != cudaSuccess) return e;
-  enqueueLocked(s, Item{{}, make()});
+  const uint64_t ticket = enqueueLocked(s, Item{std::move(after), make()});
+  if (done) *done = Dep{s, ticket};
   return cudaSuccess;
 }
 
