@@ -55,13 +55,10 @@ zpResult_t groupStart();
 zpResult_t groupEnd(bool* ended = nullptr);  // ended: set when this call ended the outermost group
 bool groupOpen();
 // Queues a send or receive (runs it at once outside a group). hold keeps
-// comm alive for the call or the group; it may be null only where
-// groupHolds(comm) (the open group holds it already).
+// comm alive for the call or the group; it may be null only where the open
+// group holds comm already (a send or receive of the group was made on it).
 zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void* buf, size_t count,
                       zpDataType_t dtype, int peer, void* stream);
-// Whether the calling thread's open group holds comm (a send or receive of
-// the group made on it): a call on it then needs no reference of its own.
-bool groupHolds(const Comm* comm);
 // Queues a collective in the calling thread's open group (zpGroupEnd runs it).
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
 // Queues a collective, or runs it at once outside a group; fn names it in

@@ -34,14 +34,6 @@ Group& tlsGroup() { return PerThread<Group>::get(); }
 
 bool groupOpen() { return tlsGroup().depth > 0; }
 
-bool groupHolds(const Comm* comm) {
-  const Group& g = tlsGroup();
-  if (g.depth == 0) return false;
-  for (auto it = g.held.rbegin(); it != g.held.rend(); ++it)  // the last one first: usually the one
-    if (it->get() == comm) return true;
-  return false;
-}
-
 bool groupUses(Comm* comm) {
   for (auto& e : tlsGroup().p2p)
     if (e.first == comm) return true;

@@ -93,7 +93,6 @@ struct LookupCache {
     zpComm_t handle = nullptr;
     uint64_t epoch = 0;
     std::weak_ptr<zp::Comm> comm;
-    zp::Comm* raw = nullptr;  // comm's address
   };
   Entry entries[4];
   unsigned next = 0;
@@ -123,25 +122,16 @@ void inGroup(zpComm_t handle) {
 }
 
 // Resolves a handle (a number: nothing is dereferenced) to a reference that
-// keeps its communicator alive. With `raw`, also to the address; and a
-// communicator the open group already holds comes without a reference (out
-// stays null), so that a group's calls touch no reference count.
-zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out, zp::Comm** raw = nullptr) {
+// keeps its communicator alive.
+zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* out) {
   if (!handle) return zp::fail(zpInvalidArgument, "%s: comm is NULL", fn);
   LookupCache& cache = thisThread().lookups;
   const uint64_t epoch = gDestroyEpoch.load(std::memory_order_acquire);
   for (LookupCache::Entry& e : cache.entries) {
     if (e.handle != handle || e.epoch != epoch) continue;
     // No communicator was destroyed since the entry was made, so it is the
-    // handle's; held by the group, it cannot be destroyed under this call.
-    if (raw && zp::groupHolds(e.raw)) {
-      *raw = e.raw;
-      return zpSuccess;
-    }
-    if ((*out = e.comm.lock())) {
-      if (raw) *raw = out->get();
-      return zpSuccess;
-    }
+    // handle's.
+    if ((*out = e.comm.lock())) return zpSuccess;
   }
   std::lock_guard<std::mutex> lock(gHandlesMu);
   auto it = gLive.find(handle);
@@ -151,8 +141,6 @@ zpResult_t lookup(zpComm_t handle, const char* fn, std::shared_ptr<zp::Comm>* ou
     e.handle = handle;
     e.epoch = epoch;
     e.comm = *out;
-    e.raw = out->get();
-    if (raw) *raw = e.raw;
     return zpSuccess;
   }
   if (handedOut(handle)) return zp::fail(zpInvalidArgument, "%s: the communicator was destroyed", fn);
@@ -584,10 +572,12 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
   zp::Comm* c = nullptr;
   ApiThread& t = thisThread();
   const bool known = comm && comm == t.groupHandle;  // the open group's, held by it
-  if (known)
+  if (known) {
     c = t.groupComm;
-  else
-    ZP_CHECK(lookup(comm, fn, &hold, &c));
+  } else {
+    ZP_CHECK(lookup(comm, fn, &hold));
+    c = hold.get();
+  }
   ZP_CHECK(checkDataCall(fn, c, datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
   const uint64_t opCount = c->nextOpCount();
   ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
