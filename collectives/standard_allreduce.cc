@@ -37,9 +37,7 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   const zpDataType_t wt = workType(a.dtype);
   const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
   HeaderLists& l = headerLists();
-  std::vector<uint64_t>& digests = l.digests;
-  digests.assign(n, kNoDigest);
-  digests[me] = digestOf(mine);
+  std::vector<uint64_t>& digests = startDigests(c, mine);
   char* blocks = scratch(kScratchAcc0, bytes * n);  // rank r's data at r * bytes
   if (isHalf(a.dtype))
     toWork(a.send, blocks + me * bytes, a.count, a.dtype);
@@ -58,10 +56,7 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   }
   // A peer that failed or died is that error; a message of the wrong size
   // (zpInvalidUsage) is explained by the digests, which came ahead of it.
-  const zpResult_t moved = run(c, ops, xferId(seq, 0));
-  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
-  ZP_CHECK(settleHeaders(c, seq, mine, digests));
-  ZP_CHECK(moved);
+  ZP_CHECK(settleHeaders(c, seq, mine, digests, run(c, ops, xferId(seq, 0))));
   std::vector<const char*>& in = l.in;
   in.resize(n);
   for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;

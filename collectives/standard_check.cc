@@ -82,11 +82,8 @@ uint64_t digestOf(const Header& h) {
 
 zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   const int n = c->nranks(), me = c->rank();
-  HeaderLists& l = headerLists();
-  std::vector<uint64_t>& digests = l.digests;
-  digests.assign(n, kNoDigest);
-  digests[me] = digestOf(mine);
-  std::vector<Op>& ops = l.ops;
+  std::vector<uint64_t>& digests = startDigests(c, mine);
+  std::vector<Op>& ops = headerLists().ops;
   ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
@@ -98,17 +95,23 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   // the one size that fits is taken for a digest; either way it differs, on
   // both sides, and the second round names the calls. A message of another
   // size is refused here (zpInvalidUsage), and explained the same way.
-  const zpResult_t moved = run(c, ops, xferId(seq, 0));
-  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
-  ZP_CHECK(settleHeaders(c, seq, mine, digests));
-  return moved;
+  return settleHeaders(c, seq, mine, digests, run(c, ops, xferId(seq, 0)));
 }
 
-zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests) {
+std::vector<uint64_t>& startDigests(Comm* c, const Header& mine) {
+  std::vector<uint64_t>& digests = headerLists().digests;
+  digests.assign(c->nranks(), kNoDigest);
+  digests[c->rank()] = digestOf(mine);
+  return digests;
+}
+
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests,
+                         zpResult_t moved) {
+  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
   const int n = c->nranks(), me = c->rank();
   bool same = true;
   for (uint64_t d : digests) same &= d == digests[me];
-  if (same) return zpSuccess;
+  if (same) return moved;
   // The second round: every rank's full header, to name what differs.
   HeaderLists& l = headerLists();
   std::vector<Header>& all = l.all;
@@ -121,8 +124,8 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::v
     ops.emplace_back(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1);
     ops.emplace_back(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1);
   }
-  const zpResult_t moved = run(c, ops, xferId(seq, kStepHeaders));
-  if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
+  const zpResult_t headers = run(c, ops, xferId(seq, kStepHeaders));
+  if (headers != zpSuccess && headers != zpInvalidUsage) return headers;
   ZP_CHECK(compareHeaders(me, all));
   // Digests that differ while the headers agree: a header that never came.
   return fail(zpInvalidUsage, "rank %d: the ranks' calls differ (a rank called another operation)", me);

@@ -67,9 +67,16 @@ uint64_t digestOf(const Header& h);
 constexpr uint64_t kNoDigest = 0;
 // zpInvalidUsage on every rank unless every rank's header is mine.
 zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
-// Once the digests came (digests[r]: rank r's): zpSuccess if every one is
-// mine, else the second round and the error that names the calls.
-zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests);
+// The calling thread's digest list for a check: kNoDigest for every rank but
+// this one, which has mine's.
+std::vector<uint64_t>& startDigests(Comm* c, const Header& mine);
+// After the first round moved the digests (digests[r]: rank r's) with
+// result `moved`: a peer's failure (anything but zpInvalidUsage) as it is;
+// else, if any digest is not mine, the second round and the error that
+// names the calls; else `moved` (zpInvalidUsage there is a message of
+// another size that the digests do not explain).
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests,
+                         zpResult_t moved);
 // The header exchange's lists (every rank's digest and, in the second
 // round, header, the ops, the fused all-reduce's inputs), kept from call
 // to call on the calling thread: a barrier or a small all-reduce allocates
