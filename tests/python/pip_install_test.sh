@@ -15,7 +15,7 @@ py=$1 src=$2 build=$3
 wheels=/usr/share/python-wheels
 for w in setuptools wheel; do
   ls "$wheels/$w"-*.whl >/dev/null 2>&1 ||
-    { echo "no $w wheel in $wheels: apt-get install python3-$w-whl (.ci/setup installs it)" >&2; exit 1; }
+    { echo "no $w-*.whl in $wheels: apt-get install python3-$w-whl (.ci/setup installs it)" >&2; exit 1; }
 done
 # Only what is tested: not pip's settings of the caller (an extra
 # --find-links, no build isolation) nor its cache of wheels.
@@ -36,7 +36,7 @@ here = os.path.dirname(zeppelin.__file__)
 assert here.startswith(sys.argv[1]), "imported %s, not the venv's package" % here
 assert zeppelin.library_path == os.path.join(here, "libzeppelin.so"), zeppelin.library_path
 assert filecmp.cmp(zeppelin.library_path, os.path.join(sys.argv[2], "libzeppelin.so"), shallow=False), \
-    "the package's library is not %s/libzeppelin.so: ZEPPELIN_BUILD_DIR did not reach setup.py" % sys.argv[2]
+    "the package's library is not %s/libzeppelin.so (did ZEPPELIN_BUILD_DIR reach setup.py?)" % sys.argv[2]
 assert os.path.exists(os.path.join(here, "py.typed"))
 c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)
 x = array.array("d", [1.5, 2.5])
