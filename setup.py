@@ -6,14 +6,31 @@ works in any environment, a plain venv included, without this tree.
 
 ZEPPELIN_BUILD_DIR=DIR takes DIR/libzeppelin.so from a build already made
 (the README's build/, for example) instead of building one.
+
+The wheel is tagged py3-none-<platform> (py3-none-linux_x86_64 here): the
+Python code runs on any Python 3, but libzeppelin.so is a machine's ELF
+file, so a py3-none-any wheel would install where the library cannot load.
 """
 import os
 import re
 import shutil
 import subprocess
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+
+# bdist_wheel is setuptools' own since setuptools 70.1 (wheel's is now an
+# alias of it), the wheel package's before; setuptools 66 (Debian 12) has
+# none. Neither may be importable: pip runs this file to ask for the build's
+# requirements (wheel among them) before it installs them, and a build
+# without a wheel (`setup.py build`) needs none.
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 os.makedirs(os.path.join(ROOT, "build-pip"), exist_ok=True)  # setup.cfg's egg_base must exist
@@ -43,4 +60,24 @@ class BuildWithLibrary(build_py):
         shutil.copyfile(library(), os.path.join(self.build_lib, "zeppelin", "libzeppelin.so"))
 
 
-setup(version=version(), cmdclass={"build_py": BuildWithLibrary})
+class WithLibrary(Distribution):
+    # The package carries a machine's library, like an extension module: so
+    # install puts it in platlib, and bdist_wheel makes a non-pure wheel
+    # (Root-Is-Purelib: false) with the package at its root. Setting only
+    # bdist_wheel's root_is_pure left the files under .data/purelib/.
+    def has_ext_modules(self):
+        return True
+
+
+cmdclass = {"build_py": BuildWithLibrary}
+if bdist_wheel is not None:
+    class PlatformWheel(bdist_wheel):
+        def get_tag(self):
+            # The platform as bdist_wheel computes it (--plat-name included),
+            # but no Python version or ABI: the library is loaded with
+            # ctypes, not imported, so any Python 3 on the platform can use it.
+            return "py3", "none", super().get_tag()[2]
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+
+setup(version=version(), distclass=WithLibrary, cmdclass=cmdclass)

@@ -1,24 +1,42 @@
 #!/bin/sh
 # `pip install .` as a user would, offline (there is no PyPI here): into a
-# venv that sees Debian's packages (setuptools, wheel, torch), the library
-# taken from this build (ZEPPELIN_BUILD_DIR; a build of its own takes
-# minutes, see setup.py). Then a wheel built from the tree (`pip wheel`),
-# installed into a venv that sees no system package at all (a plain venv has
-# pip and setuptools but not wheel, which `pip install .` needs to build).
-# Each installed package must import from outside the source tree, load the
-# library it carries, ship py.typed, and run a call.
+# venv that sees no system package, with pip's build isolation, the build's
+# setuptools and wheel installed from the wheels Debian ships in
+# /usr/share/python-wheels. Then the wheel built from the tree (`pip wheel`):
+# tagged for the platform (it carries libzeppelin.so), installed into another
+# such venv. Both builds take the library of this build (ZEPPELIN_BUILD_DIR;
+# a build of its own takes minutes, see setup.py). Each installed package
+# must import from outside the source tree, load the library it carries (the
+# build's: ZEPPELIN_BUILD_DIR reached setup.py through the isolated build),
+# ship py.typed, and run a call.
 #   pip_install_test.sh PYTHON SOURCE_DIR BUILD_DIR
 set -eu
 py=$1 src=$2 build=$3
+wheels=/usr/share/python-wheels
+for w in setuptools wheel; do
+  ls "$wheels/$w"-*.whl >/dev/null 2>&1 ||
+    { echo "no $w-*.whl in $wheels: apt-get install python3-$w-whl (.ci/setup installs it)" >&2; exit 1; }
+done
+# Only what is tested: not pip's settings of the caller (an extra
+# --find-links, no build isolation) nor its cache of wheels.
+unset $(env | sed -n 's/^\(PIP_[A-Za-z0-9_]*\)=.*/\1/p')
+export PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 ZEPPELIN_BUILD_DIR="$build"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-check() {  # check VENV: its zeppelin is its own and works
-  (cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 "$1/bin/python" - "$1" <<'PY'
-import array, os, sys
+venv() {  # venv DIR: a venv that sees no system package (numpy is one)
+  "$py" -m venv "$1"
+  "$1/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('numpy') is not None)" ||
+    { echo "the venv $1 sees system packages" >&2; exit 1; }
+}
+check() {  # check VENV: its zeppelin is its own, the build's library, and works
+  (cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 "$1/bin/python" - "$1" "$build" <<'PY'
+import array, filecmp, os, sys
 import zeppelin
 here = os.path.dirname(zeppelin.__file__)
 assert here.startswith(sys.argv[1]), "imported %s, not the venv's package" % here
 assert zeppelin.library_path == os.path.join(here, "libzeppelin.so"), zeppelin.library_path
+assert filecmp.cmp(zeppelin.library_path, os.path.join(sys.argv[2], "libzeppelin.so"), shallow=False), \
+    "the package's library is not %s/libzeppelin.so (did ZEPPELIN_BUILD_DIR reach setup.py?)" % sys.argv[2]
 assert os.path.exists(os.path.join(here, "py.typed"))
 c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0)
 x = array.array("d", [1.5, 2.5])
@@ -29,13 +47,23 @@ print("pip install test: zeppelin %s from %s, with its own library" % (zeppelin.
 PY
   )
 }
-"$py" -m venv --system-site-packages "$tmp/venv"
-(cd "$tmp" && ZEPPELIN_BUILD_DIR="$build" "$tmp/venv/bin/pip" install -q --no-build-isolation --no-index --no-deps "$src")
-check "$tmp/venv"
-(cd "$tmp" && ZEPPELIN_BUILD_DIR="$build" "$tmp/venv/bin/pip" wheel -q --no-build-isolation --no-index --no-deps \
-  -w "$tmp/dist" "$src")
-"$py" -m venv "$tmp/plain"
-"$tmp/plain/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('numpy') is not None)" ||
-  { echo "the plain venv sees system packages"; exit 1; }
-"$tmp/plain/bin/pip" install -q --no-index "$tmp"/dist/zeppelin-*.whl
+venv "$tmp/plain"
+(cd "$tmp" && "$tmp/plain/bin/pip" install -q --no-index --find-links "$wheels" "$src")
 check "$tmp/plain"
+(cd "$tmp" && "$tmp/plain/bin/pip" wheel -q --no-index --find-links "$wheels" --no-deps -w "$tmp/dist" "$src")
+whl=$(ls "$tmp"/dist/zeppelin-*.whl)
+plat=$("$py" -c "import sysconfig; print(sysconfig.get_platform().replace('-', '_').replace('.', '_'))")
+case $whl in
+  *-py3-none-"$plat".whl) ;;
+  *) echo "the wheel is not tagged py3-none-$plat: $whl" >&2; exit 1 ;;
+esac
+"$py" - "$whl" <<'PY'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+assert "Root-Is-Purelib: false" in meta, "the wheel is marked pure:\n" + meta
+assert "zeppelin/libzeppelin.so" in z.namelist(), "the library is not at the wheel's root"
+PY
+venv "$tmp/other"
+"$tmp/other/bin/pip" install -q --no-index "$whl"
+check "$tmp/other"
