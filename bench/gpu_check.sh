@@ -3,14 +3,16 @@
 # device path against the real CUDA runtime and NCCL on it. It works offline
 # and on one GPU, installs nothing, and writes one summary file.
 #
-#   bash bench/gpu_check.sh [--ranks N] [-P uniform|random|zipf] [--build DIR] [--out DIR]
-#   bash bench/gpu_check.sh --double [--build DIR] [--out DIR]
+#   bash bench/gpu_check.sh [--ranks N] [-P uniform|random|zipf] [--build DIR] [--out DIR] [--without-ucx]
+#   bash bench/gpu_check.sh --double [--build DIR] [--out DIR] [--without-ucx]
 #
 # Steps (each timed; a failed step is recorded and the next one runs):
 #   tools       what is installed, and what is missing (nothing is installed)
 #   versions    device, driver, CUDA and NCCL versions ("unknown" when absent)
 #   configure   cmake -DZP_WITH_CUDA=ON into DIR (default build-gpu); UCX is
-#               used when present, and one node needs none (ZP_WITH_UCX=AUTO)
+#               used when present, and one node needs none (ZP_WITH_UCX=AUTO;
+#               --without-ucx leaves it out even when present, as on a GPU
+#               machine that has none: CI builds the double's programs so)
 #   build       only the programs below
 #   kernels     the device tests whose results come from the device kernels,
 #               checked against the host path's functors (DeviceAttention:
@@ -54,13 +56,14 @@ src=$PWD
 
 usage() {
   cat <<'EOF'
-usage: bash bench/gpu_check.sh [--ranks N] [-P uniform|random|zipf] [--build DIR] [--out DIR]
-       bash bench/gpu_check.sh --double [--build DIR] [--out DIR]
+usage: bash bench/gpu_check.sh [--ranks N] [-P uniform|random|zipf] [--build DIR] [--out DIR] [--without-ucx]
+       bash bench/gpu_check.sh --double [--build DIR] [--out DIR] [--without-ucx]
 (the header of bench/gpu_check.sh says what each step does)
 EOF
 }
 
 mode=real
+ucx=AUTO
 build=
 out=
 ranks=
@@ -68,6 +71,7 @@ pattern=uniform
 while [ $# -gt 0 ]; do
   case "$1" in
     --double) mode=double ;;
+    --without-ucx) ucx=OFF ;;
     --build | --out | --ranks | -n | -P)
       [ $# -ge 2 ] || { echo "gpu_check: $1 needs a value" >&2; exit 2; }
       case "$1" in
@@ -258,7 +262,7 @@ PY
 }
 
 configure() {
-  local args=(-S "$src" -B "$build" -DZP_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  local args=(-S "$src" -B "$build" -DZP_WITH_CUDA=ON -DZP_WITH_UCX=$ucx -DCMAKE_BUILD_TYPE=RelWithDebInfo)
   # Only this machine's GPU architecture: the default (80;90) compiles twice.
   [ -n "$cc" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$cc")
   echo "cmake ${args[*]}"
