@@ -30,6 +30,7 @@
 #include "src/route/routing_setting.h"
 #include "src/route/routing_state.h"
 #include "src/util/clock.h"
+#include "src/util/nvtx.h"
 #include "src/util/per_thread.h"
 #include "transport/nccl/nccl_transport.h"
 
@@ -282,6 +283,7 @@ static zpComm_t newHandle(std::unique_ptr<zp::Comm> impl) {
 }
 
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int rank, zpConfig_t* config) try {
+  ZP_NVTX_RANGE("zpCommInitRankConfig");
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitRank: comm is NULL");
   *comm = nullptr;
   if (nranks <= 0) return zp::fail(zpInvalidArgument, "zpCommInitRank: nranks=%d must be positive", nranks);
@@ -331,6 +333,7 @@ static zpResult_t mpirunFileId(int rank, const std::string& job, int timeoutMs, 
 }
 
 zpResult_t zpCommInitFromEnv(zpComm_t* comm, zpConfig_t* config) try {
+  ZP_NVTX_RANGE("zpCommInitFromEnv");
   if (!comm) return zp::fail(zpInvalidArgument, "zpCommInitFromEnv: comm is NULL");
   *comm = nullptr;
   auto env = [](const char* n) { return zp::envString(n); };
@@ -454,8 +457,18 @@ static zpResult_t destroy(zpComm_t comm, bool abort, const char* fn) {
   return zpSuccess;
 }
 
-zpResult_t zpCommDestroy(zpComm_t comm) try { return noted(comm, destroy(comm, false, "zpCommDestroy")); } catch (...) {  return zp::failFromException("zpCommDestroy"); }
-zpResult_t zpCommAbort(zpComm_t comm) try { return noted(comm, destroy(comm, true, "zpCommAbort")); } catch (...) {  return zp::failFromException("zpCommAbort"); }
+zpResult_t zpCommDestroy(zpComm_t comm) try {
+  ZP_NVTX_RANGE("zpCommDestroy");
+  return noted(comm, destroy(comm, false, "zpCommDestroy"));
+} catch (...) {
+  return zp::failFromException("zpCommDestroy");
+}
+zpResult_t zpCommAbort(zpComm_t comm) try {
+  ZP_NVTX_RANGE("zpCommAbort");
+  return noted(comm, destroy(comm, true, "zpCommAbort"));
+} catch (...) {
+  return zp::failFromException("zpCommAbort");
+}
 
 // The calls that read one value of a communicator: the handle looked up,
 // the out pointer checked (named outName in the message), *out = get(comm).
@@ -520,6 +533,7 @@ static zpResult_t split(zpComm_t comm, int color, int key, zpComm_t* newcomm, zp
 }
 
 zpResult_t zpCommSplit(zpComm_t comm, int color, int key, zpComm_t* newcomm, zpConfig_t* config) try {
+  ZP_NVTX_RANGE("zpCommSplit");
   return noted(comm, split(comm, color, key, newcomm, config));
 } catch (...) {
   return zp::failFromException("zpCommSplit");
@@ -550,6 +564,7 @@ zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm) try {
 zpResult_t zpGroupStart(void) try { return zp::groupStart(); } catch (...) {  return zp::failFromException("zpGroupStart"); }
 
 zpResult_t zpGroupEnd(void) try {
+  ZP_NVTX_RANGE("zpGroupEnd");
   bool ended = false;
   zpResult_t r = zp::groupEnd(&ended);
   if (ended) {
@@ -594,6 +609,7 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
 
 zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpSend");
   return noted(comm, p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream));
 } catch (...) {
   return zp::failFromException("zpSend");
@@ -601,6 +617,7 @@ zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int
 
 zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                          zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpRecv");
   return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream));
 } catch (...) {
   return zp::failFromException("zpRecv");
@@ -633,6 +650,7 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
 zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
                               void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                               zpDataType_t datatype, zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAlltoallv");
   return noted(comm, alltoallv(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm, stream));
 } catch (...) {
   return zp::failFromException("zpAlltoallv");
@@ -691,6 +709,7 @@ static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpSt
 
 zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
                        zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAllReduce");
   return noted(comm, collective("zpAllReduce", {zp::CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0},
                                 comm, stream));
 } catch (...) {
@@ -699,6 +718,7 @@ zpResult_t zpAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDat
 
 zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, int root,
                        zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpBroadcast");
   return noted(comm, collective("zpBroadcast",
                                 {zp::CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, zpSum, root}, comm,
                                 stream));
@@ -708,6 +728,7 @@ zpResult_t zpBroadcast(const void* sendbuff, void* recvbuff, size_t count, zpDat
 
 zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op, int root,
                     zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpReduce");
   return noted(comm, collective("zpReduce", {zp::CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root},
                                 comm, stream));
 } catch (...) {
@@ -716,6 +737,7 @@ zpResult_t zpReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataTy
 
 zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
                        zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAllGather");
   return noted(comm, collective("zpAllGather",
                                 {zp::CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0}, comm,
                                 stream));
@@ -725,6 +747,7 @@ zpResult_t zpAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, z
 
 zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype, zpRedOp_t op,
                            zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpReduceScatter");
   return noted(comm, collective("zpReduceScatter",
                                 {zp::CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0}, comm,
                                 stream));
@@ -747,6 +770,7 @@ static zpResult_t collectiveV(const char* fn, zp::CollArgs a, zpComm_t comm, zpS
 
 zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t recvcounts[],
                         const size_t rdispls[], zpDataType_t datatype, zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAllGatherv");
   return noted(comm, collectiveV("zpAllGatherv",
                                  {zp::CollKind::kAllGatherv, sendbuff, recvbuff, sendcount, datatype, zpSum, 0,
                                   recvcounts, rdispls},
@@ -757,6 +781,7 @@ zpResult_t zpAllGatherv(const void* sendbuff, size_t sendcount, void* recvbuff, 
 
 zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t recvcounts[], zpDataType_t datatype,
                             zpRedOp_t op, zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpReduceScatterv");
   return noted(comm, collectiveV("zpReduceScatterv",
                                  {zp::CollKind::kReduceScatterv, sendbuff, recvbuff, 0, datatype, op, 0, recvcounts,
                                   nullptr},
@@ -766,6 +791,7 @@ zpResult_t zpReduceScatterv(const void* sendbuff, void* recvbuff, const size_t r
 }
 
 zpResult_t zpBarrier(zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpBarrier");
   return noted(comm, collective("zpBarrier", {zp::CollKind::kBarrier, nullptr, nullptr, 0, zpUint8, zpSum, 0}, comm,
                                 stream));
 } catch (...) {
