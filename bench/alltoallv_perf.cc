@@ -80,29 +80,14 @@ int main(int argc, char** argv) {
     CallBuffer sendCall(sendBuf, opt.gpu), recvCall(recvBuf, opt.gpu);
     auto call = [&] { comm.alltoallv(sendCall.data(), sl, recvCall.data(), rl, t, stream.get()); };
 
-    for (int i = 0; i < opt.warmup; ++i) call();
-    stream.sync();
-    comm.barrier();
-    const double t0 = nowSeconds();
-    for (int i = 0; i < opt.iters; ++i) call();
-    stream.sync();
-    const double mine = (nowSeconds() - t0) / opt.iters;
-    const double timeUs = comm.maxDouble(mine) * 1e6;
+    const double timeUs = timeCalls(comm, stream, opt, call);
 
     long long wrong = -1;
     if (opt.check) {
       const uint64_t seed = sizeSeed(opt.seed, size);
-      fillSend(sendBuf.data(), sl, t, seed, rank);
-      poisonRecv(recvBuf.data(), rl, t);
-      runMirrored(sendCall, recvCall, stream, call);
-      std::string first;
-      const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
-      if (local != 0)
-        fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local,
-                elems * t.size, first.c_str());
-      const unsigned long long all = comm.sumU64(local);
-      totalWrong += all;
-      wrong = (long long)all;
+      wrong = checkBlocks(comm, sendCall, recvCall, stream, call, sendBuf, sl, recvBuf, rl, t, seed, rank,
+                          elems * t.size);
+      totalWrong += wrong;
     }
 
     const double bytes = double(maxRankBytes(m, t.size));

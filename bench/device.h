@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "common.h"
 #ifdef ZP_BENCH_CUDA
@@ -133,6 +134,36 @@ void runMirrored(CallBuffer& send, CallBuffer& recv, CallStream& stream, Call ca
   stream.sync();
   send.toHost();
   recv.toHost();
+}
+
+// A row's timing: `warmup` untimed calls, a barrier, `iters` timed calls;
+// the slowest rank's mean time per call, in microseconds.
+template <class Comm, class Call>
+double timeCalls(Comm& comm, CallStream& stream, const Options& opt, Call call) {
+  for (int i = 0; i < opt.warmup; ++i) call();
+  stream.sync();
+  comm.barrier();
+  const double t0 = nowSeconds();
+  for (int i = 0; i < opt.iters; ++i) call();
+  stream.sync();
+  return comm.maxDouble((nowSeconds() - t0) / opt.iters) * 1e6;
+}
+
+// A row's check of a call that moves blocks (alltoallv, send/recv): fresh
+// inputs from the row's seed, poisoned outputs, one call, every received
+// byte and guard byte checked. The wrong bytes of all ranks; a rank with
+// any says where on stderr.
+template <class Comm, class Call>
+long long checkBlocks(Comm& comm, CallBuffer& sendCall, CallBuffer& recvCall, CallStream& stream, Call call,
+                      Buffer& sendBuf, const Layout& sl, Buffer& recvBuf, const Layout& rl, const TypeInfo& t,
+                      uint64_t seed, int rank, size_t bytes) {
+  fillSend(sendBuf.data(), sl, t, seed, rank);
+  poisonRecv(recvBuf.data(), rl, t);
+  runMirrored(sendCall, recvCall, stream, call);
+  std::string first;
+  const size_t local = checkRun(sendBuf.data(), sl, recvBuf.data(), rl, t, seed, rank, &first);
+  if (local != 0) fprintf(stderr, "rank %d: %zu wrong bytes at size %zu; first: %s\n", rank, local, bytes, first.c_str());
+  return (long long)comm.sumU64(local);
 }
 
 }  // namespace zpbench
