@@ -1,9 +1,11 @@
 // An NVTX injection library, as a profiler provides one: loaded by NVTX
 // (NVTX_INJECTION64_PATH) at a process's first NVTX call, it takes the
 // domain calls and writes each range to NVTX_SPY_DIR/<pid>.log, one line per
-// push ("push DOMAIN NAME") and pop ("pop DOMAIN"), so that a test can see
-// which ranges a library opens and whether it closes them.
+// push ("push THREAD DOMAIN NAME") and pop ("pop THREAD DOMAIN"; ranges nest
+// per thread), so that a test can see which ranges a library opens and
+// whether it closes them.
 #include <nvtx3/nvToolsExt.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -40,12 +42,12 @@ int NVTX_API rangePushEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t*
   std::string name = "(no message)";
   if (a && a->messageType == NVTX_MESSAGE_TYPE_REGISTERED) name = nameOf(a->message.registered);
   if (a && a->messageType == NVTX_MESSAGE_TYPE_ASCII) name = a->message.ascii;
-  line(std::string("push ") + nameOf(domain) + " " + name);
+  line("push " + std::to_string(syscall(SYS_gettid)) + " " + nameOf(domain) + " " + name);
   return 0;
 }
 
 int NVTX_API rangePop(nvtxDomainHandle_t domain) {
-  line(std::string("pop ") + nameOf(domain));
+  line("pop " + std::to_string(syscall(SYS_gettid)) + " " + nameOf(domain));
   return 0;
 }
 

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,16 +35,26 @@ TEST(Nvtx, EveryCallIsARangeOfItsOwnOnEveryRank) {
     ZP_EXPECT_OK(zpRecv(y, 4, zpFloat32, 1 - rank, comm, nullptr));
     ZP_EXPECT_OK(zpGroupEnd());
     ZP_EXPECT_OK(zpBarrier(comm, nullptr));
+    // The extension layer's calls too (its exchange runs on a thread of its
+    // own: its zpGroupEnd is a range of that thread).
+    const int order[2] = {0, 1};
+    zpRing_t ring = nullptr;
+    ZP_EXPECT_OK(zpRingCreate(&ring, comm, 2, order, 0));
+    ZP_EXPECT_OK(zpRingExchangeStart(ring, x, sizeof x, y, sizeof y, nullptr));
+    ZP_EXPECT_OK(zpRingExchangeWait(ring));
+    ZP_EXPECT_OK(zpRingDestroy(ring));
     ZP_EXPECT_OK(zpCommDestroy(comm));
   });
   unsetenv("NVTX_INJECTION64_PATH");
   unsetenv("NVTX_SPY_DIR");
   zptest::expectAllOk(exits);
 
-  // One log per rank; in each, the calls' ranges in call order, every one
-  // closed, none of another domain.
-  const std::vector<std::string> want = {"zpCommInitRankConfig", "zpAllReduce", "zpSend",       "zpRecv",
-                                         "zpGroupEnd",           "zpBarrier",   "zpCommDestroy"};
+  // One log per rank; in each, the calls' ranges in call order on the
+  // calling thread, every range of every thread closed, none of another
+  // domain.
+  const std::vector<std::string> want = {"zpCommInitRankConfig", "zpAllReduce",        "zpSend",
+                                         "zpRecv",               "zpGroupEnd",         "zpBarrier",
+                                         "zpRingExchangeStart",  "zpRingExchangeWait", "zpCommDestroy"};
   std::vector<std::string> logs;
   DIR* d = opendir(dir);
   ASSERT_NE(d, nullptr);
@@ -52,19 +64,25 @@ TEST(Nvtx, EveryCallIsARangeOfItsOwnOnEveryRank) {
   EXPECT_EQ(logs.size(), (size_t)n) << "one log per rank";
   for (const std::string& path : logs) {
     std::ifstream in(path);
-    std::vector<std::string> calls;  // the outermost ranges
-    int depth = 0;
+    std::map<std::string, int> depth;                     // by thread
+    std::map<std::string, std::vector<std::string>> calls;  // by thread: the outermost ranges
     for (std::string line; std::getline(in, line);) {
-      if (line.rfind("push Zeppelin ", 0) == 0) {
-        if (depth++ == 0) calls.push_back(line.substr(14));
-      } else if (line == "pop Zeppelin") {
-        EXPECT_GT(depth--, 0) << path << ": a range closed that was not open";
-      } else {
+      std::istringstream words(line);
+      std::string what, thread, domain, name;
+      words >> what >> thread >> domain >> name;
+      if (domain != "Zeppelin") {
         ADD_FAILURE() << path << ": not a range of the domain Zeppelin: " << line;
+      } else if (what == "push") {
+        if (depth[thread]++ == 0) calls[thread].push_back(name);
+      } else if (what == "pop") {
+        EXPECT_GT(depth[thread]--, 0) << path << ": a range closed that was not open";
       }
     }
-    EXPECT_EQ(depth, 0) << path << ": ranges left open";
-    EXPECT_EQ(calls, want) << path;
+    for (auto& t : depth) EXPECT_EQ(t.second, 0) << path << ": ranges left open on thread " << t.first;
+    std::vector<std::string> caller;  // the thread that made the communicator
+    for (auto& t : calls)
+      if (!t.second.empty() && t.second[0] == want[0]) caller = t.second;
+    EXPECT_EQ(caller, want) << path;
     unlink(path.c_str());
   }
   rmdir(dir);

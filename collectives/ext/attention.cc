@@ -12,6 +12,7 @@
 #include "collectives/ext/attention_pass.h"
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#include "src/util/nvtx.h"
 #ifdef ZP_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -98,6 +99,7 @@ zpResult_t checkCall(zpAttention* a, const char* fn, std::initializer_list<std::
 
 zpResult_t zpAttentionForward(zpAttention_t attn, const void* q, const void* k, const void* v, void* out, float* lse,
                               zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAttentionForward");
   const char* fn = "zpAttentionForward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (attn->T > 0 && (!q || !k || !v || !out || !lse))
@@ -122,6 +124,7 @@ zpResult_t zpAttentionForward(zpAttention_t attn, const void* q, const void* k, 
 zpResult_t zpAttentionBackward(zpAttention_t attn, const void* q, const void* k, const void* v, const void* out,
                                const float* lse, const void* dout, void* dq, void* dk, void* dv,
                                zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpAttentionBackward");
   const char* fn = "zpAttentionBackward";
   if (!attn) return zpSetLastError(nullptr, zpInvalidArgument, "%s: attn is NULL", fn);
   if (!attn->bwd) return zpSetLastError(nullptr, zpInvalidUsage, "%s: the driver was created without a backward kernel", fn);

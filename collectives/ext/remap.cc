@@ -11,6 +11,7 @@
 
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#include "src/util/nvtx.h"
 
 namespace {
 
@@ -135,6 +136,7 @@ zpResult_t zpRemapCreate(zpRemap_t* remap, zpLayout_t from, zpLayout_t to, zpCom
 
 zpResult_t zpRemapExecute(zpRemap_t remap, const void* in, void* out, size_t elemsPerToken,
                                  zpDataType_t datatype, int inverse, zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpRemapExecute");
   if (!remap) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: remap is NULL");
   size_t ts = zpTypeSize(datatype);
   if (!ts) return zpSetLastError(comm, zpInvalidArgument, "zpRemapExecute: invalid datatype %d", (int)datatype);

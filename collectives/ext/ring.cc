@@ -9,6 +9,7 @@
 #include "collectives/ext/async_p2p.h"
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#include "src/util/nvtx.h"
 
 struct zpRing {
   int next = -1, prev = -1;
@@ -47,6 +48,7 @@ zpResult_t zpRingCreate(zpRing_t* ring, zpComm_t comm, int nranks, const int* ra
 
 zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBytes, void* recvbuf,
                                       size_t recvBytes, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpRingExchangeStart");
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: ring is NULL");
   if ((sendBytes && !sendbuf) || (recvBytes && !recvbuf))
     return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeStart: a NULL buffer with a nonzero size");
@@ -67,6 +69,7 @@ zpResult_t zpRingExchangeStart(zpRing_t ring, const void* sendbuf, size_t sendBy
 }
 
 zpResult_t zpRingExchangeWait(zpRing_t ring) try {
+  ZP_NVTX_RANGE("zpRingExchangeWait");
   if (!ring) return zpSetLastError(nullptr, zpInvalidArgument, "zpRingExchangeWait: ring is NULL");
   return ring->exchange.wait("zpRingExchangeWait");
 } catch (...) {

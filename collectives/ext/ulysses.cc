@@ -13,6 +13,7 @@
 
 #include "collectives/ext/ext.h"
 #include "include/zeppelin.h"
+#include "src/util/nvtx.h"
 #ifdef ZP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -132,6 +133,7 @@ zpResult_t exchangeOnStream(const Exchange& x, const char* src, char* dst, zpDat
 
 zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int qHeads, int heads, int headDim,
                                     zpDataType_t datatype, int direction, zpComm_t comm, zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpUlyssesAlltoall");
   const char* fn = "zpUlyssesAlltoall";
   if (!layout) return zpSetLastError(comm, zpInvalidArgument, "%s: layout is NULL", fn);
   size_t ts = zpTypeSize(datatype);
