@@ -43,6 +43,12 @@ TEST(Nvtx, EveryCallIsARangeOfItsOwnOnEveryRank) {
     ZP_EXPECT_OK(zpRingExchangeStart(ring, x, sizeof x, y, sizeof y, nullptr));
     ZP_EXPECT_OK(zpRingExchangeWait(ring));
     ZP_EXPECT_OK(zpRingDestroy(ring));
+    // A call refused at once is a range too (the others of the layer, with
+    // no handle: each range opens before the arguments are checked).
+    EXPECT_EQ(zpAttentionForward(nullptr, x, x, x, y, y, nullptr), zpInvalidArgument);
+    EXPECT_EQ(zpAttentionBackward(nullptr, x, x, x, x, x, x, y, y, y, nullptr), zpInvalidArgument);
+    EXPECT_EQ(zpUlyssesAlltoall(x, y, nullptr, 1, 1, 1, zpFloat32, 0, comm, nullptr), zpInvalidArgument);
+    EXPECT_EQ(zpRemapExecute(nullptr, x, y, 1, zpFloat32, 0, comm, nullptr), zpInvalidArgument);
     ZP_EXPECT_OK(zpCommDestroy(comm));
   });
   unsetenv("NVTX_INJECTION64_PATH");
@@ -52,9 +58,11 @@ TEST(Nvtx, EveryCallIsARangeOfItsOwnOnEveryRank) {
   // One log per rank; in each, the calls' ranges in call order on the
   // calling thread, every range of every thread closed, none of another
   // domain.
-  const std::vector<std::string> want = {"zpCommInitRankConfig", "zpAllReduce",        "zpSend",
-                                         "zpRecv",               "zpGroupEnd",         "zpBarrier",
-                                         "zpRingExchangeStart",  "zpRingExchangeWait", "zpCommDestroy"};
+  const std::vector<std::string> want = {"zpCommInitRankConfig", "zpAllReduce",         "zpSend",
+                                         "zpRecv",               "zpGroupEnd",          "zpBarrier",
+                                         "zpRingExchangeStart",  "zpRingExchangeWait",  "zpAttentionForward",
+                                         "zpAttentionBackward",  "zpUlyssesAlltoall",   "zpRemapExecute",
+                                         "zpCommDestroy"};
   std::vector<std::string> logs;
   DIR* d = opendir(dir);
   ASSERT_NE(d, nullptr);
