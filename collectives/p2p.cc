@@ -165,7 +165,7 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
     op.stream = stream;
     return zpSuccess;
   }
-  Op op = Op(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
+  Op op(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   op.stream = stream;
   Comm::Call call(comm, fn);
   ZP_CHECK(call.status());

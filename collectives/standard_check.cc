@@ -75,8 +75,8 @@ uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' b
 HeaderLists& headerLists() { return PerThread<HeaderLists>::get(); }
 
 uint64_t digestOf(const Header& h) {
-  const uint64_t d = hashStep(hashStep(hashStep(hashStep(hashStep(hashStep(hashStep(0, h.kind), h.count), h.dtype), h.op),
-                                                         h.root), h.countsHash), h.settings);
+  uint64_t d = 0;
+  for (uint64_t v : {h.kind, h.count, h.dtype, h.op, h.root, h.countsHash, h.settings}) d = hashStep(d, v);
   return d == kNoDigest ? 1 : d;
 }
 

@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -365,15 +366,10 @@ inline std::string deviceAttentionPassError(zpComm_t comm, int rank, zpBatchPlan
     err = zpFailed("zpAttentionBackward (magnitudes)");
   zpAttentionDestroy(attn);
   if (!err.empty()) return err;
-  int nranks = 0;
-  int64_t batchTokens = 0;
-  zpCommCount(comm, &nranks);
-  for (int r = 0; r < nranks; r++) {
-    int64_t t = 0;
-    zpLayoutRankTokens(layout, r, &t);
-    batchTokens += t;
-  }
-  const double terms = (double)batchTokens * (H / Hk);
+  int nranks = 0, nseqs = 0, causal = 0;
+  const int64_t* lens = nullptr;
+  if (zpPlanGetInfo(plan, &nranks, &nseqs, &lens, &causal) != zpSuccess) return zpFailed("zpPlanGetInfo");
+  const double terms = (double)std::accumulate(lens, lens + nseqs, int64_t(0)) * (H / Hk);
 
   // Element by element: how many are off by more than the bound.
   // sums: the elements' sums of |terms|, for gradients whose terms a GPU
