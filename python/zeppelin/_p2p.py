@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .comm import Communicator, group
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidUsage
+
+_MAGIC = 0x7A7074616721  # "zptag!": a tagged message's header
 
 
 class _Op:
@@ -54,27 +56,42 @@ class Pending:
             raise InvalidArgument("%s: one tensor per call, got %d" % (fn, len(tensors)))
         if not isinstance(peer, int) or not 0 <= peer < self.comm.size:
             raise InvalidArgument("%s: peer %r is not a rank in [0, %d)" % (fn, peer, self.comm.size))
-        if tag:
-            raise InvalidArgument("%s: the zeppelin backend matches messages in call order; tag %d is not supported"
-                                  % (fn, tag))
+        if not isinstance(tag, int) or tag < 0:
+            raise InvalidArgument("%s: tag %r: a non-negative integer" % (fn, tag))
         op = _Op(send, tensors[0], peer, tag)
         self._ops.append(op)
         return P2PWork(self, op)
 
     def run(self) -> None:
         """Runs every pending op as one group; each op's Work then holds
-        its result or the group's error."""
+        its result or the group's error. Tags: the library matches a pair's
+        messages in call order, so the group posts them ordered by tag
+        (then by posting order); both sides ordering the same messages the
+        same way, each tag's messages match in order. A tagged message is
+        preceded by a header (magic, tag) that the receiver checks, so a
+        message matched with the wrong tag (the two sides ran different
+        batches) is an error, not silently wrong data."""
         ops, self._ops = self._ops, []
         if not ops:
             return
+        ordered = sorted(ops, key=lambda op: op.tag)  # stable: posting order within a tag
+        headers = [(torch.tensor([_MAGIC, op.tag], dtype=torch.int64) if op.send else torch.zeros(2, dtype=torch.int64))
+                   if op.tag else None for op in ordered]
 
         def body() -> None:
             with group():
-                for op in ops:
-                    if op.send:
-                        self.comm.send(op.tensor, op.peer)
-                    else:
-                        self.comm.recv(op.tensor, op.peer)
+                for op, hdr in zip(ordered, headers):
+                    move = self.comm.send if op.send else self.comm.recv
+                    if hdr is not None:
+                        move(hdr, op.peer)
+                    move(op.tensor, op.peer)
+            for op, hdr in zip(ordered, headers):
+                if hdr is not None and not op.send and hdr.tolist() != [_MAGIC, op.tag]:
+                    got = "tag %d" % hdr[1] if int(hdr[0]) == _MAGIC else "no tag"
+                    raise InvalidUsage("recv from rank %d with tag %d matched a message sent with %s: tags are "
+                                       "matched among the operations run together (posted before the same wait); "
+                                       "post both sides' tagged operations before waiting on them"
+                                       % (op.peer, op.tag, got))
         try:
             self._call("send/recv" if len(ops) > 1 else ("send" if ops[0].send else "recv"), body)
         except BaseException as e:

@@ -38,7 +38,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds
+from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds, group
 from .comm import get_unique_id
 from ._p2p import Pending
 from .errors import InvalidArgument, ZeppelinError
@@ -52,11 +52,20 @@ _OPS = {dist.ReduceOp.SUM: SUM, dist.ReduceOp.PRODUCT: PROD, dist.ReduceOp.MIN: 
         dist.ReduceOp.AVG: AVG}  # type: ignore[attr-defined]
 
 
+def _op_name(op: Any) -> str:
+    """ReduceOp.BOR, not the object's repr."""
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        theirs = getattr(dist.ReduceOp, name, None)
+        if theirs is not None and op == theirs:
+            return "ReduceOp." + name
+    return repr(op)
+
+
 def _op(op: Any) -> ReduceOp:
     for theirs, ours in _OPS.items():
         if op == theirs:
             return ours
-    raise InvalidArgument("the zeppelin backend reduces with SUM, PRODUCT, MIN, MAX and AVG, not %s" % (op,))
+    raise InvalidArgument("the zeppelin backend reduces with SUM, PRODUCT, MIN, MAX and AVG, not %s" % _op_name(op))
 
 
 def _done(result: Any) -> Any:
@@ -186,11 +195,60 @@ class ProcessGroupZeppelin(dist.ProcessGroup):  # type: ignore[misc]
     def _end_coalescing(self, reqs: Any = None) -> None:
         pass
 
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidArgument("the zeppelin backend has no gather: use all_gather")
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],  # type: ignore[override]
+               opts: Any = None) -> Any:
+        """Every rank's tensor to root's gather_list, as one group of sends
+        and receives."""
+        root = opts.rootRank if opts is not None else 0
+        outs = output_tensors[0] if output_tensors else []
+        if self.comm.rank == root and len(outs) != self.comm.size:
+            raise InvalidArgument("gather: gather_list has %d tensors, the group %d ranks" % (len(outs), self.comm.size))
 
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidArgument("the zeppelin backend has no scatter: use broadcast or all_to_all")
+        def body() -> None:
+            if self.comm.rank != root:
+                self.comm.send(input_tensors[0].contiguous(), root)
+                return
+            tmp = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+                   for o in outs]
+            with group():
+                for r, t in enumerate(tmp):
+                    if r != root:
+                        self.comm.recv(t, r)
+            tmp[root].copy_(input_tensors[0].reshape(tmp[root].shape))
+            for o, t in zip(outs, tmp):
+                if o is not t:
+                    o.copy_(t)
+        return self._call("gather", body, output_tensors)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],  # type: ignore[override]
+                opts: Any = None) -> Any:
+        """root's scatter_list[r] to rank r, as one group of sends and receives."""
+        root = opts.rootRank if opts is not None else 0
+        ins = input_tensors[0] if input_tensors else []
+        if self.comm.rank == root and len(ins) != self.comm.size:
+            raise InvalidArgument("scatter: scatter_list has %d tensors, the group %d ranks" % (len(ins), self.comm.size))
+        out = output_tensors[0]
+
+        def body() -> None:
+            if self.comm.rank != root:
+                target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+                self.comm.recv(target, root)
+                if target is not out:
+                    out.copy_(target)
+                return
+            with group():
+                for r, t in enumerate(ins):
+                    if r != root:
+                        self.comm.send(t.contiguous(), r)
+            out.copy_(ins[root].reshape(out.shape))
+        return self._call("scatter", body, output_tensors)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        return self.allreduce(tensors, opts)
+
+    def monitored_barrier(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgument("the zeppelin backend has no monitored_barrier (Gloo's): use barrier; a rank that "
+                              "does not arrive fails every rank at the group's timeout, naming it")
 
 
 def _group_timeout(timeout: timedelta) -> float:
