@@ -13,17 +13,17 @@ and Zeppelin communicators over the ranks of an existing process group.
 The backend's process group holds one Communicator (its `.comm`) and maps
 each torch.distributed call onto it: all_reduce, broadcast, reduce,
 all_gather (and all_gather_into_tensor), reduce_scatter (and
-reduce_scatter_tensor), all_to_all_single, all_to_all, barrier, send, recv,
-isend, irecv, batch_isend_irecv. The calls take what Communicator takes: CPU
+reduce_scatter_tensor), all_to_all_single, all_to_all, gather, scatter,
+barrier, all_reduce_coalesced, send, recv, isend, irecv, batch_isend_irecv. The calls take what Communicator takes: CPU
 tensors, and CUDA tensors in a build with CUDA (on the current stream). A
 collective on host tensors is done when it returns, so async_op=True gives a
 Work that is already complete. isend and irecv (and batch_isend_irecv's ops)
 return at once; the posted ops run together as one group when any of them is
 waited on, or before the group's next other call (see _p2p.py), so any order
 of posting completes. ReduceOp SUM, PRODUCT, MIN, MAX and AVG map to
-Zeppelin's; the bitwise ops, PREMUL_SUM, gather, scatter, recv from any
-source and tags other than 0 are refused with a clear error. Sends and
-receives between two ranks match in call order, as in NCCL.
+Zeppelin's; the bitwise ops, PREMUL_SUM, recv from any source and
+monitored_barrier are refused by name. Sends and receives between two ranks
+match per tag, in posting order (_p2p.py).
 
 init_process_group's timeout is the communicator's: every call of the group
 waits that long for a silent peer, then fails on every rank naming the call.
