@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 import torch.distributed as dist
 
 from .comm import Communicator, group

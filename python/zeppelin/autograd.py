@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 
 from ._buffers import BFLOAT16, FLOAT16, FLOAT32
 from .errors import InvalidArgument, ZeppelinError

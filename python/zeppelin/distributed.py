@@ -35,7 +35,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 import torch.distributed as dist
 
 from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds, group

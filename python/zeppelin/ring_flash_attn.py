@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 
 from .autograd import _attend, _group_comm
 from .errors import InvalidArgument
