@@ -23,6 +23,7 @@ import sys
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.install import install
 
 # bdist_wheel is setuptools' own since setuptools 70.1 (wheel's is now an
 # alias of it), the wheel package's before; setuptools 66 (Debian 12) has
@@ -77,8 +78,9 @@ def built():
     (tools missing there are built there), or build-pip/, built here."""
     tty = _tty()
     build = os.environ.get("ZEPPELIN_BUILD_DIR")
+    fresh = not build
     say = "zeppelin: %s\n"
-    if build:
+    if not fresh:
         msg = say % ("using the build in %s (ZEPPELIN_BUILD_DIR)" % build)
         targets = [t for t in TOOLS if not os.path.exists(os.path.join(build, t))]
     else:
@@ -86,12 +88,14 @@ def built():
         msg = say % ("building libzeppelin and %s with CMake in %s; this takes minutes (pip install -v shows the "
                      "compiler's lines; ZEPPELIN_BUILD_DIR=DIR takes an existing build instead)"
                      % (", ".join(TOOLS), build))
-        _run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DZP_BUILD_TESTS=OFF",
-              "-DZP_BUILD_BENCH=OFF", "-DZP_BUILD_EXAMPLES=OFF"], "configuring", None)
         targets = ["zeppelin"] + TOOLS
     sys.stderr.write(msg)
     if tty:
-        tty.write(msg)
+        tty.write("\n" + msg)  # (after pip's spinner, which ends no line)
+        tty.flush()
+    if fresh:
+        _run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DZP_BUILD_TESTS=OFF",
+              "-DZP_BUILD_BENCH=OFF", "-DZP_BUILD_EXAMPLES=OFF"], "configuring", None)
     if targets:
         _run(["cmake", "--build", build, "--target"] + targets + ["-j", str(os.cpu_count() or 1)],
              "building " + " ".join(targets), tty)
@@ -124,7 +128,21 @@ class WithLibrary(Distribution):
         return True
 
 
-cmdclass = {"build_py": BuildWithLibrary}
+class Install(install):
+    # Debian's setuptools wheel (the one pip installs offline from
+    # /usr/share/python-wheels) is patched for Debian's Python: its
+    # install_lib and install_egg_info ask the install command for
+    # install_layout and prefix_option, which only Debian's Python gives it.
+    # Under another Python (pyenv's) the build stopped with AttributeError:
+    # install_layout. None: the default layout and prefix.
+    def initialize_options(self):
+        super().initialize_options()
+        for name in ("install_layout", "prefix_option"):
+            if not hasattr(self, name):
+                setattr(self, name, None)
+
+
+cmdclass = {"build_py": BuildWithLibrary, "install": Install}
 if bdist_wheel is not None:
     class PlatformWheel(bdist_wheel):
         def get_tag(self):
