@@ -104,50 +104,38 @@ def check_all(out, lse_per_seq, q, k, v, want, extract, dtype):
     close("dv", v.grad, extract(w_dv), dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("causal", [True, False])
-def test_ring_flash_attn_varlen_func(causal, dtype):
+def check_per_sequence_shards(fn, extract, chunk_lengths, causal, dtype, seed):
+    """fn (ring's or zigzag's function) on a batch whose sequences are W
+    times chunk_lengths long, each rank's shard cut by extract, called as
+    ring-flash-attn's tests call it (local cu_seqlens and max_seqlen)."""
     rank, W = dist.get_rank(), dist.get_world_size()
-    lengths = [W * L for L in (3, 8, 1, 5)]
+    lengths = [W * L for L in chunk_lengths]
     cu = cu_of(lengths)
-    q, k, v, dout = batch(lengths, dtype, seed=1)
+    q, k, v, dout = batch(lengths, dtype, seed=seed)
     want = reference(q, k, v, dout, cu, causal)
     local_cu = torch.tensor(cu, dtype=torch.int32) // W
     local_max = max(lengths) // W
-    lq, lk, lv = leaves(*(extract_local(t, cu, rank, W) for t in (q, k, v)))
-    out, lse, none = ring_flash_attn_varlen_func(lq, lk, lv, local_cu, local_max, dropout_p=0, causal=causal,
-                                                 window_size=(-1, -1), alibi_slopes=None, deterministic=False,
-                                                 return_attn_probs=True)
+    lq, lk, lv = leaves(*(extract(t, cu, rank, W) for t in (q, k, v)))
+    out, lse, none = fn(lq, lk, lv, local_cu, local_max, dropout_p=0, causal=causal, window_size=(-1, -1),
+                        alibi_slopes=None, deterministic=False, return_attn_probs=True)
     assert none is None and out.dtype == dtype and lse.shape == (len(lengths), H, local_max)
-    out.backward(extract_local(dout, cu, rank, W))
+    out.backward(extract(dout, cu, rank, W))
 
-    def lse_per_seq(w_lse):
+    def lse_per_seq(w_lse):  # each sequence's lse [H, its local tokens], padded in ring-flash-attn's layout
         for i, (a, b) in enumerate(zip(cu, cu[1:])):
-            L = (b - a) // W
-            yield lse[i, :, :L], w_lse[:, a:b].chunk(W, dim=-1)[rank]
-    check_all(out, lse_per_seq, lq, lk, lv, want, lambda t: extract_local(t, cu, rank, W), dtype)
+            yield lse[i, :, :(b - a) // W], extract(w_lse[:, a:b].t(), [0, b - a], rank, W).t()
+    check_all(out, lse_per_seq, lq, lk, lv, want, lambda t: extract(t, cu, rank, W), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_flash_attn_varlen_func(causal, dtype):
+    check_per_sequence_shards(ring_flash_attn_varlen_func, extract_local, (3, 8, 1, 5), causal, dtype, seed=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_zigzag_ring_flash_attn_varlen_func(dtype):
-    rank, W = dist.get_rank(), dist.get_world_size()
-    lengths = [2 * W * L for L in (2, 5, 1, 3)]
-    cu = cu_of(lengths)
-    q, k, v, dout = batch(lengths, dtype, seed=2)
-    want = reference(q, k, v, dout, cu, True)
-    local_cu = torch.tensor(cu, dtype=torch.int32) // W
-    local_max = max(lengths) // W
-    lq, lk, lv = leaves(*(extract_zigzag(t, cu, rank, W) for t in (q, k, v)))
-    out, lse, _ = zigzag_ring_flash_attn_varlen_func(lq, lk, lv, local_cu, local_max, dropout_p=0, causal=True,
-                                                     window_size=(-1, -1), alibi_slopes=None, deterministic=False,
-                                                     return_attn_probs=True)
-    out.backward(extract_zigzag(dout, cu, rank, W))
-
-    def lse_per_seq(w_lse):
-        for i, (a, b) in enumerate(zip(cu, cu[1:])):
-            L = (b - a) // W
-            yield lse[i, :, :L], extract_zigzag(w_lse[:, a:b].t(), [0, b - a], rank, W).t()
-    check_all(out, lse_per_seq, lq, lk, lv, want, lambda t: extract_zigzag(t, cu, rank, W), dtype)
+    check_per_sequence_shards(zigzag_ring_flash_attn_varlen_func, extract_zigzag, (4, 10, 2, 6), True, dtype, seed=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
