@@ -153,6 +153,11 @@ const char* zpGetErrorString(zpResult_t result);
  * next call of zpGetLastError. */
 const char* zpGetLastError(zpComm_t comm);
 zpResult_t zpGetVersion(int* version);
+/* The value in effect of a ZP_* setting, as text: the environment's, else
+ * its default ("" when it has none); zpInvalidArgument for a name that is not
+ * a setting (zpconfig --list prints them). For bindings that must agree with
+ * the library's defaults. *value stays valid until this thread's next call. */
+zpResult_t zpGetParam(const char* name, const char** value);
 
 /* ---- Communicators ---- */
 /* Creates a new id and starts, in this process, the rendezvous service that

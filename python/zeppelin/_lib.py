@@ -118,6 +118,7 @@ _SIGNATURES = {
     "zpGetErrorString": (c_char_p, [c_int]),
     "zpGetLastError": (c_char_p, [Comm]),
     "zpGetVersion": (Result, [_P(c_int)]),
+    "zpGetParam": (Result, [c_char_p, _P(c_char_p)]),
     "zpGetUniqueId": (Result, [_P(UniqueId)]),
     "zpCommInitRankConfig": (Result, [_P(Comm), c_int, UniqueId, c_int, _P(Config)]),
     "zpCommInitFromEnv": (Result, [_P(Comm), _P(Config)]),

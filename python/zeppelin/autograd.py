@@ -39,18 +39,17 @@ as after any failed collective in NCCL.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 
 from ._buffers import BFLOAT16, FLOAT16, FLOAT32
 from .errors import InvalidArgument, ZeppelinError
 from .kernels import kernel_of
-from .plan import Attention, BatchPlan, Remap, lengths_from_cu_seqlens, ulysses_alltoall, ulysses_heads
+from .plan import Attention, BatchPlan, Layout, Remap, lengths_from_cu_seqlens, ulysses_alltoall, ulysses_heads
 
 if TYPE_CHECKING:
     from .comm import Communicator
-    from .plan import Layout
 
 _DIRECTIONS = {"linear->attention": False, "attention->linear": True}
 
@@ -288,32 +287,105 @@ def _group_comm(group: Any, fn: str) -> Communicator:
 _GROUP_COMMS: Dict[int, Tuple[Any, Communicator]] = {}
 
 
+# (lengths, segments of every rank, ranks, causal, communicator) -> (plan, Remap or None), the last 32
+_REMAPS: Dict[Tuple[Any, ...], Tuple[Any, Optional[Remap]]] = {}
+
+
+def _plan_and_remap(lengths: List[int], segments: List[List[Tuple[int, int, int]]], causal: bool,
+                    comm: Any) -> Tuple[Any, Optional[Remap]]:
+    key = (tuple(lengths), tuple(tuple(s) for s in segments), comm.size, causal, id(comm))
+    got = _REMAPS.get(key)
+    if got is None:
+        plan = varlen_plan([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], comm.size, causal)
+        theirs = plan.attention_layout
+        same = all([tuple(x) for x in theirs.segments(r)] == list(segments[r]) for r in range(comm.size))
+        remap = None if same else Remap(Layout.create(lengths, segments), theirs, comm)
+        if len(_REMAPS) >= 32:
+            _REMAPS.pop(next(iter(_REMAPS)))
+        got = _REMAPS[key] = (plan, remap)
+    return got
+
+
+def _attend(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: List[int],
+            segments: List[List[Tuple[int, int, int]]], causal: bool, softmax_scale: Optional[float],
+            comm: Any, kernel: Any = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the batch of these lengths whose tokens lie on the ranks
+    as segments say: out [t, H, d] and lse [H, t] in this rank's order."""
+    mine = sum(c for _, _, c in segments[comm.rank])
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3 or t.shape[0] != mine:
+            raise InvalidArgument("%s: %s has shape %s; this rank's tokens by cu_seqlens are %d: [%d, heads, "
+                                  "head_dim] expected" % (fn, name, tuple(t.shape), mine, mine))
+    plan, remap = _plan_and_remap(lengths, segments, bool(causal), comm)
+    if remap is not None:
+        q, k, v = (_RemapFn.apply(t, remap, False) for t in (q, k, v))
+    out, lse = _ring_attention(q, k, v, plan, comm, kernel, softmax_scale, fn)
+    if remap is not None:
+        out = _RemapFn.apply(out, remap, True)
+        lse = remap.execute(lse.t().contiguous(), inverse=True).t()
+    return out, lse
+
+
+_LAYOUTS = ("plan", "zigzag", "contiguous")
+
+
+def _layout_segments(fn: str, layout: Any, lengths: List[int], nranks: int, plan: BatchPlan) -> Any:
+    """Every rank's segments of the layout ring_attention_varlen was told."""
+    if isinstance(layout, str) and layout in _LAYOUTS:
+        if layout == "plan":
+            lay = plan.attention_layout
+        else:
+            cu = [0]
+            for L in lengths:
+                cu.append(cu[-1] + L)
+            lay = Layout.from_thd(cu, nranks, layout)
+    elif isinstance(layout, Layout):
+        if list(layout.lengths) != list(lengths) or layout.nranks != nranks:
+            raise InvalidArgument("%s: layout holds %d sequences on %d ranks, cu_seqlens %d on %d"
+                                  % (fn, len(layout.lengths), layout.nranks, len(lengths), nranks))
+        lay = layout
+    else:
+        raise InvalidArgument("%s: layout=%r: say how q, k and v are sharded: \"plan\" (varlen_plan(cu_seqlens, "
+                              "ranks, causal).attention_layout.shard made them), \"zigzag\", \"contiguous\" or a "
+                              "Layout" % (fn, layout))
+    return [[tuple(x) for x in lay.segments(r)] for r in range(nranks)]
+
+
 def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Any,
-                          max_seqlen: Optional[int] = None, causal: bool = True,
+                          max_seqlen: Optional[int] = None, *, causal: bool, layout: Any,
                           softmax_scale: Optional[float] = None, group: Any = None, return_lse: bool = False,
                           kernel: Any = None) -> Any:
-    """Ring attention of a packed batch over every rank of group, as
-    ring-flash-attn's varlen function is called: cu_seqlens (int32 offsets of
-    the WHOLE batch, as flash-attention takes them); q [T, H, d], k, v [T, Hk,
-    d] this rank's shard in varlen_plan(cu_seqlens, size, causal)'s attention
-    layout (plan.attention_layout.shard(packed, rank) makes it); group: a
+    """Ring attention of a packed batch over every rank of group: cu_seqlens
+    (int32 offsets of the WHOLE batch, as flash-attention takes them);
+    q [T, H, d], k, v [T, Hk, d] this rank's shard of the batch in the layout
+    the call names (keyword-only and required, as causal is, so that neither
+    can be assumed wrongly): "plan" (varlen_plan(cu_seqlens, size,
+    causal).attention_layout: zigzag chunks r and 2W-1-r when causal,
+    contiguous parts otherwise; its .shard(packed, rank) makes it),
+    "zigzag", "contiguous" (Layout.from_thd's), or a Layout. A layout other
+    than the plan's is remapped to it and back (gradients too). group: a
     Communicator or a torch.distributed process group (a communicator over
     its ranks is made once, collectively). max_seqlen is checked against the
     batch. Returns out [T, H, d], and with return_lse also lse [H, T]
-    (float32, natural log, flash-attention's softmax_lse layout). CPU or CUDA
-    tensors as ring_attention takes them."""
+    (float32, natural log, flash-attention's softmax_lse layout), both in the
+    layout of q. CPU or CUDA tensors as ring_attention takes them."""
     fn = "ring_attention_varlen"
+    if not isinstance(causal, bool):
+        raise InvalidArgument("%s: causal=%r: True or False" % (fn, causal))
     comm = _group_comm(group, fn)
     plan = varlen_plan(cu_seqlens, comm.size, causal)
     if max_seqlen is not None and int(max_seqlen) < max(plan.lengths, default=0):
         raise InvalidArgument("%s: max_seqlen %d, but cu_seqlens has a sequence of %d tokens"
                               % (fn, int(max_seqlen), max(plan.lengths)))
-    mine = plan.attention_layout.tokens(comm.rank)
+    lengths = list(plan.lengths)
+    segments = _layout_segments(fn, layout, lengths, comm.size, plan)
+    mine = sum(c for _, _, c in segments[comm.rank])
     if q.dim() >= 1 and q.shape[0] != mine:
-        raise InvalidArgument("%s: q has %d rows, but this rank holds %d tokens of the batch: shard it with "
-                              "varlen_plan(cu_seqlens, %d%s).attention_layout.shard(packed, %d)"
-                              % (fn, q.shape[0], mine, comm.size, "" if causal else ", causal=False", comm.rank))
-    out, lse = _ring_attention(q, k, v, plan, comm, kernel, softmax_scale, fn)
+        raise InvalidArgument("%s: q has %d rows, but this rank holds %d tokens of the batch in layout %r: shard it "
+                              "with varlen_plan(cu_seqlens, %d%s).attention_layout.shard(packed, %d) and pass "
+                              "layout=\"plan\"" % (fn, q.shape[0], mine, layout if isinstance(layout, str) else
+                                                   "Layout", comm.size, "" if causal else ", causal=False", comm.rank))
+    out, lse = _attend(fn, q, k, v, lengths, segments, causal, softmax_scale, comm, kernel)
     return (out, lse) if return_lse else out
 
 

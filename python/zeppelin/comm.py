@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple, Unio
 
 from . import _interrupt, _lib
 from ._buffers import buffer, same_dtype
-from .errors import InvalidArgument, InvalidUsage, RemoteError, check, error_from
+from .errors import InvalidArgument, InvalidUsage, RemoteError, ZeppelinError, check, error_from
 
 if TYPE_CHECKING:
     import numpy
@@ -214,8 +214,16 @@ def _share_through_store(store: Any, key: str, value: Optional[str], seconds: fl
         time.sleep(0.01)
 
 
+def param(name: str) -> str:
+    """The value in effect of a ZP_* setting as the library reads it (the
+    environment's, else the library's default; zpGetParam)."""
+    v = ctypes.c_char_p()
+    check(_lib.lib.zpGetParam(name.encode(), ctypes.byref(v)))
+    return (v.value or b"").decode()
+
+
 def _timeout_seconds() -> float:
-    return float(os.environ.get("ZP_TIMEOUT") or 300)  # fractions allowed, as the library reads it
+    return float(param("ZP_TIMEOUT"))  # fractions allowed, as the library reads it
 
 
 def _secret_from_torchrun_store() -> None:
@@ -304,9 +312,14 @@ class Communicator:
             raise InvalidUsage("the communicator was destroyed or aborted")
         return self._h
 
-    def _check(self, r):
+    def _check(self, r, fn=None):
         if r != 0:
-            raise error_from(r, self._h)
+            e = error_from(r, self._h)
+            if fn and isinstance(e, ZeppelinError) and "send/recv" in e.message:
+                # A collective runs as send/recv steps, which the library's
+                # message names: the caller called fn.
+                e = type(e)(e.message.replace("send/recv", fn), e.code)
+            raise e
 
     @property
     def has_device(self) -> bool:
@@ -489,7 +502,7 @@ class Communicator:
             # zpAlltoallv reads its count arrays when the group runs, and the
             # next call may replace them here: the group keeps these alive.
             keep.append(a)
-        self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s))
+        self._check(_lib.lib.zpAlltoallv(sb.ptr, a[0], a[1], rb.ptr, a[2], a[3], sb.dtype, h, s), fn)
         return recv
 
     @_profiled
@@ -543,7 +556,7 @@ class Communicator:
         target = tensor if out is None else out
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
         self._numel(fn, rb, "out", sb.numel, "as many as tensor")
-        self._check(_lib.lib.zpAllReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, h, s))
+        self._check(_lib.lib.zpAllReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, h, s), fn)
         return target
 
     @_profiled
@@ -554,7 +567,7 @@ class Communicator:
         target = tensor if out is None else out
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
         self._numel(fn, rb, "out", sb.numel, "as many as tensor")
-        self._check(_lib.lib.zpBroadcast(sb.ptr, rb.ptr, sb.numel, sb.dtype, root, h, s))
+        self._check(_lib.lib.zpBroadcast(sb.ptr, rb.ptr, sb.numel, sb.dtype, root, h, s), fn)
         return target
 
     @_profiled
@@ -566,7 +579,7 @@ class Communicator:
         target = tensor if out is None else out
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", out is None), (target, "out", True)], stream)
         self._numel(fn, rb, "out", sb.numel, "as many as tensor")
-        self._check(_lib.lib.zpReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, root, h, s))
+        self._check(_lib.lib.zpReduce(sb.ptr, rb.ptr, sb.numel, sb.dtype, op, root, h, s), fn)
         return target
 
     @_profiled
@@ -575,7 +588,7 @@ class Communicator:
         fn, h = "all_gather", self._handle()
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
         self._numel(fn, rb, "out", sb.numel * self._size, "%d ranks x %d" % (self._size, sb.numel))
-        self._check(_lib.lib.zpAllGather(sb.ptr, rb.ptr, sb.numel, sb.dtype, h, s))
+        self._check(_lib.lib.zpAllGather(sb.ptr, rb.ptr, sb.numel, sb.dtype, h, s), fn)
         return out
 
     @_profiled
@@ -585,7 +598,7 @@ class Communicator:
         fn, h, op = "reduce_scatter", self._handle(), _op(op)
         (sb, rb), s = self._bufs(fn, [(tensor, "tensor", False), (out, "out", True)], stream)
         self._numel(fn, sb, "tensor", rb.numel * self._size, "%d ranks x %d" % (self._size, rb.numel))
-        self._check(_lib.lib.zpReduceScatter(sb.ptr, rb.ptr, rb.numel, sb.dtype, op, h, s))
+        self._check(_lib.lib.zpReduceScatter(sb.ptr, rb.ptr, rb.numel, sb.dtype, op, h, s), fn)
         return out
 
     @_profiled
@@ -603,7 +616,7 @@ class Communicator:
         if end > rb.numel:
             raise InvalidArgument("%s: out has %d elements, the blocks end at element %d" % (fn, rb.numel, end))
         A = _lib.c_size_t * self._size
-        self._check(_lib.lib.zpAllGatherv(sb.ptr, sb.numel, rb.ptr, A(*rc), A(*rd), sb.dtype, h, s))
+        self._check(_lib.lib.zpAllGatherv(sb.ptr, sb.numel, rb.ptr, A(*rc), A(*rd), sb.dtype, h, s), fn)
         return out
 
     @_profiled
@@ -618,10 +631,10 @@ class Communicator:
         self._numel(fn, sb, "tensor", sum(rc), "the sum of recvcounts")
         self._numel(fn, rb, "out", rc[self._rank], "recvcounts[%d]" % self._rank)
         A = _lib.c_size_t * self._size
-        self._check(_lib.lib.zpReduceScatterv(sb.ptr, rb.ptr, A(*rc), sb.dtype, op, h, s))
+        self._check(_lib.lib.zpReduceScatterv(sb.ptr, rb.ptr, A(*rc), sb.dtype, op, h, s), fn)
         return out
 
     @_profiled
     def barrier(self) -> None:
         """zpBarrier: returns once every rank has called it (a host barrier)."""
-        self._check(_lib.lib.zpBarrier(self._handle(), None))
+        self._check(_lib.lib.zpBarrier(self._handle(), None), "barrier")

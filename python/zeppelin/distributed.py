@@ -13,26 +13,35 @@ and Zeppelin communicators over the ranks of an existing process group.
 The backend's process group holds one Communicator (its `.comm`) and maps
 each torch.distributed call onto it: all_reduce, broadcast, reduce,
 all_gather (and all_gather_into_tensor), reduce_scatter (and
-reduce_scatter_tensor), all_to_all_single, all_to_all, barrier, send, recv.
-The calls take what Communicator takes: CPU tensors, and CUDA tensors in a
-build with CUDA (on the current stream). A host call is done when it returns,
-so async_op=True gives a Work that is already complete. ReduceOp SUM,
-PRODUCT, MIN, MAX and AVG map to Zeppelin's; the bitwise ops, PREMUL_SUM,
-gather, scatter and tags other than 0 are refused with a clear error.
-Sends and receives between two ranks match in call order, as in NCCL.
+reduce_scatter_tensor), all_to_all_single, all_to_all, gather, scatter,
+barrier, all_reduce_coalesced, send, recv, isend, irecv, batch_isend_irecv. The calls take what Communicator takes: CPU
+tensors, and CUDA tensors in a build with CUDA (on the current stream). A
+collective on host tensors is done when it returns, so async_op=True gives a
+Work that is already complete. isend and irecv (and batch_isend_irecv's ops)
+return at once; the posted ops run together as one group when any of them is
+waited on, or before the group's next other call (see _p2p.py), so any order
+of posting completes. ReduceOp SUM, PRODUCT, MIN, MAX and AVG map to
+Zeppelin's; the bitwise ops, PREMUL_SUM, recv from any source and
+monitored_barrier are refused by name. Sends and receives between two ranks
+match per tag, in posting order (_p2p.py).
+
+init_process_group's timeout is the communicator's: every call of the group
+waits that long for a silent peer, then fails on every rank naming the call.
+Without one, ZP_TIMEOUT's (300 s by default).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 import torch.distributed as dist
 
-from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds
+from .comm import AVG, MAX, MIN, PROD, SUM, Communicator, ReduceOp, _share_through_store, _timeout_seconds, group
 from .comm import get_unique_id
-from .errors import InvalidArgument
+from ._p2p import Pending
+from .errors import InvalidArgument, ZeppelinError
 
 BACKEND = "zeppelin"
 
@@ -43,11 +52,20 @@ _OPS = {dist.ReduceOp.SUM: SUM, dist.ReduceOp.PRODUCT: PROD, dist.ReduceOp.MIN: 
         dist.ReduceOp.AVG: AVG}  # type: ignore[attr-defined]
 
 
+def _op_name(op: Any) -> str:
+    """ReduceOp.BOR, not the object's repr."""
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        theirs = getattr(dist.ReduceOp, name, None)
+        if theirs is not None and op == theirs:
+            return "ReduceOp." + name
+    return repr(op)
+
+
 def _op(op: Any) -> ReduceOp:
     for theirs, ours in _OPS.items():
         if op == theirs:
             return ours
-    raise InvalidArgument("the zeppelin backend reduces with SUM, PRODUCT, MIN, MAX and AVG, not %s" % (op,))
+    raise InvalidArgument("the zeppelin backend reduces with SUM, PRODUCT, MIN, MAX and AVG, not %s" % _op_name(op))
 
 
 def _done(result: Any) -> Any:
@@ -61,116 +79,202 @@ def _done(result: Any) -> Any:
 
 
 class ProcessGroupZeppelin(dist.ProcessGroup):  # type: ignore[misc]
-    """A torch.distributed process group whose calls run on a Communicator."""
+    """A torch.distributed process group whose calls run on a Communicator.
+    Point-to-point calls are posted and run together at the first wait
+    (see _p2p.py); every other call first runs what is pending."""
 
     def __init__(self, comm: Communicator) -> None:
         super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self.comm = comm
+        self._p2p = Pending(comm, self._run)
 
     def getBackendName(self) -> str:
         return BACKEND
 
+    def _run(self, name: str, body: Callable[[], Any]) -> Any:
+        """body() as torch.distributed's call name: an error names it."""
+        try:
+            return body()
+        except ZeppelinError as e:
+            if e.message.startswith(name + ":"):
+                raise
+            raise type(e)("%s: %s" % (name, e.message), e.code) from None
+
+    def _call(self, name: str, body: Callable[[], Any], result: Any) -> Any:
+        """A collective: the pending point-to-point ops first (program order),
+        then body; a Work that is complete."""
+        self._p2p.run()
+        self._run(name, body)
+        return _done(result)
+
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         op = _op(opts.reduceOp) if opts is not None else SUM
-        for t in tensors:
-            self.comm.all_reduce(t, op=op)
-        return _done(tensors)
+
+        def body() -> None:
+            for t in tensors:
+                self.comm.all_reduce(t, op=op)
+        return self._call("all_reduce", body, tensors)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
-        for t in tensors:
-            self.comm.broadcast(t, root=root)
-        return _done(tensors)
+
+        def body() -> None:
+            for t in tensors:
+                self.comm.broadcast(t, root=root)
+        return self._call("broadcast", body, tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         root, op = (opts.rootRank, _op(opts.reduceOp)) if opts is not None else (0, SUM)
-        for t in tensors:
-            self.comm.reduce(t, root=root, op=op)
-        return _done(tensors)
+
+        def body() -> None:
+            for t in tensors:
+                self.comm.reduce(t, root=root, op=op)
+        return self._call("reduce", body, tensors)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        self.comm.all_gather(input, output)
-        return _done([output])
+        return self._call("all_gather_into_tensor", lambda: self.comm.all_gather(input, output), [output])
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],  # type: ignore[override]
                   opts: Any = None) -> Any:
-        for outs, t in zip(output_tensors, input_tensors):
-            flat = t.new_empty((self.comm.size * t.numel(),))
-            self.comm.all_gather(t, flat)
-            for r, out in enumerate(outs):
-                out.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(out))
-        return _done(output_tensors)
+        def body() -> None:
+            for outs, t in zip(output_tensors, input_tensors):
+                flat = t.new_empty((self.comm.size * t.numel(),))
+                self.comm.all_gather(t, flat)
+                for r, out in enumerate(outs):
+                    out.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(out))
+        return self._call("all_gather", body, output_tensors)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        self.comm.reduce_scatter(input, output, op=_op(opts.reduceOp) if opts is not None else SUM)
-        return _done([output])
+        op = _op(opts.reduceOp) if opts is not None else SUM
+        return self._call("reduce_scatter_tensor", lambda: self.comm.reduce_scatter(input, output, op=op), [output])
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],  # type: ignore[override]
                        opts: Any = None) -> Any:
         op = _op(opts.reduceOp) if opts is not None else SUM
-        for out, ins in zip(output_tensors, input_tensors):
-            self.comm.reduce_scatter(torch.cat([x.reshape(-1) for x in ins]), out, op=op)
-        return _done(output_tensors)
+
+        def body() -> None:
+            for out, ins in zip(output_tensors, input_tensors):
+                self.comm.reduce_scatter(torch.cat([x.reshape(-1) for x in ins]), out, op=op)
+        return self._call("reduce_scatter", body, output_tensors)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                       input_split_sizes: Sequence[int], opts: Any = None) -> Any:
         # torch passes empty lists for "equal splits".
-        self.comm.all_to_all_single(output, input, list(output_split_sizes) or None, list(input_split_sizes) or None)
-        return _done([output])
+        return self._call("all_to_all_single", lambda: self.comm.all_to_all_single(
+            output, input, list(output_split_sizes) or None, list(input_split_sizes) or None), [output])
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Any:
-        send = torch.cat([t.reshape(-1) for t in input_tensors])
-        recv = send.new_empty((sum(t.numel() for t in output_tensors),))
-        self.comm.alltoallv(send, [t.numel() for t in input_tensors], recv, [t.numel() for t in output_tensors])
-        at = 0
-        for t in output_tensors:
-            t.copy_(recv[at:at + t.numel()].view_as(t))
-            at += t.numel()
-        return _done(output_tensors)
+        def body() -> None:
+            send = torch.cat([t.reshape(-1) for t in input_tensors])
+            recv = send.new_empty((sum(t.numel() for t in output_tensors),))
+            self.comm.alltoallv(send, [t.numel() for t in input_tensors], recv, [t.numel() for t in output_tensors])
+            at = 0
+            for t in output_tensors:
+                t.copy_(recv[at:at + t.numel()].view_as(t))
+                at += t.numel()
+        return self._call("all_to_all", body, output_tensors)
 
     def barrier(self, opts: Any = None) -> Any:
-        self.comm.barrier()
-        return _done([])
+        return self._call("barrier", self.comm.barrier, [])
 
-    def _tag(self, fn: str, tag: int) -> None:
-        if tag:
-            raise InvalidArgument("the zeppelin backend's %s matches messages in call order; tag %d is not supported"
-                                  % (fn, tag))
-
+    # ---- point to point: posted, run at the first wait (_p2p.py) ----
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
-        self._tag("send", tag)
-        for t in tensors:
-            self.comm.send(t, dstRank)
-        return _done(tensors)
+        return self._p2p.post(True, tensors, dstRank, tag)
 
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
-        self._tag("recv", tag)
-        for t in tensors:
-            self.comm.recv(t, srcRank)
-        return _done(tensors)
+        return self._p2p.post(False, tensors, srcRank, tag)
 
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidArgument("the zeppelin backend has no gather: use all_gather")
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
+        raise InvalidArgument("the zeppelin backend has no recv from any source (src=None): give src")
 
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidArgument("the zeppelin backend has no scatter: use broadcast or all_to_all")
+    def _start_coalescing(self) -> None:
+        """batch_isend_irecv: its ops are posted like any isend / irecv and
+        run as one group at the first wait."""
+
+    def _end_coalescing(self, reqs: Any = None) -> None:
+        pass
+
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],  # type: ignore[override]
+               opts: Any = None) -> Any:
+        """Every rank's tensor to root's gather_list, as one group of sends
+        and receives."""
+        root = opts.rootRank if opts is not None else 0
+        outs = output_tensors[0] if output_tensors else []
+        if self.comm.rank == root and len(outs) != self.comm.size:
+            raise InvalidArgument("gather: gather_list has %d tensors, the group %d ranks" % (len(outs), self.comm.size))
+
+        def body() -> None:
+            if self.comm.rank != root:
+                self.comm.send(input_tensors[0].contiguous(), root)
+                return
+            tmp = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+                   for o in outs]
+            with group():
+                for r, t in enumerate(tmp):
+                    if r != root:
+                        self.comm.recv(t, r)
+            tmp[root].copy_(input_tensors[0].reshape(tmp[root].shape))
+            for o, t in zip(outs, tmp):
+                if o is not t:
+                    o.copy_(t)
+        return self._call("gather", body, output_tensors)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],  # type: ignore[override]
+                opts: Any = None) -> Any:
+        """root's scatter_list[r] to rank r, as one group of sends and receives."""
+        root = opts.rootRank if opts is not None else 0
+        ins = input_tensors[0] if input_tensors else []
+        if self.comm.rank == root and len(ins) != self.comm.size:
+            raise InvalidArgument("scatter: scatter_list has %d tensors, the group %d ranks" % (len(ins), self.comm.size))
+        out = output_tensors[0]
+
+        def body() -> None:
+            if self.comm.rank != root:
+                target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+                self.comm.recv(target, root)
+                if target is not out:
+                    out.copy_(target)
+                return
+            with group():
+                for r, t in enumerate(ins):
+                    if r != root:
+                        self.comm.send(t.contiguous(), r)
+            out.copy_(ins[root].reshape(out.shape))
+        return self._call("scatter", body, output_tensors)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+        return self.allreduce(tensors, opts)
+
+    def monitored_barrier(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgument("the zeppelin backend has no monitored_barrier (Gloo's): use barrier; a rank that "
+                              "does not arrive fails every rank at the group's timeout, naming it")
+
+
+def _group_timeout(timeout: timedelta) -> float:
+    """Seconds: init_process_group's timeout, or ZP_TIMEOUT's when it was not
+    given (torch passes its default, 30 minutes, then)."""
+    from torch.distributed.constants import default_pg_timeout
+    return _timeout_seconds() if timeout == default_pg_timeout else timeout.total_seconds()
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupZeppelin:
     """torch.distributed's constructor of the backend: rank 0 draws a
-    unique id and hands it out through the process group's store."""
-    seconds = min(timeout.total_seconds(), _timeout_seconds())
+    unique id and hands it out through the process group's store. The
+    group's timeout is its communicator's: every call of the group waits
+    that long for a silent peer."""
+    seconds = _group_timeout(timeout)
     uid = get_unique_id().hex() if rank == 0 else None
     shared = _share_through_store(store, "zeppelin/unique_id", uid, seconds,
                                   "the process group's store has no unique id from rank 0")
-    return ProcessGroupZeppelin(Communicator.from_unique_id(bytes.fromhex(shared), size, rank))
+    return ProcessGroupZeppelin(Communicator.from_unique_id(bytes.fromhex(shared), size, rank, timeout=seconds))
 
 
-def communicator(group: Any = None) -> Communicator:
+def communicator(group: Any = None, timeout: Optional[float] = None) -> Communicator:
     """A Communicator over the ranks of an existing process group (default:
     the world), ranked as in it: its first rank draws a unique id and
-    broadcasts it over the group. Collective over the group."""
+    broadcasts it over the group. Collective over the group. timeout:
+    seconds to wait for a silent peer (None: ZP_TIMEOUT's)."""
     g = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(g), dist.get_world_size(g)
     box = [get_unique_id() if rank == 0 else None]
@@ -179,7 +283,7 @@ def communicator(group: Any = None) -> Communicator:
     uid = box[0]
     if not isinstance(uid, bytes):
         raise InvalidArgument("communicator: the group's first rank sent %r, not a unique id" % (uid,))
-    return Communicator.from_unique_id(uid, size, rank)
+    return Communicator.from_unique_id(uid, size, rank, timeout=timeout)
 
 
 dist.Backend.register_backend(BACKEND, _create)

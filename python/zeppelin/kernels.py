@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-import torch
+from ._torch import torch  # an ImportError that says how to get torch when it is missing
 
 from .errors import ZeppelinError
 

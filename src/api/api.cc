@@ -21,6 +21,7 @@
 #include "src/core/comm.h"
 #include "src/core/config.h"
 #include "src/core/log.h"
+#include "src/core/params.h"
 #include "src/route/routing_setting.h"
 #include "src/route/routing_state.h"
 #include "src/util/clock.h"
@@ -246,6 +247,18 @@ zpResult_t zpGetVersion(int* version) try {
   return zpSuccess;
 } catch (...) {
   return zp::failFromException("zpGetVersion");
+}
+
+zpResult_t zpGetParam(const char* name, const char** value) try {
+  if (!name || !value) return zp::fail(zpInvalidArgument, "zpGetParam: name or value is NULL");
+  const zp::Param* p = zp::findParam(name);
+  if (!p) return zp::fail(zpInvalidArgument, "zpGetParam: %s is not a Zeppelin setting (zpconfig --list)", name);
+  thread_local std::string copy;  // valid until this thread's next call
+  copy = zp::envString(name, p->dflt);
+  *value = copy.c_str();
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpGetParam");
 }
 
 size_t zpTypeSize(zpDataType_t t) {

@@ -57,6 +57,9 @@ LogState makeState() {
   // default here (logging cannot report its own errors).
   std::string level = envString("ZP_DEBUG"), subsys = envString("ZP_DEBUG_SUBSYS");
   std::string logFile = envString("ZP_DEBUG_FILE");
+  // NCCL's habit: VERSION (and INFO, TRACE) print the version line once per process.
+  const bool version = !strcasecmp(level.c_str(), "VERSION") || !strcasecmp(level.c_str(), "INFO") ||
+                       !strcasecmp(level.c_str(), "TRACE");
   if (const char* lv = level.empty() ? nullptr : level.c_str()) {
     if (!strcasecmp(lv, "VERSION") || !strcasecmp(lv, "NONE") || !strcmp(lv, "0")) st.level = kLogNone;
     else if (!strcasecmp(lv, "WARN")) st.level = kLogWarn;
@@ -92,6 +95,9 @@ LogState makeState() {
                            : (std::string("cannot be opened: ") + strerror(err)).c_str());
     }
   }
+  if (version)
+    fprintf(st.out, "%s:%d:%ld ZP INFO Zeppelin version %d.%d.%d\n", st.host, getpid(), (long)syscall(SYS_gettid),
+            ZP_MAJOR, ZP_MINOR, ZP_PATCH);
   return st;
 }
 

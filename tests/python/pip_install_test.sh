@@ -8,7 +8,11 @@
 # a build of its own takes minutes, see setup.py). Each installed package
 # must import from outside the source tree, load the library it carries (the
 # build's: ZEPPELIN_BUILD_DIR reached setup.py through the isolated build),
-# ship py.typed, and run a call.
+# ship py.typed, and run a call; the console scripts zprun, zpplan, zptopo
+# and zpconfig must run the tools the package carries (zprun starting 2 ranks
+# that import it, ZP_DEBUG=VERSION printing one version line per process);
+# the first pip install, under script(1), must say on the terminal which
+# build it used; and import zeppelin.distributed must say how to get torch.
 #   pip_install_test.sh PYTHON SOURCE_DIR BUILD_DIR
 set -eu
 py=$1 src=$2 build=$3
@@ -47,9 +51,27 @@ print("pip install test: zeppelin %s from %s, with its own library" % (zeppelin.
 PY
   )
 }
+tools() {  # tools VENV: the console scripts run the programs the package carries
+  (cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 "$1/bin/zpconfig" --list | grep -q ZP_TIMEOUT) ||
+    { echo "$1/bin/zpconfig --list does not list ZP_TIMEOUT" >&2; exit 1; }
+  for t in zpplan zptopo; do
+    (cd / && "$1/bin/$t" --help >/dev/null) || { echo "$1/bin/$t --help failed" >&2; exit 1; }
+  done
+  out=$(cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 ZP_DEBUG=VERSION "$1/bin/zprun" -n 2 "$1/bin/python" -c \
+    "import zeppelin; c = zeppelin.init(); c.barrier(); print('rank', c.rank, 'of', c.size); c.destroy()" 2>&1) ||
+    { echo "$1/bin/zprun -n 2 failed: $out" >&2; exit 1; }
+  for r in 0 1; do echo "$out" | grep -q "rank $r of 2" || { echo "no rank $r in: $out" >&2; exit 1; }; done
+  [ "$(echo "$out" | grep -c 'ZP INFO Zeppelin version')" = 2 ] ||
+    { echo "ZP_DEBUG=VERSION: not one version line per process: $out" >&2; exit 1; }
+}
 venv "$tmp/plain"
-(cd "$tmp" && "$tmp/plain/bin/pip" install -q --no-index --find-links "$wheels" "$src")
+# Under script(1), which gives pip a terminal: the build says on it what it does.
+(cd "$tmp" && script -qec "'$tmp/plain/bin/pip' install -q --no-index --find-links '$wheels' '$src'" "$tmp/tty.log" \
+  >/dev/null)
+grep -q "zeppelin: using the build in $build (ZEPPELIN_BUILD_DIR)" "$tmp/tty.log" ||
+  { echo "pip install printed no build line on the terminal:" >&2; cat "$tmp/tty.log" >&2; exit 1; }
 check "$tmp/plain"
+tools "$tmp/plain"
 (cd "$tmp" && "$tmp/plain/bin/pip" wheel -q --no-index --find-links "$wheels" --no-deps -w "$tmp/dist" "$src")
 whl=$(ls "$tmp"/dist/zeppelin-*.whl)
 plat=$("$py" -c "import sysconfig; print(sysconfig.get_platform().replace('-', '_').replace('.', '_'))")
@@ -67,3 +89,9 @@ PY
 venv "$tmp/other"
 "$tmp/other/bin/pip" install -q --no-index "$whl"
 check "$tmp/other"
+tools "$tmp/other"
+# A venv without torch: the package works, and its torch parts say how to get torch.
+msg=$(cd / && PYTHONNOUSERSITE=1 "$tmp/other/bin/python" -c "import zeppelin.distributed" 2>&1) &&
+  { echo "import zeppelin.distributed worked in a venv without torch?" >&2; exit 1; }
+echo "$msg" | grep -q "venv --system-site-packages" ||
+  { echo "no advice on getting torch: $msg" >&2; exit 1; }

@@ -256,7 +256,8 @@ def test_ring_attention_varlen_as_ring_flash_attn_is_called(comm, causal):
 
     def f(q, k, v):
         q, k, v = (_Replicated.apply(t, comm).index_select(0, mine) for t in (q, k, v))
-        out, lse = za.ring_attention_varlen(q, k, v, cu, max(lengths), causal=causal, group=comm, return_lse=True)
+        out, lse = za.ring_attention_varlen(q, k, v, cu, max(lengths), causal=causal, layout="plan", group=comm,
+                                            return_lse=True)
         lse_got.append(lse)
         return whole(out, mine, total, comm)
     out = f(q, k, v)
@@ -285,15 +286,18 @@ def test_ring_attention_varlen_says_what_is_wrong(comm):
     plan = za.varlen_plan(cu, comm.size)
     T = plan.attention_layout.tokens(comm.rank)
     q, k = torch.zeros(T, 2, 4), torch.zeros(T, 1, 4)
+    say = {"causal": True, "layout": "plan"}
     with pytest.raises(zeppelin.InvalidArgument, match="shard it with varlen_plan"):
-        za.ring_attention_varlen(q[:T - 1], k[:T - 1], k[:T - 1], cu, group=comm)
+        za.ring_attention_varlen(q[:T - 1], k[:T - 1], k[:T - 1], cu, group=comm, **say)
     with pytest.raises(zeppelin.InvalidArgument, match="max_seqlen 3"):
-        za.ring_attention_varlen(q, k, k, cu, 3, group=comm)
+        za.ring_attention_varlen(q, k, k, cu, 3, group=comm, **say)
     with pytest.raises(zeppelin.InvalidArgument, match="group="):
-        za.ring_attention_varlen(q, k, k, cu)
+        za.ring_attention_varlen(q, k, k, cu, **say)
     with pytest.raises(zeppelin.InvalidArgument, match="cu_seqlens"):
-        za.ring_attention_varlen(q, k, k, [4 * comm.size, 3], group=comm)  # lengths, not offsets
-    out = za.ring_attention_varlen(q, k, k, cu, group=comm)
+        za.ring_attention_varlen(q, k, k, [4 * comm.size, 3], group=comm, **say)  # lengths, not offsets
+    with pytest.raises(zeppelin.InvalidArgument, match="causal=1"):
+        za.ring_attention_varlen(q, k, k, cu, group=comm, causal=1, layout="plan")
+    out = za.ring_attention_varlen(q, k, k, cu, group=comm, **say)
     assert out.shape == q.shape
 
 

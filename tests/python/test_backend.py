@@ -108,11 +108,85 @@ def test_send_recv_and_barrier():
 
 def test_unsupported_calls_say_so():
     x = values(dist.get_rank(), seed=50)
-    with pytest.raises(Exception, match="SUM, PRODUCT, MIN, MAX and AVG"):
-        dist.all_reduce(x.to(torch.int64), op=dist.ReduceOp.BAND)
-    with pytest.raises(Exception, match="no gather"):
-        dist.gather(x, [x.clone() for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None, dst=0)
+    for name in ("BAND", "BOR", "BXOR"):
+        with pytest.raises(Exception, match="SUM, PRODUCT, MIN, MAX and AVG, not ReduceOp.%s$" % name):
+            dist.all_reduce(x.to(torch.int64), op=getattr(dist.ReduceOp, name))
+    with pytest.raises(Exception, match="monitored_barrier"):
+        dist.monitored_barrier()
     dist.barrier()  # still usable: nothing reached the library
+
+
+def test_gather_and_scatter_every_root():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for root in range(n):
+        x = values(rank, n=6, seed=80 + root).view(2, 3)
+        outs = [torch.full((2, 3), float("nan"), dtype=torch.float64) for _ in range(n)] if rank == root else None
+        dist.gather(x, outs, dst=root)
+        if rank == root:
+            for r in range(n):
+                assert torch.equal(outs[r], values(r, n=6, seed=80 + root).view(2, 3)), (root, r)
+        got = torch.full((5,), float("nan"), dtype=torch.float64)
+        blocks = [values(root, n=5, seed=90 + r) for r in range(n)] if rank == root else None
+        dist.scatter(got, blocks, src=root)
+        assert torch.equal(got, values(root, n=5, seed=90 + rank)), root
+
+
+def test_gather_list_of_the_wrong_length_is_refused():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = values(rank, seed=81)
+    if rank == 0:
+        with pytest.raises(Exception, match="gather_list has 1 tensors"):
+            dist.gather(x, [x.clone()], dst=0) if n > 1 else dist.gather(x, [x, x], dst=0)
+    dist.barrier()
+
+
+def test_send_recv_with_tags_match_per_tag_in_order():
+    """Rank 0 sends to rank 1 three messages on tag 7 and two on tag 3,
+    interleaved; rank 1 posts its receives tag 3 first. Each tag's messages
+    arrive in order; tags 0 and 5 are posted too. Then a blocking send and
+    recv with a tag."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n < 2:
+        pytest.skip("one rank")
+    sends = [(7, 0), (3, 1), (7, 2), (0, 3), (3, 4), (7, 5), (5, 6)]  # (tag, which message)
+    size = lambda i: 3 + i  # noqa: E731 (every message its own size, so a mismatch cannot pass silently)
+    if rank == 0:
+        works = [dist.isend(values(0, n=size(i), seed=100 + i), 1, tag=t) for t, i in sends]
+        for w in works:
+            w.wait()
+        dist.send(values(0, n=4, seed=120), 1, tag=9)
+    elif rank == 1:
+        order = sorted(sends, key=lambda ti: (ti[0] != 3, ti[0] != 0, ti[0], ti[1]))  # tag 3 first
+        got = {i: torch.full((size(i),), float("nan"), dtype=torch.float64) for _, i in sends}
+        works = [dist.irecv(got[i], 0, tag=t) for t, i in order]
+        for w in reversed(works):
+            w.wait()
+        for t, i in sends:
+            assert torch.equal(got[i], values(0, n=size(i), seed=100 + i)), (t, i)
+        last = torch.full((4,), float("nan"), dtype=torch.float64)
+        dist.recv(last, 0, tag=9)
+        assert torch.equal(last, values(0, n=4, seed=120))
+    dist.barrier()
+
+
+def test_a_tag_matched_to_another_tags_message_is_an_error():
+    """Blocking sends on tags 1 then 2, blocking receives on tag 2 then 1:
+    each runs alone, so the library pairs them in call order; the header
+    says the tags differ, and the receive fails instead of keeping the
+    wrong message."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n < 2:
+        pytest.skip("one rank")
+    gloo = dist.new_group(backend="gloo")
+    if rank == 0:
+        w1 = dist.isend(values(0, n=4, seed=130), 1, tag=1)
+        w1.wait()
+    elif rank == 1:
+        got = torch.full((4,), float("nan"), dtype=torch.float64)
+        with pytest.raises(Exception, match="tag 2 matched a message sent with tag 1"):
+            dist.recv(got, 0, tag=2)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group(gloo)
 
 
 def test_ddp_trains_as_one_process_would():

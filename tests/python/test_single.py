@@ -97,6 +97,28 @@ def test_imports_and_works_without_torch_or_numpy():
     assert r.stdout.strip() == "ok [1.5, 2.5]"
 
 
+def test_the_torch_parts_say_how_to_get_torch():
+    """Without torch, the modules built on it fail to import with advice
+    (a venv with the system's packages, or pip install torch), not a bare
+    ModuleNotFoundError."""
+    for module in ("zeppelin.distributed", "zeppelin.autograd", "zeppelin.kernels", "zeppelin.ring_flash_attn"):
+        r = run_python("import sys; sys.modules['torch'] = None\nimport %s" % module)
+        assert r.returncode != 0, module
+        assert "needs PyTorch" in r.stderr and "venv --system-site-packages" in r.stderr, (module, r.stderr[-600:])
+
+
+def test_zp_debug_version_prints_the_version_line_once():
+    code = ("import zeppelin\n"
+            "for _ in range(2):\n"
+            "    c = zeppelin.Communicator.from_unique_id(zeppelin.get_unique_id(), 1, 0); c.barrier(); c.destroy()\n")
+    r = run_python(code, env_extra={"ZP_DEBUG": "VERSION"})
+    assert r.returncode == 0, r.stderr
+    import zeppelin
+    lines = [x for x in r.stderr.splitlines() if "ZP INFO Zeppelin version" in x]
+    assert len(lines) == 1 and lines[0].endswith("Zeppelin version %d.%d.%d" % zeppelin.version()), r.stderr
+    assert "ZP INFO" not in run_python(code, drop=("ZP_DEBUG",)).stderr
+
+
 def test_the_public_api_has_type_hints():
     """Every public function and method (zeppelin.__all__, the autograd
     functions, the backend, the kernels) annotates each parameter but self and cls, and its
