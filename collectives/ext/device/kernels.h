@@ -19,7 +19,7 @@ namespace zpx {
 // on each), so that none of them is loaded at its first launch: with CUDA's
 // lazy loading (the default since CUDA 12.2) that load may synchronise the
 // whole device, and so wait for a stream the caller holds (docs/device.md,
-// Fix 3). Called in each process once per device, where its first
+// "The device and the NCCL communicator"). Called in each process once per device, where its first
 // device communicator is created (zpAddDeviceInitHook). The first failure,
 // if any; the thread's last CUDA error is cleared.
 cudaError_t loadKernels();
