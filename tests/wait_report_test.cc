@@ -2,6 +2,7 @@
 // on their own, and through zpCommGetWaitReport on real ranks, one of which
 // lags; the WARN lines that name a lagging rank and a call that waits long.
 #include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,8 +44,8 @@ TEST(WaitStats, ALaggingPeerIsChargedAndNamedOnce) {
   ASSERT_FALSE(report.empty());
   EXPECT_EQ(report[0].rank, 2);
   EXPECT_EQ(report[0].callsLast, 100);
-  EXPECT_EQ(report[0].maxUs, 50 * 1000u + 1);  // 50 ms after rank 3's 1003 us
-  EXPECT_EQ(report[0].totalUs, 100 * (50 * 1000u + 1));
+  EXPECT_EQ(report[0].maxUs, 50 * 1000u - 1);  // 51002 us, after rank 3's 1003 us
+  EXPECT_EQ(report[0].totalUs, 100 * (50 * 1000u - 1));
 }
 
 TEST(WaitStats, BalancedArrivalsNameNobody) {
@@ -85,7 +86,15 @@ TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
 
 // ---- Real ranks ----
 
-// The text of every log file in dir (one per rank: ZP_DEBUG_FILE=dir/%p).
+// In a rank: its stderr, where the log goes, into a file of dir.
+void logTo(const std::string& dir, int rank) {
+  int fd = open((dir + "/rank" + std::to_string(rank) + ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(dup2(fd, 2), 2);
+  close(fd);
+}
+
+// The text of every rank's log in dir (logTo).
 std::string logsIn(const std::string& dir) {
   std::string all;
   if (DIR* d = opendir(dir.c_str())) {
@@ -111,10 +120,9 @@ struct LagRun {
 LagRun runWithLaggard(int laggard, size_t count) {
   char dir[] = "/tmp/zp_wait_report_XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
-  const std::string logFile = std::string(dir) + "/rank.%p.log";
   LagRun out;
   out.exits = zptest::runRanks(4, [&](int rank, int n, const zpUniqueId& id) {
-    setenv("ZP_DEBUG_FILE", logFile.c_str(), 1);
+    logTo(dir, rank);
     zpComm_t comm;
     ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
     std::vector<float> send(count), recv(count, -1.0f);
@@ -181,9 +189,8 @@ TEST(WaitReport, NobodyIsNamedWithoutALaggard) {
 TEST(WaitReport, ALongWaitIsNamedBeforeTheTimeout) {
   char dir[] = "/tmp/zp_wait_warn_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string logFile = std::string(dir) + "/rank.%p.log";
   auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
-    setenv("ZP_DEBUG_FILE", logFile.c_str(), 1);
+    logTo(dir, rank);
     setenv("ZP_WAIT_WARN", "0.3", 1);
     zpComm_t comm;
     ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));

@@ -59,8 +59,12 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs) {
     named_[last] = true;
     named = last;
   }
-  // Recovered: named again if it lags again.
-  if (left >= 0 && named_[left] && 4 * callsLast_[left] < filled_) named_[left] = false;
+  // Recovered (named again if it lags again): it comes last in under a
+  // quarter of the window, or by under half the threshold on average.
+  for (int p : {left, last})
+    if (p >= 0 && p != named && named_[p] &&
+        (4 * callsLast_[p] < filled_ || 2 * totalUs_[p] < thresholdUs_ * (uint64_t)callsLast_[p]))
+      named_[p] = false;
   return named;
 }
 

@@ -15,7 +15,8 @@
 // The window holds the last kWindow calls; a peer charged the most in more
 // than half of them, on average more than the threshold (ZP_STRAGGLER_MS),
 // is named in one WARN line, and named again only after it has recovered
-// (charged the most in under a quarter of the window).
+// (charged the most in under a quarter of the window, or on average under
+// half the threshold).
 #pragma once
 
 #include <cstdint>
