@@ -95,7 +95,27 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   // the one size that fits is taken for a digest; either way it differs, on
   // both sides, and the second round names the calls. A message of another
   // size is refused here (zpInvalidUsage), and explained the same way.
-  return settleHeaders(c, seq, mine, digests, run(c, ops, xferId(seq, 0)));
+  return settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, xferId(seq, 0)));
+}
+
+zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
+  std::vector<uint64_t>& arrived = headerLists().arrivedUs;
+  arrived.assign(c->nranks(), 0);
+  for (Op& op : ops)
+    if (!op.isSend) op.arrivedUs = &arrived[op.peer];
+  const zpResult_t r = run(c, ops, id);
+  if (r != zpSuccess) return r;
+  const int lagging = c->waitStats().record(arrived);
+  if (lagging >= 0) {
+    int calls = 0;
+    for (const WaitStats::Entry& e : c->waitStats().report(&calls))
+      if (e.rank == lagging)
+        ZP_WARN(kSubColl,
+                "rank %d: rank %d came last in %d of the last %d collectives, %.1f ms after the others on average: "
+                "it lags (zpCommGetWaitReport; ZP_STRAGGLER_MS)",
+                c->rank(), lagging, e.callsLast, calls, e.totalUs / 1000.0 / e.callsLast);
+  }
+  return r;
 }
 
 std::vector<uint64_t>& startDigests(Comm* c, const Header& mine) {

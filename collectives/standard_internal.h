@@ -83,11 +83,16 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::v
 // nothing.
 struct HeaderLists {
   std::vector<uint64_t> digests;
+  std::vector<uint64_t> arrivedUs;  // when each peer's header came (runHeaderRound)
   std::vector<Header> all;
   std::vector<Op> ops;
   std::vector<const char*> in;
 };
 HeaderLists& headerLists();
+// Runs a header round's ops (run(c, ops, id)), noting when each peer's
+// header arrived; the arrivals of a round that succeeded go to the
+// communicator's WaitStats, which may name a rank that lags (one WARN line).
+zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id);
 // The kind of a header that never came (its place is set to this first).
 constexpr uint64_t kNoHeader = ~uint64_t(0);
 

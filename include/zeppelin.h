@@ -204,6 +204,27 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
  * check that reports Ctrl-C (KeyboardInterrupt) on the main thread. */
 typedef int (*zpInterruptCheck_t)(void* arg);
 zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
+/* Which ranks this rank waits for: a rank that lags (a slow host, a data
+ * loader that stalls) shows here on every rank that waits for it. Every host
+ * collective starts with a round in which each rank's call header reaches
+ * every other, so each peer's header arrival is when it entered the call. In
+ * one call, the wait charged to a peer is how much later its header came
+ * than the one before it in arrival order (all of it to the last one). The
+ * report covers the last 100 collectives of this communicator (*nCalls: how
+ * many it holds): the peers charged anything, the most charged first; at
+ * most maxEntries are written to entries (NULL when maxEntries is 0) and
+ * *nEntries says how many there are. A peer that came last in most of them,
+ * ZP_STRAGGLER_MS late on average, is also named once in a WARN line.
+ * Device calls (a stream) are counted only with ZP_CHECK_MODE=full, the one
+ * mode in which they compare headers. From the thread that runs the
+ * communicator's calls (not while another thread runs one). */
+typedef struct {
+  int rank;            /* the peer */
+  int callsLast;       /* calls in which its header came last */
+  double totalWaitSec; /* the wait charged to it over those calls */
+  double maxWaitSec;   /* the most charged to it in one call */
+} zpWaitEntry_t;
+zpResult_t zpCommGetWaitReport(zpComm_t comm, zpWaitEntry_t* entries, int maxEntries, int* nEntries, int* nCalls);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);
 zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);
 /* Whether buf suits a data call on comm with this stream (host memory with a

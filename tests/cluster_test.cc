@@ -532,14 +532,14 @@ TEST(Cluster, MachineAddressesAreNotReachable) {
 // (or node 0 sends to `senders` nodes when fanOut), at `rate` per NIC.
 // Returns the fraction of the rate that arrived.
 double measureFraction(const std::string& rate, uint64_t rateBps, int mtu, int senders, bool fanOut,
-                       std::string* detail) {
+                       std::string* detail, const std::vector<std::string>& gray = {}, int rail = 0) {
   const double warmup = 1, seconds = 3;
   std::string sink = helper("sink 7100 " + std::string(fanOut ? "1" : std::to_string(senders)) +
                             " " + std::to_string(warmup) + " " + std::to_string(seconds));
   std::string script;
   if (!fanOut) {
     script = "if [ $ZP_NODE_RANK = 0 ]; then exec " + sink + "; else exec " +
-             helper("source 10.77.0.1 7100 30") + "; fi";
+             helper("source 10.77." + std::to_string(rail) + ".1 7100 30") + "; fi";
   } else {
     // Node 0 runs one source per receiving node; each receiver reports.
     script = "if [ $ZP_NODE_RANK = 0 ]; then i=1; while [ $i -le " + std::to_string(senders) +
@@ -547,8 +547,12 @@ double measureFraction(const std::string& rate, uint64_t rateBps, int mtu, int s
                                 std::to_string(static_cast<int>(warmup + seconds + 1))) +
              " & i=$((i + 1)); done; wait; else exec " + sink + "; fi";
   }
-  Result r = run({"--nodes", std::to_string(senders + 1), "--nic-rate", rate, "--mtu",
-                  std::to_string(mtu), "-p", "--timeout", "60", "sh", "-c", script});
+  std::vector<std::string> args = {"--nodes", std::to_string(senders + 1), "--nics-per-node",
+                                   std::to_string(rail + 1), "--nic-rate", rate, "--mtu", std::to_string(mtu)};
+  args.insert(args.end(), gray.begin(), gray.end());
+  for (const char* a : {"-p", "--timeout", "60", "sh", "-c"}) args.push_back(a);
+  args.push_back(script);
+  Result r = run(args);
   EXPECT_EQ(r.exitCode, 0) << r.err << r.out;
   EXPECT_NOTHING_LEFT(r.pid);
   double total = 0;
@@ -568,11 +572,12 @@ double measureFraction(const std::string& rate, uint64_t rateBps, int mtu, int s
 // The best of up to three measurements: the rate tests share the machine
 // with whatever else runs, and a busy CPU can only make the fraction lower.
 double bestFraction(const std::string& rate, uint64_t rateBps, int mtu, int peers, bool fanOut,
-                    double enough, std::string* detail) {
+                    double enough, std::string* detail, const std::vector<std::string>& gray = {},
+                    int rail = 0) {
   double best = 0;
   for (int attempt = 0; attempt < 3 && best <= enough; ++attempt) {
     std::string d;
-    double f = measureFraction(rate, rateBps, mtu, peers, fanOut, &d);
+    double f = measureFraction(rate, rateBps, mtu, peers, fanOut, &d, gray, rail);
     if (f > best || detail->empty()) {
       best = std::max(best, f);
       *detail = d;
@@ -618,6 +623,47 @@ TEST(ClusterRate, SendSideIsShared) {
   double f = bestFraction("200mbit", 200000000ull, 1500, 2, true, 0.8, &detail);
   EXPECT_GT(f, 0.8) << detail;
   EXPECT_LT(f, 1.01) << detail;
+}
+
+// A gray failure from the start: node 1's NIC 1 at a tenth of the others'
+// rate. A flow over rail 1 gets that NIC's rate (measured against it), not
+// the nominal one.
+TEST(ClusterRate, OneNicAtARateOfItsOwn) {
+  REQUIRE_ROOT();
+  std::string detail;
+  double f = bestFraction("1gbit", 100000000ull, 1500, 1, false, 0.8, &detail, {"--nic-rate-of", "1:1=100mbit"}, 1);
+  EXPECT_GT(f, 0.8) << detail;
+  EXPECT_LT(f, 1.01) << detail;
+}
+
+// A NIC's rate changed while the job runs: from 1 gbit to 100 mbit 0.3 s
+// after the ranks start, before the sink's 1 s warm-up ends, so the whole
+// measured window runs at the new rate.
+TEST(ClusterRate, NicEventChangesTheRateWhileTheJobRuns) {
+  REQUIRE_ROOT();
+  std::string detail;
+  double f = bestFraction("1gbit", 100000000ull, 1500, 1, false, 0.8, &detail,
+                          {"--nic-event", "1:1@300ms=100mbit"}, 1);
+  EXPECT_GT(f, 0.8) << detail;
+  EXPECT_LT(f, 1.01) << detail;
+}
+
+// A NIC taken down and brought up again on schedule: the node sees its
+// operstate go down, then up, and zprun reports each event once.
+TEST(Cluster, NicEventTakesANicDownAndUp) {
+  REQUIRE_ROOT();
+  const std::string wait = "t=0; while [ \"$(cat /sys/class/net/zpnic1/operstate)\" != $1 ]; do "
+                           "t=$((t + 1)); [ $t -gt 100 ] && exit 1; sleep 0.05; done; ";
+  const std::string script = "if [ $ZP_NODE_RANK = 1 ]; then set -- down; " + wait + "echo saw down; set -- up; " +
+                             wait + "echo saw up; fi";
+  Result r = run({"--nodes", "2", "--nics-per-node", "2", "--nic-event", "1:1@500ms=down", "--nic-event",
+                  "1:1@1500ms=up", "-p", "--timeout", "30", "sh", "-c", script});
+  EXPECT_EQ(r.exitCode, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("saw down"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("saw up"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("node 1 zpnic1: down"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("node 1 zpnic1: up"), std::string::npos) << r.err;
+  EXPECT_NOTHING_LEFT(r.pid);
 }
 
 TEST(Cluster, ZeppelinJobOnOneEmulatedNode) {
@@ -890,6 +936,15 @@ TEST(Cluster, BadClusterUsage) {
            {"--nodes", "2", "--nic-rate", "-1gbit", "true"},
            {"--nodes", "2", "--nic-rate", "10kbit", "true"},
            {"--nodes", "2", "--mtu", "100", "true"},
+           {"-n", "2", "--nic-rate-of", "0:0=1gbit", "true"},   // no --nodes
+           {"--nodes", "2", "--nic-rate-of", "2:0=1gbit", "true"},  // node 2 of 0..1
+           {"--nodes", "2", "--nic-rate-of", "1:1=1gbit", "true"},  // NIC 1 of one
+           {"--nodes", "2", "--nic-rate-of", "1:0", "true"},
+           {"--nodes", "2", "--nic-rate-of", "1:0=slow", "true"},
+           {"--nodes", "2", "--nic-event", "1:0=down", "true"},      // no time
+           {"--nodes", "2", "--nic-event", "1:0@soon=down", "true"},
+           {"--nodes", "2", "--nic-event", "1:0@1s=sideways", "true"},
+           {"--nodes", "2", "--nic-event", "1:0@-1s=up", "true"},
            {"--nodes", "2", "--mtu", "70000", "true"},
            {"--nodes", "2", "-x", "ZP_NODE_RANK=1", "true"},
            {"--nodes", "2", "-x", "ZP_NODE_ID=x", "true"},

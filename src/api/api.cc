@@ -373,6 +373,28 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg) {
   return zpSuccess;
 }
 
+zpResult_t zpCommGetWaitReport(zpComm_t comm, zpWaitEntry_t* entries, int maxEntries, int* nEntries,
+                               int* nCalls) try {
+  const char* fn = "zpCommGetWaitReport";
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(noted(comm, lookup(comm, fn, &c)));
+  if (!nEntries || !nCalls) return noted(comm, zp::fail(zpInvalidArgument, "%s: nEntries or nCalls is NULL", fn));
+  if (maxEntries < 0 || (maxEntries > 0 && !entries))
+    return noted(comm, zp::fail(zpInvalidArgument, "%s: entries is NULL with maxEntries %d (0 asks only the count)",
+                                fn, maxEntries));
+  zp::Comm::Call call(c.get(), fn);
+  ZP_CHECK(noted(comm, call.status()));
+  int calls = 0;
+  std::vector<zp::WaitStats::Entry> report = c->waitStats().report(&calls);
+  for (int i = 0; i < maxEntries && i < (int)report.size(); i++)
+    entries[i] = zpWaitEntry_t{report[i].rank, report[i].callsLast, report[i].totalUs / 1e6, report[i].maxUs / 1e6};
+  *nEntries = (int)report.size();
+  *nCalls = calls;
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommGetWaitReport");
+}
+
 zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
   return commValue(comm, "zpCommCount", "count", count, [](zp::Comm& c) { return c.nranks(); });
 } catch (...) {

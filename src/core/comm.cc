@@ -86,6 +86,7 @@ Comm::Call::Call(Comm* c, const char* fn) : c_(c), status_(zpSuccess) {
     c->mu_.lock();
   }
   c->caller_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  c->callName_ = fn;
 }
 
 Comm::Call::~Call() {

@@ -25,6 +25,7 @@
 #include "src/core/routing.h"
 #include "src/core/topology.h"
 #include "src/core/transport.h"
+#include "src/core/wait_stats.h"
 #include "src/util/function_ref.h"
 
 namespace zp {
@@ -140,6 +141,15 @@ class Comm : public TransportSink {
   };
   // The next collective's sequence number (the same on every rank).
   uint64_t nextCollSeq() { return collSeq_++; }
+  // Which peers this rank waits for (wait_stats.h), made at the first call
+  // that records; with mutex() held.
+  WaitStats& waitStats() {
+    if (!waitStats_) waitStats_.reset(new WaitStats(nranks_, rank_, (uint64_t)cfg_.stragglerMs * 1000));
+    return *waitStats_;
+  }
+  // The API call running now (its name as Call got it), for messages about
+  // a wait: what the user called, not the transfers under it.
+  const char* callName() const { return callName_ ? callName_ : "a call"; }
   // Data calls made on this communicator so far (any thread): the opCount
   // of ZP_DEBUG_SUBSYS=COLL / P2P lines, the same on every rank for the
   // same call sequence. A load and a store, not a locked add (this is on
@@ -257,6 +267,8 @@ class Comm : public TransportSink {
   // matches the peer's k-th receive from this rank.
   std::vector<uint64_t> sendSeq_, recvSeq_;
   uint64_t collSeq_ = 0;
+  std::unique_ptr<WaitStats> waitStats_;
+  const char* callName_ = nullptr;  // set by Call
   // Status reports of collectives, by (peer, collective sequence).
   std::map<std::pair<int, uint64_t>, std::pair<zpResult_t, std::string>> statuses_;
 

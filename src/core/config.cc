@@ -47,6 +47,13 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
     c.timeoutMs = user->timeoutMs;
   }
 
+  seconds = -1;
+  ZP_CHECK(paramSeconds("ZP_WAIT_WARN", &seconds));
+  if (seconds >= 0) c.waitWarnMs = (int)std::ceil(seconds * 1000);
+  long long straggler = c.stragglerMs;
+  ZP_CHECK(paramInt("ZP_STRAGGLER_MS", &straggler));
+  c.stragglerMs = (int)straggler;
+
   // The table lists off, rail, balanced in zpRouting_t's order.
   int routing = -1;
   ZP_CHECK(paramEnum("ZP_ROUTING", &routing));

@@ -30,6 +30,8 @@ constexpr size_t kCollDefaultRingAbove = 256u << 10;
 
 struct Config {
   int timeoutMs = 300 * 1000;    // ZP_TIMEOUT (seconds)
+  int waitWarnMs = 5000;         // ZP_WAIT_WARN (seconds): a call waiting this long says so (0: never)
+  int stragglerMs = 10;          // ZP_STRAGGLER_MS: how late a rank must be on average to be named (0: never)
   int routing = zpRoutingBalanced;  // ZP_ROUTING
   // ZP_CHECK_MODE=full: device calls compare their arguments with the
   // peers' before they enqueue (host calls always do).

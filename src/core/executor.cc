@@ -66,7 +66,8 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
   countHostPeerWait();
   // The clock is first read when the first look finds the call not done:
   // a small message's whole call is a few clock reads' time.
-  uint64_t lastMove = 0, lastAsked = 0;
+  uint64_t lastMove = 0, lastAsked = 0, started = 0;
+  bool warned = false;
   // The first look does not drive the transports: an op may have moved as
   // it was posted, and a call that is done then returns at once. But a
   // failure found while posting (a message out of order) breaks the
@@ -95,12 +96,26 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
       continue;
     }
     int timeoutMs = comms[0]->cfg_.timeoutMs;
+    if (started == 0) started = now;
+    const int warnMs = comms[0]->cfg_.waitWarnMs;
+    if (!warned && warnMs > 0 && now - started >= (uint64_t)warnMs) {
+      // Long before the timeout, the ranks that hold this call up are named.
+      warned = true;
+      for (Comm* c : comms) {
+        std::vector<int> peers = waitingOn(c);
+        if (!peers.empty())
+          ZP_WARN(kSubColl, "rank %d: %s (opCount %llx) has waited %.1f s for rank(s) %s (ZP_WAIT_WARN)",
+                  c->rank_, c->callName(), (unsigned long long)c->opCount_.load(std::memory_order_relaxed) - 1,
+                  (now - started) / 1000.0, rankList(peers).c_str());
+      }
+    }
     if (now - lastMove >= (uint64_t)timeoutMs) {
       for (Comm* c : comms) {
         std::vector<int> peers = waitingOn(c);
         if (peers.empty()) continue;
-        std::string msg = what + std::string(": no progress for ") + std::to_string(timeoutMs / 1000.0).substr(0, 6) +
-                          " s waiting for rank(s) " + rankList(peers) + " (ZP_TIMEOUT)";
+        std::string msg = std::string(c->callName()) + " (" + what + "): no progress for " +
+                          std::to_string(timeoutMs / 1000.0).substr(0, 6) + " s waiting for rank(s) " +
+                          rankList(peers) + " (ZP_TIMEOUT)";
         c->breakHere(zpRemoteError, msg);
         return fail(zpRemoteError, "rank %d: %s", c->rank_, msg.c_str());
       }

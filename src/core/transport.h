@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/util/clock.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
 
@@ -118,8 +119,12 @@ struct Op {
   // reduce-scatter's block), so shared memory may pipeline it through its
   // ring instead of letting the receiver read it (ZP_SHM_REDUCE_COPY).
   bool reducedByPeer = false;
+  // Receives only: where to note when it finished, in nowUs() (a header of
+  // a collective's header round: the per-peer wait statistics, WaitStats).
+  uint64_t* arrivedUs = nullptr;
 
   void finish(zpResult_t st, std::string err = {}) {
+    if (arrivedUs) *arrivedUs = nowUs();
     done = true;
     status = st;
     if (st != zpSuccess && error.empty()) error = std::move(err);

@@ -72,6 +72,52 @@ std::function<void(const std::string&)> count(int* out, int max, const std::stri
   };
 }
 
+// A rate option's value in bits/s, in tc's syntax, as given (parseBitsPerSec
+// would forgive spaces around it).
+uint64_t rateOption(const std::string& option, const std::string& v) {
+  double bps = 0;
+  if (v != zp::trim(v) || !zp::parseBitsPerSec(v, &bps) || std::round(bps) < kMinRateBps ||
+      std::round(bps) > kMaxRateBps)
+    throw UsageError("bad " + option + " '" + v +
+                     "' (expected a rate in tc's syntax from 100kbit to 1000tbit, e.g. 1gbit, 500mbit)");
+  return static_cast<uint64_t>(std::round(bps));
+}
+
+// "I:K" into *id; the ranges are checked once --nodes and --nics-per-node are known.
+bool parseNicId(const std::string& text, zpcluster::NicId* id) {
+  size_t colon = text.find(':');
+  return colon != std::string::npos && zp::parseInt(text.substr(0, colon), 0, zpcluster::kMaxNodes - 1, &id->node) &&
+         zp::parseInt(text.substr(colon + 1), 0, zpcluster::kMaxNicsPerNode - 1, &id->nic);
+}
+
+// --nic-event I:K@T=WHAT: T in seconds (3, 3s, 500ms), WHAT a rate, down or up.
+zpcluster::NicEvent nicEventOption(const std::string& v) {
+  const std::string expected = "' (expected NODE:NIC@TIME=RATE|down|up, e.g. 1:2@3s=250mbit or 0:1@500ms=down)";
+  size_t at = v.find('@'), eq = v.find('=');
+  zpcluster::NicEvent e;
+  if (at == std::string::npos || eq == std::string::npos || eq < at || !parseNicId(v.substr(0, at), &e.id))
+    throw UsageError("bad --nic-event '" + v + expected);
+  std::string when = v.substr(at + 1, eq - at - 1), what = v.substr(eq + 1);
+  double scale = 1;
+  if (when.size() > 2 && when.compare(when.size() - 2, 2, "ms") == 0) {
+    scale = 1e-3;
+    when.resize(when.size() - 2);
+  } else if (!when.empty() && when.back() == 's') {
+    when.pop_back();
+  }
+  if (!zp::parseDouble(when, 0, kMaxSeconds, &e.atSec)) throw UsageError("bad --nic-event '" + v + expected);
+  e.atSec *= scale;
+  if (what == "down") {
+    e.kind = zpcluster::NicEvent::Kind::kDown;
+  } else if (what == "up") {
+    e.kind = zpcluster::NicEvent::Kind::kUp;
+  } else {
+    e.kind = zpcluster::NicEvent::Kind::kRate;
+    e.rateBps = rateOption("--nic-event", what);
+  }
+  return e;
+}
+
 // Defines zprun's options on app, read into *o.
 void defineOptions(CLI::App& app, Options* o) {
   zp::cli::configure(app, kUsageLines, 23);
@@ -127,16 +173,26 @@ void defineOptions(CLI::App& app, Options* o) {
                     "rate of every NIC in each direction, in tc's syntax\n"
                     "(1gbit, 500mbit, 100mbps; default: not limited)",
                     [o](const std::string& v) {
-                      // The text as it is: parseBitsPerSec would forgive spaces around it.
-                      double bps = 0;
-                      if (v != zp::trim(v) || !zp::parseBitsPerSec(v, &bps) || std::round(bps) < kMinRateBps ||
-                          std::round(bps) > kMaxRateBps)
-                        throw UsageError("bad --nic-rate '" + v +
-                                         "' (expected a rate in tc's syntax from 100kbit to 1000tbit, e.g. "
-                                         "1gbit, 500mbit)");
-                      o->cluster.rateBps = static_cast<uint64_t>(std::round(bps));
+                      o->cluster.rateBps = rateOption("--nic-rate", v);
                       o->rateText = v;
                     })
+      ->group(cluster);
+  zp::cli::addValue(app, "--nic-rate-of", "I:K=RATE",
+                    "NIC K of node I runs at RATE from the start (repeatable),\n"
+                    "a gray failure: the ranks are still told --nic-rate",
+                    [o](const std::string& v) {
+                      size_t eq = v.find('=');
+                      zpcluster::NicRate r;
+                      if (eq == std::string::npos || !parseNicId(v.substr(0, eq), &r.id))
+                        throw UsageError("bad --nic-rate-of '" + v + "' (expected NODE:NIC=RATE, e.g. 1:2=100mbit)");
+                      r.rateBps = rateOption("--nic-rate-of", v.substr(eq + 1));
+                      o->cluster.nicRates.push_back(r);
+                    })
+      ->group(cluster);
+  zp::cli::addValue(app, "--nic-event", "I:K@T=WHAT",
+                    "at T after the ranks start (3s, 500ms), NIC K of node I\n"
+                    "changes: WHAT is a rate, down or up (repeatable)",
+                    [o](const std::string& v) { o->cluster.nicEvents.push_back(nicEventOption(v)); })
       ->group(cluster);
   zp::cli::addValue(app, "--mtu", "BYTES", zp::strprintf("MTU of the NICs (default %d)", zpcluster::kDefaultMtu),
                     [o](const std::string& v) {
@@ -211,7 +267,8 @@ size_t readOptions(const std::vector<std::string>& args, Options* o, bool* atMpi
   }
   zp::cli::rejectUnknownOptions(app);
   o->clusterOptionSeen = app.count("--ranks-per-node") + app.count("--nics-per-node") + app.count("--nic-rate") +
-                             app.count("--mtu") + app.count("--dry-run") >
+                             app.count("--nic-rate-of") + app.count("--nic-event") + app.count("--mtu") +
+                             app.count("--dry-run") >
                          0;
   return zp::cli::extras(app).size();
 }
@@ -227,8 +284,16 @@ void checkOptions(size_t nargs, Options* opts) {
   if (opts->mpirun && opts->prefix)
     throw UsageError("-p does not apply to --mpirun; mpirun's --tag-output does (--mpirun --tag-output --)");
   if (cl.nodes == 0 && opts->clusterOptionSeen)
-    throw UsageError("--ranks-per-node, --nics-per-node, --nic-rate, --mtu and --dry-run need --nodes");
+    throw UsageError(
+        "--ranks-per-node, --nics-per-node, --nic-rate, --nic-rate-of, --nic-event, --mtu and --dry-run need --nodes");
   if (cl.nodes > 0) {
+    auto checkNic = [&](const zpcluster::NicId& id, const char* option) {
+      if (id.node >= cl.nodes || id.nic >= cl.nicsPerNode)
+        throw UsageError(zp::strprintf("%s: node %d NIC %d is not in the cluster (%d nodes of %d NICs, from 0)",
+                                       option, id.node, id.nic, cl.nodes, cl.nicsPerNode));
+    };
+    for (const zpcluster::NicRate& r : cl.nicRates) checkNic(r.id, "--nic-rate-of");
+    for (const zpcluster::NicEvent& e : cl.nicEvents) checkNic(e.id, "--nic-event");
     long total = static_cast<long>(cl.nodes) * cl.ranksPerNode;
     if (total > kMaxRanks)
       throw UsageError(zp::strprintf("%d nodes of %d ranks make %ld ranks, more than %d", cl.nodes,

@@ -71,6 +71,10 @@ void printDryRun(const Options& opts, const zpcluster::Cluster& cluster, const J
   printf("# build (state in %s: lock, node<i>.boot_id, hosts%s)\n", cluster.stateDir().c_str(),
          layout.mpirun ? ", hostfile" : "");
   print(cluster.setupCommands());
+  for (const zpcluster::NicEvent& e : spec.nicEvents) {
+    printf("# at %.3f s after the ranks start\n", e.atSec);
+    print(cluster.eventCommands(e));
+  }
   if (layout.mpirun) {
     std::string command = zpcluster::joinCommand(opts.command), vars;
     for (const std::string& v : mpirunEnvironment(spec)) vars += v + " ";
@@ -145,7 +149,7 @@ int runInCluster(const Options& opts) {
     printDryRun(launch, cluster, planLayout(launch, &cluster), idHex);
     return 0;
   }
-  if (!zpcluster::checkClusterPrerequisites(opts.cluster.rateBps > 0)) return zpcluster::kExitNoPrivilege;
+  if (!zpcluster::checkClusterPrerequisites(opts.cluster.shapesAnyNic())) return zpcluster::kExitNoPrivilege;
 
   int code = cluster.create(&g_stopRequested);
   if (code != 0) return g_firstStopSignal != 0 ? 128 + g_firstStopSignal : code;
@@ -153,7 +157,14 @@ int runInCluster(const Options& opts) {
     code = kExitLaunchError;
   } else {
     Job job(launch, planLayout(launch, &cluster), idHex);
-    code = job.run();
+    pid_t events = cluster.startEvents();
+    if (events < 0) {
+      fprintf(stderr, "zprun: cannot start the NIC events: fork: %s\n", strerror(errno));
+      code = kExitLaunchError;
+    } else {
+      code = job.run();
+      zpcluster::Cluster::stopEvents(events);
+    }
   }
   // Signals from here on (a second Ctrl-C) are recorded, not obeyed: the
   // cluster must go. ip and tc run in their own process groups, so a Ctrl-C

@@ -97,6 +97,20 @@ TbfParams tbfParams(uint64_t rateBps, int mtu) {
 
 std::string nicName(int nic) { return "zpnic" + std::to_string(nic); }
 
+uint64_t ClusterSpec::startRateOf(const NicId& id) const {
+  uint64_t rate = rateBps;
+  for (const NicRate& r : nicRates)
+    if (r.id == id) rate = r.rateBps;  // the last one given counts
+  return rate;
+}
+
+bool ClusterSpec::shapesAnyNic() const {
+  if (rateBps > 0 || !nicRates.empty()) return true;
+  for (const NicEvent& e : nicEvents)
+    if (e.kind == NicEvent::Kind::kRate) return true;
+  return false;
+}
+
 std::string nicAddress(int node, int nic) {
   return "10.77." + std::to_string(nic) + "." + std::to_string(node + 1);
 }
@@ -142,12 +156,6 @@ std::vector<std::vector<std::string>> Cluster::setupCommands() const {
     std::string bridge = "rail" + std::to_string(k);
     cmds.push_back({"ip", "-n", rails, "link", "add", bridge, "mtu", mtu, "type", "bridge"});
   }
-  std::vector<std::string> tbf;
-  if (spec_.rateBps > 0) {
-    TbfParams p = tbfParams(spec_.rateBps, spec_.mtu);
-    tbf = {"root", "tbf", "rate", std::to_string(spec_.rateBps) + "bit", "burst",
-           std::to_string(p.burstBytes), "limit", std::to_string(p.limitBytes)};
-  }
   for (int i = 0; i < spec_.nodes; ++i) {
     const std::string node = nodeNamespace(i);
     for (int k = 0; k < spec_.nicsPerNode; ++k) {
@@ -162,19 +170,27 @@ std::vector<std::vector<std::string>> Cluster::setupCommands() const {
       cmds.push_back({"ip", "-n", node, "addr", "add",
                       nicAddress(i, k) + "/" + std::to_string(nicPrefixLength()), "dev", nic});
       cmds.push_back({"ip", "-n", node, "link", "set", nic, "up"});
-      if (!tbf.empty()) {
-        std::vector<std::string> c = {"tc", "-n", node, "qdisc", "replace", "dev", nic};
-        c.insert(c.end(), tbf.begin(), tbf.end());
-        cmds.push_back(c);
-        c = {"tc", "-n", rails, "qdisc", "replace", "dev", port};
-        c.insert(c.end(), tbf.begin(), tbf.end());
-        cmds.push_back(c);
+      uint64_t rate = spec_.startRateOf({i, k});
+      if (rate > 0) {
+        for (auto& c : shapeCommands({i, k}, rate)) cmds.push_back(c);
       }
     }
   }
   for (int k = 0; k < spec_.nicsPerNode; ++k)
     cmds.push_back({"ip", "-n", rails, "link", "set", "rail" + std::to_string(k), "up"});
   return cmds;
+}
+
+std::vector<std::vector<std::string>> Cluster::shapeCommands(const NicId& id, uint64_t rateBps) const {
+  TbfParams p = tbfParams(rateBps, spec_.mtu);
+  std::vector<std::string> tbf = {"root", "tbf", "rate", std::to_string(rateBps) + "bit", "burst",
+                                  std::to_string(p.burstBytes), "limit", std::to_string(p.limitBytes)};
+  std::vector<std::string> node = {"tc", "-n", nodeNamespace(id.node), "qdisc", "replace", "dev", nicName(id.nic)};
+  std::vector<std::string> port = {"tc", "-n", railsNamespace(), "qdisc", "replace", "dev",
+                                   "node" + std::to_string(id.node) + "nic" + std::to_string(id.nic)};
+  node.insert(node.end(), tbf.begin(), tbf.end());
+  port.insert(port.end(), tbf.begin(), tbf.end());
+  return {node, port};
 }
 
 std::vector<std::vector<std::string>> Cluster::teardownCommands() const {

@@ -58,12 +58,43 @@ constexpr int kMaxNicsPerNode = 32;
 constexpr int kDefaultMtu = 1500;
 constexpr int kRootPort = 29500;  // rank 0's bootstrap root, inside node 0's namespace
 
+// One NIC of the cluster: NIC `nic` of node `node`.
+struct NicId {
+  int node = 0;
+  int nic = 0;
+  bool operator==(const NicId& o) const { return node == o.node && nic == o.nic; }
+};
+
+// A NIC whose rate differs from the others' (--nic-rate-of): a gray failure
+// from the start, e.g. a port that negotiated a lower speed.
+struct NicRate {
+  NicId id;
+  uint64_t rateBps = 0;  // bits per second in each direction, > 0
+};
+
+// A change to one NIC while the job runs (--nic-event): its rate becomes
+// rateBps, or it goes down, or comes back up (with the rate it had).
+struct NicEvent {
+  enum class Kind { kRate, kDown, kUp };
+  NicId id;
+  double atSec = 0;  // after the ranks were started
+  Kind kind = Kind::kRate;
+  uint64_t rateBps = 0;  // kRate only
+};
+
 struct ClusterSpec {
   int nodes = 0;  // 0: no cluster (zprun runs the ranks here)
   int ranksPerNode = 1;
   int nicsPerNode = 1;
   uint64_t rateBps = 0;  // bits per second per NIC and direction; 0: not limited
   int mtu = kDefaultMtu;
+  std::vector<NicRate> nicRates;    // NICs at a rate of their own; the last one given for a NIC counts
+  std::vector<NicEvent> nicEvents;  // in the order given; run in time order
+
+  // The rate NIC id starts at (its own, or rateBps); 0: not limited.
+  uint64_t startRateOf(const NicId& id) const;
+  // Whether any NIC is ever rate-limited (tc is needed).
+  bool shapesAnyNic() const;
 };
 
 // The tbf qdisc parameters zprun uses for a rate: a bucket of 1 ms at the
@@ -131,6 +162,18 @@ class Cluster {
   // order (for --dry-run; create() runs the same ones).
   std::vector<std::vector<std::string>> setupCommands() const;
   std::vector<std::vector<std::string>> teardownCommands() const;
+  // The ip / tc commands that carry out one NIC event: a rate shapes both
+  // ends of the NIC's veth (what the node sends and what it receives); down
+  // and up set the node's end (as a failing port would, the bridge end stays).
+  std::vector<std::vector<std::string>> eventCommands(const NicEvent& event) const;
+
+  // Runs spec().nicEvents in time order, each at its time after this call, in
+  // a child process of its own, which it returns (-1 if it could not fork;
+  // 0 if there are no events). Each event is reported on stderr when done
+  // ("zprun: 3.00 s: node 1 zpnic2: rate 250000000 bit/s"). The caller ends
+  // the child with stopEvents() when the job ends.
+  pid_t startEvents() const;
+  static void stopEvents(pid_t child);
 
   // Builds the cluster. Checks every step; on failure (or when *stop becomes
   // non-zero: a signal arrived) removes whatever it made, prints why, and
@@ -149,6 +192,9 @@ class Cluster {
   NodeEntry nodeEntry(int node, bool withHosts = false) const;
 
  private:
+  // tc commands giving both ends of NIC id's veth a tbf at rateBps.
+  std::vector<std::vector<std::string>> shapeCommands(const NicId& id, uint64_t rateBps) const;
+
   ClusterSpec spec_;
   std::string tag_;
   bool created_ = false;  // something may exist that destroy() must remove

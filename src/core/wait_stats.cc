@@ -1,0 +1,87 @@
+// Per-peer wait statistics: see wait_stats.h.
+#include "src/core/wait_stats.h"
+
+#include <algorithm>
+
+namespace zp {
+
+WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
+    : nranks_(nranks),
+      self_(self),
+      thresholdUs_(thresholdUs),
+      window_(kWindow),
+      callsLast_(nranks, 0),
+      totalUs_(nranks, 0),
+      named_(nranks, false) {}
+
+int WaitStats::record(const std::vector<uint64_t>& arrivedUs) {
+  if (nranks_ < 2 || (int)arrivedUs.size() != nranks_) return -1;
+  // The last and second-last arrivals: a pass, not a sort (thousands of ranks).
+  int last = -1;
+  uint64_t lastAt = 0, secondAt = 0;
+  bool haveSecond = false;
+  for (int p = 0; p < nranks_; p++) {
+    if (p == self_) continue;
+    uint64_t t = arrivedUs[p];
+    if (last < 0 || t > lastAt) {
+      if (last >= 0) {
+        secondAt = lastAt;
+        haveSecond = true;
+      }
+      last = p;
+      lastAt = t;
+    } else if (!haveSecond || t > secondAt) {
+      secondAt = t;
+      haveSecond = true;
+    }
+  }
+  // With one peer there is no other arrival to compare with: nothing is charged.
+  uint64_t charged = haveSecond ? lastAt - secondAt : 0;
+
+  Call& slot = window_[next_];
+  const int left = filled_ == kWindow ? slot.last : -1;
+  if (left >= 0) {  // the oldest call leaves the window
+    callsLast_[left]--;
+    totalUs_[left] -= slot.chargedUs;
+  }
+  slot.last = charged > 0 ? last : -1;
+  slot.chargedUs = charged;
+  if (slot.last >= 0) {
+    callsLast_[last]++;
+    totalUs_[last] += charged;
+  }
+  next_ = (next_ + 1) % kWindow;
+  filled_ = std::min(filled_ + 1, kWindow);
+
+  int named = -1;
+  if (slot.last >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
+      2 * callsLast_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
+    named_[last] = true;
+    named = last;
+  }
+  // Recovered (named again if it lags again): it comes last in under a
+  // quarter of the window, or by under half the threshold on average.
+  for (int p : {left, last})
+    if (p >= 0 && p != named && named_[p] &&
+        (4 * callsLast_[p] < filled_ || 2 * totalUs_[p] < thresholdUs_ * (uint64_t)callsLast_[p]))
+      named_[p] = false;
+  return named;
+}
+
+std::vector<WaitStats::Entry> WaitStats::report(int* calls) const {
+  std::vector<Entry> out;
+  for (int p = 0; p < nranks_; p++) {
+    if (totalUs_[p] == 0) continue;
+    uint64_t most = 0;
+    for (int i = 0; i < filled_; i++)
+      if (window_[i].last == p) most = std::max(most, window_[i].chargedUs);
+    out.push_back({p, callsLast_[p], totalUs_[p], most});
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.totalUs != b.totalUs ? a.totalUs > b.totalUs : a.rank < b.rank;
+  });
+  *calls = filled_;
+  return out;
+}
+
+}  // namespace zp

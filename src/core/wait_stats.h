@@ -1,0 +1,65 @@
+// Per-peer wait statistics of one communicator: which ranks this rank waits
+// for, so that a rank that lags (a slow host, a throttled GPU, a data loader
+// that stalls) can be named from the ranks that wait for it.
+//
+// The evidence is the header round every host collective starts with: each
+// rank sends its call's header to every other, so the moment each peer's
+// header arrives is the moment that peer entered the call. In one call, the
+// time charged to a peer is how much later its header came than the one
+// before it in arrival order; all of it goes to the last one to arrive (the
+// others arrived while this rank was still waiting anyway). A rank that
+// enters 50 ms after the others is charged about 50 ms in every call; in a
+// balanced job the charges are a few microseconds of noise spread over all
+// peers.
+//
+// The window holds the last kWindow calls; a peer charged the most in more
+// than half of them, on average more than the threshold (ZP_STRAGGLER_MS),
+// is named in one WARN line, and named again only after it has recovered
+// (charged the most in under a quarter of the window, or on average under
+// half the threshold).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zp {
+
+class WaitStats {
+ public:
+  static constexpr int kWindow = 100;
+
+  // nranks: the communicator's size; self: this rank; thresholdUs: 0 turns
+  // the WARN line off (the report still counts).
+  WaitStats(int nranks, int self, uint64_t thresholdUs);
+
+  // One call's arrivals: arrivedUs[p] is when peer p's header came (the
+  // same clock for all; self's entry is ignored). Returns the peer named by
+  // this call, if one crossed the threshold now (for the caller to log),
+  // else -1.
+  int record(const std::vector<uint64_t>& arrivedUs);
+
+  struct Entry {
+    int rank;
+    int callsLast;     // calls of the window in which it was charged the most
+    uint64_t totalUs;  // charged over the window
+    uint64_t maxUs;    // the most charged in one call of the window
+  };
+  // The peers charged anything in the window, the most charged first;
+  // *calls: how many calls the window holds.
+  std::vector<Entry> report(int* calls) const;
+
+ private:
+  struct Call {
+    int last = -1;  // the peer charged the most in this call, or -1
+    uint64_t chargedUs = 0;
+  };
+  int nranks_, self_;
+  uint64_t thresholdUs_;
+  std::vector<Call> window_;  // a ring of kWindow calls
+  int next_ = 0, filled_ = 0;
+  std::vector<int> callsLast_;      // per peer, over the window
+  std::vector<uint64_t> totalUs_;   // per peer, over the window
+  std::vector<bool> named_;         // per peer: named and not recovered since
+};
+
+}  // namespace zp

@@ -1,0 +1,211 @@
+// Stragglers located: the per-peer wait statistics (src/core/wait_stats.h)
+// on their own, and through zpCommGetWaitReport on real ranks, one of which
+// lags; the WARN lines that name a lagging rank and a call that waits long.
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/core/wait_stats.h"
+#include "tests/harness.h"
+
+namespace {
+
+// ---- WaitStats alone ----
+
+// Arrivals of one call on rank 0 of 4: peer `late` comes lateUs after the
+// others, which come at 1000 + their rank (microseconds).
+std::vector<uint64_t> arrivals(int late, uint64_t lateUs) {
+  std::vector<uint64_t> a = {0, 1001, 1002, 1003};
+  if (late > 0) a[late] += lateUs;
+  return a;
+}
+
+TEST(WaitStats, ALaggingPeerIsChargedAndNamedOnce) {
+  zp::WaitStats s(4, 0, 10 * 1000);
+  int named = -1, namings = 0;
+  for (int call = 0; call < 100; call++) {
+    int r = s.record(arrivals(2, 50 * 1000));
+    if (r >= 0) {
+      named = r;
+      namings++;
+    }
+  }
+  EXPECT_EQ(named, 2);
+  EXPECT_EQ(namings, 1);
+  int calls = 0;
+  auto report = s.report(&calls);
+  EXPECT_EQ(calls, 100);
+  ASSERT_FALSE(report.empty());
+  EXPECT_EQ(report[0].rank, 2);
+  EXPECT_EQ(report[0].callsLast, 100);
+  EXPECT_EQ(report[0].maxUs, 50 * 1000u - 1);  // 51002 us, after rank 3's 1003 us
+  EXPECT_EQ(report[0].totalUs, 100 * (50 * 1000u - 1));
+}
+
+TEST(WaitStats, BalancedArrivalsNameNobody) {
+  zp::WaitStats s(4, 0, 10 * 1000);
+  for (int call = 0; call < 300; call++) {
+    // Who comes last changes from call to call, by a few microseconds.
+    std::vector<uint64_t> a = {0, 1000, 1000, 1000};
+    a[1 + call % 3] += 5;
+    EXPECT_EQ(s.record(a), -1) << call;
+  }
+  int calls = 0;
+  for (const auto& e : s.report(&calls)) EXPECT_LE(e.maxUs, 5u) << e.rank;
+}
+
+TEST(WaitStats, ARecoveredPeerLeavesTheWindowAndIsNamedAgainIfItLagsAgain) {
+  zp::WaitStats s(4, 0, 10 * 1000);
+  int namings = 0;
+  for (int call = 0; call < 100; call++) namings += s.record(arrivals(3, 20 * 1000)) == 3;
+  EXPECT_EQ(namings, 1);
+  for (int call = 0; call < 100; call++) EXPECT_EQ(s.record(arrivals(0, 0)), -1);
+  int calls = 0;
+  auto report = s.report(&calls);
+  ASSERT_FALSE(report.empty());
+  EXPECT_EQ(report[0].rank, 3);
+  EXPECT_LT(report[0].maxUs, 10u);  // 1003 - 1002: the lag has left the window
+  for (int call = 0; call < 100; call++) namings += s.record(arrivals(3, 20 * 1000)) == 3;
+  EXPECT_EQ(namings, 2);
+}
+
+TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
+  zp::WaitStats s(4, 0, 0);
+  for (int call = 0; call < 100; call++) EXPECT_EQ(s.record(arrivals(1, 50 * 1000)), -1);
+  int calls = 0;
+  auto report = s.report(&calls);
+  ASSERT_FALSE(report.empty());
+  EXPECT_EQ(report[0].rank, 1);
+}
+
+// ---- Real ranks ----
+
+// In a rank: its stderr, where the log goes, into a file of dir.
+void logTo(const std::string& dir, int rank) {
+  int fd = open((dir + "/rank" + std::to_string(rank) + ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(dup2(fd, 2), 2);
+  close(fd);
+}
+
+// The text of every rank's log in dir (logTo).
+std::string logsIn(const std::string& dir) {
+  std::string all;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(dir + "/" + e->d_name);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      all += ss.str();
+    }
+    closedir(d);
+  }
+  return all;
+}
+
+struct LagRun {
+  std::string logs;
+  std::vector<zptest::RankExit> exits;
+};
+
+// 4 ranks run 100 all-reduces of `count` floats, rank `laggard` (if >= 0)
+// sleeping 50 ms before each; every rank then checks its wait report.
+LagRun runWithLaggard(int laggard, size_t count) {
+  char dir[] = "/tmp/zp_wait_report_XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  LagRun out;
+  out.exits = zptest::runRanks(4, [&](int rank, int n, const zpUniqueId& id) {
+    logTo(dir, rank);
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    std::vector<float> send(count), recv(count, -1.0f);
+    for (int call = 0; call < 100; call++) {
+      for (size_t i = 0; i < count; i++) send[i] = (float)(rank + call + i % 7);
+      if (rank == laggard) usleep(50 * 1000);
+      ZP_ASSERT_OK(zpAllReduce(send.data(), recv.data(), count, zpFloat32, zpSum, comm, nullptr));
+      for (size_t i = 0; i < count; i++)
+        ASSERT_EQ(recv[i], (float)(0 + 1 + 2 + 3 + 4 * (call + i % 7))) << "call " << call << " element " << i;
+    }
+    zpWaitEntry_t entries[4];
+    int nEntries = -1, nCalls = -1;
+    ZP_ASSERT_OK(zpCommGetWaitReport(comm, entries, 4, &nEntries, &nCalls));
+    EXPECT_EQ(nCalls, 100);
+    if (laggard >= 0 && rank != laggard) {
+      ASSERT_GE(nEntries, 1);
+      EXPECT_EQ(entries[0].rank, laggard);
+      EXPECT_GE(entries[0].callsLast, 90);
+      EXPECT_GE(entries[0].totalWaitSec / entries[0].callsLast, 0.030);
+    } else {
+      // Nobody (or, on the laggard, nobody it waits for) stands out.
+      for (int i = 0; i < nEntries && i < 4; i++)
+        EXPECT_LT(entries[i].totalWaitSec / entries[i].callsLast, 0.010) << "rank " << entries[i].rank;
+    }
+    // Only the count asked.
+    int again = -1;
+    ZP_EXPECT_OK(zpCommGetWaitReport(comm, nullptr, 0, &again, &nCalls));
+    EXPECT_EQ(again, nEntries);
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpCommGetWaitReport(comm, nullptr, 1, &again, &nCalls));
+    ZP_EXPECT_ERROR(zpInvalidArgument, zpCommGetWaitReport(comm, entries, 4, nullptr, &nCalls));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  out.logs = logsIn(dir);
+  std::string cmd = std::string("rm -rf ") + dir;
+  EXPECT_EQ(system(cmd.c_str()), 0);
+  return out;
+}
+
+int countOf(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) n++;
+  return n;
+}
+
+// Small all-reduces (their header check fused into their one round) and
+// large ones (a header round of their own) both count.
+TEST(WaitReport, ALaggingRankIsNamedByEveryRankThatWaitsForIt) {
+  for (size_t count : {16u, 64u * 1024u}) {
+    LagRun r = runWithLaggard(2, count);
+    zptest::expectAllOk(r.exits);
+    // One WARN line on each of the three ranks that wait for rank 2.
+    EXPECT_EQ(countOf(r.logs, "rank 2 came last in"), 3) << count << " floats:\n" << r.logs;
+  }
+}
+
+TEST(WaitReport, NobodyIsNamedWithoutALaggard) {
+  LagRun r = runWithLaggard(-1, 16);
+  zptest::expectAllOk(r.exits);
+  EXPECT_EQ(countOf(r.logs, "came last in"), 0) << r.logs;
+}
+
+// A call that waits longer than ZP_WAIT_WARN says so, naming itself and the
+// rank it waits for, long before ZP_TIMEOUT.
+TEST(WaitReport, ALongWaitIsNamedBeforeTheTimeout) {
+  char dir[] = "/tmp/zp_wait_warn_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    logTo(dir, rank);
+    setenv("ZP_WAIT_WARN", "0.3", 1);
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    float x = 1, y = 0;
+    if (rank == 1) usleep(1200 * 1000);
+    ZP_ASSERT_OK(zpAllReduce(&x, &y, 1, zpFloat32, zpSum, comm, nullptr));
+    EXPECT_EQ(y, 2.0f);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+  std::string logs = logsIn(dir);
+  EXPECT_EQ(countOf(logs, "rank 0: zpAllReduce (opCount 0) has waited 0.3 s for rank(s) 1 (ZP_WAIT_WARN)"), 1) << logs;
+  EXPECT_EQ(countOf(logs, "has waited"), 1) << logs;
+  std::string cmd = std::string("rm -rf ") + dir;
+  EXPECT_EQ(system(cmd.c_str()), 0);
+}
+
+}  // namespace
