@@ -39,6 +39,11 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
 
+class WaitEntry(ctypes.Structure):
+    _fields_ = [("rank", c_int), ("callsLast", c_int), ("totalWaitSec", ctypes.c_double),
+                ("maxWaitSec", ctypes.c_double)]
+
+
 class Config(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
                 ("timeoutMs", c_int), ("routing", c_int), ("nodeId", c_char_p), ("netDevices", c_char_p)]
@@ -126,6 +131,7 @@ _SIGNATURES = {
     "zpCommAbort": (Result, [Comm]),
     "zpCommGetAsyncError": (Result, [Comm, _P(c_int)]),
     "zpSetInterruptCheck": (Result, [InterruptCheck, c_void_p]),
+    "zpCommGetWaitReport": (Result, [Comm, _P(WaitEntry), c_int, _P(c_int), _P(c_int)]),
     "zpCommCount": (Result, [Comm, _P(c_int)]),
     "zpCommUserRank": (Result, [Comm, _P(c_int)]),
     "zpCommCheckBuffer": (Result, [Comm, c_void_p, Stream]),

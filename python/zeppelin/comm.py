@@ -9,7 +9,7 @@ import functools
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _interrupt, _lib
 from ._buffers import buffer, same_dtype
@@ -372,6 +372,19 @@ class Communicator:
         if e.value == 0:
             return None
         return error_from(e.value, self._h)
+
+    def wait_report(self) -> Tuple[int, List[dict]]:
+        """zpCommGetWaitReport: (calls, entries). Over this communicator's
+        last collectives (calls of them), the peers this rank waited for,
+        the most waited for first: each a dict with rank, calls_last (calls
+        in which its header came last), total_wait and max_wait (seconds)."""
+        n, calls = ctypes.c_int(), ctypes.c_int()
+        self._check(_lib.lib.zpCommGetWaitReport(self._handle(), None, 0, ctypes.byref(n), ctypes.byref(calls)))
+        entries = (_lib.WaitEntry * max(n.value, 1))()
+        self._check(_lib.lib.zpCommGetWaitReport(self._handle(), entries, n.value, ctypes.byref(n),
+                                                 ctypes.byref(calls)))
+        return calls.value, [{"rank": e.rank, "calls_last": e.callsLast, "total_wait": e.totalWaitSec,
+                              "max_wait": e.maxWaitSec} for e in entries[:n.value]]
 
     def split(self, color: int, key: Optional[int] = None, timeout: Optional[float] = None,
               routing: Optional[str] = None, node_id: Optional[int] = None,

@@ -643,3 +643,23 @@ def test_attention_driver_forward(comm):
         attn.forward(q[idx].astype(np.float64), k[idx], v[idx], out, lse)
     attn.close()
     still_works(comm)
+
+
+def test_wait_report_names_a_rank_that_lags(comm):
+    # The last rank sleeps 30 ms before each of 30 all-reduces; every other
+    # rank finds it the one it waited for.
+    laggard = comm.size - 1
+    x = torch.ones(8)
+    for _ in range(30):
+        if comm.rank == laggard:
+            time.sleep(0.03)
+        comm.all_reduce(x)
+    calls, entries = comm.wait_report()
+    assert calls >= 30
+    if comm.size > 2 and comm.rank != laggard:
+        assert entries and entries[0]["rank"] == laggard, entries
+        assert entries[0]["calls_last"] >= 25, entries
+        assert entries[0]["total_wait"] / entries[0]["calls_last"] > 0.015, entries
+    for e in entries:
+        assert set(e) == {"rank", "calls_last", "total_wait", "max_wait"}
+        assert 0 <= e["max_wait"] <= e["total_wait"]
