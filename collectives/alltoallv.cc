@@ -8,6 +8,7 @@
 #include "src/core/routing.h"
 #include "src/route/router.h"
 #include "src/core/log.h"
+#include "src/core/msg_id.h"
 
 namespace zp {
 
@@ -15,8 +16,6 @@ namespace {
 
 // Communicators up to this size send counts along with the data (16 n + 8 bytes a message).
 constexpr int kCountsInBand = 64;
-// Transfer ids of the routed count exchange: apart from the data's (the call's sequence number).
-constexpr uint64_t kCountsXfer = 1ull << 62;
 
 struct Range {
   uintptr_t begin, end;
@@ -98,7 +97,7 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
   }
   // Across nodes through the relay too, which knows the paths that work.
   RoutedXfer xfer;
-  xfer.id = seq | kCountsXfer;
+  xfer.id = msgid::countsXfer(seq);  // apart from the data's (plainXfer(seq))
   for (Op& op : ops)
     if (!c->isLocal(op.peer)) op.routed = &xfer;
   return runAll(c, ops);
@@ -144,7 +143,7 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
     return &ops.back();
   };
   auto route = [&](const std::vector<Piece>* pieces) {
-    xfers.push_back(RoutedXfer{seq, pieces});
+    xfers.push_back(RoutedXfer{msgid::plainXfer(seq), pieces});
     return &xfers.back();
   };
   for (const Transfer& t : plan->transfers)

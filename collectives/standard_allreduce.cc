@@ -56,7 +56,7 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   }
   // A peer that failed or died is that error; a message of the wrong size
   // (zpInvalidUsage) is explained by the digests, which came ahead of it.
-  ZP_CHECK(settleHeaders(c, seq, mine, digests, run(c, ops, xferId(seq, 0))));
+  ZP_CHECK(settleHeaders(c, seq, mine, digests, run(c, ops, msgid::collectiveXfer(seq, 0))));
   std::vector<const char*>& in = l.in;
   in.resize(n);
   for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;

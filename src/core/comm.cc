@@ -104,7 +104,7 @@ void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer)
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
-  if (seq >= kSeqFirstControl) {
+  if (msgid::isControl(seq)) {
     // A transport's own message (the relay's acknowledgements, NIC news):
     // acted on after the transports' progress, never inside their callbacks.
     for (Transport* t : transports_)

@@ -17,6 +17,7 @@
 #include "include/zeppelin.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
+#include "src/core/msg_id.h"
 
 namespace zp {
 
@@ -41,11 +42,6 @@ inline bool isRelayKind(OpKind kind) {
 
 // A receive from any rank of another node (the relay's headers).
 constexpr int kAnyRemotePeer = -2;
-
-// Control messages ride on status messages with collective sequence numbers
-// no call reaches (UCX tags carry 36 bits). The top few are the transports'
-// own (transport/relay/relay.h); the communicator hands them to every transport.
-constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 
 // A routed op's transfer (src/core/routing.h); the executor carries the
 // pointer without looking at it.
@@ -154,8 +150,8 @@ class Transport {
   virtual void post(Op* op) = 0;
   // A small control message (a collective's outcome); delivered through TransportSink::onStatus.
   virtual void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) = 0;
-  // A control message with a sequence number from kSeqFirstControl on, from
-  // peer; true if this transport took it.
+  // A control message (a status message whose sequence number is a
+  // msgid::Control, src/core/msg_id.h), from peer; true if this transport took it.
   virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
   // Whether receives may carry an OpReducer (Op::reduce).
   virtual bool canReduce() const { return false; }

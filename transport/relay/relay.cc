@@ -31,7 +31,7 @@ void Relay::post(Op* op) {
   // A point-to-point op, or a collective's op with no plan (alltoallv's count exchange).
   uint64_t xfer = rx ? rx->id : 0;
   if (!op->isSend) {
-    recv(op, rx ? xfer : p2pRecvs_[op->peer]++);
+    recv(op, rx ? xfer : msgid::plainXfer(p2pRecvs_[op->peer]++));
     return;
   }
   std::vector<Piece> pieces;
@@ -40,7 +40,7 @@ void Relay::post(Op* op) {
     op->finish(zpRemoteError, "no route to rank " + std::to_string(op->peer) + ": " + why);
     return;
   }
-  send(op, rx ? xfer : p2pSends_[op->peer]++, pieces);
+  send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), pieces);
 }
 
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
@@ -115,7 +115,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   h.src = ctx_.rank;
   h.dst = peer;
   h.status = status;
-  h.xfer = seq;
+  h.xfer = msgid::plainXfer(seq);
   h.total = h.bytes = payload.size();
   ch->own.reset(new char[payload.size()]);
   memcpy(ch->own.get(), payload.data(), payload.size());
@@ -281,8 +281,9 @@ void Relay::remember(const Key& key, uint64_t total) {
 void Relay::sendChunk(Chunk* ch, int to) {
   RelayHeader& h = ch->hdr;
   h.hop = ctx_.rank;
-  uint64_t hdrSeq = nextSeq(to);
-  h.dataSeq = nextSeq(to);
+  const msgid::ChunkSeqs seqs = msgid::relayChunk(relaySendSeq_[to]++);
+  const uint64_t hdrSeq = seqs.header;
+  h.dataSeq = seqs.data;
   ch->hdrOp = Op(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
   ch->hdrOp.seq = hdrSeq;
   ch->dataOp = Op(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);

@@ -17,7 +17,7 @@ namespace {
 // headers are received from any rank (source and sequence masked out).
 enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2, kTagRelay = 3 };
 enum CtrlType : uint32_t { kCtrlStatus = 1, kCtrlBye = 2, kCtrlAbort = 3 };
-constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = 36;
+constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = msgid::kSeqBits;  // the sequence below
 constexpr uint64_t kSeqMask = (1ull << kSrcShift) - 1;
 constexpr uint64_t kSrcMask = (1ull << 20) - 1;
 constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
