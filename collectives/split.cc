@@ -7,12 +7,11 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/routing_setting.h"
 
 namespace zp {
 
 zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
-                     std::unique_ptr<Comm>* child) {
+                     size_t netEagerUpTo, std::unique_ptr<Comm>* child) {
   using namespace detail;  // splitmix, run, kStepSplit
   const int n = parent->nranks(), me = parent->rank();
   const std::string localMsg = localCheck == zpSuccess ? "" : lastError();
@@ -77,7 +76,7 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
       }
     return run(parent, ops, msgid::collectiveXfer(seq, kStepSplit + (uint64_t)round++));
   };
-  return Comm::createChild(*parent, members, newRank, cfg, routedEagerBytes(cfg), secret, exchange, child);
+  return Comm::createChild(*parent, members, newRank, cfg, netEagerUpTo, secret, exchange, child);
 }
 
 }  // namespace zp

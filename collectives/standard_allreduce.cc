@@ -7,7 +7,6 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/routing_setting.h"
 
 namespace zp {
 namespace detail {
@@ -164,8 +163,8 @@ zpResult_t Call::allReduceNodes(const char* src, char* w, size_t count, const st
   // carries its share, and the relay, choosing paths from the queues of
   // the moment, loads some NICs twice as much as others when the messages
   // are many and staggered (measured: docs/collectives.md).
-  const size_t directBelow = c->cfg().routeDirectBelow;
-  if (sliceBytes && routingOn(c->cfg()) && directBelow > 3 * wts) {
+  const size_t directBelow = routedFrom(c);
+  if (sliceBytes && directBelow > 3 * wts) {
     const size_t room = N * (directBelow - 3 * wts);  // a ring block is at most 2 elements over slice / N
     slices = std::max(slices, (bl.maxCnt * wts + room - 1) / room);
   }

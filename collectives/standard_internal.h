@@ -11,6 +11,7 @@
 
 #include "collectives/collectives.h"
 #include "src/core/msg_id.h"
+#include "src/core/routing.h"
 
 namespace zp {
 namespace detail {
@@ -27,6 +28,12 @@ using msgid::kStepNodes;
 using msgid::kStepResult;
 using msgid::kStepSplit;
 constexpr size_t kMaxSlices = 256;
+// The size from which this communicator's routing relays a message between
+// nodes (smaller ones go direct); 0 when it relays nothing (Routing).
+inline size_t routedFrom(const Comm* c) {
+  const Routing* r = c->routing();
+  return r ? (size_t)r->directBelow() : 0;
+}
 
 // Runs the ops, routing those to other nodes through the relay under id
 // (standard_step.cc).

@@ -54,6 +54,11 @@ class Routing {
   virtual uint64_t chunkBytes() const = 0;
   // Every rank's rail: the index of its NIC among its node's.
   virtual const std::vector<int>& rails() const = 0;
+  // The one answer to "is routing on, and above what size?": transfers
+  // between nodes of fewer bytes go direct (ZP_ROUTE_DIRECT_BELOW), larger
+  // ones may be relayed. A communicator without a Routing (Comm::routing()
+  // null: routing off, one node, or one rail) relays nothing.
+  virtual uint64_t directBelow() const = 0;
 
   // NIC health. Whether the network path between this rank and peer works
   // (no NIC it depends on is down); the same between ranks a and b.

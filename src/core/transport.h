@@ -329,6 +329,9 @@ struct StreamTransportKind {
   // rank calls it with the same key); gives up after ctx.cfg->timeoutMs.
   zpResult_t (*create)(const TransportContext& ctx, const std::string& joinKey, int device,
                        std::unique_ptr<StreamTransport>* out);
+  // zpAddDeviceInitHook: hook(device) runs once per device in this process,
+  // with the device current, where its first device communicator is made.
+  zpResult_t (*addInitHook)(void (*hook)(int device));
 };
 const StreamTransportKind& streamTransportKind();
 

@@ -20,6 +20,7 @@ class RoutingState : public Routing {
   explicit RoutingState(const Comm& comm);
 
   uint64_t chunkBytes() const override { return params_.chunkBytes; }
+  uint64_t directBelow() const override { return params_.directBelow; }
   const std::vector<int>& rails() const override { return comm_.rail(); }
   bool directAlive(int peer) const override { return health_.directAlive(peer); }
   bool pathUp(int a, int b) const override { return health_.pathUp(a, b); }
