@@ -15,14 +15,14 @@ namespace {
 using namespace msgid;
 
 TEST(MsgId, ControlRoundTripsAndStaysInItsRange) {
-  for (Control c : {Control::kLeaving, Control::kNicDown, Control::kRelayAck}) {
+  for (Control c : {Control::kLeaving, Control::kNicDown, Control::kAck}) {
     const uint64_t seq = controlSeq(c);
     EXPECT_TRUE(isControl(seq));
     EXPECT_EQ(controlOf(seq), c);
     EXPECT_LT(seq, kSeqLimit);  // fits the network's tag field
   }
   EXPECT_NE(controlSeq(Control::kLeaving), controlSeq(Control::kNicDown));
-  EXPECT_NE(controlSeq(Control::kNicDown), controlSeq(Control::kRelayAck));
+  EXPECT_NE(controlSeq(Control::kNicDown), controlSeq(Control::kAck));
   // The last ordinary sequence number is not a control message.
   EXPECT_FALSE(isControl(kFirstControl - 1));
   EXPECT_FALSE(isControl(0));
@@ -30,19 +30,19 @@ TEST(MsgId, ControlRoundTripsAndStaysInItsRange) {
   EXPECT_TRUE(isControl(kSeqLimit - 1));
 }
 
-TEST(MsgId, RelayChunksRoundTripBelowControl) {
-  for (uint64_t k : {uint64_t(0), uint64_t(1), uint64_t(12345), kMaxRelayChunk}) {
-    const ChunkSeqs s = relayChunk(k);
+TEST(MsgId, ChunksRoundTripBelowControl) {
+  for (uint64_t k : {uint64_t(0), uint64_t(1), uint64_t(12345), kMaxChunk}) {
+    const ChunkSeqs s = chunkSeqs(k);
     EXPECT_EQ(s.data, s.header + 1);  // the header, then its bytes, in that order
-    EXPECT_EQ(relayChunkOf(s.header), k);
-    EXPECT_EQ(relayChunkOf(s.data), k);
-    EXPECT_FALSE(isRelayData(s.header));
-    EXPECT_TRUE(isRelayData(s.data));
+    EXPECT_EQ(chunkOf(s.header), k);
+    EXPECT_EQ(chunkOf(s.data), k);
+    EXPECT_FALSE(isChunkData(s.header));
+    EXPECT_TRUE(isChunkData(s.data));
     EXPECT_FALSE(isControl(s.header));
     EXPECT_FALSE(isControl(s.data));
   }
   // One chunk more and its bytes would read as a control message.
-  EXPECT_TRUE(isControl(relayChunk(kMaxRelayChunk + 1).data));
+  EXPECT_TRUE(isControl(chunkSeqs(kMaxChunk + 1).data));
 }
 
 TEST(MsgId, TransferIdsRoundTripAtTheirLimits) {

@@ -18,9 +18,9 @@ const char* opKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kP2P: return "send/recv";
     case OpKind::kAlltoallv: return "alltoallv";
-    case OpKind::kRelayHeader: return "relay header";
-    case OpKind::kRelayData: return "relay data";
-    case OpKind::kControl: return "relayed control message";
+    case OpKind::kChunkHeader: return "chunk header";
+    case OpKind::kChunkData: return "chunk data";
+    case OpKind::kControl: return "forwarded control message";
     case OpKind::kCollective: return "collective";
   }
   return "unknown operation";
@@ -575,7 +575,7 @@ void Comm::leave(bool abort) {
     };
     if (!stay(this).empty() &&
         progressUntil({this}, [&] { return stay(this).empty(); }, stay,
-                      "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") != zpSuccess)
+                      "zpCommDestroy (waiting for the ranks whose traffic this rank carries)") != zpSuccess)
       ZP_WARN(kSubInit, "rank %d: %s", rank_, lastError());
   }
   std::string why = "rank " + std::to_string(rank_) + " aborted the communicator";

@@ -8,7 +8,7 @@
 //    place among one pair's messages of one lane, kSeqBits wide because the
 //    network's tags carry no more (transport/ucx). The top kControlCount of
 //    them are control messages (a transport's own: a rank leaving, NIC news,
-//    relay acknowledgements); counts of messages and calls stay below.
+//    acknowledgements); counts of messages and calls stay below.
 //  - Transfer ids (RoutedXfer::id, and what the relay's headers carry): which
 //    transfer of (source, destination, OpKind) a routed chunk belongs to. Bits
 //    61 and 62 name the family; below them a family's own fields:
@@ -36,24 +36,24 @@ constexpr uint64_t kFirstControl = kSeqLimit - kControlCount;
 enum class Control : uint64_t {
   kLeaving = 1,   // this rank reached zpCommDestroy
   kNicDown = 2,   // text: "node rail name"
-  kRelayAck = 3,  // text: the relay's acknowledgements
+  kAck = 3,       // text: acknowledgements (the relay's)
 };
 constexpr uint64_t controlSeq(Control c) { return kSeqLimit - (uint64_t)c; }
 constexpr bool isControl(uint64_t seq) { return seq >= kFirstControl && seq < kSeqLimit; }
 constexpr Control controlOf(uint64_t seq) { return (Control)(kSeqLimit - seq); }
-static_assert(controlSeq(Control::kRelayAck) >= kFirstControl, "control messages must stay in the reserved range");
+static_assert(controlSeq(Control::kAck) >= kFirstControl, "control messages must stay in the reserved range");
 
-// The relay's chunk k to one hop travels as two messages on the relay's
-// lane: its header, then its bytes, numbered in that order.
+// Chunk k to one hop travels as two messages on kLaneStanding (the relay's
+// chunks): its header, then its bytes, numbered in that order.
 struct ChunkSeqs {
   uint64_t header, data;
 };
-constexpr ChunkSeqs relayChunk(uint64_t k) { return {2 * k, 2 * k + 1}; }
-constexpr uint64_t relayChunkOf(uint64_t seq) { return seq / 2; }
-constexpr bool isRelayData(uint64_t seq) { return (seq & 1) != 0; }
+constexpr ChunkSeqs chunkSeqs(uint64_t k) { return {2 * k, 2 * k + 1}; }
+constexpr uint64_t chunkOf(uint64_t seq) { return seq / 2; }
+constexpr bool isChunkData(uint64_t seq) { return (seq & 1) != 0; }
 // The last chunk whose two messages stay below the control range.
-constexpr uint64_t kMaxRelayChunk = kFirstControl / 2 - 1;
-static_assert(relayChunk(kMaxRelayChunk).data < kFirstControl, "relay chunks must stay below control");
+constexpr uint64_t kMaxChunk = kFirstControl / 2 - 1;
+static_assert(chunkSeqs(kMaxChunk).data < kFirstControl, "chunks must stay below control");
 
 // ---- Transfer ids ----
 enum class Family { kPlain, kCounts, kCollective };

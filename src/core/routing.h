@@ -75,10 +75,13 @@ class Routing {
   virtual std::vector<NicDown> applyNicNews() = 0;
   virtual std::string encodeNicDown(const NicDown& nic) const = 0;
 
+  // The node's NIC queues (src/route/nic_queues.h): this rank queued
+  // (bytes > 0) or sent (bytes < 0) that many bytes on its NIC.
+  virtual void addQueued(int64_t bytes) = 0;
   // The pieces of a point-to-point transfer src -> dst of `bytes`, from the
-  // bytes waiting on each NIC of src's node (queuedByRail); false with the
-  // reason in *why if there is no path.
-  virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& queuedByRail,
+  // bytes waiting on each NIC of src's node (the node's NIC queues, plus
+  // extraByRail); false with the reason in *why if there is no path.
+  virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                         std::vector<Piece>* pieces, std::string* why) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
   // ([src][dst]); `key` identifies the call's shape, and the plan of the

@@ -23,24 +23,31 @@ namespace zp {
 
 // Which call an Op belongs to; carried in every message so that a rank that
 // calls operations in a different order than its peer gets an error, not a
-// hang. Kinds from kRelayHeader on belong to transports built on other
-// transports (the router's relay): a header describing a chunk, the chunk,
-// and a relayed control message.
+// hang. kChunkHeader, kChunkData and kControl are a layer's built on the
+// carriers (the relay's): a header describing a chunk, the chunk, and a
+// control message it forwards.
 enum class OpKind : uint32_t {
   kP2P = 0,
   kAlltoallv = 1,
-  kRelayHeader = 2,
-  kRelayData = 3,
+  kChunkHeader = 2,
+  kChunkData = 3,
   kControl = 4,
   kCollective = 5,  // all-reduce, all-gather, reduce-scatter, broadcast, reduce, barrier
 };
 const char* opKindName(OpKind kind);
-// The relay's own kinds (on the relay's lane), as opposed to a user call's.
-inline bool isRelayKind(OpKind kind) {
-  return kind == OpKind::kRelayHeader || kind == OpKind::kRelayData || kind == OpKind::kControl;
-}
 
-// A receive from any rank of another node (the relay's headers).
+// Lanes: ordered channels between a pair of ranks. A carrier keeps a ring or
+// a tag space per lane, so that a lane's messages never wait behind
+// another's, and knows nothing of who uses which. kLaneCalls carries the
+// calls; kLaneStanding a layer built on the carriers (the relay) whose
+// receives stand ready at all times (they are no work: busy() and the wait
+// statistics leave them out) and may match any rank of another node
+// (kAnyRemotePeer), so that its messages never wait for a receive their
+// hop has not posted yet.
+constexpr int kLanes = 2;
+constexpr uint8_t kLaneCalls = 0, kLaneStanding = 1;
+
+// A receive on kLaneStanding from any rank of another node.
 constexpr int kAnyRemotePeer = -2;
 
 // A routed op's transfer (src/core/routing.h); the executor carries the
@@ -81,6 +88,7 @@ struct Op {
   Op(OpKind k, bool send, int to, void* b, size_t n, size_t ts) noexcept
       : isSend(send), peer(to), kind(k), buf(b), bytes(n), typeSize(ts) {}
   bool isSend = false;
+  uint8_t lane = kLaneCalls;  // the channel it travels on (seq counts per lane)
   int peer = -1;  // a rank, or kAnyRemotePeer
   OpKind kind = OpKind::kP2P;
   void* buf = nullptr;  // for sends, read only
@@ -212,17 +220,17 @@ class Transport {
 };
 
 // A transport another transport is built on (shared memory and UCX, under
-// the relay): what the relay needs of them beyond Transport. Each answers
-// what it can; the rest keep these defaults.
+// the relay): lanes (Op::lane), and what a layer above needs of them
+// beyond Transport. Each answers what it can; the rest keep these defaults.
 class CarrierTransport : public Transport {
  public:
-  // Shared memory: bytes rank r of this node has queued on its NIC and not
-  // yet sent (kept where the node's ranks can read it), and this rank's
-  // count of them, which the relay keeps up to date.
-  virtual uint64_t netQueued(int /*rank*/) const { return 0; }
-  virtual void addNetQueued(int64_t /*bytes*/) {}
-  // Shared memory: local peers whose relay messages wait unread here.
-  virtual std::vector<int> relayInboundPeers() { return {}; }
+  // Shared memory: a word per rank of this node that all of them can read
+  // (kept in shared memory), and this rank's own to add to. What it counts
+  // is its user's (the routing layer's NIC queues, src/route/nic_queues.h).
+  virtual uint64_t sharedWord(int /*rank*/) const { return 0; }
+  virtual void addSharedWord(int64_t /*delta*/) {}
+  // Shared memory: local peers whose messages on `lane` wait unread here.
+  virtual std::vector<int> waitingOn(int /*lane*/) { return {}; }
   // The network: stops using the path to peer (a NIC on it is down): its
   // operations fail with why, and its errors no longer break the communicator.
   virtual void cutPeer(int /*peer*/, const std::string& /*why*/) {}

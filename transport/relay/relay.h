@@ -61,7 +61,7 @@ namespace zp {
 // The relay's control messages (msgid::Control, src/core/msg_id.h).
 constexpr uint64_t kSeqLeaving = msgid::controlSeq(msgid::Control::kLeaving);
 constexpr uint64_t kSeqNicDown = msgid::controlSeq(msgid::Control::kNicDown);
-constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kRelayAck);
+constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kAck);
 
 struct RelayHeader {
   uint64_t magic;
@@ -192,7 +192,7 @@ class Relay : public Transport {
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
   bool started_ = false;
-  std::vector<uint64_t> relaySendSeq_;  // by peer: chunks sent (msgid::relayChunk numbers their messages)
+  std::vector<uint64_t> relaySendSeq_;  // by peer: chunks sent (msgid::chunkSeqs numbers their messages)
   std::vector<uint64_t> relayRecvSeq_;  // by peer: relay messages received
   std::vector<uint64_t> p2pSends_, p2pRecvs_;          // by peer: routed point-to-point transfers
   std::vector<std::unique_ptr<InRecv>> standing_;       // header receives: one per local peer, one for the network
