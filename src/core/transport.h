@@ -255,8 +255,10 @@ struct TransportKind {
   bool (*canReach)(const TransportContext& ctx, int peer);
   // Whether this build has it; if not, *why says why and what to do.
   bool (*available)(std::string* why);
-  // Made before init's setup round; *address is what every peer needs to
-  // connect to it (CarrierTransport::connect, after the round).
+  // Made before init's setup round; *address is its connect blob, what
+  // every peer needs to connect to it, opaque to the communicator, which
+  // carries it beside its PeerInfo (src/core/peer_info.h) to
+  // CarrierTransport::connect at every rank after the round.
   zpResult_t (*create)(const TransportContext& ctx, const TransportSetup& setup,
                        std::unique_ptr<CarrierTransport>* out, std::string* address);
 };
@@ -320,7 +322,7 @@ class StreamTransport {
 // The device data plane as the transport table lists it (streamTransportKind(),
 // defined in transport/transports.cc beside hostTransports()). Its start is
 // collective: rank 0 makes a join key that init's setup round carries to
-// every rank (DeviceHello, src/core/comm.h), and every rank, once all can
+// every rank (PeerInfo, src/core/peer_info.h), and every rank, once all can
 // use a device, creates it with that key.
 struct StreamTransportKind {
   const char* name;
