@@ -40,14 +40,14 @@ bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<
 }
 
 zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                              const RoutePlan** out, std::string* why) {
+                              const std::vector<Transfer>** out, std::string* why) {
   if (key != planKey_) {
     planKey_.clear();
     ZP_CHECK(planRoutes(health_.topology(), bytes, params_, &plan_, why));
     planKey_ = key;
     ZP_TRACE(kSubColl, "rank %d: %s", comm_.rank(), zp::describe(plan_, 4).c_str());
   }
-  *out = &plan_;
+  *out = &plan_.transfers;
   return zpSuccess;
 }
 

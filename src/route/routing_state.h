@@ -34,7 +34,7 @@ class RoutingState : public Routing {
   bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                 std::vector<Piece>* pieces, std::string* why) override;
   zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                  const RoutePlan** out, std::string* why) override;
+                  const std::vector<Transfer>** out, std::string* why) override;
 
  private:
   const Comm& comm_;
