@@ -6,8 +6,8 @@
 
 #include "collectives/collectives.h"
 #include "src/core/routing.h"
-#include "src/route/router.h"
 #include "src/core/log.h"
+#include "src/core/msg_id.h"
 
 namespace zp {
 
@@ -15,8 +15,6 @@ namespace {
 
 // Communicators up to this size send counts along with the data (16 n + 8 bytes a message).
 constexpr int kCountsInBand = 64;
-// Transfer ids of the routed count exchange: apart from the data's (the call's sequence number).
-constexpr uint64_t kCountsXfer = 1ull << 62;
 
 struct Range {
   uintptr_t begin, end;
@@ -98,7 +96,7 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const 
   }
   // Across nodes through the relay too, which knows the paths that work.
   RoutedXfer xfer;
-  xfer.id = seq | kCountsXfer;
+  xfer.id = msgid::countsXfer(seq);  // apart from the data's (plainXfer(seq))
   for (Op& op : ops)
     if (!c->isLocal(op.peer)) op.routed = &xfer;
   return runAll(c, ops);
@@ -110,7 +108,8 @@ zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
 
 // The router's plan of a call's inter-node bytes, from the count matrix
 // (the same at every rank, so every rank gets the same plan).
-zpResult_t planCall(Comm* c, Routing* routing, const std::vector<uint64_t>& rows, size_t ts, const RoutePlan** plan) {
+zpResult_t planCall(Comm* c, Routing* routing, const std::vector<uint64_t>& rows, size_t ts,
+                    const std::vector<Transfer>** plan) {
   const int n = c->nranks();
   const size_t rowLen = countRowLen(n);
   std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
@@ -132,7 +131,7 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
   ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
   ZP_CHECK(checkCounts(c, rows));
 
-  const RoutePlan* plan = nullptr;
+  const std::vector<Transfer>* plan = nullptr;
   ZP_CHECK(planCall(c, routing, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
@@ -144,10 +143,10 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
     return &ops.back();
   };
   auto route = [&](const std::vector<Piece>* pieces) {
-    xfers.push_back(RoutedXfer{seq, pieces});
+    xfers.push_back(RoutedXfer{msgid::plainXfer(seq), pieces});
     return &xfers.back();
   };
-  for (const Transfer& t : plan->transfers)
+  for (const Transfer& t : *plan)
     if (t.src == me)
       add(true, t.dst, blockAt(sbuf, sdispls[t.dst], sendcounts[t.dst], ts), sendcounts[t.dst])->routed =
           route(&t.pieces);
@@ -227,7 +226,7 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
                         const size_t recvcounts[], const size_t rdispls[], size_t ts, void* stream) {
   const int n = c->nranks(), me = c->rank();
   const std::vector<int>& nodeOf = c->nodeOf();
-  const RoutePlan* plan = nullptr;
+  const std::vector<Transfer>* plan = nullptr;
   ZP_CHECK(planCall(c, routing, rows, ts, &plan));
 
   const char* sbuf = (const char*)sendbuff;
@@ -246,7 +245,7 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
     if (nodeOf[from] == nodeOf[me] && recvcounts[from])
       hop(0, from, me, nullptr, blockAt(rbuf, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts);
   }
-  for (const Transfer& t : plan->transfers) {
+  for (const Transfer& t : *plan) {
     // This rank's side of the transfer's buffers (only its ends touch them).
     const char* from = t.src == me ? sbuf + sdispls[t.dst] * ts : nullptr;
     char* into = t.dst == me ? rbuf + rdispls[t.src] * ts : nullptr;

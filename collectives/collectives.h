@@ -46,9 +46,10 @@ const char* opName(zpRedOp_t op);
 // zpCommSplit's collective part (split.cc), under the parent's lock: every rank's
 // (color, key) and the verdict on them (localCheck: this rank's own
 // arguments, its message in lastError()), then the child's transports set up
-// through the parent. *child stays empty for ZP_SPLIT_NOCOLOR.
+// through the parent. *child stays empty for ZP_SPLIT_NOCOLOR. netEagerUpTo:
+// the child's TransportSetup::eagerUpTo (the caller asks the routing layer).
 zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
-                     std::unique_ptr<Comm>* child);
+                     size_t netEagerUpTo, std::unique_ptr<Comm>* child);
 
 // Groups (thread-local, as in NCCL).
 zpResult_t groupStart();

@@ -7,13 +7,12 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/routing_setting.h"
 
 namespace zp {
 
 zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, const Config& cfg,
-                     std::unique_ptr<Comm>* child) {
-  using namespace detail;  // splitmix, run, xferId, kStepSplit
+                     size_t netEagerUpTo, std::unique_ptr<Comm>* child) {
+  using namespace detail;  // splitmix, run, kStepSplit
   const int n = parent->nranks(), me = parent->rank();
   const std::string localMsg = localCheck == zpSuccess ? "" : lastError();
   // Every rank's (color, key, whether its own arguments were good), by an
@@ -61,7 +60,7 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
         ops.emplace_back(OpKind::kCollective, true, members[i], &sizes[newRank], sizeof(uint64_t), 1);
         ops.emplace_back(OpKind::kCollective, false, members[i], &sizes[i], sizeof(uint64_t), 1);
       }
-    ZP_CHECK(run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++)));
+    ZP_CHECK(run(parent, ops, msgid::collectiveXfer(seq, kStepSplit + (uint64_t)round++)));
     for (int i = 0; i < m; i++) {
       if (sizes[i] > (1u << 20))
         return fail(zpInternalError, "rank %d: zpCommSplit: rank %d's transport address is %llu bytes", me, members[i],
@@ -75,9 +74,9 @@ zpResult_t commSplit(Comm* parent, int color, int key, zpResult_t localCheck, co
         ops.emplace_back(OpKind::kCollective, true, members[i], (void*)blob.data(), blob.size(), 1);
         ops.emplace_back(OpKind::kCollective, false, members[i], &(*out)[i][0], sizes[i], 1);
       }
-    return run(parent, ops, xferId(seq, kStepSplit + (uint64_t)round++));
+    return run(parent, ops, msgid::collectiveXfer(seq, kStepSplit + (uint64_t)round++));
   };
-  return Comm::createChild(*parent, members, newRank, cfg, routedEagerBytes(cfg), secret, exchange, child);
+  return Comm::createChild(*parent, members, newRank, cfg, netEagerUpTo, secret, exchange, child);
 }
 
 }  // namespace zp

@@ -7,7 +7,6 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/routing_setting.h"
 
 namespace zp {
 namespace detail {
@@ -56,7 +55,7 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   }
   // A peer that failed or died is that error; a message of the wrong size
   // (zpInvalidUsage) is explained by the digests, which came ahead of it.
-  ZP_CHECK(settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, xferId(seq, 0))));
+  ZP_CHECK(settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, msgid::collectiveXfer(seq, 0))));
   std::vector<const char*>& in = l.in;
   in.resize(n);
   for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;
@@ -164,8 +163,8 @@ zpResult_t Call::allReduceNodes(const char* src, char* w, size_t count, const st
   // carries its share, and the relay, choosing paths from the queues of
   // the moment, loads some NICs twice as much as others when the messages
   // are many and staggered (measured: docs/collectives.md).
-  const size_t directBelow = c->cfg().routeDirectBelow;
-  if (sliceBytes && routingOn(c->cfg()) && directBelow > 3 * wts) {
+  const size_t directBelow = routedFrom(c);
+  if (sliceBytes && directBelow > 3 * wts) {
     const size_t room = N * (directBelow - 3 * wts);  // a ring block is at most 2 elements over slice / N
     slices = std::max(slices, (bl.maxCnt * wts + room - 1) / room);
   }

@@ -95,7 +95,7 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
   // the one size that fits is taken for a digest; either way it differs, on
   // both sides, and the second round names the calls. A message of another
   // size is refused here (zpInvalidUsage), and explained the same way.
-  return settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, xferId(seq, 0)));
+  return settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, msgid::collectiveXfer(seq, 0)));
 }
 
 zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
@@ -144,7 +144,7 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::v
     ops.emplace_back(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1);
     ops.emplace_back(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1);
   }
-  const zpResult_t headers = run(c, ops, xferId(seq, kStepHeaders));
+  const zpResult_t headers = run(c, ops, msgid::collectiveXfer(seq, kStepHeaders));
   if (headers != zpSuccess && headers != zpInvalidUsage) return headers;
   ZP_CHECK(compareHeaders(me, all));
   // Digests that differ while the headers agree: a header that never came.

@@ -10,26 +10,29 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "src/core/msg_id.h"
+#include "src/core/routing.h"
 
 namespace zp {
 namespace detail {
 
-// Transfer ids of the relay for these calls, apart from alltoallv's: bit 61,
-// a step tag from bit 40 (0 the header check, then each algorithm's own,
-// the same on both ends of every message), the sequence.
-constexpr uint64_t kCollectiveXfer = 1ull << 61;
-constexpr uint64_t kStepGather = 0xFFFE, kStepResult = 0xFFFD, kStepHeaders = 0xFFFC, kStepSplit = 0xFFF0;
-// The hierarchical all-reduce's rounds: tags from kStepNodes on, kLaneRoom
-// of them (the step field has 21 bits).
-constexpr uint64_t kStepNodes = 0x10000, kLaneRoom = (1u << 21) - kStepNodes;
-// The hierarchical all-gather's and reduce-scatter's rounds: the node's
-// round at kStepHier, the rail ring's messages from kStepHier + 1 on, one
-// lane each, kHierLanes of them (below kStepFixed, where the fixed tags
-// are: reduce's kStepGather follows its reduce-scatter in one call).
-constexpr uint64_t kStepHier = 0x8000, kStepFixed = 0xFFF0, kHierLanes = kStepFixed - kStepHier - 1;
+// Transfer ids of the relay for these calls: msgid::collectiveXfer (a step
+// tag, the same on both ends of every message, and the sequence), with the
+// step tags' ranges from src/core/msg_id.h.
+using msgid::kHierLanes;
+using msgid::kLaneRoom;
+using msgid::kStepGather;
+using msgid::kStepHeaders;
+using msgid::kStepHier;
+using msgid::kStepNodes;
+using msgid::kStepResult;
+using msgid::kStepSplit;
 constexpr size_t kMaxSlices = 256;
-inline uint64_t xferId(uint64_t seq, uint64_t step) {
-  return kCollectiveXfer | step << 40 | (seq & ((1ull << 40) - 1));
+// The size from which this communicator's routing relays a message between
+// nodes (smaller ones go direct); 0 when it relays nothing (Routing).
+inline size_t routedFrom(const Comm* c) {
+  const Routing* r = c->routing();
+  return r ? (size_t)r->directBelow() : 0;
 }
 
 // Runs the ops, routing those to other nodes through the relay under id

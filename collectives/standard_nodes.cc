@@ -6,7 +6,6 @@
 
 #include "collectives/standard_internal.h"
 #include "src/core/log.h"
-#include "src/route/routing_setting.h"
 
 namespace zp {
 namespace detail {
@@ -92,9 +91,9 @@ zpResult_t Call::allGatherNodes(const char* sendbuff, char* recvbuff, const Bloc
 // (measured: docs/collectives.md). With routing off, one slice.
 template <class Round>
 zpResult_t Call::railRing(const Blocks& b, size_t es, Round round) {
-  const size_t directBelow = c->cfg().routeDirectBelow;
+  const size_t directBelow = routedFrom(c);
   size_t slices = 1;
-  if (routingOn(c->cfg()) && directBelow > es && b.maxCnt) {
+  if (directBelow > es && b.maxCnt) {
     const size_t perSlice = (directBelow - 1) / es;  // elements of a slice below directBelow
     slices = std::min({(b.maxCnt + perSlice - 1) / perSlice, kMaxSlices, (size_t)(kHierLanes / (n - 1))});
   }

@@ -31,7 +31,7 @@ zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uin
   for (size_t i = 0; i < ops.size(); i++) {
     if (remote && !c->isLocal(ops[i].peer)) {
       RoutedXfer& x = xfers[lanes ? i : 0];
-      x.id = id + ((lanes ? (*lanes)[i] : 0) << 40);  // in the step tag's bits (xferId)
+      x.id = msgid::collectiveLane(id, lanes ? (*lanes)[i] : 0);
       ops[i].routed = &x;
     }
     ptrs.push_back(&ops[i]);
@@ -87,7 +87,7 @@ zpResult_t Step::run(uint64_t tag) {
   char* base = pending_.empty() ? nullptr : scratch(kScratchPending, pendingBytes_);
   for (Pending& p : pending_) ops_[p.op].buf = base + p.at;
   const bool lanes = std::any_of(lanes_.begin(), lanes_.end(), [](uint64_t l) { return l != 0; });
-  ZP_CHECK(detail::run(c_, ops_, xferId(seq_, tagBase_ + tag), lanes ? &lanes_ : nullptr));
+  ZP_CHECK(detail::run(c_, ops_, msgid::collectiveXfer(seq_, tagBase_ + tag), lanes ? &lanes_ : nullptr));
   for (Pending& p : pending_) reduceElems(p.dst, p.a, base + p.at, p.bytes / zpTypeSize(p.wt), p.wt, p.redop);
   ops_.clear();
   lanes_.clear();

@@ -19,6 +19,7 @@
 
 #include "src/core/bootstrap.h"
 #include "src/core/comm.h"
+#include "src/core/peer_info.h"
 #include "tests/harness.h"
 
 namespace {
@@ -325,14 +326,13 @@ TEST(KilledDuringInit, ARankReapedBeforeItsPeersLookIsNoticedAtOnce) {
       std::vector<zp::RankInfo> all;
       int rootFd = -1;
       ASSERT_EQ(zp::bootstrapExchange(layout, n, me, 10000, &all, &rootFd), zpSuccess) << zpGetLastError(nullptr);
-      // A well-formed second round (rail, rate, no device, then the one
-      // transport's address with its length: shared memory's, the default
-      // ring size), so that the others go on to the shared-memory setup.
+      // A well-formed second round (a PeerInfo with no device, then the
+      // one transport's connect blob: shared memory's, the default ring
+      // size), so that the others go on to the shared-memory setup.
       const uint64_t ring = zp::Config().shmRingBytes;
-      const uint32_t ringLen = sizeof(ring);
-      std::string blob = zp::kTransportsReady + std::string(sizeof(int32_t) + sizeof(double), '\0') +
-                         std::string(sizeof(zp::DeviceHello), '\0') + std::string((const char*)&ringLen, sizeof(ringLen)) +
-                         std::string((const char*)&ring, sizeof(ring));
+      zp::PeerInfo info;
+      info.node = 0;
+      std::string blob = zp::encodePeerBlob(info, {std::string((const char*)&ring, sizeof(ring))});
       std::vector<std::string> blobs(n);
       ASSERT_EQ(zp::bootstrapAllgather(rootFd, 2, blob, 10000, &blobs), zpSuccess) << zpGetLastError(nullptr);
       sleep(3);  // the stand-in stays until the others are done

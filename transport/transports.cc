@@ -47,7 +47,8 @@ zpResult_t createNccl(const TransportContext& ctx, const std::string& joinKey, i
 }  // namespace
 
 const StreamTransportKind& streamTransportKind() {
-  static const StreamTransportKind nccl = {"nccl", deviceUsable, makeNcclId, chooseDevice, createNccl};
+  static const StreamTransportKind nccl = {"nccl", deviceUsable, makeNcclId, chooseDevice, createNccl,
+                                                addDeviceInitHook};
   return nccl;
 }
 

@@ -27,7 +27,6 @@
 #include "src/util/clock.h"
 #include "src/util/nvtx.h"
 #include "src/util/per_thread.h"
-#include "transport/nccl/nccl_transport.h"
 
 namespace {
 
@@ -214,7 +213,7 @@ const char* zpGetErrorString(zpResult_t r) {
 // Called from static initializers (the extension layer's kernels): touches
 // none of this file's globals.
 zpResult_t zpAddDeviceInitHook(zpDeviceInitHook_t hook) try {
-  return zp::addDeviceInitHook(hook);
+  return zp::streamTransportKind().addInitHook(hook);
 } catch (...) {
   return zp::failFromException("zpAddDeviceInitHook");
 }
@@ -426,7 +425,7 @@ static zpResult_t split(zpComm_t comm, int color, int key, zpComm_t* newcomm, zp
   {
     zp::Comm::Call call(c.get(), "zpCommSplit");
     ZP_CHECK(call.status());
-    ZP_CHECK(zp::commSplit(c.get(), color, key, local, cfg, &child));
+    ZP_CHECK(zp::commSplit(c.get(), color, key, local, cfg, zp::routedEagerBytes(cfg), &child));
   }
   if (child) *newcomm = newHandle(std::move(child));
   return zpSuccess;

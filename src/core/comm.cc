@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "src/core/log.h"
+#include "src/core/peer_info.h"
 #include "src/core/topology.h"
 #include "src/util/clock.h"
 
@@ -18,9 +19,9 @@ const char* opKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kP2P: return "send/recv";
     case OpKind::kAlltoallv: return "alltoallv";
-    case OpKind::kRelayHeader: return "relay header";
-    case OpKind::kRelayData: return "relay data";
-    case OpKind::kControl: return "relayed control message";
+    case OpKind::kChunkHeader: return "chunk header";
+    case OpKind::kChunkData: return "chunk data";
+    case OpKind::kControl: return "forwarded control message";
     case OpKind::kCollective: return "collective";
   }
   return "unknown operation";
@@ -105,7 +106,7 @@ void Comm::setAsyncError(zpResult_t code, const std::string& msg, bool fromPeer)
 }
 
 void Comm::onStatus(int peer, uint64_t seq, zpResult_t status, std::string text) {
-  if (seq >= kSeqFirstControl) {
+  if (msgid::isControl(seq)) {
     // A transport's own message (the relay's acknowledgements, NIC news):
     // acted on after the transports' progress, never inside their callbacks.
     for (Transport* t : transports_)
@@ -131,73 +132,6 @@ void Comm::installTransport(std::unique_ptr<Transport> t, const std::vector<int>
     if (!raw->onControl(e.first, e.second.first, e.second.second)) earlyControl_.push_back(std::move(e));
 }
 
-// The NIC this rank sends through: from ZP_TOPO_FILE if given, else found on
-// the node (hwloc, sysfs) and picked by locality, restricted to ZP_NET_DEVICES.
-// *rail is its index among the node's NICs (NIC k of every node forms rail k).
-zpResult_t Comm::chooseNic(std::string* nic, int* rail, double* bitsPerSec) {
-  *rail = 0;
-  *bitsPerSec = 0;
-  int localRank = 0, localRanks = 0;
-  for (int r = 0; r < nranks_; r++)
-    if (isLocal(r)) (r < rank_ ? localRank : localRanks)++;
-  localRanks += localRank;
-  std::string file = envString("ZP_TOPO_FILE");
-  if (!file.empty()) {
-    ClusterTopology topo;
-    ZP_CHECK(loadTopoFile(file, &topo));
-    if (topo.nranks() != nranks_)
-      return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
-                  topo.nranks(), nranks_);
-    int idx = topo.rankNic[rank_];
-    if (idx >= 0) {
-      *nic = topo.node[topo.rankNode[rank_]].nics[idx].name;
-      *bitsPerSec = topo.node[topo.rankNode[rank_]].nics[idx].bitsPerSec;
-      *rail = idx;
-    }
-  } else {
-    NodeTopology node;
-    ZP_CHECK(discoverNode(&node));
-    std::string why;
-    int idx = pickNic(node, localRank, localRanks, cfg_.netDevices, &why);
-    if (idx >= 0) {
-      *nic = node.nics[idx].name;
-      *bitsPerSec = node.nics[idx].bitsPerSec;
-      *rail = idx;
-    } else if (cfg_.netDevices.find(',') == std::string::npos && if_nametoindex(cfg_.netDevices.c_str())) {
-      *nic = cfg_.netDevices;  // named outright, though discovery passes it over (lo, a bridge)
-    } else if (!cfg_.netDevices.empty()) {
-      return fail(zpInvalidArgument, "rank %d: ZP_NET_DEVICES=%s: %s", rank_, cfg_.netDevices.c_str(), why.c_str());
-    } else {
-      *nic = cfg_.socketIfname;  // no NIC found: the bootstrap's interface, or UCX's choice
-    }
-  }
-  ZP_INFO(kSubNet | kSubInit, "rank %d (local rank %d of %d): NIC %s", rank_, localRank, localRanks,
-          nic->empty() ? "chosen by UCX" : nic->c_str());
-  return zpSuccess;
-}
-
-// The cluster as the ranks reported it: nodes in order of first rank, NIC k
-// of a node at the rate its owners (the ranks on rail k) reported.
-void Comm::buildCluster(const std::vector<double>& rates) {
-  ClusterTopology& t = cluster_;
-  t.node.assign(nnodes_, NodeTopology());
-  t.nodeRanks.assign(nnodes_, {});
-  t.rankNode = nodeOf_;
-  t.rankLocal = localIndex_;
-  t.rankNic = rail_;
-  for (int r = 0; r < nranks_; r++) {
-    NodeTopology& n = t.node[nodeOf_[r]];
-    t.nodeRanks[nodeOf_[r]].push_back(r);
-    if ((int)n.nics.size() <= rail_[r]) n.nics.resize(rail_[r] + 1);
-    Nic& nic = n.nics[rail_[r]];
-    nic.name = "rail" + std::to_string(rail_[r]);
-    if (rates[r] > 0) nic.bitsPerSec = rates[r];
-  }
-}
-
-// Shared memory within the node; UCX to other nodes. The second bootstrap
-// round carries each rank's rail, its NIC's rate and what its transports'
-// peers need to connect (UCX's worker address, shared memory's ring size).
 // Each rank's node (in order of first rank) and its index there.
 void Comm::findNodes() {
   nodeOf_.assign(nranks_, -1);
@@ -242,9 +176,10 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   recvSeq_.assign(nranks_, 0);
   findNodes();
   bool remote = nnodes_ > 1;
+  PeerInfo mine;
+  snprintf(mine.host, sizeof(mine.host), "%s", ranks_[rank_].hostname);
+  mine.node = nodeOf_[rank_];
   std::string nic;
-  int32_t rail = 0;
-  double rate = 0;
   // The kinds of host transport this communicator needs: those that reach some rank.
   const TransportContext ctx = transportContext();
   std::vector<const TransportKind*> kinds;
@@ -263,7 +198,13 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (res == zpSuccess && !k->available(&missing))
       res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
                  "but %s", rank_, nnodes_, missing.c_str());
-  if (res == zpSuccess && remote) res = chooseNic(&nic, &rail, &rate);
+  if (res == zpSuccess && remote) {
+    int localRanks = 0;
+    for (int r = 0; r < nranks_; r++) localRanks += isLocal(r);
+    int rail = 0;
+    res = chooseNic(cfg_, rank_, nranks_, localIndex_[rank_], localRanks, &nic, &rail, &mine.nicBitsPerSec);
+    mine.rail = rail;
+  }
   nicName_ = nic;
   // The transports are made before the round below: a rank that cannot
   // have its shared-memory segment (no room in /dev/shm) tells every rank
@@ -273,83 +214,52 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   TransportSetup setup;
   setup.nic = nic;
   setup.eagerUpTo = netEagerUpTo_;
-  std::vector<std::string> myAddresses(kinds.size());
+  std::vector<std::string> myConnect(kinds.size());
   for (size_t i = 0; i < kinds.size() && res == zpSuccess; i++) {
     std::unique_ptr<CarrierTransport> t;
-    res = kinds[i]->create(ctx, setup, &t, &myAddresses[i]);
+    res = kinds[i]->create(ctx, setup, &t, &myConnect[i]);
     if (res == zpSuccess) carriers_.push_back(std::move(t));
   }
   // The device data plane rides along: whether this rank can use a CUDA
   // device, and (rank 0) the key that every rank needs to join it.
   const StreamTransportKind& stream = streamTransportKind();
-  DeviceHello hello;
   std::string noDevice;
-  hello.usable = res == zpSuccess && stream.usable(&noDevice);  // else lastError() keeps this rank's reason
-  if (rank_ == 0 && hello.usable) {
+  mine.deviceUsable = res == zpSuccess && stream.usable(&noDevice);  // else lastError() keeps this rank's reason
+  if (rank_ == 0 && mine.deviceUsable) {
     std::string joinKey;
-    if (stream.makeJoinKey(&joinKey) == zpSuccess && joinKey.size() == sizeof(hello.joinKey)) {
-      memcpy(hello.joinKey, joinKey.data(), sizeof(hello.joinKey));
+    if (stream.makeJoinKey(&joinKey) == zpSuccess && joinKey.size() == sizeof(mine.joinKey)) {
+      memcpy(mine.joinKey, joinKey.data(), sizeof(mine.joinKey));
     } else {
-      hello.usable = 0;
+      mine.deviceUsable = 0;
       noDevice = lastError();
     }
   }
-  // Every rank takes part in the second round, even to say it failed (its
-  // error and message), so that nobody waits for it and every rank can say
-  // why. Its blob: the head, then each transport's address with its length.
-  const size_t head = 1 + sizeof(rail) + sizeof(rate) + sizeof(hello);
-  std::string blob;
-  if (res == zpSuccess) {
-    blob = std::string(1, kTransportsReady) + std::string((const char*)&rail, sizeof(rail)) +
-           std::string((const char*)&rate, sizeof(rate)) + std::string((const char*)&hello, sizeof(hello));
-    for (const std::string& a : myAddresses) {
-      const uint32_t len = (uint32_t)a.size();
-      blob += std::string((const char*)&len, sizeof(len)) + a;
-    }
-  } else {
-    const int32_t code = res;
-    blob = std::string(1, kTransportsFailed) + std::string((const char*)&code, sizeof(code)) + lastError();
-  }
+  // Every rank takes part in the second round, even to say it failed, so
+  // that nobody waits for it and every rank can say why (peer_info.h).
   std::vector<std::string> blobs(nranks_);
-  zpResult_t ex = exchange(blob, &blobs);
+  zpResult_t ex = exchange(res == zpSuccess ? encodePeerBlob(mine, myConnect) : encodeFailedBlob(res, lastError()),
+                           &blobs);
   ZP_CHECK(res);
   ZP_CHECK(ex);
   rail_.assign(nranks_, 0);
   std::vector<double> rates(nranks_, 0);
-  std::vector<std::vector<std::string>> addresses(kinds.size(), std::vector<std::string>(nranks_));  // [kind][rank]
+  std::vector<std::vector<std::string>> connect(kinds.size(), std::vector<std::string>(nranks_));  // [kind][rank]
+  std::string joinKey;
   for (int r = 0; r < nranks_; r++) {
-    const std::string& b = blobs[r];
-    if (b.size() > sizeof(int32_t) && b[0] == kTransportsFailed) {
-      int32_t code;
-      memcpy(&code, b.data() + 1, sizeof(code));
-      const bool known = code >= zpUnhandledCudaError && code <= zpInProgress;  // a peer's word, checked
-      return fail(known ? (zpResult_t)code : zpRemoteError, "rank %d failed to set up its transports: %s", r,
-                  b.substr(1 + sizeof(code)).c_str());
-    }
-    if (b.size() < head || b[0] != kTransportsReady)
-      return fail(zpRemoteError, "rank %d failed to set up its transports", r);
-    const char* at = b.data() + 1;
-    memcpy(&rail_[r], at, sizeof(int32_t));
-    memcpy(&rates[r], at += sizeof(int32_t), sizeof(double));
-    DeviceHello theirs;
-    memcpy(&theirs, at += sizeof(double), sizeof(theirs));
-    if (r == 0) memcpy(hello.joinKey, theirs.joinKey, sizeof(hello.joinKey));
+    PeerInfo theirs;
+    std::vector<std::string> theirConnect;
+    ZP_CHECK(decodePeerBlob(r, blobs[r], kinds.size(), &theirs, &theirConnect));
+    rail_[r] = theirs.rail;
+    rates[r] = theirs.nicBitsPerSec;
+    if (r == 0) joinKey.assign(theirs.joinKey, sizeof(theirs.joinKey));
     // This rank's own reason first (it says what to fix here), else the first rank's that has none.
-    if (!theirs.usable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
-    if (!theirs.usable && noDeviceWhy_.empty()) noDeviceWhy_ = "rank " + std::to_string(r) + " has no usable CUDA device";
-    size_t pos = head;
-    for (size_t i = 0; i < kinds.size(); i++) {
-      uint32_t len = 0;
-      if (b.size() - pos < sizeof(len)) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
-      memcpy(&len, b.data() + pos, sizeof(len));
-      pos += sizeof(len);
-      if (b.size() - pos < len) return fail(zpRemoteError, "rank %d failed to set up its transports", r);
-      addresses[i][r] = b.substr(pos, len);
-      pos += len;
-    }
+    if (!theirs.deviceUsable && r == rank_) noDeviceWhy_ = "rank " + std::to_string(r) + ": " + noDevice;
+    if (!theirs.deviceUsable && noDeviceWhy_.empty())
+      noDeviceWhy_ = "rank " + std::to_string(r) + " (" + theirs.host + ") has no usable CUDA device";
+    for (size_t i = 0; i < kinds.size(); i++) connect[i][r] = std::move(theirConnect[i]);
   }
-  buildCluster(rates);
-  ZP_CHECK(connectTransports(kinds, addresses));
+  cluster_ = clusterOf(nnodes_, nodeOf_, localIndex_, rail_, rates);
+  ZP_CHECK(connectTransports(kinds, connect));
   // NCCL's init is collective: every rank starts it, or (some rank has no
   // device) none does, and the communicator moves host buffers only.
   if (!noDeviceWhy_.empty()) {
@@ -360,37 +270,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   // new communicator picks one by ZP_CUDA_DEVICE.
   int device = inheritedDevice_;
   if (device < 0) ZP_CHECK(stream.chooseDevice(localIndex_[rank_], &device));
-  return stream.create(ctx, std::string(hello.joinKey, sizeof(hello.joinKey)), device, &device_);
-}
-
-// The progress thread: progress while no call holds the lock. It sleeps
-// without the lock (on the shared-memory doorbell, checking the network's
-// event fd between naps), so a call can start at any time.
-void Comm::progressLoop() {
-  uint64_t lastMove = nowMs();
-  while (!progressStop_.load()) {
-    uint32_t token;
-    bool armed = true;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (asyncError_ != zpSuccess) break;  // the next call reports it
-      token = doorbell_->waitToken();
-      if (progress()) {
-        lastMove = nowMs();
-        continue;
-      }
-      if (events_) armed = events_->armEvents();
-    }
-    if (!armed) continue;
-    // Busy lately: short naps, so chunks from the network do not wait;
-    // idle: longer ones (a doorbell wakes it at once either way).
-    int napMs = nowMs() - lastMove < 200 ? 1 : 20;
-    doorbell_->sleepDoorbell(token, napMs);
-  }
-}
-
-void Comm::startProgressThread() {
-  if (!progressThread_.joinable()) progressThread_ = std::thread(&Comm::progressLoop, this);
+  return stream.create(ctx, joinKey, device, &device_);
 }
 
 zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, size_t netEagerUpTo,
@@ -446,54 +326,6 @@ zpResult_t Comm::createChild(const Comm& parent, const std::vector<int>& members
   ZP_INFO(kSubInit, "rank %d/%d (rank %d of the parent): split communicator ready", rank, c->nranks_, parent.rank_);
   *out = std::move(c);
   return zpSuccess;
-}
-
-bool Comm::progress() {
-  bool moved = false;
-  for (Transport* t : transports_) moved |= t->progress();
-  return moved;
-}
-
-uint32_t Comm::waitToken() const { return doorbell_ ? doorbell_->waitToken() : 0; }
-
-void Comm::wait(uint32_t token, int ms) {
-  // The network's events come through a file descriptor, shared memory's
-  // through a doorbell: sleep on the one with work, and nap briefly when
-  // both have. A transport built on both (the relay, with no wake-up of its
-  // own) may hear from either side.
-  bool stacked = false;
-  for (Transport* t : transports_)
-    if (t->wakeup() == Transport::Wakeup::kNone) stacked |= t->busy();
-  bool bellBusy = doorbell_->busy() || stacked;
-  bool eventsBusy = events_ && (events_->busy() || stacked);
-  if (!events_) {
-    doorbell_->waitDoorbell(token, ms, {});
-  } else if (!bellBusy) {
-    events_->waitEvents(ms);
-  } else if (!eventsBusy) {
-    events_->waitEvents(0);
-    doorbell_->waitDoorbell(token, std::min(ms, 1), {});
-  } else if (events_->armEvents()) {
-    // Both: poll the doorbell and the network's fd together, then nap briefly.
-    doorbell_->waitDoorbell(token, std::min(ms, 1), [this] { return events_->eventsReady(); });
-  }
-}
-
-void Comm::dropOps(zpResult_t status, const std::string& why) {
-  for (Transport* t : transports_) t->dropOps(status, why);
-}
-
-std::vector<int> Comm::busyPeers() const {
-  std::vector<int> out;
-  for (Transport* t : transports_)
-    for (int p : t->busyPeers()) out.push_back(p);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-void Comm::checkAlive() {
-  for (Transport* t : transports_) t->checkAlive();
 }
 
 zpResult_t Comm::pollAsyncError() {
@@ -576,7 +408,7 @@ void Comm::leave(bool abort) {
     };
     if (!stay(this).empty() &&
         progressUntil({this}, [&] { return stay(this).empty(); }, stay,
-                      "zpCommDestroy (waiting for the ranks whose traffic this rank relays)") != zpSuccess)
+                      "zpCommDestroy (waiting for the ranks whose traffic this rank carries)") != zpSuccess)
       ZP_WARN(kSubInit, "rank %d: %s", rank_, lastError());
   }
   std::string why = "rank " + std::to_string(rank_) + " aborted the communicator";

@@ -30,21 +30,6 @@
 
 namespace zp {
 
-// What each rank tells the others at init about the device data plane
-// (streamTransportKind()): whether it can use a CUDA device, and (rank 0) the
-// key every rank joins it with, which only the data plane reads.
-struct DeviceHello {
-  uint8_t usable = 0;
-  char joinKey[128] = {};  // the size of NCCL's ncclUniqueId, the one data plane's key
-};
-
-// The first byte of each rank's blob in init's second bootstrap round: it
-// set up its transports (its rail, NIC rate and DeviceHello follow, then
-// each transport's address, in the table's order, after its length as a
-// uint32: shared memory's is its ZP_SHM_RING_BYTES, UCX's its worker
-// address), or it failed (its zpResult_t as an int32, then its message).
-constexpr char kTransportsReady = 'R', kTransportsFailed = 'F';
-
 // What the planner needs of a communicator's layout: each rank's node, NICs
 // per node (the most any node has) and their rate in bits/s (0: unknown).
 struct CommShape {
@@ -209,8 +194,6 @@ class Comm : public TransportSink {
   zpResult_t initTransports(const BlobExchange& exchange);
   zpResult_t connectTransports(const std::vector<const TransportKind*>& kinds,
                                const std::vector<std::vector<std::string>>& addresses);
-  zpResult_t chooseNic(std::string* nic, int* rail, double* bitsPerSec);
-  void buildCluster(const std::vector<double>& rates);
   void progressLoop();
   // Moves every transport forward; true if anything moved.
   bool progress();

@@ -1,10 +1,12 @@
 // The communicator's executor: a call's ops posted to the transports that
 // reach their peers (shared memory's shortcut first, Transport::moveNow),
 // then every transport driven until all are done, a peer fails, the
-// timeout passes or the interrupt check says stop. The rest of the
-// communicator (its making, transports, failures) is in comm.cc.
+// timeout passes or the interrupt check says stop; the transports' progress,
+// waits and the progress thread. The rest of the communicator (its making,
+// failures, shutdown) is in comm.cc.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -256,6 +258,86 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
         return fail(op->status, "rank %d: %s", work[k].comm->rank_, op->error.c_str());
       }
   return zpSuccess;
+}
+
+// ---- Driving the transports ----
+
+bool Comm::progress() {
+  bool moved = false;
+  for (Transport* t : transports_) moved |= t->progress();
+  return moved;
+}
+
+uint32_t Comm::waitToken() const { return doorbell_ ? doorbell_->waitToken() : 0; }
+
+void Comm::wait(uint32_t token, int ms) {
+  // The network's events come through a file descriptor, shared memory's
+  // through a doorbell: sleep on the one with work, and nap briefly when
+  // both have. A transport built on both (the relay, with no wake-up of its
+  // own) may hear from either side.
+  bool stacked = false;
+  for (Transport* t : transports_)
+    if (t->wakeup() == Transport::Wakeup::kNone) stacked |= t->busy();
+  bool bellBusy = doorbell_->busy() || stacked;
+  bool eventsBusy = events_ && (events_->busy() || stacked);
+  if (!events_) {
+    doorbell_->waitDoorbell(token, ms, {});
+  } else if (!bellBusy) {
+    events_->waitEvents(ms);
+  } else if (!eventsBusy) {
+    events_->waitEvents(0);
+    doorbell_->waitDoorbell(token, std::min(ms, 1), {});
+  } else if (events_->armEvents()) {
+    // Both: poll the doorbell and the network's fd together, then nap briefly.
+    doorbell_->waitDoorbell(token, std::min(ms, 1), [this] { return events_->eventsReady(); });
+  }
+}
+
+void Comm::dropOps(zpResult_t status, const std::string& why) {
+  for (Transport* t : transports_) t->dropOps(status, why);
+}
+
+std::vector<int> Comm::busyPeers() const {
+  std::vector<int> out;
+  for (Transport* t : transports_)
+    for (int p : t->busyPeers()) out.push_back(p);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void Comm::checkAlive() {
+  for (Transport* t : transports_) t->checkAlive();
+}
+
+// The progress thread: progress while no call holds the lock. It sleeps
+// without the lock (on the shared-memory doorbell, checking the network's
+// event fd between naps), so a call can start at any time.
+void Comm::progressLoop() {
+  uint64_t lastMove = nowMs();
+  while (!progressStop_.load()) {
+    uint32_t token;
+    bool armed = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (asyncError_ != zpSuccess) break;  // the next call reports it
+      token = doorbell_->waitToken();
+      if (progress()) {
+        lastMove = nowMs();
+        continue;
+      }
+      if (events_) armed = events_->armEvents();
+    }
+    if (!armed) continue;
+    // Busy lately: short naps, so chunks from the network do not wait;
+    // idle: longer ones (a doorbell wakes it at once either way).
+    int napMs = nowMs() - lastMove < 200 ? 1 : 20;
+    doorbell_->sleepDoorbell(token, napMs);
+  }
+}
+
+void Comm::startProgressThread() {
+  if (!progressThread_.joinable()) progressThread_ = std::thread(&Comm::progressLoop, this);
 }
 
 }  // namespace zp

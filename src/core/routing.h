@@ -36,8 +36,23 @@ struct RoutedXfer {
   const std::vector<Piece>* pieces = nullptr;
 };
 
-// The router's plan of one call (src/route/router.h); opaque here.
-struct RoutePlan;
+// One inter-node transfer of a call as the router planned it (plain data:
+// src/route/router.h's RoutePlan holds them).
+struct Transfer {
+  int src = -1, dst = -1;          // global ranks
+  int srcNode = -1, dstNode = -1;
+  uint64_t bytes = 0;
+  // On the direct path because of the mode, its size (directBelow) or a
+  // missing rail. (A routed transfer may also need no relay, e.g. in rail
+  // mode when s owns d's rail; it is not marked direct.)
+  bool direct = false;
+  std::vector<Piece> pieces;       // by offset, covering [0, bytes) once
+
+  bool operator==(const Transfer& o) const {
+    return src == o.src && dst == o.dst && srcNode == o.srcNode && dstNode == o.dstNode &&
+           bytes == o.bytes && direct == o.direct && pieces == o.pieces;
+  }
+};
 
 // A NIC found down: its node, its rail (index among the node's NICs), its name.
 struct NicDown {
@@ -54,6 +69,11 @@ class Routing {
   virtual uint64_t chunkBytes() const = 0;
   // Every rank's rail: the index of its NIC among its node's.
   virtual const std::vector<int>& rails() const = 0;
+  // The one answer to "is routing on, and above what size?": transfers
+  // between nodes of fewer bytes go direct (ZP_ROUTE_DIRECT_BELOW), larger
+  // ones may be relayed. A communicator without a Routing (Comm::routing()
+  // null: routing off, one node, or one rail) relays nothing.
+  virtual uint64_t directBelow() const = 0;
 
   // NIC health. Whether the network path between this rank and peer works
   // (no NIC it depends on is down); the same between ranks a and b.
@@ -70,17 +90,20 @@ class Routing {
   virtual std::vector<NicDown> applyNicNews() = 0;
   virtual std::string encodeNicDown(const NicDown& nic) const = 0;
 
+  // The node's NIC queues (src/route/nic_queues.h): this rank queued
+  // (bytes > 0) or sent (bytes < 0) that many bytes on its NIC.
+  virtual void addQueued(int64_t bytes) = 0;
   // The pieces of a point-to-point transfer src -> dst of `bytes`, from the
-  // bytes waiting on each NIC of src's node (queuedByRail); false with the
-  // reason in *why if there is no path.
-  virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& queuedByRail,
+  // bytes waiting on each NIC of src's node (the node's NIC queues, plus
+  // extraByRail); false with the reason in *why if there is no path.
+  virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                         std::vector<Piece>* pieces, std::string* why) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
-  // ([src][dst]); `key` identifies the call's shape, and the plan of the
-  // last key is kept (plans repeat from call to call). A NIC that goes down
-  // voids it.
+  // ([src][dst]): its transfers, by (src, dst). `key` identifies the call's
+  // shape, and the plan of the last key is kept (plans repeat from call to
+  // call). A NIC that goes down voids it.
   virtual zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                          const RoutePlan** out, std::string* why) = 0;
+                          const std::vector<Transfer>** out, std::string* why) = 0;
 };
 
 }  // namespace zp

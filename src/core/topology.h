@@ -181,6 +181,22 @@ struct ClusterTopology {
 // /sys/class/net cannot be read. A node with no NICs is not an error.
 zpResult_t discoverNode(NodeTopology* out);
 
+// The NIC rank (localRank of its node's localRanks, of nranks) sends
+// through: from ZP_TOPO_FILE if given, else found on the node (hwloc, sysfs)
+// and picked by locality (pickNic), restricted to ZP_NET_DEVICES
+// (cfg.netDevices); with none found, the bootstrap's interface or UCX's
+// choice. *rail is its index among the node's NICs (NIC k of every node
+// forms rail k), *bitsPerSec its rate (0: unknown). topology_rank.cc.
+struct Config;
+zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int localRanks, std::string* nic,
+                     int* rail, double* bitsPerSec);
+// The cluster as its ranks reported it: nnodes nodes in order of first
+// rank; rank r on node nodeOf[r] (its index there localIndex[r]) with NIC
+// rail[r], NIC k of a node at the rate its owners (the ranks on rail k)
+// reported (rates[r], 0: unknown).
+ClusterTopology clusterOf(int nnodes, const std::vector<int>& nodeOf, const std::vector<int>& localIndex,
+                                 const std::vector<int>& rail, const std::vector<double>& rates);
+
 // The NIC (index into node.nics) of localRank out of localRanks, by the rule
 // at the top of this file; netDevices is ZP_NET_DEVICES' value (a comma
 // separated list of names; empty: all NICs). -1 if there is none to pick (no

@@ -18,35 +18,38 @@
 #include "src/util/clock.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
+#include "src/core/msg_id.h"
 
 namespace zp {
 
 // Which call an Op belongs to; carried in every message so that a rank that
 // calls operations in a different order than its peer gets an error, not a
-// hang. Kinds from kRelayHeader on belong to transports built on other
-// transports (the router's relay): a header describing a chunk, the chunk,
-// and a relayed control message.
+// hang. kChunkHeader, kChunkData and kControl are a layer's built on the
+// carriers (the relay's): a header describing a chunk, the chunk, and a
+// control message it forwards.
 enum class OpKind : uint32_t {
   kP2P = 0,
   kAlltoallv = 1,
-  kRelayHeader = 2,
-  kRelayData = 3,
+  kChunkHeader = 2,
+  kChunkData = 3,
   kControl = 4,
   kCollective = 5,  // all-reduce, all-gather, reduce-scatter, broadcast, reduce, barrier
 };
 const char* opKindName(OpKind kind);
-// The relay's own kinds (on the relay's lane), as opposed to a user call's.
-inline bool isRelayKind(OpKind kind) {
-  return kind == OpKind::kRelayHeader || kind == OpKind::kRelayData || kind == OpKind::kControl;
-}
 
-// A receive from any rank of another node (the relay's headers).
+// Lanes: ordered channels between a pair of ranks. A carrier keeps a ring or
+// a tag space per lane, so that a lane's messages never wait behind
+// another's, and knows nothing of who uses which. kLaneCalls carries the
+// calls; kLaneStanding a layer built on the carriers (the relay) whose
+// receives stand ready at all times (they are no work: busy() and the wait
+// statistics leave them out) and may match any rank of another node
+// (kAnyRemotePeer), so that its messages never wait for a receive their
+// hop has not posted yet.
+constexpr int kLanes = 2;
+constexpr uint8_t kLaneCalls = 0, kLaneStanding = 1;
+
+// A receive on kLaneStanding from any rank of another node.
 constexpr int kAnyRemotePeer = -2;
-
-// Control messages ride on status messages with collective sequence numbers
-// no call reaches (UCX tags carry 36 bits). The top few are the transports'
-// own (transport/relay/relay.h); the communicator hands them to every transport.
-constexpr uint64_t kSeqFirstControl = (1ull << 36) - 16;
 
 // A routed op's transfer (src/core/routing.h); the executor carries the
 // pointer without looking at it.
@@ -86,6 +89,7 @@ struct Op {
   Op(OpKind k, bool send, int to, void* b, size_t n, size_t ts) noexcept
       : isSend(send), peer(to), kind(k), buf(b), bytes(n), typeSize(ts) {}
   bool isSend = false;
+  uint8_t lane = kLaneCalls;  // the channel it travels on (seq counts per lane)
   int peer = -1;  // a rank, or kAnyRemotePeer
   OpKind kind = OpKind::kP2P;
   void* buf = nullptr;  // for sends, read only
@@ -159,8 +163,8 @@ class Transport {
   virtual void post(Op* op) = 0;
   // A small control message (a collective's outcome); delivered through TransportSink::onStatus.
   virtual void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) = 0;
-  // A control message with a sequence number from kSeqFirstControl on, from
-  // peer; true if this transport took it.
+  // A control message (a status message whose sequence number is a
+  // msgid::Control, src/core/msg_id.h), from peer; true if this transport took it.
   virtual bool onControl(int /*peer*/, uint64_t /*seq*/, const std::string& /*text*/) { return false; }
   // Whether receives may carry an OpReducer (Op::reduce).
   virtual bool canReduce() const { return false; }
@@ -221,17 +225,17 @@ class Transport {
 };
 
 // A transport another transport is built on (shared memory and UCX, under
-// the relay): what the relay needs of them beyond Transport. Each answers
-// what it can; the rest keep these defaults.
+// the relay): lanes (Op::lane), and what a layer above needs of them
+// beyond Transport. Each answers what it can; the rest keep these defaults.
 class CarrierTransport : public Transport {
  public:
-  // Shared memory: bytes rank r of this node has queued on its NIC and not
-  // yet sent (kept where the node's ranks can read it), and this rank's
-  // count of them, which the relay keeps up to date.
-  virtual uint64_t netQueued(int /*rank*/) const { return 0; }
-  virtual void addNetQueued(int64_t /*bytes*/) {}
-  // Shared memory: local peers whose relay messages wait unread here.
-  virtual std::vector<int> relayInboundPeers() { return {}; }
+  // Shared memory: a word per rank of this node that all of them can read
+  // (kept in shared memory), and this rank's own to add to. What it counts
+  // is its user's (the routing layer's NIC queues, src/route/nic_queues.h).
+  virtual uint64_t sharedWord(int /*rank*/) const { return 0; }
+  virtual void addSharedWord(int64_t /*delta*/) {}
+  // Shared memory: local peers whose messages on `lane` wait unread here.
+  virtual std::vector<int> waitingOn(int /*lane*/) { return {}; }
   // The network: stops using the path to peer (a NIC on it is down): its
   // operations fail with why, and its errors no longer break the communicator.
   virtual void cutPeer(int /*peer*/, const std::string& /*why*/) {}
@@ -256,8 +260,10 @@ struct TransportKind {
   bool (*canReach)(const TransportContext& ctx, int peer);
   // Whether this build has it; if not, *why says why and what to do.
   bool (*available)(std::string* why);
-  // Made before init's setup round; *address is what every peer needs to
-  // connect to it (CarrierTransport::connect, after the round).
+  // Made before init's setup round; *address is its connect blob, what
+  // every peer needs to connect to it, opaque to the communicator, which
+  // carries it beside its PeerInfo (src/core/peer_info.h) to
+  // CarrierTransport::connect at every rank after the round.
   zpResult_t (*create)(const TransportContext& ctx, const TransportSetup& setup,
                        std::unique_ptr<CarrierTransport>* out, std::string* address);
 };
@@ -321,7 +327,7 @@ class StreamTransport {
 // The device data plane as the transport table lists it (streamTransportKind(),
 // defined in transport/transports.cc beside hostTransports()). Its start is
 // collective: rank 0 makes a join key that init's setup round carries to
-// every rank (DeviceHello, src/core/comm.h), and every rank, once all can
+// every rank (PeerInfo, src/core/peer_info.h), and every rank, once all can
 // use a device, creates it with that key.
 struct StreamTransportKind {
   const char* name;
@@ -338,6 +344,9 @@ struct StreamTransportKind {
   // rank calls it with the same key); gives up after ctx.cfg->timeoutMs.
   zpResult_t (*create)(const TransportContext& ctx, const std::string& joinKey, int device,
                        std::unique_ptr<StreamTransport>* out);
+  // zpAddDeviceInitHook: hook(device) runs once per device in this process,
+  // with the device current, where its first device communicator is made.
+  zpResult_t (*addInitHook)(void (*hook)(int device));
 };
 const StreamTransportKind& streamTransportKind();
 

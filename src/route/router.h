@@ -192,22 +192,6 @@ struct TransferDemand {
   uint64_t bytes = 0;
 };
 
-struct Transfer {
-  int src = -1, dst = -1;          // global ranks
-  int srcNode = -1, dstNode = -1;
-  uint64_t bytes = 0;
-  // On the direct path because of the mode, its size (directBelow) or a
-  // missing rail. (A routed transfer may also need no relay, e.g. in rail
-  // mode when s owns d's rail; it is not marked direct.)
-  bool direct = false;
-  std::vector<Piece> pieces;       // by offset, covering [0, bytes) once
-
-  bool operator==(const Transfer& o) const {
-    return src == o.src && dst == o.dst && srcNode == o.srcNode && dstNode == o.dstNode &&
-           bytes == o.bytes && direct == o.direct && pieces == o.pieces;
-  }
-};
-
 struct NicLoad {
   int node = -1, nic = -1;
   double bytesPerSec = 0;          // the rate times are computed with

@@ -20,7 +20,11 @@ bool routingOn(const Config& cfg) { return cfg.routing != zpRoutingOff; }
 
 size_t routedEagerBytes(const Config& cfg) { return routingOn(cfg) ? cfg.routeChunkBytes : 0; }
 
-RoutingState::RoutingState(const Comm& comm) : comm_(comm), params_(paramsOf(comm.cfg())), health_(comm) {}
+RoutingState::RoutingState(const Comm& comm)
+    : comm_(comm),
+      params_(paramsOf(comm.cfg())),
+      health_(comm),
+      queues_(comm.carrierFor(comm.rank()), comm.rail(), comm.nodeOf(), comm.nodeOf()[comm.rank()]) {}
 
 std::vector<NicDown> RoutingState::applyNicNews() {
   std::vector<NicDown> fresh = health_.apply();
@@ -28,20 +32,22 @@ std::vector<NicDown> RoutingState::applyNicNews() {
   return fresh;
 }
 
-bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& queuedByRail,
+bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                             std::vector<Piece>* pieces, std::string* why) {
-  return zp::pickPath(health_.topology(), src, dst, bytes, queuedByRail, params_, pieces, why) == zpSuccess;
+  std::vector<uint64_t> queued = extraByRail;
+  queues_.addTo(&queued);
+  return zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
 }
 
 zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                              const RoutePlan** out, std::string* why) {
+                              const std::vector<Transfer>** out, std::string* why) {
   if (key != planKey_) {
     planKey_.clear();
     ZP_CHECK(planRoutes(health_.topology(), bytes, params_, &plan_, why));
     planKey_ = key;
     ZP_TRACE(kSubColl, "rank %d: %s", comm_.rank(), zp::describe(plan_, 4).c_str());
   }
-  *out = &plan_;
+  *out = &plan_.transfers;
   return zpSuccess;
 }
 

@@ -1,6 +1,6 @@
 // The routing state of one communicator (src/core/routing.h's Routing): the
 // routing setting, NIC health (nic_health.h) and the router's last plan
-// (router.h). The relay (transport/relay) and routed collectives reach it
+// (router.h), the node's NIC queues (nic_queues.h). The relay (transport/relay) and routed collectives reach it
 // through the communicator, never by name.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "src/core/comm.h"
 #include "src/core/routing.h"
 #include "src/route/nic_health.h"
+#include "src/route/nic_queues.h"
 #include "src/route/router.h"
 
 namespace zp {
@@ -20,6 +21,7 @@ class RoutingState : public Routing {
   explicit RoutingState(const Comm& comm);
 
   uint64_t chunkBytes() const override { return params_.chunkBytes; }
+  uint64_t directBelow() const override { return params_.directBelow; }
   const std::vector<int>& rails() const override { return comm_.rail(); }
   bool directAlive(int peer) const override { return health_.directAlive(peer); }
   bool pathUp(int a, int b) const override { return health_.pathUp(a, b); }
@@ -28,15 +30,17 @@ class RoutingState : public Routing {
   void heardNicDown(const std::string& text) override { health_.heard(text); }
   std::vector<NicDown> applyNicNews() override;
   std::string encodeNicDown(const NicDown& nic) const override { return NicHealth::encode(nic); }
-  bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& queuedByRail,
+  void addQueued(int64_t bytes) override { queues_.add(bytes); }
+  bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                 std::vector<Piece>* pieces, std::string* why) override;
   zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                  const RoutePlan** out, std::string* why) override;
+                  const std::vector<Transfer>** out, std::string* why) override;
 
  private:
   const Comm& comm_;
   RouteParams params_;
   NicHealth health_;
+  NicQueues queues_;
   RoutePlan plan_;  // the last plan, and the key it was made for
   std::vector<uint64_t> planKey_;
 };

@@ -31,7 +31,7 @@ void Relay::post(Op* op) {
   // A point-to-point op, or a collective's op with no plan (alltoallv's count exchange).
   uint64_t xfer = rx ? rx->id : 0;
   if (!op->isSend) {
-    recv(op, rx ? xfer : p2pRecvs_[op->peer]++);
+    recv(op, rx ? xfer : msgid::plainXfer(p2pRecvs_[op->peer]++));
     return;
   }
   std::vector<Piece> pieces;
@@ -40,7 +40,7 @@ void Relay::post(Op* op) {
     op->finish(zpRemoteError, "no route to rank " + std::to_string(op->peer) + ": " + why);
     return;
   }
-  send(op, rx ? xfer : p2pSends_[op->peer]++, pieces);
+  send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), pieces);
 }
 
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
@@ -69,7 +69,7 @@ std::vector<int> Relay::stayFor() {
   for (int p = 0; p < ctx_.nranks; p++)
     if (p != me && routing_->directAlive(p) && !left_.count(p)) out.push_back(p);
   if (out.empty()) out = holdingFor();
-  if (out.empty()) out = shm_->relayInboundPeers();
+  if (out.empty()) out = shm_->waitingOn(kLaneStanding);
   return out;
 }
 
@@ -77,16 +77,11 @@ std::string Relay::describe(int peer) const {
   return "relay over the node's NICs (" + via(peer)->describe(peer) + " when direct)";
 }
 
-// A path for bytes from this rank to dst from the node's NIC queues: what
-// each NIC's owners have posted and not yet sent.
+// A path for bytes from this rank to dst from the node's NIC queues (what
+// each NIC's owners have posted and not yet sent, which the routing layer
+// keeps) and `queued` on top.
 bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
                        std::vector<uint64_t> queued) {
-  const std::vector<int>& rail = routing_->rails();
-  for (int r = 0; r < ctx_.nranks; r++)
-    if (isLocal(r)) {
-      if ((int)queued.size() <= rail[r]) queued.resize(rail[r] + 1, 0);
-      queued[rail[r]] += shm_->netQueued(r);
-    }
   return routing_->pickPath(ctx_.rank, dst, bytes, queued, pieces, why);
 }
 
@@ -115,7 +110,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   h.src = ctx_.rank;
   h.dst = peer;
   h.status = status;
-  h.xfer = seq;
+  h.xfer = msgid::plainXfer(seq);
   h.total = h.bytes = payload.size();
   ch->own.reset(new char[payload.size()]);
   memcpy(ch->own.get(), payload.data(), payload.size());
@@ -150,7 +145,8 @@ void Relay::freeSlot(char* slot, bool inbound) { freeSlots_[inbound ? kInbound :
 void Relay::postHeaderRecvs() {
   for (auto& s : standing_) {
     if (s->posted || s->blocked) continue;
-    s->op = Op(OpKind::kRelayHeader, false, s->peer, &s->hdr, sizeof(RelayHeader), 1);
+    s->op = Op(OpKind::kChunkHeader, false, s->peer, &s->hdr, sizeof(RelayHeader), 1);
+    s->op.lane = kLaneStanding;
     if (s->peer != kAnyRemotePeer) s->op.seq = relayRecvSeq_[s->peer]++;
     s->posted = true;
     if (s->peer == kAnyRemotePeer) net_->post(&s->op);
@@ -281,14 +277,17 @@ void Relay::remember(const Key& key, uint64_t total) {
 void Relay::sendChunk(Chunk* ch, int to) {
   RelayHeader& h = ch->hdr;
   h.hop = ctx_.rank;
-  uint64_t hdrSeq = nextSeq(to);
-  h.dataSeq = nextSeq(to);
-  ch->hdrOp = Op(OpKind::kRelayHeader, true, to, &h, sizeof(h), 1);
+  const msgid::ChunkSeqs seqs = msgid::chunkSeqs(relaySendSeq_[to]++);
+  const uint64_t hdrSeq = seqs.header;
+  h.dataSeq = seqs.data;
+  ch->hdrOp = Op(OpKind::kChunkHeader, true, to, &h, sizeof(h), 1);
+  ch->hdrOp.lane = kLaneStanding;
   ch->hdrOp.seq = hdrSeq;
-  ch->dataOp = Op(OpKind::kRelayData, true, to, ch->data, h.bytes, 1);
+  ch->dataOp = Op(OpKind::kChunkData, true, to, ch->data, h.bytes, 1);
+  ch->dataOp.lane = kLaneStanding;
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kSending;
-  if (!isLocal(to)) shm_->addNetQueued((int64_t)h.bytes);
+  if (!isLocal(to)) routing_->addQueued((int64_t)h.bytes);
   via(to)->post(&ch->hdrOp);
   via(to)->post(&ch->dataOp);
 }
@@ -325,7 +324,8 @@ bool Relay::placeChunk(Chunk* ch) {
     ch->data = slot;
     ch->pool = inbound ? kInbound : kOutbound;
   }
-  ch->dataOp = Op(OpKind::kRelayData, false, ch->from, ch->data, h.bytes, 1);
+  ch->dataOp = Op(OpKind::kChunkData, false, ch->from, ch->data, h.bytes, 1);
+  ch->dataOp.lane = kLaneStanding;
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kReceiving;
   if (ch->standing) relayRecvSeq_[ch->from]++;  // the lane's next message is the data
@@ -430,7 +430,7 @@ void Relay::chunkLost(std::list<std::unique_ptr<Chunk>>::iterator it) {
 
 void Relay::chunkSent(Chunk* ch) {
   const RelayHeader& h = ch->hdr;
-  if (!isLocal(ch->hdrOp.peer)) shm_->addNetQueued(-(int64_t)h.bytes);
+  if (!isLocal(ch->hdrOp.peer)) routing_->addQueued(-(int64_t)h.bytes);
   if (ch->pool >= 0) freeSlot(ch->data, ch->pool == kInbound);
   if (ch->firstHop >= 0) inFlight_[ch->firstHop]--;
   zpResult_t st = ch->hdrOp.status != zpSuccess ? ch->hdrOp.status : ch->dataOp.status;

@@ -58,11 +58,10 @@
 
 namespace zp {
 
-// Control messages of the relay (src/core/transport.h's reserved range).
-constexpr uint64_t kSeqLeaving = (1ull << 36) - 1;  // this rank reached zpCommDestroy
-constexpr uint64_t kSeqNicDown = (1ull << 36) - 2;  // text: "node rail name"
-constexpr uint64_t kSeqRelayAck = (1ull << 36) - 3; // text: the relay's acknowledgements
-static_assert(kSeqRelayAck >= kSeqFirstControl, "the relay's control messages must be in the reserved range");
+// The relay's control messages (msgid::Control, src/core/msg_id.h).
+constexpr uint64_t kSeqLeaving = msgid::controlSeq(msgid::Control::kLeaving);
+constexpr uint64_t kSeqNicDown = msgid::controlSeq(msgid::Control::kNicDown);
+constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kAck);
 
 struct RelayHeader {
   uint64_t magic;
@@ -181,7 +180,6 @@ class Relay : public Transport {
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
   void flushAcks();
   void remember(const Key& key, uint64_t total);
-  uint64_t nextSeq(int peer) { return relaySendSeq_[peer]++; }
   char* takeSlot(bool inbound);
   void freeSlot(char* slot, bool inbound);
 
@@ -194,7 +192,8 @@ class Relay : public Transport {
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
   bool started_ = false;
-  std::vector<uint64_t> relaySendSeq_, relayRecvSeq_;  // by peer: relay messages
+  std::vector<uint64_t> relaySendSeq_;  // by peer: chunks sent (msgid::chunkSeqs numbers their messages)
+  std::vector<uint64_t> relayRecvSeq_;  // by peer: relay messages received
   std::vector<uint64_t> p2pSends_, p2pRecvs_;          // by peer: routed point-to-point transfers
   std::vector<std::unique_ptr<InRecv>> standing_;       // header receives: one per local peer, one for the network
   std::list<std::unique_ptr<Chunk>> chunks_;                   // in flight here

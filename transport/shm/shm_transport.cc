@@ -44,20 +44,20 @@ std::string ShmTransport::describe(int rank) const {
 }
 
 bool ShmTransport::hasWork(const Peer& p) {
-  // The relay lane's receives stand ready at all times: they are no work.
+  // kLaneStanding's receives stand ready at all times: they are no work.
   for (const Lane& l : p.lane)
     if (!l.sendq.empty() || !l.finWait.empty()) return true;
   return !p.lane[0].recvq.empty();
 }
 
-void ShmTransport::addNetQueued(int64_t bytes) {
-  if (mine_) mine_->netQueued.fetch_add((uint64_t)bytes, std::memory_order_relaxed);
+void ShmTransport::addSharedWord(int64_t delta) {
+  if (mine_) mine_->sharedWord.fetch_add((uint64_t)delta, std::memory_order_relaxed);
 }
 
-uint64_t ShmTransport::netQueued(int rank) const {
-  if (rank == ctx_.rank) return mine_ ? mine_->netQueued.load(std::memory_order_relaxed) : 0;
+uint64_t ShmTransport::sharedWord(int rank) const {
+  if (rank == ctx_.rank) return mine_ ? mine_->sharedWord.load(std::memory_order_relaxed) : 0;
   int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
-  return i < 0 ? 0 : peers_[i].seg->netQueued.load(std::memory_order_relaxed);
+  return i < 0 ? 0 : peers_[i].seg->sharedWord.load(std::memory_order_relaxed);
 }
 
 bool ShmTransport::busy() const {
@@ -104,7 +104,7 @@ bool ShmTransport::runGroups() {
     for (Op* op : w.ops) {
       if (op->done) continue;
       if (Peer* p = peer(op->peer)) {  // not arrived yet: it must not be matched any more
-        std::deque<Op*>& q = p->lane[laneOf(op->kind)].recvq;
+        std::deque<Op*>& q = p->lane[op->lane].recvq;
         q.erase(std::remove(q.begin(), q.end(), op), q.end());
       }
       if (status == zpSuccess) op->progressed = op->bytes;
@@ -151,7 +151,7 @@ void ShmTransport::post(Op* op) {
     op->finish(p->gone ? p->goneCode : zpRemoteError, p->goneWhy);
     return;
   }
-  const int lane = laneOf(op->kind);
+  const int lane = op->lane < kLanes ? op->lane : kLaneCalls;
   Lane& l = p->lane[lane];
   (op->isSend ? l.sendq : l.recvq).push_back(op);
   // Moved at once where it can be (a send with room in the ring, a receive
@@ -169,10 +169,11 @@ void ShmTransport::post(Op* op) {
   if (p->dirty || p->wake) notify(*p);
 }
 
-std::vector<int> ShmTransport::relayInboundPeers() {
+std::vector<int> ShmTransport::waitingOn(int lane) {
   std::vector<int> out;
+  if (lane < 0 || lane >= kLanes) return out;
   for (Peer& p : peers_)
-    if (p.rank != ctx_.rank && !p.gone && ringPeek(p.lane[laneOf(OpKind::kRelayHeader)].in)) out.push_back(p.rank);
+    if (p.rank != ctx_.rank && !p.gone && ringPeek(p.lane[lane].in)) out.push_back(p.rank);
   return out;
 }
 
@@ -240,7 +241,7 @@ bool ShmTransport::waitsForSingleCopy() const {
   for (const Peer& p : peers_) {
     for (const Lane& l : p.lane)
       if (!l.finWait.empty()) return true;
-    // Not the relay lane's receives: they stand ready at all times.
+    // Not kLaneStanding's receives: they stand ready at all times.
     const std::deque<Op*>& recvq = p.lane[0].recvq;
     if (p.cma && !recvq.empty() && recvq.front()->bytes >= ctx_.cfg->shmEagerBytes) return true;
   }
@@ -707,7 +708,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
   // goodbye among them fails a send instead of filling its ring).
   auto usable = [&](Peer* p, const Op* op) {
     return p && !p->gone && !p->bye && p->ctrlBacklog.empty() && !ringPeek(p->inCtrl) && !p->lane[0].discarding &&
-           laneOf(op->kind) == 0 && !op->group && !op->routed && !op->stream;
+           op->lane == kLaneCalls && !op->group && !op->routed && !op->stream;
   };
   bool sendsLeft = false;
   for (Op* op : ops) {

@@ -57,11 +57,8 @@ struct Ring {
   uint64_t parked = 0;           // consumer: the stamp of a record left at the tail (atomic access: ringFresh)
 };
 
-// Messages of one class between a pair, in order: lane 0 carries the user's
-// calls, lane 1 the router's relays (OpKind::kRelayHeader / kRelayData), so
-// that a relay never waits behind a message its proxy has not asked for yet.
-constexpr int kLanes = 2;
-inline int laneOf(OpKind kind) { return isRelayKind(kind) ? 1 : 0; }
+// One lane (src/core/transport.h) between a pair: its rings and its queues,
+// in order.
 struct Lane {
   Ring out, in;  // out: in the peer's segment, written here; in: the reverse
   std::deque<Op*> sendq, recvq;
@@ -115,8 +112,8 @@ class ShmTransport : public CarrierTransport {
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   bool progress() override;
   bool busy() const override;
-  // Local peers whose relay messages wait unread in this rank's rings.
-  std::vector<int> relayInboundPeers() override;
+  // Local peers whose messages on lane wait unread in this rank's rings.
+  std::vector<int> waitingOn(int lane) override;
   // Waiting (Transport): a doorbell.
   Wakeup wakeup() const override { return Wakeup::kDoorbell; }
   void waitDoorbell(uint32_t token, int ms, const std::function<bool()>& elsewhere) override {
@@ -139,10 +136,9 @@ class ShmTransport : public CarrierTransport {
   // Fails everything pending with a local peer whose process has exited.
   void checkAlive() override;
   std::string describe(int peer) const override;
-  // Bytes this rank has queued on its NIC (the router's point-to-point
-  // choice reads them): kept in the segment so the node's ranks can read it.
-  void addNetQueued(int64_t bytes) override;
-  uint64_t netQueued(int rank) const override;
+  // Kept in the segment so the node's ranks can read it.
+  void addSharedWord(int64_t delta) override;
+  uint64_t sharedWord(int rank) const override;
 
  private:
   struct Peer {

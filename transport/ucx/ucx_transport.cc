@@ -13,11 +13,12 @@ namespace zp {
 
 namespace {
 
-// Relays (OpKind::kRelayHeader / kRelayData) match on the whole tag; their
-// headers are received from any rank (source and sequence masked out).
-enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2, kTagRelay = 3 };
+// kLaneStanding's messages have a tag type of their own and match on the
+// whole tag, or on type and kind alone for a receive from any rank
+// (kAnyRemotePeer: source and sequence masked out).
+enum TagType : uint64_t { kTagData = 0, kTagMeta = 1, kTagCtrl = 2, kTagStanding = 3 };
 enum CtrlType : uint32_t { kCtrlStatus = 1, kCtrlBye = 2, kCtrlAbort = 3 };
-constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = 36;
+constexpr int kTypeShift = 62, kKindShift = 56, kSrcShift = msgid::kSeqBits;  // the sequence below
 constexpr uint64_t kSeqMask = (1ull << kSrcShift) - 1;
 constexpr uint64_t kSrcMask = (1ull << 20) - 1;
 constexpr ucp_tag_t kMatchAllButKind = ~(0x3Full << kKindShift);
@@ -181,7 +182,7 @@ UcxTransport::~UcxTransport() {
       }
     }
     if (ctrlRecv_ && ctrlRecv_->ucx) ucp_request_cancel(worker_, ctrlRecv_->ucx);
-    // Receives still posted (the router's standing receive of relay headers).
+    // Receives still posted (a standing receive from any rank, kLaneStanding).
     // A cancel may complete at once and edit ops_: collect first.
     std::vector<void*> posted;
     for (auto& kv : ops_)
@@ -258,7 +259,7 @@ void UcxTransport::post(Op* op) {
     op->finish(zpRemoteError, p.why.empty() ? "no network path to rank " + std::to_string(op->peer) : p.why);
     return;
   }
-  if (op->isSend && !isRelayKind(op->kind)) p.sentEnd = std::max(p.sentEnd, op->seq + 1);
+  if (op->isSend && op->lane == kLaneCalls) p.sentEnd = std::max(p.sentEnd, op->seq + 1);
   // One part held while posting, so that a part completing inside the
   // posting call cannot finish the op early.
   ops_[op].parts++;
@@ -303,8 +304,8 @@ void UcxTransport::submit(Op* op, bool meta) {
   s.parts++;
   s.reqs.push_back(r);
   ucs_status_ptr_t st;
-  bool relay = isRelayKind(op->kind);
-  uint64_t type = relay ? kTagRelay : meta ? kTagMeta : kTagData;
+  const bool standingLane = op->lane != kLaneCalls;
+  uint64_t type = standingLane ? kTagStanding : meta ? kTagMeta : kTagData;
   if (op->isSend) {
     prm.cb.send = sendCb;
     st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len, makeTag(type, (uint64_t)op->kind, ctx_.rank, op->seq),
@@ -315,7 +316,7 @@ void UcxTransport::submit(Op* op, bool meta) {
       st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(type, (uint64_t)op->kind, 0, 0), kMatchTypeKind, &prm);
     else
       st = ucp_tag_recv_nbx(worker_, buf, len, makeTag(type, (uint64_t)op->kind, op->peer, op->seq),
-                            relay ? ~0ull : kMatchAllButKind, &prm);
+                            standingLane ? ~0ull : kMatchAllButKind, &prm);
   }
   ZP_TRACE(kSubNet, "rank %d: posted %s %s #%llu with rank %d, %zu bytes", ctx_.rank, op->isSend ? "send" : "recv",
            meta ? "meta" : "data", (unsigned long long)op->seq, op->peer, len);
@@ -400,7 +401,7 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
                                     std::to_string(op->bytes / op->typeSize));
     } else {
       op->progressed = length;
-      if (!isRelayKind(op->kind)) peers_[peer].receivedEnd = std::max(peers_[peer].receivedEnd, op->seq + 1);
+      if (op->lane == kLaneCalls) peers_[peer].receivedEnd = std::max(peers_[peer].receivedEnd, op->seq + 1);
     }
   } else if (op->isSend && !meta) {
     op->progressed = op->bytes;
@@ -421,7 +422,7 @@ void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
 
 bool UcxTransport::completesAfterBye(const Op* op) const {
   const Peer& p = peers_[op->peer];
-  return !isRelayKind(op->kind) && op->seq < (op->isSend ? p.peerReceivedEnd : p.peerSentEnd);
+  return op->lane == kLaneCalls && op->seq < (op->isSend ? p.peerReceivedEnd : p.peerSentEnd);
 }
 
 void UcxTransport::failPeerOps(int peer, const std::string& why, bool afterBye) {
@@ -578,7 +579,7 @@ bool UcxTransport::progress() {
   return did || ops_.size() != before || !errors.empty();
 }
 
-// The router's standing receive of relay headers is no work.
+// A standing receive from any rank (kLaneStanding) is no work.
 static bool standing(const Op* op) { return op->peer == kAnyRemotePeer; }
 
 bool UcxTransport::busy() const {
