@@ -228,7 +228,11 @@ zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm);
 /* ---- Groups ---- */
 /* Calls between zpGroupStart and zpGroupEnd are queued and run together at
  * zpGroupEnd (so a rank can send to and receive from many peers without
- * deadlock). Groups nest; the outermost zpGroupEnd runs them. */
+ * deadlock). Groups nest; the outermost zpGroupEnd runs them. A queued call
+ * captures its arguments at the call, as NCCL does: scalars, and the count
+ * and displacement arrays of zpAlltoallv, zpAllGatherv and zpReduceScatterv
+ * (copied), so those arrays may be freed or reused before zpGroupEnd. Data
+ * buffers are read and written at zpGroupEnd: keep them until it returns. */
 zpResult_t zpGroupStart(void);
 zpResult_t zpGroupEnd(void);
 
