@@ -143,7 +143,10 @@ zpResult_t Comm::chooseNic(std::string* nic, int* rail, double* bitsPerSec) {
   std::string file = envString("ZP_TOPO_FILE");
   if (!file.empty()) {
     ClusterTopology topo;
-    ZP_CHECK(loadTopoFile(file, &topo));
+    if (zpResult_t r = loadTopoFile(file, &topo)) {
+      const std::string why = lastError();  // fail() writes where lastError() points
+      return fail(r, "ZP_TOPO_FILE=%s: %s", file.c_str(), why.c_str());
+    }
     if (topo.nranks() != nranks_)
       return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
                   topo.nranks(), nranks_);
@@ -155,7 +158,10 @@ zpResult_t Comm::chooseNic(std::string* nic, int* rail, double* bitsPerSec) {
     }
   } else {
     NodeTopology node;
-    ZP_CHECK(discoverNode(&node));
+    if (zpResult_t r = discoverNode(&node)) {
+      const std::string root = envString("ZP_SYSFS_ROOT"), why = lastError();
+      return root.empty() ? r : fail(zpInvalidArgument, "ZP_SYSFS_ROOT=%s: %s", root.c_str(), why.c_str());
+    }
     std::string why;
     int idx = pickNic(node, localRank, localRanks, cfg_.netDevices, &why);
     if (idx >= 0) {
@@ -262,7 +268,11 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (res == zpSuccess && !k->available(&missing))
       res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
                  "but %s", rank_, nnodes_, missing.c_str());
-  if (res == zpSuccess && remote) res = chooseNic(&nic, &rail, &rate);
+  // On one node no NIC is used, but settings that name one, or where to find
+  // one, are checked as across nodes: a typo is not silently ignored.
+  const bool nicSettings =
+      !envString("ZP_TOPO_FILE").empty() || !envString("ZP_SYSFS_ROOT").empty() || !cfg_.netDevices.empty();
+  if (res == zpSuccess && (remote || nicSettings)) res = chooseNic(&nic, &rail, &rate);
   nicName_ = nic;
   // The transports are made before the round below: a rank that cannot
   // have its shared-memory segment (no room in /dev/shm) tells every rank
