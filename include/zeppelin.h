@@ -254,7 +254,11 @@ zpResult_t zpCommGetNcclComm(zpComm_t comm, struct ncclComm** ncclComm);
 /* ---- Groups ---- */
 /* Calls between zpGroupStart and zpGroupEnd are queued and run together at
  * zpGroupEnd (so a rank can send to and receive from many peers without
- * deadlock). Groups nest; the outermost zpGroupEnd runs them. */
+ * deadlock). Groups nest; the outermost zpGroupEnd runs them. A queued call
+ * captures its arguments at the call, as NCCL does: scalars, and the count
+ * and displacement arrays of zpAlltoallv, zpAllGatherv and zpReduceScatterv
+ * (copied), so those arrays may be freed or reused before zpGroupEnd. Data
+ * buffers are read and written at zpGroupEnd: keep them until it returns. */
 zpResult_t zpGroupStart(void);
 zpResult_t zpGroupEnd(void);
 
@@ -448,8 +452,8 @@ zpResult_t zpRemapDestroy(zpRemap_t remap);
  * in = [this rank's tokens in layout order, heads, headDim], into the
  * head-parallel one, out = [every token of the batch in cu_seqlens order,
  * this rank's heads, headDim]; direction 1 goes back. Any head count and any
- * lengths: rank r of G takes query heads [r*qHeads/G, (r+1)*qHeads/G) (some
- * ranks may get none). heads is the tensor's own head count: qHeads for
+ * lengths (up to 65536 query heads): rank r of G takes query heads
+ * [r*qHeads/G, (r+1)*qHeads/G) (some ranks may get none). heads is the tensor's own head count: qHeads for
  * queries and outputs; for GQA keys and values (heads dividing qHeads) rank r
  * gets the heads its query heads use, so a head may go to several ranks, and
  * direction 1 sums their contributions (float32 or float64 then). */

@@ -69,6 +69,38 @@ TEST_P(AlltoallvRanks, CopyProtocolRandomCounts) {
   zptest::expectAllOk(exits);
 }
 
+// In a group the call's count and displacement arrays are read at the call,
+// not at zpGroupEnd: one heap array serves two grouped calls (refilled for
+// the second) and is freed before zpGroupEnd. Both calls' bytes are checked.
+TEST_P(AlltoallvRanks, GroupedArraysCapturedAtTheCall) {
+  int n = GetParam();
+  uint64_t seed = zptest::testSeed() + 400 + n;
+  auto exits = zptest::runRanks(n, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, nranks, id);
+    zptest::AlltoallvRun a(rank, randomCounts(nranks, seed, 3000, 0.2), zpFloat32, seed);
+    zptest::AlltoallvRun b(rank, randomCounts(nranks, seed + 1, 3000, 0.2), zpFloat32, seed + 1);
+    size_t* arrays = new size_t[4 * nranks];
+    auto fill = [&](const zptest::AlltoallvRun& r) {
+      const size_t* from[4] = {r.sendCounts(), r.sendDispls(), r.recvCounts(), r.recvDispls()};
+      for (int k = 0; k < 4; k++) std::copy(from[k], from[k] + nranks, arrays + k * nranks);
+    };
+    ZP_ASSERT_OK(zpGroupStart());
+    for (zptest::AlltoallvRun* r : {&a, &b}) {
+      fill(*r);
+      r->recvBuffer().poison();
+      ZP_EXPECT_OK(zpAlltoallv(r->sendBuffer().data(), arrays, arrays + nranks, r->recvBuffer().data(),
+                               arrays + 2 * nranks, arrays + 3 * nranks, zpFloat32, comm, nullptr));
+    }
+    std::fill(arrays, arrays + 4 * nranks, (size_t)7);  // what a reused array would hold
+    delete[] arrays;
+    ZP_ASSERT_OK(zpGroupEnd());
+    EXPECT_EQ(a.check(), "");
+    EXPECT_EQ(b.check(), "");
+    EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AlltoallvRanks, ::testing::Values(2, 3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "ranks"; });
 

@@ -136,6 +136,62 @@ std::string sendRecvError(zpComm_t comm, int rank, int n, int shift, uint64_t se
   return "";
 }
 
+// ZP_TEST_MODE=refused: every rank sends to the rank one node on and
+// receives from the rank one node back, each receive one element more or
+// less than the send (eager, relayed or direct, and rendezvous sizes): every
+// receive fails with zpInvalidUsage naming both counts and writes nothing
+// (poisoned buffer and guards checked byte by byte); a matched exchange of
+// the same sizes then works.
+int refusedMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1);
+  const int to = (rank + rpn) % n, from = (rank - rpn + n) % n;
+  std::string err;
+  // grouped: each rank sends and receives in one group; alone: node 0's
+  // ranks only send and node 1's only receive (after 50 ms: the chunks come
+  // before the receive is posted), as separate calls.
+  for (bool alone : {false, true})
+  for (size_t count : {(size_t)1000, (size_t)100000, (size_t)1000000})
+    for (int delta : {1, -1}) {
+      const size_t expect = count + delta;
+      zptest::GuardedBuffer send(count * 4, 1), recv(expect * 4, 3);
+      send.fill(seed + count, rank, to);
+      zpResult_t r = zpInvalidUsage;
+      if (!alone) {
+        zpGroupStart();
+        zpSend(send.data(), count, zpFloat32, to, comm, nullptr);
+        zpRecv(recv.data(), expect, zpFloat32, from, comm, nullptr);
+        r = zpGroupEnd();
+      } else if (rank < rpn) {
+        if (zpSend(send.data(), count, zpFloat32, rpn + rank, comm, nullptr) != zpSuccess)
+          err = "a send to a refused receive failed: " + std::string(zpGetLastError(comm));
+      } else if (rank < 2 * rpn) {
+        usleep(50000);
+        r = zpRecv(recv.data(), expect, zpFloat32, rank - rpn, comm, nullptr);
+      }
+      std::string msg = r == zpInvalidUsage && alone && (rank < rpn || rank >= 2 * rpn)
+                            ? "(not a receiver) " + std::to_string(count) + " " + std::to_string(expect)
+                            : zpGetLastError(comm);
+      std::string what = std::string(alone ? "alone: " : "grouped: ") + std::to_string(count) + " floats received as " + std::to_string(expect) + ": ";
+      if (r != zpInvalidUsage) err = what + "returned " + zpGetErrorString(r) + ": " + msg;
+      else if (msg.find(std::to_string(count)) == std::string::npos || msg.find(std::to_string(expect)) == std::string::npos)
+        err = what + "the error does not name both counts: " + msg;
+      else if (size_t w = recv.writtenBytes()) err = what + std::to_string(w) + " bytes of the refused receive written";
+      else if (size_t g = recv.guardBytesWritten()) err = what + std::to_string(g) + " guard bytes written";
+      if (err.empty()) err = sendRecvError(comm, rank, n, rpn, seed + count + delta);
+      if (!err.empty()) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+        zpCommAbort(comm);
+        return 1;
+      }
+    }
+  if (zpCommDestroy(comm) != zpSuccess) {
+    fprintf(stderr, "rank %d: zpCommDestroy failed: %s\n", rank, zpGetLastError(nullptr));
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
 // ZP_TEST_MODE=late: rank 0 sends two messages to the first rank of node 1
 // and destroys its communicator at once; the receiver drives progress for a
 // second (it hears the goodbye and the connection close) and only then asks
@@ -1156,6 +1212,7 @@ int runRank() {
   }
 
   if (mode == "late") return lateMode(comm, rank, n, seed);
+  if (mode == "refused") return refusedMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);

@@ -235,6 +235,26 @@ TEST_P(MultinodeShapes, WithRoutingOffEveryByteChecked) {
   EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << r.output;
 }
 
+// A receive of another count than its send's fails and writes nothing,
+// whichever way the bytes come: straight over UCX (eager and rendezvous),
+// relayed through proxies, or direct below the relay's threshold.
+TEST_P(MultinodeShapes, RefusedReceiveWritesNothing) {
+  Shape s = GetParam();
+  for (const char* env : {"ZP_TEST_MODE=refused ZP_ROUTING=off", "ZP_TEST_MODE=refused",
+                          "ZP_TEST_MODE=refused ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K"}) {
+    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+  }
+}
+
+// One NIC per node: with routing on, transfers go straight over UCX.
+TEST_F(Multinode, RefusedReceiveWritesNothingOnOneRail) {
+  CommandResult r = zprun(2, 2, 1, "ZP_TEST_MODE=refused");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, ": ok"), 4u) << r.output;
+}
+
 TEST_P(MultinodeShapes, SendRecvIsRelayedByProxiesWhoseRanksSleep) {
   Shape s = GetParam();
   CommandResult r = zprun(s.nodes, s.rpn, s.nics, "ZP_TEST_MODE=idle");

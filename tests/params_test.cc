@@ -14,6 +14,7 @@
 #include "src/core/config.h"
 #include "src/core/log.h"
 #include "src/core/params.h"
+#include "tests/harness.h"
 #include "src/util/strings.h"
 
 namespace {
@@ -104,6 +105,20 @@ TEST(Params, ValuesAreCheckedAgainstTheTable) {
   unsetenv("ZP_SHM_SPIN_US");
 }
 
+// zpconfig --env (run after prefix, e.g. "env NAME=VALUE ") exits 1 and
+// marks NAME=VALUE as refused.
+void expectZpconfigRefuses(const std::string& prefix, const std::string& name, const std::string& value) {
+  const std::string cmd = prefix + ZPCONFIG_PATH + " --env 2>/dev/null";
+  FILE* out = popen(cmd.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string text;
+  char buf[512];
+  while (fgets(buf, sizeof buf, out)) text += buf;
+  const int status = pclose(out);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find(name + "=" + value + "   <- "), std::string::npos) << text;
+}
+
 // Settings the configuration does not read itself (logging, discovery) are
 // checked too: nothing set is silently ignored (issue 26, item 6). zpconfig
 // --env says the same of each value, and exits 1.
@@ -115,15 +130,7 @@ TEST(Params, EverySettingIsCheckedAtInitAndByZpconfig) {
     setenv(b[0], b[1], 1);
     EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument) << b[0] << "=" << b[1];
     EXPECT_NE(std::string(zp::lastError()).find(b[0]), std::string::npos) << zp::lastError();
-    const std::string cmd = std::string(ZPCONFIG_PATH) + " --env 2>/dev/null";
-    FILE* out = popen(cmd.c_str(), "r");
-    ASSERT_NE(out, nullptr);
-    std::string text;
-    char buf[512];
-    while (fgets(buf, sizeof buf, out)) text += buf;
-    const int status = pclose(out);
-    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
-    EXPECT_NE(text.find(std::string(b[0]) + "=" + b[1] + "   <- "), std::string::npos) << text;
+    expectZpconfigRefuses("", b[0], b[1]);
     unsetenv(b[0]);
   }
   for (const auto& good : {"INIT,SHM", "^NET", "coll"}) {
@@ -131,6 +138,32 @@ TEST(Params, EverySettingIsCheckedAtInitAndByZpconfig) {
     EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpSuccess) << good << ": " << zp::lastError();
   }
   unsetenv("ZP_DEBUG_SUBSYS");
+}
+
+// The settings that name a NIC, or where to find one, are checked at init on
+// one node as across nodes (they were ignored there), on every rank, with
+// the variable named; zpconfig --env runs the same checks. A NIC that exists
+// passes.
+TEST(Params, NicSettingsAreCheckedOnOneNodeAndByZpconfig) {
+  const char* bad[][2] = {{"ZP_TOPO_FILE", "/nonexistent"}, {"ZP_SYSFS_ROOT", "/nonexistent"},
+                          {"ZP_NET_DEVICES", "nosuchnic"}};
+  for (const auto& b : bad) {
+    auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv(b[0], b[1], 1);
+      zpComm_t comm = nullptr;
+      EXPECT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpInvalidArgument) << b[0];
+      EXPECT_NE(std::string(zpGetLastError(nullptr)).find(b[0]), std::string::npos) << zpGetLastError(nullptr);
+    });
+    zptest::expectAllOk(exits);
+    expectZpconfigRefuses(std::string("env ") + b[0] + "=" + b[1] + " ", b[0], b[1]);
+  }
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    setenv("ZP_NET_DEVICES", "lo", 1);
+    zpComm_t comm = nullptr;
+    ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess) << zpGetLastError(nullptr);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
 }
 
 TEST(ParamsDeathTest, ReadingAnUndeclaredVariableAborts) {

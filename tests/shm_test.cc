@@ -117,6 +117,52 @@ TEST(ShmSpace, DevShmSmallerThanTheNodeNeedsFailsInitOnEveryRank) { runWithSmall
 // fit find out when they reserve them, and the others from the bootstrap.
 TEST(ShmSpace, DevShmWithTooLittleFreeSpaceFailsInitOnEveryRank) { runWithSmallDevShm("16m", 15 << 20); }
 
+// A container's default /dev/shm (64 MiB) at 4 ranks, with the default 2 MiB
+// rings that need 65 MiB: init shrinks the rings to 1 MiB with one warning
+// (on the node's first rank) naming the size, data moves through them (copy
+// protocol, every byte checked), and nothing is left in /dev/shm.
+TEST(ShmSpace, ContainerSizedDevShmGetsSmallerRingsWithOneWarning) {
+  zptest::RankExit child = zptest::runInChild([&] {
+    const std::string why = privateDevShm("64m");
+    if (!why.empty()) {
+      printf("SKIP: %s\n", why.c_str());
+      return;
+    }
+    unsetenv("ZP_SHM_RING_BYTES");
+    zptest::setShmProto("copy");
+    const uint64_t seed = zptest::testCaseSeed();
+    auto exits = zptest::runRanks(4, [&](int rank, int nranks, const zpUniqueId& id) {
+      // This rank's warnings, in a file of its own.
+      char path[] = "/tmp/zp-shmwarn-XXXXXX";
+      int fd = mkstemp(path);
+      ASSERT_GE(fd, 0);
+      unlink(path);
+      fflush(stderr);
+      const int saved = dup(2);
+      dup2(fd, 2);
+      const Init init = timedInit(rank, nranks, id, 20000);
+      fflush(stderr);
+      dup2(saved, 2);
+      close(saved);
+      std::string log(4096, '\0');
+      log.resize(std::max<ssize_t>(0, pread(fd, &log[0], log.size(), 0)));
+      close(fd);
+      ASSERT_EQ(init.result, zpSuccess) << "rank " << rank << ": " << init.msg;
+      size_t warnings = 0;
+      for (size_t pos = 0; (pos = log.find("using 1048576-byte rings", pos)) != std::string::npos; pos++) warnings++;
+      EXPECT_EQ(warnings, rank == 0 ? 1u : 0u) << "rank " << rank << ": " << log;
+      for (int it = 0; it < 3; it++)
+        EXPECT_EQ(zptest::alltoallvError(init.comm, rank, zptest::randomCounts(nranks, seed + it, 400000, 0.1),
+                                         zpFloat32, seed + it),
+                  "");
+      ZP_EXPECT_OK(zpCommDestroy(init.comm));
+    });
+    zptest::expectAllOk(exits);
+    for (const std::string& e : devShmEntries()) ADD_FAILURE() << "left in /dev/shm: " << e;
+  });
+  EXPECT_TRUE(child.ok()) << (child.exited ? "exit code " : "signal ") << child.code;
+}
+
 // ZP_SHM_RING_BYTES differs between the ranks of a node: every rank says so
 // at once (it used to wait for the whole timeout, then report that a local
 // rank never created its shared memory).

@@ -151,6 +151,12 @@ TEST(Ulysses, BadArgumentsGetClearErrors) {
     ZP_EXPECT_ERROR(zpInvalidArgument,
                     zpUlyssesAlltoall(a.data(), b.data(), l, 1 << 30, 1 << 30, 1 << 30, zpFloat32, 0, comm, nullptr));
     EXPECT_NE(std::string(zpGetLastError(nullptr)).find("too large"), std::string::npos) << zpGetLastError(nullptr);
+    // A head count whose per-head tables alone would take gigabytes (INT_MAX
+    // heads of one element: under the size cap).
+    ZP_EXPECT_ERROR(zpInvalidArgument,
+                    zpUlyssesAlltoall(a.data(), b.data(), l, INT_MAX, INT_MAX, 1, zpUint8, 0, comm, nullptr));
+    EXPECT_NE(std::string(zpGetLastError(nullptr)).find("2147483647 query heads"), std::string::npos)
+        << zpGetLastError(nullptr);
     int64_t bigLens[] = {int64_t(1) << 40};
     zpSegment_t bigSegs[] = {{0, 0, int64_t(1) << 39}, {0, int64_t(1) << 39, int64_t(1) << 39}};
     zpLayout_t big = nullptr;

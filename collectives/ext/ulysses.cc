@@ -26,6 +26,8 @@ struct HeadRange {
   int lo, hi;
 };
 
+constexpr int kMaxHeads = 1 << 16;  // query heads (and so heads) of one call
+
 // The heads of a tensor with `heads` heads that rank r of G holds.
 HeadRange headsOf(int r, int G, int qHeads, int heads) {
   int qlo = (int)((int64_t)r * qHeads / G), qhi = (int)((int64_t)(r + 1) * qHeads / G);
@@ -160,6 +162,12 @@ zpResult_t zpUlyssesAlltoall(const void* in, void* out, zpLayout_t layout, int q
   if ((uint64_t)headDim > ZP_MAX_CALL_BYTES / ts / (uint64_t)heads / (uint64_t)std::max<int64_t>(total, 1))
     return zpSetLastError(comm, zpInvalidArgument, "%s: %lld tokens x %d heads x head dim %d x %zu bytes is too large", fn,
                     (long long)total, heads, headDim, ts);
+  // Which ranks hold each head is a table per head, filled by a loop over
+  // the heads: bounded before it is made (heads = INT_MAX filled 8 GiB),
+  // far above any model's head count.
+  if (qHeads > kMaxHeads)
+    return zpSetLastError(comm, zpInvalidArgument, "%s: %d query heads: at most %d are supported", fn, qHeads,
+                          kMaxHeads);
   std::vector<HeadRange> hr(G);
   bool replicated = false;
   std::vector<int> holders(heads, 0);

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import enum
 import functools
+import operator
 import os
 import sys
 import threading
@@ -465,9 +466,10 @@ class Communicator:
                 acc += c
             return out
         try:
-            vals = list(map(int, values.tolist() if hasattr(values, "tolist") else values))
-        except (TypeError, ValueError):
-            raise InvalidArgument("%s: %s must be %d integers" % (fn, name, self._size)) from None
+            # operator.index, not int: 4.7 would be truncated and '4' parsed.
+            vals = [operator.index(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+        except TypeError:
+            raise InvalidArgument("%s: %s must be %d integers, not %r" % (fn, name, self._size, values)) from None
         if len(vals) != self._size:
             raise InvalidArgument("%s: %s has %d entries, the communicator %d ranks" % (fn, name, len(vals),
                                                                                        self._size))

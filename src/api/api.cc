@@ -299,6 +299,11 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId id, int r
   ZP_CHECK(zp::resolveConfig(config, &cfg));
   std::unique_ptr<zp::Comm> impl;
   ZP_CHECK(zp::Comm::create(nranks, id, rank, cfg, zp::routedEagerBytes(cfg), &impl));
+  if (nranks > 1) {  // settings that differ fail init on every rank, not a later call
+    zp::Comm::Call call(impl.get(), "zpCommInitRank");
+    ZP_CHECK(call.status());
+    ZP_CHECK(zp::checkSettingsAgree(impl.get()));
+  }
   *comm = newHandle(std::move(impl));
   return zpSuccess;
 } catch (...) {
@@ -540,6 +545,24 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
                    (void*)comm, c->nranks(), stream);
   }
   inGroup(comm);
+  if (zp::groupOpen()) {
+    // Queued: the group keeps its own copy of the four arrays (the caller may
+    // free or reuse them before zpGroupEnd, as NCCL's scalars).
+    const size_t n = (size_t)c->nranks();
+    auto arrays = std::make_shared<std::vector<size_t>>();
+    arrays->reserve(4 * n);
+    const size_t* in[4] = {sendcounts, sdispls, recvcounts, rdispls};
+    const size_t* kept[4] = {};
+    for (int k = 0; k < 4; k++)
+      if (in[k]) arrays->insert(arrays->end(), in[k], in[k] + n);
+    for (int k = 0, at = 0; k < 4; k++)
+      if (in[k]) kept[k] = arrays->data() + n * at++;
+    zp::queueCollective(c, [=, raw = c.get(), keep = arrays] {
+      (void)keep;
+      return zp::alltoallv(raw, sendbuff, kept[0], kept[1], recvbuff, kept[2], kept[3], datatype, stream);
+    });
+    return zpSuccess;
+  }
   // By the communicator's address, as the standard collectives' closure.
   return zp::enqueueCollective(c, "zpAlltoallv", [=, raw = c.get()] {
     return zp::alltoallv(raw, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);

@@ -198,7 +198,11 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     if (res == zpSuccess && !k->available(&missing))
       res = fail(zpInvalidUsage, "rank %d: this communicator spans %d nodes (ranks on different hosts or ZP_NODE_ID), "
                  "but %s", rank_, nnodes_, missing.c_str());
-  if (res == zpSuccess && remote) {
+  // On one node no NIC is used, but settings that name one, or where to find
+  // one, are checked as across nodes: a typo is not silently ignored.
+  const bool nicSettings =
+      !envString("ZP_TOPO_FILE").empty() || !envString("ZP_SYSFS_ROOT").empty() || !cfg_.netDevices.empty();
+  if (res == zpSuccess && (remote || nicSettings)) {
     int localRanks = 0;
     for (int r = 0; r < nranks_; r++) localRanks += isLocal(r);
     int rail = 0;

@@ -16,7 +16,10 @@ zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int
   std::string file = envString("ZP_TOPO_FILE");
   if (!file.empty()) {
     ClusterTopology topo;
-    ZP_CHECK(loadTopoFile(file, &topo));
+    if (zpResult_t r = loadTopoFile(file, &topo)) {
+      const std::string why = lastError();  // fail() writes where lastError() points
+      return fail(r, "ZP_TOPO_FILE=%s: %s", file.c_str(), why.c_str());
+    }
     if (topo.nranks() != nranks)
       return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
                   topo.nranks(), nranks);
@@ -28,7 +31,10 @@ zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int
     }
   } else {
     NodeTopology node;
-    ZP_CHECK(discoverNode(&node));
+    if (zpResult_t r = discoverNode(&node)) {
+      const std::string root = envString("ZP_SYSFS_ROOT"), why = lastError();
+      return root.empty() ? r : fail(zpInvalidArgument, "ZP_SYSFS_ROOT=%s: %s", root.c_str(), why.c_str());
+    }
     std::string why;
     int idx = pickNic(node, localRank, localRanks, cfg.netDevices, &why);
     if (idx >= 0) {

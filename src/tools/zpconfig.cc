@@ -5,8 +5,35 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <net/if.h>
+
+#include <string>
+
 #include "src/core/log.h"
 #include "src/core/params.h"
+#include "src/core/topology.h"
+
+// What init checks of the settings that name a NIC or where to find one
+// (Comm::chooseNic): "" if the value passes.
+static std::string nicSettingError(const std::string& name, const std::string& value) {
+  std::string why;
+  if (name == "ZP_TOPO_FILE") {
+    zp::ClusterTopology topo;
+    if (zp::loadTopoFile(value, &topo) != zpSuccess) why = zp::lastError();
+  } else if (name == "ZP_SYSFS_ROOT" || name == "ZP_NET_DEVICES") {
+    zp::NodeTopology node;
+    if (zp::discoverNode(&node) != zpSuccess) {
+      why = zp::lastError();
+    } else if (name == "ZP_NET_DEVICES" && zp::pickNic(node, 0, 1, value, &why) < 0 &&
+               !(value.find(',') == std::string::npos && if_nametoindex(value.c_str()))) {
+      // (as init: a single name that discovery passes over but the system knows is taken)
+    } else {
+      why.clear();
+    }
+  }
+  zp::clearLastError();
+  return why;
+}
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "--list";
@@ -39,6 +66,8 @@ int main(int argc, char** argv) {
     } else if (eq && eq[1] && zp::checkParamValue(*p, eq + 1, nullptr, nullptr) != zpSuccess) {
       why = zp::lastError();
       zp::clearLastError();
+    } else if (eq && eq[1]) {
+      why = nicSettingError(name, eq + 1);
     }
     bad += !why.empty();
     printf("%s%s%s\n", *e, why.empty() ? "" : "   <- ", why.c_str());

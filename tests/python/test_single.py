@@ -192,6 +192,21 @@ def test_one_rank_calls_and_offsets(comm):
         comm.all_reduce(np.zeros(3, dtype=">f4"))
 
 
+def test_counts_must_be_integers(comm):
+    """Counts and displacements that are not integers (4.7, '4') are refused,
+    not truncated or parsed; NumPy and torch integers pass."""
+    out = torch.zeros(4)
+    for bad in ([4.7], ["4"], [None]):
+        with pytest.raises(zeppelin.InvalidArgument, match="integers"):
+            comm.alltoallv(torch.arange(4, dtype=torch.float32), bad, out, [4])
+        with pytest.raises(zeppelin.InvalidArgument, match="integers"):
+            comm.alltoallv(torch.arange(4, dtype=torch.float32), [4], out, [4], rdispls=bad)
+    for good in ([np.int64(4)], np.array([4]), torch.tensor([4])):
+        out.zero_()
+        comm.alltoallv(torch.arange(4, dtype=torch.float32), good, out, good)
+        assert out.tolist() == [0, 1, 2, 3]
+
+
 def test_outputs_over_read_only_memory_are_refused(comm, tmp_path):
     """A CPU tensor over a read-only mapping as an output: refused before any
     C call (writing it would kill the process with SIGSEGV). torch keeps no

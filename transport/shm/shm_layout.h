@@ -27,6 +27,8 @@ constexpr uint64_t kSegMagic = 0x5a50534547000003ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
+// The smallest data ring init shrinks to when /dev/shm is small (ZP_SHM_RING_BYTES' minimum).
+constexpr uint64_t kMinShmRingBytes = 64 << 10;
 constexpr uint64_t kRecord = 64;  // records are multiples of this
 
 

@@ -70,7 +70,6 @@ zpResult_t ShmTransport::init() {
   // This rank's segment. Every rank of the node makes one of the same size.
   name_ = segName(c.rank);
   segBytes_ = segmentBytes(nlocal, ringBytes_);
-  const double nodeBytes = (double)nlocal * segBytes_;
   struct statvfs vfs;
   const bool sized = statvfs("/dev/shm", &vfs) == 0 && vfs.f_blocks > 0;  // 0 blocks: no limit
   const double shmSize = sized ? (double)vfs.f_blocks * vfs.f_frsize : 0;
@@ -79,6 +78,23 @@ zpResult_t ShmTransport::init() {
     snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1 << 20));
     return std::string(buf);
   };
+  // A /dev/shm too small for the rings asked for (a container's 64 MiB):
+  // smaller rings, down to kMinShmRingBytes, rather than no communicator.
+  // From /dev/shm's size, not its free space, so that every rank of the node
+  // picks the same size however their reservations interleave.
+  while (sized && (double)nlocal * segmentBytes(nlocal, ringBytes_) > shmSize && ringBytes_ / 2 >= kMinShmRingBytes)
+    ringBytes_ /= 2;
+  if (ringBytes_ != cfg.shmRingBytes) {
+    fragMax_ = std::min<size_t>(ringBytes_ / 4, 256 << 10);
+    segBytes_ = segmentBytes(nlocal, ringBytes_);
+    if (myLocalIdx_ == 0)  // one warning per node
+      ZP_WARN(kSubShm,
+              "/dev/shm holds %s, too little for %u ranks with ZP_SHM_RING_BYTES=%zu: using %llu-byte rings "
+              "(%s of /dev/shm); make /dev/shm larger (docker run --shm-size=...) for the full rings",
+              mib(shmSize).c_str(), nlocal, cfg.shmRingBytes, (unsigned long long)ringBytes_,
+              mib((double)nlocal * segBytes_).c_str());
+  }
+  const double nodeBytes = (double)nlocal * segBytes_;
   const std::string needs = "the " + std::to_string(nlocal) + " ranks on this node need " + mib(nodeBytes) +
                             " of it (" + std::to_string(nlocal) + " segments of " + mib((double)segBytes_) +
                             ", with ZP_SHM_RING_BYTES=" + std::to_string(ringBytes_) + ")";
@@ -217,11 +233,11 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
   // Compared here, from the bootstrap, so that every rank of the node finds
   // the difference itself and says the same.
   for (int r : local_)
-    if (res == zpSuccess && ringBytes[r] != ringBytes_)
+    if (res == zpSuccess && ringBytes[r] != c.cfg->shmRingBytes)  // the settings (ringBytes_ may be smaller: init)
       res = fail(zpInvalidUsage,
                  "rank %d: ZP_SHM_RING_BYTES differs between the ranks of node '%s': it is %llu on rank %d and %llu "
                  "on rank %d; it must be the same on every rank",
-                 c.rank, c.cfg->nodeId.c_str(), (unsigned long long)ringBytes_, c.rank,
+                 c.rank, c.cfg->nodeId.c_str(), (unsigned long long)c.cfg->shmRingBytes, c.rank,
                  (unsigned long long)ringBytes[r], r);
   for (uint32_t i = 0; i < nlocal && res == zpSuccess; i++) {
     if ((int)i == myLocalIdx_) continue;

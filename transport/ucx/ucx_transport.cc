@@ -50,7 +50,8 @@ struct UcxTransport::Request {
   Op* op;  // null for control messages
   bool meta;
   void* ucx = nullptr;
-  std::string payload;  // a control send owns its bytes
+  std::string payload;  // a control send owns its bytes; a refused receive drains into it
+  ucp_tag_t probeTag = 0;  // a receive that waits in probing_ for its message
   // UCX may call the callback before the posting call returns; the
   // completion is then kept here and handled once the call has returned.
   bool early = false;
@@ -306,6 +307,18 @@ void UcxTransport::submit(Op* op, bool meta) {
   ucs_status_ptr_t st;
   const bool standingLane = op->lane != kLaneCalls;
   uint64_t type = standingLane ? kTagStanding : meta ? kTagMeta : kTagData;
+  if (!op->isSend && !standingLane && !meta && op->peer != kAnyRemotePeer) {
+    // A user's receive is posted only once its message is here and its size
+    // known (probe), so one of another size writes nothing into the buffer
+    // (a posted receive would take a shorter message, or the start of a
+    // longer one). A rendezvous message still lands in the buffer directly.
+    r->probeTag = makeTag(type, (uint64_t)op->kind, op->peer, op->seq);
+    probing_.push_back(r);
+    ZP_TRACE(kSubNet, "rank %d: waiting for recv data #%llu from rank %d, %zu bytes", ctx_.rank,
+             (unsigned long long)op->seq, op->peer, len);
+    takeProbed(r);
+    return;
+  }
   if (op->isSend) {
     prm.cb.send = sendCb;
     st = ucp_tag_send_nbx(peers_[op->peer].ep, buf, len, makeTag(type, (uint64_t)op->kind, ctx_.rank, op->seq),
@@ -331,6 +344,39 @@ void UcxTransport::submit(Op* op, bool meta) {
   attach(r, st);
 }
 
+// Takes r's message if it has come (true): into the receive buffer when its
+// kind and size are the ones expected, else into a sink, and complete()
+// reports the mismatch. r leaves probing_ (the caller's index i, if any, stays valid).
+bool UcxTransport::takeProbed(Request* r) {
+  ucp_tag_recv_info_t info;
+  ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, r->probeTag, kMatchAllButKind, 1, &info);
+  if (!msg) return false;
+  probing_.erase(std::find(probing_.begin(), probing_.end(), r));
+  Op* op = r->op;
+  void* buf = op->buf;
+  if (info.length != op->bytes || tagKind(info.sender_tag) != (uint32_t)op->kind) {
+    r->payload.resize(std::max<size_t>(info.length, 1));
+    buf = &r->payload[0];
+  }
+  ucp_request_param_t prm;
+  memset(&prm, 0, sizeof(prm));
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.user_data = r;
+  prm.cb.recv = recvCb;
+  ucs_status_ptr_t st = ucp_tag_msg_recv_nbx(worker_, buf, info.length, msg, &prm);
+  if (UCS_PTR_IS_ERR(st)) {
+    OpState& s = ops_.at(op);
+    s.reqs.erase(std::find(s.reqs.begin(), s.reqs.end(), r));
+    delete r;
+    fault(op, zpRemoteError, std::string("UCX: cannot receive a message from rank ") + std::to_string(op->peer) +
+                                 ": " + ucs_status_string(UCS_PTR_STATUS(st)));
+    releasePart(op);
+    return true;
+  }
+  attach(r, st);
+  return true;
+}
+
 void UcxTransport::sendCb(void*, ucs_status_t status, void* user) {
   Request* r = (Request*)user;
   r->t->onCallback(r, status, 0, 0);
@@ -347,7 +393,7 @@ void UcxTransport::epErrorCb(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 
 void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_tag_t tag) {
-  ucp_request_free(r->ucx);
+  if (r->ucx) ucp_request_free(r->ucx);
   if (r == ctrlRecv_) {
     // A control message; the receive is posted again from progress().
     ctrlRecv_ = nullptr;
@@ -417,7 +463,15 @@ void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
   // A cancel may complete the request at once, which edits the op's list (and
   // may finish the op): walk a copy.
   std::vector<Request*> reqs = it->second.reqs;
-  for (Request* r : reqs) ucp_request_cancel(worker_, r->ucx);
+  for (Request* r : reqs) {
+    auto probing = std::find(probing_.begin(), probing_.end(), r);
+    if (probing == probing_.end()) {
+      ucp_request_cancel(worker_, r->ucx);
+    } else {  // not given to UCX yet
+      probing_.erase(probing);
+      complete(r, UCS_ERR_CANCELED, 0, 0);
+    }
+  }
 }
 
 bool UcxTransport::completesAfterBye(const Op* op) const {
@@ -565,6 +619,10 @@ bool UcxTransport::progress() {
       if (!ucp_worker_progress(worker_) && ctrlRecv_) break;
     }
   }
+  // Receives whose messages have come (taking one may complete it and edit probing_).
+  for (size_t i = 0; i < probing_.size();)
+    if (takeProbed(probing_[i])) did = true;
+    else i++;
   auto errors = std::move(epErrors_);
   epErrors_.clear();
   for (size_t i = 0; i < closing_.size();) {

@@ -120,6 +120,7 @@ class UcxTransport : public CarrierTransport {
   void submit(Op* op, bool meta);
   void releasePart(Op* op);
   void attach(Request* r, ucs_status_ptr_t handle);
+  bool takeProbed(Request* r);
   void onCallback(Request* r, ucs_status_t status, size_t length, ucp_tag_t senderTag);
   void complete(Request* r, ucs_status_t status, size_t length, ucp_tag_t senderTag);
   void postCtrlRecv();
@@ -157,6 +158,7 @@ class UcxTransport : public CarrierTransport {
   std::map<Op*, OpState> ops_;
   std::set<Request*> ctrlReqs_;  // control sends in flight, and the posted control receive
   std::set<Request*> orphans_;   // requests dropOps gave up waiting for (their ops are done)
+  std::vector<Request*> probing_;  // user receives waiting for their message (takeProbed)
   Request* ctrlRecv_ = nullptr;
   std::vector<char> ctrlBuf_;
   std::vector<std::pair<int, std::string>> epErrors_;  // reported inside ucp_worker_progress
