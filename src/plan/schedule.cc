@@ -289,6 +289,59 @@ namespace {
 // tokens (scheduleToTarget).
 constexpr double kTokenSlack = 0.15;
 
+// The nodes by the G-th free time of their ranks (each G) and by the tokens
+// they still have room for, in a tree: the soonest G-th among the nodes with
+// room for a share, searched best first (a subtree whose soonest is no better
+// than the best found, or without a node with room, is not entered), in
+// place of a pass over every node for every ring size a sequence probes.
+class NodeTree {
+ public:
+  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota) {
+    while (size_ < nodes) size_ *= 2;
+    tokens_.assign(2 * size_, 1e300);
+    key_.assign(size_t(rpn) * 2 * size_, 1e300);
+    for (int nd = 0; nd < nodes; ++nd) {
+      std::vector<double> zero(size_t(rpn), 0.0);
+      set(nd, zero.data(), 0.0);
+    }
+  }
+  // Node nd's ranks' free times, sorted, and its tokens.
+  void set(int nd, const double* sorted, double tokens) {
+    size_t v = size_t(size_ + nd);
+    tokens_[v] = tokens;
+    for (int g = 0; g < rpn_; ++g) key(g, v) = sorted[g];
+    for (v /= 2; v >= 1; v /= 2) {
+      tokens_[v] = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
+      for (int g = 0; g < rpn_; ++g) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+    }
+  }
+  // The soonest g-th (0-based) free time of a node with room for `share`
+  // (its tokens plus the share within the quota), else of any node.
+  double soonest(int g, double share) {
+    double best = 1e300;
+    find(g, share, 1, &best);
+    return best < 1e300 ? best : key(g, 1);
+  }
+
+ private:
+  double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
+  void find(int g, double share, size_t v, double* best) {
+    if (!(tokens_[v] + share <= quota_) || key(g, v) >= *best) return;
+    if (v >= size_t(size_)) {
+      *best = key(g, v);
+      return;
+    }
+    const size_t a = 2 * v, b = 2 * v + 1;
+    const bool aFirst = key(g, a) <= key(g, b);
+    find(g, share, aFirst ? a : b, best);
+    find(g, share, aFirst ? b : a, best);
+  }
+
+  int rpn_, size_ = 1;
+  double quota_;
+  std::vector<double> tokens_, key_;
+};
+
 // The ranks' state while scheduleToTarget places sequences: when each is
 // free, the idle gaps rings leave, each node's tokens, and what finding a
 // place asks often (each node's soonest free rank; per node, its ranks' free
@@ -299,7 +352,8 @@ class Slots {
   Slots(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt)
       : c_(c), rpn_(c.ranksPerNode), freeAt_(c.ranks(), 0.0), sorted_(c.ranks(), 0.0), nodeMin_(c.nodes, 0.0),
         nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(c.nodes),
-        kth_(size_t(c.ranksPerNode), GrowingMin(size_t(c.nodes))) {
+        tree_(c.nodes, c.ranksPerNode,
+              std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1) {
     balanceNodes_ = opt.nodeTokenBalance && c.nodes > 1;
     nodeQuota_ = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
     for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = nodeOrder_[nd] = {0.0, nd};
@@ -355,14 +409,13 @@ class Slots {
     }
     // The node whose G-th free time is soonest among those with room, else
     // among all.
-    int any = -1;
-    const int nd = kth_[size_t(sp.G - 1)].least([&](int q) { return roomFor(q, share); }, &any);
-    return sorted_[size_t((nd >= 0 ? nd : any) * rpn_ + sp.G - 1)];
+    return tree_.soonest(sp.G - 1, balanceNodes_ ? share : -1e300);
   }
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
     if (w.gap != gaps_.end()) {
       gaps_.fill(w.gap, seconds);
+      if (!dirty_[w.rank / rpn_]) dirtyNodes_.push_back(w.rank / rpn_), dirty_[w.rank / rpn_] = 1;  // its tokens
     } else {
       freeAt_[w.rank] = w.at + seconds;
       touched(w.rank / rpn_);
@@ -439,8 +492,7 @@ class Slots {
       std::copy(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_, begin);
       std::sort(begin, begin + rpn_);
       raiseEntry(nodeFree_, was, begin[rpn_ - 1]);
-      for (int g = 0; g < rpn_; ++g)
-        if (kth_[size_t(g)].key(nd) != begin[g]) kth_[size_t(g)].raise(nd, begin[g]);
+      tree_.set(nd, begin, nodeTokens_[nd]);
       dirty_[nd] = 0;
     }
     dirtyNodes_.clear();
@@ -458,7 +510,7 @@ class Slots {
   std::vector<size_t> blocked_;
   std::vector<Entry> nodeFree_, eligible_;
   std::vector<Entry> nodeOrder_;  // (nodeMin_, node), sorted
-  std::vector<GrowingMin> kth_;   // [G - 1]: the nodes by their G-th free time (sorted_)
+  NodeTree tree_;                 // the nodes by each G-th free time, with their room
   std::vector<int> chosen_;
   IdleGaps gaps_;
   bool balanceNodes_ = false;
