@@ -255,7 +255,7 @@ StepConfig a800Step(ClusterModel* c, int nranks) { return presetStep("a800", c, 
 // A800): it never loses to a baseline whose placement it can express (by
 // more than 0.1%, the rounding of tokens to ranks) and to the hierarchical
 // ones (hier_cp, usp_cp: Ulysses inside the node, longer kernel calls than
-// any ring of whole sequences) by at most 1.2% (the worst of 64 batches at
+// any ring of whole sequences) by at most 1.2% (the worst of 320 batches at
 // 16-256 ranks was 0.991x, docs/simulator.md), idles less than 3% of the
 // step, and sits within 5% of the lower bound. The planner before
 // idle-aware scheduling lost 0.53x here at 256 ranks (8-47 s of idle).
