@@ -19,23 +19,27 @@
 #include <fstream>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "include/zeppelin.h"
 #include "src/plan/planner.h"
+#include "src/sim/calibration.h"
 #include "src/sim/simulator.h"
 #include "src/route/router.h"
 
 namespace {
 
+std::vector<int64_t> readLengths(const std::string& name) {
+  std::vector<int64_t> v;
+  std::ifstream f(ZP_SOURCE_DIR "/tests/data/" + name);
+  for (int64_t x; f >> x;) v.push_back(x);
+  if (v.empty()) throw std::runtime_error("no lengths in tests/data/" + name);
+  return v;
+}
+
 const std::vector<int64_t>& lengths() {
-  static const std::vector<int64_t> all = [] {
-    std::vector<int64_t> v;
-    std::ifstream f(ZP_SOURCE_DIR "/tests/data/prolong64k.txt");
-    for (int64_t x; f >> x;) v.push_back(x);
-    if (v.empty()) throw std::runtime_error("no lengths in tests/data/prolong64k.txt");
-    return v;
-  }();
+  static const std::vector<int64_t> all = readLengths("prolong64k.txt");
   return all;
 }
 
@@ -77,6 +81,29 @@ void BM_PlanForStep(benchmark::State& state) { planForStep(state, true); }
 void BM_PlanForStepNoFit(benchmark::State& state) { planForStep(state, false); }
 BENCHMARK(BM_PlanForStep)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PlanForStepNoFit)->Arg(16)->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
+
+// The plan zpplan charges to Zeppelin, as zpplan makes it: the h800 preset
+// (src/sim/calibration.cc), Llama-8B, the long-tail mix at 16K tokens per
+// rank, the first batch of seed 1; at 256, 4,096 and 16,384 ranks. CPU time
+// (one thread).
+void BM_PlanPresetH800(benchmark::State& state) {
+  const int ranks = int(state.range(0));
+  static const std::vector<int64_t> mix = readLengths("longtail_mix.txt");
+  std::mt19937_64 rng(1);
+  size_t next = rng() % mix.size();
+  const auto lens = zp::sim::nextBatch(mix, int64_t(16384) * ranks, &next);
+  zp::sim::Calibration cal;
+  zp::sim::calibrationPreset("h800", &cal);
+  zp::plan::ClusterModel c = cal.cluster;
+  c.nodes = ranks / c.ranksPerNode;
+  zp::sim::StepConfig cfg;
+  zp::sim::modelPreset("llama-8b", &cfg.model);
+  cfg.linearEfficiency = cal.linearEfficiency;
+  cfg.memoryBytes = cal.memoryGiB * double(1 << 30);
+  for (auto _ : state) benchmark::DoNotOptimize(zp::sim::planForStep(lens, cfg, c));
+  state.counters["seqs"] = double(lens.size());
+}
+BENCHMARK(BM_PlanPresetH800)->Arg(256)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime();
 
 void BM_PlanBatchLegacy(benchmark::State& state) {
   const int ranks = int(state.range(0));

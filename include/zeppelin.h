@@ -378,6 +378,17 @@ zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                        const zpAttnShape_t* shape, const zpClusterModel_t* cluster,
                        zpComm_t comm);
 zpResult_t zpPlanDestroy(zpBatchPlan_t plan);
+/* Plans ahead: zpPlanBatch's planning of a batch started on a thread of its
+ * own, so that the next batch is planned while the current step runs. The
+ * input is checked and copied (with comm, its cluster read) before this
+ * returns. zpPlanAheadWait waits for the thread and hands over the plan,
+ * the same plan zpPlanBatch makes of the same input (or the planner's
+ * refusal of it, as zpPlanBatch's error), and frees `ahead` either way.
+ * Every zpPlanBatchAhead needs its zpPlanAheadWait. */
+typedef struct zpPlanAhead* zpPlanAhead_t;
+zpResult_t zpPlanBatchAhead(zpPlanAhead_t* ahead, int nseqs, const int64_t* seqLens, const zpAttnShape_t* shape,
+                            const zpClusterModel_t* cluster, zpComm_t comm);
+zpResult_t zpPlanAheadWait(zpPlanAhead_t ahead, zpBatchPlan_t* plan);
 /* A plan whose rings the caller chooses (its own partitioner, or plain ring
  * attention over all ranks): sequence s runs on the ranks
  * ringRanks[ringOffsets[s] .. ringOffsets[s+1]) in ring order (one rank:

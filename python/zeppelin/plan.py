@@ -325,35 +325,98 @@ def plan_batch(lengths: Optional[Ints] = None, comm_or_nranks: Union[Communicato
     their measured rate); with a rank count, for the cluster model the other
     arguments give (default one A800-like node). The attention shape
     (heads, head_dim, elem_bytes) weighs compute against communication."""
-    if lengths is None and cu_seqlens is None:
-        raise InvalidArgument("plan_batch: pass lengths or cu_seqlens")
-    if comm_or_nranks is None:
-        raise InvalidArgument("plan_batch: pass a Communicator or a rank count")
-    if cu_seqlens is not None:
-        if lengths is not None:
-            raise InvalidArgument("plan_batch: pass lengths or cu_seqlens, not both")
-        lengths = lengths_from_cu_seqlens(cu_seqlens)
-    lens, arr = _int64s(lengths, "lengths")
-    if _looks_like_cu_seqlens(lens):
-        raise InvalidArgument("plan_batch: lengths %s... start with 0 and never fall: cu_seqlens? Pass "
-                              "plan_batch(cu_seqlens=...)" % lens[:4])
-    shape = _lib.AttnShape(int(q_heads), int(kv_heads), int(head_dim), int(elem_bytes), int(bool(causal)))
+    lens, arr, shape, cluster, comm = _plan_input("plan_batch", lengths, comm_or_nranks, causal, q_heads, kv_heads,
+                                                  head_dim, elem_bytes, nodes, nics_per_node, nic_gbps,
+                                                  intra_node_gbps, tflops, efficiency, cu_seqlens)
     h = _lib.Plan()
-    cluster: Any
-    if isinstance(comm_or_nranks, Communicator):
-        cluster, comm = None, comm_or_nranks._handle()
-    else:
-        n = int(comm_or_nranks)
-        if n < 1 or n % int(nodes):
-            raise InvalidArgument("plan_batch: %d ranks do not fill %d nodes evenly" % (n, nodes))
-        cluster = _lib.ClusterModel(int(nodes), n // int(nodes), int(nics_per_node), float(nic_gbps),
-                                    float(intra_node_gbps), float(tflops), float(efficiency))
-        cluster, comm = ctypes.byref(cluster), None
     check(_lib.lib.zpPlanBatch(ctypes.byref(h), len(lens), arr, ctypes.byref(shape), cluster, comm), comm)
     plan = BatchPlan(h.value)
     if isinstance(comm_or_nranks, Communicator):
         plan.comm = comm_or_nranks
     return plan
+
+
+def _plan_input(fn, lengths, comm_or_nranks, causal, q_heads, kv_heads, head_dim, elem_bytes, nodes, nics_per_node,
+                nic_gbps, intra_node_gbps, tflops, efficiency, cu_seqlens):
+    """plan_batch's and plan_ahead's arguments as zpPlanBatch takes them:
+    (lengths, their int64 array, the shape, a cluster pointer or None, the
+    communicator handle or None)."""
+    if lengths is None and cu_seqlens is None:
+        raise InvalidArgument("%s: pass lengths or cu_seqlens" % fn)
+    if comm_or_nranks is None:
+        raise InvalidArgument("%s: pass a Communicator or a rank count" % fn)
+    if cu_seqlens is not None:
+        if lengths is not None:
+            raise InvalidArgument("%s: pass lengths or cu_seqlens, not both" % fn)
+        lengths = lengths_from_cu_seqlens(cu_seqlens)
+    lens, arr = _int64s(lengths, "lengths")
+    if _looks_like_cu_seqlens(lens):
+        raise InvalidArgument("%s: lengths %s... start with 0 and never fall: cu_seqlens? Pass "
+                              "%s(cu_seqlens=...)" % (fn, lens[:4], fn))
+    shape = _lib.AttnShape(int(q_heads), int(kv_heads), int(head_dim), int(elem_bytes), int(bool(causal)))
+    cluster: Any
+    if isinstance(comm_or_nranks, Communicator):
+        return lens, arr, shape, None, comm_or_nranks._handle()
+    n = int(comm_or_nranks)
+    if n < 1 or n % int(nodes):
+        raise InvalidArgument("%s: %d ranks do not fill %d nodes evenly" % (fn, n, nodes))
+    cluster = _lib.ClusterModel(int(nodes), n // int(nodes), int(nics_per_node), float(nic_gbps),
+                                float(intra_node_gbps), float(tflops), float(efficiency))
+    return lens, arr, shape, ctypes.byref(cluster), None
+
+
+# zpPlanBatchAhead and zpPlanAheadWait (declared here: _lib.py's table
+# predates them).
+_P = ctypes.POINTER
+_lib.lib.zpPlanBatchAhead.restype = _lib.Result
+_lib.lib.zpPlanBatchAhead.argtypes = [_P(ctypes.c_void_p), ctypes.c_int, _P(ctypes.c_int64), _P(_lib.AttnShape),
+                                      _P(_lib.ClusterModel), _lib.Comm]
+_lib.lib.zpPlanAheadWait.restype = _lib.Result
+_lib.lib.zpPlanAheadWait.argtypes = [ctypes.c_void_p, _P(_lib.Plan)]
+
+
+class PlanAhead:
+    """A batch being planned on a thread of its own (plan_ahead): wait()
+    returns its BatchPlan, the same plan_batch makes of the same input. Wait
+    exactly once (the handle is freed then; a PlanAhead dropped unwaited is
+    waited for by its finalizer)."""
+
+    def __init__(self, handle, comm):
+        self._h = handle
+        self._comm = comm
+
+    def wait(self) -> BatchPlan:
+        if self._h is None:
+            raise InvalidUsage("PlanAhead.wait: already waited for")
+        h, self._h = self._h, None
+        plan = _lib.Plan()
+        comm = self._comm._handle() if isinstance(self._comm, Communicator) else None
+        check(_lib.lib.zpPlanAheadWait(h, ctypes.byref(plan)), comm)
+        out = BatchPlan(plan.value)
+        if isinstance(self._comm, Communicator):
+            out.comm = self._comm
+        return out
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            _lib.lib.zpPlanAheadWait(self._h, None)
+            self._h = None
+
+
+def plan_ahead(lengths: Optional[Ints] = None, comm_or_nranks: Union[Communicator, int, None] = None,
+               causal: bool = True, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128, elem_bytes: int = 2,
+               nodes: int = 1, nics_per_node: int = 1, nic_gbps: float = 200.0, intra_node_gbps: float = 200.0,
+               tflops: float = 312.0, efficiency: float = 0.5, cu_seqlens: Optional[Ints] = None) -> PlanAhead:
+    """zpPlanBatchAhead: plan_batch's planning of the next batch started on
+    a thread of its own, so that it runs while the current step does;
+    returns at once (the arguments are checked and copied first). The
+    PlanAhead's wait() returns the plan."""
+    lens, arr, shape, cluster, comm = _plan_input("plan_ahead", lengths, comm_or_nranks, causal, q_heads, kv_heads,
+                                                  head_dim, elem_bytes, nodes, nics_per_node, nic_gbps,
+                                                  intra_node_gbps, tflops, efficiency, cu_seqlens)
+    h = ctypes.c_void_p()
+    check(_lib.lib.zpPlanBatchAhead(ctypes.byref(h), len(lens), arr, ctypes.byref(shape), cluster, comm), comm)
+    return PlanAhead(h.value, comm_or_nranks)
 
 
 # ---- remaps ----

@@ -2,6 +2,8 @@
 // zp::plan::planBatch and hands out its results as plain arrays; part of the
 // C face, beside the handles it resolves (src/api/handles.h).
 #include <algorithm>
+#include <memory>
+#include <thread>
 #include <string>
 #include <stdexcept>
 #include <vector>
@@ -75,6 +77,31 @@ zpResult_t planCall(const char* fn, const char* strip, Call call) {
   }
 }
 
+// zpPlanBatch's input, checked, as the planner takes it (fn names the
+// entry point in messages).
+zpResult_t planInput(const char* fn, int nseqs, const int64_t* seqLens, const zpAttnShape_t* shape,
+                     const zpClusterModel_t* cluster, zpComm_t comm, zp::plan::AttnShape* sh,
+                     zp::plan::ClusterModel* c) {
+  if (nseqs < 1) return zp::fail(zpInvalidArgument, "%s: empty batch (nseqs %d)", fn, nseqs);
+  if (!seqLens || !shape) return zp::fail(zpInvalidArgument, "%s: seqLens or shape is NULL", fn);
+  if (!cluster && !comm) return zp::fail(zpInvalidArgument, "%s: give a cluster model or a communicator", fn);
+  sh->qHeads = shape->qHeads;
+  sh->kvHeads = shape->kvHeads;
+  sh->headDim = shape->headDim;
+  sh->elemBytes = shape->elemBytes;
+  if (cluster) {
+    c->nodes = cluster->nodes;
+    c->ranksPerNode = cluster->ranksPerNode;
+    c->nicsPerNode = cluster->nicsPerNode;
+    c->nicGbps = cluster->nicGbps;
+    c->intraNodeGBps = cluster->intraNodeGBps;
+    c->tflops = cluster->tflops;
+    c->efficiency = cluster->efficiency;
+    return zpSuccess;
+  }
+  return clusterFromComm(comm, c);
+}
+
 }  // namespace
 
 zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
@@ -82,32 +109,72 @@ zpResult_t zpPlanBatch(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens,
                               zpComm_t comm) try {
   if (!plan) return zp::fail(zpInvalidArgument, "zpPlanBatch: plan is NULL");
   *plan = nullptr;
-  if (nseqs < 1) return zp::fail(zpInvalidArgument, "zpPlanBatch: empty batch (nseqs %d)", nseqs);
-  if (!seqLens || !shape) return zp::fail(zpInvalidArgument, "zpPlanBatch: seqLens or shape is NULL");
-  if (!cluster && !comm) return zp::fail(zpInvalidArgument, "zpPlanBatch: give a cluster model or a communicator");
   zp::plan::AttnShape sh;
-  sh.qHeads = shape->qHeads;
-  sh.kvHeads = shape->kvHeads;
-  sh.headDim = shape->headDim;
-  sh.elemBytes = shape->elemBytes;
   zp::plan::ClusterModel c;
-  if (cluster) {
-    c.nodes = cluster->nodes;
-    c.ranksPerNode = cluster->ranksPerNode;
-    c.nicsPerNode = cluster->nicsPerNode;
-    c.nicGbps = cluster->nicGbps;
-    c.intraNodeGBps = cluster->intraNodeGBps;
-    c.tflops = cluster->tflops;
-    c.efficiency = cluster->efficiency;
-  } else {
-    ZP_CHECK(clusterFromComm(comm, &c));
-  }
+  ZP_CHECK(planInput("zpPlanBatch", nseqs, seqLens, shape, cluster, comm, &sh, &c));
   return planCall("zpPlanBatch", "planBatch: ", [&] {
     *plan = wrap(zp::plan::planBatch(std::vector<int64_t>(seqLens, seqLens + nseqs), shape->causal != 0, sh, c),
                  c.ranks());
   });
 } catch (...) {
   return zp::failFromException("zpPlanBatch");
+}
+
+// A plan being made on a thread of its own (zpPlanBatchAhead): the thread
+// writes the plan or the planner's refusal; zpPlanAheadWait reads them
+// after joining it.
+struct zpPlanAhead {
+  std::thread thread;
+  zp::plan::BatchPlan plan;
+  int nranks = 0;
+  bool refused = false, failed = false;
+  std::string why;
+};
+
+zpResult_t zpPlanBatchAhead(zpPlanAhead_t* ahead, int nseqs, const int64_t* seqLens, const zpAttnShape_t* shape,
+                            const zpClusterModel_t* cluster, zpComm_t comm) try {
+  if (!ahead) return zp::fail(zpInvalidArgument, "zpPlanBatchAhead: ahead is NULL");
+  *ahead = nullptr;
+  zp::plan::AttnShape sh;
+  zp::plan::ClusterModel c;
+  ZP_CHECK(planInput("zpPlanBatchAhead", nseqs, seqLens, shape, cluster, comm, &sh, &c));
+  auto a = std::make_unique<zpPlanAhead>();
+  a->nranks = c.ranks();
+  zpPlanAhead* raw = a.get();
+  // The thread plans from copies: the caller's arrays may change once this
+  // returns.
+  a->thread = std::thread([raw, lens = std::vector<int64_t>(seqLens, seqLens + nseqs), causal = shape->causal != 0,
+                           sh, c] {
+    try {
+      raw->plan = zp::plan::planBatch(lens, causal, sh, c);
+    } catch (const std::invalid_argument& e) {
+      raw->refused = true;
+      raw->why = e.what();
+    } catch (const std::exception& e) {
+      raw->failed = true;
+      raw->why = e.what();
+    }
+  });
+  *ahead = a.release();
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanBatchAhead");
+}
+
+zpResult_t zpPlanAheadWait(zpPlanAhead_t ahead, zpBatchPlan_t* plan) try {
+  if (!ahead) return zp::fail(zpInvalidArgument, "zpPlanAheadWait: ahead is NULL");
+  std::unique_ptr<zpPlanAhead> a(ahead);
+  a->thread.join();
+  if (!plan) return zp::fail(zpInvalidArgument, "zpPlanAheadWait: plan is NULL (the plan is dropped)");
+  *plan = nullptr;
+  const std::string strip = "planBatch: ";
+  const char* why = a->why.compare(0, strip.size(), strip) == 0 ? a->why.c_str() + strip.size() : a->why.c_str();
+  if (a->refused) return zp::fail(zpInvalidArgument, "zpPlanBatchAhead: %s", why);
+  if (a->failed) return zp::fail(zpInternalError, "zpPlanBatchAhead: %s", why);
+  *plan = wrap(std::move(a->plan), a->nranks);
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpPlanAheadWait");
 }
 
 zpResult_t zpPlanCreate(zpBatchPlan_t* plan, int nseqs, const int64_t* seqLens, int causal, int nranks,

@@ -41,10 +41,19 @@ double linkBytesPerSec(Link link, const ClusterModel& c) {
     case Link::Intra:
       return c.intraNodeGBps * 1e9;
     case Link::Routed:
-      if (c.routeEfficiency > 0) return c.routeEfficiency * c.nicsPerNode * c.nicGbps * 1e9 / 8.0;
+      if (c.routeEfficiency > 0) {
+        // What the relays add goes over the NVLink of the sending GPU (and
+        // of the receiving one) beside its own NIC, so it is capped by that
+        // link; and the router never does worse than the GPU's own NIC.
+        const double nic = c.nicGbps * 1e9 / 8.0;
+        const double routed = std::min(c.routeEfficiency * c.nicsPerNode * nic, nic + c.intraNodeGBps * 1e9);
+        return std::max(nic, routed);
+      }
       [[fallthrough]];
     case Link::Inter:
       break;
+    case Link::PerGpu:
+      return std::min(c.nicGbps * 1e9 / 8.0, nicShareBytesPerSec(c));
   }
   return c.nicGbps * 1e9 / 8.0;
 }

@@ -48,7 +48,9 @@ struct ClusterModel {
   double interLatency = 0;  // the same across nodes
   // Zeppelin's routing layer spreads an inter-node ring's hop over all of
   // its node's NICs (through the other GPUs of the node): it gets this
-  // fraction of the node's NIC bandwidth. 0: no routing, one NIC per hop.
+  // fraction of the node's NIC bandwidth, at most its own NIC plus the
+  // NVLink the relayed part crosses, at least its own NIC. 0: no routing,
+  // one NIC per hop.
   double routeEfficiency = 0;
   int ranks() const { return nodes * ranksPerNode; }
 };
@@ -56,7 +58,11 @@ struct ClusterModel {
 // The link a ring uses: within a node; across nodes through one NIC (as a
 // ring of NCCL or Transformer Engine does: the NIC next to the GPU); across
 // nodes through the routing layer (every NIC of the node).
-enum class Link { Intra, Inter, Routed };
+// PerGpu: across nodes while every GPU of the node sends at once, each
+// through its own NIC (its share of the node's NICs when GPUs share them),
+// as the rings of hierarchical context parallelism do (Transformer Engine's
+// a2a+p2p, USP).
+enum class Link { Intra, Inter, Routed, PerGpu };
 
 // The link an inter-node ring of Zeppelin's plan uses: Routed when the model
 // has a routing layer (routeEfficiency > 0), else Inter.

@@ -9,6 +9,7 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace zp::plan {
 namespace {
@@ -254,8 +255,14 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
     }
   };
   for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
+  // The first node with surplus left (surplus only shrinks): the ranks
+  // still short take from the nodes in order without rescanning the spent.
+  int lo = 0;
   for (int r = 0; r < n; ++r)
-    for (int nd = 0; nd < nodes && have[r] < quota[r]; ++nd) fill(r, nd);
+    for (int nd = lo; nd < nodes && have[r] < quota[r]; ++nd) {
+      fill(r, nd);
+      if (nd == lo && next[nd] == surplus[nd].size()) ++lo;
+    }
   return lin;
 }
 
@@ -297,28 +304,41 @@ struct BestPlan {
   const PlanOptions& opt;
   BatchPlan best;
   double bestScore = 0;
+  bool bestFits = true;
   bool have = false;
 
-  double modelled(const BatchPlan& p, const Schedule& s) const {
+  // The planner's own model: the planned makespans and the remaps.
+  double modelled(const BatchPlan& p) const {
     const double q = double(shape.qHeads) * shape.headDim * shape.elemBytes;
     const double kv = double(shape.kvHeads) * shape.headDim * shape.elemBytes;
     const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
     const double remap = rs.in + rs.out;
-    return opt.forwardPasses * (s.forward + remap) + s.backward + remap;
+    return opt.forwardPasses * (p.plannedForward + remap) + p.plannedBackward + remap;
   }
+
+  // Memory first (a plan that fits beats any that does not), then seconds.
+  bool better(const PlanOptions::Score& s) const {
+    if (!have || (s.fits && !bestFits)) return true;
+    return s.fits == bestFits && s.seconds < bestScore * (1 - 1e-9);
+  }
+  void take(const PlanOptions::Score& s) { bestScore = s.seconds, bestFits = s.fits, have = true; }
+
+  // What consider() found: the candidate could not beat the best so far by
+  // a bound (not built), or was scored and fits or does not (either way).
+  enum class Seen { Bounded, Fits, Over };
 
   // Scores a candidate fully, keeping it if it is the best so far. A plan is
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
-  void consider(const Schedule& s) {
+  Seen consider(const Schedule& s) {
     const int n = c.ranks();
-    auto better = [&](double score) { return !have || score < bestScore * (1 - 1e-9); };
     // The planner's own model adds the remaps' non-negative seconds to the
     // makespans, so a candidate whose makespans alone are no better cannot
     // win, and its plan is not built.
-    if (!opt.score && !better(opt.forwardPasses * s.forward + s.backward)) return;
-    // Nor, with a step model, one that its lower bound rules out.
-    if (opt.score && opt.scoreBound && have) {
+    if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
+    // Nor, with a step model, one that its lower bound rules out (only
+    // against a best that fits: one over memory loses to any that fits).
+    if (opt.score && opt.scoreBound && have && bestFits) {
       std::vector<double> attn(n, 0.0), tokens(n, 0.0);
       for (size_t i = 0; i < lens.size(); ++i) {
         const int G = int(s.first[i + 1] - s.first[i]);
@@ -331,31 +351,51 @@ struct BestPlan {
           tokens[*r] += held;
         }
       }
-      if (!better(opt.scoreBound(attn, tokens))) return;
+      if (!better({opt.scoreBound(attn, tokens), true})) return Seen::Bounded;
     }
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     p.plannedForward = s.forward;
     p.plannedBackward = s.backward;
-    const double score = opt.score ? opt.score(p, true) : modelled(p, s);
-    const bool won = better(score);
-    if (won) bestScore = score, have = true;
+    return consider(std::move(p));
+  }
+
+  // A built plan (its planned makespans set). With the step model: as it is
+  // and with the linear layers left on the attention layout (no remap) when
+  // the remap costs more than the imbalance it removes.
+  Seen consider(BatchPlan p) {
     if (!opt.score) {
-      if (won) best = std::move(p);
-      return;
+      const PlanOptions::Score own{modelled(p), true};
+      if (better(own)) take(own), best = std::move(p);
+      return Seen::Fits;
     }
-    // With a step model the linear layers may stay on the attention layout
-    // (no remap) when the remap costs more than the imbalance it removes.
-    const double flat = opt.score(p, false);
+    const PlanOptions::Score remapped = opt.score(p, true);
+    const bool won = better(remapped);
+    if (won) take(remapped);
+    const PlanOptions::Score flat = opt.score(p, false);
     if (better(flat)) {
-      bestScore = flat;
+      take(flat);
       p.linear = p.attention;
       best = std::move(p);
     } else if (won) {
       best = std::move(p);
     }
+    return remapped.fits || flat.fits ? Seen::Fits : Seen::Over;
   }
 };
+
+// The caller's placements (PlanOptions::candidates: the simulator's tuned
+// baselines), scored in full whatever the screening says, so the plan is
+// never slower than any of them.
+void scoreCallersCandidates(BestPlan* best) {
+  for (const PlanOptions::Candidate& cand : best->opt.candidates) {
+    BatchPlan p = planFromRings(best->lens, best->causal, cand.rings, best->c.ranks(), best->c.ranksPerNode);
+    setOrder(&p, cand.order);
+    p.plannedForward = attnMakespan(p, best->shape, best->c);
+    p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
+    best->consider(std::move(p));
+  }
+}
 
 // The last stage of planBatch: of the candidates screened (caps: a cap's
 // splits scheduled, fits: rings sized to a target, groupSizes: DP x CP
@@ -378,24 +418,43 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
     double quick;
     const Schedule* schedule;  // or, for a DP x CP group, null and its size
     int group;
+    size_t kind;
   };
+  auto score = [&](const Finalist& f) {
+    return f.schedule ? bestPlan.consider(*f.schedule) : bestPlan.consider(groupPlan(f.group));
+  };
+  // Each kind's ranking.
+  std::vector<std::vector<Finalist>> kinds(4);
+  auto rank = [&](const auto& ranked, size_t kind) {
+    for (const auto& e : ranked) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(e.second)>, int>)
+        kinds[kind].push_back({e.first, nullptr, e.second, kind});
+      else
+        kinds[kind].push_back({e.first, &e.second, 0, kind});
+    }
+  };
+  rank(caps, 0);
+  rank(fits, 1);
+  rank(joints, 2);
+  rank(groupSizes, 3);
   std::vector<Finalist> finalists;
-  auto nominate = [&](const auto& ranked, auto finalist) {
+  std::vector<size_t> next(kinds.size(), 0);  // the first of each kind not nominated
+  for (const auto& ranked : kinds)
     for (size_t i = 0; i < ranked.size() && i < 2; ++i)
-      if (i == 0 || thorough || ranked[i].first <= 1.03 * ranked[0].first) finalists.push_back(finalist(ranked[i]));
-  };
-  nominate(caps, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
-  nominate(fits, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
-  nominate(joints, [](const auto& e) { return Finalist{e.first, &e.second, 0}; });
-  nominate(groupSizes, [](const auto& e) { return Finalist{e.first, nullptr, e.second}; });
+      if (i == 0 || thorough || ranked[i].quick <= 1.03 * ranked[0].quick) {
+        finalists.push_back(ranked[i]);
+        next[ranked[i].kind] = i + 1;
+      }
   std::stable_sort(finalists.begin(), finalists.end(),
                    [](const Finalist& a, const Finalist& b) { return a.quick < b.quick; });
-  for (const Finalist& f : finalists) {
-    if (f.schedule)
-      bestPlan.consider(*f.schedule);
-    else
-      bestPlan.consider(groupPlan(f.group));
-  }
+  std::vector<int> over(kinds.size(), 0);
+  for (const Finalist& f : finalists)
+    if (score(f) == BestPlan::Seen::Over) ++over[f.kind];
+  // Memory is a constraint: a finalist over memory does not count, and the
+  // next of its kind is scored instead, until one fits or the kind runs out.
+  for (size_t k = 0; k < kinds.size(); ++k)
+    for (size_t i = next[k]; i < kinds[k].size() && over[k] > 0; ++i)
+      if (score(kinds[k][i]) != BestPlan::Seen::Over) --over[k];
 }
 
 // Candidates for a plan that keeps the linear layers on its attention
@@ -585,6 +644,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
   }
+  scoreCallersCandidates(&bestPlan);
   scoreFinalists(caps, fits, joints, groupSizes, thorough,
                  [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
   return std::move(bestPlan.best);

@@ -31,8 +31,26 @@ struct PlanOptions {
   // asked about a plan as it is (remap true) and with the linear layers on
   // the attention layout (remap false: the plan's linear layout is to be
   // taken as its attention layout, so the planner need not copy it). The
-  // simulator passes its full step (src/sim/simulator.h).
-  std::function<double(const BatchPlan&, bool remap)> score;
+  // simulator passes its full step (src/sim/simulator.h). Memory is a
+  // constraint, not a cost: a plan that fits beats every plan that does
+  // not, whatever their seconds, and a candidate over memory does not count
+  // among the few of its kind scored in full (the next one is scored).
+  struct Score {
+    double seconds = 0;
+    bool fits = true;
+  };
+  std::function<Score(const BatchPlan&, bool remap)> score;
+  // Placements the caller wants scored in full whatever the screening keeps:
+  // each sequence's ring (in ring order) and the order attention runs in
+  // (every sequence once). The simulator passes the tuned baselines'
+  // placements that a plan can express, so that no batch's plan is slower
+  // than any of them by the step model (docs/simulator.md). Ignored with
+  // onlyCap and legacy.
+  struct Candidate {
+    std::vector<std::vector<int>> rings;
+    std::vector<int64_t> order;
+  };
+  std::vector<Candidate> candidates;
   // With `score`, if set: a lower bound of score, either way, for any plan
   // whose rank r computes attention for at least attnForward[r] seconds in
   // a forward pass (over the rank's sequences, a ring's size times its

@@ -65,7 +65,8 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
   // intra-node part plus its node's crossing bytes at the routed rate, or
   // the direct time, whichever is less.
   const bool routed = c.routeEfficiency > 0 && c.nodes > 1;
-  const double nodeBytesPerSec = linkBytesPerSec(Link::Routed, c);
+  // (Every GPU of the node sends: the node's NICs, not one hop's NVLink.)
+  const double nodeBytesPerSec = c.routeEfficiency * c.nicsPerNode * c.nicGbps * 1e9 / 8.0;
   const int nodes = (n + c.ranksPerNode - 1) / c.ranksPerNode;
   std::vector<double> nodeOut(routed ? nodes : 0, 0), nodeIn(routed ? nodes : 0, 0);
   std::vector<double> intraOut(routed ? n : 0, 0), intraIn(routed ? n : 0, 0);

@@ -1,4 +1,5 @@
 #include "src/plan/schedule.h"
+#include "src/plan/growing_min.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,9 +106,11 @@ double placeAcrossNodes(const std::vector<double>& freeAt, const ClusterModel& c
   const int rpn = c.ranksPerNode;
   const int k = G / rpn;
   std::vector<Entry> nodes;
+  nodes.reserve(size_t(c.nodes));
   for (int nd = 0; nd < c.nodes; ++nd)
     nodes.push_back({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
-  std::stable_sort(nodes.begin(), nodes.end());
+  // The k soonest (pairs are distinct: selecting them is sorting them).
+  std::nth_element(nodes.begin(), nodes.begin() + (k - 1), nodes.end());
   std::vector<int> chosen;
   double at = 0;
   for (int j = 0; j < k; ++j) {
@@ -173,12 +176,15 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   stableSortFromGuess(order, before);
   std::vector<double> freeAt(n, 0.0), start(m, 0.0);
   IdleGaps gaps;
+  std::vector<char>* dirtyOf = nullptr;  // set once the per-node index exists
+  std::vector<int>* dirtyList = nullptr;
   auto occupy = [&](size_t i, double s) {
     start[i] = s;
     for (const int* it = out.ringBegin(i); it != out.ringEnd(i); ++it) {
       const int r = *it;
       gaps.wait(r, freeAt[r], s);
       freeAt[r] = s + piece[i];
+      if (dirtyOf && !(*dirtyOf)[size_t(r / rpn)]) (*dirtyOf)[size_t(r / rpn)] = 1, dirtyList->push_back(r / rpn);
     }
   };
   LoadHeap heap;
@@ -189,21 +195,40 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   auto hasRoom = [&](int nd, int64_t len) { return !balanceNodes || nodeTokens[nd] + len <= nodeQuota; };
   std::vector<Entry> rs;
+  // Per ring size G inside a node: the nodes by their G-th free time, kept
+  // up to date for the nodes whose ranks got work (free times only grow).
+  std::vector<GrowingMin> kth;
   std::vector<double> nodeFree(rpn);
+  std::vector<char> dirty(size_t(c.nodes), 0);
+  std::vector<int> dirtyNodes;
+  auto refresh = [&] {
+    for (int nd : dirtyNodes) {
+      std::copy(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn, nodeFree.begin());
+      std::sort(nodeFree.begin(), nodeFree.end());
+      for (int g = 0; g < rpn; ++g)
+        if (kth[size_t(g)].key(nd) != nodeFree[size_t(g)]) kth[size_t(g)].raise(nd, nodeFree[size_t(g)]);
+      dirty[size_t(nd)] = 0;
+    }
+    dirtyNodes.clear();
+  };
   for (size_t i : order) {
     const Split& s = splits[i];
     int* const ring = out.ranks.data() + out.first[i];  // s.G ranks
     if (s.cls == SeqClass::InterNode) {
       occupy(i, placeAcrossNodes(freeAt, c, s.G, ring));
     } else if (s.cls == SeqClass::IntraNode) {
-      // The node where G ranks are free soonest (latestFree says which).
-      double at = 0;
-      int bestNode = -1;
-      for (int nd = 0; nd < c.nodes; ++nd) {
-        std::copy(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn, nodeFree.begin());
-        std::nth_element(nodeFree.begin(), nodeFree.begin() + (s.G - 1), nodeFree.end());
-        if (bestNode < 0 || nodeFree[s.G - 1] < at) at = nodeFree[s.G - 1], bestNode = nd;
+      // The node where G ranks are free soonest, the lower on ties
+      // (latestFree says which ranks).
+      if (kth.empty()) {
+        kth.assign(size_t(rpn), GrowingMin(size_t(c.nodes)));
+        for (int nd = 0; nd < c.nodes; ++nd) dirtyNodes.push_back(nd), dirty[size_t(nd)] = 1;
+        dirtyOf = &dirty;
+        dirtyList = &dirtyNodes;
       }
+      refresh();
+      int any = -1;
+      const int bestNode = kth[size_t(s.G - 1)].least([](int) { return true; }, &any);
+      const double at = kth[size_t(s.G - 1)].key(bestNode);
       latestFree(freeAt, bestNode, rpn, at, s.G, rs, ring);
       occupy(i, at);
     } else {
@@ -264,6 +289,59 @@ namespace {
 // tokens (scheduleToTarget).
 constexpr double kTokenSlack = 0.15;
 
+// The nodes by the G-th free time of their ranks (each G) and by the tokens
+// they still have room for, in a tree: the soonest G-th among the nodes with
+// room for a share, searched best first (a subtree whose soonest is no better
+// than the best found, or without a node with room, is not entered), in
+// place of a pass over every node for every ring size a sequence probes.
+class NodeTree {
+ public:
+  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota) {
+    while (size_ < nodes) size_ *= 2;
+    tokens_.assign(2 * size_, 1e300);
+    key_.assign(size_t(rpn) * 2 * size_, 1e300);
+    for (int nd = 0; nd < nodes; ++nd) {
+      std::vector<double> zero(size_t(rpn), 0.0);
+      set(nd, zero.data(), 0.0);
+    }
+  }
+  // Node nd's ranks' free times, sorted, and its tokens.
+  void set(int nd, const double* sorted, double tokens) {
+    size_t v = size_t(size_ + nd);
+    tokens_[v] = tokens;
+    for (int g = 0; g < rpn_; ++g) key(g, v) = sorted[g];
+    for (v /= 2; v >= 1; v /= 2) {
+      tokens_[v] = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
+      for (int g = 0; g < rpn_; ++g) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+    }
+  }
+  // The soonest g-th (0-based) free time of a node with room for `share`
+  // (its tokens plus the share within the quota), else of any node.
+  double soonest(int g, double share) {
+    double best = 1e300;
+    find(g, share, 1, &best);
+    return best < 1e300 ? best : key(g, 1);
+  }
+
+ private:
+  double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
+  void find(int g, double share, size_t v, double* best) {
+    if (!(tokens_[v] + share <= quota_) || key(g, v) >= *best) return;
+    if (v >= size_t(size_)) {
+      *best = key(g, v);
+      return;
+    }
+    const size_t a = 2 * v, b = 2 * v + 1;
+    const bool aFirst = key(g, a) <= key(g, b);
+    find(g, share, aFirst ? a : b, best);
+    find(g, share, aFirst ? b : a, best);
+  }
+
+  int rpn_, size_ = 1;
+  double quota_;
+  std::vector<double> tokens_, key_;
+};
+
 // The ranks' state while scheduleToTarget places sequences: when each is
 // free, the idle gaps rings leave, each node's tokens, and what finding a
 // place asks often (each node's soonest free rank; per node, its ranks' free
@@ -273,7 +351,9 @@ class Slots {
  public:
   Slots(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt)
       : c_(c), rpn_(c.ranksPerNode), freeAt_(c.ranks(), 0.0), sorted_(c.ranks(), 0.0), nodeMin_(c.nodes, 0.0),
-        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(c.nodes) {
+        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(c.nodes),
+        tree_(c.nodes, c.ranksPerNode,
+              std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1) {
     balanceNodes_ = opt.nodeTokenBalance && c.nodes > 1;
     nodeQuota_ = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
     for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = nodeOrder_[nd] = {0.0, nd};
@@ -311,28 +391,37 @@ class Slots {
     refresh();
     const double share = nodeShare(sp, len);
     if (sp.cls == SeqClass::InterNode) {
-      int k = sp.G / rpn_;
-      for (const Entry& e : nodeFree_)
-        if (roomFor(e.second, share) && --k == 0) return e.first;
-      return nodeFree_[sp.G / rpn_ - 1].first;
+      // The k-th of the nodes by when all their ranks are free, among those
+      // with room. A sequence probes k = 2, 3, ... in turn: the nodes that
+      // may lack room for any of them (not for half its tokens) are listed
+      // once, and each probe skips those that lack it for its own share.
+      if (!probing_ || probeLen_ != len) {
+        probing_ = true;
+        probeLen_ = len;
+        blocked_.clear();
+        for (size_t pos = 0; pos < nodeFree_.size(); ++pos)
+          if (!roomFor(nodeFree_[pos].second, double(len) / 2)) blocked_.push_back(pos);
+      }
+      size_t at = size_t(sp.G / rpn_ - 1);
+      for (size_t b = 0; b < blocked_.size() && blocked_[b] <= at; ++b)
+        if (!roomFor(nodeFree_[blocked_[b]].second, share)) ++at;
+      return at < nodeFree_.size() ? nodeFree_[at].first : nodeFree_[size_t(sp.G / rpn_ - 1)].first;
     }
-    double at = -1, any = -1;
-    for (int nd = 0; nd < c_.nodes; ++nd) {
-      const double t = sorted_[nd * rpn_ + sp.G - 1];
-      if (any < 0 || t < any) any = t;
-      if (roomFor(nd, share) && (at < 0 || t < at)) at = t;
-    }
-    return at >= 0 ? at : any;
+    // The node whose G-th free time is soonest among those with room, else
+    // among all.
+    return tree_.soonest(sp.G - 1, balanceNodes_ ? share : -1e300);
   }
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
     if (w.gap != gaps_.end()) {
       gaps_.fill(w.gap, seconds);
+      if (!dirty_[w.rank / rpn_]) dirtyNodes_.push_back(w.rank / rpn_), dirty_[w.rank / rpn_] = 1;  // its tokens
     } else {
       freeAt_[w.rank] = w.at + seconds;
       touched(w.rank / rpn_);
     }
     nodeTokens_[w.rank / rpn_] += double(len);
+    probing_ = false;
   }
 
   // Places a ring that may start by `latest` (ringStart(sp) or later): of
@@ -386,33 +475,42 @@ class Slots {
     return sp.cls == SeqClass::InterNode ? double(len) * rpn_ / sp.G : double(len);
   }
   void touched(int nd) {
+    probing_ = false;  // the nodes' order and tokens change
     const Entry was{nodeMin_[nd], nd};
     nodeMin_[nd] = *std::min_element(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_);
     raiseEntry(nodeOrder_, was, nodeMin_[nd]);  // a node's soonest free time only grows
+    if (!dirty_[nd]) dirtyNodes_.push_back(nd);
     dirty_[nd] = 1;
-    anyDirty_ = true;
   }
-  // Re-sorts the nodes whose ranks got work since the last call.
+  // Re-sorts the nodes whose ranks got work since the last call: their
+  // ranks' free times, their places in the nodes by when all their ranks
+  // are free (times only grow: they move right) and by each G-th.
   void refresh() {
-    if (!anyDirty_) return;
-    for (int nd = 0; nd < c_.nodes; ++nd) {
-      if (!dirty_[nd]) continue;
-      std::copy(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_, sorted_.begin() + nd * rpn_);
-      std::sort(sorted_.begin() + nd * rpn_, sorted_.begin() + (nd + 1) * rpn_);
+    for (int nd : dirtyNodes_) {
+      double* const begin = sorted_.data() + nd * rpn_;
+      const Entry was{begin[rpn_ - 1], nd};
+      std::copy(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_, begin);
+      std::sort(begin, begin + rpn_);
+      raiseEntry(nodeFree_, was, begin[rpn_ - 1]);
+      tree_.set(nd, begin, nodeTokens_[nd]);
       dirty_[nd] = 0;
     }
-    for (int nd = 0; nd < c_.nodes; ++nd) nodeFree_[nd] = {sorted_[(nd + 1) * rpn_ - 1], nd};
-    std::stable_sort(nodeFree_.begin(), nodeFree_.end());
-    anyDirty_ = false;
+    dirtyNodes_.clear();
   }
 
   const ClusterModel& c_;
   const int rpn_;
   std::vector<double> freeAt_, sorted_, nodeMin_, nodeTokens_;
   std::vector<char> dirty_;
-  bool anyDirty_ = false;
+  std::vector<int> dirtyNodes_;
+  // ringStart's inter-node probes of one sequence: the positions in
+  // nodeFree_ of the nodes that may lack room for it.
+  bool probing_ = false;
+  int64_t probeLen_ = 0;
+  std::vector<size_t> blocked_;
   std::vector<Entry> nodeFree_, eligible_;
   std::vector<Entry> nodeOrder_;  // (nodeMin_, node), sorted
+  NodeTree tree_;                 // the nodes by each G-th free time, with their room
   std::vector<int> chosen_;
   IdleGaps gaps_;
   bool balanceNodes_ = false;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "src/plan/planner.h"
+#include "src/sim/step_model.h"
 
 namespace zp::sim {
 
@@ -61,7 +62,7 @@ double modelParams(const ModelShape& m) {
 const std::vector<std::string>& strategyNames() {
   static const std::vector<std::string> names = {"zeppelin", "zeppelin_noremap", "zeppelin_intranode",
                                                  "zeppelin_noroute", "dp_cp", "allgather_cp",
-                                                 "dynamic_cp", "hybrid_dp", "ring_all", "ideal"};
+                                                 "dynamic_cp", "hybrid_dp", "hier_cp", "usp_cp", "ring_all", "ideal"};
   return names;
 }
 
@@ -94,28 +95,6 @@ int64_t tokenCapacity(const StepConfig& cfg, int n) {
 }
 
 namespace {
-
-// One ring of attention: the sequences it carries together (one packed
-// ring, as Transformer Engine runs a packed batch; Zeppelin's rings carry one
-// sequence), its ranks in ring order and its link; or an all-gather group
-// (K and V gathered from the group, the rank's share of the queries).
-struct Ring {
-  std::vector<int64_t> lens;
-  std::vector<int> ranks;
-  Link link = Link::Intra;
-  bool allgather = false;
-};
-
-// A strategy's placement of one batch.
-struct Placement {
-  std::vector<Ring> rings;          // in the order they run forward
-  std::vector<double> linTokens;    // per rank, linear layout
-  std::vector<double> attnTokens;   // per rank, attention layout
-  bool remap = false;
-  double remapIn = 0, remapOut = 0;  // seconds of one forward remap phase (q, k, v in; output back)
-  double remapNic = 0, remapIntra = 0;  // bytes of both
-  bool infeasibleAssignment = false;    // the baseline could not keep within its token capacity
-};
 
 struct Cost {
   double compute = 0, exposed = 0;
@@ -156,36 +135,50 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
     out.exposed = comm * (backward ? 2 : 1);
     return out;
   }
+  // With Ulysses inside the ring's positions (u ranks each, heads split u
+  // ways), the ring has G / u positions and each rank computes and passes
+  // 1/u of the heads.
+  const int u = std::max(1, ring.ulysses), R = G / u;
   RingStep st;
   double bytes = 0;
   for (int64_t l : ring.lens) {
-    RingStep s = ringStep(l, cfg.causal, G, ring.link, sh, c);
-    st.compute += s.compute;
-    if (G > 1) bytes += kvBytes((l + G - 1) / G, sh);
+    RingStep s = ringStep(l, cfg.causal, R, ring.link, sh, c);
+    st.compute += s.compute / u;
+    if (R > 1) bytes += kvBytes((l + R - 1) / R, sh) / u;
   }
   // One message per step carries every sequence's chunk.
-  st.transfer = G > 1 ? lat + bytes / linkBytesPerSec(ring.link, c) : 0;
+  st.transfer = R > 1 ? lat + bytes / linkBytesPerSec(ring.link, c) : 0;
   if (backward) st = backwardStep(st, lat);
-  out.compute = G * st.compute;
-  out.exposed = (G - 1) * std::max(0.0, st.transfer - st.compute);
+  out.compute = R * st.compute;
+  out.exposed = (R - 1) * std::max(0.0, st.transfer - st.compute);
+  if (u > 1) {
+    // Ulysses' all-to-alls inside the node, not overlapped: q, k, v in and
+    // the output back (backward: their gradients), (u - 1) / u of each
+    // rank's tokens.
+    double tokens = 0;
+    for (int64_t l : ring.lens) tokens += double(l) / G;
+    const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
+    out.exposed += 2 * (u - 1) * c.intraLatency +
+                   tokens * (2 * q + 2 * kv) * (u - 1) / u / linkBytesPerSec(Link::Intra, c);
+  }
   return out;
 }
 
 // Bytes of one layer's forward on NICs and intra-node links.
 void ringTraffic(const Ring& ring, const AttnShape& sh, int rpn, double* nic, double* intra) {
-  const int G = int(ring.ranks.size());
+  const int G = int(ring.ranks.size()), u = std::max(1, ring.ulysses), R = G / u;
   if (G < 2) return;
   const int k = nodesOf(ring.ranks, rpn);
   for (int64_t l : ring.lens) {
-    double all = (G - 1) * kvBytes(l, sh);  // every chunk passes every other rank
-    double cross = k > 1 ? all * k / G : 0;
+    double all = (R - 1) * kvBytes(l, sh);  // every chunk passes every other ring position
+    double cross = k > 1 ? all * k / R : 0;
     *nic += cross;
     *intra += all - cross;
   }
 }
 
-// Simulates a placement: one layer scheduled forward, (recomputed forward,)
-// backward; per-rank parts times the layers.
+}  // namespace
+
 StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
   const int n = c.ranks();
   const ModelShape& m = cfg.model;
@@ -260,7 +253,11 @@ StrategyResult evaluate(const std::string& name, const Placement& pl, const Step
     const int G = int(ring.ranks.size());
     if (G < 2) continue;
     double b = 0;
-    for (int64_t l : ring.lens) b += ring.allgather ? 2 * kvBytes(l, m.attn) : 4 * kvBytes((l + G - 1) / G, m.attn);
+    const int u = std::max(1, ring.ulysses), R = G / u;
+    for (int64_t l : ring.lens)
+      b += ring.allgather ? 2 * kvBytes(l, m.attn)
+                          : 4 * kvBytes((l + R - 1) / R, m.attn) / u +
+                                (u > 1 ? double(l) / G * 2 * m.attn.elemBytes * (2 * q + 2 * kv) : 0);
     for (int r : ring.ranks) extra[r] = std::max(extra[r], b);
   }
   double peak = 0;
@@ -288,6 +285,8 @@ std::vector<double> tokensPerRank(const Layout& l) {
 double linearSeconds(int64_t tokens, const StepConfig& cfg, const ClusterModel& c) {
   return tokens * linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
 }
+
+namespace {
 
 bool sameLayout(const Layout& a, const Layout& b) {
   if (a.ranks.size() != b.ranks.size()) return false;
@@ -319,15 +318,16 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
     if (s.ranks.size() == 1) {  // a whole sequence is its own kernel call
-      pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false});
+      pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false, {i}, 1});
       continue;
     }
     if (last == none || pl.rings[last].ranks != s.ranks) {
       auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-      if (fresh) pl.rings.push_back({{}, s.ranks, linkOf(s.cls, c), false});
+      if (fresh) pl.rings.push_back({{}, s.ranks, linkOf(s.cls, c), false, {}, 1});
       last = it->second;
     }
     pl.rings[last].lens.push_back(s.len);
+    pl.rings[last].seqs.push_back(i);
   }
   pl.attnTokens = tokensPerRank(p.attention);
   pl.remap = remap && !sameLayout(p.linear, p.attention);
@@ -350,8 +350,15 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
 // remap); with `remap` false the linear layers always run on the attention
 // layout.
 BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
-                            const PlanOptions& opt, bool remap) {
+                            const PlanOptions& opt, bool remap, const std::vector<Tuned>& baselines) {
   PlanOptions o = opt;
+  // Every baseline placement a plan can express is a candidate scored in
+  // full: by this model the plan is never slower than any of them.
+  for (const Tuned& t : baselines) {
+    PlanOptions::Candidate cand;
+    if (cfg.baselineCandidates && candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand))
+      o.candidates.push_back(std::move(cand));
+  }
   o.forwardPasses = cfg.recompute ? 2 : 1;
   o.linearSecondsPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
   o.legacy = cfg.legacyPlanner;
@@ -361,7 +368,7 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   if (!o.legacy)
     o.score = [&](const BatchPlan& p, bool remapPlan) {
       StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);
-      return r.stepSeconds + (r.feasible ? 0 : 1e12);  // a plan that fits beats any that does not
+      return PlanOptions::Score{r.stepSeconds, r.feasible};
     };
   // A pass of a layer takes at least any one rank's attention compute plus
   // its linear layers (waits, communication and remaps only add); the linear
@@ -389,8 +396,8 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
 }
 
 StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
-                        const ClusterModel& c, const PlanOptions& opt, bool remap) {
-  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap), cfg, c, remap), cfg, c);
+                        const ClusterModel& c, const PlanOptions& opt, bool remap, const std::vector<Tuned>& baselines) {
+  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap, baselines), cfg, c, remap), cfg, c);
 }
 
 // The lower bound: linear layers perfectly token-balanced, attention
@@ -415,234 +422,6 @@ StrategyResult ideal(const std::vector<int64_t>& lens, const StepConfig& cfg, co
   return r;
 }
 
-// Sequence indexes by a key, largest first (ties in input order).
-template <class Key>
-std::vector<size_t> largestFirst(size_t count, Key key) {
-  std::vector<size_t> order(count);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
-  return order;
-}
-
-// DP x CP(g): n / g groups of g consecutive ranks, each running one packed
-// ring (Transformer Engine) or all-gather (Llama 3) over the sequences given
-// to it. Sequences go to groups as WLB-LLM assigns them: by estimated cost
-// (attention and linear), largest first, to the cheapest group that still
-// has room for their tokens.
-Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather, int64_t cap,
-                         const StepConfig& cfg, const ClusterModel& c) {
-  const int n = c.ranks(), groups = n / g;
-  auto cost = [&](size_t i) {
-    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, cfg.model.attn), double(lens[i]) / g, c) +
-           linearSeconds(lens[i], cfg, c);
-  };
-  std::vector<double> load(groups, 0);
-  std::vector<int64_t> tokens(groups, 0);
-  std::vector<std::vector<int64_t>> members(groups);
-  Placement pl;
-  for (size_t i : largestFirst(lens.size(), cost)) {
-    int best = -1, cheapest = 0;
-    for (int k = 0; k < groups; ++k) {
-      if (tokens[k] < tokens[cheapest] || (tokens[k] == tokens[cheapest] && load[k] < load[cheapest])) cheapest = k;
-      if (tokens[k] + lens[i] > int64_t(g) * cap) continue;
-      if (best < 0 || load[k] < load[best]) best = k;
-    }
-    if (best < 0) {  // no room anywhere: the emptiest group, and the plan is infeasible
-      best = cheapest;
-      pl.infeasibleAssignment = true;
-    }
-    load[best] += cost(i);
-    tokens[best] += lens[i];
-    members[best].push_back(lens[i]);
-  }
-  const Link link = g > c.ranksPerNode ? Link::Inter : Link::Intra;
-  pl.linTokens.assign(n, 0);
-  for (int k = 0; k < groups; ++k) {
-    Ring ring;
-    ring.lens = members[k];
-    for (int r = k * g; r < (k + 1) * g; ++r) {
-      ring.ranks.push_back(r);
-      pl.linTokens[r] = double(tokens[k]) / g;
-    }
-    ring.link = link;
-    ring.allgather = allgather;
-    if (!ring.lens.empty()) pl.rings.push_back(ring);
-  }
-  pl.attnTokens = pl.linTokens;
-  return pl;
-}
-
-// The best group size for this batch: the fastest feasible one (if none is
-// feasible, the fastest, reported infeasible).
-StrategyResult bestGroup(const std::string& name, const std::vector<int64_t>& lens, bool allgather, int64_t cap,
-                         const StepConfig& cfg, const ClusterModel& c) {
-  const int n = c.ranks();
-  std::vector<int> sizes;
-  for (int g = 1; g <= n; g *= 2)
-    if (n % g == 0) sizes.push_back(g);
-  if (sizes.back() != n) sizes.push_back(n);
-  StrategyResult best;
-  bool have = false;
-  for (int g : sizes) {
-    StrategyResult r = evaluate(name, groupPlacement(lens, g, allgather, cap, cfg, c), cfg, c);
-    r.group = g;
-    if (!have || (r.feasible && !best.feasible) ||
-        (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds)) {
-      best = r;
-      have = true;
-    }
-  }
-  return best;
-}
-
-// Megatron's dynamic context parallelism: each sequence on the smallest
-// power-of-two group that leaves at most `split` of its tokens per rank,
-// aligned groups;
-// sequences largest-workload first onto the group whose busiest rank has the
-// least seq^2 / cp workload (Megatron's balance) and room for the tokens;
-// the sequences that share a group run as one packed ring.
-StrategyResult dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
-                           const ClusterModel& c) {
-  const int n = c.ranks();
-  std::vector<int> cp(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
-    int d = 1;
-    while (d < n && (lens[i] + d - 1) / d > split) d *= 2;
-    cp[i] = std::min(d, n);
-  }
-  auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
-  std::vector<double> w(n, 0), tokens(n, 0);
-  std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> lengths
-  Placement pl;
-  for (size_t i : largestFirst(lens.size(), work)) {
-    const int d = cp[i];
-    const double share = double(lens[i]) / d;
-    int best = -1, anyBest = 0;
-    double bestW = 0, anyW = std::numeric_limits<double>::infinity();
-    for (int s = 0; s + d <= n; s += d) {
-      double mw = *std::max_element(w.begin() + s, w.begin() + s + d);
-      double mt = *std::max_element(tokens.begin() + s, tokens.begin() + s + d);
-      if (mw < anyW) anyW = mw, anyBest = s;
-      if (mt + share > cap) continue;
-      if (best < 0 || mw < bestW) best = s, bestW = mw;
-    }
-    if (best < 0) best = anyBest, pl.infeasibleAssignment = true;
-    for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
-    groups[{-d, best}].push_back(lens[i]);  // larger groups first
-  }
-  for (auto& [key, members] : groups) {
-    Ring ring;
-    ring.lens = members;
-    for (int r = key.second; r < key.second - key.first; ++r) ring.ranks.push_back(r);
-    ring.link = -key.first > c.ranksPerNode ? Link::Inter : Link::Intra;
-    pl.rings.push_back(ring);
-  }
-  pl.linTokens = tokens;
-  pl.attnTokens = tokens;
-  return evaluate("dynamic_cp", pl, cfg, c);
-}
-
-// Hybrid DP: a sequence of at most `split` tokens stays whole on one rank
-// (data parallel); a longer one gets a ring over the fewest ranks that leave
-// at most `split` per rank (within a node, else whole nodes, one NIC per hop), on the least loaded
-// ones. Largest first, loads in estimated seconds (attention and linear).
-StrategyResult hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
-                          const ClusterModel& c) {
-  const int n = c.ranks(), rpn = c.ranksPerNode;
-  const AttnShape& sh = cfg.model.attn;
-  auto cost = [&](size_t i) {
-    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, sh), double(lens[i]), c) + linearSeconds(lens[i], cfg, c);
-  };
-  std::vector<double> load(n, 0), tokens(n, 0);
-  Placement pl;
-  pl.linTokens.assign(n, 0);
-  for (size_t i : largestFirst(lens.size(), cost)) {
-    int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
-    if (G > rpn) G = std::min(n, (G + rpn - 1) / rpn * rpn);
-    Ring ring;
-    ring.lens = {lens[i]};
-    if (G > rpn) {
-      std::vector<std::pair<double, int>> nodes;
-      for (int nd = 0; nd < c.nodes; ++nd)
-        nodes.push_back({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
-      std::stable_sort(nodes.begin(), nodes.end());
-      std::vector<int> chosen;
-      for (int j = 0; j < G / rpn; ++j) chosen.push_back(nodes[j].second);
-      std::sort(chosen.begin(), chosen.end());
-      for (int nd : chosen)
-        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.ranks.push_back(r);
-      ring.link = Link::Inter;
-    } else {
-      // The G least loaded ranks of the node where the G-th is least loaded;
-      // a whole sequence prefers ranks with room for its tokens.
-      double bestW = 0;
-      for (int nd = 0; nd < c.nodes; ++nd) {
-        std::vector<std::pair<double, int>> rs;
-        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) {
-          bool room = tokens[r] + double(lens[i]) / G <= cap;
-          rs.push_back({load[r] + (room ? 0 : 1e30), r});
-        }
-        std::stable_sort(rs.begin(), rs.end());
-        if (ring.ranks.empty() || rs[G - 1].first < bestW) {
-          bestW = rs[G - 1].first;
-          ring.ranks.clear();
-          for (int j = 0; j < G; ++j) ring.ranks.push_back(rs[j].second);
-        }
-      }
-      std::sort(ring.ranks.begin(), ring.ranks.end());
-      ring.link = Link::Intra;
-    }
-    const double per = cost(i) / G;
-    for (int r : ring.ranks) {
-      load[r] += per;
-      tokens[r] += double(lens[i]) / G;
-      if (tokens[r] > cap) pl.infeasibleAssignment = true;
-    }
-    pl.rings.push_back(ring);
-  }
-  pl.linTokens = tokens;
-  pl.attnTokens = tokens;
-  return evaluate("hybrid_dp", pl, cfg, c);
-}
-
-// The length above which dynamic_cp and hybrid_dp split a sequence is a
-// setting a practitioner tunes (Megatron's max_seqlen_per_dp_cp_rank): memory
-// allows up to the token capacity, a smaller one spreads long sequences over
-// more ranks. Tuned per batch like dp_cp's group: the capacity, halved down
-// to 1024 tokens, the fastest feasible kept. Every rank still holds at most
-// the capacity.
-template <class Run>
-StrategyResult bestLimit(int64_t cap, Run run) {
-  StrategyResult best;
-  bool have = false;
-  for (int64_t limit = cap; limit >= 1024 || !have; limit /= 2) {
-    StrategyResult r = run(std::max<int64_t>(limit, 1));
-    r.limitTokens = limit;
-    if (!have || (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds)) {
-      best = r;
-      have = true;
-    }
-    if (limit <= 1) break;
-  }
-  return best;
-}
-
-// Transformer Engine's ring over all ranks (CP = the world): one packed ring,
-// zigzag, one NIC per inter-node hop. A reference, not a competitor.
-StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
-  const int n = c.ranks();
-  Placement pl;
-  Ring ring;
-  ring.lens = lens;
-  for (int r = 0; r < n; ++r) ring.ranks.push_back(r);
-  ring.link = c.nodes > 1 ? Link::Inter : Link::Intra;
-  pl.rings.push_back(ring);
-  double total = std::accumulate(lens.begin(), lens.end(), 0.0);
-  pl.linTokens.assign(n, total / n);
-  pl.attnTokens = pl.linTokens;
-  return evaluate("ring_all", pl, cfg, c);
-}
-
 }  // namespace
 
 StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const ClusterModel& c, bool remap) {
@@ -652,29 +431,27 @@ StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const 
 BatchPlan planForStep(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
   PlanOptions opt;
   opt.nodeTokenBalance = cfg.nodeTokenBalance;
-  return planWithStepModel(lens, cfg, c, opt, true);
+  return planWithStepModel(lens, cfg, c, opt, true,
+                           cfg.baselineCandidates ? tunedBaselines(lens, cfg, c, true) : std::vector<Tuned>());
 }
 
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const StepConfig& cfg,
                                          const ClusterModel& c) {
-  const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
   PlanOptions all, intra;
   all.nodeTokenBalance = intra.nodeTokenBalance = cfg.nodeTokenBalance;
   intra.maxRingNodes = 1;
   ClusterModel noRoute = c;
   noRoute.routeEfficiency = 0;
+  const std::vector<Tuned> baselines = tunedBaselines(lens, cfg, c);
   std::vector<StrategyResult> r = {
-      zeppelin("zeppelin", lens, cfg, c, all, true),
-      zeppelin("zeppelin_noremap", lens, cfg, c, all, false),
-      zeppelin("zeppelin_intranode", lens, cfg, c, intra, true),
-      zeppelin("zeppelin_noroute", lens, cfg, noRoute, all, true),
-      bestGroup("dp_cp", lens, false, cap, cfg, c),
-      bestGroup("allgather_cp", lens, true, cap, cfg, c),
-      bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }),
-      bestLimit(cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }),
-      ringAll(lens, cfg, c),
-      ideal(lens, cfg, c),
+      zeppelin("zeppelin", lens, cfg, c, all, true, baselines),
+      zeppelin("zeppelin_noremap", lens, cfg, c, all, false, baselines),
+      zeppelin("zeppelin_intranode", lens, cfg, c, intra, true, baselines),
+      zeppelin("zeppelin_noroute", lens, cfg, noRoute, all, true, baselines),
   };
+  for (const Tuned& t : baselines) r.push_back(t.result);
+  r.push_back(ringAll(lens, cfg, c));
+  r.push_back(ideal(lens, cfg, c));
   for (auto& s : r) {
     s.reference = s.name == "ring_all" || s.name == "ideal";
     s.baseline = s.name.rfind("zeppelin", 0) != 0 && !s.reference;
@@ -682,18 +459,31 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const
   return r;
 }
 
-std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
+std::vector<int64_t> nextBatch(const std::vector<int64_t>& all, int64_t budget, size_t* next) {
   std::vector<int64_t> b;
   if (all.empty()) return b;
   int64_t total = 0;
-  size_t i = rng() % all.size();
+  size_t& i = *next;
+  i %= all.size();
   for (size_t k = 0; k < all.size(); ++k, i = (i + 1) % all.size()) {
-    if (all[i] > budget) continue;
+    // A document longer than the budget is a batch of its own (split over
+    // as many ranks as it needs); it is never skipped.
+    if (b.empty() && all[i] > budget) {
+      b.push_back(all[i]);
+      i = (i + 1) % all.size();
+      break;
+    }
     if (total + all[i] > budget) break;
     b.push_back(all[i]);
     total += all[i];
   }
   return b;
+}
+
+std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
+  if (all.empty()) return {};
+  size_t start = rng() % all.size();
+  return nextBatch(all, budget, &start);
 }
 
 }  // namespace zp::sim

@@ -65,6 +65,9 @@ struct StepConfig {
   double planCap = 0;              // the planner's `onlyCap` option, for tests
   bool fitRings = true;            // the planner's `fitRings` option, for comparison
   bool jointFits = true;           // the planner's `jointFits` option, for comparison
+  // The tuned baselines' placements among the plan's candidates (false: the
+  // planner's own candidates only, for comparison and tests).
+  bool baselineCandidates = true;
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
@@ -104,14 +107,16 @@ struct StrategyResult {
   double linearImbalance = 1;  // max / mean of per-rank linear tokens
   double peakMemoryBytes = 0;  // the fullest rank
   bool feasible = true;        // peakMemoryBytes within the usable memory
-  int group = 0;               // group size chosen (dp_cp, allgather_cp), else 0
+  int group = 0;               // group size chosen (dp_cp, allgather_cp, hier_cp, usp_cp), else 0
+  int ulysses = 0;             // Ulysses degree chosen (hier_cp, usp_cp; 1: none), else 0
   int64_t limitTokens = 0;     // length split above, chosen (dynamic_cp, hybrid_dp), else 0
   double nicBytes = 0;         // one layer's forward, over all NICs
   double intraBytes = 0;       // the same over intra-node links
 };
 
 // zeppelin, zeppelin_noremap, zeppelin_intranode, zeppelin_noroute,
-// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, ring_all, ideal: the order of
+// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp, ring_all,
+// ideal: the order of
 // simulateStep's results. ring_all and ideal (the lower bound: linear layers
 // token-balanced, attention balanced at whole-sequence kernel efficiency, no
 // communication, remap or idle) are references, never a baseline.
@@ -130,8 +135,12 @@ StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const 
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, const StepConfig& cfg,
                                          const ClusterModel& cluster);
 
-// The batching rule: from a random start in `all` (wrapping), consecutive
-// lengths, skipping any above the budget, until the next would not fit.
+// The batching rule: consecutive lengths of `all` from *next (wrapping)
+// until the next would not fit, and *next moved past them; a length above
+// the budget is a batch of its own (planned over as many ranks as it needs),
+// never skipped. So batch after batch plans every token of `all`.
+std::vector<int64_t> nextBatch(const std::vector<int64_t>& all, int64_t budget, size_t* next);
+// nextBatch from a random start.
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget,
                                std::mt19937_64& rng);
 

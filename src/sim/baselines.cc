@@ -1,0 +1,389 @@
+// The baselines the simulator compares Zeppelin with: what a practitioner
+// runs instead, each tuned per batch (group size, split length) by the step
+// model and kept within each rank's token capacity. docs/simulator.md says
+// which deployed system each stands for and what network it is given.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "src/plan/growing_min.h"
+#include "src/sim/step_model.h"
+
+namespace zp::sim {
+
+using namespace zp::plan;
+using plan::GrowingMin;
+
+namespace {
+
+// A setting's result beats the best so far: feasible first, then faster.
+bool fasterFeasible(const StrategyResult& r, const StrategyResult& best) {
+  return (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds);
+}
+
+// Sequence indexes by a key, largest first (ties in input order).
+template <class Key>
+std::vector<size_t> largestFirst(size_t count, Key key) {
+  std::vector<size_t> order(count);
+  std::vector<double> keys(count);  // each key once, not once per comparison
+  for (size_t i = 0; i < count; ++i) keys[i] = key(i);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+  return order;
+}
+
+// DP x CP(g): n / g groups of g consecutive ranks, each running one packed
+// ring (Transformer Engine) or all-gather (Llama 3) over the sequences given
+// to it. Sequences go to groups as WLB-LLM assigns them: by estimated cost
+// (attention and linear), largest first, to the cheapest group that still
+// has room for their tokens.
+//
+// ulysses > 1: each group is hierarchical (Ulysses over that many
+// consecutive ranks, a ring over the group's positions), its inter-node hops
+// over every GPU's own NIC.
+Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather, int64_t cap,
+                         const StepConfig& cfg, const ClusterModel& c, int ulysses = 1) {
+  const int n = c.ranks(), groups = n / g;
+  auto cost = [&](size_t i) {
+    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, cfg.model.attn), double(lens[i]) / g, c) +
+           linearSeconds(lens[i], cfg, c);
+  };
+  std::vector<double> load(groups, 0);
+  std::vector<int64_t> tokens(groups, 0);
+  std::vector<std::vector<int64_t>> members(groups), ids(groups);
+  Placement pl;
+  GrowingMin byLoad(groups);
+  for (size_t i : largestFirst(lens.size(), cost)) {
+    int any = -1;
+    int best = byLoad.least([&](int k) { return tokens[k] + lens[i] <= int64_t(g) * cap; }, &any);
+    if (best < 0) {  // no room anywhere: the emptiest group, and the plan is infeasible
+      best = 0;
+      for (int k = 1; k < groups; ++k)
+        if (tokens[k] < tokens[best] || (tokens[k] == tokens[best] && load[k] < load[best])) best = k;
+      pl.infeasibleAssignment = true;
+    }
+    load[best] += cost(i);
+    byLoad.raise(best, load[best]);
+    tokens[best] += lens[i];
+    members[best].push_back(lens[i]);
+    ids[best].push_back(int64_t(i));
+  }
+  const Link link = g <= c.ranksPerNode ? Link::Intra : ulysses > 1 ? Link::PerGpu : Link::Inter;
+  pl.linTokens.assign(n, 0);
+  for (int k = 0; k < groups; ++k) {
+    Ring ring;
+    ring.lens = members[k];
+    ring.seqs = ids[k];
+    for (int r = k * g; r < (k + 1) * g; ++r) {
+      ring.ranks.push_back(r);
+      pl.linTokens[r] = double(tokens[k]) / g;
+    }
+    ring.link = link;
+    ring.allgather = allgather;
+    ring.ulysses = ulysses;
+    if (!ring.lens.empty()) pl.rings.push_back(ring);
+  }
+  pl.attnTokens = pl.linTokens;
+  return pl;
+}
+
+// How a group runs attention: one packed ring (Transformer Engine's p2p),
+// an all-gather (Llama 3), Ulysses over a node's ranks and a ring across
+// nodes (Transformer Engine's a2a+p2p, Megatron's hierarchical context
+// parallelism), or USP's 2-D layout (Ulysses over any power of two of a
+// node's ranks, a ring over the rest; tuned per batch).
+enum class GroupKind { Ring, AllGather, Hierarchical, Usp };
+
+// Ulysses degrees a group of g ranks may use: powers of two that divide g,
+// the node's ranks and both head counts (the heads are split among them).
+std::vector<int> ulyssesDegrees(int g, const StepConfig& cfg, const ClusterModel& c) {
+  std::vector<int> out;
+  const AttnShape& sh = cfg.model.attn;
+  for (int u = 2; u <= g && u <= c.ranksPerNode; u *= 2)
+    if (g % u == 0 && c.ranksPerNode % u == 0 && sh.qHeads % u == 0 && sh.kvHeads % u == 0) out.push_back(u);
+  return out;
+}
+
+// The best group size (and Ulysses degree) for this batch: the fastest
+// feasible one (if none is feasible, the fastest, reported infeasible).
+Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, GroupKind kind, int64_t cap,
+                const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  std::vector<int> sizes;
+  for (int g = 1; g <= n; g *= 2)
+    if (n % g == 0) sizes.push_back(g);
+  if (sizes.back() != n) sizes.push_back(n);
+  Tuned best;
+  bool have = false;
+  for (int g : sizes) {
+    std::vector<int> degrees = {1};
+    const std::vector<int> all = ulyssesDegrees(g, cfg, c);
+    if (kind == GroupKind::Usp) degrees.insert(degrees.end(), all.begin(), all.end());
+    if (kind == GroupKind::Hierarchical && !all.empty()) degrees = {all.back()};
+    for (int u : degrees) {
+      Placement pl = groupPlacement(lens, g, kind == GroupKind::AllGather, cap, cfg, c, u);
+      StrategyResult r = evaluate(name, pl, cfg, c);
+      r.group = g;
+      r.ulysses = u;
+      if (!have || fasterFeasible(r, best.result)) {
+        best = {r, std::move(pl)};
+        have = true;
+      }
+    }
+  }
+  return best;
+}
+
+// Megatron's dynamic context parallelism: each sequence on the smallest
+// power-of-two group that leaves at most `split` of its tokens per rank,
+// aligned groups;
+// sequences largest-workload first onto the group whose busiest rank has the
+// least seq^2 / cp workload (Megatron's balance) and room for the tokens;
+// the sequences that share a group run as one packed ring.
+Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
+                  const ClusterModel& c) {
+  const int n = c.ranks();
+  std::vector<int> cp(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    int d = 1;
+    while (d < n && (lens[i] + d - 1) / d > split) d *= 2;
+    cp[i] = std::min(d, n);
+  }
+  auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
+  std::vector<double> w(n, 0), tokens(n, 0);
+  std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> sequences
+  Placement pl;
+  // Per power-of-two level d: the aligned blocks of d ranks, each with its
+  // busiest rank's workload and tokens, the blocks by workload. A placement
+  // on a block raises every rank of it by the same amounts: the blocks
+  // inside it rise by them, those around it to at least its new values.
+  std::vector<int> levels;
+  for (int d = 1; d <= n; d *= 2) levels.push_back(d);
+  std::vector<std::vector<double>> blockW(levels.size()), blockT(levels.size());
+  std::vector<GrowingMin> byW;
+  for (size_t l = 0; l < levels.size(); ++l) {
+    blockW[l].assign(size_t(n / levels[l]), 0.0);
+    blockT[l].assign(size_t(n / levels[l]), 0.0);
+    byW.emplace_back(size_t(n / levels[l]));
+  }
+  for (size_t i : largestFirst(lens.size(), work)) {
+    const int d = cp[i];
+    const size_t level = size_t(std::log2(d) + 0.5);
+    const double share = double(lens[i]) / d;
+    int anyBlock = -1;
+    int block = byW[level].least([&](int b) { return blockT[level][b] + share <= cap; }, &anyBlock);
+    if (block < 0) block = anyBlock, pl.infeasibleAssignment = true;
+    const int best = block * d;
+    for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
+    for (size_t l = 0; l < levels.size(); ++l) {
+      const int L = levels[l];
+      if (L <= d) {
+        for (int b = best / L; b < (best + d) / L; ++b) {
+          blockW[l][b] += work(i);
+          blockT[l][b] += share;
+          byW[l].raise(b, blockW[l][b]);
+        }
+      } else if ((best / L + 1) * L <= n) {
+        const int b = best / L;
+        blockW[l][b] = std::max(blockW[l][b], blockW[level][block]);
+        blockT[l][b] = std::max(blockT[l][b], blockT[level][block]);
+        if (byW[l].key(b) != blockW[l][b]) byW[l].raise(b, blockW[l][b]);
+      }
+    }
+    groups[{-d, best}].push_back(int64_t(i));  // larger groups first
+  }
+  for (auto& [key, members] : groups) {
+    Ring ring;
+    ring.seqs = members;
+    for (int64_t i : members) ring.lens.push_back(lens[i]);
+    for (int r = key.second; r < key.second - key.first; ++r) ring.ranks.push_back(r);
+    ring.link = -key.first > c.ranksPerNode ? Link::Inter : Link::Intra;
+    pl.rings.push_back(ring);
+  }
+  pl.linTokens = tokens;
+  pl.attnTokens = tokens;
+  StrategyResult r = evaluate("dynamic_cp", pl, cfg, c);
+  return {r, std::move(pl)};
+}
+
+// Hybrid DP: a sequence of at most `split` tokens stays whole on one rank
+// (data parallel); a longer one gets a ring over the fewest ranks that leave
+// at most `split` per rank (within a node, else whole nodes, one NIC per hop), on the least loaded
+// ones. Largest first, loads in estimated seconds (attention and linear).
+Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
+                 const ClusterModel& c) {
+  const int n = c.ranks(), rpn = c.ranksPerNode;
+  const AttnShape& sh = cfg.model.attn;
+  auto cost = [&](size_t i) {
+    return attnComputeSeconds(attnFlops(lens[i], cfg.causal, sh), double(lens[i]), c) + linearSeconds(lens[i], cfg, c);
+  };
+  std::vector<double> load(n, 0), tokens(n, 0);
+  GrowingMin byLoad{size_t(n)};
+  // Per ring size G inside a node: the nodes by their G-th least load, and
+  // each node's most tokens on a rank (a node where every rank has room
+  // needs no scan of its ranks).
+  std::vector<GrowingMin> kth(size_t(rpn), GrowingMin(size_t(c.nodes)));
+  std::vector<double> nodeTokens(size_t(c.nodes), 0.0), sorted(size_t(rpn), 0.0);
+  std::vector<std::pair<double, int>> nodes, rs;  // scratch
+  std::vector<int> chosenRanks;
+  Placement pl;
+  pl.linTokens.assign(n, 0);
+  for (size_t i : largestFirst(lens.size(), cost)) {
+    int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
+    if (G > rpn) G = std::min(n, (G + rpn - 1) / rpn * rpn);
+    Ring ring;
+    ring.lens = {lens[i]};
+    ring.seqs = {int64_t(i)};
+    if (G > rpn) {
+      // The G / rpn nodes whose busiest rank is least loaded (ties: lower
+      // node; selected, not sorted: the pairs are distinct).
+      nodes.clear();
+      for (int nd = 0; nd < c.nodes; ++nd)
+        nodes.push_back({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
+      std::nth_element(nodes.begin(), nodes.begin() + (G / rpn - 1), nodes.end());
+      std::vector<int> chosen;
+      for (int j = 0; j < G / rpn; ++j) chosen.push_back(nodes[j].second);
+      std::sort(chosen.begin(), chosen.end());
+      for (int nd : chosen)
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.ranks.push_back(r);
+      ring.link = Link::Inter;
+    } else if (G == 1) {
+      // The least loaded rank with room for the sequence's tokens (if none
+      // has room, rank 0, as the scan below would choose).
+      int any = -1;
+      const int r = byLoad.least([&](int q) { return tokens[q] + double(lens[i]) <= cap; }, &any);
+      ring.ranks = {r < 0 ? 0 : r};
+      ring.link = Link::Intra;
+    } else {
+      // The G least loaded ranks of the node where the G-th is least loaded;
+      // a whole sequence prefers ranks with room for its tokens. The node
+      // whose G-th load is least, when every rank of it has room, is that
+      // node (room only adds to a node's value); else all are scanned.
+      // (The G-th of a node by (load, rank) is selected, not sorted.)
+      const double share = double(lens[i]) / G;
+      int any = -1;
+      const int first = kth[G - 1].least([&](int q) { return nodeTokens[q] + share <= cap; }, &any);
+      if (first >= 0 && first == any) {
+        rs.clear();
+        for (int r = first * rpn; r < (first + 1) * rpn; ++r) rs.push_back({load[r], r});
+        std::nth_element(rs.begin(), rs.begin() + (G - 1), rs.end());
+        for (int j = 0; j < G; ++j) ring.ranks.push_back(rs[j].second);
+      }
+      double bestW = 0;
+      for (int nd = 0; nd < c.nodes && ring.ranks.empty(); ++nd) {
+        rs.clear();
+        for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) {
+          bool room = tokens[r] + double(lens[i]) / G <= cap;
+          rs.push_back({load[r] + (room ? 0 : 1e30), r});
+        }
+        std::nth_element(rs.begin(), rs.begin() + (G - 1), rs.end());
+        if (nd == 0 || rs[G - 1].first < bestW) {
+          bestW = rs[G - 1].first;
+          chosenRanks.clear();
+          for (int j = 0; j < G; ++j) chosenRanks.push_back(rs[j].second);
+        }
+        if (nd == c.nodes - 1) ring.ranks = chosenRanks;
+      }
+      std::sort(ring.ranks.begin(), ring.ranks.end());
+      ring.link = Link::Intra;
+    }
+    const double per = cost(i) / G;
+    for (int r : ring.ranks) {
+      load[r] += per;
+      byLoad.raise(r, load[r]);
+      tokens[r] += double(lens[i]) / G;
+      nodeTokens[r / rpn] = std::max(nodeTokens[r / rpn], tokens[r]);
+      if (tokens[r] > cap) pl.infeasibleAssignment = true;
+    }
+    for (size_t j = 0; j < ring.ranks.size(); ++j) {
+      const int nd = ring.ranks[j] / rpn;
+      if (j > 0 && ring.ranks[j - 1] / rpn == nd) continue;  // a ring's ranks are sorted: each node once
+      std::copy(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn, sorted.begin());
+      std::sort(sorted.begin(), sorted.end());
+      for (int g = 0; g < rpn; ++g)
+        if (kth[g].key(nd) != sorted[g]) kth[g].raise(nd, sorted[g]);
+    }
+    pl.rings.push_back(ring);
+  }
+  pl.linTokens = tokens;
+  pl.attnTokens = tokens;
+  StrategyResult r = evaluate("hybrid_dp", pl, cfg, c);
+  return {r, std::move(pl)};
+}
+
+// The length above which dynamic_cp and hybrid_dp split a sequence is a
+// setting a practitioner tunes (Megatron's max_seqlen_per_dp_cp_rank): memory
+// allows up to the token capacity, a smaller one spreads long sequences over
+// more ranks. Tuned per batch like dp_cp's group: the capacity, halved down
+// to 1024 tokens, the fastest feasible kept. Every rank still holds at most
+// the capacity.
+template <class Run>
+Tuned bestLimit(int64_t cap, Run run) {
+  Tuned best;
+  bool have = false;
+  for (int64_t limit = cap; limit >= 1024 || !have; limit /= 2) {
+    Tuned t = run(std::max<int64_t>(limit, 1));
+    t.result.limitTokens = limit;
+    if (!have || fasterFeasible(t.result, best.result)) {
+      best = std::move(t);
+      have = true;
+    }
+    if (limit <= 1) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+// Transformer Engine's ring over all ranks (CP = the world): one packed ring,
+// zigzag, one NIC per inter-node hop. A reference, not a competitor.
+StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  Placement pl;
+  Ring ring;
+  ring.lens = lens;
+  for (int r = 0; r < n; ++r) ring.ranks.push_back(r);
+  ring.link = c.nodes > 1 ? Link::Inter : Link::Intra;
+  pl.rings.push_back(ring);
+  double total = std::accumulate(lens.begin(), lens.end(), 0.0);
+  pl.linTokens.assign(n, total / n);
+  pl.attnTokens = pl.linTokens;
+  return evaluate("ring_all", pl, cfg, c);
+}
+
+std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
+                                  bool expressible) {
+  const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
+  std::vector<Tuned> out;
+  out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c));
+  if (!expressible) out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c));
+  out.push_back(bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }));
+  out.push_back(bestLimit(cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }));
+  if (!expressible) {
+    out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c));
+    out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c));
+  }
+  for (Tuned& t : out) t.result.baseline = true;
+  return out;
+}
+
+bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRingNodes,
+                 PlanOptions::Candidate* out) {
+  out->rings.assign(seqs, {});
+  out->order.clear();
+  for (const Ring& ring : pl.rings) {
+    if (ring.allgather || ring.seqs.size() != ring.lens.size()) return false;
+    if (maxRingNodes == 1 && ring.ranks.front() / ranksPerNode != ring.ranks.back() / ranksPerNode) return false;
+    for (int64_t i : ring.seqs) {
+      if (i < 0 || size_t(i) >= seqs || !out->rings[i].empty()) return false;
+      out->rings[i] = ring.ranks;
+      out->order.push_back(i);
+    }
+  }
+  return out->order.size() == seqs;
+}
+
+}  // namespace zp::sim

@@ -1,0 +1,70 @@
+// Internal to the simulator (src/sim): a strategy's placement of one batch,
+// the step model that times it (simulator.cc), and the baselines that make
+// placements (baselines.cc). simulator.h is the interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/plan/planner.h"
+#include "src/sim/simulator.h"
+
+namespace zp::sim {
+
+using plan::Link;
+
+// One ring of attention: the sequences it carries together (one packed
+// ring, as Transformer Engine runs a packed batch; Zeppelin's rings carry one
+// sequence), its ranks in ring order and its link; or an all-gather group
+// (K and V gathered from the group, the rank's share of the queries).
+struct Ring {
+  std::vector<int64_t> lens;
+  std::vector<int> ranks;
+  Link link = Link::Intra;
+  bool allgather = false;
+  std::vector<int64_t> seqs;  // the sequences' ids (lens[k] is sequence seqs[k]'s length)
+  // > 1: Ulysses inside each ring position of this many consecutive ranks
+  // (one node's), heads split among them, the ring over G / ulysses
+  // positions (hierarchical context parallelism, USP).
+  int ulysses = 1;
+};
+
+// A strategy's placement of one batch.
+struct Placement {
+  std::vector<Ring> rings;          // in the order they run forward
+  std::vector<double> linTokens;    // per rank, linear layout
+  std::vector<double> attnTokens;   // per rank, attention layout
+  bool remap = false;
+  double remapIn = 0, remapOut = 0;  // seconds of one forward remap phase (q, k, v in; output back)
+  double remapNic = 0, remapIntra = 0;  // bytes of both
+  bool infeasibleAssignment = false;    // the baseline could not keep within its token capacity
+};
+
+// Simulates a placement: one layer scheduled forward, (recomputed forward,)
+// backward; per-rank parts times the layers.
+StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c);
+// Seconds of the linear layers' forward for that many tokens.
+double linearSeconds(int64_t tokens, const StepConfig& cfg, const ClusterModel& c);
+
+// A baseline tuned for the batch (its group size or split length chosen by
+// this step model) and the placement it runs.
+struct Tuned {
+  StrategyResult result;
+  Placement placement;
+};
+// dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp: every
+// baseline, tuned, in strategyNames() order; with `expressible`, only those
+// a plan can express (dp_cp, dynamic_cp, hybrid_dp: rings of whole
+// sequences, the planner's candidates).
+std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
+                                  bool expressible = false);
+// Transformer Engine's ring over all ranks: a reference, not a competitor.
+StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
+// A baseline's placement as a plan's candidate (PlanOptions::Candidate):
+// false when a plan cannot express it (all-gather), or when its rings leave
+// a node and maxRingNodes is 1.
+bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRingNodes,
+                 plan::PlanOptions::Candidate* out);
+
+}  // namespace zp::sim
