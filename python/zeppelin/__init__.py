@@ -27,7 +27,7 @@ from .comm import (AVG, MAX, MIN, PROD, SPLIT_NOCOLOR, SUM, UNIQUE_ID_BYTES, Com
 from .errors import (CudaError, InProgress, InternalError, InvalidArgument, InvalidUsage, RemoteError,
                      ZeppelinError, ZpSystemError, error_class)
 from .plan import (INTER_NODE, INTRA_NODE, LOCAL, Attention, AttnBlock, BatchPlan, Layout, Remap, Ring,
-                   lengths_from_cu_seqlens, plan_batch, ulysses_alltoall, ulysses_heads)
+                   lengths_from_cu_seqlens, plan_ahead, plan_batch, ulysses_alltoall, ulysses_heads)
 
 library_path = _lib.path
 __version__ = "%d.%d.%d" % version()  # the loaded library's (zpGetVersion)
@@ -37,7 +37,7 @@ __all__ = [
     "Communicator", "init", "get_unique_id", "group", "version",
     "ZeppelinError", "CudaError", "ZpSystemError", "InternalError", "InvalidArgument", "InvalidUsage",
     "RemoteError", "InProgress", "error_class",
-    "BatchPlan", "Layout", "Remap", "Ring", "Attention", "AttnBlock", "plan_batch", "lengths_from_cu_seqlens",
+    "BatchPlan", "Layout", "Remap", "Ring", "Attention", "AttnBlock", "plan_batch", "plan_ahead", "lengths_from_cu_seqlens",
     "ulysses_alltoall",
     "ulysses_heads", "LOCAL", "INTRA_NODE", "INTER_NODE",
     "INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16",
