@@ -105,6 +105,20 @@ TEST(Params, ValuesAreCheckedAgainstTheTable) {
   unsetenv("ZP_SHM_SPIN_US");
 }
 
+// zpconfig --env (run after prefix, e.g. "env NAME=VALUE ") exits 1 and
+// marks NAME=VALUE as refused.
+void expectZpconfigRefuses(const std::string& prefix, const std::string& name, const std::string& value) {
+  const std::string cmd = prefix + ZPCONFIG_PATH + " --env 2>/dev/null";
+  FILE* out = popen(cmd.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string text;
+  char buf[512];
+  while (fgets(buf, sizeof buf, out)) text += buf;
+  const int status = pclose(out);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find(name + "=" + value + "   <- "), std::string::npos) << text;
+}
+
 // Settings the configuration does not read itself (logging, discovery) are
 // checked too: nothing set is silently ignored (issue 26, item 6). zpconfig
 // --env says the same of each value, and exits 1.
@@ -116,15 +130,7 @@ TEST(Params, EverySettingIsCheckedAtInitAndByZpconfig) {
     setenv(b[0], b[1], 1);
     EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument) << b[0] << "=" << b[1];
     EXPECT_NE(std::string(zp::lastError()).find(b[0]), std::string::npos) << zp::lastError();
-    const std::string cmd = std::string(ZPCONFIG_PATH) + " --env 2>/dev/null";
-    FILE* out = popen(cmd.c_str(), "r");
-    ASSERT_NE(out, nullptr);
-    std::string text;
-    char buf[512];
-    while (fgets(buf, sizeof buf, out)) text += buf;
-    const int status = pclose(out);
-    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
-    EXPECT_NE(text.find(std::string(b[0]) + "=" + b[1] + "   <- "), std::string::npos) << text;
+    expectZpconfigRefuses("", b[0], b[1]);
     unsetenv(b[0]);
   }
   for (const auto& good : {"INIT,SHM", "^NET", "coll"}) {
@@ -149,15 +155,7 @@ TEST(Params, NicSettingsAreCheckedOnOneNodeAndByZpconfig) {
       EXPECT_NE(std::string(zpGetLastError(nullptr)).find(b[0]), std::string::npos) << zpGetLastError(nullptr);
     });
     zptest::expectAllOk(exits);
-    const std::string cmd = std::string("env ") + b[0] + "=" + b[1] + " " + ZPCONFIG_PATH + " --env 2>/dev/null";
-    FILE* out = popen(cmd.c_str(), "r");
-    ASSERT_NE(out, nullptr);
-    std::string text;
-    char buf[512];
-    while (fgets(buf, sizeof buf, out)) text += buf;
-    const int status = pclose(out);
-    EXPECT_EQ(WEXITSTATUS(status), 1) << text;
-    EXPECT_NE(text.find(std::string(b[0]) + "=" + b[1] + "   <- "), std::string::npos) << text;
+    expectZpconfigRefuses(std::string("env ") + b[0] + "=" + b[1] + " ", b[0], b[1]);
   }
   auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
     setenv("ZP_NET_DEVICES", "lo", 1);
