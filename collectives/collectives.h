@@ -39,10 +39,6 @@ zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 // by the caller), then rings on host buffers, or (a stream) NCCL's own
 // collective on the StreamTransport.
 zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
-// At init: every rank's settings that choose collective algorithms
-// (ZP_COLL_*, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW) gathered and compared
-// exactly; zpInvalidUsage on every rank naming the first that differs.
-zpResult_t checkSettingsAgree(Comm* comm);
 // Lower-case names for messages and logs ("float32", "sum"; "?" if invalid).
 const char* typeName(zpDataType_t t);
 const char* opName(zpRedOp_t op);

@@ -153,28 +153,6 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::v
 
 }  // namespace detail
 
-zpResult_t checkSettingsAgree(Comm* c) {
-  const Config& cfg = c->cfg();
-  const char* names[] = {"ZP_COLL_ALGO", "ZP_COLL_RING_ABOVE", "ZP_COLL_SLICE", "ZP_ROUTING", "ZP_ROUTE_DIRECT_BELOW"};
-  constexpr int k = 5;
-  const uint64_t mine[k] = {(uint64_t)cfg.collAlgo, (uint64_t)cfg.collRingAbove, (uint64_t)cfg.collSliceBytes,
-                            (uint64_t)cfg.routing, (uint64_t)cfg.routeDirectBelow};
-  const int n = c->nranks(), me = c->rank();
-  std::vector<uint64_t> all((size_t)k * n);
-  CollArgs a{CollKind::kAllGather, mine, all.data(), k, zpUint64, zpSum, 0};
-  // Its header check already refuses settings whose hashes differ; the
-  // values are compared exactly here, so no choice of them can pass.
-  ZP_CHECK(collective(c, a, nullptr));
-  for (int r = 1; r < n; r++)
-    for (int i = 0; i < k; i++)
-      if (all[(size_t)r * k + i] != all[i])
-        return fail(zpInvalidUsage,
-                    "rank %d: %s is %llu on rank 0 but %llu on rank %d (as a number): the settings that choose "
-                    "collective algorithms must be the same on every rank",
-                    me, names[i], (unsigned long long)all[i], (unsigned long long)all[(size_t)r * k + i], r);
-  return zpSuccess;
-}
-
 const char* opName(zpRedOp_t op) {
   switch (op) {
     case zpSum: return "sum";
