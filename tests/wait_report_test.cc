@@ -143,9 +143,14 @@ LagRun runWithLaggard(int laggard, size_t count) {
       EXPECT_GE(entries[0].callsLast, 90);
       EXPECT_GE(entries[0].totalWaitSec / entries[0].callsLast, 0.030);
     } else {
-      // Nobody (or, on the laggard, nobody it waits for) stands out.
+      // Nobody (or, on the laggard, nobody it waits for) stands out as the
+      // WARN line's rule asks: last in most calls, late on average. A rank
+      // preempted now and then on this 2-core machine may come last in a
+      // few calls by much more.
       for (int i = 0; i < nEntries && i < 4; i++)
-        EXPECT_LT(entries[i].totalWaitSec / entries[i].callsLast, 0.010) << "rank " << entries[i].rank;
+        EXPECT_FALSE(2 * entries[i].callsLast > nCalls && entries[i].totalWaitSec / entries[i].callsLast > 0.010)
+            << "rank " << entries[i].rank << ": last in " << entries[i].callsLast << " calls, "
+            << entries[i].totalWaitSec << " s";
     }
     // Only the count asked.
     int again = -1;

@@ -659,7 +659,8 @@ def test_wait_report_names_a_rank_that_lags(comm):
     if comm.size > 2 and comm.rank != laggard:
         assert entries and entries[0]["rank"] == laggard, entries
         assert entries[0]["calls_last"] >= 25, entries
-        assert entries[0]["total_wait"] / entries[0]["calls_last"] > 0.015, entries
+        # (the window also holds this module's earlier calls)
+        assert entries[0]["total_wait"] > 30 * 0.02, entries
     for e in entries:
         assert set(e) == {"rank", "calls_last", "total_wait", "max_wait"}
         assert 0 <= e["max_wait"] <= e["total_wait"]
