@@ -57,11 +57,13 @@ tools() {  # tools VENV: the console scripts run the programs the package carrie
   for t in zpplan zptopo; do
     (cd / && "$1/bin/$t" --help >/dev/null) || { echo "$1/bin/$t --help failed" >&2; exit 1; }
   done
-  out=$(cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 ZP_DEBUG=VERSION "$1/bin/zprun" -n 2 "$1/bin/python" -c \
+  # -p: each rank's lines whole and prefixed with its rank (zprun's own
+  # version line, from the rendezvous it hosts, has no prefix).
+  out=$(cd / && env -u ZEPPELIN_LIBRARY PYTHONNOUSERSITE=1 ZP_DEBUG=VERSION "$1/bin/zprun" -p -n 2 "$1/bin/python" -c \
     "import zeppelin; c = zeppelin.init(); c.barrier(); print('rank', c.rank, 'of', c.size); c.destroy()" 2>&1) ||
     { echo "$1/bin/zprun -n 2 failed: $out" >&2; exit 1; }
-  for r in 0 1; do echo "$out" | grep -q "rank $r of 2" || { echo "no rank $r in: $out" >&2; exit 1; }; done
-  [ "$(echo "$out" | grep -c 'ZP INFO Zeppelin version')" = 2 ] ||
+  for r in 0 1; do echo "$out" | grep -q "^\[$r\] rank $r of 2" || { echo "no rank $r in: $out" >&2; exit 1; }; done
+  [ "$(echo "$out" | grep -c '^\[[01]\] .*ZP INFO Zeppelin version')" = 2 ] ||
     { echo "ZP_DEBUG=VERSION: not one version line per process: $out" >&2; exit 1; }
 }
 venv "$tmp/plain"
