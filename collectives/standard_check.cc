@@ -103,6 +103,7 @@ zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
   arrived.assign(c->nranks(), 0);
   for (Op& op : ops)
     if (!op.isSend) op.arrivedUs = &arrived[op.peer];
+  arrived[c->rank()] = nowUs();  // this rank's entry
   const zpResult_t r = run(c, ops, id);
   if (r != zpSuccess) return r;
   const int lagging = c->waitStats().record(arrived);

@@ -209,7 +209,8 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
  * collective starts with a round in which each rank's call header reaches
  * every other, so each peer's header arrival is when it entered the call. In
  * one call, the wait charged to a peer is how much later its header came
- * than the one before it in arrival order (all of it to the last one). The
+ * than the one before it in arrival order, this rank's own entry counted
+ * as an arrival (all of it to the last one). The
  * report covers the last 100 collectives of this communicator (*nCalls: how
  * many it holds): the peers charged anything, the most charged first; at
  * most maxEntries are written to entries (NULL when maxEntries is 0) and

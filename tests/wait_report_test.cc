@@ -75,6 +75,23 @@ TEST(WaitStats, ARecoveredPeerLeavesTheWindowAndIsNamedAgainIfItLagsAgain) {
   EXPECT_EQ(namings, 2);
 }
 
+// With one peer, the wait is charged against this rank's own entry; a peer
+// that came before it is charged nothing.
+TEST(WaitStats, OnePeerIsChargedForWhatItCameAfterThisRank) {
+  zp::WaitStats s(2, 0, 10 * 1000);
+  int namings = 0;
+  for (int call = 0; call < 100; call++) namings += s.record({1000, 1000 + 30 * 1000}) == 1;
+  EXPECT_EQ(namings, 1);
+  int calls = 0;
+  auto report = s.report(&calls);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].rank, 1);
+  EXPECT_EQ(report[0].totalUs, 100 * 30 * 1000u);
+  zp::WaitStats first(2, 0, 10 * 1000);  // the peer came first: this rank lags, not it
+  for (int call = 0; call < 100; call++) EXPECT_EQ(first.record({1000 + 30 * 1000, 1000}), -1);
+  EXPECT_TRUE(first.report(&calls).empty());
+}
+
 TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
   zp::WaitStats s(4, 0, 0);
   for (int call = 0; call < 100; call++) EXPECT_EQ(s.record(arrivals(1, 50 * 1000)), -1);
@@ -115,13 +132,13 @@ struct LagRun {
   std::vector<zptest::RankExit> exits;
 };
 
-// 4 ranks run 100 all-reduces of `count` floats, rank `laggard` (if >= 0)
-// sleeping 50 ms before each; every rank then checks its wait report.
-LagRun runWithLaggard(int laggard, size_t count) {
+// `nranks` ranks run 100 all-reduces of `count` floats, rank `laggard` (if
+// >= 0) sleeping 50 ms before each; every rank then checks its wait report.
+LagRun runWithLaggard(int laggard, size_t count, int nranks = 4) {
   char dir[] = "/tmp/zp_wait_report_XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
   LagRun out;
-  out.exits = zptest::runRanks(4, [&](int rank, int n, const zpUniqueId& id) {
+  out.exits = zptest::runRanks(nranks, [&](int rank, int n, const zpUniqueId& id) {
     logTo(dir, rank);
     zpComm_t comm;
     ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
@@ -131,7 +148,7 @@ LagRun runWithLaggard(int laggard, size_t count) {
       if (rank == laggard) usleep(50 * 1000);
       ZP_ASSERT_OK(zpAllReduce(send.data(), recv.data(), count, zpFloat32, zpSum, comm, nullptr));
       for (size_t i = 0; i < count; i++)
-        ASSERT_EQ(recv[i], (float)(0 + 1 + 2 + 3 + 4 * (call + i % 7))) << "call " << call << " element " << i;
+        ASSERT_EQ(recv[i], (float)(n * (n - 1) / 2 + n * (call + i % 7))) << "call " << call << " element " << i;
     }
     zpWaitEntry_t entries[4];
     int nEntries = -1, nCalls = -1;
@@ -181,6 +198,14 @@ TEST(WaitReport, ALaggingRankIsNamedByEveryRankThatWaitsForIt) {
     // One WARN line on each of the three ranks that wait for rank 2.
     EXPECT_EQ(countOf(r.logs, "rank 2 came last in"), 3) << count << " floats:\n" << r.logs;
   }
+}
+
+// Two ranks: the one that waits names the other.
+TEST(WaitReport, OfTwoRanksTheOneThatWaitsNamesTheOther) {
+  LagRun r = runWithLaggard(1, 16, 2);
+  zptest::expectAllOk(r.exits);
+  EXPECT_EQ(countOf(r.logs, "rank 0: rank 1 came last in"), 1) << r.logs;
+  EXPECT_EQ(countOf(r.logs, "came last in"), 1) << r.logs;
 }
 
 TEST(WaitReport, NobodyIsNamedWithoutALaggard) {

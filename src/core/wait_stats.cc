@@ -35,8 +35,12 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs) {
       haveSecond = true;
     }
   }
-  // With one peer there is no other arrival to compare with: nothing is charged.
-  uint64_t charged = haveSecond ? lastAt - secondAt : 0;
+  // This rank's own entry (arrivedUs[self]) counts as an arrival too: a
+  // peer is charged only for what it came after everyone else, this rank
+  // included (with one peer, after this rank entered).
+  uint64_t before = arrivedUs[self_];
+  if (haveSecond && secondAt > before) before = secondAt;
+  uint64_t charged = lastAt > before ? lastAt - before : 0;
 
   Call& slot = window_[next_];
   const int left = filled_ == kWindow ? slot.last : -1;

@@ -6,8 +6,9 @@
 // rank sends its call's header to every other, so the moment each peer's
 // header arrives is the moment that peer entered the call. In one call, the
 // time charged to a peer is how much later its header came than the one
-// before it in arrival order; all of it goes to the last one to arrive (the
-// others arrived while this rank was still waiting anyway). A rank that
+// before it in arrival order, this rank's own entry counted as an arrival;
+// all of it goes to the last one to arrive (the others arrived while this
+// rank was still waiting anyway). A rank that
 // enters 50 ms after the others is charged about 50 ms in every call; in a
 // balanced job the charges are a few microseconds of noise spread over all
 // peers.
@@ -32,8 +33,9 @@ class WaitStats {
   // the WARN line off (the report still counts).
   WaitStats(int nranks, int self, uint64_t thresholdUs);
 
-  // One call's arrivals: arrivedUs[p] is when peer p's header came (the
-  // same clock for all; self's entry is ignored). Returns the peer named by
+  // One call's arrivals: arrivedUs[p] is when peer p's header came, and
+  // arrivedUs[self] when this rank entered the call (the same clock for
+  // all). Returns the peer named by
   // this call, if one crossed the threshold now (for the caller to log),
   // else -1.
   int record(const std::vector<uint64_t>& arrivedUs);

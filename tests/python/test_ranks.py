@@ -656,7 +656,7 @@ def test_wait_report_names_a_rank_that_lags(comm):
         comm.all_reduce(x)
     calls, entries = comm.wait_report()
     assert calls >= 30
-    if comm.size > 2 and comm.rank != laggard:
+    if comm.rank != laggard:
         assert entries and entries[0]["rank"] == laggard, entries
         assert entries[0]["calls_last"] >= 25, entries
         # (the window also holds this module's earlier calls)
