@@ -522,6 +522,21 @@ zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer,
   return zp::failFromException("zpRecv");
 }
 
+// A copy of the count and displacement arrays of a call that may run later
+// (queued in a group, at zpGroupEnd), so that the caller may free or reuse
+// its own: each non-null *arrays[k] (n elements) is pointed into the copy,
+// which the queued call keeps alive.
+static std::shared_ptr<std::vector<size_t>> keepArrays(size_t n, std::initializer_list<const size_t**> arrays) {
+  auto kept = std::make_shared<std::vector<size_t>>();
+  kept->reserve(n * arrays.size());
+  for (const size_t** a : arrays)
+    if (*a) kept->insert(kept->end(), *a, *a + n);
+  size_t at = 0;
+  for (const size_t** a : arrays)
+    if (*a) *a = kept->data() + n * at++;
+  return kept;
+}
+
 static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                             const size_t recvcounts[], const size_t rdispls[], zpDataType_t datatype, zpComm_t comm,
                             zpStream_t stream) {
@@ -543,18 +558,10 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
   if (zp::groupOpen()) {
     // Queued: the group keeps its own copy of the four arrays (the caller may
     // free or reuse them before zpGroupEnd, as NCCL's scalars).
-    const size_t n = (size_t)c->nranks();
-    auto arrays = std::make_shared<std::vector<size_t>>();
-    arrays->reserve(4 * n);
-    const size_t* in[4] = {sendcounts, sdispls, recvcounts, rdispls};
-    const size_t* kept[4] = {};
-    for (int k = 0; k < 4; k++)
-      if (in[k]) arrays->insert(arrays->end(), in[k], in[k] + n);
-    for (int k = 0, at = 0; k < 4; k++)
-      if (in[k]) kept[k] = arrays->data() + n * at++;
-    zp::queueCollective(c, [=, raw = c.get(), keep = arrays] {
-      (void)keep;
-      return zp::alltoallv(raw, sendbuff, kept[0], kept[1], recvbuff, kept[2], kept[3], datatype, stream);
+    auto kept = keepArrays((size_t)c->nranks(), {&sendcounts, &sdispls, &recvcounts, &rdispls});
+    zp::queueCollective(c, [=, raw = c.get()] {
+      (void)kept;
+      return zp::alltoallv(raw, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, stream);
     });
     return zpSuccess;
   }
@@ -676,12 +683,7 @@ zpResult_t zpReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
 static zpResult_t collectiveV(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  const size_t n = (size_t)c->nranks();
-  auto counts = std::make_shared<std::vector<size_t>>();
-  if (a.counts) counts->assign(a.counts, a.counts + n);
-  if (a.displs) counts->insert(counts->end(), a.displs, a.displs + n);
-  if (a.counts) a.counts = counts->data();
-  if (a.displs) a.displs = counts->data() + n;
+  auto counts = keepArrays((size_t)c->nranks(), {&a.counts, &a.displs});
   return collective(fn, a, comm, stream, counts);
 }
 
