@@ -92,13 +92,12 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
     if (done()) return zpSuccess;
     if (first) continue;  // the transports' progress before any wait
     uint64_t now = nowMs();
-    if (lastMove == 0) lastMove = lastAsked = now;
+    if (lastMove == 0) lastMove = lastAsked = started = now;
     if (moved) {
       lastMove = now;
       continue;
     }
     int timeoutMs = comms[0]->cfg_.timeoutMs;
-    if (started == 0) started = now;
     const int warnMs = comms[0]->cfg_.waitWarnMs;
     if (!warned && warnMs > 0 && now - started >= (uint64_t)warnMs) {
       // Long before the timeout, the ranks that hold this call up are named.
