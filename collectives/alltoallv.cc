@@ -65,9 +65,8 @@ zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
   return c->runOps(ptrs);
 }
 
-// The count matrix, [rank][sendcounts..., recvcounts..., type size], with
-// this rank's row filled in; the other rows are filled by peers' messages.
-size_t countRowLen(int n) { return 2 * (size_t)n + 1; }
+// The count matrix (collectives.h), with this rank's row filled in; the
+// other rows are filled by peers' messages.
 std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts) {
   const int n = c->nranks();
   std::vector<uint64_t> rows((size_t)n * countRowLen(n), 0);
@@ -77,6 +76,7 @@ std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], cons
     mine[n + p] = recvcounts[p];
   }
   mine[2 * n] = ts;
+  if (const Routing* routing = c->routing()) mine[2 * n + 1] = routing->railReport();
   return rows;
 }
 
@@ -113,12 +113,15 @@ zpResult_t planCall(Comm* c, Routing* routing, const std::vector<uint64_t>& rows
   const int n = c->nranks();
   const size_t rowLen = countRowLen(n);
   std::vector<std::vector<uint64_t>> bytes(n, std::vector<uint64_t>(n, 0));
+  std::vector<uint64_t> railReports(n);
   const std::vector<int>& nodeOf = c->nodeOf();
-  for (int s = 0; s < n; s++)
+  for (int s = 0; s < n; s++) {
     for (int d = 0; d < n; d++)
       if (nodeOf[s] != nodeOf[d]) bytes[s][d] = rows[(size_t)s * rowLen + d] * ts;
+    railReports[s] = rows[(size_t)s * rowLen + 2 * n + 1];
+  }
   std::string why;
-  if (routing->plan(rows, bytes, plan, &why) != zpSuccess)
+  if (routing->plan(rows, bytes, railReports, plan, &why) != zpSuccess)
     return fail(zpInternalError, "rank %d: alltoallv: the router cannot plan this call: %s", c->rank(), why.c_str());
   return zpSuccess;
 }

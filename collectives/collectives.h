@@ -29,9 +29,11 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
                      void* stream);
 
 // alltoallv's count matrix, every rank's row [sendcounts..., recvcounts...,
-// type size] as gathered from the peers: zpInvalidUsage (the same on every
-// rank) if a datatype size or a count is impossible or a pair of ranks
-// disagrees. me only names this rank in the message.
+// type size, rail report] as gathered from the peers (the rail report:
+// Routing::railReport, 0 without routing): zpInvalidUsage (the same on
+// every rank) if a datatype size or a count is impossible or a pair of
+// ranks disagrees. me only names this rank in the message.
+inline size_t countRowLen(int n) { return 2 * (size_t)n + 2; }
 zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 
 // The standard collectives (standard*.cc): checked against every rank's call

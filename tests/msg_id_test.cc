@@ -15,7 +15,7 @@ namespace {
 using namespace msgid;
 
 TEST(MsgId, ControlRoundTripsAndStaysInItsRange) {
-  for (Control c : {Control::kLeaving, Control::kNicDown, Control::kAck}) {
+  for (Control c : {Control::kLeaving, Control::kNicDown, Control::kAck, Control::kRailView}) {
     const uint64_t seq = controlSeq(c);
     EXPECT_TRUE(isControl(seq));
     EXPECT_EQ(controlOf(seq), c);
@@ -23,6 +23,7 @@ TEST(MsgId, ControlRoundTripsAndStaysInItsRange) {
   }
   EXPECT_NE(controlSeq(Control::kLeaving), controlSeq(Control::kNicDown));
   EXPECT_NE(controlSeq(Control::kNicDown), controlSeq(Control::kAck));
+  EXPECT_NE(controlSeq(Control::kAck), controlSeq(Control::kRailView));
   // The last ordinary sequence number is not a control message.
   EXPECT_FALSE(isControl(kFirstControl - 1));
   EXPECT_FALSE(isControl(0));

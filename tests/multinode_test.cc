@@ -49,10 +49,11 @@ class Multinode : public ::testing::Test {
   void TearDown() override {
     if (geteuid() == 0) EXPECT_EQ(zpNamespaces(), before_) << "a namespace of the emulated cluster was left behind";
   }
-  CommandResult zprun(int nodes, int rpn, int nics, const std::string& env) {
+  // zprunArgs: more of zprun's options (a NIC's own rate, NIC events).
+  CommandResult zprun(int nodes, int rpn, int nics, const std::string& env, const std::string& zprunArgs = "") {
     std::string cmd = env + " " ZPRUN_PATH " --timeout 240 --stacks --nodes " + std::to_string(nodes) + " --ranks-per-node " +
                       std::to_string(rpn) + " --nics-per-node " + std::to_string(nics) + " --nic-rate 1gbit " +
-                      ZP_MULTINODE_RANK_PATH;
+                      zprunArgs + " " + ZP_MULTINODE_RANK_PATH;
     return run(cmd);
   }
   std::string before_;
@@ -86,6 +87,64 @@ TEST_F(Multinode, NoPathLeftGivesAnErrorOnEveryRank) {
   CommandResult r = zprun(2, 2, 2, "ZP_TEST_MODE=alldown ZP_TIMEOUT=10");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(countLines(r.output, "error as expected"), 4u) << r.output;
+}
+
+// Measured rails (src/route/rail_rates.h). One NIC of node 1 runs at a
+// tenth of the others' rate: every rank of both nodes names it once (with
+// two nodes a slow path cannot be pinned on one end), the rail report says
+// so, and the routed sends move off it: the last round takes well under
+// the first (nominal split: the slow NIC's quarter sets the time).
+TEST_F(Multinode, ASlowNicIsNamedAndRoutedAround) {
+  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=rails ZP_TEST_SECONDS=6 ZP_TIMEOUT=60", "--nic-rate-of 1:2=100mbit");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, "(rail 2 of node 1) moves"), 4u) << r.output;
+  EXPECT_EQ(countLines(r.output, "(rail 2 of node 0) moves"), 4u) << r.output;
+  EXPECT_EQ(countLines(r.output, "routing around it"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, ": rail 2 zpnic2: slow"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, ": healthy"), 24u) << r.output;
+  double first = 0, last = 0;
+  size_t at = r.output.find("rounds of");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  ASSERT_EQ(sscanf(r.output.c_str() + r.output.find("the first", at), "the first %lf ms, the last %lf ms", &first, &last),
+            2)
+      << r.output;
+  EXPECT_LT(last, 0.6 * first) << r.output;
+}
+
+// Every NIC at its rate: nothing is named, whatever the noise of the machine.
+TEST_F(Multinode, EvenRailsAreNeverNamed) {
+  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=rails ZP_TEST_SECONDS=6 ZP_TIMEOUT=60");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, "routing around it"), 0u) << r.output;
+  EXPECT_EQ(countLines(r.output, ": healthy"), 32u) << r.output;
+}
+
+// The slow NIC comes back to its rate while the job runs: it is named back
+// and takes its full share again.
+TEST_F(Multinode, ARecoveredNicGetsItsShareBack) {
+  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=rails ZP_TEST_SECONDS=12 ZP_TIMEOUT=60",
+                          "--nic-rate-of 1:2=100mbit --nic-event 1:2@6s=1gbit");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, "routing around it"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, "back to its full share"), 8u) << r.output;
+  EXPECT_EQ(countLines(r.output, ": healthy"), 32u) << r.output;
+}
+
+// A NIC that flaps between its rate and a tenth of it every 500 ms for 30 s:
+// every byte arrives, no call fails, and the rails change state at most
+// once per second each (RailRates::kDwellUs).
+TEST_F(Multinode, AFlappingNicLosesNothing) {
+  std::string events;
+  for (int i = 1; i <= 60; i++)
+    events += " --nic-event 1:2@" + std::to_string(i * 500) + "ms=" + (i % 2 ? "100mbit" : "1gbit");
+  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=rails ZP_TEST_SECONDS=30 ZP_TIMEOUT=60", events);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+  size_t changes = countLines(r.output, "routing around it") + countLines(r.output, "back to its full share");
+  EXPECT_LE(changes, 8u * 31) << r.output;
 }
 
 TEST_P(MultinodeShapes, RemapRoundTripsEveryByteAcrossNodes) {

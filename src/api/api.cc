@@ -394,6 +394,34 @@ zpResult_t zpCommGetWaitReport(zpComm_t comm, zpWaitEntry_t* entries, int maxEnt
   return zp::failFromException("zpCommGetWaitReport");
 }
 
+zpResult_t zpCommGetRailReport(zpComm_t comm, zpRailEntry_t* entries, int maxEntries, int* nEntries) try {
+  const char* fn = "zpCommGetRailReport";
+  std::shared_ptr<zp::Comm> c;
+  ZP_CHECK(noted(comm, lookup(comm, fn, &c)));
+  if (!nEntries) return noted(comm, zp::fail(zpInvalidArgument, "%s: nEntries is NULL", fn));
+  if (maxEntries < 0 || (maxEntries > 0 && !entries))
+    return noted(comm, zp::fail(zpInvalidArgument, "%s: entries is NULL with maxEntries %d (0 asks only the count)",
+                                fn, maxEntries));
+  zp::Comm::Call call(c.get(), fn);
+  ZP_CHECK(noted(comm, call.status()));
+  std::vector<zp::RailStatus> rails;
+  if (const zp::Routing* routing = c->routing()) rails = routing->railStatus();
+  for (int i = 0; i < maxEntries && i < (int)rails.size(); i++) {
+    zpRailEntry_t& e = entries[i];
+    e = zpRailEntry_t{};
+    e.rail = rails[i].rail;
+    snprintf(e.nic, sizeof(e.nic), "%s", rails[i].nic.c_str());
+    e.nominalBitsPerSec = rails[i].nominalBitsPerSec;
+    e.bitsPerSec = rails[i].bitsPerSec;
+    e.slow = rails[i].slow;
+    e.changes = rails[i].changes;
+  }
+  *nEntries = (int)rails.size();
+  return zpSuccess;
+} catch (...) {
+  return zp::failFromException("zpCommGetRailReport");
+}
+
 zpResult_t zpCommCount(const zpComm_t comm, int* count) try {
   return commValue(comm, "zpCommCount", "count", count, [](zp::Comm& c) { return c.nranks(); });
 } catch (...) {

@@ -53,6 +53,9 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   long long straggler = c.stragglerMs;
   ZP_CHECK(paramInt("ZP_STRAGGLER_MS", &straggler));
   c.stragglerMs = (int)straggler;
+  long long railSlow = c.railSlowPct;
+  ZP_CHECK(paramInt("ZP_RAIL_SLOW", &railSlow));
+  c.railSlowPct = (int)railSlow;
 
   // The table lists off, rail, balanced in zpRouting_t's order.
   int routing = -1;

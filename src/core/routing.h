@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "include/zeppelin.h"
@@ -54,6 +55,29 @@ struct Transfer {
   }
 };
 
+// One rank's measurement of the rails between its node and another
+// (src/route/rail_rates.h), carried in relay headers: rail k's rate relative
+// to the fastest rail's is scale[k] / 255 (0: not measured), the fastest's
+// rate topKbps kbit/s (0: no view), and bit k of slowMask is the measuring
+// rank's verdict that rail k is slow.
+struct RailView {
+  static constexpr int kRails = 8;
+  uint8_t scale[kRails] = {};
+  uint32_t topKbps = 0;
+  uint8_t slowMask = 0;
+  bool empty() const { return topKbps == 0; }
+};
+
+// One rail of this rank's node as measured (zpCommGetRailReport).
+struct RailStatus {
+  int rail = -1;
+  std::string nic;           // its NIC's name on this node
+  double nominalBitsPerSec = 0;
+  double bitsPerSec = 0;     // measured, its best path (0: no evidence yet)
+  bool slow = false;         // routed around
+  int changes = 0;           // state changes so far
+};
+
 // A NIC found down: its node, its rail (index among the node's NICs), its name.
 struct NicDown {
   int node, rail;
@@ -93,17 +117,41 @@ class Routing {
   // The node's NIC queues (src/route/nic_queues.h): this rank queued
   // (bytes > 0) or sent (bytes < 0) that many bytes on its NIC.
   virtual void addQueued(int64_t bytes) = 0;
+  // Measured rails (src/route/rail_rates.h). A chunk of this rank's sends
+  // whose network hop leaves from srcProxy: queued, acknowledged, or taken
+  // off its path.
+  virtual void chunkQueued(int srcProxy, uint64_t bytes) = 0;
+  virtual void chunkAcked(int srcProxy, uint64_t bytes) = 0;
+  virtual void chunkDropped(int srcProxy, uint64_t bytes) = 0;
+  // This node's view of its rails, for the headers of this rank's sends;
+  // the view in the header of a chunk from src to dst (its source node's).
+  virtual RailView railView() const = 0;
+  virtual void heardRailView(int src, int dst, const RailView& view) = 0;
+  // Reads the node's rail counters, logs rails that turned slow or
+  // recovered, and returns the messages (peer, text) that tell the other
+  // nodes of a changed verdict; the relay sends them as kRailView control
+  // messages, and the peer passes them to heardRailNews.
+  virtual std::vector<std::pair<int, std::string>> tickRails() = 0;
+  virtual void heardRailNews(int from, const std::string& text) = 0;
+  // This rank's verdict on its node's rails, one word for a routed call's
+  // count rows (every rank plans with every rank's word).
+  virtual uint64_t railReport() const = 0;
+  virtual std::vector<RailStatus> railStatus() const = 0;
+
   // The pieces of a point-to-point transfer src -> dst of `bytes`, from the
   // bytes waiting on each NIC of src's node (the node's NIC queues, plus
-  // extraByRail); false with the reason in *why if there is no path.
+  // extraByRail) and the rails' measured rates; false with the reason in
+  // *why if there is no path.
   virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                         std::vector<Piece>* pieces, std::string* why) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
-  // ([src][dst]): its transfers, by (src, dst). `key` identifies the call's
-  // shape, and the plan of the last key is kept (plans repeat from call to
-  // call). A NIC that goes down voids it.
+  // ([src][dst]), with the NICs' rates scaled by every rank's railReport
+  // (by rank; empty: nominal rates): its transfers, by (src, dst). `key`
+  // identifies the call's shape and reports, and the plan of the last key
+  // is kept (plans repeat from call to call). A NIC that goes down voids it.
   virtual zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                          const std::vector<Transfer>** out, std::string* why) = 0;
+                          const std::vector<uint64_t>& railReports, const std::vector<Transfer>** out,
+                          std::string* why) = 0;
 };
 
 }  // namespace zp

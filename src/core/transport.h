@@ -229,11 +229,13 @@ class Transport {
 // beyond Transport. Each answers what it can; the rest keep these defaults.
 class CarrierTransport : public Transport {
  public:
-  // Shared memory: a word per rank of this node that all of them can read
-  // (kept in shared memory), and this rank's own to add to. What it counts
-  // is its user's (the routing layer's NIC queues, src/route/nic_queues.h).
-  virtual uint64_t sharedWord(int /*rank*/) const { return 0; }
-  virtual void addSharedWord(int64_t /*delta*/) {}
+  // Shared memory: kSharedWords words per rank of this node that all of
+  // them can read (kept in shared memory), and this rank's own to add to.
+  // What they count is their user's (the routing layer's NIC queues and
+  // rail counters, src/route/routing_state.cc).
+  static constexpr int kSharedWords = 17;
+  virtual uint64_t sharedWord(int /*rank*/, int /*index*/) const { return 0; }
+  virtual void addSharedWord(int /*index*/, int64_t /*delta*/) {}
   // Shared memory: local peers whose messages on `lane` wait unread here.
   virtual std::vector<int> waitingOn(int /*lane*/) { return {}; }
   // The network: stops using the path to peer (a NIC on it is down): its

@@ -14,6 +14,10 @@
 
 namespace zp {
 
+// The carrier's shared word that holds a rank's queued bytes (the rail
+// counters take the next ones: routing_state.cc).
+constexpr int kNicQueueWord = 0;
+
 class NicQueues {
  public:
   // local: the node's carrier (null: no count kept); rails[r], nodeOf[r]:
@@ -22,7 +26,7 @@ class NicQueues {
       : local_(local), rails_(rails), nodeOf_(nodeOf), node_(node) {}
   // This rank queued (bytes > 0) or sent (bytes < 0) that many bytes.
   void add(int64_t bytes) {
-    if (local_) local_->addSharedWord(bytes);
+    if (local_) local_->addSharedWord(kNicQueueWord, bytes);
   }
   // byRail[rail] += the bytes the node's ranks of that rail have queued.
   void addTo(std::vector<uint64_t>* byRail) const {
@@ -30,7 +34,7 @@ class NicQueues {
     for (size_t r = 0; r < rails_.size(); r++)
       if (nodeOf_[r] == node_) {
         if (byRail->size() <= (size_t)rails_[r]) byRail->resize(rails_[r] + 1, 0);
-        (*byRail)[rails_[r]] += local_->sharedWord((int)r);
+        (*byRail)[rails_[r]] += local_->sharedWord((int)r, kNicQueueWord);
       }
   }
 

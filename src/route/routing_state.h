@@ -12,6 +12,7 @@
 #include "src/core/routing.h"
 #include "src/route/nic_health.h"
 #include "src/route/nic_queues.h"
+#include "src/route/rail_rates.h"
 #include "src/route/router.h"
 
 namespace zp {
@@ -31,16 +32,35 @@ class RoutingState : public Routing {
   std::vector<NicDown> applyNicNews() override;
   std::string encodeNicDown(const NicDown& nic) const override { return NicHealth::encode(nic); }
   void addQueued(int64_t bytes) override { queues_.add(bytes); }
+  void chunkQueued(int srcProxy, uint64_t bytes) override;
+  void chunkAcked(int srcProxy, uint64_t bytes) override;
+  void chunkDropped(int srcProxy, uint64_t bytes) override;
+  RailView railView() const override { return rails_.ownView(); }
+  void heardRailView(int src, int dst, const RailView& view) override;
+  std::vector<std::pair<int, std::string>> tickRails() override;
+  void heardRailNews(int from, const std::string& text) override;
+  uint64_t railReport() const override { return rails_.report(); }
+  std::vector<RailStatus> railStatus() const override;
   bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                 std::vector<Piece>* pieces, std::string* why) override;
   zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
-                  const std::vector<Transfer>** out, std::string* why) override;
+                  const std::vector<uint64_t>& railReports, const std::vector<Transfer>** out,
+                  std::string* why) override;
 
  private:
+  // The cluster as the router sees it: NICs found down left out, and the
+  // rates of slow rails scaled (by this rank's verdicts, on this node and
+  // farNode, for a point-to-point path; by every rank's reports for a plan).
+  ClusterTopology ratedForPath(int farNode) const;
+  ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
+
   const Comm& comm_;
   RouteParams params_;
   NicHealth health_;
   NicQueues queues_;
+  CarrierTransport* local_;  // the node's shared words (null: none)
+  RailRates rails_;
+  uint64_t railsReadUs_ = 0;
   RoutePlan plan_;  // the last plan, and the key it was made for
   std::vector<uint64_t> planKey_;
 };

@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zpfuzz::Input in(data, size);
   const int nodes = 1 + (int)in.below(3), perNode = 1 + (int)in.below(3), n = nodes * perNode;
-  const size_t rowLen = 2 * (size_t)n + 1;
+  const size_t rowLen = zp::countRowLen(n);
   std::vector<uint64_t> rows((size_t)n * rowLen);
   // Mostly consistent rows (sends of i to j equal j's receives from i), with
   // hostile values mixed in.

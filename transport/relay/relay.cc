@@ -53,6 +53,7 @@ bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
     case kSeqNicDown: routing_->heardNicDown(text); return true;
     case kSeqRelayAck: onAck(peer, text); return true;
     case kSeqLeaving: left_.insert(peer); return true;
+    case kSeqRailView: routing_->heardRailNews(peer, text); return true;
     default: return false;
   }
 }
@@ -166,6 +167,10 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   SendXfer* sx = &sends_[key];
   sx->op = op;
   sx->key = key;
+  const RailView view = routing_->railView();
+  // Transfers of less than a chunk take about a latency whatever the rail's
+  // rate: they would only blur the estimates.
+  const bool timed = op->bytes >= chunkBytes_;
   int count = 0;
   auto add = [&](uint64_t offset, uint64_t bytes, const Piece& pc) {
     auto ch = std::make_unique<Chunk>();
@@ -178,12 +183,15 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     h.total = op->bytes;
     h.offset = offset;
     h.bytes = bytes;
+    h.rails = view;
     ch->data = (char*)op->buf + offset;
     ch->sx = sx;
     Sent& rec = sx->chunks[offset];
     rec.bytes = bytes;
     rec.srcProxy = pc.srcProxy;
     rec.dstProxy = pc.dstProxy;
+    rec.timed = timed;
+    if (timed) routing_->chunkQueued(pc.srcProxy, bytes);
     sx->unacked++;
     queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
     count++;
@@ -341,6 +349,7 @@ void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
                                            std::to_string(h.hop));
     return;
   }
+  routing_->heardRailView(h.src, h.dst, h.rails);
   auto ch = std::make_unique<Chunk>();
   ch->hdr = h;
   ch->from = h.hop;
@@ -466,6 +475,8 @@ void Relay::maybeFinish(SendXfer* sx) {
   if (sx->inBuffer > 0 || (sx->unacked > 0 && op->status == zpSuccess)) return;
   if (op->status == zpSuccess) op->progressed = op->bytes;
   op->finish(op->status, op->error);
+  for (auto& [offset, rec] : sx->chunks)
+    if (!rec.acked && rec.timed) routing_->chunkDropped(rec.srcProxy, rec.bytes);
   sends_.erase(sx->key);
 }
 
@@ -484,6 +495,7 @@ void Relay::start() {
 
 bool Relay::progress() {
   routing_->checkNic();
+  for (auto& [peer, text] : routing_->tickRails()) sendStatus(peer, kSeqRailView, zpSuccess, text);
   bool moved = applyNicNews();
   return moveChunks() || moved;
 }

@@ -62,6 +62,7 @@ namespace zp {
 constexpr uint64_t kSeqLeaving = msgid::controlSeq(msgid::Control::kLeaving);
 constexpr uint64_t kSeqNicDown = msgid::controlSeq(msgid::Control::kNicDown);
 constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kAck);
+constexpr uint64_t kSeqRailView = msgid::controlSeq(msgid::Control::kRailView);
 
 struct RelayHeader {
   uint64_t magic;
@@ -74,6 +75,7 @@ struct RelayHeader {
   uint64_t total;    // the transfer's bytes
   uint64_t offset, bytes;  // this chunk
   uint64_t dataSeq;  // the sequence number of the message with the bytes
+  RailView rails;    // the source's view of the rails between src's and dst's nodes
 };
 
 class Relay : public Transport {
@@ -140,6 +142,7 @@ class Relay : public Transport {
     uint64_t bytes = 0;
     int srcProxy = -1, dstProxy = -1;  // its latest path
     bool acked = false;
+    bool timed = false;  // counted in the rail estimates (Routing::chunkQueued)
   };
   struct SendXfer {
     Op* op = nullptr;
@@ -177,6 +180,8 @@ class Relay : public Transport {
                   std::vector<uint64_t> queued = {});
   bool pathDead(int srcProxy, int dstProxy) const;
   void maybeFinish(SendXfer* sx);
+  // A chunk of this rank's send takes another path (the rail estimates move it).
+  void repath(Sent* rec, int srcProxy, int dstProxy);
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
   void flushAcks();
   void remember(const Key& key, uint64_t total);

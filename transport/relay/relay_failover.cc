@@ -68,9 +68,20 @@ void Relay::onAck(int from, const std::string& payload) {
       if (!c->second.acked && c->first + c->second.bytes <= a.hi) {
         c->second.acked = true;
         sx.unacked--;
+        if (c->second.timed) routing_->chunkAcked(c->second.srcProxy, c->second.bytes);
       }
     maybeFinish(&sx);
   }
+}
+
+void Relay::repath(Sent* rec, int srcProxy, int dstProxy) {
+  if (rec->srcProxy == srcProxy && rec->dstProxy == dstProxy) return;
+  if (!rec->acked && rec->timed) {
+    routing_->chunkDropped(rec->srcProxy, rec->bytes);
+    routing_->chunkQueued(srcProxy, rec->bytes);
+  }
+  rec->srcProxy = srcProxy;
+  rec->dstProxy = dstProxy;
 }
 
 void Relay::onPathsChanged() {
@@ -142,11 +153,7 @@ void Relay::onPathsChanged() {
         continue;
       }
       const Piece& pc = pieces[pi];
-      if (sx) {
-        Sent& rec = sx->chunks[ch->hdr.offset];
-        rec.srcProxy = pc.srcProxy;
-        rec.dstProxy = pc.dstProxy;
-      }
+      if (sx) repath(&sx->chunks[ch->hdr.offset], pc.srcProxy, pc.dstProxy);
       uint64_t b = std::max<uint64_t>(ch->hdr.bytes, 1);
       left = left > b ? left - b : 0;
       if (left == 0 && ++pi < pieces.size()) left = pieces[pi].bytes;

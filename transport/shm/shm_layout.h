@@ -47,7 +47,7 @@ struct SegHeader {
   uint64_t probe;
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleeping;  // threads of the owner asleep on the doorbell
-  alignas(64) std::atomic<uint64_t> sharedWord;  // ShmTransport::sharedWord
+  alignas(64) std::atomic<uint64_t> sharedWords[CarrierTransport::kSharedWords];  // ShmTransport::sharedWord
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
   // What the owner sends to local rank i by single copy (an RTS): messages

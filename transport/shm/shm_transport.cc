@@ -50,14 +50,16 @@ bool ShmTransport::hasWork(const Peer& p) {
   return !p.lane[0].recvq.empty();
 }
 
-void ShmTransport::addSharedWord(int64_t delta) {
-  if (mine_) mine_->sharedWord.fetch_add((uint64_t)delta, std::memory_order_relaxed);
+void ShmTransport::addSharedWord(int index, int64_t delta) {
+  if (mine_ && index >= 0 && index < kSharedWords)
+    mine_->sharedWords[index].fetch_add((uint64_t)delta, std::memory_order_relaxed);
 }
 
-uint64_t ShmTransport::sharedWord(int rank) const {
-  if (rank == ctx_.rank) return mine_ ? mine_->sharedWord.load(std::memory_order_relaxed) : 0;
+uint64_t ShmTransport::sharedWord(int rank, int index) const {
+  if (index < 0 || index >= kSharedWords) return 0;
+  if (rank == ctx_.rank) return mine_ ? mine_->sharedWords[index].load(std::memory_order_relaxed) : 0;
   int i = (rank >= 0 && rank < (int)peerIndex_.size()) ? peerIndex_[rank] : -1;
-  return i < 0 ? 0 : peers_[i].seg->sharedWord.load(std::memory_order_relaxed);
+  return i < 0 ? 0 : peers_[i].seg->sharedWords[index].load(std::memory_order_relaxed);
 }
 
 bool ShmTransport::busy() const {

@@ -137,8 +137,8 @@ class ShmTransport : public CarrierTransport {
   void checkAlive() override;
   std::string describe(int peer) const override;
   // Kept in the segment so the node's ranks can read it.
-  void addSharedWord(int64_t delta) override;
-  uint64_t sharedWord(int rank) const override;
+  void addSharedWord(int index, int64_t delta) override;
+  uint64_t sharedWord(int rank, int index) const override;
 
  private:
   struct Peer {
