@@ -848,6 +848,54 @@ int allDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return 0;
 }
 
+// ZP_TEST_MODE=rails: rank 0 sends ZP_TEST_BYTES (default 64 MiB) to the
+// first rank of node 1 again and again, for ZP_TEST_SECONDS (default 8),
+// with fresh bytes each time, every byte and guard checked; every other rank
+// waits in a broadcast that says whether another round comes. Rank 0 prints
+// the first and the last round's time; every rank prints its node's rails
+// as zpCommGetRailReport gives them at the end.
+int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  using Clock = std::chrono::steady_clock;
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1), seconds = envInt("ZP_TEST_SECONDS", 8);
+  const size_t bytes = (size_t)envInt("ZP_TEST_BYTES", 64 << 20);
+  std::string err;
+  zptest::GuardedBuffer buf(bytes, 1);
+  auto start = Clock::now();
+  double firstMs = 0, lastMs = 0;
+  int rounds = 0;
+  for (;; rounds++) {
+    int32_t more = rank == 0 && std::chrono::duration<double>(Clock::now() - start).count() < seconds;
+    if (zpBroadcast(&more, &more, 1, zpInt32, 0, comm, nullptr) != zpSuccess) {
+      err = std::string("broadcast failed: ") + zpGetLastError(comm);
+      break;
+    }
+    if (!more) break;
+    if (rank != 0 && rank != rpn) continue;
+    if (rank == 0) buf.fill(seed + rounds, 0, rpn);
+    else memset(buf.data(), 0xA5, bytes);  // poison: every byte must be written again
+    auto t0 = Clock::now();
+    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
+                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
+    lastMs = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (rounds == 0) firstMs = lastMs;
+    if (r != zpSuccess) err = std::string("round ") + std::to_string(rounds) + " failed: " + zpGetLastError(comm);
+    else if (rank == rpn && buf.wrongBytes(seed + rounds, 0, rpn)) err = "wrong bytes in round " + std::to_string(rounds);
+    else if (buf.guardBytesWritten()) err = "guard bytes written";
+    if (!err.empty()) break;
+  }
+  zpRailEntry_t rails[8];
+  int count = 0;
+  if (err.empty() && zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
+    err = std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
+  for (int i = 0; i < count && i < 8 && err.empty(); i++)
+    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
+           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
+           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
+  if (rank == 0 && err.empty())
+    printf("rank 0: %d rounds of %zu bytes, the first %.0f ms, the last %.0f ms\n", rounds, bytes, firstMs, lastMs);
+  return destroyAndReport(comm, rank, n, err);
+}
+
 int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
@@ -912,54 +960,6 @@ int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
 }
 
 #ifdef ZP_TEST_DOUBLE
-// ZP_TEST_MODE=rails: rank 0 sends ZP_TEST_BYTES (default 64 MiB) to the
-// first rank of node 1 again and again, for ZP_TEST_SECONDS (default 8),
-// with fresh bytes each time, every byte and guard checked; every other rank
-// waits in a broadcast that says whether another round comes. Rank 0 prints
-// the first and the last round's time; every rank prints its node's rails
-// as zpCommGetRailReport gives them at the end.
-int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
-  using Clock = std::chrono::steady_clock;
-  const int rpn = envInt("ZP_LOCAL_NRANKS", 1), seconds = envInt("ZP_TEST_SECONDS", 8);
-  const size_t bytes = (size_t)envInt("ZP_TEST_BYTES", 64 << 20);
-  std::string err;
-  zptest::GuardedBuffer buf(bytes, 1);
-  auto start = Clock::now();
-  double firstMs = 0, lastMs = 0;
-  int rounds = 0;
-  for (;; rounds++) {
-    int32_t more = rank == 0 && std::chrono::duration<double>(Clock::now() - start).count() < seconds;
-    if (zpBroadcast(&more, &more, 1, zpInt32, 0, comm, nullptr) != zpSuccess) {
-      err = std::string("broadcast failed: ") + zpGetLastError(comm);
-      break;
-    }
-    if (!more) break;
-    if (rank != 0 && rank != rpn) continue;
-    if (rank == 0) buf.fill(seed + rounds, 0, rpn);
-    else memset(buf.data(), 0xA5, bytes);  // poison: every byte must be written again
-    auto t0 = Clock::now();
-    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
-                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
-    lastMs = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (rounds == 0) firstMs = lastMs;
-    if (r != zpSuccess) err = std::string("round ") + std::to_string(rounds) + " failed: " + zpGetLastError(comm);
-    else if (rank == rpn && buf.wrongBytes(seed + rounds, 0, rpn)) err = "wrong bytes in round " + std::to_string(rounds);
-    else if (buf.guardBytesWritten()) err = "guard bytes written";
-    if (!err.empty()) break;
-  }
-  zpRailEntry_t rails[8];
-  int count = 0;
-  if (err.empty() && zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
-    err = std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
-  for (int i = 0; i < count && i < 8 && err.empty(); i++)
-    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
-           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
-           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
-  if (rank == 0 && err.empty())
-    printf("rank 0: %d rounds of %zu bytes, the first %.0f ms, the last %.0f ms\n", rounds, bytes, firstMs, lastMs);
-  return destroyAndReport(comm, rank, n, err);
-}
-
 int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::string err;
   ncclComm_t nccl = nullptr;
