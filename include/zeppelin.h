@@ -226,23 +226,25 @@ typedef struct {
   double maxWaitSec;   /* the most charged to it in one call */
 } zpWaitEntry_t;
 zpResult_t zpCommGetWaitReport(zpComm_t comm, zpWaitEntry_t* entries, int maxEntries, int* nEntries, int* nCalls);
-/* The rails of this rank's node as routing measures them. Each routed chunk
- * a rank sends is timed from queued to acknowledged, per rail and far node;
- * ranks share what they measure in the relay's headers. A rail whose rate to
- * another node falls below ZP_RAIL_SLOW percent of the fastest rail's is
- * slow: named once in a WARN line, and given bytes by its measured rate (by
- * zpAlltoallv's plan and the split of routed sends) until it is back above
- * 1.4x that fraction, when a line says so. One entry per NIC of this node,
- * in rail order; at most maxEntries are written (entries may be NULL when
- * maxEntries is 0), *nEntries says how many there are: 0 when this
- * communicator does not route (one node, one rail, ZP_ROUTING=off). */
+/* The rails of this rank's node as routing measures them. The node's ranks
+ * count each rail's routed bytes from queued to acknowledged; from that
+ * every rank samples each rail's rate over the time it was busy. A rail
+ * below ZP_RAIL_SLOW percent of the median of the node's other rails in
+ * four samples in a row is slow: named once in a WARN line, and given bytes
+ * by its measured rate (by zpAlltoallv's plan and the split of routed sends)
+ * until it is back above 1.4x that fraction, when a line says so. Other
+ * nodes learn it from the relay's headers and a message at each change.
+ * One entry per NIC of this node, in rail order; at most maxEntries are
+ * written (entries may be NULL when maxEntries is 0), *nEntries says how
+ * many there are: 0 when this communicator does not route (one node, one
+ * rail, ZP_ROUTING=off). */
 typedef struct {
   int rail;                 /* the NIC's index among the node's (rail k: NIC k of every node) */
   char nic[32];             /* its interface name on this node */
   double nominalBitsPerSec; /* its rate from discovery, ZP_TOPO_FILE or ZP_NIC_RATE_BPS (0: unknown) */
-  double bitsPerSec;        /* measured: its best path's rate to another node (0: no evidence yet) */
-  int slow;                 /* 1: slow on every path measured, so routed around */
-  int changes;              /* how many times a path of it turned slow or recovered */
+  double bitsPerSec;        /* measured (0: no evidence yet) */
+  int slow;                 /* 1: slow, so routed around */
+  int changes;              /* how many times it turned slow or recovered */
 } zpRailEntry_t;
 zpResult_t zpCommGetRailReport(zpComm_t comm, zpRailEntry_t* entries, int maxEntries, int* nEntries);
 zpResult_t zpCommCount(const zpComm_t comm, int* count);

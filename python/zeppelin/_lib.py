@@ -44,6 +44,11 @@ class WaitEntry(ctypes.Structure):
                 ("maxWaitSec", ctypes.c_double)]
 
 
+class RailEntry(ctypes.Structure):
+    _fields_ = [("rail", c_int), ("nic", ctypes.c_char * 32), ("nominalBitsPerSec", ctypes.c_double),
+                ("bitsPerSec", ctypes.c_double), ("slow", c_int), ("changes", c_int)]
+
+
 class Config(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
                 ("timeoutMs", c_int), ("routing", c_int), ("nodeId", c_char_p), ("netDevices", c_char_p)]
@@ -132,6 +137,7 @@ _SIGNATURES = {
     "zpCommGetAsyncError": (Result, [Comm, _P(c_int)]),
     "zpSetInterruptCheck": (Result, [InterruptCheck, c_void_p]),
     "zpCommGetWaitReport": (Result, [Comm, _P(WaitEntry), c_int, _P(c_int), _P(c_int)]),
+    "zpCommGetRailReport": (Result, [Comm, _P(RailEntry), c_int, _P(c_int)]),
     "zpCommCount": (Result, [Comm, _P(c_int)]),
     "zpCommUserRank": (Result, [Comm, _P(c_int)]),
     "zpCommCheckBuffer": (Result, [Comm, c_void_p, Stream]),

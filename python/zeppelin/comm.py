@@ -387,6 +387,19 @@ class Communicator:
         return calls.value, [{"rank": e.rank, "calls_last": e.callsLast, "total_wait": e.totalWaitSec,
                               "max_wait": e.maxWaitSec} for e in entries[:n.value]]
 
+    def rail_report(self) -> List[dict]:
+        """zpCommGetRailReport: this node's rails as routing measures them,
+        one dict per NIC in rail order: rail, nic, nominal_bps, measured_bps
+        (0: no evidence yet), slow (routed around), changes. Empty when this
+        communicator does not route (one node, one rail, routing off)."""
+        n = ctypes.c_int()
+        self._check(_lib.lib.zpCommGetRailReport(self._handle(), None, 0, ctypes.byref(n)))
+        entries = (_lib.RailEntry * max(n.value, 1))()
+        self._check(_lib.lib.zpCommGetRailReport(self._handle(), entries, n.value, ctypes.byref(n)))
+        return [{"rail": e.rail, "nic": e.nic.decode(), "nominal_bps": e.nominalBitsPerSec,
+                 "measured_bps": e.bitsPerSec, "slow": bool(e.slow), "changes": e.changes}
+                for e in entries[:n.value]]
+
     def split(self, color: int, key: Optional[int] = None, timeout: Optional[float] = None,
               routing: Optional[str] = None, node_id: Optional[int] = None,
               net_devices: Optional[str] = None) -> Optional[Communicator]:

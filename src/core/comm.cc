@@ -206,7 +206,8 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
     int localRanks = 0;
     for (int r = 0; r < nranks_; r++) localRanks += isLocal(r);
     int rail = 0;
-    res = chooseNic(cfg_, rank_, nranks_, localIndex_[rank_], localRanks, &nic, &rail, &mine.nicBitsPerSec);
+    res = chooseNic(cfg_, rank_, nranks_, localIndex_[rank_], localRanks, &nic, &rail, &mine.nicBitsPerSec,
+                    &nodeNicNames_);
     mine.rail = rail;
   }
   nicName_ = nic;

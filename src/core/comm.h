@@ -81,6 +81,8 @@ class Comm : public TransportSink {
   CommShape shape() const;
   // This rank's network device (empty on one node, or when UCX picks).
   const std::string& nicName() const { return nicName_; }
+  // The names of this node's NICs, by rail (empty on one node).
+  const std::vector<std::string>& nodeNicNames() const { return nodeNicNames_; }
   // The transport from the table that reaches peer, for a transport built
   // on them (the relay).
   CarrierTransport* carrierFor(int peer) const { return carrierByPeer_[peer]; }
@@ -226,6 +228,7 @@ class Comm : public TransportSink {
   std::vector<int> nodeOf_, localIndex_, rail_;
   ClusterTopology cluster_;
   std::string nicName_;
+  std::vector<std::string> nodeNicNames_;
 
   std::vector<std::unique_ptr<CarrierTransport>> carriers_;  // made from the table, in its order
   std::vector<CarrierTransport*> carrierByPeer_;             // the one of them that reaches each peer

@@ -47,7 +47,7 @@ struct Config {
   // The router's settings (src/route/router.h).
   size_t routeChunkBytes = kRouteDefaultChunkBytes;    // ZP_ROUTE_CHUNK: relays move chunks of this size
   size_t routeDirectBelow = kRouteDefaultDirectBelow;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed
-  int railSlowPct = 50;  // ZP_RAIL_SLOW: a rail below this % of the fastest is slow (0: nominal rates only)
+  int railSlowPct = 30;  // ZP_RAIL_SLOW: a rail below this % of the fastest is slow (0: nominal rates only)
   CollAlgo collAlgo = CollAlgo::kAuto;           // ZP_COLL_ALGO=auto|ring|tree|direct
   size_t collRingAbove = kCollDefaultRingAbove;  // ZP_COLL_RING_ABOVE
   size_t collSliceBytes = 1 << 20;              // ZP_COLL_SLICE: the hierarchical all-reduce's pipeline slices (0: none)

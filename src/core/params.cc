@@ -61,10 +61,10 @@ const std::vector<Param> kParams = {
    "routed transfers move in chunks of this size"},
   {"ZP_ROUTE_DIRECT_BELOW", K::kSize, R::kSetting, "512K", "0..1P",
    "transfers smaller than this are not relayed (measured with bench/route_perf)"},
-  {"ZP_RAIL_SLOW", K::kInt, R::kSetting, "50", "0..99",
-   "a rail whose measured rate to another node falls below this percentage of the fastest rail's is slow: named "
-   "in one WARN line and given bytes by its measured rate until it recovers (zpCommGetRailReport); 0: rails are "
-   "planned by their nominal rates only"},
+  {"ZP_RAIL_SLOW", K::kInt, R::kSetting, "30", "0..99",
+   "a rail whose measured rate falls below this percentage of the median of its node's other rails is slow: "
+   "named in one WARN line and given bytes by its measured rate until it recovers (zpCommGetRailReport); 0: rails "
+   "are planned by their nominal rates only"},
   // Shared memory.
   {"ZP_SHM_PROTO", K::kEnum, R::kSetting, "auto", "auto|cma|copy",
    "large messages: cma (one copy, process_vm_readv) when allowed, or copy (pipelined through the ring)"},

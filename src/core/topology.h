@@ -186,10 +186,11 @@ zpResult_t discoverNode(NodeTopology* out);
 // and picked by locality (pickNic), restricted to ZP_NET_DEVICES
 // (cfg.netDevices); with none found, the bootstrap's interface or UCX's
 // choice. *rail is its index among the node's NICs (NIC k of every node
-// forms rail k), *bitsPerSec its rate (0: unknown). topology_rank.cc.
+// forms rail k), *bitsPerSec its rate (0: unknown), and *nodeNics (if
+// given) gets the names of all the node's NICs, by rail. topology_rank.cc.
 struct Config;
 zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int localRanks, std::string* nic,
-                     int* rail, double* bitsPerSec);
+                     int* rail, double* bitsPerSec, std::vector<std::string>* nodeNics = nullptr);
 // The cluster as its ranks reported it: nnodes nodes in order of first
 // rank; rank r on node nodeOf[r] (its index there localIndex[r]) with NIC
 // rail[r], NIC k of a node at the rate its owners (the ranks on rail k)

@@ -10,7 +10,7 @@
 namespace zp {
 
 zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int localRanks, std::string* nic,
-                     int* rail, double* bitsPerSec) {
+                     int* rail, double* bitsPerSec, std::vector<std::string>* nodeNics) {
   *rail = 0;
   *bitsPerSec = 0;
   std::string file = envString("ZP_TOPO_FILE");
@@ -24,6 +24,8 @@ zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int
       return fail(zpInvalidArgument, "ZP_TOPO_FILE=%s describes %d ranks, but the communicator has %d", file.c_str(),
                   topo.nranks(), nranks);
     int idx = topo.rankNic[rank];
+    if (nodeNics)
+      for (const Nic& n : topo.node[topo.rankNode[rank]].nics) nodeNics->push_back(n.name);
     if (idx >= 0) {
       *nic = topo.node[topo.rankNode[rank]].nics[idx].name;
       *bitsPerSec = topo.node[topo.rankNode[rank]].nics[idx].bitsPerSec;
@@ -37,6 +39,8 @@ zpResult_t chooseNic(const Config& cfg, int rank, int nranks, int localRank, int
     }
     std::string why;
     int idx = pickNic(node, localRank, localRanks, cfg.netDevices, &why);
+    if (nodeNics)
+      for (const Nic& n : node.nics) nodeNics->push_back(n.name);
     if (idx >= 0) {
       *nic = node.nics[idx].name;
       *bitsPerSec = node.nics[idx].bitsPerSec;

@@ -30,13 +30,16 @@ void RailRates::observe(int rail, uint64_t outstanding, uint64_t ackedTotal, uin
 }
 
 // A slow rail carries a small share, so it is also sampled when it goes
-// idle (a call's whole share in one sample, from queueing to the last
-// acknowledgement): otherwise its recovery would take many calls to show.
-// Shorter windows would be fooled by acknowledgements that come in batches.
+// idle after kIdleSampleUs of busy time (a call's whole share in one
+// sample, from queueing to the last acknowledgement): otherwise its
+// recovery would take many calls to show. Shorter windows would be fooled
+// by acknowledgements that come in batches, and a few chunks' worth by the
+// latency of their hops (which would make a slow rail look slower still,
+// and its share shrink further).
 bool RailRates::ready(const Rail& r) const {
   if (r.busyUs >= kStuckUs) return true;
   if (r.ackedBytes < kSampleBytes) return false;
-  return r.busyUs >= kSampleBusyUs || (!r.wasBusy && r.busyUs > 0);
+  return r.busyUs >= kSampleBusyUs || (!r.wasBusy && r.busyUs >= kIdleSampleUs);
 }
 
 void RailRates::sample(int rail, uint64_t nowUs) {
@@ -74,7 +77,7 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   }
   bool was = r.ownSlow;
   if (!r.ownSlow && r.below >= kConfirm) r.ownSlow = true;
-  if (r.ownSlow && r.above >= kConfirm) r.ownSlow = false;
+  if (r.ownSlow && r.above >= kConfirmRecovery) r.ownSlow = false;
   news_ |= r.ownSlow != was;
   settle(rail, -1, r.ownSlow, r.bytesPerSec / top, top, nowUs);
 }

@@ -17,10 +17,10 @@
 //
 // Verdict. A rail is slow after kConfirm samples in a row below
 // slowFraction (ZP_RAIL_SLOW) of the median of the node's other rails
-// (those sampled within kOwnFreshUs), and
-// healthy again after kConfirm samples in a row above kRecoverFactor x
-// slowFraction of it; it changes state at most once per kDwellUs, so a
-// flapping NIC is logged a bounded number of times.
+// (those sampled within kOwnFreshUs), and healthy again after
+// kConfirmRecovery samples in a row above kRecoverFactor x slowFraction of
+// it; it changes state at most once per kDwellUs, so a flapping NIC is
+// logged a bounded number of times.
 //
 // Sharing with other nodes. A source stamps its node's view (rates relative
 // to the fastest rail, the fastest's rate, the verdicts) into every relay
@@ -54,7 +54,11 @@ class RailRates {
   static constexpr uint64_t kSampleBusyUs = 200000;
   static constexpr uint64_t kSampleBytes = 2u << 20;
   static constexpr uint64_t kStuckUs = 2000000;
-  static constexpr int kConfirm = 3;                // samples in a row that change a verdict
+  static constexpr uint64_t kIdleSampleUs = 50000;
+  // Samples in a row that make a rail slow, and healthy again (a rail
+  // routed around carries little, so its samples come slowly).
+  static constexpr int kConfirm = 4;
+  static constexpr int kConfirmRecovery = 2;
   static constexpr uint64_t kDwellUs = 1000000;     // least time between two state changes of a rail
   static constexpr double kRecoverFactor = 1.4;     // healthy again above this x slowFraction
   static constexpr uint64_t kOwnFreshUs = 2000000;  // own samples this recent outrank what is heard

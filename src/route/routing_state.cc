@@ -80,9 +80,8 @@ std::vector<std::pair<int, std::string>> RoutingState::tickRails() {
     }
     rails_.observe(k, onRail, acked, now);
   }
-  const std::vector<Nic>& nics = topo.node[myNode].nics;
   for (const RailRates::Change& c : rails_.takeChanges()) {
-    std::string nic = c.rail < (int)nics.size() ? nics[c.rail].name : "rail " + std::to_string(c.rail);
+    std::string nic = nicName(c.rail);
     std::string how = c.farNode >= 0 ? " (as node " + std::to_string(c.farNode) + " measured it)" : "";
     if (c.slow)
       ZP_WARN(kSubNet,
@@ -115,6 +114,11 @@ void RoutingState::heardRailNews(int from, const std::string& text) {
   rails_.heard(comm_.nodeOf()[from], view, nowUs());
 }
 
+std::string RoutingState::nicName(int rail) const {
+  const std::vector<std::string>& names = comm_.nodeNicNames();
+  return rail < (int)names.size() ? names[rail] : "rail" + std::to_string(rail);
+}
+
 std::vector<RailStatus> RoutingState::railStatus() const {
   const int myNode = comm_.nodeOf()[comm_.rank()];
   std::vector<RailStatus> out;
@@ -122,7 +126,7 @@ std::vector<RailStatus> RoutingState::railStatus() const {
   for (int k = 0; k < (int)nics.size(); k++) {
     RailStatus s;
     s.rail = k;
-    s.nic = nics[k].name;
+    s.nic = nicName(k);
     s.nominalBitsPerSec = nics[k].bitsPerSec;
     RailRates::RailState st = rails_.railState(k);
     s.bitsPerSec = st.bitsPerSec;

@@ -53,6 +53,8 @@ class RoutingState : public Routing {
   // farNode, for a point-to-point path; by every rank's reports for a plan).
   ClusterTopology ratedForPath(int farNode) const;
   ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
+  // The name of this node's NIC of that rail.
+  std::string nicName(int rail) const;
 
   const Comm& comm_;
   RouteParams params_;
