@@ -136,8 +136,14 @@ double RailRates::factor(int rail) const {
 }
 
 uint64_t RailRates::report() const {
+  // In steps of 4/255: a plan is made again only when a factor moves by
+  // more than its noise.
   uint64_t out = 0;
-  for (int k = 0; k < kRails; k++) out |= (uint64_t)std::max(1.0, std::round(255 * factor(k))) << (8 * k);
+  for (int k = 0; k < kRails; k++) {
+    uint64_t q = (uint64_t)std::lround(255 * factor(k));
+    q = q >= 255 ? 255 : std::max<uint64_t>(4, q & ~(uint64_t)3);
+    out |= q << (8 * k);
+  }
   return out;
 }
 

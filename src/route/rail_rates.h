@@ -82,7 +82,7 @@ class RailRates {
   // The factor on rail's nominal rate: 1 unless it is slow.
   double factor(int rail) const;
   // This rank's verdicts for the count rows of a routed call: byte k is
-  // 255 x rail k's factor (1..255).
+  // 255 x rail k's factor (4..255, in steps of 4 below 255).
   uint64_t report() const;
   // The factor of rail k in a report.
   static double reportFactor(uint64_t report, int rail);

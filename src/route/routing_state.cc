@@ -150,15 +150,18 @@ ClusterTopology RoutingState::ratedForPath(int farNode) const {
 ClusterTopology RoutingState::ratedByReports(const std::vector<uint64_t>& reports) const {
   ClusterTopology topo = health_.topology();
   if (reports.size() != (size_t)comm_.nranks()) return topo;
-  // A NIC's factor is the largest any rank of its node reports: every rank
-  // of the node must find it slow (they all read the same rows, so every
-  // rank computes the same rates).
+  // A NIC's factor is the median of what its node's ranks report (they
+  // judge the same counters at slightly different times; the median leaves
+  // out one that has not caught up). Every rank reads the same rows, so
+  // every rank computes the same rates.
   for (int node = 0; node < topo.nodes(); node++) {
     std::vector<Nic>& nics = topo.node[node].nics;
     for (int k = 0; k < (int)nics.size(); k++) {
-      double f = 0;
-      for (int r : topo.nodeRanks[node]) f = std::max(f, RailRates::reportFactor(reports[r], k));
-      if (f > 0) nics[k].bitsPerSec *= f;
+      std::vector<double> f;
+      for (int r : topo.nodeRanks[node]) f.push_back(RailRates::reportFactor(reports[r], k));
+      if (f.empty()) continue;
+      std::sort(f.begin(), f.end());
+      nics[k].bitsPerSec *= f[f.size() / 2];
     }
   }
   return topo;
