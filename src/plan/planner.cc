@@ -20,23 +20,46 @@ SplitOption splitOption(int64_t len, bool causal, Split split, const AttnShape& 
   return SplitOption{split, t.forward, t.backward};
 }
 
+// A lower bound of the seconds one rank spends on a sequence on any ring of
+// G or more ranks across nodes (Zeppelin's inter-node link), non-decreasing
+// in G: each of a ring's G - 1 later steps waits at least for its hop, the
+// latency and then the K and V of len / G tokens (ringStep's transfer, its
+// chunk rounded up). Slack for rounding.
+double acrossFloor(int64_t len, int G, const AttnShape& shape, const ClusterModel& c) {
+  const Link link = zeppelinInterLink(c);
+  const double hops = G - 1;
+  return hops * (linkLatency(link, c) + kvBytes(1, shape) * double(len) / G / linkBytesPerSec(link, c)) * (1 - 1e-12);
+}
+
 // The rings a sequence may run on, from cheap to costly links: whole on one
 // rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
 // whole nodes; with the time one rank spends on the sequence under each
 // (ringSeconds: compute, plus any transfer the compute does not hide).
 // Below one token per chunk a larger ring adds hops and no work per rank.
 // Options past the first that runs within minCap are never picked (no cap
-// asked for is smaller), so they are not computed.
+// asked for is smaller), so they are not computed. Nor, with `more`, those
+// past where every later one is slower than the fastest so far (pickSplit
+// never takes one): *more says whether the full list goes on
+// (scheduleToTarget makes the rest if it may take them, OptionTail).
 std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
-                                      double minCap = 0) {
+                                      double minCap = 0, bool* more = nullptr) {
   const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
   auto option = [&](int G, SeqClass cls) { return splitOption(len, causal, {G, cls}, shape, c); };
   std::vector<SplitOption> out = {option(1, SeqClass::Local)};
   minCap *= 1 + 1e-9;
   for (int G = 2; G <= c.ranksPerNode && G <= maxG && out.back().seconds > minCap; ++G)
     out.push_back(option(G, SeqClass::IntraNode));
-  for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG && out.back().seconds > minCap; ++k)
+  double fastest = out[0].seconds;
+  for (const SplitOption& o : out) fastest = std::min(fastest, o.seconds);
+  if (more) *more = false;
+  for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG && out.back().seconds > minCap; ++k) {
+    if (more && acrossFloor(len, k * c.ranksPerNode, shape, c) >= fastest) {
+      *more = true;
+      break;
+    }
     out.push_back(option(k * c.ranksPerNode, SeqClass::InterNode));
+    fastest = std::min(fastest, out.back().seconds);
+  }
   return out;
 }
 
@@ -465,16 +488,24 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
 // sum; scored in full like the other fits (with and without the remap).
 void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
-               bool thorough, const std::function<double(const Schedule&)>& quick,
+               const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
                std::vector<std::pair<double, Schedule>>* fits) {
   std::vector<std::vector<SplitOption>> joint(options);
+  auto withLinear = [&](size_t i, SplitOption* o) {
+    const double lin = opt.linearSecondsPerToken * double(lens[i]) / o->split.G;
+    o->seconds += lin;
+    o->backward += 2 * lin;
+  };
+  // The same tail, with the linear layers (the floor holds: they only add).
+  OptionTail jointTail = tail;
+  jointTail.option = [&](size_t i, int G, SplitOption* out) {
+    if (!tail.option(i, G, out)) return false;
+    withLinear(i, out);
+    return true;
+  };
   double total = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
-    for (SplitOption& o : joint[i]) {
-      const double lin = opt.linearSecondsPerToken * double(lens[i]) / o.split.G;
-      o.seconds += lin;
-      o.backward += 2 * lin;
-    }
+    for (SplitOption& o : joint[i]) withLinear(i, &o);
     total += joint[i][0].seconds;
   }
   const double mean = total / c.ranks();
@@ -488,7 +519,7 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   // stops once two in a row are no better (when not thorough, one).
   double best = 0;
   for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
-    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
+    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork, &jointTail);
     const double score = quick(s);
     worse = k == 0 || score < best ? 0 : worse + 1;
     best = k == 0 ? score : std::min(best, score);
@@ -496,8 +527,12 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
     // times, run in the order scheduled.
     for (size_t i = 0; i < lens.size(); ++i) {
       const int G = int(s.first[i + 1] - s.first[i]);
-      for (const SplitOption& so : options[i])
-        if (so.split.G == G) forward[i] = so.seconds, backward[i] = so.backward;
+      auto stored = std::find_if(options[i].begin(), options[i].end(),
+                                 [&](const SplitOption& so) { return so.split.G == G; });
+      SplitOption so{};
+      if (stored != options[i].end()) so = *stored;
+      else tail.option(i, G, &so);  // a ring past the stored options, made by the tail
+      forward[i] = so.seconds, backward[i] = so.backward;
     }
     retime(&s, forward, backward, c.ranks());
     fits->push_back({score, std::move(s)});
@@ -535,7 +570,28 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::vector<double> piece(lens.size());
   std::vector<std::vector<SplitOption>> options(lens.size()), unrouted;
   const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
-  for (size_t i = 0; i < lens.size(); ++i) options[i] = splitOptions(lens[i], causal, shape, c, minCap);
+  // Each sequence's options up to where no cap picks a later one; the
+  // schedules sized to a target make the rest while they may take them.
+  OptionTail tail;
+  tail.more.resize(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    bool more = false;
+    options[i] = splitOptions(lens[i], causal, shape, c, minCap, &more);
+    tail.more[i] = more;
+  }
+  const int rpn = c.ranksPerNode;
+  tail.option = [&](size_t i, int G, SplitOption* out) {
+    // As splitOptions goes on: a ring over one more node while the one
+    // before it takes longer than minCap (and within the nodes and the
+    // sequence's tokens).
+    const int64_t maxG = std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]);
+    if (G / rpn > c.nodes || G > maxG) return false;
+    const Split before{G - rpn, G - rpn > rpn ? SeqClass::InterNode : SeqClass::IntraNode};
+    if (!(splitOption(lens[i], causal, before, shape, c).seconds > minCap * (1 + 1e-9))) return false;
+    *out = splitOption(lens[i], causal, {G, SeqClass::InterNode}, shape, c);
+    return true;
+  };
+  tail.floor = [&](size_t i, int G) { return acrossFloor(lens[i], G, shape, c); };
   std::vector<double> back(lens.size());
   // Sequences longest first (ties in index order): the guess of every
   // candidate's order (stableSortFromGuess).
@@ -603,7 +659,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::vector<std::pair<double, Schedule>> fits, joints;
   const double targets[] = {1.0, 1.05, 1.1, 1.15, 1.2, 1.3};
   for (size_t k = 0; k < std::size(targets) && opt.fitRings; k += thorough ? 1 : 2) {
-    Schedule s = scheduleToTarget(lens, c, opt, options, mean * targets[k], byWork);
+    Schedule s = scheduleToTarget(lens, c, opt, options, mean * targets[k], byWork, &tail);
     const double score = quick(s);
     fits.push_back({score, std::move(s)});
   }
@@ -611,7 +667,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // (jointFits): for a plan that keeps the linear layers on its attention
   // layout, so that no remap is needed.
   if (opt.fitRings && opt.jointFits && opt.score && opt.linearSecondsPerToken > 0)
-    jointFits(lens, c, opt, options, byWork, thorough, quick, &joints);
+    jointFits(lens, c, opt, options, byWork, tail, thorough, quick, &joints);
   bool crosses = false;
   for (const auto& [score, s] : caps)
     for (size_t i = 0; i < lens.size(); ++i)
@@ -625,8 +681,10 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     o.maxRingNodes = 1;
     ClusterModel oneNic = c;
     oneNic.routeEfficiency = 0;
-    for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
-      unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
+    for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i) {
+      bool more = false;  // only caps pick from these: the rest is never needed
+      unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap, &more));
+    }
     for (int x = thorough ? bestX - 4 : bestX; x <= (thorough ? bestX + 4 : bestX); x += 4)
       if (x >= 0 && x <= kLowest) {
         tryCap(capAt(x), o, options);

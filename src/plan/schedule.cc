@@ -465,6 +465,13 @@ class Slots {
     return at;
   }
 
+  // When k whole nodes are all free soonest, room or not: no ring over k
+  // nodes starts sooner (ringStart takes the k-th of the nodes with room).
+  double soonestNodes(int k) {
+    refresh();
+    return nodeFree_[size_t(k - 1)].first;
+  }
+
   double makespan() const { return *std::max_element(freeAt_.begin(), freeAt_.end()); }
 
  private:
@@ -521,7 +528,7 @@ class Slots {
 
 Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                           const std::vector<std::vector<SplitOption>>& options, double target,
-                          const std::vector<size_t>& byWork) {
+                          const std::vector<size_t>& byWork, const OptionTail* tail) {
   const size_t m = lens.size();
   const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
   target *= 1 + 1e-9;
@@ -531,23 +538,37 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
   std::vector<int> placed;
   std::vector<size_t> at(m, 0), size(m, 1);
   placed.reserve(m);
+  SplitOption next{};  // the option probed
   for (size_t i : byWork) {
     const std::vector<SplitOption>& opts = options[i];
     const Slots::Whole whole = slots.whole(lens[i], opts[0].seconds);
     // The cheapest option that ends by the target, else the one ending first.
-    size_t pick = 0;
+    SplitOption o = opts[0];
     double pickAt = whole.at, pickEnd = whole.at + opts[0].seconds;
-    for (size_t k = 1; k < opts.size() && pickEnd > target; ++k) {
-      const Split& sp = opts[k].split;
-      if (sp.cls == SeqClass::InterNode && sp.G / c.ranksPerNode > maxNodes) break;
-      const double t = slots.ringStart(sp, lens[i]);
-      if (t + opts[k].seconds < pickEnd * (1 - 1e-9) || t + opts[k].seconds <= target)
-        pick = k, pickAt = t, pickEnd = t + opts[k].seconds;
+    for (size_t k = 1; pickEnd > target; ++k) {
+      // Past the stored options, rings over one more node each.
+      const int G = k < opts.size() ? opts[k].split.G
+                                    : (k == opts.size() ? opts.back().split.G : next.split.G) + c.ranksPerNode;
+      if (k >= opts.size() && (!tail || !tail->more[i])) break;
+      if (G > c.ranksPerNode && G / c.ranksPerNode > maxNodes) break;
+      if (G > c.ranksPerNode && tail) {
+        // A ring over G / ranksPerNode nodes starts no sooner than that
+        // many nodes are free, and runs at least the floor; both grow with
+        // G, so once that cannot end first or by the target, no later
+        // option can either.
+        const double bound = slots.soonestNodes(G / c.ranksPerNode) + tail->floor(i, G);
+        if (!(bound < pickEnd * (1 - 1e-9)) && !(bound <= target)) break;
+      }
+      if (k < opts.size()) next = opts[k];
+      else if (!tail->option(i, G, &next)) break;
+      const double t = slots.ringStart(next.split, lens[i]);
+      if (t + next.seconds < pickEnd * (1 - 1e-9) || t + next.seconds <= target)
+        o = next, pickAt = t, pickEnd = t + next.seconds;
     }
-    const SplitOption& o = opts[pick];
+    const bool whole1 = o.split.G == 1;
     back[i] = o.backward;
     at[i] = placed.size();
-    if (pick == 0) {
+    if (whole1) {
       slots.placeWhole(whole, o.seconds, lens[i]);
       placed.push_back(whole.rank);
       start[i] = whole.at;
