@@ -88,6 +88,22 @@ struct OptionTail {
   // across nodes: non-decreasing in G.
   std::function<double(size_t i, int G)> floor;
 };
+// A sequence on a ring of this split, with the times the executor runs it in.
+SplitOption splitOption(int64_t len, bool causal, Split split, const AttnShape& shape, const ClusterModel& c);
+// A lower bound of the seconds one rank spends on a sequence (ringSeconds)
+// on any ring of G or more ranks across nodes, on Zeppelin's inter-node
+// link; non-decreasing in G.
+double acrossFloor(int64_t len, int G, const AttnShape& shape, const ClusterModel& c);
+// The rings a sequence may run on, from cheap to costly links (see
+// split_options.cc); with `more`, stored only up to where no cap can pick a
+// later one, *more saying whether the full list goes on.
+std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
+                                      double minCap = 0, bool* more = nullptr);
+// Every sequence's options, stored as splitOptions(..., more) stores them,
+// into *options, and the tail that makes the rest. The tail refers to lens,
+// shape and c: they must outlive it.
+OptionTail optionTail(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+                      double minCap, std::vector<std::vector<SplitOption>>* options);
 // The rings sized to meet a target makespan (moldable list scheduling): the
 // sequences, most work first, each where it can start soonest on the
 // cheapest ring size that still ends by `target`, else on the size that ends
