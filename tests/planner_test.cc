@@ -745,6 +745,62 @@ TEST(RoomTree, LeastWithRoomIsWhatAScanFinds) {
   roomTreeMatchesAScan<int64_t>(rng);
 }
 
+// GrowingMin answers what a scan answers after many raises (its heap drops
+// stale entries all at once when they pile up), with a test that fails for
+// many ids (the slow path) and ties (the lower id).
+TEST(GrowingMin, LeastPassingIsWhatAScanFinds) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (size_t ids : {1, 5, 64}) {
+    zp::plan::GrowingMin heap(ids);
+    std::vector<double> key(ids, 0.0);
+    std::vector<char> ok(ids, 1);
+    for (int step = 0; step < 5000; ++step) {
+      const int id = int(rng() % ids);
+      key[id] += double(rng() % 3);  // keys only grow; often ties
+      heap.raise(id, key[id]);
+      for (char& o : ok) o = rng() % 4 != 0;
+      int want = -1, all = -1;
+      for (int i = 0; i < int(ids); ++i) {
+        if (all < 0 || key[i] < key[all]) all = i;
+        if (ok[i] && (want < 0 || key[i] < key[want])) want = i;
+      }
+      int any = -2;
+      ASSERT_EQ(heap.least([&](int i) { return ok[i] != 0; }, &any), want) << ids << " ids, step " << step;
+      ASSERT_EQ(any, all);
+    }
+  }
+}
+
+// A caller's candidate (PlanOptions::candidates) that its lower bound does
+// not rule out is scored: after a poor candidate (every sequence on rank 0)
+// a good one (sequence i on rank i mod n) still wins, so the plan is as fast
+// as it by the caller's model. The model here: the planned makespans; its
+// bound: the busiest rank's attention compute, forward and backward.
+TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) {
+  const ClusterModel c = a800(2);
+  const int n = c.ranks();
+  const std::vector<int64_t> lens(48, 8192);
+  PlanOptions opt;
+  opt.score = [](const BatchPlan& p, bool) { return PlanOptions::Score{p.plannedForward + p.plannedBackward, true}; };
+  opt.scoreBound = [](const std::vector<double>& attn, const std::vector<double>&) {
+    return (1 + kAttnBackwardFlops) * *std::max_element(attn.begin(), attn.end()) * (1 - 1e-9);
+  };
+  PlanOptions::Candidate poor, good;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    poor.rings.push_back({0});
+    good.rings.push_back({int(i % n)});
+    poor.order.push_back(int64_t(i));
+  }
+  good.order = poor.order;
+  opt.candidates = {poor, good};
+  opt.fitRings = false;
+  BatchPlan want = planFromRings(lens, true, good.rings, n, c.ranksPerNode);
+  const double goodScore = attnMakespan(want, AttnShape(), c) + attnMakespan(want, AttnShape(), c, true);
+  const BatchPlan p = planBatch(lens, true, AttnShape(), c, opt);
+  EXPECT_LE(p.plannedForward + p.plannedBackward, goodScore * (1 + 1e-9));
+}
+
 // The h800 preset on `nodes` nodes (routing on), for the split options'
 // tests: the latencies make wide rings slower, as the planner sees them.
 ClusterModel h800(int nodes) {

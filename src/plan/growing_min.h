@@ -26,6 +26,16 @@ class GrowingMin {
     key_[id] = key;
     heap_.push_back({key, id});
     std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    // Stale entries leave only as they surface: past twice the ids, they
+    // go all at once (a key raised on every placement would otherwise grow
+    // the heap with every sequence). Answers do not depend on the heap's
+    // layout, only on its current entries.
+    if (heap_.size() > 2 * key_.size() + 16) {
+      heap_.erase(std::remove_if(heap_.begin(), heap_.end(),
+                                 [&](const std::pair<double, int>& e) { return e.first != key_[e.second]; }),
+                  heap_.end());
+      std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
+    }
   }
   // The least id passing ok, or -1; *any: the least of all (-1 if none).
   template <class Ok>

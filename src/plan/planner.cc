@@ -301,6 +301,36 @@ struct BestPlan {
   // a bound (not built), or was scored and fits or does not (either way).
   enum class Seen { Bounded, Fits, Over };
 
+  // With a step model and a best so far that fits: whether the lower bound
+  // (PlanOptions::scoreBound) of a plan with these rings (ring(i): sequence
+  // i's ranks as a [begin, end) pair) rules it out, so that it need not be
+  // built. A ring that planFromRings would refuse (a rank outside the
+  // cluster or twice in it, no ranks) is never ruled out: building it says
+  // what is wrong.
+  template <class RingOf>
+  bool bounded(RingOf ring) const {
+    if (!(opt.score && opt.scoreBound && have && bestFits)) return false;
+    const int n = c.ranks();
+    std::vector<double> attn(n, 0.0), tokens(n, 0.0);
+    std::vector<size_t> seenIn(size_t(n), lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const auto [begin, end] = ring(i);
+      const int G = int(end - begin);
+      if (G < 1) return false;
+      const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
+      // Every chunk has at least len / chunks tokens (integer division).
+      const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
+      const double held = double(lens[i] / chunks * (chunks / G));
+      for (auto r = begin; r != end; ++r) {
+        if (*r < 0 || *r >= n || seenIn[size_t(*r)] == i) return false;
+        seenIn[size_t(*r)] = i;
+        attn[*r] += compute;
+        tokens[*r] += held;
+      }
+    }
+    return !better({opt.scoreBound(attn, tokens), true});
+  }
+
   // Scores a candidate fully, keeping it if it is the best so far. A plan is
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
@@ -312,21 +342,7 @@ struct BestPlan {
     if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
     // Nor, with a step model, one that its lower bound rules out (only
     // against a best that fits: one over memory loses to any that fits).
-    if (opt.score && opt.scoreBound && have && bestFits) {
-      std::vector<double> attn(n, 0.0), tokens(n, 0.0);
-      for (size_t i = 0; i < lens.size(); ++i) {
-        const int G = int(s.first[i + 1] - s.first[i]);
-        const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
-        // Every chunk has at least len / chunks tokens (integer division).
-        const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
-        const double held = double(lens[i] / chunks * (chunks / G));
-        for (const int* r = s.ringBegin(i); r != s.ringEnd(i); ++r) {
-          attn[*r] += compute;
-          tokens[*r] += held;
-        }
-      }
-      if (!better({opt.scoreBound(attn, tokens), true})) return Seen::Bounded;
-    }
+    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); })) return Seen::Bounded;
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     p.plannedForward = s.forward;
@@ -363,6 +379,15 @@ struct BestPlan {
 // never slower than any of them.
 void scoreCallersCandidates(BestPlan* best) {
   for (const PlanOptions::Candidate& cand : best->opt.candidates) {
+    // Not built when the bound rules it out against the best so far (a
+    // malformed candidate is built, and refused, whatever the bound says).
+    const size_t m = best->lens.size();
+    std::vector<char> named(m, 0);  // an order naming every sequence once
+    bool valid = cand.rings.size() == m && cand.order.size() == m;
+    for (size_t k = 0; k < m && valid; ++k)
+      valid = cand.order[k] >= 0 && cand.order[k] < int64_t(m) && !named[size_t(cand.order[k])]++;
+    auto ring = [&](size_t i) { return std::make_pair(cand.rings[i].begin(), cand.rings[i].end()); };
+    if (valid && best->bounded(ring)) continue;
     BatchPlan p = planFromRings(best->lens, best->causal, cand.rings, best->c.ranks(), best->c.ranksPerNode);
     setOrder(&p, cand.order);
     p.plannedForward = attnMakespan(p, best->shape, best->c);
