@@ -17,7 +17,10 @@
 //
 // Copyright 2026 The Zeppelin authors. SPDX-License-Identifier: Apache-2.0
 #include "include/zeppelin.h"
+#include "src/plan/growing_min.h"
 #include "src/plan/planner.h"
+#include "src/plan/schedule.h"
+#include "src/sim/calibration.h"
 #include "tests/plan_fixtures.h"
 #include "src/sim/simulator.h"
 
@@ -28,6 +31,8 @@
 #include <cstdlib>
 #include <sys/wait.h>
 #include <fstream>
+#include <iostream>
+#include <numeric>
 #include <random>
 #include <regex>
 #include <stdexcept>
@@ -700,3 +705,200 @@ TEST(PlanApi, OverflowingShapesAndLengthsAreRefused) {
   EXPECT_EQ(zpPlanCreate(&plan, 2, maxed, 1, 2, 0, offsets, ring), zpInvalidArgument);
   EXPECT_EQ(plan, nullptr);
 }
+
+namespace zp::plan {
+namespace {
+
+// RoomTree (the least loaded group or node with room for a sequence's
+// tokens) answers what a scan of every id answers, after changes of keys and
+// used amounts either way, ties included (the lower id).
+template <class Used>
+void roomTreeMatchesAScan(std::mt19937_64& rng) {
+  for (size_t ids : {1, 2, 3, 7, 64, 100}) {
+    zp::plan::RoomTree<Used> tree(ids);
+    std::vector<double> key(ids, 0.0);
+    std::vector<Used> used(ids, 0);
+    for (int step = 0; step < 3000; ++step) {
+      const int id = int(rng() % ids);
+      key[id] = double(rng() % 50);
+      used[id] = Used(rng() % 100);
+      tree.set(id, key[id], used[id]);
+      const Used need = Used(rng() % 40), limit = Used(rng() % 120);
+      int want = -1, all = -1;
+      for (int i = 0; i < int(ids); ++i) {
+        if (all < 0 || key[i] < key[all]) all = i;
+        if (used[i] + need <= limit && (want < 0 || key[i] < key[want])) want = i;
+      }
+      int any = -2;
+      ASSERT_EQ(tree.least(need, limit, &any), want) << ids << " ids, step " << step;
+      ASSERT_EQ(any, all);
+      ASSERT_EQ(tree.leastOfAll(), all);
+      ASSERT_EQ(tree.key(id), key[id]);
+    }
+  }
+}
+
+TEST(RoomTree, LeastWithRoomIsWhatAScanFinds) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  roomTreeMatchesAScan<double>(rng);
+  roomTreeMatchesAScan<int64_t>(rng);
+}
+
+// GrowingMin answers what a scan answers after many raises (its heap drops
+// stale entries all at once when they pile up), with a test that fails for
+// many ids (the slow path) and ties (the lower id).
+TEST(GrowingMin, LeastPassingIsWhatAScanFinds) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (size_t ids : {1, 5, 64}) {
+    zp::plan::GrowingMin heap(ids);
+    std::vector<double> key(ids, 0.0);
+    std::vector<char> ok(ids, 1);
+    for (int step = 0; step < 5000; ++step) {
+      const int id = int(rng() % ids);
+      key[id] += double(rng() % 3);  // keys only grow; often ties
+      heap.raise(id, key[id]);
+      for (char& o : ok) o = rng() % 4 != 0;
+      int want = -1, all = -1;
+      for (int i = 0; i < int(ids); ++i) {
+        if (all < 0 || key[i] < key[all]) all = i;
+        if (ok[i] && (want < 0 || key[i] < key[want])) want = i;
+      }
+      int any = -2;
+      ASSERT_EQ(heap.least([&](int i) { return ok[i] != 0; }, &any), want) << ids << " ids, step " << step;
+      ASSERT_EQ(any, all);
+    }
+  }
+}
+
+// A caller's candidate (PlanOptions::candidates) that its lower bound does
+// not rule out is scored: after a poor candidate (every sequence on rank 0)
+// a good one (sequence i on rank i mod n) still wins, so the plan is as fast
+// as it by the caller's model. The model here: the planned makespans; its
+// bound: the busiest rank's attention compute, forward and backward.
+TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) {
+  const ClusterModel c = a800(2);
+  const int n = c.ranks();
+  const std::vector<int64_t> lens(48, 8192);
+  PlanOptions opt;
+  opt.score = [](const BatchPlan& p, bool) { return PlanOptions::Score{p.plannedForward + p.plannedBackward, true}; };
+  opt.scoreBound = [](const std::vector<double>& attn, const std::vector<double>&) {
+    return (1 + kAttnBackwardFlops) * *std::max_element(attn.begin(), attn.end()) * (1 - 1e-9);
+  };
+  PlanOptions::Candidate poor, good;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    poor.rings.push_back({0});
+    good.rings.push_back({int(i % n)});
+    poor.order.push_back(int64_t(i));
+  }
+  good.order = poor.order;
+  opt.candidates = {poor, good};
+  opt.fitRings = false;
+  BatchPlan want = planFromRings(lens, true, good.rings, n, c.ranksPerNode);
+  const double goodScore = attnMakespan(want, AttnShape(), c) + attnMakespan(want, AttnShape(), c, true);
+  const BatchPlan p = planBatch(lens, true, AttnShape(), c, opt);
+  EXPECT_LE(p.plannedForward + p.plannedBackward, goodScore * (1 + 1e-9));
+}
+
+// The h800 preset on `nodes` nodes (routing on), for the split options'
+// tests: the latencies make wide rings slower, as the planner sees them.
+ClusterModel h800(int nodes) {
+  zp::sim::Calibration cal;
+  zp::sim::calibrationPreset("h800", &cal);
+  ClusterModel c = cal.cluster;
+  c.nodes = nodes;
+  return c;
+}
+
+// acrossFloor bounds the seconds of every ring across nodes of its size or
+// more, and grows with the size: the options the planner does not store
+// (past the floor of the fastest stored) are never faster.
+TEST(SplitOptions, AcrossFloorBoundsEveryWiderRing) {
+  const AttnShape shape;
+  for (double route : {0.0, 0.8}) {
+    ClusterModel c = h800(256);
+    c.routeEfficiency = route;
+    const zp::plan::Link link = zp::plan::zeppelinInterLink(c);
+    for (int64_t len : {int64_t(300), int64_t(4096), int64_t(65536), int64_t(262144), int64_t(1) << 21})
+      for (bool causal : {false, true}) {
+        const int rpn = c.ranksPerNode;
+        std::vector<double> seconds;  // ring over k + 2 nodes
+        for (int k = 2; k <= c.nodes; ++k)
+          seconds.push_back(zp::plan::ringSeconds(len, causal, k * rpn, link, shape, c));
+        double laterMin = 1e300, lastFloor = 1e300;
+        for (int k = c.nodes; k >= 2; --k) {
+          laterMin = std::min(laterMin, seconds[size_t(k - 2)]);
+          const double floor = zp::plan::acrossFloor(len, k * rpn, shape, c);
+          ASSERT_LE(floor, laterMin) << "len " << len << " causal " << causal << " route " << route << " nodes " << k;
+          ASSERT_LE(floor, lastFloor) << "len " << len << " nodes " << k;  // non-decreasing in the size
+          lastFloor = floor;
+        }
+      }
+  }
+}
+
+// The options the planner stores (up to where no cap picks a later one)
+// are the full lists' first ones, every option past them is no faster than
+// the fastest stored (so a cap, which takes the first option within it
+// that is faster than every one before, never takes one), and the schedules
+// sized to a target, which make the rest on demand (OptionTail), are those
+// of the full lists, rank for rank, with the same order and makespans.
+TEST(SplitOptions, StoredListsAndTheirTailScheduleAsTheFullLists) {
+  const AttnShape shape;
+  const std::vector<int64_t> all = readLengths("longtail_mix.txt");
+  for (int nodes : {32, 128}) {
+    const ClusterModel c = h800(nodes);
+    size_t next = 11;
+    const std::vector<int64_t> lens = zp::sim::nextBatch(all, int64_t(16384) * c.ranks(), &next);
+    double total = 0;
+    for (int64_t l : lens) total += zp::plan::attnComputeSeconds(zp::plan::attnFlops(l, true, shape), double(l), c);
+    const double mean = total / c.ranks(), minCap = mean / 64;
+    std::vector<std::vector<zp::plan::SplitOption>> stored;
+    zp::plan::OptionTail tail = zp::plan::optionTail(lens, true, shape, c, minCap, &stored);
+    int made = 0;  // options the tail made
+    const auto option = tail.option;
+    tail.option = [&](size_t i, int G, zp::plan::SplitOption* out) {
+      ++made;
+      return option(i, G, out);
+    };
+    std::vector<std::vector<zp::plan::SplitOption>> full(lens.size());
+    size_t cut = 0;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      full[i] = zp::plan::splitOptions(lens[i], true, shape, c, minCap);
+      ASSERT_LE(stored[i].size(), full[i].size());
+      ASSERT_EQ(bool(tail.more[i]), stored[i].size() < full[i].size()) << "sequence " << i;
+      double fastest = 1e300;
+      for (size_t k = 0; k < full[i].size(); ++k) {
+        if (k < stored[i].size()) {
+          ASSERT_EQ(stored[i][k].split, full[i][k].split);
+          ASSERT_EQ(stored[i][k].seconds, full[i][k].seconds);
+          fastest = std::min(fastest, full[i][k].seconds);
+        } else {
+          ASSERT_GE(full[i][k].seconds, fastest) << "sequence " << i << ", option " << k;
+        }
+      }
+      cut += full[i].size() - stored[i].size();
+    }
+    EXPECT_GT(cut, 0u) << "no list was cut: the test checks nothing";
+    std::vector<size_t> byWork(lens.size());
+    std::iota(byWork.begin(), byWork.end(), size_t{0});
+    std::stable_sort(byWork.begin(), byWork.end(),
+                     [&](size_t a, size_t b) { return full[a][0].seconds > full[b][0].seconds; });
+    for (double target : {1.0, 1.05, 1.1, 1.15, 1.2, 1.3}) {
+      SCOPED_TRACE(std::to_string(nodes) + " nodes, target " + std::to_string(target));
+      const zp::plan::PlanOptions opt;
+      const zp::plan::Schedule want = zp::plan::scheduleToTarget(lens, c, opt, full, mean * target, byWork);
+      const zp::plan::Schedule got = zp::plan::scheduleToTarget(lens, c, opt, stored, mean * target, byWork, &tail);
+      ASSERT_EQ(got.first, want.first);
+      ASSERT_EQ(got.ranks, want.ranks);
+      ASSERT_EQ(got.order, want.order);
+      ASSERT_EQ(got.forward, want.forward);
+      ASSERT_EQ(got.backward, want.backward);
+    }
+    std::cout << nodes << " nodes: " << cut << " options not stored, " << made << " made by the tail\n";
+  }
+}
+
+}  // namespace
+}  // namespace zp::plan

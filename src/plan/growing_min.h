@@ -1,10 +1,12 @@
-// GrowingMin: the least of a set of keys that only grow, among those that
-// pass a test, without a scan of them all (the planner's schedules and the
-// simulator's baselines ask it for every sequence they place).
+// GrowingMin and RoomTree: the least of a set of keys among those that pass
+// a test, without a scan of them all (the planner's schedules and the
+// simulator's baselines ask for it for every sequence they place).
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,16 @@ class GrowingMin {
     key_[id] = key;
     heap_.push_back({key, id});
     std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    // Stale entries leave only as they surface: past twice the ids, they
+    // go all at once (a key raised on every placement would otherwise grow
+    // the heap with every sequence). Answers do not depend on the heap's
+    // layout, only on its current entries.
+    if (heap_.size() > 2 * key_.size() + 16) {
+      heap_.erase(std::remove_if(heap_.begin(), heap_.end(),
+                                 [&](const std::pair<double, int>& e) { return e.first != key_[e.second]; }),
+                  heap_.end());
+      std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
+    }
   }
   // The least id passing ok, or -1; *any: the least of all (-1 if none).
   template <class Ok>
@@ -60,6 +72,68 @@ class GrowingMin {
  private:
   std::vector<double> key_;
   std::vector<std::pair<double, int>> heap_, held_;
+};
+
+// The least (key, id) among the ids whose used amount leaves room for a
+// need (used + need <= limit, the callers' own test of room), and the least
+// of all: a tournament tree searched best first (a subtree whose least key
+// is no better than the best found, or whose least used amount has no room,
+// is not entered; used + need grows with used, so no id in it has room).
+// Unlike GrowingMin, whose entries that fail the test are popped and put
+// back on every query, the ids without room cost nothing once their whole
+// subtree has none. Keys and used amounts may change either way.
+template <class Used>
+class RoomTree {
+ public:
+  using Key = std::pair<double, int>;
+  explicit RoomTree(size_t ids) : ids_(ids) {
+    while (size_ < ids) size_ *= 2;
+    key_.assign(2 * size_, {std::numeric_limits<double>::infinity(), INT_MAX});
+    used_.assign(2 * size_, std::numeric_limits<Used>::max());
+    for (size_t i = 0; i < ids; ++i) key_[size_ + i] = {0.0, int(i)}, used_[size_ + i] = 0;
+    for (size_t v = size_ - 1; v >= 1; --v) pull(v);
+  }
+  double key(int id) const { return key_[size_ + size_t(id)].first; }
+  int leastOfAll() const { return ids_ > 0 ? key_[1].second : -1; }
+  void set(int id, double key, Used used) {
+    size_t v = size_ + size_t(id);
+    key_[v].first = key;
+    used_[v] = used;
+    for (v /= 2; v >= 1; v /= 2) pull(v);
+  }
+  // The least id with room for `need` under `limit`, or -1; *any: the least
+  // of all.
+  int least(Used need, Used limit, int* any) const {
+    *any = ids_ > 0 ? key_[1].second : -1;
+    // Most often the least of all has room: no search.
+    if (*any >= 0 && used_[size_ + size_t(*any)] + need <= limit) return *any;
+    Key best{std::numeric_limits<double>::infinity(), INT_MAX};
+    int found = -1;
+    find(1, need, limit, &best, &found);
+    return found;
+  }
+
+ private:
+  void pull(size_t v) {
+    key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+    used_[v] = std::min(used_[2 * v], used_[2 * v + 1]);
+  }
+  void find(size_t v, Used need, Used limit, Key* best, int* found) const {
+    if (key_[v].second == INT_MAX || !(used_[v] + need <= limit) || !(key_[v] < *best)) return;
+    if (v >= size_) {
+      *best = key_[v];
+      *found = key_[v].second;
+      return;
+    }
+    const size_t a = 2 * v, b = 2 * v + 1;
+    const bool aFirst = key_[a] < key_[b];
+    find(aFirst ? a : b, need, limit, best, found);
+    find(aFirst ? b : a, need, limit, best, found);
+  }
+
+  size_t ids_, size_ = 1;
+  std::vector<Key> key_;  // (least key, its id) of each subtree
+  std::vector<Used> used_;  // least used amount of each subtree
 };
 
 }  // namespace zp::plan

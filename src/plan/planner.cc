@@ -14,32 +14,6 @@
 namespace zp::plan {
 namespace {
 
-// A sequence on a ring of this split, with the times the executor runs it in.
-SplitOption splitOption(int64_t len, bool causal, Split split, const AttnShape& shape, const ClusterModel& c) {
-  const RingSeconds t = ringBothSeconds(len, causal, split.G, linkOf(split.cls, c), shape, c);
-  return SplitOption{split, t.forward, t.backward};
-}
-
-// The rings a sequence may run on, from cheap to costly links: whole on one
-// rank, rings of 2..ranksPerNode ranks in one node, then rings over 2, 3, ...
-// whole nodes; with the time one rank spends on the sequence under each
-// (ringSeconds: compute, plus any transfer the compute does not hide).
-// Below one token per chunk a larger ring adds hops and no work per rank.
-// Options past the first that runs within minCap are never picked (no cap
-// asked for is smaller), so they are not computed.
-std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
-                                      double minCap = 0) {
-  const int64_t maxG = std::max<int64_t>(1, causal ? len / 2 : len);
-  auto option = [&](int G, SeqClass cls) { return splitOption(len, causal, {G, cls}, shape, c); };
-  std::vector<SplitOption> out = {option(1, SeqClass::Local)};
-  minCap *= 1 + 1e-9;
-  for (int G = 2; G <= c.ranksPerNode && G <= maxG && out.back().seconds > minCap; ++G)
-    out.push_back(option(G, SeqClass::IntraNode));
-  for (int k = 2; k <= c.nodes && int64_t(k) * c.ranksPerNode <= maxG && out.back().seconds > minCap; ++k)
-    out.push_back(option(k * c.ranksPerNode, SeqClass::InterNode));
-  return out;
-}
-
 // The ring for a sequence: the least communication that keeps the time one
 // rank spends on it within cap. So a sequence leaves its rank, and then its
 // node, only when it must for balance, and a ring whose hops its compute
@@ -327,6 +301,36 @@ struct BestPlan {
   // a bound (not built), or was scored and fits or does not (either way).
   enum class Seen { Bounded, Fits, Over };
 
+  // With a step model and a best so far that fits: whether the lower bound
+  // (PlanOptions::scoreBound) of a plan with these rings (ring(i): sequence
+  // i's ranks as a [begin, end) pair) rules it out, so that it need not be
+  // built. A ring that planFromRings would refuse (a rank outside the
+  // cluster or twice in it, no ranks) is never ruled out: building it says
+  // what is wrong.
+  template <class RingOf>
+  bool bounded(RingOf ring) const {
+    if (!(opt.score && opt.scoreBound && have && bestFits)) return false;
+    const int n = c.ranks();
+    std::vector<double> attn(n, 0.0), tokens(n, 0.0);
+    std::vector<size_t> seenIn(size_t(n), lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const auto [begin, end] = ring(i);
+      const int G = int(end - begin);
+      if (G < 1) return false;
+      const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
+      // Every chunk has at least len / chunks tokens (integer division).
+      const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
+      const double held = double(lens[i] / chunks * (chunks / G));
+      for (auto r = begin; r != end; ++r) {
+        if (*r < 0 || *r >= n || seenIn[size_t(*r)] == i) return false;
+        seenIn[size_t(*r)] = i;
+        attn[*r] += compute;
+        tokens[*r] += held;
+      }
+    }
+    return !better({opt.scoreBound(attn, tokens), true});
+  }
+
   // Scores a candidate fully, keeping it if it is the best so far. A plan is
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
@@ -338,21 +342,7 @@ struct BestPlan {
     if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
     // Nor, with a step model, one that its lower bound rules out (only
     // against a best that fits: one over memory loses to any that fits).
-    if (opt.score && opt.scoreBound && have && bestFits) {
-      std::vector<double> attn(n, 0.0), tokens(n, 0.0);
-      for (size_t i = 0; i < lens.size(); ++i) {
-        const int G = int(s.first[i + 1] - s.first[i]);
-        const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
-        // Every chunk has at least len / chunks tokens (integer division).
-        const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
-        const double held = double(lens[i] / chunks * (chunks / G));
-        for (const int* r = s.ringBegin(i); r != s.ringEnd(i); ++r) {
-          attn[*r] += compute;
-          tokens[*r] += held;
-        }
-      }
-      if (!better({opt.scoreBound(attn, tokens), true})) return Seen::Bounded;
-    }
+    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); })) return Seen::Bounded;
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     p.plannedForward = s.forward;
@@ -389,6 +379,15 @@ struct BestPlan {
 // never slower than any of them.
 void scoreCallersCandidates(BestPlan* best) {
   for (const PlanOptions::Candidate& cand : best->opt.candidates) {
+    // Not built when the bound rules it out against the best so far (a
+    // malformed candidate is built, and refused, whatever the bound says).
+    const size_t m = best->lens.size();
+    std::vector<char> named(m, 0);  // an order naming every sequence once
+    bool valid = cand.rings.size() == m && cand.order.size() == m;
+    for (size_t k = 0; k < m && valid; ++k)
+      valid = cand.order[k] >= 0 && cand.order[k] < int64_t(m) && !named[size_t(cand.order[k])]++;
+    auto ring = [&](size_t i) { return std::make_pair(cand.rings[i].begin(), cand.rings[i].end()); };
+    if (valid && best->bounded(ring)) continue;
     BatchPlan p = planFromRings(best->lens, best->causal, cand.rings, best->c.ranks(), best->c.ranksPerNode);
     setOrder(&p, cand.order);
     p.plannedForward = attnMakespan(p, best->shape, best->c);
@@ -465,16 +464,24 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
 // sum; scored in full like the other fits (with and without the remap).
 void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
-               bool thorough, const std::function<double(const Schedule&)>& quick,
+               const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
                std::vector<std::pair<double, Schedule>>* fits) {
   std::vector<std::vector<SplitOption>> joint(options);
+  auto withLinear = [&](size_t i, SplitOption* o) {
+    const double lin = opt.linearSecondsPerToken * double(lens[i]) / o->split.G;
+    o->seconds += lin;
+    o->backward += 2 * lin;
+  };
+  // The same tail, with the linear layers (the floor holds: they only add).
+  OptionTail jointTail = tail;
+  jointTail.option = [&](size_t i, int G, SplitOption* out) {
+    if (!tail.option(i, G, out)) return false;
+    withLinear(i, out);
+    return true;
+  };
   double total = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
-    for (SplitOption& o : joint[i]) {
-      const double lin = opt.linearSecondsPerToken * double(lens[i]) / o.split.G;
-      o.seconds += lin;
-      o.backward += 2 * lin;
-    }
+    for (SplitOption& o : joint[i]) withLinear(i, &o);
     total += joint[i][0].seconds;
   }
   const double mean = total / c.ranks();
@@ -488,7 +495,7 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   // stops once two in a row are no better (when not thorough, one).
   double best = 0;
   for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
-    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork);
+    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork, &jointTail);
     const double score = quick(s);
     worse = k == 0 || score < best ? 0 : worse + 1;
     best = k == 0 ? score : std::min(best, score);
@@ -496,8 +503,12 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
     // times, run in the order scheduled.
     for (size_t i = 0; i < lens.size(); ++i) {
       const int G = int(s.first[i + 1] - s.first[i]);
-      for (const SplitOption& so : options[i])
-        if (so.split.G == G) forward[i] = so.seconds, backward[i] = so.backward;
+      auto stored = std::find_if(options[i].begin(), options[i].end(),
+                                 [&](const SplitOption& so) { return so.split.G == G; });
+      SplitOption so{};
+      if (stored != options[i].end()) so = *stored;
+      else tail.option(i, G, &so);  // a ring past the stored options, made by the tail
+      forward[i] = so.seconds, backward[i] = so.backward;
     }
     retime(&s, forward, backward, c.ranks());
     fits->push_back({score, std::move(s)});
@@ -535,7 +546,9 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::vector<double> piece(lens.size());
   std::vector<std::vector<SplitOption>> options(lens.size()), unrouted;
   const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
-  for (size_t i = 0; i < lens.size(); ++i) options[i] = splitOptions(lens[i], causal, shape, c, minCap);
+  // Each sequence's options up to where no cap picks a later one; the
+  // schedules sized to a target make the rest while they may take them.
+  OptionTail tail = optionTail(lens, causal, shape, c, minCap, &options);
   std::vector<double> back(lens.size());
   // Sequences longest first (ties in index order): the guess of every
   // candidate's order (stableSortFromGuess).
@@ -603,7 +616,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   std::vector<std::pair<double, Schedule>> fits, joints;
   const double targets[] = {1.0, 1.05, 1.1, 1.15, 1.2, 1.3};
   for (size_t k = 0; k < std::size(targets) && opt.fitRings; k += thorough ? 1 : 2) {
-    Schedule s = scheduleToTarget(lens, c, opt, options, mean * targets[k], byWork);
+    Schedule s = scheduleToTarget(lens, c, opt, options, mean * targets[k], byWork, &tail);
     const double score = quick(s);
     fits.push_back({score, std::move(s)});
   }
@@ -611,7 +624,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // (jointFits): for a plan that keeps the linear layers on its attention
   // layout, so that no remap is needed.
   if (opt.fitRings && opt.jointFits && opt.score && opt.linearSecondsPerToken > 0)
-    jointFits(lens, c, opt, options, byWork, thorough, quick, &joints);
+    jointFits(lens, c, opt, options, byWork, tail, thorough, quick, &joints);
   bool crosses = false;
   for (const auto& [score, s] : caps)
     for (size_t i = 0; i < lens.size(); ++i)
@@ -625,8 +638,10 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     o.maxRingNodes = 1;
     ClusterModel oneNic = c;
     oneNic.routeEfficiency = 0;
-    for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i)
-      unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap));
+    for (size_t i = 0; i < lens.size() && c.routeEfficiency > 0; ++i) {
+      bool more = false;  // only caps pick from these: the rest is never needed
+      unrouted.push_back(splitOptions(lens[i], causal, shape, oneNic, minCap, &more));
+    }
     for (int x = thorough ? bestX - 4 : bestX; x <= (thorough ? bestX + 4 : bestX); x += 4)
       if (x >= 0 && x <= kLowest) {
         tryCap(capAt(x), o, options);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <vector>
 
 namespace zp::plan {
@@ -101,21 +102,17 @@ void raiseEntry(std::vector<Entry>& sorted, Entry was, double load) {
 
 // An inter-node ring of G ranks: the G / ranksPerNode nodes that are free
 // soonest, whole, node by node so only that many hops of the ring cross the
-// network. Writes the ring's ranks; returns when they are all free.
-double placeAcrossNodes(const std::vector<double>& freeAt, const ClusterModel& c, int G, int* ring) {
-  const int rpn = c.ranksPerNode;
+// network. byAllFree: the nodes by when all their ranks are free (ties: the
+// lower node); the chosen ones are taken out of it. Writes the ring's ranks;
+// returns when they are all free.
+double placeAcrossNodes(std::set<Entry>& byAllFree, int rpn, int G, int* ring) {
   const int k = G / rpn;
-  std::vector<Entry> nodes;
-  nodes.reserve(size_t(c.nodes));
-  for (int nd = 0; nd < c.nodes; ++nd)
-    nodes.push_back({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
-  // The k soonest (pairs are distinct: selecting them is sorting them).
-  std::nth_element(nodes.begin(), nodes.begin() + (k - 1), nodes.end());
   std::vector<int> chosen;
   double at = 0;
   for (int j = 0; j < k; ++j) {
-    chosen.push_back(nodes[j].second);
-    at = std::max(at, nodes[j].first);
+    chosen.push_back(byAllFree.begin()->second);
+    at = std::max(at, byAllFree.begin()->first);
+    byAllFree.erase(byAllFree.begin());
   }
   std::sort(chosen.begin(), chosen.end());
   int* next = ring;
@@ -189,8 +186,13 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   };
   LoadHeap heap;
   std::vector<LoadHeap> nodeHeaps;  // per node, with node-level token balance
-  std::vector<Entry> nodeOrder;    // (least load of the node, node), sorted
+  // The nodes by their least load (the top of their heap), with their
+  // tokens: the least loaded node with room for a sequence.
+  RoomTree<double> nodeOrder(size_t(c.nodes));
   std::vector<double> nodeTokens(c.nodes, 0.0);
+  // While inter-node rings are placed (they come first): the nodes by when
+  // all their ranks are free.
+  std::set<Entry> byAllFree;
   const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
   const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   auto hasRoom = [&](int nd, int64_t len) { return !balanceNodes || nodeTokens[nd] + len <= nodeQuota; };
@@ -214,8 +216,14 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   for (size_t i : order) {
     const Split& s = splits[i];
     int* const ring = out.ranks.data() + out.first[i];  // s.G ranks
+    if (s.cls != SeqClass::InterNode) byAllFree.clear();
     if (s.cls == SeqClass::InterNode) {
-      occupy(i, placeAcrossNodes(freeAt, c, s.G, ring));
+      if (byAllFree.empty())
+        for (int nd = 0; nd < c.nodes; ++nd)
+          byAllFree.insert({*std::max_element(freeAt.begin() + nd * rpn, freeAt.begin() + (nd + 1) * rpn), nd});
+      const double at = placeAcrossNodes(byAllFree, rpn, s.G, ring);
+      occupy(i, at);
+      for (int j = 0; j < s.G; j += rpn) byAllFree.insert({at + piece[i], ring[j] / rpn});
     } else if (s.cls == SeqClass::IntraNode) {
       // The node where G ranks are free soonest, the lower on ties
       // (latestFree says which ranks).
@@ -257,24 +265,22 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         if (nodeHeaps.empty()) {
           nodeHeaps.resize(c.nodes);
           for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({freeAt[r], r});
-          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.push_back({nodeHeaps[nd].top().first, nd});
-          std::sort(nodeOrder.begin(), nodeOrder.end());
+          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
         }
-        int nd = nodeOrder.begin()->second;  // when no node has room: the least loaded
-        for (const Entry& e : nodeOrder)
-          if (hasRoom(e.second, lens[i])) {
-            nd = e.second;
-            break;
-          }
+        int any = -1;  // when no node has room: the least loaded
+        const int found = nodeOrder.least(double(lens[i]), nodeQuota, &any);
+        const int nd = found >= 0 ? found : any;
         const int r = nodeHeaps[nd].top().second;
-        const Entry was{nodeHeaps[nd].top().first, nd};
         nodeHeaps[nd].replaceTop({freeAt[r] + piece[i], r});
-        raiseEntry(nodeOrder, was, nodeHeaps[nd].top().first);  // a node's least load only grows
         ring[0] = r;
         occupy(i, freeAt[r]);
       }
     }
     for (int j = 0; j < s.G; ++j) nodeTokens[ring[j] / rpn] += double(lens[i]) / s.G;
+    if (!nodeHeaps.empty()) {
+      const int nd = ring[0] / rpn;  // a whole sequence's node: its tokens and least load changed
+      nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
+    }
   }
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
   out.order.assign(order.begin(), order.end());
@@ -351,12 +357,12 @@ class Slots {
  public:
   Slots(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt)
       : c_(c), rpn_(c.ranksPerNode), freeAt_(c.ranks(), 0.0), sorted_(c.ranks(), 0.0), nodeMin_(c.nodes, 0.0),
-        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(c.nodes),
+        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(size_t(c.nodes)),
         tree_(c.nodes, c.ranksPerNode,
               std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1) {
     balanceNodes_ = opt.nodeTokenBalance && c.nodes > 1;
     nodeQuota_ = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
-    for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = nodeOrder_[nd] = {0.0, nd};
+    for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = {0.0, nd};
   }
 
   // Where a whole sequence of len tokens and `seconds` can start soonest:
@@ -371,12 +377,12 @@ class Slots {
   Whole whole(int64_t len, double seconds) {
     const IdleGaps::Iter gap = gaps_.find(seconds, [&](int r) { return hasRoom(r / rpn_, len); });
     if (gap != gaps_.end()) return {gap->second.rank, gap->second.begin, gap};
-    int node = nodeOrder_.front().second;
-    for (const Entry& e : nodeOrder_)
-      if (hasRoom(e.second, len)) {
-        node = e.second;
-        break;
-      }
+    int node = nodeOrder_.leastOfAll();
+    if (balanceNodes_) {
+      int any = -1;
+      const int found = nodeOrder_.least(double(len), nodeQuota_, &any);
+      if (found >= 0) node = found;
+    }
     int r = node * rpn_;
     for (int q = r + 1; q < (node + 1) * rpn_; ++q)
       if (freeAt_[q] < freeAt_[r]) r = q;
@@ -421,6 +427,7 @@ class Slots {
       touched(w.rank / rpn_);
     }
     nodeTokens_[w.rank / rpn_] += double(len);
+    nodeOrder_.set(w.rank / rpn_, nodeMin_[w.rank / rpn_], nodeTokens_[w.rank / rpn_]);
     probing_ = false;
   }
 
@@ -465,6 +472,13 @@ class Slots {
     return at;
   }
 
+  // When k whole nodes are all free soonest, room or not: no ring over k
+  // nodes starts sooner (ringStart takes the k-th of the nodes with room).
+  double soonestNodes(int k) {
+    refresh();
+    return nodeFree_[size_t(k - 1)].first;
+  }
+
   double makespan() const { return *std::max_element(freeAt_.begin(), freeAt_.end()); }
 
  private:
@@ -476,9 +490,8 @@ class Slots {
   }
   void touched(int nd) {
     probing_ = false;  // the nodes' order and tokens change
-    const Entry was{nodeMin_[nd], nd};
     nodeMin_[nd] = *std::min_element(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_);
-    raiseEntry(nodeOrder_, was, nodeMin_[nd]);  // a node's soonest free time only grows
+    nodeOrder_.set(nd, nodeMin_[nd], nodeTokens_[nd]);
     if (!dirty_[nd]) dirtyNodes_.push_back(nd);
     dirty_[nd] = 1;
   }
@@ -509,7 +522,7 @@ class Slots {
   int64_t probeLen_ = 0;
   std::vector<size_t> blocked_;
   std::vector<Entry> nodeFree_, eligible_;
-  std::vector<Entry> nodeOrder_;  // (nodeMin_, node), sorted
+  RoomTree<double> nodeOrder_;  // the nodes by nodeMin_, with their tokens
   NodeTree tree_;                 // the nodes by each G-th free time, with their room
   std::vector<int> chosen_;
   IdleGaps gaps_;
@@ -521,7 +534,7 @@ class Slots {
 
 Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                           const std::vector<std::vector<SplitOption>>& options, double target,
-                          const std::vector<size_t>& byWork) {
+                          const std::vector<size_t>& byWork, const OptionTail* tail) {
   const size_t m = lens.size();
   const int maxNodes = opt.maxRingNodes > 0 ? std::min(opt.maxRingNodes, c.nodes) : c.nodes;
   target *= 1 + 1e-9;
@@ -531,23 +544,37 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
   std::vector<int> placed;
   std::vector<size_t> at(m, 0), size(m, 1);
   placed.reserve(m);
+  SplitOption next{};  // the option probed
   for (size_t i : byWork) {
     const std::vector<SplitOption>& opts = options[i];
     const Slots::Whole whole = slots.whole(lens[i], opts[0].seconds);
     // The cheapest option that ends by the target, else the one ending first.
-    size_t pick = 0;
+    SplitOption o = opts[0];
     double pickAt = whole.at, pickEnd = whole.at + opts[0].seconds;
-    for (size_t k = 1; k < opts.size() && pickEnd > target; ++k) {
-      const Split& sp = opts[k].split;
-      if (sp.cls == SeqClass::InterNode && sp.G / c.ranksPerNode > maxNodes) break;
-      const double t = slots.ringStart(sp, lens[i]);
-      if (t + opts[k].seconds < pickEnd * (1 - 1e-9) || t + opts[k].seconds <= target)
-        pick = k, pickAt = t, pickEnd = t + opts[k].seconds;
+    for (size_t k = 1; pickEnd > target; ++k) {
+      // Past the stored options, rings over one more node each.
+      const int G = k < opts.size() ? opts[k].split.G
+                                    : (k == opts.size() ? opts.back().split.G : next.split.G) + c.ranksPerNode;
+      if (k >= opts.size() && (!tail || !tail->more[i])) break;
+      if (G > c.ranksPerNode && G / c.ranksPerNode > maxNodes) break;
+      if (G > c.ranksPerNode && tail) {
+        // A ring over G / ranksPerNode nodes starts no sooner than that
+        // many nodes are free, and runs at least the floor; both grow with
+        // G, so once that cannot end first or by the target, no later
+        // option can either.
+        const double bound = slots.soonestNodes(G / c.ranksPerNode) + tail->floor(i, G);
+        if (!(bound < pickEnd * (1 - 1e-9)) && !(bound <= target)) break;
+      }
+      if (k < opts.size()) next = opts[k];
+      else if (!tail->option(i, G, &next)) break;
+      const double t = slots.ringStart(next.split, lens[i]);
+      if (t + next.seconds < pickEnd * (1 - 1e-9) || t + next.seconds <= target)
+        o = next, pickAt = t, pickEnd = t + next.seconds;
     }
-    const SplitOption& o = opts[pick];
+    const bool whole1 = o.split.G == 1;
     back[i] = o.backward;
     at[i] = placed.size();
-    if (pick == 0) {
+    if (whole1) {
       slots.placeWhole(whole, o.seconds, lens[i]);
       placed.push_back(whole.rank);
       start[i] = whole.at;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -72,17 +73,48 @@ struct SplitOption {
   Split split;
   double seconds, backward;
 };
+// The options of a sequence past those the planner stores: it stores each
+// sequence's list only up to where no cap can pick a later option (each
+// later one is slower than the fastest stored, see planner.cc), but
+// scheduleToTarget may still take one, as a ring over more nodes may start
+// sooner; it makes them here, while its bound says one could be taken.
+struct OptionTail {
+  // more[i]: sequence i's full list goes on past the stored one.
+  std::vector<char> more;
+  // Sequence i's option on a ring of G ranks across nodes, if its full
+  // list has one (false: the list ends before it).
+  std::function<bool(size_t i, int G, SplitOption* out)> option;
+  // A lower bound of sequence i's seconds on any ring of G or more ranks
+  // across nodes: non-decreasing in G.
+  std::function<double(size_t i, int G)> floor;
+};
+// A sequence on a ring of this split, with the times the executor runs it in.
+SplitOption splitOption(int64_t len, bool causal, Split split, const AttnShape& shape, const ClusterModel& c);
+// A lower bound of the seconds one rank spends on a sequence (ringSeconds)
+// on any ring of G or more ranks across nodes, on Zeppelin's inter-node
+// link; non-decreasing in G.
+double acrossFloor(int64_t len, int G, const AttnShape& shape, const ClusterModel& c);
+// The rings a sequence may run on, from cheap to costly links (see
+// split_options.cc); with `more`, stored only up to where no cap can pick a
+// later one, *more saying whether the full list goes on.
+std::vector<SplitOption> splitOptions(int64_t len, bool causal, const AttnShape& shape, const ClusterModel& c,
+                                      double minCap = 0, bool* more = nullptr);
+// Every sequence's options, stored as splitOptions(..., more) stores them,
+// into *options, and the tail that makes the rest. The tail refers to lens,
+// shape and c: they must outlive it.
+OptionTail optionTail(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+                      double minCap, std::vector<std::vector<SplitOption>>* options);
 // The rings sized to meet a target makespan (moldable list scheduling): the
 // sequences, most work first, each where it can start soonest on the
 // cheapest ring size that still ends by `target`, else on the size that ends
 // soonest. Unlike schedule(), a ring's size follows the time left where it
 // lands, so rings fill the schedule instead of all taking a cap's pieces.
 // options[i]: sequence i's split options (rings no wider than
-// opt.maxRingNodes nodes). byWork: the sequences by their whole time, most
-// first.
+// opt.maxRingNodes nodes), stored up to where `tail` goes on (null: the
+// full lists). byWork: the sequences by their whole time, most first.
 Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
                           const std::vector<std::vector<SplitOption>>& options, double target,
-                          const std::vector<size_t>& byWork);
+                          const std::vector<size_t>& byWork, const OptionTail* tail = nullptr);
 // Sets a schedule's makespans to those of its order run forward (and
 // reversed, backward) with these seconds per sequence: a ring starts when
 // the last of its ranks is free.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "src/plan/growing_min.h"
 #include "src/sim/step_model.h"
@@ -16,6 +17,7 @@ namespace zp::sim {
 
 using namespace zp::plan;
 using plan::GrowingMin;
+using plan::RoomTree;
 
 namespace {
 
@@ -55,10 +57,10 @@ Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather
   std::vector<int64_t> tokens(groups, 0);
   std::vector<std::vector<int64_t>> members(groups), ids(groups);
   Placement pl;
-  GrowingMin byLoad(groups);
+  RoomTree<int64_t> byLoad(groups);  // the least loaded group with room for a sequence's tokens
   for (size_t i : largestFirst(lens.size(), cost)) {
     int any = -1;
-    int best = byLoad.least([&](int k) { return tokens[k] + lens[i] <= int64_t(g) * cap; }, &any);
+    int best = byLoad.least(lens[i], int64_t(g) * cap, &any);
     if (best < 0) {  // no room anywhere: the emptiest group, and the plan is infeasible
       best = 0;
       for (int k = 1; k < groups; ++k)
@@ -66,8 +68,8 @@ Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather
       pl.infeasibleAssignment = true;
     }
     load[best] += cost(i);
-    byLoad.raise(best, load[best]);
     tokens[best] += lens[i];
+    byLoad.set(best, load[best], tokens[best]);
     members[best].push_back(lens[i]);
     ids[best].push_back(int64_t(i));
   }
@@ -169,6 +171,10 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     blockT[l].assign(size_t(n / levels[l]), 0.0);
     byW.emplace_back(size_t(n / levels[l]));
   }
+  // Only the levels some sequence's group size asks about are kept (the
+  // others are never read).
+  std::vector<char> asked(levels.size(), 0);
+  for (size_t i = 0; i < lens.size(); ++i) asked[size_t(std::log2(cp[i]) + 0.5)] = 1;
   for (size_t i : largestFirst(lens.size(), work)) {
     const int d = cp[i];
     const size_t level = size_t(std::log2(d) + 0.5);
@@ -180,6 +186,7 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
     for (size_t l = 0; l < levels.size(); ++l) {
       const int L = levels[l];
+      if (!asked[l]) continue;
       if (L <= d) {
         for (int b = best / L; b < (best + d) / L; ++b) {
           blockW[l][b] += work(i);
@@ -227,25 +234,39 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
   // needs no scan of its ranks).
   std::vector<GrowingMin> kth(size_t(rpn), GrowingMin(size_t(c.nodes)));
   std::vector<double> nodeTokens(size_t(c.nodes), 0.0), sorted(size_t(rpn), 0.0);
-  std::vector<std::pair<double, int>> nodes, rs;  // scratch
+  std::vector<std::pair<double, int>> rs;  // scratch
+  std::set<std::pair<double, int>> byBusiest;  // (busiest rank's load, node), while rings across nodes are placed
   std::vector<int> chosenRanks;
   Placement pl;
   pl.linTokens.assign(n, 0);
+  auto ringSize = [&](size_t i) {
+    const int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
+    return G > rpn ? std::min(n, (G + rpn - 1) / rpn * rpn) : G;
+  };
+  // Rings inside a node still to place: once none is left, the nodes' G-th
+  // loads (kth) are asked no more and not kept.
+  size_t intraLeft = 0;
+  for (size_t i = 0; i < lens.size(); ++i) intraLeft += ringSize(i) > 1 && ringSize(i) <= rpn;
   for (size_t i : largestFirst(lens.size(), cost)) {
-    int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
-    if (G > rpn) G = std::min(n, (G + rpn - 1) / rpn * rpn);
+    const int G = ringSize(i);
+    intraLeft -= G > 1 && G <= rpn;
     Ring ring;
     ring.lens = {lens[i]};
     ring.seqs = {int64_t(i)};
+    if (G <= rpn) byBusiest.clear();
     if (G > rpn) {
       // The G / rpn nodes whose busiest rank is least loaded (ties: lower
-      // node; selected, not sorted: the pairs are distinct).
-      nodes.clear();
-      for (int nd = 0; nd < c.nodes; ++nd)
-        nodes.push_back({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
-      std::nth_element(nodes.begin(), nodes.begin() + (G / rpn - 1), nodes.end());
+      // node). Kept in order while rings across nodes are placed one after
+      // another (they are the largest, so they come first), as only their
+      // nodes' loads change; made anew after anything else is placed.
+      if (byBusiest.empty())
+        for (int nd = 0; nd < c.nodes; ++nd)
+          byBusiest.insert({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
       std::vector<int> chosen;
-      for (int j = 0; j < G / rpn; ++j) chosen.push_back(nodes[j].second);
+      for (int j = 0; j < G / rpn; ++j) {
+        chosen.push_back(byBusiest.begin()->second);
+        byBusiest.erase(byBusiest.begin());
+      }
       std::sort(chosen.begin(), chosen.end());
       for (int nd : chosen)
         for (int r = nd * rpn; r < (nd + 1) * rpn; ++r) ring.ranks.push_back(r);
@@ -298,7 +319,7 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
       nodeTokens[r / rpn] = std::max(nodeTokens[r / rpn], tokens[r]);
       if (tokens[r] > cap) pl.infeasibleAssignment = true;
     }
-    for (size_t j = 0; j < ring.ranks.size(); ++j) {
+    for (size_t j = 0; j < ring.ranks.size() && intraLeft > 0; ++j) {
       const int nd = ring.ranks[j] / rpn;
       if (j > 0 && ring.ranks[j - 1] / rpn == nd) continue;  // a ring's ranks are sorted: each node once
       std::copy(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn, sorted.begin());
@@ -306,6 +327,11 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
       for (int g = 0; g < rpn; ++g)
         if (kth[g].key(nd) != sorted[g]) kth[g].raise(nd, sorted[g]);
     }
+    if (G > rpn)  // the ring's nodes, back in order with their new loads
+      for (size_t j = 0; j < ring.ranks.size(); j += size_t(rpn)) {
+        const int nd = ring.ranks[j] / rpn;
+        byBusiest.insert({*std::max_element(load.begin() + nd * rpn, load.begin() + (nd + 1) * rpn), nd});
+      }
     pl.rings.push_back(ring);
   }
   pl.linTokens = tokens;
