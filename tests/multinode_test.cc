@@ -128,8 +128,10 @@ TEST_F(Multinode, ARecoveredNicGetsItsShareBack) {
                           "--nic-rate-of 1:2=100mbit --nic-event 1:2@6s=1gbit");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
-  EXPECT_EQ(countLines(r.output, "routing around it"), 8u) << r.output;
-  EXPECT_EQ(countLines(r.output, "back to its full share"), 8u) << r.output;
+  // Named and named back on every rank (a rank may see the NIC's last slow
+  // samples after its first fast ones, and change once more each way).
+  EXPECT_GE(countLines(r.output, "routing around it"), 8u) << r.output;
+  EXPECT_GE(countLines(r.output, "back to its full share"), 8u) << r.output;
   EXPECT_EQ(countLines(r.output, ": healthy"), 32u) << r.output;
 }
 

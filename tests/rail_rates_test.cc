@@ -72,16 +72,19 @@ TEST(RailRates, ARecoveredRailGetsItsShareBack) {
   EXPECT_FALSE(changes[0].slow);
 }
 
-TEST(RailRates, AFlappingRailChangesStateAtMostOncePerDwell) {
+TEST(RailRates, AFlappingRailIsNamedABoundedNumberOfTimes) {
   Feed f;
   const double slow[4] = {1000, 1000, 100, 1000}, healthy[4] = {1000, 1000, 1000, 1000};
+  // A tenth of its rate and back every 500 ms for 30 s (the confirming
+  // samples and the dwell together bound the changes; judged on every
+  // sample, it would change about every phase).
   int changes = 0;
   const int seconds = 30;
   for (int i = 0; i < 2 * seconds; i++) {
     f.run(i % 2 ? healthy : slow, 4, 500);
     changes += (int)f.rates.takeChanges().size();
   }
-  EXPECT_LE(changes, (int)(seconds * 1000000 / RailRates::kDwellUs) + 1);
+  EXPECT_LE(changes, (int)(seconds * 1000000 / RailRates::kDwellUs) / 2);
 }
 
 TEST(RailRates, AStuckRailIsSlow) {
