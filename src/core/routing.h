@@ -73,7 +73,7 @@ struct RailStatus {
   int rail = -1;
   std::string nic;           // its NIC's name on this node
   double nominalBitsPerSec = 0;
-  double bitsPerSec = 0;     // measured, its best path (0: no evidence yet)
+  double bitsPerSec = 0;     // measured (0: no evidence yet)
   bool slow = false;         // routed around
   int changes = 0;           // state changes so far
 };
