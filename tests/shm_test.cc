@@ -2,12 +2,16 @@
 // needs (issue 28): a small /dev/shm, no file descriptors left, ranks of one
 // node configured differently. Every rank must get an error from init, at
 // once, saying why: never a crash later, never a wait for the timeout.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "src/core/bootstrap.h"
 #include "tests/harness.h"
 
 namespace {
@@ -223,4 +228,77 @@ TEST(ShmSetup, NoFileDescriptorsLeftFailsInitAtOnce) {
   });
   zptest::expectAllOk(exits);
   EXPECT_GT(sawEmfile->load(), 0) << "no rank said it ran out of file descriptors";
+}
+
+namespace {
+
+// /dev/shm entries named after the id's secret (a segment's name, while it has one).
+std::vector<std::string> segmentsOf(const zpUniqueId& id) {
+  zp::IdLayout layout;
+  if (!zp::decodeId(id, &layout)) return {};
+  char prefix[32];
+  snprintf(prefix, sizeof(prefix), "zp-%02x%02x%02x%02x%02x%02x%02x%02x", layout.secret[0], layout.secret[1],
+           layout.secret[2], layout.secret[3], layout.secret[4], layout.secret[5], layout.secret[6], layout.secret[7]);
+  std::vector<std::string> found;
+  for (const std::string& e : devShmEntries())
+    if (e.compare(0, strlen(prefix), prefix) == 0) found.push_back(e);
+  return found;
+}
+
+// A loopback port free now, for a root that rank 0 hosts (it dies with the job).
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(bind(fd, (sockaddr*)&a, sizeof(a)), 0);
+  getsockname(fd, (sockaddr*)&a, &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+// A whole job killed with SIGKILL early in its init, at 20 moments from 0 to
+// 190 ms after its ranks start (init takes about that long on a loaded
+// machine): nothing of it may stay in /dev/shm. Its segments must never be
+// there under a name nobody removes (they were, between their creation and
+// the moment every local rank had mapped them: 6 runs of 20).
+TEST(ShmSegments, AJobKilledEarlyInInitLeavesNothingInDevShm) {
+  const int n = 4, rounds = 20;
+  zptest::Shared<std::atomic<int>> ready;  // ranks whose init finished, over all rounds
+  int leaky = 0;
+  for (int round = 0; round < rounds; round++) {
+    const int delayMs = round * 10;
+    const int port = freePort();
+    zpUniqueId id;
+    ASSERT_EQ(zp::makeRank0Id("127.0.0.1", port, "shmkill:" + std::to_string(getpid()) + ":" + std::to_string(port),
+                              &id),
+              zpSuccess);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; r++) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        zpComm_t comm = nullptr;
+        zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+        cfg.timeoutMs = 10000;
+        if (zpCommInitRankConfig(&comm, n, id, r, &cfg) == zpSuccess) ++*ready;
+        for (;;) pause();  // until the kill
+      }
+      ASSERT_GT(pid, 0);
+      pids.push_back(pid);
+    }
+    usleep(delayMs * 1000);
+    for (pid_t p : pids) kill(p, SIGKILL);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+    const std::vector<std::string> left = segmentsOf(id);
+    if (!left.empty()) leaky++;
+    for (const std::string& e : left) {
+      ADD_FAILURE() << "killed after " << delayMs << " ms: left in /dev/shm: " << e;
+      shm_unlink(("/" + e).c_str());
+    }
+  }
+  printf("%d of %d rounds left segments; %d of %d ranks had finished init when killed\n", leaky, rounds,
+         ready->load(), n * rounds);
 }
