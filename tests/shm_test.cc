@@ -2,14 +2,12 @@
 // needs (issue 28): a small /dev/shm, no file descriptors left, ranks of one
 // node configured differently. Every rank must get an error from init, at
 // once, saying why: never a crash later, never a wait for the timeout.
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "src/core/bootstrap.h"
 #include "tests/harness.h"
 
 namespace {
@@ -230,36 +227,6 @@ TEST(ShmSetup, NoFileDescriptorsLeftFailsInitAtOnce) {
   EXPECT_GT(sawEmfile->load(), 0) << "no rank said it ran out of file descriptors";
 }
 
-namespace {
-
-// /dev/shm entries named after the id's secret (a segment's name, while it has one).
-std::vector<std::string> segmentsOf(const zpUniqueId& id) {
-  zp::IdLayout layout;
-  if (!zp::decodeId(id, &layout)) return {};
-  char prefix[32];
-  snprintf(prefix, sizeof(prefix), "zp-%02x%02x%02x%02x%02x%02x%02x%02x", layout.secret[0], layout.secret[1],
-           layout.secret[2], layout.secret[3], layout.secret[4], layout.secret[5], layout.secret[6], layout.secret[7]);
-  std::vector<std::string> found;
-  for (const std::string& e : devShmEntries())
-    if (e.compare(0, strlen(prefix), prefix) == 0) found.push_back(e);
-  return found;
-}
-
-// A loopback port free now, for a root that rank 0 hosts (it dies with the job).
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(bind(fd, (sockaddr*)&a, sizeof(a)), 0);
-  getsockname(fd, (sockaddr*)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-}  // namespace
-
 // A whole job killed with SIGKILL early in its init, at 20 moments from 0 to
 // 190 ms after its ranks start (init takes about that long on a loaded
 // machine): nothing of it may stay in /dev/shm. Its segments must never be
@@ -271,11 +238,7 @@ TEST(ShmSegments, AJobKilledEarlyInInitLeavesNothingInDevShm) {
   int leaky = 0;
   for (int round = 0; round < rounds; round++) {
     const int delayMs = round * 10;
-    const int port = freePort();
-    zpUniqueId id;
-    ASSERT_EQ(zp::makeRank0Id("127.0.0.1", port, "shmkill:" + std::to_string(getpid()) + ":" + std::to_string(port),
-                              &id),
-              zpSuccess);
+    const zpUniqueId id = zptest::rank0Id();  // the root dies with the job
     std::vector<pid_t> pids;
     for (int r = 0; r < n; r++) {
       const pid_t pid = fork();
@@ -292,7 +255,7 @@ TEST(ShmSegments, AJobKilledEarlyInInitLeavesNothingInDevShm) {
     usleep(delayMs * 1000);
     for (pid_t p : pids) kill(p, SIGKILL);
     for (pid_t p : pids) waitpid(p, nullptr, 0);
-    const std::vector<std::string> left = segmentsOf(id);
+    const std::vector<std::string> left = zptest::shmEntriesOf(id);
     if (!left.empty()) leaky++;
     for (const std::string& e : left) {
       ADD_FAILURE() << "killed after " << delayMs << " ms: left in /dev/shm: " << e;
