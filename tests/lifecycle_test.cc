@@ -558,6 +558,8 @@ void runTwoJobsWithOneId(const TwoJobsCase& c) {
     if (i == 2) usleep(500 * 1000);  // the first two are at the root by now
     const int job = c.order[i].first, rank = c.order[i].second;
     zptest::waitForQuietThreads();
+    fflush(stdout);  // not printed again by the child
+    fflush(stderr);
     const pid_t pid = fork();
     if (pid == 0) {
       zptest::clearLauncherEnv();

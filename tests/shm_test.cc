@@ -240,6 +240,8 @@ TEST(ShmSegments, AJobKilledEarlyInInitLeavesNothingInDevShm) {
     const int delayMs = round * 10;
     const zpUniqueId id = zptest::rank0Id();  // the root dies with the job
     std::vector<pid_t> pids;
+    fflush(stdout);  // not printed again by the children
+    fflush(stderr);
     for (int r = 0; r < n; r++) {
       const pid_t pid = fork();
       if (pid == 0) {
