@@ -97,7 +97,16 @@ struct ncclComm;
 #define ZP_UNIQUE_ID_BYTES 128
 /* Created by zpGetUniqueId on one rank and passed to all others (by MPI_Bcast,
  * a file, the environment, ...). It holds the rendezvous address and a random
- * secret: treat it as a password for joining the communicator. */
+ * secret: treat it as a password for joining the communicator. One id serves
+ * one job: ranks of two jobs given the same id (a file shared by mistake)
+ * never form one communicator. Each rank tells the rendezvous its job (ZP_JOB_ID,
+ * else its launcher's job variables: zprun's, Slurm's, PMIx's, Open MPI's,
+ * torchrun's, LSF's, PBS's); a rank of another job than the first one's, a
+ * rank number that joins twice or another nranks fails init on every rank
+ * of both jobs with zpInvalidUsage ("two jobs use one unique id"). Without
+ * a launcher and without ZP_JOB_ID only a rank number that joins twice
+ * before the communicator has formed gives them away: the first nranks to
+ * arrive, if of both jobs and all of different ranks, still form one. */
 typedef struct {
   char internal[ZP_UNIQUE_ID_BYTES];
 } zpUniqueId;

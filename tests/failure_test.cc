@@ -328,11 +328,14 @@ TEST(KilledDuringInit, ARankReapedBeforeItsPeersLookIsNoticedAtOnce) {
       ASSERT_EQ(zp::bootstrapExchange(layout, n, me, 10000, &all, &rootFd), zpSuccess) << zpGetLastError(nullptr);
       // A well-formed second round (a PeerInfo with no device, then the
       // one transport's connect blob: shared memory's, the default ring
-      // size), so that the others go on to the shared-memory setup.
+      // size and its segment's descriptor), so that the others go on to
+      // the shared-memory setup.
       const uint64_t ring = zp::Config().shmRingBytes;
+      const int64_t segFd = 3;
       zp::PeerInfo info;
       info.node = 0;
-      std::string blob = zp::encodePeerBlob(info, {std::string((const char*)&ring, sizeof(ring))});
+      std::string blob = zp::encodePeerBlob(
+          info, {std::string((const char*)&ring, sizeof(ring)) + std::string((const char*)&segFd, sizeof(segFd))});
       std::vector<std::string> blobs(n);
       ASSERT_EQ(zp::bootstrapAllgather(rootFd, 2, blob, 10000, &blobs), zpSuccess) << zpGetLastError(nullptr);
       sleep(3);  // the stand-in stays until the others are done

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <new>
 #include <random>
@@ -47,11 +48,9 @@
 #define ZP_TEST_ROOT_IN_RANK0 1
 #endif
 #endif
-#ifdef ZP_TEST_ROOT_IN_RANK0
 #include <arpa/inet.h>
 
 #include "src/core/bootstrap.h"
-#endif
 
 namespace zptest {
 
@@ -204,12 +203,9 @@ inline RankExit runInChild(const std::function<void()>& fn, int timeoutSec = 120
   return runRanksWithId(unused, 1, [&](int, int, const zpUniqueId&) { fn(); }, opts)[0];
 }
 
-// Runs body(rank, nranks, id) in nranks processes; returns their exits.
-// Kills every rank still running after opts.timeoutSec (the test then fails).
-inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, const RunOptions& opts) {
-  zpUniqueId id;
-#ifdef ZP_TEST_ROOT_IN_RANK0
-  // A loopback port free now (rank 0 listens on it at init).
+// An id whose rendezvous rank 0 hosts (torchrun style) on a loopback port
+// free now: the root lives and dies with the job, not in this process.
+inline zpUniqueId rank0Id() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a = {};
   a.sin_family = AF_INET;
@@ -219,8 +215,35 @@ inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, const Ru
   getsockname(fd, (sockaddr*)&a, &len);
   close(fd);
   int port = ntohs(a.sin_port);
+  zpUniqueId id;
   EXPECT_EQ(zp::makeRank0Id("127.0.0.1", port, "zptest:" + std::to_string(getpid()) + ":" + std::to_string(port), &id),
             zpSuccess);
+  return id;
+}
+
+// /dev/shm entries named after the id's secret (shared memory's segments
+// had such names; none may be left, or made).
+inline std::vector<std::string> shmEntriesOf(const zpUniqueId& id) {
+  zp::IdLayout layout;
+  if (!zp::decodeId(id, &layout)) return {};
+  char prefix[32];
+  snprintf(prefix, sizeof(prefix), "zp-%02x%02x%02x%02x%02x%02x%02x%02x", layout.secret[0], layout.secret[1],
+           layout.secret[2], layout.secret[3], layout.secret[4], layout.secret[5], layout.secret[6], layout.secret[7]);
+  std::vector<std::string> found;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found.push_back(e->d_name);
+    closedir(d);
+  }
+  return found;
+}
+
+// Runs body(rank, nranks, id) in nranks processes; returns their exits.
+// Kills every rank still running after opts.timeoutSec (the test then fails).
+inline std::vector<RankExit> runRanks(int nranks, const RankBody& body, const RunOptions& opts) {
+  zpUniqueId id;
+#ifdef ZP_TEST_ROOT_IN_RANK0
+  id = rank0Id();
 #else
   EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
 #endif

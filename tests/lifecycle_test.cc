@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstring>
@@ -194,22 +195,6 @@ size_t dirEntries(const char* path) {
 size_t openFds() { return dirEntries("/proc/self/fd"); }
 size_t threads() { return dirEntries("/proc/self/task"); }
 
-// /dev/shm entries of the communicator made from id (named after its secret).
-std::vector<std::string> shmEntriesOf(const zpUniqueId& id) {
-  zp::IdLayout layout;
-  if (!zp::decodeId(id, &layout)) return {};
-  char prefix[32];
-  snprintf(prefix, sizeof(prefix), "zp-%02x%02x%02x%02x%02x%02x%02x%02x", layout.secret[0], layout.secret[1],
-           layout.secret[2], layout.secret[3], layout.secret[4], layout.secret[5], layout.secret[6], layout.secret[7]);
-  std::vector<std::string> found;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) found.push_back(e->d_name);
-    closedir(d);
-  }
-  return found;
-}
-
 // One new communicator from an id rank 0 makes and sends over `base`.
 zpComm_t freshComm(zpComm_t base, int rank, int nranks, zpUniqueId* idOut) {
   zpUniqueId id;
@@ -252,7 +237,7 @@ TEST(Lifecycle, InitDestroyLoopLeaksNoFdsThreadsOrSharedMemory) {
     EXPECT_TRUE(settled(fds0, threads0)) << "rank " << rank << ": " << openFds() << " fds open (" << fds0
                                          << " before), " << threads() << " threads (" << threads0 << " before)";
     for (const zpUniqueId& i : ids) {
-      std::vector<std::string> left = shmEntriesOf(i);
+      std::vector<std::string> left = zptest::shmEntriesOf(i);
       EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left[0];
     }
     ZP_EXPECT_OK(zpCommDestroy(base));
@@ -547,6 +532,73 @@ TEST(InitFromEnv, MissingOrBadEnvironmentIsRefused) {
     })});
   }
   zptest::expectAllOk({zptest::runInChild([] { ZP_EXPECT_ERROR(zpInvalidArgument, zpCommInitFromEnv(nullptr, nullptr)); })});
+}
+
+// One unique id given to two jobs of 2 ranks started together (a file of
+// ids shared by mistake): no communicator may hold ranks of both. Every
+// rank of both fails init, saying that the id was used twice (a rank that
+// did get a communicator all-gathers its job's number, which shows any
+// mixing). The ranks join in the order that mixed them: job A's rank 0 and
+// job B's rank 1 first, then the other two. With each job's launcher
+// variables (here Slurm's job id) the root tells the jobs apart; without
+// any, the rank number that joins twice does (job A's rank 0, then job B's).
+struct TwoJobsCase {
+  const char* name;
+  bool launcherVars;
+  std::vector<std::pair<int, int>> order;  // (job, rank) in the order they start
+};
+
+void runTwoJobsWithOneId(const TwoJobsCase& c) {
+  SCOPED_TRACE(c.name);
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  zptest::Shared<std::atomic<int>> mixed, failedClearly, formed;
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < c.order.size(); i++) {
+    if (i == 2) usleep(500 * 1000);  // the first two are at the root by now
+    const int job = c.order[i].first, rank = c.order[i].second;
+    zptest::waitForQuietThreads();
+    fflush(stdout);  // not printed again by the child
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      zptest::clearLauncherEnv();
+      unsetenv("ZP_JOB_ID");
+      if (c.launcherVars) setenv("SLURM_JOB_ID", job == 0 ? "1001" : "1002", 1);
+      zpComm_t comm = nullptr;
+      zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+      cfg.timeoutMs = 5000;
+      if (zpCommInitRankConfig(&comm, 2, id, rank, &cfg) == zpSuccess) {
+        ++*formed;
+        int32_t mine = job, all[2] = {-1, -1};
+        ZP_EXPECT_OK(zpAllGather(&mine, all, 1, zpInt32, comm, nullptr));
+        if (all[0] != all[1]) {
+          ++*mixed;
+          printf("job %d rank %d: a communicator of jobs %d and %d\n", job, rank, all[0], all[1]);
+        }
+        zpCommDestroy(comm);
+      } else {
+        const std::string msg = zpGetLastError(nullptr);
+        printf("job %d rank %d: %s\n", job, rank, msg.c_str());
+        if (msg.find("two jobs use one unique id") != std::string::npos) ++*failedClearly;
+      }
+      fflush(stdout);
+      _exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    pids.push_back(pid);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (pid_t p : pids) waitpid(p, nullptr, 0);
+  EXPECT_EQ(mixed->load(), 0) << "ranks of both jobs made one communicator";
+  EXPECT_EQ(failedClearly->load(), 4) << "every rank of both jobs must fail saying why (" << formed->load()
+                                      << " made a communicator)";
+  EXPECT_LT(zptest::secondsSince(start), 4.5) << "a rank waited for its timeout";
+}
+
+TEST(Bootstrap, OneIdForTwoJobsFailsEveryRankOfBothInsteadOfMixingThem) {
+  runTwoJobsWithOneId({"each job with its launcher's job id", true, {{0, 0}, {1, 1}, {0, 1}, {1, 0}}});
+  runTwoJobsWithOneId({"without a launcher", false, {{0, 0}, {1, 0}, {0, 1}, {1, 1}}});
 }
 
 }  // namespace

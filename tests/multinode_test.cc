@@ -190,15 +190,23 @@ TEST_P(MultinodeShapes, ZeroCollectivesAcrossNodesEveryElementChecked) {
 }
 
 // Messages a rank sent just before it destroyed its communicator, asked
-// for only after the receiver has heard its goodbye and seen its connection
-// close: they still arrive (UCX keeps them unmatched in the worker); a
-// receive of a message never sent fails at once. Routing off: with routing
-// on the leaving rank stays for the ranks it relays for (zpCommDestroy), so
-// the connection does not close first.
+// for only after the receiver has heard its goodbye (routing off: and seen
+// its connection close): they still arrive (UCX keeps them unmatched in the
+// worker; the relay has them acknowledged before it leaves); a receive of a
+// message never sent fails at once, the sender's goodbye says so (routing
+// on: the relay's leaving message, which counts the messages sent; it used
+// to fail only when the leaving ranks gave up waiting for the receiver, at
+// ZP_TIMEOUT). zpCommDestroy waits for no timeout either (ZP_TIMEOUT=60
+// here; the receiver checks its receive within 3 s, every rank its destroy
+// within 10 s).
 TEST_F(Multinode, MessagesSentBeforeAGoodbyeArriveAfterTheConnectionCloses) {
-  CommandResult r = zprun(2, 2, 2, "ZP_TEST_MODE=late ZP_ROUTING=off");
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(countLines(r.output, ": ok"), 4u) << r.output;
+  for (const char* env : {"ZP_TEST_MODE=late ZP_TIMEOUT=60 ZP_ROUTING=off",
+                          "ZP_TEST_MODE=late ZP_TIMEOUT=60 ZP_ROUTING=balanced"}) {
+    CommandResult r = zprun(2, 2, 2, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), 4u) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, "waiting for the ranks whose traffic"), 0u) << env << "\n" << r.output;
+  }
 }
 
 // One rank per node, three nodes: the hierarchical all-reduce's node steps

@@ -5,9 +5,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -223,4 +225,45 @@ TEST(ShmSetup, NoFileDescriptorsLeftFailsInitAtOnce) {
   });
   zptest::expectAllOk(exits);
   EXPECT_GT(sawEmfile->load(), 0) << "no rank said it ran out of file descriptors";
+}
+
+// A whole job killed with SIGKILL early in its init, at 20 moments from 0 to
+// 190 ms after its ranks start (init takes about that long on a loaded
+// machine): nothing of it may stay in /dev/shm. Its segments must never be
+// there under a name nobody removes (they were, between their creation and
+// the moment every local rank had mapped them: 6 runs of 20).
+TEST(ShmSegments, AJobKilledEarlyInInitLeavesNothingInDevShm) {
+  const int n = 4, rounds = 20;
+  zptest::Shared<std::atomic<int>> ready;  // ranks whose init finished, over all rounds
+  int leaky = 0;
+  for (int round = 0; round < rounds; round++) {
+    const int delayMs = round * 10;
+    const zpUniqueId id = zptest::rank0Id();  // the root dies with the job
+    std::vector<pid_t> pids;
+    fflush(stdout);  // not printed again by the children
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        zpComm_t comm = nullptr;
+        zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+        cfg.timeoutMs = 10000;
+        if (zpCommInitRankConfig(&comm, n, id, r, &cfg) == zpSuccess) ++*ready;
+        for (;;) pause();  // until the kill
+      }
+      ASSERT_GT(pid, 0);
+      pids.push_back(pid);
+    }
+    usleep(delayMs * 1000);
+    for (pid_t p : pids) kill(p, SIGKILL);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+    const std::vector<std::string> left = zptest::shmEntriesOf(id);
+    if (!left.empty()) leaky++;
+    for (const std::string& e : left) {
+      ADD_FAILURE() << "killed after " << delayMs << " ms: left in /dev/shm: " << e;
+      shm_unlink(("/" + e).c_str());
+    }
+  }
+  printf("%d of %d rounds left segments; %d of %d ranks had finished init when killed\n", leaky, rounds,
+         ready->load(), n * rounds);
 }

@@ -22,7 +22,7 @@ zpResult_t createShm(const TransportContext& ctx, const TransportSetup&, std::un
                      std::string* address) {
   std::unique_ptr<ShmTransport> t;
   ZP_CHECK(ShmTransport::create(ctx, &t));
-  *address = ShmTransport::address(ctx.cfg->shmRingBytes);
+  *address = t->address();
   *out = std::move(t);
   return zpSuccess;
 }

@@ -59,6 +59,9 @@ constexpr int kAcceptBatch = 64;
 constexpr int kAcceptPauseMs = 100;
 // The status of a reply that asks a rank to connect again.
 constexpr int32_t kBusyStatus = zpInProgress;
+// After ranks of two jobs met at one root: for how long (at most) it goes on
+// refusing the id's ranks that come later, so that they fail at once too.
+constexpr uint64_t kRefuseLateMs = 30000;
 
 void sendReply(int fd, zpResult_t status, const std::string& msg,
                const std::vector<RankInfo>* table, uint64_t deadlineMs) {
@@ -154,12 +157,12 @@ void acceptConnections(int listenFd, std::vector<Pending>* pendingOut, std::map<
 // rank gets the table or the failure, then, on success, the second round
 // (every rank's blob to every rank); the ranks' sockets close.
 void answerRanks(const std::vector<int>& rankFd, const std::vector<RankInfo>& table, int rankTimeoutMs,
-                 std::string failure) {
+                 std::string failure, zpResult_t failStatus) {
   uint64_t replyDeadline = nowMs() + 30000;
   for (int r = 0; r < (int)rankFd.size(); r++) {
     if (rankFd[r] < 0) continue;
     if (failure.empty()) sendReply(rankFd[r], zpSuccess, "", &table, replyDeadline);
-    else sendReply(rankFd[r], zpRemoteError, failure, nullptr, replyDeadline);
+    else sendReply(rankFd[r], failStatus, failure, nullptr, replyDeadline);
   }
   if (failure.empty()) {
     // Second round: every rank's transport address (UCX worker address),
@@ -194,12 +197,28 @@ void answerRanks(const std::vector<int>& rankFd, const std::vector<RankInfo>& ta
   if (!failure.empty()) ZP_WARN(kSubBootstrap, "bootstrap root: %s", failure.c_str());
 }
 
+// Tells every joined rank that the rendezvous failed, and lets it go.
+void failJoined(std::vector<int>* rankFd, zpResult_t status, const std::string& why) {
+  for (int& fd : *rankFd) {
+    if (fd < 0) continue;
+    sendReply(fd, status, why, nullptr, nowMs() + 1000);
+    close(fd);
+    fd = -1;
+  }
+}
+
 // Serves one communicator's rendezvous, then returns.
 void rootMain(int listenFd, IdLayout id) {
   std::vector<Pending> pending;  // in order of arrival
   std::map<std::string, size_t> perSource;  // pending connections by source address
   std::vector<int> rankFd;  // by rank, -1 until joined
   std::vector<RankInfo> table;
+  JoinHeader first;  // the first rank's header: the others must be of its job
+  // Ranks of two jobs met here (failure says so): every rank of the id that
+  // comes until refuseUntil is told the same.
+  bool refusing = false;
+  uint64_t refuseUntil = 0;
+  zpResult_t failStatus = zpRemoteError;
   int nranks = -1, joined = 0;
   uint64_t joinDeadline = UINT64_MAX;  // set by the first rank, from its timeout
   uint64_t listenPausedUntil = 0;
@@ -237,7 +256,7 @@ void rootMain(int listenFd, IdLayout id) {
     return false;
   };
 
-  while (failure.empty() && (nranks < 0 || joined < nranks)) {
+  while (refusing ? nowMs() < refuseUntil : failure.empty() && (nranks < 0 || joined < nranks)) {
     uint64_t now = nowMs();
     bool listening = now >= listenPausedUntil;
     std::vector<pollfd> fds;
@@ -245,14 +264,14 @@ void rootMain(int listenFd, IdLayout id) {
     for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
     for (int fd : rankFd)
       if (fd >= 0) fds.push_back({fd, POLLIN, 0});  // a joined rank that closes has died
-    uint64_t next = joinDeadline;
+    uint64_t next = refusing ? refuseUntil : joinDeadline;
     for (auto& p : pending) next = std::min(next, p.deadlineMs);
     if (!listening) next = std::min(next, listenPausedUntil);
     int waitMs = next == UINT64_MAX ? 1000 : (int)std::min<uint64_t>(next > now ? next - now : 0, 1000);
     int rc = poll(fds.data(), fds.size(), waitMs);
     if (rc < 0 && errno != EINTR) { failure = std::string("poll: ") + strerror(errno); break; }
     now = nowMs();
-    if (now >= joinDeadline) {
+    if (!refusing && now >= joinDeadline) {
       failure = "timed out: only " + std::to_string(joined) + " of " + std::to_string(nranks) +
                 " ranks joined";
       break;
@@ -274,7 +293,7 @@ void rootMain(int listenFd, IdLayout id) {
         }
         if (n > 0) p.got += n;
         std::string err;
-        JoinCheck check = checkJoinHeader(p.hdr, p.got, id.secret, nranks, rankFd, &err);
+        JoinCheck check = checkJoinHeader(p.hdr, p.got, id.secret, nranks, rankFd, &err, nranks < 0 ? nullptr : &first);
         if (check == JoinCheck::kStranger) {
           dropPending(i, err.c_str());
           continue;
@@ -283,6 +302,22 @@ void rootMain(int listenFd, IdLayout id) {
         if (check == JoinCheck::kIncomplete) continue;
         const JoinHeader& h = p.hdr;
         int r = h.info.rank;
+        if (refusing || check == JoinCheck::kConflict) {
+          if (!refusing) {
+            // The joined ranks hear it now, and so does every rank of the
+            // id that comes until refuseUntil.
+            failure = err;
+            failStatus = zpInvalidUsage;
+            refusing = true;
+            refuseUntil = now + std::min<uint64_t>(std::max(rankTimeoutMs, (int)std::max(h.timeoutMs, 1000)), kRefuseLateMs);
+            failJoined(&rankFd, failStatus, failure);
+            joined = 0;
+          }
+          sendReply(p.fd, failStatus, failure, nullptr, nowMs() + 1000);
+          close(p.fd);
+          forget(i);
+          continue;
+        }
         if (check == JoinCheck::kInvalid) {
           ZP_WARN(kSubBootstrap, "bootstrap root: refused %s: %s", p.peer.c_str(), err.c_str());
           sendReply(p.fd, zpInvalidUsage, err, nullptr, nowMs() + 1000);
@@ -291,6 +326,7 @@ void rootMain(int listenFd, IdLayout id) {
           continue;
         }
         if (nranks < 0) {
+          first = h;
           nranks = h.nranks;
           rankFd.assign(nranks, -1);
           table.resize(nranks);
@@ -315,13 +351,13 @@ void rootMain(int listenFd, IdLayout id) {
 
   for (auto& p : pending) close(p.fd);
   close(listenFd);
-  answerRanks(rankFd, table, rankTimeoutMs, failure);
+  answerRanks(rankFd, table, rankTimeoutMs, failure, failStatus);
 }
 
 }  // namespace
 
 JoinCheck checkJoinHeader(const JoinHeader& h, size_t got, const uint8_t secret[16], int nranks,
-                          const std::vector<int>& rankFd, std::string* why) {
+                          const std::vector<int>& rankFd, std::string* why, const JoinHeader* first) {
   // Garbage is rejected as soon as the magic, then the secret, is readable.
   if (got >= sizeof(uint32_t) && h.magic != kIdMagic) {
     *why = "bad magic (not a Zeppelin rank)";
@@ -334,13 +370,48 @@ JoinCheck checkJoinHeader(const JoinHeader& h, size_t got, const uint8_t secret[
   if (got < sizeof(JoinHeader)) return JoinCheck::kIncomplete;
   int r = h.info.rank;
   if (h.nranks <= 0 || h.nranks > (1 << 20)) *why = "bad nranks " + std::to_string(h.nranks);
-  else if (nranks >= 0 && h.nranks != nranks)
-    *why = "rank " + std::to_string(r) + " says nranks=" + std::to_string(h.nranks) + " but earlier ranks said " +
-           std::to_string(nranks);
   else if (r < 0 || r >= h.nranks) *why = "rank " + std::to_string(r) + " out of range [0," + std::to_string(h.nranks) + ")";
-  else if (nranks >= 0 && (r >= (int)rankFd.size() || rankFd[r] >= 0)) *why = "rank " + std::to_string(r) + " joined twice";
   else if (h.timeoutMs <= 0) *why = "bad timeout " + std::to_string(h.timeoutMs) + " ms";
-  return why->empty() ? JoinCheck::kComplete : JoinCheck::kInvalid;
+  else if (strnlen(h.job, sizeof(h.job)) == sizeof(h.job)) *why = "a job identity without its end";
+  if (!why->empty()) return JoinCheck::kInvalid;
+  // A rank that cannot be of the job of those that joined: one id, two jobs.
+  const std::string twoJobs = "two jobs use one unique id (give each job its own id from zpGetUniqueId)";
+  const std::string job(h.job, strnlen(h.job, sizeof(h.job)));
+  if (nranks >= 0 && h.nranks != nranks)
+    *why = "rank " + std::to_string(r) + " says nranks=" + std::to_string(h.nranks) + ", earlier ranks said " +
+           std::to_string(nranks) + ": " + twoJobs + ", or the ranks disagree";
+  else if (nranks >= 0 && (r >= (int)rankFd.size() || rankFd[r] >= 0))
+    *why = "rank " + std::to_string(r) + " joined twice: " + twoJobs + ", or two processes say they are rank " +
+           std::to_string(r);
+  else if (first && job != std::string(first->job, strnlen(first->job, sizeof(first->job))))
+    *why = "rank " + std::to_string(r) + " is of job '" + job.substr(0, 60) + "', rank " +
+           std::to_string(first->info.rank) + " of job '" + std::string(first->job).substr(0, 60) + "': " + twoJobs +
+           "; ranks of one job from separate launches need ZP_JOB_ID set alike";
+  return why->empty() ? JoinCheck::kComplete : JoinCheck::kConflict;
+}
+
+std::string jobIdentity() {
+  const std::string own = envString("ZP_JOB_ID");
+  std::string out = own.empty() ? "" : "ZP_JOB_ID=" + own;
+  auto digest = [](const std::string& text) {  // FNV-1a, in hex
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+    char buf[20];
+    snprintf(buf, sizeof(buf), "%016llx", (unsigned long long)h);
+    return std::string(buf);
+  };
+  if (own.empty()) {
+    // zprun makes a random id per job and gives it every rank.
+    const std::string zprunId = envString("ZP_UNIQUE_ID");
+    if (!zprunId.empty()) out = "zprun " + digest(zprunId).substr(0, 12);
+    for (const char* v : {"SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                          "TORCHELASTIC_RUN_ID", "LSB_JOBID", "PBS_JOBID"}) {
+      const std::string value = envString(v);
+      if (!value.empty()) out += (out.empty() ? "" : " ") + std::string(v) + "=" + value;
+    }
+  }
+  if (out.size() >= sizeof(JoinHeader::job)) out = out.substr(0, 60) + "... (" + digest(out) + ")";
+  return out;
 }
 
 sockaddr_storage idAddress(const IdLayout& id) {
@@ -456,6 +527,7 @@ zpResult_t bootstrapExchange(const IdLayout& id, int nranks, const RankInfo& min
   h.nranks = nranks;
   h.timeoutMs = timeoutMs;
   h.info = mine;
+  snprintf(h.job, sizeof(h.job), "%s", jobIdentity().c_str());
   JoinReply reply;
   // The root may evict this connection before reading it (strangers flood
   // it): it then says so, and the rank connects again within its timeout.

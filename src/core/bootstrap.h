@@ -2,7 +2,15 @@
 // rank's identity. The root (started by zpGetUniqueId, or by rank 0 for
 // torchrun-style ids) accepts one TCP connection per rank, checks each
 // connection's secret, and once all nranks have joined sends every rank the
-// whole table. Connections that present a wrong secret, a wrong header or
+// whole table.
+//
+// One id given to two jobs (a file of ids shared by mistake) must not make
+// one communicator of ranks of both. Each rank presents its job (jobIdentity:
+// what its launcher says about the job); a rank of another job than the
+// first rank's, a rank number that joins twice, or another nranks fails the
+// rendezvous for every rank that joined, and the root then refuses the
+// id's latecomers for a while with the same message, so that every rank of
+// both jobs fails saying why. Connections that present a wrong secret, a wrong header or
 // garbage are dropped (logged at most once a second); they never block or
 // join the exchange, and while they wait for their header they are bounded
 // and evicted oldest first, so they cannot crowd out a rank (an evicted rank
@@ -80,14 +88,28 @@ struct JoinHeader {
   int32_t nranks;
   int32_t timeoutMs;
   RankInfo info;
+  char job[96];  // jobIdentity(), NUL-terminated
 };
+
+// This process's job as its launcher describes it, alike for every rank of
+// one launch and different between launches: ZP_JOB_ID if set (ranks of one
+// communicator started by separate launches set it alike), else the
+// launcher's job variables (zprun's own id, Slurm's job and step, PMIx's
+// namespace, Open MPI's job, torchrun's run id, LSF's and PBS's job ids).
+// "" when started without a launcher: then only a rank number joining twice
+// tells two jobs apart.
+std::string jobIdentity();
 
 // What the root makes of the first `got` bytes of a connection's header: a
 // stranger (bad magic or secret: dropped), not complete yet, a header that is
-// invalid for this communicator (refused, *why says why), or a rank's valid
-// join. nranks is -1 until the first rank joined; rankFd[r] >= 0 once rank r has.
-enum class JoinCheck { kIncomplete, kStranger, kInvalid, kComplete };
+// invalid for this communicator (refused, *why says why), a rank that cannot
+// be of the same job as those that joined (another job, a rank number
+// joining twice, another nranks: the rendezvous fails for all, *why says
+// why), or a rank's valid join. nranks is -1 until the first rank joined;
+// rankFd[r] >= 0 once rank r has; job: the first rank's header's (null
+// before).
+enum class JoinCheck { kIncomplete, kStranger, kInvalid, kConflict, kComplete };
 JoinCheck checkJoinHeader(const JoinHeader& h, size_t got, const uint8_t secret[16], int nranks,
-                          const std::vector<int>& rankFd, std::string* why);
+                          const std::vector<int>& rankFd, std::string* why, const JoinHeader* first = nullptr);
 
 }  // namespace zp

@@ -111,6 +111,11 @@ const std::vector<Param> kParams = {
    "variables cannot join; without it that secret is derived from those variables. zprun needs none (its "
    "ZP_UNIQUE_ID holds a random secret); Python's zeppelin.init() under torchrun draws one and hands it out "
    "through torchrun's store"},
+  {"ZP_JOB_ID", K::kString, R::kLauncher, "", "",
+   "what tells this rank's job from another started with the same unique id (default: the launcher's job "
+   "variables: zprun's id, SLURM_JOB_ID and SLURM_STEP_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, "
+   "TORCHELASTIC_RUN_ID, LSB_JOBID, PBS_JOBID); the bootstrap root refuses ranks of two jobs. Set it alike on "
+   "every rank when the ranks of one communicator come from separate launches"},
   {"ZP_NODE_RANK", K::kInt, R::kCluster, "", "0..65535", "zprun's emulated cluster: this rank's node"},
   {"ZP_NNODES", K::kInt, R::kCluster, "", "1..65536", "zprun's emulated cluster: the number of nodes"},
   {"ZP_NICS_PER_NODE", K::kInt, R::kCluster, "", "1..1024", "zprun's emulated cluster: NICs of each node"},

@@ -17,6 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int nranks = (int)in.below(10) - 1;
   std::vector<int> rankFd(nranks > 0 ? nranks : 0, -1);
   for (int& fd : rankFd) fd = in.take<uint8_t>() & 1 ? 7 : -1;
+  // The first rank's header: its job, "" or one from the input.
+  zp::JoinHeader first;
+  memset(&first, 0, sizeof(first));
+  for (size_t i = 0, n = in.below(4); i < n; i++) first.job[i] = (char)in.take<uint8_t>();
   zp::JoinHeader h;
   memset(&h, 0, sizeof(h));
   size_t got = 0;
@@ -30,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 1; i < piece; i++) in.take<uint8_t>();
     got += piece;
     std::string why;
-    zp::JoinCheck c = zp::checkJoinHeader(h, got, secret, nranks, rankFd, &why);
+    zp::JoinCheck c = zp::checkJoinHeader(h, got, secret, nranks, rankFd, &why, nranks >= 0 ? &first : nullptr);
     bool knowsSecret = got >= offsetof(zp::JoinHeader, nranks) && memcmp(h.secret, secret, 16) == 0;
     bool rightMagic = got < sizeof(uint32_t) || h.magic == zp::kIdMagic;
     if (c == zp::JoinCheck::kStranger && why.empty()) abort();
@@ -39,8 +43,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (c == zp::JoinCheck::kComplete) {
       if (got != sizeof(h) || h.nranks <= 0 || h.info.rank < 0 || h.info.rank >= h.nranks || h.timeoutMs <= 0) abort();
       if (nranks >= 0 && (h.nranks != nranks || rankFd[h.info.rank] >= 0)) abort();
+      if (strnlen(h.job, sizeof(h.job)) == sizeof(h.job)) abort();
+      if (nranks >= 0 && strcmp(h.job, first.job) != 0) abort();  // a rank of another job let in
     }
-    if (c == zp::JoinCheck::kInvalid && why.empty()) abort();
+    if ((c == zp::JoinCheck::kInvalid || c == zp::JoinCheck::kConflict) && why.empty()) abort();
     if (c != zp::JoinCheck::kIncomplete) break;
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "transport/relay/relay.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "src/core/log.h"
@@ -52,19 +53,51 @@ bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
   switch (seq) {
     case kSeqNicDown: routing_->heardNicDown(text); return true;
     case kSeqRelayAck: onAck(peer, text); return true;
-    case kSeqLeaving: left_.insert(peer); return true;
+    case kSeqLeaving: onLeaving(peer, text); return true;
     case kSeqRailView: routing_->heardRailNews(peer, text); return true;
     default: return false;
   }
 }
 
+void Relay::sayLeaving() {
+  if (leaving_) return;
+  leaving_ = true;
+  // Each peer hears how many point-to-point transfers this rank sent it:
+  // receives of later ones fail there at once (onLeaving).
+  const int me = ctx_.rank;
+  for (int p = 0; p < ctx_.nranks; p++)
+    if (p != me && routing_->directAlive(p)) via(p)->sendStatus(p, kSeqLeaving, zpSuccess, std::to_string(p2pSends_[p]));
+}
+
+void Relay::onLeaving(int peer, const std::string& text) {
+  left_.insert(peer);
+  char* end = nullptr;
+  const unsigned long long sent = strtoull(text.c_str(), &end, 10);
+  if (text.empty() || *end) return;  // a count is all it may say
+  leftSent_[peer] = sent;
+  // Its sends were all acknowledged before it came to destroy, so every
+  // chunk of them is here: a receive of a later one waits for a message
+  // that will never come.
+  for (auto it = deliveries_.begin(); it != deliveries_.end();) {
+    Delivery& d = it->second;
+    const Key& k = it->first;
+    if (std::get<0>(k) == peer && std::get<1>(k) == (uint32_t)OpKind::kP2P && std::get<2>(k) >= sent && d.op &&
+        !d.op->done && !d.seen && d.claimed.empty() && d.early.empty()) {
+      d.op->finish(zpRemoteError, neverSent(peer));
+      it = deliveries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::string Relay::neverSent(int peer) const {
+  return "rank " + std::to_string(peer) + " destroyed the communicator without sending this message";
+}
+
 std::vector<int> Relay::stayFor() {
   const int me = ctx_.rank;
-  if (!leaving_) {
-    leaving_ = true;
-    for (int p = 0; p < ctx_.nranks; p++)
-      if (p != me && routing_->directAlive(p)) via(p)->sendStatus(p, kSeqLeaving, zpSuccess, "");
-  }
+  sayLeaving();
   // Ranks not yet come, else those this rank still relays for.
   std::vector<int> out;
   for (int p = 0; p < ctx_.nranks; p++)
@@ -233,6 +266,11 @@ bool Relay::pump() {
 }
 
 void Relay::recv(Op* op, uint64_t xfer) {
+  auto left = leftSent_.find(op->peer);
+  if (left != leftSent_.end() && op->kind == OpKind::kP2P && xfer >= left->second) {
+    op->finish(zpRemoteError, neverSent(op->peer));
+    return;
+  }
   start();
   Key key(op->peer, (uint32_t)op->kind, xfer);
   Delivery& d = deliveries_[key];

@@ -105,13 +105,22 @@ class Relay : public Transport {
   // rings. Ranks behind a NIC that is down are not waited for: their leaving
   // messages would need relays themselves.
   std::vector<int> stayFor() override;
-  void leave() override {}
+  // A communicator that broke or was aborted skips stayFor: its peers still
+  // hear that this rank left, and stop waiting for it.
+  void leave() override { sayLeaving(); }
   // Sources of routed receives still missing bytes.
   std::vector<int> busyPeers() const override;
   void checkAlive() override {}
   std::string describe(int peer) const override;
 
  private:
+  // Tells every rank it can reach that this rank came to destroy (once):
+  // kSeqLeaving, with the number of point-to-point transfers sent to it.
+  void sayLeaving();
+  // A peer's kSeqLeaving: it waits for nobody any more, and routed receives
+  // of transfers it never sent fail now, later ones when posted.
+  void onLeaving(int peer, const std::string& text);
+  std::string neverSent(int peer) const;
   // A routed send of op along pieces; op finishes when every chunk is acknowledged.
   void send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces);
   // A routed receive; op finishes when every byte has arrived.
@@ -196,6 +205,7 @@ class Relay : public Transport {
   std::vector<char> local_;         // by rank: on this node
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
+  std::map<int, uint64_t> leftSent_;  // of those: the point-to-point transfers each sent this rank
   bool started_ = false;
   std::vector<uint64_t> relaySendSeq_;  // by peer: chunks sent (msgid::chunkSeqs numbers their messages)
   std::vector<uint64_t> relayRecvSeq_;  // by peer: relay messages received

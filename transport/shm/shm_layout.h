@@ -22,8 +22,9 @@
 namespace zp {
 
 // The record format's version is in the low bits: ranks of one node must run
-// the same format (3: a data record may carry its send's meta, MsgHdr::metaLen).
-constexpr uint64_t kSegMagic = 0x5a50534547000003ull;
+// the same format (3: a data record may carry its send's meta, MsgHdr::metaLen;
+// 4: SegHeader::owner).
+constexpr uint64_t kSegMagic = 0x5a50534547000004ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -45,6 +46,7 @@ struct SegHeader {
   uint64_t ringBytes;
   uint64_t ownerBase;  // where the owner mapped this segment (for the cma probe)
   uint64_t probe;
+  uint64_t owner;  // ShmTransport::ownerKey: whose segment of which communicator
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleeping;  // threads of the owner asleep on the doorbell
   alignas(64) std::atomic<uint64_t> sharedWords[CarrierTransport::kSharedWords];  // ShmTransport::sharedWord

@@ -49,6 +49,39 @@ std::string ShmTransport::segName(int rank) const {
   return buf;
 }
 
+uint64_t ShmTransport::ownerKey(int rank) const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the id's secret and the rank
+  for (uint8_t b : ctx_.id->secret) h = (h ^ b) * 0x100000001b3ull;
+  for (int i = 0; i < 4; i++) h = (h ^ (uint8_t)(rank >> (8 * i))) * 0x100000001b3ull;
+  return h;
+}
+
+zpResult_t ShmTransport::createUnnamed(int* out) {
+  // A file of /dev/shm's tmpfs that never has a name: /dev/shm's size
+  // bounds it as before, and nothing is left there however the processes
+  // end (a named segment, until every local rank had opened it, stayed
+  // behind when the whole job was killed then). Local peers open it
+  // through /proc/<pid>/fd/<fd> (mapPeer).
+  int fd = open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE here (a kernel before 3.11, a /dev/shm that is not
+    // tmpfs): a name for as long as it takes to remove it again.
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) shm_unlink(name_.c_str());
+  }
+  if (fd < 0) {
+    const int e = errno;
+    return fail(zpSystemError, "rank %d: cannot create its shared memory in /dev/shm: %s", ctx_.rank, strerror(e));
+  }
+  *out = fd;
+  return zpSuccess;
+}
+
+std::string ShmTransport::address() const {
+  const int64_t fd = fd_;
+  return std::string((const char*)&ctx_.cfg->shmRingBytes, sizeof(uint64_t)) + std::string((const char*)&fd, sizeof(fd));
+}
+
 zpResult_t ShmTransport::init() {
   const TransportContext& c = ctx_;
   const Config& cfg = *c.cfg;
@@ -103,12 +136,8 @@ zpResult_t ShmTransport::init() {
   if (sized && nodeBytes > shmSize)
     return fail(zpSystemError, "rank %d: /dev/shm is too small for shared memory: it holds %s, and %s; %s", c.rank,
                 mib(shmSize).c_str(), needs.c_str(), advice);
-  int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    const int e = errno;
-    return fail(zpSystemError, "rank %d: cannot create its shared memory /dev/shm%s: %s%s", c.rank, name_.c_str(),
-                strerror(e), e == EEXIST ? " (is this unique id used twice?)" : "");
-  }
+  int fd = -1;
+  ZP_CHECK(createUnnamed(&fd));
   // Reserve every page now: ftruncate alone gives a file whose pages tmpfs
   // finds only when they are first touched, and one it cannot back then
   // kills the toucher with SIGBUS.
@@ -117,7 +146,6 @@ zpResult_t ShmTransport::init() {
   }
   if (e != 0) {
     close(fd);
-    shm_unlink(name_.c_str());
     const bool have = statvfs("/dev/shm", &vfs) == 0;
     return fail(zpSystemError,
                 "rank %d: cannot reserve %s of /dev/shm for shared memory: %s; /dev/shm holds %s, %s of it free, and "
@@ -128,9 +156,8 @@ zpResult_t ShmTransport::init() {
   }
   void* base = mmap(nullptr, segBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   e = errno;
-  close(fd);
   if (base == MAP_FAILED) {
-    shm_unlink(name_.c_str());
+    close(fd);
     return fail(zpSystemError, "rank %d: mmap of %zu bytes of shared memory failed: %s", c.rank, segBytes_,
                 strerror(e));
   }
@@ -141,30 +168,33 @@ zpResult_t ShmTransport::init() {
   mine_->ringBytes = ringBytes_;
   mine_->ownerBase = (uint64_t)(uintptr_t)base;
   mine_->probe = kProbeValue;
+  mine_->owner = ownerKey(c.rank);
+  fd_ = fd;  // until every local peer has opened it (connect)
   mine_->ready.store(1, std::memory_order_release);
   return zpSuccess;
 }
 
 zpResult_t ShmTransport::mapPeer(Peer& p) {
   const TransportContext& c = ctx_;
-  const char* name = p.segName.c_str();
+  const char* name = p.segPath.c_str();
   // Every local peer made its segment before the bootstrap round that came
-  // before this: any failure here is final, none means "not there yet".
-  int fd = shm_open(name, O_RDWR, 0);
+  // before this, and keeps it open until every local rank has mapped it:
+  // any failure here is final.
+  int fd = p.segFd >= 0 ? open(name, O_RDWR | O_CLOEXEC) : -1;
   if (fd < 0) {
-    const int e = errno;
-    if (processExited(p.pid, p.pidfd)) {
-      shm_unlink(name);  // it cannot remove its segment any more
-      return fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
-    }
+    const int e = p.segFd >= 0 ? errno : ENOENT;
+    if (processExited(p.pid, p.pidfd)) return fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
     if (e == ENOENT)
       return fail(zpRemoteError,
-                  "rank %d: local rank %d's shared memory /dev/shm%s is gone: that rank gave up its init (its error "
-                  "says why), or it sees another /dev/shm (another container or mount namespace; ZP_NODE_ID tells "
-                  "such ranks apart)",
+                  "rank %d: local rank %d's shared memory %s is gone: that rank gave up its init (its error says "
+                  "why), or it runs in another PID namespace (another container; ZP_NODE_ID tells such ranks apart)",
                   c.rank, p.rank, name);
-    return fail(zpSystemError, "rank %d: cannot open local rank %d's shared memory /dev/shm%s: %s", c.rank, p.rank,
-                name, strerror(e));
+    const bool denied = e == EACCES || e == EPERM;
+    return fail(zpSystemError, "rank %d: cannot open local rank %d's shared memory %s: %s%s", c.rank, p.rank, name,
+                strerror(e),
+                denied ? " (the ranks of a node open each other's segments through /proc: they must run as one "
+                         "user, with a /proc that shows each other's processes)"
+                       : "");
   }
   struct stat st;
   const size_t bytes = fstat(fd, &st) == 0 ? (size_t)st.st_size : 0;
@@ -173,13 +203,15 @@ zpResult_t ShmTransport::mapPeer(Peer& p) {
   const int e = errno;
   close(fd);
   if (base == MAP_FAILED)
-    return fail(zpSystemError, "rank %d: cannot map local rank %d's shared memory /dev/shm%s (%zu bytes): %s", c.rank,
+    return fail(zpSystemError, "rank %d: cannot map local rank %d's shared memory %s (%zu bytes): %s", c.rank,
                 p.rank, name, bytes, bytes >= sizeof(SegHeader) ? strerror(e) : "too small");
   SegHeader* s = (SegHeader*)base;
   zpResult_t res = zpSuccess;
-  if (s->magic != kSegMagic || s->ready.load(std::memory_order_acquire) != 1)
-    res = fail(zpInternalError, "rank %d: local rank %d's shared memory /dev/shm%s is not a segment ready for use",
-               c.rank, p.rank, name);
+  if (s->magic != kSegMagic || s->ready.load(std::memory_order_acquire) != 1 || s->owner != ownerKey(p.rank))
+    res = fail(zpInternalError,
+               "rank %d: %s is not local rank %d's shared memory of this communicator, ready for use (was pid %d "
+               "reused?)",
+               c.rank, name, p.rank, p.pid);
   else if (s->nlocal != local_.size() || s->ringBytes != ringBytes_ || bytes != segBytes_)
     res = fail(zpInternalError,
                "rank %d: local rank %d's shared memory is for %u ranks on this node and %llu-byte rings (%zu bytes), "
@@ -215,14 +247,17 @@ zpResult_t ShmTransport::peerFailed(const Peer& p) const {
 
 zpResult_t ShmTransport::connect(const std::vector<std::string>& addresses) {
   std::vector<uint64_t> ringBytes(addresses.size(), 0);
+  std::vector<int64_t> fds(addresses.size(), -1);
   for (size_t r = 0; r < addresses.size(); r++)
-    if (addresses[r].size() == sizeof(uint64_t)) memcpy(&ringBytes[r], addresses[r].data(), sizeof(uint64_t));
-  return connect(ringBytes);
+    if (addresses[r].size() == sizeof(uint64_t) + sizeof(int64_t)) {
+      memcpy(&ringBytes[r], addresses[r].data(), sizeof(uint64_t));
+      memcpy(&fds[r], addresses[r].data() + sizeof(uint64_t), sizeof(int64_t));
+    }
+  return connect(ringBytes, fds);
 }
 
-zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
+zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes, const std::vector<int64_t>& fds) {
   const TransportContext& c = ctx_;
-  connecting_ = true;
   if (!mine_) {  // alone on its node
     connected_ = true;
     return zpSuccess;
@@ -246,7 +281,8 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
     np.localIdx = (int)i;
     np.pid = (*c.ranks)[np.rank].pid;
     np.pidfd = pidfdOpen(np.pid);
-    np.segName = segName(np.rank);
+    np.segFd = fds[np.rank] >= 0 && fds[np.rank] <= INT32_MAX ? (int)fds[np.rank] : -1;
+    np.segPath = "/proc/" + std::to_string(np.pid) + "/fd/" + std::to_string(np.segFd);
     res = mapPeer(np);
     if (res != zpSuccess) {
       if (np.pidfd >= 0) close(np.pidfd);
@@ -272,8 +308,8 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
     mine_->cmaOkFrom[p.localIdx] = canRead ? 1 : 0;
     p.seg->mappedBy[myLocalIdx_].store(1, std::memory_order_release);
   }
-  // Wait until every local peer has mapped this segment; then its name can go,
-  // so that nothing is left in /dev/shm however the processes end.
+  // Wait until every local peer has mapped this segment; then nobody needs
+  // its descriptor any more.
   // Only a peer that has not mapped it yet can hold this up; one that has may
   // already have finished its init and left. A peer whose init failed says
   // so in its segment: then the communicator cannot form.
@@ -284,7 +320,6 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
       if (mine_->mappedBy[p.localIdx].load(std::memory_order_acquire)) continue;
       all = false;
       if (processExited(p.pid, p.pidfd)) {
-        shm_unlink(p.segName.c_str());  // it cannot remove its segment any more
         res = fail(zpRemoteError, "rank %d (pid %d) died during init", p.rank, p.pid);
         break;
       }
@@ -300,7 +335,8 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
     publishFailure(lastError());
     return res;
   }
-  shm_unlink(name_.c_str());
+  close(fd_);
+  fd_ = -1;
   connected_ = true;
 
   const Config& cfg = *c.cfg;
@@ -319,25 +355,15 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
 }
 
 ShmTransport::~ShmTransport() {
-  if (mine_ && !connected_) {
-    // Init failed here, so the communicator cannot form: peers still
-    // waiting for this rank stop at once.
-    publishFailure("rank " + std::to_string(ctx_.rank) + " gave up its init");
-    // Failed before connect: so did every rank (the bootstrap round between
-    // failed, or told of a failure), and none maps a segment any more. The
-    // names of the node's segments go, also those of peers that died after
-    // making theirs, which they cannot remove any more.
-    if (!connecting_)
-      for (int r : local_) shm_unlink(segName(r).c_str());
-  }
+  // Init failed here, so the communicator cannot form: peers still waiting
+  // for this rank stop at once.
+  if (mine_ && !connected_) publishFailure("rank " + std::to_string(ctx_.rank) + " gave up its init");
+  if (fd_ >= 0) close(fd_);
   for (Peer& p : peers_) {
     if (p.seg) munmap(p.seg, p.segBytes);
     if (p.pidfd >= 0) close(p.pidfd);
   }
-  if (mine_) {
-    munmap(mine_, segBytes_);
-    shm_unlink(name_.c_str());  // in case init failed before unlinking
-  }
+  if (mine_) munmap(mine_, segBytes_);
 }
 
 }  // namespace zp

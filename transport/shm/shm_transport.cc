@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sched.h>
-#include <sys/mman.h>  // shm_unlink
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -335,9 +334,6 @@ void ShmTransport::checkAlive() {
     if (p.gone || p.bye || !processExited(p.pid, p.pidfd)) continue;
     // A peer that said goodbye before exiting left cleanly.
     drainCtrl(p);
-    // If it died before its init finished, its segment still has a name,
-    // which it cannot remove any more.
-    shm_unlink(p.segName.c_str());
     if (!p.bye)
       peerGone(p, zpRemoteError, "rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) + ") died",
                true);

@@ -76,13 +76,18 @@ class ShmTransport : public CarrierTransport {
   // communicator does this before the ranks' last bootstrap round, so that
   // a rank that cannot (no room in /dev/shm) tells every rank there.
   static zpResult_t create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out);
+  // The segment has no name in /dev/shm (so a killed job leaves nothing
+  // there): the peers open it through /proc/<pid>/fd/<fd>, its owner keeping
+  // the descriptor open until every local peer has mapped it.
   // After that round, when every local peer's segment exists: maps every
   // peer's, and returns once all have mapped each other. ringBytes: every
-  // rank's ZP_SHM_RING_BYTES, from that round.
-  zpResult_t connect(const std::vector<uint64_t>& ringBytes);
-  // The same from every rank's address: its ZP_SHM_RING_BYTES (address()).
+  // rank's ZP_SHM_RING_BYTES, fds: every rank's segment's descriptor, from
+  // that round.
+  zpResult_t connect(const std::vector<uint64_t>& ringBytes, const std::vector<int64_t>& fds);
+  // The same from every rank's address (address()).
   zpResult_t connect(const std::vector<std::string>& addresses) override;
-  static std::string address(uint64_t ringBytes) { return std::string((const char*)&ringBytes, sizeof(ringBytes)); }
+  // What the peers need: this rank's ZP_SHM_RING_BYTES and its segment's descriptor.
+  std::string address() const;
   ~ShmTransport();
 
   void post(Op* op) override;
@@ -146,7 +151,8 @@ class ShmTransport : public CarrierTransport {
     int localIdx = -1;
     pid_t pid = 0;
     int pidfd = -1;
-    std::string segName;       // its name in /dev/shm
+    int segFd = -1;            // its segment's descriptor in its process
+    std::string segPath;       // where this rank opens it: /proc/<pid>/fd/<segFd>
     SegHeader* seg = nullptr;  // the peer's segment, mapped here
     size_t segBytes = 0;
     Lane lane[kLanes];
@@ -187,7 +193,14 @@ class ShmTransport : public CarrierTransport {
   bool othersRunnable();
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
-  std::string segName(int rank) const;  // a rank's segment's name in /dev/shm
+  // A rank's segment's name in /dev/shm, for the moment it has one where
+  // O_TMPFILE is not supported (createUnnamed).
+  std::string segName(int rank) const;
+  // This rank's segment, as a file of /dev/shm without a name: *fd.
+  zpResult_t createUnnamed(int* fd);
+  // What a rank's segment holds in SegHeader::owner (from the id's secret
+  // and the rank): a segment opened through /proc is checked to be it.
+  uint64_t ownerKey(int rank) const;
   // Maps p's segment and checks that it matches this rank's.
   zpResult_t mapPeer(Peer& p);
   // This rank's init failed after its segment was made: peers waiting for
@@ -235,7 +248,7 @@ class ShmTransport : public CarrierTransport {
   int myLocalIdx_ = -1;
   std::vector<int> local_;  // the ranks of this node
   uint64_t ringBytes_ = 0;
-  bool connecting_ = false;  // connect was called
+  int fd_ = -1;              // this rank's segment, until every local peer has mapped it
   bool connected_ = false;   // and succeeded
   std::vector<Peer> peers_;
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
