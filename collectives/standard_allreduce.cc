@@ -36,10 +36,13 @@ zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header
   const int n = c->nranks(), me = c->rank();
   const zpDataType_t wt = workType(a.dtype);
   const size_t bytes = a.count * zpTypeSize(wt);
-  // Rank r's message at r * stride: its header, then its data.
-  const HeaderSlots s{scratch(kScratchAcc0, (sizeof(Header) + bytes) * n), sizeof(Header) + bytes};
+  // Rank r's message at r * stride: its header, then its data, padded to
+  // 8 bytes so that every header stays aligned (the pad travels, zeroed).
+  const size_t stride = (sizeof(Header) + bytes + alignof(Header) - 1) / alignof(Header) * alignof(Header);
+  const HeaderSlots s{scratch(kScratchAcc0, stride * n), stride};
   auto data = [&](int r) { return s.base + (size_t)r * s.stride + sizeof(Header); };
   s.at(me) = mine;
+  memset(data(me) + bytes, 0, stride - sizeof(Header) - bytes);
   if (isHalf(a.dtype))
     toWork(a.send, data(me), a.count, a.dtype);
   else
