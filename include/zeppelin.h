@@ -189,7 +189,11 @@ zpResult_t zpGetParam(const char* name, const char** value);
  * the ranks of one communicator meet at (a thread that ends once they have). */
 zpResult_t zpGetUniqueId(zpUniqueId* uniqueId);
 /* Collective over nranks processes sharing one id. Blocks until all have
- * joined or the timeout expires. */
+ * joined or the timeout expires. The settings that choose the collectives'
+ * algorithms and messages (ZP_COLL_ALGO, ZP_COLL_RING_ABOVE, ZP_COLL_SLICE,
+ * ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW, and the zpConfig_t fields that set them)
+ * must be the same on every rank: if not, init fails on every rank with
+ * zpInvalidUsage naming the setting and both values. */
 zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank);
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank,
                                 zpConfig_t* config);
