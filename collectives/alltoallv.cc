@@ -80,12 +80,43 @@ std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], cons
   return rows;
 }
 
+// The type-size word of the row of a rank that refused its own arguments
+// (it takes part with this row, its counts 0, so that every rank learns of
+// it from the matrix; see refuseAlltoallv).
+constexpr uint64_t kRefusedRow = ~uint64_t(0);
+std::vector<uint64_t> refusedMatrix(const Comm* c) {
+  std::vector<uint64_t> rows((size_t)c->nranks() * countRowLen(c->nranks()), 0);
+  rows[(size_t)c->rank() * countRowLen(c->nranks()) + 2 * (size_t)c->nranks()] = kRefusedRow;
+  return rows;
+}
+
+// Once every rank has every row: if any rank refused, every rank says so
+// (a status round, the same on every rank, brings the first refusing
+// rank's reason) and fails the call: this rank with its own error if it
+// refused (code, why), the others with zpInvalidUsage naming the first
+// refusing rank and its reason. zpSuccess if nobody refused.
+zpResult_t settleRefusals(Comm* c, uint64_t seq, const std::vector<uint64_t>& rows, zpResult_t code,
+                          const std::string& why) {
+  const int n = c->nranks();
+  bool refused = false;
+  for (int r = 0; r < n; r++) refused |= rows[(size_t)r * countRowLen(n) + 2 * (size_t)n] == kRefusedRow;
+  if (!refused) return zpSuccess;
+  std::string mine;
+  if (code != zpSuccess) {
+    mine = why;
+    if (mine.compare(0, 13, "zpAlltoallv: ") == 0) mine.erase(0, 13);
+    mine = "rank " + std::to_string(c->rank()) + " refused zpAlltoallv: " + mine;
+  }
+  const zpResult_t all = c->agreeOnResult(seq, code == zpSuccess ? zpSuccess : zpInvalidUsage, mine);
+  if (code != zpSuccess) return fail(code, "%s", why.c_str());
+  return all;
+}
+
 // The whole count matrix at every rank.
-zpResult_t gatherCounts(Comm* c, uint64_t seq, const size_t sendcounts[], const size_t recvcounts[], size_t ts,
-                        std::vector<uint64_t>* rows) {
+// rows: this rank's row filled in (countMatrix, or refusedMatrix).
+zpResult_t gatherCounts(Comm* c, uint64_t seq, std::vector<uint64_t>* rows) {
   const int n = c->nranks(), me = c->rank();
   const size_t rowLen = countRowLen(n);
-  *rows = countMatrix(c, sendcounts, recvcounts, ts);
   uint64_t* mine = rows->data() + (size_t)me * rowLen;
   std::deque<Op> ops;
   for (int i = 1; i < n; i++) {
@@ -130,8 +161,9 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
                            const size_t sdispls[], void* recvbuff, const size_t recvcounts[], const size_t rdispls[],
                            size_t ts) {
   const int n = c->nranks(), me = c->rank();
-  std::vector<uint64_t> rows;
-  ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
+  std::vector<uint64_t> rows = countMatrix(c, sendcounts, recvcounts, ts);
+  ZP_CHECK(gatherCounts(c, seq, &rows));
+  ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
   ZP_CHECK(checkCounts(c, rows));
 
   const std::vector<Transfer>* plan = nullptr;
@@ -324,8 +356,9 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
   const int n = c->nranks(), me = c->rank();
   Routing* routing = c->routing();
   if (routing || c->cfg().checkDeviceCalls) {
-    std::vector<uint64_t> rows;
-    ZP_CHECK(gatherCounts(c, seq, sendcounts, recvcounts, ts, &rows));
+    std::vector<uint64_t> rows = countMatrix(c, sendcounts, recvcounts, ts);
+    ZP_CHECK(gatherCounts(c, seq, &rows));
+    ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
     ZP_CHECK(checkCounts(c, rows));
     if (routing)
       return deviceRouted(c, routing, rows, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
@@ -349,11 +382,12 @@ zpResult_t deviceAlltoallv(Comm* c, uint64_t seq, const void* sendbuff, const si
 
 }  // namespace
 
-zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
-                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
-                     void* stream) {
+namespace {
+
+// This rank's own arguments: zpInvalidArgument naming the first bad one.
+zpResult_t checkArgs(const Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                     const void* recvbuff, const size_t recvcounts[], const size_t rdispls[], size_t ts) {
   const int n = c->nranks();
-  const size_t ts = zpTypeSize(dtype);
   std::vector<Range> sendRanges, recvRanges;
   ZP_CHECK(checkSide("send", sendbuff, sendcounts, sdispls, n, ts, &sendRanges));
   ZP_CHECK(checkSide("recv", recvbuff, recvcounts, rdispls, n, ts, &recvRanges));
@@ -375,6 +409,63 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
                   "supported)",
                   recvRanges[j].peer, sendRanges[i].peer);
   }
+  return zpSuccess;
+}
+
+}  // namespace
+
+zpResult_t refuseAlltoallv(Comm* c, zpResult_t code, const std::string& why, void* stream) {
+  const int n = c->nranks();
+  if (n == 1 || (stream && !c->routing() && !c->cfg().checkDeviceCalls)) return fail(code, "%s", why.c_str());
+  const uint64_t seq = c->nextCollSeq();  // the same number as the peers' call
+  std::vector<uint64_t> rows = refusedMatrix(c);
+  if (stream || c->routing()) {  // the peers gather the count matrix first
+    ZP_CHECK(gatherCounts(c, seq, &rows));
+    return settleRefusals(c, seq, rows, code, why);
+  }
+  // The peers exchange data (and, up to kCountsInBand ranks, their rows as
+  // its meta): this rank sends and takes empty messages, with its row, which
+  // every peer's receive from it reads (a receive of another size is
+  // refused and writes nothing, and the rows come ahead of the data).
+  const bool inBand = n <= kCountsInBand;
+  const uint32_t rowBytes = (uint32_t)(countRowLen(n) * sizeof(uint64_t));
+  std::vector<Op> ops(2 * (size_t)(n - 1));
+  std::vector<Op*> ptrs;
+  for (int i = 1; i < n; i++) {
+    const int to = (c->rank() + i) % n, from = (c->rank() - i + n) % n;
+    Op& s = ops[2 * (i - 1)];
+    s = Op(OpKind::kAlltoallv, true, to, nullptr, 0, 1);
+    Op& r = ops[2 * (i - 1) + 1];
+    r = Op(OpKind::kAlltoallv, false, from, nullptr, 0, 1);
+    if (inBand) {
+      s.meta = &rows[(size_t)c->rank() * countRowLen(n)];
+      s.metaBytes = rowBytes;
+      r.meta = &rows[(size_t)from * countRowLen(n)];
+      r.metaBytes = rowBytes;
+    }
+    ptrs.push_back(&s);
+    ptrs.push_back(&r);
+  }
+  const zpResult_t res = c->runOps(ptrs);
+  if (res != zpSuccess && res != zpInvalidUsage) return fail(code, "%s", why.c_str());  // broken: this rank's error first
+  if (c->asyncError() != zpSuccess) return fail(code, "%s", why.c_str());
+  std::string mine = why;
+  if (mine.compare(0, 13, "zpAlltoallv: ") == 0) mine.erase(0, 13);
+  if (inBand) return settleRefusals(c, seq, rows, code, why);
+  // Above kCountsInBand ranks the peers agree on the outcome by status
+  // messages: the first failing rank's (a peer before this one may report
+  // the count mismatch this rank's empty messages made instead).
+  (void)c->agreeOnResult(seq, zpInvalidUsage, "rank " + std::to_string(c->rank()) + " refused zpAlltoallv: " + mine);
+  return fail(code, "%s", why.c_str());
+}
+
+zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], const size_t sdispls[],
+                     void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
+                     void* stream) {
+  const int n = c->nranks();
+  const size_t ts = zpTypeSize(dtype);
+  const zpResult_t bad = checkArgs(c, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+  if (bad != zpSuccess) return refuseAlltoallv(c, bad, lastError(), stream);
 
   uint64_t seq = c->nextCollSeq();
   if (stream) return deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
@@ -413,6 +504,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError() != zpSuccess) return res;
   if (inBand) {
+    ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
     ZP_CHECK(checkCounts(c, rows));
     return res;
   }

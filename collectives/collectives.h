@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,15 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
                      void* recvbuff, const size_t recvcounts[], const size_t rdispls[], zpDataType_t dtype,
                      void* stream);
 
+// A zpAlltoallv whose arguments this rank refused (code, why: its own
+// error), under the communicator's lock: where the peers' call exchanges
+// anything on the host (host buffers; device buffers under
+// ZP_CHECK_MODE=full or with routing on), this rank takes part with a row
+// that says it refused, so that every rank fails the call (the others with
+// zpInvalidUsage naming this rank and why) and the next call lines up.
+// Returns code with why.
+zpResult_t refuseAlltoallv(Comm* comm, zpResult_t code, const std::string& why, void* stream);
+
 // alltoallv's count matrix, every rank's row [sendcounts..., recvcounts...,
 // type size, rail report] as gathered from the peers (the rail report:
 // Routing::railReport, 0 without routing): zpInvalidUsage (the same on
@@ -41,6 +51,14 @@ zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 // by the caller), then rings on host buffers, or (a stream) NCCL's own
 // collective on the StreamTransport.
 zpResult_t collective(Comm* comm, const CollArgs& args, void* stream);
+// A standard collective of this kind whose arguments this rank refused
+// (code, why: its own error), called under the communicator's lock where
+// the call would have compared headers (a host call, or ZP_CHECK_MODE=full):
+// it still takes part in the header round with a header that says so, so
+// that every rank fails this call (the others with zpInvalidUsage naming
+// this rank and why) and the next call finds every rank in step. Returns
+// code with why.
+zpResult_t refuseCollective(Comm* comm, CollKind kind, zpResult_t code, const std::string& why);
 // Lower-case names for messages and logs ("float32", "sum"; "?" if invalid).
 const char* typeName(zpDataType_t t);
 const char* opName(zpRedOp_t op);

@@ -3,11 +3,13 @@
 // families of algorithms.
 //
 // Every call starts with each rank's header (which collective, count,
-// datatype, op, root, a hash of the v calls' recvcounts) sent to every other
-// rank: a rank that differs makes the call zpInvalidUsage on every rank,
-// naming it, before any data moves. The exchange is also zpBarrier. A small
-// all-reduce on one node sends its header with its data instead, in one
-// round (fusedAllReduce).
+// datatype, op, root, the v calls' recvcounts) sent to every other rank and
+// compared exactly: a rank that differs makes the call zpInvalidUsage on
+// every rank, naming it, before any data moves; a rank that refused its own
+// arguments still sends one, saying so, and every rank fails the call with
+// its reason (refuseCollective). The exchange is also zpBarrier. A small
+// all-reduce on one node sends its header with its data, in one round
+// (fusedAllReduce): the header first, so that data is never taken for one.
 //
 // Then, by the bytes each rank holds (ZP_COLL_RING_ABOVE; ZP_COLL_ALGO
 // forces one family):
@@ -69,18 +71,16 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   using namespace detail;
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
-  Header mine{(uint64_t)a.kind | (a.forSplit ? kSplitHeader : 0), a.count, (uint64_t)a.dtype, (uint64_t)a.op,
-              (uint64_t)a.root, 0};
-  // (the hierarchical all-reduce's slices and the hierarchical all-gather's
-  // and reduce-scatter's rail slices depend on the routing settings too)
-  const Config& cfg = c->cfg();
-  for (uint64_t v : {(uint64_t)cfg.collAlgo, (uint64_t)cfg.collRingAbove, (uint64_t)cfg.collSliceBytes,
-                     (uint64_t)cfg.routing, (uint64_t)cfg.routeDirectBelow})
-    mine.settings = hashStep(mine.settings, v);
+  Header mine;
+  mine.kind = (uint64_t)a.kind | (a.forSplit ? kSplitHeader : 0);
+  mine.count = a.count;
+  mine.dtype = (uint64_t)a.dtype;
+  mine.op = (uint64_t)a.op;
+  mine.root = (uint64_t)a.root;
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];
-    mine.countsHash = hashCounts(a.counts, n);
+    mine.countWords = (uint64_t)n;
   }
   // A host call always compares (it waits on its peers anyway); a device
   // call only with ZP_CHECK_MODE=full, since the exchange makes the host wait
@@ -88,7 +88,7 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
   // GPU: a mismatch fails on every rank before anything is enqueued, instead
   // of hanging the device.
   if (!stream && fusesCheck(c, a)) return fusedAllReduce(c, a, seq, mine);
-  if (!stream || cfg.checkDeviceCalls) ZP_CHECK(checkHeaders(c, seq, mine));
+  if (!stream || c->cfg().checkDeviceCalls) ZP_CHECK(checkHeaders(c, seq, mine, isV(a.kind) ? a.counts : nullptr));
   if (a.kind == CollKind::kBarrier || (isV(a.kind) ? mine.count : a.count) == 0) return zpSuccess;
   if (stream) return c->enqueueCollectiveOnStream(a, stream);
 

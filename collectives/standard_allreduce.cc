@@ -12,16 +12,17 @@ namespace zp {
 namespace detail {
 
 // ---- Small all-reduces on one node: the header check and the data in one round ----
-// Each rank sends its header's digest (as the message's meta) and its data
-// to every other rank at once, checks every digest, then reduces the n
-// blocks in rank order: one round where the header check and recursive
-// doubling take 1 + log2(n), and the same bits on every rank. Nothing is
-// written before the digests agree, so a mismatch is still zpInvalidUsage
-// on every rank, naming the calls (settleHeaders; a count that differs also
-// makes the messages' sizes differ: the transport refuses the data, the
-// digests still came ahead; a rank in another collective's header check
-// sends its digest as data, not meta: checkHeaders says how that differs
-// too). Up to kFusedBytes of the work type per rank.
+// Each rank sends one message, its header followed by its data, to every
+// other rank at once, checks every header, then reduces the n blocks in
+// rank order: one round where the header check and recursive doubling take
+// 1 + log2(n), and the same bits on every rank. Nothing is written before
+// the headers agree, so a mismatch is still zpInvalidUsage on every rank,
+// naming the calls (settleHeaders). The header leads the message as in
+// every header round, so a peer in another collective's header round reads
+// this rank's header, never its data, and this rank reads that peer's (a
+// message of another size is refused and its header counts as missing:
+// the second round names the calls). Up to kFusedBytes of the work type
+// per rank.
 constexpr size_t kFusedBytes = 4096;
 
 bool fusesCheck(Comm* c, const CollArgs& a) {
@@ -34,37 +35,30 @@ bool fusesCheck(Comm* c, const CollArgs& a) {
 zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine) {
   const int n = c->nranks(), me = c->rank();
   const zpDataType_t wt = workType(a.dtype);
-  const size_t ws = zpTypeSize(wt), bytes = a.count * ws;
-  HeaderLists& l = headerLists();
-  std::vector<uint64_t>& digests = startDigests(c, mine);
-  char* blocks = scratch(kScratchAcc0, bytes * n);  // rank r's data at r * bytes
+  const size_t bytes = a.count * zpTypeSize(wt);
+  // Rank r's message at r * stride: its header, then its data, padded to
+  // 8 bytes so that every header stays aligned (the pad travels, zeroed).
+  const size_t stride = (sizeof(Header) + bytes + alignof(Header) - 1) / alignof(Header) * alignof(Header);
+  const HeaderSlots s{scratch(kScratchAcc0, stride * n), stride};
+  auto data = [&](int r) { return s.base + (size_t)r * s.stride + sizeof(Header); };
+  s.at(me) = mine;
+  memset(data(me) + bytes, 0, stride - sizeof(Header) - bytes);
   if (isHalf(a.dtype))
-    toWork(a.send, blocks + me * bytes, a.count, a.dtype);
+    toWork(a.send, data(me), a.count, a.dtype);
   else
-    memcpy(blocks + me * bytes, a.send, bytes);
-  std::vector<Op>& ops = l.ops;
-  ops.clear();
-  for (int i = 1; i < n; i++) {
-    const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.emplace_back(OpKind::kCollective, true, to, blocks + me * bytes, bytes, ws);
-    ops.back().meta = &digests[me];
-    ops.back().metaBytes = sizeof(uint64_t);
-    ops.emplace_back(OpKind::kCollective, false, from, blocks + from * bytes, bytes, ws);
-    ops.back().meta = &digests[from];
-    ops.back().metaBytes = sizeof(uint64_t);
-  }
+    memcpy(data(me), a.send, bytes);
   // A peer that failed or died is that error; a message of the wrong size
-  // (zpInvalidUsage) is explained by the digests, which came ahead of it.
-  ZP_CHECK(settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, msgid::collectiveXfer(seq, 0))));
-  std::vector<const char*>& in = l.in;
+  // (zpInvalidUsage) leaves its header missing, which the second round explains.
+  ZP_CHECK(settleHeaders(c, seq, s, runHeaderRound(c, headerOps(c, s), msgid::collectiveXfer(seq, 0))));
+  std::vector<const char*>& in = headerLists().in;
   in.resize(n);
-  for (int r = 0; r < n; r++) in[r] = blocks + r * bytes;
-  reduceMany(blocks, in, a.count, wt, a.op);
-  finishAvg(blocks, a.count, wt, a.op, n);
+  for (int r = 0; r < n; r++) in[r] = data(r);
+  reduceMany(data(0), in, a.count, wt, a.op);
+  finishAvg(data(0), a.count, wt, a.op, n);
   if (isHalf(a.dtype))
-    fromWork(blocks, a.recv, a.count, a.dtype);
+    fromWork(data(0), a.recv, a.count, a.dtype);
   else
-    memcpy(a.recv, blocks, bytes);
+    memcpy(a.recv, data(0), bytes);
   return zpSuccess;
 }
 

@@ -1,6 +1,8 @@
 // The header check: every rank's call (which collective, count, datatype,
-// op, root, settings) sent to every other rank and compared, before any data
-// moves; and the names of datatypes and ops for its messages.
+// op, root, a v call's recvcounts, whether it refused its arguments) sent to
+// every other rank and compared exactly, before any data moves; and the
+// names of datatypes and ops for its messages.
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,8 @@ namespace zp {
 namespace detail {
 
 namespace {
+
+static_assert(sizeof(size_t) == sizeof(uint64_t), "recvcounts travel as 64-bit words");
 
 const char* kindName(CollKind k) {
   switch (k) {
@@ -27,6 +31,22 @@ const char* kindName(CollKind k) {
   return "collective";
 }
 
+// The API call a header's kind stands for, as a refusing rank's messages name it.
+const char* apiName(uint64_t kind) {
+  if (kind & kSplitHeader) return "zpCommSplit";
+  switch ((CollKind)kind) {
+    case CollKind::kAllReduce: return "zpAllReduce";
+    case CollKind::kBroadcast: return "zpBroadcast";
+    case CollKind::kReduce: return "zpReduce";
+    case CollKind::kAllGather: return "zpAllGather";
+    case CollKind::kReduceScatter: return "zpReduceScatter";
+    case CollKind::kBarrier: return "zpBarrier";
+    case CollKind::kAllGatherv: return "zpAllGatherv";
+    case CollKind::kReduceScatterv: return "zpReduceScatterv";
+  }
+  return "a collective";
+}
+
 bool reduces(CollKind k) {
   return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter ||
          k == CollKind::kReduceScatterv;
@@ -38,64 +58,88 @@ std::string describe(const Header& h) {
   std::string s = kindName(k);
   if (k == CollKind::kBarrier) return s;
   s += " of " + std::to_string(h.count) + " " + typeName((zpDataType_t)h.dtype);
-  if (isV(k)) s += " in all, split by recvcounts with hash " + std::to_string(h.countsHash % 100000);
+  if (isV(k)) s += " in all, split by recvcounts";
   if (reduces(k)) s += std::string(" (") + opName((zpRedOp_t)h.op) + ")";
   if (k == CollKind::kBroadcast || k == CollKind::kReduce) s += " to root " + std::to_string(h.root);
   return s;
 }
 
-// zpInvalidUsage naming the first rank whose call differs from rank 0's, if any.
-zpResult_t compareHeaders(int me, const std::vector<Header>& all) {
-  // A rank whose header never came sent a message of another size: it is
-  // in another call.
-  auto name = [&](size_t r) { return all[r].kind == kNoHeader ? std::string("another collective") : describe(all[r]); };
-  for (size_t r = 1; r < all.size(); r++)
-    if (!(all[r] == all[0]))
-      return fail(zpInvalidUsage, "rank %d: rank 0 calls %s but rank %zu calls %s", me, name(0).c_str(), r,
+// The second round's record: a rank's header and, if it refused its
+// arguments, why (its own error message, cut to fit).
+struct Verdict {
+  Header h;
+  char why[448];
+};
+
+bool came(const Header& h) { return h.magic == kHeaderMagic; }
+
+// The error every rank returns once the second round has brought every
+// rank's verdict: a refusing rank its own; the others the first refusing
+// rank's reason; else the first call that differs from rank 0's (by its
+// header, then by its recvcounts where round one brought them).
+zpResult_t explain(int me, const std::vector<Verdict>& v, const HeaderSlots& s, zpResult_t refusedCode) {
+  const int n = (int)v.size();
+  if (v[me].h.refused) return fail(refusedCode, "%s", v[me].why);
+  for (int r = 0; r < n; r++) {
+    if (!came(v[r].h) || !v[r].h.refused) continue;
+    std::string why = v[r].why;
+    const std::string prefix = std::string(apiName(v[r].h.kind)) + ": ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    return fail(zpInvalidUsage, "rank %d: rank %d refused %s: %s", me, r, apiName(v[r].h.kind), why.c_str());
+  }
+  // A rank whose record never came is in another call.
+  auto name = [&](int r) { return came(v[r].h) ? describe(v[r].h) : std::string("another collective"); };
+  for (int r = 1; r < n; r++)
+    if (!came(v[r].h) || !came(v[0].h) || !v[r].h.sameCall(v[0].h))
+      return fail(zpInvalidUsage, "rank %d: rank 0 calls %s but rank %d calls %s", me, name(0).c_str(), r,
                   name(r).c_str());
-  for (size_t r = 1; r < all.size(); r++)
-    if (all[r].settings != all[0].settings)
-      return fail(zpInvalidUsage, "rank %d: ranks 0 and %zu choose collective algorithms differently (ZP_COLL_ALGO, "
-                  "ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW must be the same on every rank)",
-                  me, r);
-  return zpSuccess;
+  const int ref = came(s.at(0)) ? 0 : me;  // rank 0's recvcounts, if they came here
+  for (int r = 0; r < n; r++)
+    for (uint64_t i = 0; came(s.at(r)) && i < v[r].h.countWords; i++)
+      if (s.counts(r)[i] != s.counts(ref)[i])
+        return fail(zpInvalidUsage, "rank %d: rank %d calls %s with recvcounts[%llu]=%llu but rank %d calls %s with "
+                    "recvcounts[%llu]=%llu", me, ref, describe(v[0].h).c_str(), (unsigned long long)i,
+                    (unsigned long long)s.counts(ref)[i], r, describe(v[0].h).c_str(), (unsigned long long)i,
+                    (unsigned long long)s.counts(r)[i]);
+  return fail(zpInvalidUsage, "rank %d: the ranks' calls differ (a rank called another operation)", me);
+}
+
+// Round one of a header check from this rank's header (and a v call's
+// recvcounts, or zeros without them), then settleHeaders.
+zpResult_t headerRound(Comm* c, uint64_t seq, const Header& mine, const size_t* counts, zpResult_t refusedCode,
+                       const std::string& refusedWhy) {
+  const size_t words = sizeof(Header) / sizeof(uint64_t) + mine.countWords;
+  std::vector<uint64_t>& buf = headerLists().slots;
+  buf.resize(words * (size_t)c->nranks());
+  const HeaderSlots s{(char*)buf.data(), words * sizeof(uint64_t)};
+  s.at(c->rank()) = mine;
+  uint64_t* mc = (uint64_t*)s.counts(c->rank());
+  for (uint64_t i = 0; i < mine.countWords; i++) mc[i] = counts ? counts[i] : 0;
+  return settleHeaders(c, seq, s, runHeaderRound(c, headerOps(c, s), msgid::collectiveXfer(seq, 0)), refusedCode,
+                       refusedWhy);
 }
 
 }  // namespace
 
 bool isV(CollKind k) { return k == CollKind::kAllGatherv || k == CollKind::kReduceScatterv; }
 
-uint64_t hashCounts(const size_t* counts, int n) {  // FNV-1a over the counts' bytes
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int i = 0; i < n; i++)
-    for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)counts[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-  return h;
-}
-
 HeaderLists& headerLists() { return PerThread<HeaderLists>::get(); }
 
-uint64_t digestOf(const Header& h) {
-  uint64_t d = 0;
-  for (uint64_t v : {h.kind, h.count, h.dtype, h.op, h.root, h.countsHash, h.settings}) d = hashStep(d, v);
-  return d == kNoDigest ? 1 : d;
-}
-
-zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine) {
+std::vector<Op>& headerOps(Comm* c, const HeaderSlots& s) {
   const int n = c->nranks(), me = c->rank();
-  std::vector<uint64_t>& digests = startDigests(c, mine);
   std::vector<Op>& ops = headerLists().ops;
   ops.clear();
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.emplace_back(OpKind::kCollective, true, to, &digests[me], sizeof(uint64_t), 1);
-    ops.emplace_back(OpKind::kCollective, false, from, &digests[from], sizeof(uint64_t), 1);
+    s.at(from).magic = 0;  // a receive that is refused (another size) writes nothing
+    ops.emplace_back(OpKind::kCollective, true, to, &s.at(me), s.stride, 1);
+    ops.emplace_back(OpKind::kCollective, false, from, &s.at(from), s.stride, 1);
   }
-  // A peer in a fused all-reduce (one node) sends its digest as meta, which
-  // this receive does not take: its place stays kNoDigest, or the data of
-  // the one size that fits is taken for a digest; either way it differs, on
-  // both sides, and the second round names the calls. A message of another
-  // size is refused here (zpInvalidUsage), and explained the same way.
-  return settleHeaders(c, seq, mine, digests, runHeaderRound(c, ops, msgid::collectiveXfer(seq, 0)));
+  return ops;
+}
+
+zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine, const size_t* counts) {
+  return headerRound(c, seq, mine, counts, zpSuccess, std::string());
 }
 
 zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
@@ -119,40 +163,51 @@ zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
   return r;
 }
 
-std::vector<uint64_t>& startDigests(Comm* c, const Header& mine) {
-  std::vector<uint64_t>& digests = headerLists().digests;
-  digests.assign(c->nranks(), kNoDigest);
-  digests[c->rank()] = digestOf(mine);
-  return digests;
-}
-
-zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests,
-                         zpResult_t moved) {
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const HeaderSlots& s, zpResult_t moved, zpResult_t refusedCode,
+                         const std::string& refusedWhy) {
   if (moved != zpSuccess && moved != zpInvalidUsage) return moved;
   const int n = c->nranks(), me = c->rank();
-  bool same = true;
-  for (uint64_t d : digests) same &= d == digests[me];
-  if (same) return moved;
-  // The second round: every rank's full header, to name what differs.
-  HeaderLists& l = headerLists();
-  std::vector<Header>& all = l.all;
-  all.assign(n, Header{});
-  for (Header& h : all) h.kind = kNoHeader;
-  all[me] = mine;
+  // A message out of order (a send nobody received) broke the communicator:
+  // that is the error, not the calls.
+  if (c->asyncError() != zpSuccess)
+    return fail(c->asyncError(), "rank %d: the communicator is broken: %s", me, c->asyncMessage().c_str());
+  const Header& mine = s.at(me);
+  bool agreed = !mine.refused;
+  for (int r = 0; r < n && agreed; r++) {
+    const Header& h = s.at(r);
+    agreed = came(h) && !h.refused && h.sameCall(mine) &&
+             memcmp(s.counts(r), s.counts(me), mine.countWords * sizeof(uint64_t)) == 0;
+  }
+  if (agreed) return moved;
+  // The second round: every rank's header and reason, to name what differs.
+  std::vector<Verdict> v(n);
+  v[me].h = mine;
+  snprintf(v[me].why, sizeof(v[me].why), "%s", refusedWhy.c_str());
   std::vector<Op> ops;
   for (int i = 1; i < n; i++) {
     const int to = (me + i) % n, from = (me - i + n) % n;
-    ops.emplace_back(OpKind::kCollective, true, to, &all[me], sizeof(Header), 1);
-    ops.emplace_back(OpKind::kCollective, false, from, &all[from], sizeof(Header), 1);
+    v[from].h.magic = 0;
+    ops.emplace_back(OpKind::kCollective, true, to, &v[me], sizeof(Verdict), 1);
+    ops.emplace_back(OpKind::kCollective, false, from, &v[from], sizeof(Verdict), 1);
   }
-  const zpResult_t headers = run(c, ops, msgid::collectiveXfer(seq, kStepHeaders));
-  if (headers != zpSuccess && headers != zpInvalidUsage) return headers;
-  ZP_CHECK(compareHeaders(me, all));
-  // Digests that differ while the headers agree: a header that never came.
-  return fail(zpInvalidUsage, "rank %d: the ranks' calls differ (a rank called another operation)", me);
+  const zpResult_t verdicts = run(c, ops, msgid::collectiveXfer(seq, kStepHeaders));
+  if (verdicts != zpSuccess && verdicts != zpInvalidUsage) return verdicts;
+  for (Verdict& x : v) x.why[sizeof(x.why) - 1] = 0;  // a peer's text, ended here
+  return explain(me, v, s, refusedCode);
 }
 
 }  // namespace detail
+
+zpResult_t refuseCollective(Comm* c, CollKind kind, zpResult_t code, const std::string& why) {
+  using namespace detail;
+  const uint64_t seq = c->nextCollSeq();  // the same number as the peers' call
+  if (c->nranks() == 1) return fail(code, "%s", why.c_str());
+  Header mine;
+  mine.kind = (uint64_t)kind;
+  mine.countWords = isV(kind) ? (uint64_t)c->nranks() : 0;
+  mine.refused = 1;
+  return headerRound(c, seq, mine, nullptr, code, why);
+}
 
 const char* opName(zpRedOp_t op) {
   switch (op) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -40,54 +41,71 @@ inline size_t routedFrom(const Comm* c) {
 zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uint64_t>* lanes = nullptr);
 
 // ---- The header check (standard_check.cc) ----
-// count: the v calls' total of recvcounts (their per-rank counts agree
-// when countsHash does).
-// settings: the ones that choose the algorithm, which must agree too.
+// Every rank's call, compared field by field (never by a hash) before any
+// data moves. A header is always the first bytes of its message and is
+// written here, never by the user: a round's message is a Header, then the
+// v calls' recvcounts, then (the fused all-reduce) the data. So user data
+// only ever follows a header and can never be taken for one, whatever
+// message of whatever call it meets. The settings that choose the
+// algorithms are compared at init (src/core/peer_info.h), not here.
+constexpr uint64_t kHeaderMagic = 0x5a50484452000002ull;  // a header that came (its slot holds 0 until then)
 struct Header {
-  uint64_t kind, count, dtype, op, root, countsHash, settings = 0;
-  bool operator==(const Header& o) const {
+  uint64_t magic = kHeaderMagic;
+  uint64_t kind = 0;  // a CollKind, with kSplitHeader for zpCommSplit's all-gather
+  uint64_t count = 0;  // the v calls: the total of recvcounts
+  uint64_t dtype = 0, op = 0, root = 0;
+  uint64_t countWords = 0;  // the v calls: nranks (the recvcounts that follow), else 0
+  // This rank refused its own arguments: it takes part in the round so that
+  // every rank fails this call with its reason (the second round's) and
+  // the next call runs.
+  uint64_t refused = 0;
+  bool sameCall(const Header& o) const {
     return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root &&
-           countsHash == o.countsHash;
+           countWords == o.countWords;
   }
 };
+static_assert(sizeof(Header) % 8 == 0, "data after a header stays 8-byte aligned");
 
 // all-gatherv, reduce-scatterv.
 bool isV(CollKind k);
-uint64_t hashCounts(const size_t* counts, int n);  // FNV-1a over the counts' bytes
 
 // A header's kind carries this bit for zpCommSplit's own all-gather.
 constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
 
-// The check goes in two rounds, the second only where the calls differ.
-// First every rank sends every other its header's digest (8 bytes: a
-// barrier's message, or a small all-reduce's with its data, the digest as
-// its meta, stays one record of shared memory). If any digest differs from
-// this rank's, then every rank sees one that differs from its own, so
-// every rank goes on to the second round, where the full headers go and
-// the error names the calls that differ.
-uint64_t digestOf(const Header& h);
-// The digest of a header that never came (its place is set to this first).
-constexpr uint64_t kNoDigest = 0;
-// zpInvalidUsage on every rank unless every rank's header is mine.
-zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine);
-// The calling thread's digest list for a check: kNoDigest for every rank but
-// this one, which has mine's.
-std::vector<uint64_t>& startDigests(Comm* c, const Header& mine);
-// After the first round moved the digests (digests[r]: rank r's) with
-// result `moved`: a peer's failure (anything but zpInvalidUsage) as it is;
-// else, if any digest is not mine, the second round and the error that
-// names the calls; else `moved` (zpInvalidUsage there is a message of
-// another size that the digests do not explain).
-zpResult_t settleHeaders(Comm* c, uint64_t seq, const Header& mine, const std::vector<uint64_t>& digests,
-                         zpResult_t moved);
-// The header exchange's lists (every rank's digest and, in the second
-// round, header, the ops, the fused all-reduce's inputs), kept from call
-// to call on the calling thread: a barrier or a small all-reduce allocates
-// nothing.
+// One round's messages, rank r's at base + r * stride: a Header, its
+// recvcounts (countWords of them), and whatever follows.
+struct HeaderSlots {
+  char* base;
+  size_t stride;
+  Header& at(int r) const { return *(Header*)(base + (size_t)r * stride); }
+  const uint64_t* counts(int r) const { return (const uint64_t*)(base + (size_t)r * stride + sizeof(Header)); }
+};
+
+// The check goes in one round when the calls agree: every rank sends every
+// other its header (and a v call's recvcounts) and compares what comes
+// exactly with its own. If any differs, never came, or refuses, then every
+// rank sees one that is not its own accepted call, so every rank goes on to
+// a second round of fixed-size records (each rank's header and, if it
+// refused, its reason), where the error names the refusing rank and its
+// reason, or the calls that differ.
+// zpInvalidUsage on every rank unless every rank's call is mine (counts: a
+// v call's recvcounts, else null).
+zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine, const size_t* counts);
+// After the first round moved slots s (this rank's own at s.at(me)) with
+// result `moved`: a peer's failure (anything but zpInvalidUsage) or a
+// broken communicator as it is; else, unless every slot holds this rank's
+// call, accepted, the second round and the error; else `moved`
+// (zpInvalidUsage there is a message of another size that the headers do
+// not explain). refusedCode: this rank's own error when it refused (its
+// message is refusedWhy).
+zpResult_t settleHeaders(Comm* c, uint64_t seq, const HeaderSlots& s, zpResult_t moved,
+                         zpResult_t refusedCode = zpSuccess, const std::string& refusedWhy = std::string());
+// The header exchange's lists (the slots, the ops, the fused all-reduce's
+// inputs), kept from call to call on the calling thread: a barrier or a
+// small all-reduce allocates nothing.
 struct HeaderLists {
-  std::vector<uint64_t> digests;
+  std::vector<uint64_t> slots;
   std::vector<uint64_t> arrivedUs;  // when each peer's header came (runHeaderRound)
-  std::vector<Header> all;
   std::vector<Op> ops;
   std::vector<const char*> in;
 };
@@ -96,24 +114,16 @@ HeaderLists& headerLists();
 // header arrived; the arrivals of a round that succeeded go to the
 // communicator's WaitStats, which may name a rank that lags (one WARN line).
 zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id);
-// The kind of a header that never came (its place is set to this first).
-constexpr uint64_t kNoHeader = ~uint64_t(0);
+// The ops of a round in which this rank sends its slot to every peer and
+// receives each peer's into its slot (every slot's magic cleared first).
+std::vector<Op>& headerOps(Comm* c, const HeaderSlots& s);
 
 // A small all-reduce on one node, its header check fused into its one round
 // (standard_allreduce.cc); false if this call is not one.
 bool fusesCheck(Comm* c, const CollArgs& a);
 zpResult_t fusedAllReduce(Comm* c, const CollArgs& a, uint64_t seq, const Header& mine);
 
-// SplitMix64's mixer: the settings' hash in the header, the split's secret.
-// One step of a header's hash (its digest, its settings): for any v it maps
-// d one to one (an xor, an odd multiplier, a shift-xor), so two headers that
-// differ in one field always hash apart; a multiply where splitmix takes two
-// (every collective hashes its header).
-inline uint64_t hashStep(uint64_t d, uint64_t v) {
-  d = (d ^ v) * 0x9E3779B97F4A7C15ull;
-  return d ^ (d >> 32);
-}
-
+// SplitMix64: the split's secret.
 inline uint64_t splitmix(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

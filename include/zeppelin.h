@@ -154,7 +154,32 @@ typedef struct {
         ZP_CONFIG_UNDEF_INT                                                 \
   }
 
-/* ---- Errors and version ---- */
+/* ---- Errors and version ----
+ * A call refuses bad arguments with zpInvalidArgument. Where the call is
+ * collective and its communicator and kind are known, the refusal is
+ * collective too: a standard collective (zpAllReduce ... zpBarrier) on host
+ * buffers, or on device buffers under ZP_CHECK_MODE=full, and zpAlltoallv
+ * (host buffers; device buffers under ZP_CHECK_MODE=full or with routing on
+ * across nodes), still takes part in the call's check of arguments across
+ * ranks, saying that it refused and why. That rank returns its own
+ * zpInvalidArgument; every other rank returns zpInvalidUsage with "rank R
+ * refused zpAllReduce: <its reason>" and writes nothing; and the next call
+ * runs normally on every rank. Like the call itself, such a refusal waits
+ * for the peers to make their call. Refused at once, on this rank only:
+ * a NULL, destroyed or foreign comm (no communicator to agree on), a call
+ * made inside zpGroupStart / zpGroupEnd (it is not queued; the group's other
+ * calls run at zpGroupEnd, and peers whose group holds the call fail there,
+ * as in any group that differs), and a device call under the default
+ * ZP_CHECK_MODE=local, which exchanges nothing on the host: there, as in
+ * NCCL, the peers' device call waits on the device for this rank's part,
+ * which never comes (ZP_CHECK_MODE=full to fail on every rank instead).
+ * Point-to-point calls refuse on their own rank only (a receive that refuses
+ * a message of another size writes nothing; the sender's call may succeed).
+ * A message sent to a rank that then calls something else (an eager send
+ * nobody receives before the next collective) leaves the two ranks' message
+ * streams out of step for good: the receiving rank reports it (the unmatched
+ * message's sender, kind and position) and the communicator breaks on every
+ * rank (zpCommGetAsyncError), as after any error that desynchronizes it. */
 const char* zpGetErrorString(zpResult_t result);
 /* The message of the last failed call on comm (from any thread), or, with
  * comm NULL, of the last error this thread saw: what was wrong, with the
@@ -173,7 +198,11 @@ zpResult_t zpGetParam(const char* name, const char** value);
  * the ranks of one communicator meet at (a thread that ends once they have). */
 zpResult_t zpGetUniqueId(zpUniqueId* uniqueId);
 /* Collective over nranks processes sharing one id. Blocks until all have
- * joined or the timeout expires. */
+ * joined or the timeout expires. The settings that choose the collectives'
+ * algorithms and messages (ZP_COLL_ALGO, ZP_COLL_RING_ABOVE, ZP_COLL_SLICE,
+ * ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW, and the zpConfig_t fields that set them)
+ * must be the same on every rank: if not, init fails on every rank with
+ * zpInvalidUsage naming the setting and both values. */
 zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank);
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank,
                                 zpConfig_t* config);

@@ -522,8 +522,9 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
     ZP_EXPECT_ERROR(zpInvalidUsage, zpBroadcast(send.data(), recv.data(), 100, zpFloat32, odd ? 1 : 0, comm, nullptr));
     ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
                                         : zpAllGather(send.data(), recv.data(), 25, zpFloat32, comm, nullptr));
-    // A small all-reduce (one round, its digest as meta) against a barrier
-    // (its digest as 8 bytes of data): 8 bytes of data on both sides.
+    // A small all-reduce (one round, its header and then its data) against
+    // a barrier (its header alone): messages of two sizes, refused both
+    // ways, and the second round names the calls.
     ZP_EXPECT_ERROR(zpInvalidUsage, odd ? zpBarrier(comm, nullptr)
                                         : zpAllReduce(send.data(), recv.data(), 2, zpFloat32, zpSum, comm, nullptr));
     EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 0 calls allreduce of 2 float32 (sum) but rank 2 calls barrier"),
@@ -533,7 +534,8 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
     std::vector<size_t> counts = {1, 2, 3, 4};
     if (odd) counts = {1, 3, 2, 4};
     ZP_EXPECT_ERROR(zpInvalidUsage, zpReduceScatterv(send.data(), recv.data(), counts.data(), zpFloat32, zpSum, comm, nullptr));
-    EXPECT_NE(std::string(zpGetLastError(comm)).find("rank 2 calls reducescatterv"), std::string::npos)
+    EXPECT_NE(std::string(zpGetLastError(comm)).find("recvcounts[1]=2 but rank 2 calls reducescatterv"),
+              std::string::npos)
         << zpGetLastError(comm);
     const size_t displs[] = {0, 1, 4, 7};
     ZP_EXPECT_ERROR(zpInvalidUsage, zpAllGatherv(send.data(), counts[rank], recv.data(), counts.data(), displs,
@@ -546,17 +548,86 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
   }));
 }
 
+// A small all-reduce's data can never be taken for a peer's header. Rank 1
+// makes a one-rank-node all-reduce (which sends its header and its data in
+// one message) whose data is crafted to look like rank 0's all-gather
+// header: one int64 equal to the 64-bit digest by which headers used to be
+// compared (the same formula, computed here), and eight int64 equal to the
+// whole header as it is now laid out. Rank 0's all-gather must not succeed
+// with that data as rank 1's header: both ranks fail with zpInvalidUsage
+// naming both calls, nothing is written, and the next call runs.
+TEST(CollectiveErrors, DataCanNeverPassForAHeader) {
+  auto step = [](uint64_t d, uint64_t v) {
+    d = (d ^ v) * 0x9E3779B97F4A7C15ull;
+    return d ^ (d >> 32);
+  };
+  // The old digest of an all-gather of one int64 with the default settings.
+  uint64_t settings = 0;
+  for (uint64_t v : std::initializer_list<uint64_t>{0, 256u << 10, 1u << 20, 2, 512u << 10}) settings = step(settings, v);
+  uint64_t digest = 0;
+  for (uint64_t v : std::initializer_list<uint64_t>{3 /* allgather */, 1, (uint64_t)zpInt64, 0, 0, 0, settings})
+    digest = step(digest, v);
+  // The header as laid out now (collectives/standard_internal.h).
+  const std::vector<uint64_t> header = {0x5a50484452000002ull, 3, 1, (uint64_t)zpInt64, 0, 0, 0, 0};
+  for (const std::vector<uint64_t>& forged : {std::vector<uint64_t>{digest}, header}) {
+    zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+      zptest::setTimeoutSeconds(20);
+      zpComm_t comm = zptest::initComm(rank, nranks, id);
+      GuardedBuffer recv(forged.size() * 8 * nranks);
+      zpResult_t r;
+      if (rank == 0) {
+        const int64_t mine = 42;
+        r = zpAllGather(&mine, recv.data(), 1, zpInt64, comm, nullptr);
+      } else {
+        r = zpAllReduce(forged.data(), recv.data(), forged.size(), zpInt64, zpSum, comm, nullptr);
+      }
+      const std::string msg = zpGetLastError(comm);
+      EXPECT_EQ(r, zpInvalidUsage) << "rank " << rank << " took data for a header";
+      EXPECT_NE(msg.find("rank 0 calls allgather of 1 int64 but rank 1 calls allreduce of " +
+                         std::to_string(forged.size()) + " int64 (sum)"),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(recv.writtenBytes() + recv.guardBytesWritten(), 0u) << "a refused call wrote";
+      ZP_EXPECT_OK(zpBarrier(comm, nullptr));
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    }));
+  }
+}
+
 // One rank cuts the hierarchical all-reduce into other slices
-// (ZP_COLL_SLICE): its messages would not match the others', so every rank
-// refuses the call before anything moves, saying which settings must agree.
-TEST(CollectiveErrors, SettingsThatChooseTheAlgorithmMustAgree) {
-  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
-    if (rank == 1) setenv("ZP_COLL_SLICE", "64K", 1);
-    zpComm_t comm = zptest::initComm(rank, nranks, id);
-    GuardedBuffer send(400), recv(400);
-    ZP_EXPECT_ERROR(zpInvalidUsage, zpAllReduce(send.data(), recv.data(), 100, zpFloat32, zpSum, comm, nullptr));
-    EXPECT_NE(std::string(zpGetLastError(comm)).find("ZP_COLL_SLICE"), std::string::npos) << zpGetLastError(comm);
-    EXPECT_EQ(recv.writtenBytes() + recv.guardBytesWritten(), 0u) << "a refused call wrote";
+// (ZP_COLL_SLICE), or relays from another size: its messages would not match
+// the others', so init fails on every rank, naming the setting and both
+// values, before any call runs. The values are compared exactly, not by a
+// hash: 1050378 against 1090457 bytes (a pair whose 64-bit settings hash,
+// together with another field, could be matched) and direct-below values
+// near 2.6e14 fail like any other.
+TEST(CollectiveErrors, SettingsThatChooseTheAlgorithmMustAgreeAtInit) {
+  struct Case {
+    const char *name, *mine, *others, *shown;
+  };
+  for (const Case& k : {Case{"ZP_COLL_SLICE", "64K", "1090457", "65536 bytes"},
+                        Case{"ZP_COLL_SLICE", "1050378", "1090457", "1050378 bytes"},
+                        Case{"ZP_ROUTE_DIRECT_BELOW", "260000000000001", "260000000000000", "260000000000001 bytes"},
+                        Case{"ZP_COLL_ALGO", "ring", "auto", "ring"}}) {
+    zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+      setenv(k.name, rank == 1 ? k.mine : k.others, 1);
+      zpComm_t comm = nullptr;
+      ZP_EXPECT_ERROR(zpInvalidUsage, zpCommInitRank(&comm, nranks, id, rank));
+      const std::string msg = zpGetLastError(nullptr);
+      EXPECT_NE(msg.find(std::string(k.name) + " is " + k.shown + " on rank 1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::string("but ") + k.others), std::string::npos) << msg;
+      EXPECT_EQ(comm, nullptr);
+    }));
+  }
+  // The same settings everywhere, by zpConfig_t on one rank and the
+  // environment on the others, make one communicator.
+  zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpConfig_t cfg = ZP_CONFIG_INITIALIZER;
+    if (rank == 0) cfg.routing = zpRoutingOff;
+    else setenv("ZP_ROUTING", "off", 1);
+    zpComm_t comm = nullptr;
+    ZP_ASSERT_OK(zpCommInitRankConfig(&comm, nranks, id, rank, &cfg));
+    ZP_EXPECT_OK(zpBarrier(comm, nullptr));
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }
@@ -583,6 +654,78 @@ TEST(CollectiveErrors, BadArgumentsAreRefusedBeforeAnythingMoves) {
     ZP_EXPECT_ERROR(zpInvalidArgument, zpReduceScatterv(buf, nullptr, counts, zpFloat32, zpSum, comm, nullptr));
     // None of those moved anything: the ranks are still in step.
     ZP_EXPECT_OK(zpBarrier(comm, nullptr));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
+// One rank refuses its own arguments (a wrong in-place offset, overlapping
+// buffers, a NULL array, a root out of range) while the others make the
+// valid call: the refusing rank still takes part in the header round, so
+// it returns its own zpInvalidArgument and every other rank zpInvalidUsage
+// naming it and its reason, nothing is written, and the next calls run on
+// every rank with the right results (the ranks stay in step). Small calls
+// (the fused all-reduce on the others' side) and large ones, and the v calls.
+TEST(CollectiveErrors, OneRanksRefusedCallFailsOnEveryRankWithItsReasonAndTheNextCallRuns) {
+  struct Case {
+    const char* fn;
+    const char* reason;  // part of the refusing rank's message
+    size_t count;
+    // The call, on rank `rank`; bad: this rank spoils its arguments.
+    std::function<zpResult_t(zpComm_t, int rank, int n, bool bad, float* send, float* recv, size_t count)> call;
+  };
+  const std::vector<Case> cases = {
+      {"zpAllGather", "not the in-place form", 64,
+       [](zpComm_t comm, int rank, int n, bool bad, float* send, float* recv, size_t count) {
+         // In place, but at the next rank's block instead of this rank's.
+         float* in = bad ? recv + (size_t)((rank + 1) % n) * count : send;
+         return zpAllGather(in, recv, count, zpFloat32, comm, nullptr);
+       }},
+      {"zpAllReduce", "overlap", 64,  // small: the others fuse the header with the data
+       [](zpComm_t comm, int, int, bool bad, float* send, float* recv, size_t count) {
+         return zpAllReduce(bad ? recv + 1 : send, recv, count, zpFloat32, zpSum, comm, nullptr);
+       }},
+      {"zpAllReduce", "overlap", 100000,
+       [](zpComm_t comm, int, int, bool bad, float* send, float* recv, size_t count) {
+         return zpAllReduce(bad ? recv + 1 : send, recv, count, zpFloat32, zpSum, comm, nullptr);
+       }},
+      {"zpReduceScatterv", "recvcounts is NULL", 1000,
+       [](zpComm_t comm, int, int n, bool bad, float* send, float* recv, size_t count) {
+         std::vector<size_t> counts(n, count);
+         return zpReduceScatterv(send, recv, bad ? nullptr : counts.data(), zpFloat32, zpSum, comm, nullptr);
+       }},
+      {"zpBroadcast", "root 7 is not a rank", 10,
+       [](zpComm_t comm, int, int, bool bad, float* send, float* recv, size_t count) {
+         return zpBroadcast(send, recv, count, zpFloat32, bad ? 7 : 0, comm, nullptr);
+       }},
+  };
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(20);  // out of step, the next call would fail or wait, not this one
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(k.fn) + " of " + std::to_string(k.count));
+      std::vector<float> send(k.count * n, 1.0f);
+      GuardedBuffer recv(k.count * n * sizeof(float));
+      zp::clearLastError();
+      const zpResult_t r = k.call(comm, rank, n, rank == 1, send.data(), (float*)recv.data(), k.count);
+      const std::string msg = zpGetLastError(comm);
+      if (rank == 1) {
+        EXPECT_EQ(r, zpInvalidArgument) << msg;
+        EXPECT_NE(msg.find(k.reason), std::string::npos) << msg;
+      } else {
+        EXPECT_EQ(r, zpInvalidUsage) << msg;
+        EXPECT_NE(msg.find(std::string("rank 1 refused ") + k.fn + ": "), std::string::npos) << msg;
+        EXPECT_NE(msg.find(k.reason), std::string::npos) << msg;
+        EXPECT_EQ(recv.writtenBytes() + recv.guardBytesWritten(), 0u) << "a refused call wrote";
+      }
+      // The next call runs everywhere, with the right sum.
+      std::vector<float> x(k.count, float(rank + 1)), sum(k.count, 0.0f);
+      ZP_EXPECT_OK(zpAllReduce(x.data(), sum.data(), k.count, zpFloat32, zpSum, comm, nullptr));
+      EXPECT_EQ(sum[0], float(n * (n + 1) / 2));
+      EXPECT_EQ(sum[k.count - 1], float(n * (n + 1) / 2));
+    }
+    zpResult_t async = zpInternalError;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpSuccess) << "a refused call does not break the communicator";
     ZP_EXPECT_OK(zpCommDestroy(comm));
   }));
 }

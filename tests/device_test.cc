@@ -817,6 +817,38 @@ TEST(DeviceErrors, MismatchedCountsAreInvalidUsageOnEveryRank) {
   }));
 }
 
+// Under ZP_CHECK_MODE=full a device call that one rank refuses (host memory
+// with a stream) takes part in the host's header round: that rank returns
+// zpInvalidArgument, the others zpInvalidUsage naming it and its reason,
+// nothing is enqueued, and the next device call runs on every rank.
+TEST(DeviceErrors, ARefusedCallFailsOnEveryRankUnderFullChecks) {
+  SKIP_WITHOUT_DEVICE();
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int nranks, const zpUniqueId& id) {
+    zpComm_t comm = initDeviceComm(rank, nranks, id);
+    const size_t count = 1000;
+    float* dev = nullptr;
+    CUDA_OK(cudaMalloc((void**)&dev, count * sizeof(float)));
+    std::vector<float> host(count, float(rank + 1));
+    CUDA_OK(cudaMemcpy(dev, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    zp::clearLastError();
+    const zpResult_t r =
+        zpAllReduce(dev, rank == 1 ? (void*)host.data() : (void*)dev, count, zpFloat32, zpSum, comm, stream);
+    const std::string msg = zpGetLastError(comm);
+    EXPECT_EQ(r, rank == 1 ? zpInvalidArgument : zpInvalidUsage) << msg;
+    EXPECT_NE(msg.find("is host memory"), std::string::npos) << msg;
+    if (rank != 1) EXPECT_NE(msg.find("rank 1 refused zpAllReduce: "), std::string::npos) << msg;
+    ZP_EXPECT_OK(zpAllReduce(dev, dev, count, zpFloat32, zpSum, comm, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaMemcpy(host.data(), dev, count * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(host[count - 1], float(nranks * (nranks + 1) / 2)) << "the refused call moved data, or the next did not";
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaFree(dev));
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
 // A rank dies with device work of its peers enqueued on it: the peers learn
 // of it from zpCommGetAsyncError within the timeout, and zpCommAbort ends
 // the device work that waits for the dead rank (the stream drains).

@@ -829,6 +829,112 @@ TEST(OrderErrors, EagerSendThenAlltoallvAgainstAlltoallvFirstReachesEveryRank) {
 
 TEST(OrderErrors, LargeSendThenAlltoallvAgainstAlltoallvFirstReachesEveryRank) { differentOrders(3, 1 << 20); }
 
+// One rank refuses its zpAlltoallv arguments (overlapping receive ranges, a
+// NULL count array, an invalid datatype) while the others make a valid
+// call, with small (eager) and large (single-copy) blocks: the refusing
+// rank still takes part with empty messages carrying a row that says it
+// refused, so it returns its own zpInvalidArgument, every other rank
+// zpInvalidUsage naming it and its reason, nothing lands outside the
+// receive ranges, and the next alltoallv works on every rank.
+TEST(ArgErrors, OneRanksRefusedAlltoallvFailsOnEveryRankWithItsReasonAndTheNextCallRuns) {
+  struct Case {
+    const char* reason;
+    size_t count;  // elements to and from every peer
+    std::function<zpResult_t(A2AArgs&, zpComm_t)> bad;
+  };
+  const std::vector<Case> cases = {
+      {"receive ranges for ranks", 4,
+       [](A2AArgs& a, zpComm_t comm) {
+         a.rd[1] = a.rd[0];
+         return a.call(comm);
+       }},
+      {"sendcounts is NULL", 20000,
+       [](A2AArgs& a, zpComm_t comm) {
+         return zpAlltoallv(a.send.data(), nullptr, a.sd.data(), a.recv.data(), a.rc.data(), a.rd.data(), zpFloat32,
+                            comm, nullptr);
+       }},
+      {"invalid datatype 42", 4, [](A2AArgs& a, zpComm_t comm) { return a.call(comm, (zpDataType_t)42); }},
+  };
+  uint64_t seed = zptest::testCaseSeed();
+  auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    zptest::setTimeoutSeconds(20);
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    for (const Case& k : cases) {
+      SCOPED_TRACE(k.reason);
+      A2AArgs a(n);
+      for (int p = 0; p < n; p++) {
+        a.sc[p] = a.rc[p] = k.count;
+        a.sd[p] = a.rd[p] = (size_t)p * k.count;
+      }
+      a.send.assign(k.count * n, 1.0f);
+      a.recv.assign(k.count * n + 8, -1.0f);
+      zp::clearLastError();
+      const zpResult_t r = rank == 1 ? k.bad(a, comm) : a.call(comm);
+      const std::string msg = zpGetLastError(comm);
+      if (rank == 1) {
+        EXPECT_EQ(r, zpInvalidArgument) << msg;
+        EXPECT_TRUE(contains(msg, k.reason)) << msg;
+      } else {
+        EXPECT_EQ(r, zpInvalidUsage) << msg;
+        EXPECT_TRUE(contains(msg, "rank 1 refused zpAlltoallv: ")) << msg;
+        EXPECT_TRUE(contains(msg, k.reason)) << msg;
+        for (size_t i = k.count * n; i < a.recv.size(); i++) ASSERT_EQ(a.recv[i], -1.0f) << "written past the ranges";
+      }
+      zptest::checkedAlltoallv(comm, rank, zptest::randomCounts(n, seed, 3000, 0.1), zpInt32, seed);
+    }
+    zpResult_t async = zpInternalError;
+    ZP_EXPECT_OK(zpCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, zpSuccess);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
+// Rank 1 sends an eager message nobody receives, then every rank calls a
+// collective (small, fused with its header, and large). Rank 0 meets the
+// unmatched message where the collective's header should be: the two
+// ranks' message streams are out of step for good, so rank 0's call fails
+// naming what happened (a send/recv message from rank 1, and its position),
+// the communicator is marked broken on every rank (zpCommGetAsyncError;
+// a rank whose part of the call was already done may return success from
+// it), and every later call fails at once with that error instead of
+// failing anew as "another collective".
+TEST(OrderErrors, UnmatchedEagerSendIsReportedAndBreaksTheCommunicatorOnEveryRank) {
+  for (size_t count : {(size_t)16, (size_t)100000}) {
+    zptest::Shared<Finished> finished;
+    auto exits = zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+      zptest::setTimeoutSeconds(20);
+      zpComm_t comm = zptest::initComm(rank, n, id);
+      std::vector<uint8_t> msg(64, 1);
+      if (rank == 1) ZP_EXPECT_OK(zpSend(msg.data(), msg.size(), zpUint8, 0, comm, nullptr));  // eager: it returns
+      std::vector<float> x(count, 1.0f);
+      zp::clearLastError();
+      const zpResult_t r = zpAllReduce(x.data(), x.data(), count, zpFloat32, zpSum, comm, nullptr);
+      const std::string text = zpGetLastError(comm);
+      if (rank == 0) {
+        EXPECT_EQ(r, zpInvalidUsage) << text;
+        EXPECT_TRUE(contains(text, "rank 1 sent its message #0 (send/recv) while rank 0 expected message #0 "
+                                   "(collective)")) << text;
+      }
+      zpResult_t async = zpSuccess;
+      EXPECT_TRUE(zptest::waitFor([&] { return zpCommGetAsyncError(comm, &async) == zpSuccess && async != zpSuccess; },
+                                  10))
+          << "rank " << rank << ": the communicator is not marked broken";
+      EXPECT_EQ(async, zpInvalidUsage) << "rank " << rank;
+      // Later calls fail at once with the communicator's error.
+      zp::clearLastError();
+      EXPECT_NE(zpBarrier(comm, nullptr), zpSuccess) << "rank " << rank;
+      EXPECT_TRUE(contains(zpGetLastError(comm), "rank 1 sent its message #0 (send/recv)"))
+          << "rank " << rank << ": " << zpGetLastError(comm);
+      EXPECT_FALSE(contains(zpGetLastError(comm), "another collective")) << zpGetLastError(comm);
+      finished->ranks++;
+      EXPECT_TRUE(zptest::waitFor([&] { return finished->ranks == n; }, 100));
+      zpCommAbort(comm);
+    });
+    zptest::expectAllOk(exits);
+  }
+}
+
 }  // namespace
 
 namespace {

@@ -61,6 +61,8 @@
 //            with every element right (possible only for a rank whose part
 //            was done when the victim died), write nothing outside its
 //            buffers, and abort or destroy its communicator;
+//   refusal  rank 1 refuses its arguments in collectives and alltoallv that
+//            the others call validly (refusalMode);
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
 //            left, and every rank must get an error (not hang) within
 //            ZP_TIMEOUT, from the transfer or from an alltoallv after it.
@@ -138,6 +140,61 @@ std::string sendRecvError(zpComm_t comm, int rank, int n, int shift, uint64_t se
   return "";
 }
 
+// The end of a mode: err (empty if all went right) printed and the
+// communicator aborted, else destroyed and "ok" printed; the exit code.
+int finishMode(zpComm_t comm, int rank, int n, const std::string& err) {
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
+    zpCommAbort(comm);
+    return 1;
+  }
+  if (zpCommDestroy(comm) != zpSuccess) {
+    fprintf(stderr, "rank %d: zpCommDestroy failed: %s\n", rank, zpGetLastError(nullptr));
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
+// ZP_TEST_MODE=refusal: rank 1 refuses its own arguments (overlapping
+// buffers) in an all-reduce, small and large, and in an alltoallv, while
+// every other rank makes the valid call: rank 1 must return
+// zpInvalidArgument, every other rank zpInvalidUsage naming "rank 1
+// refused" and the reason, and the next call (an all-reduce of known
+// values) must give the right sum everywhere.
+int refusalMode(zpComm_t comm, int rank, int n, uint64_t) {
+  std::string err;
+  auto expect = [&](const char* what, zpResult_t r, const char* fn) {
+    const std::string msg = zpGetLastError(comm);
+    if (rank == 1 && (r != zpInvalidArgument || msg.find("overlap") == std::string::npos))
+      err = std::string(what) + ": the refusing rank returned " + zpGetErrorString(r) + ": " + msg;
+    if (rank != 1 && (r != zpInvalidUsage || msg.find(std::string("rank 1 refused ") + fn + ": ") == std::string::npos ||
+                      msg.find("overlap") == std::string::npos))
+      err = std::string(what) + ": returned " + zpGetErrorString(r) + ": " + msg;
+    std::vector<float> x(100, float(rank + 1)), sum(100, 0.0f);
+    if (err.empty() && zpAllReduce(x.data(), sum.data(), 100, zpFloat32, zpSum, comm, nullptr) != zpSuccess)
+      err = std::string(what) + ": the next call failed: " + zpGetLastError(comm);
+    else if (err.empty() && sum[99] != float(n * (n + 1) / 2))
+      err = std::string(what) + ": the next call's sum is " + std::to_string(sum[99]);
+  };
+  for (size_t count : {(size_t)16, (size_t)300000}) {
+    std::vector<float> send(count, 1.0f), recv(count + 1, 0.0f);
+    zpResult_t r = zpAllReduce(rank == 1 ? recv.data() + 1 : send.data(), recv.data(), count, zpFloat32, zpSum, comm,
+                               nullptr);
+    expect(count == 16 ? "small all-reduce" : "large all-reduce", r, "zpAllReduce");
+  }
+  for (size_t count : {(size_t)4, (size_t)100000}) {
+    std::vector<size_t> sc(n, count), sd(n), rc(n, count), rd(n);
+    for (int p = 0; p < n; p++) sd[p] = rd[p] = (size_t)p * count;
+    if (rank == 1) rd[1] = rd[0];  // two receive ranges overlap
+    std::vector<float> send(count * n, 1.0f), recv(count * n, 0.0f);
+    zpResult_t r =
+        zpAlltoallv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), zpFloat32, comm, nullptr);
+    expect(count == 4 ? "small alltoallv" : "large alltoallv", r, "zpAlltoallv");
+  }
+  return finishMode(comm, rank, n, err);
+}
+
 // ZP_TEST_MODE=refused: every rank sends to the rank one node on and
 // receives from the rank one node back, each receive one element more or
 // less than the send (eager, relayed or direct, and rendezvous sizes): every
@@ -180,18 +237,9 @@ int refusedMode(zpComm_t comm, int rank, int n, uint64_t seed) {
       else if (size_t w = recv.writtenBytes()) err = what + std::to_string(w) + " bytes of the refused receive written";
       else if (size_t g = recv.guardBytesWritten()) err = what + std::to_string(g) + " guard bytes written";
       if (err.empty()) err = sendRecvError(comm, rank, n, rpn, seed + count + delta);
-      if (!err.empty()) {
-        fprintf(stderr, "rank %d: %s\n", rank, err.c_str());
-        zpCommAbort(comm);
-        return 1;
-      }
+      if (!err.empty()) return finishMode(comm, rank, n, err);
     }
-  if (zpCommDestroy(comm) != zpSuccess) {
-    fprintf(stderr, "rank %d: zpCommDestroy failed: %s\n", rank, zpGetLastError(nullptr));
-    return 1;
-  }
-  printf("rank %d of %d: ok\n", rank, n);
-  return 0;
+  return finishMode(comm, rank, n, err);
 }
 
 // ZP_TEST_MODE=late: rank 0 sends two messages to the first rank of node 1
@@ -1274,6 +1322,7 @@ int runRank() {
 
   if (mode == "late") return lateMode(comm, rank, n, seed);
   if (mode == "refused") return refusedMode(comm, rank, n, seed);
+  if (mode == "refusal") return refusalMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "rails") return railsMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);

@@ -317,6 +317,20 @@ TEST_P(MultinodeShapes, RefusedReceiveWritesNothing) {
   }
 }
 
+// One rank refuses its arguments across nodes (routing off, on, and relayed
+// in small chunks): every rank fails the call, the others naming it and its
+// reason, and the next call runs (the header round and alltoallv's count
+// exchange through the relay).
+TEST_P(MultinodeShapes, OneRanksRefusedCallFailsOnEveryRankAndTheNextRuns) {
+  Shape s = GetParam();
+  for (const char* env : {"ZP_TEST_MODE=refusal ZP_ROUTING=off", "ZP_TEST_MODE=refusal",
+                          "ZP_TEST_MODE=refusal ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K"}) {
+    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+  }
+}
+
 // One NIC per node: with routing on, transfers go straight over UCX.
 TEST_F(Multinode, RefusedReceiveWritesNothingOnOneRail) {
   CommandResult r = zprun(2, 2, 1, "ZP_TEST_MODE=refused");

@@ -22,6 +22,8 @@ PeerInfo sample() {
   p.rail = 7;
   p.nicBitsPerSec = 4e11;
   p.deviceUsable = 1;
+  p.settings.collSlice = 1050378;
+  p.settings.routeDirectBelow = 260000000000001ull;
   for (size_t i = 0; i < sizeof(p.joinKey); i++) p.joinKey[i] = (char)(i * 7 + 1);
   return p;
 }
@@ -39,6 +41,8 @@ TEST(PeerInfo, RoundTripsWithItsConnectBlobs) {
   EXPECT_EQ(out.nicBitsPerSec, 4e11);
   EXPECT_EQ(out.deviceUsable, 1);
   EXPECT_EQ(memcmp(out.joinKey, in.joinKey, sizeof(in.joinKey)), 0);
+  EXPECT_EQ(out.settings.collSlice, 1050378u);
+  EXPECT_EQ(out.settings.routeDirectBelow, 260000000000001ull);
   EXPECT_EQ(got, blobs);
 }
 
@@ -81,6 +85,42 @@ TEST(PeerInfo, AnotherLayoutOrLibraryIsRefusedNamingBoth) {
   other = sample();
   other.layout = kPeerInfoLayout + 1;
   EXPECT_EQ(decodePeerBlob(4, encodePeerBlob(other, {}), 0, &out, &got), zpInvalidUsage);
+}
+
+// Every algorithm setting is compared exactly: one unit apart in any of
+// them (values a hash could confuse) fails, naming the setting, the rank
+// and both values.
+TEST(PeerInfo, SettingsThatDifferInAnyFieldByOneAreRefusedNamingBothValues) {
+  Config cfg;
+  const AlgoSettings base = algoSettingsOf(cfg);
+  EXPECT_EQ(sameSettings(2, 1, base, base), zpSuccess);
+  struct Field {
+    uint64_t AlgoSettings::*field;
+    const char* name;
+  };
+  for (Field f : {Field{&AlgoSettings::collAlgo, "ZP_COLL_ALGO"}, Field{&AlgoSettings::collRingAbove, "ZP_COLL_RING_ABOVE"},
+                  Field{&AlgoSettings::collSlice, "ZP_COLL_SLICE"}, Field{&AlgoSettings::routing, "ZP_ROUTING"},
+                  Field{&AlgoSettings::routeDirectBelow, "ZP_ROUTE_DIRECT_BELOW"}}) {
+    AlgoSettings other = base;
+    other.*f.field += 1;
+    EXPECT_EQ(sameSettings(2, 1, base, other), zpInvalidUsage) << f.name;
+    const std::string msg = zpGetLastError(nullptr);
+    EXPECT_NE(msg.find(f.name), std::string::npos) << msg;
+    EXPECT_NE(msg.find("on rank 1 but"), std::string::npos) << msg;
+  }
+  AlgoSettings slice = base;
+  slice.collSlice = 1050378;
+  AlgoSettings zero = base;
+  zero.collSlice = 1090457;
+  EXPECT_EQ(sameSettings(0, 1, zero, slice), zpInvalidUsage);
+  const std::string msg = zpGetLastError(nullptr);
+  EXPECT_NE(msg.find("ZP_COLL_SLICE is 1050378 bytes on rank 1 but 1090457 bytes on rank 0"), std::string::npos) << msg;
+  AlgoSettings ring = base;
+  ring.collAlgo = (uint64_t)CollAlgo::kRing;
+  EXPECT_EQ(sameSettings(0, 3, base, ring), zpInvalidUsage);
+  EXPECT_NE(std::string(zpGetLastError(nullptr)).find("ZP_COLL_ALGO is ring on rank 3 but auto on rank 0"),
+            std::string::npos)
+      << zpGetLastError(nullptr);
 }
 
 }  // namespace

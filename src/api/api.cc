@@ -570,8 +570,15 @@ static zpResult_t alltoallv(const void* sendbuff, const size_t sendcounts[], con
                             zpStream_t stream) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, "zpAlltoallv", &c));
-  ZP_CHECK(checkDataCall("zpAlltoallv", c.get(), datatype, stream,
-                         {{"sendbuff", sendbuff}, {"recvbuff", recvbuff}}));
+  const zpResult_t bad =
+      checkDataCall("zpAlltoallv", c.get(), datatype, stream, {{"sendbuff", sendbuff}, {"recvbuff", recvbuff}});
+  if (bad != zpSuccess) {  // refused with the peers where they exchange anything (zeppelin.h, "Errors")
+    if (zp::groupOpen()) return bad;
+    const std::string why = zp::lastError();
+    zp::Comm::Call call(c.get(), "zpAlltoallv");
+    if (call.status() != zpSuccess) return zp::fail(bad, "%s", why.c_str());
+    return zp::refuseAlltoallv(c.get(), bad, why, stream);
+  }
   const uint64_t opCount = c->nextOpCount();
   if (zp::logEnabled(zp::kLogInfo, zp::kSubColl) && sendcounts && recvcounts) {
     size_t sent = 0, received = 0;
@@ -610,49 +617,60 @@ zpResult_t zpAlltoallv(const void* sendbuff, const size_t sendcounts[], const si
 
 // ---- The standard collectives ----
 
-// Checks one collective's arguments on this rank (whether the ranks agree is
-// checked inside, across ranks), then runs it or queues it in the group.
+// One collective's arguments on this rank (whether the ranks agree is
+// checked inside, across ranks): zpInvalidArgument naming the first bad one.
+static zpResult_t checkCollArgs(const char* fn, const zp::CollArgs& a, zp::Comm* c, zpStream_t stream) {
+  const int n = c->nranks(), me = c->rank();
+  if (a.kind == zp::CollKind::kBarrier) return zpSuccess;  // no buffers; its stream is not used
+  const size_t ts = zpTypeSize(a.dtype);
+  if (ts == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)a.dtype);
+  const bool reduces = a.kind == zp::CollKind::kAllReduce || a.kind == zp::CollKind::kReduce ||
+                       a.kind == zp::CollKind::kReduceScatter || a.kind == zp::CollKind::kReduceScatterv;
+  if (reduces && ((int)a.op < 0 || a.op >= zpNumOps))
+    return zp::fail(zpInvalidArgument, "%s: invalid reduction op %d", fn, (int)a.op);
+  const bool rooted = a.kind == zp::CollKind::kBroadcast || a.kind == zp::CollKind::kReduce;
+  if (rooted && (a.root < 0 || a.root >= n))
+    return zp::fail(zpInvalidArgument, "%s: root %d is not a rank of this communicator (0..%d)", fn, a.root, n - 1);
+  // all-gather and reduce-scatter move n blocks of count: checked before multiplying.
+  const bool blocks = a.kind == zp::CollKind::kAllGather || a.kind == zp::CollKind::kReduceScatter;
+  if (blocks ? a.count > zp::maxElements(ts) / (size_t)n : a.count > zp::maxElements(ts))
+    return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
+  size_t sendElems = a.count, recvElems = a.count;
+  if (a.kind == zp::CollKind::kAllGatherv || a.kind == zp::CollKind::kReduceScatterv)
+    ZP_CHECK(zp::checkCounts(fn, a, n, me, ts, &sendElems, &recvElems));
+  // Which buffers this rank reads and writes.
+  const bool readsSend = a.kind != zp::CollKind::kBroadcast || me == a.root;
+  const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
+  if (sendElems && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
+  if (recvElems && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
+  if (readsSend && writesRecv) ZP_CHECK(zp::checkOverlap(fn, a, n, me, ts, sendElems, recvElems));
+  // A stream means device buffers (NCCL's collective).
+  return checkDataCall(fn, c, a.dtype, stream, {{"sendbuff", a.send}, {"recvbuff", a.recv}});
+}
+
+// Checks one collective's arguments on this rank, then runs it or queues it
+// in the group. A call this rank refuses still takes part in the header
+// round where the call would have had one (a host call, or a device call
+// with ZP_CHECK_MODE=full) and is not in a group: every rank fails it with
+// this rank's reason, and the next call runs (zeppelin.h, "Errors").
 static zpResult_t collective(const char* fn, zp::CollArgs a, zpComm_t comm, zpStream_t stream,
                              std::shared_ptr<const std::vector<size_t>> keep = nullptr) {
   std::shared_ptr<zp::Comm> c;
   ZP_CHECK(lookup(comm, fn, &c));
-  const int n = c->nranks(), me = c->rank();
-  if (a.kind != zp::CollKind::kBarrier) {
-    const size_t ts = zpTypeSize(a.dtype);
-    if (ts == 0) return zp::fail(zpInvalidArgument, "%s: invalid datatype %d", fn, (int)a.dtype);
-    const bool reduces = a.kind == zp::CollKind::kAllReduce || a.kind == zp::CollKind::kReduce ||
-                         a.kind == zp::CollKind::kReduceScatter || a.kind == zp::CollKind::kReduceScatterv;
-    if (reduces && ((int)a.op < 0 || a.op >= zpNumOps))
-      return zp::fail(zpInvalidArgument, "%s: invalid reduction op %d", fn, (int)a.op);
-    const bool rooted = a.kind == zp::CollKind::kBroadcast || a.kind == zp::CollKind::kReduce;
-    if (rooted && (a.root < 0 || a.root >= n))
-      return zp::fail(zpInvalidArgument, "%s: root %d is not a rank of this communicator (0..%d)", fn, a.root, n - 1);
-    // all-gather and reduce-scatter move n blocks of count: checked before multiplying.
-    const bool blocks = a.kind == zp::CollKind::kAllGather || a.kind == zp::CollKind::kReduceScatter;
-    if (blocks ? a.count > zp::maxElements(ts) / (size_t)n : a.count > zp::maxElements(ts))
-      return zp::fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, a.count);
-    size_t sendElems = a.count, recvElems = a.count;
-    if (a.kind == zp::CollKind::kAllGatherv || a.kind == zp::CollKind::kReduceScatterv)
-      ZP_CHECK(zp::checkCounts(fn, a, n, me, ts, &sendElems, &recvElems));
-    // Which buffers this rank reads and writes.
-    const bool readsSend = a.kind != zp::CollKind::kBroadcast || me == a.root;
-    const bool writesRecv = a.kind != zp::CollKind::kReduce || me == a.root;
-    if (sendElems && readsSend && !a.send) return zp::fail(zpInvalidArgument, "%s: sendbuff is NULL", fn);
-    if (recvElems && writesRecv && !a.recv) return zp::fail(zpInvalidArgument, "%s: recvbuff is NULL", fn);
-    if (readsSend && writesRecv)
-      ZP_CHECK(zp::checkOverlap(fn, a, n, me, ts, sendElems, recvElems));
+  if (a.kind == zp::CollKind::kBarrier) stream = nullptr;
+  const zpResult_t bad = checkCollArgs(fn, a, c.get(), stream);
+  if (bad != zpSuccess) {
+    if (zp::groupOpen() || (stream && !c->cfg().checkDeviceCalls)) return bad;
+    const std::string why = zp::lastError();
+    zp::Comm::Call call(c.get(), fn);
+    if (call.status() != zpSuccess) return zp::fail(bad, "%s", why.c_str());  // this rank's own error first
+    return zp::refuseCollective(c.get(), a.kind, bad, why);
   }
-  // A stream means device buffers (NCCL's collective); a barrier's stream is not used.
-  if (a.kind != zp::CollKind::kBarrier)
-    ZP_CHECK(checkDataCall(fn, c.get(), a.dtype, stream,
-                           {{"sendbuff", a.send}, {"recvbuff", a.recv}}));
-  else
-    stream = nullptr;
   const uint64_t opCount = c->nextOpCount();
   ZP_INFO(zp::kSubColl,
           "%s: opCount %llx sendbuff %p recvbuff %p count %zu datatype %s op %s root %d comm %p [nranks=%d] stream %p",
           fn + 2, (unsigned long long)opCount, a.send, a.recv, a.count, zp::typeName(a.dtype), zp::opName(a.op), a.root,
-          (void*)comm, n, stream);
+          (void*)comm, c->nranks(), stream);
   inGroup(comm);
   // The closure takes the communicator's address: a queued one is held by
   // the group with it, and one run at once by c (no reference count moves).

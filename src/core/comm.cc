@@ -179,6 +179,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   PeerInfo mine;
   snprintf(mine.host, sizeof(mine.host), "%s", ranks_[rank_].hostname);
   mine.node = nodeOf_[rank_];
+  mine.settings = algoSettingsOf(cfg_);
   std::string nic;
   // The kinds of host transport this communicator needs: those that reach some rank.
   const TransportContext ctx = transportContext();
@@ -250,10 +251,15 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
   std::vector<double> rates(nranks_, 0);
   std::vector<std::vector<std::string>> connect(kinds.size(), std::vector<std::string>(nranks_));  // [kind][rank]
   std::string joinKey;
+  AlgoSettings first;  // rank 0's
   for (int r = 0; r < nranks_; r++) {
     PeerInfo theirs;
     std::vector<std::string> theirConnect;
     ZP_CHECK(decodePeerBlob(r, blobs[r], kinds.size(), &theirs, &theirConnect));
+    // Settings that differ fail init here, on every rank alike (every rank
+    // has every record and nobody has connected yet), not a later call.
+    if (r == 0) first = theirs.settings;
+    ZP_CHECK(sameSettings(rank_, r, first, theirs.settings));
     rail_[r] = theirs.rail;
     rates[r] = theirs.nicBitsPerSec;
     if (r == 0) joinKey.assign(theirs.joinKey, sizeof(theirs.joinKey));

@@ -8,7 +8,42 @@ namespace zp {
 
 namespace {
 constexpr char kReady = 'R', kFailed = 'F';
+
+// A setting's value as the user writes it: the enums by name, sizes in bytes.
+std::string settingText(int which, uint64_t v) {
+  static const char* algos[] = {"auto", "ring", "tree", "direct"};
+  static const char* routings[] = {"off", "rail", "balanced"};
+  if (which == 0 && v < 4) return algos[v];
+  if (which == 3 && v < 3) return routings[v];
+  return std::to_string(v) + (which == 0 || which == 3 ? "" : " bytes");
+}
 }  // namespace
+
+AlgoSettings algoSettingsOf(const Config& cfg) {
+  AlgoSettings s;
+  s.collAlgo = (uint64_t)cfg.collAlgo;
+  s.collRingAbove = cfg.collRingAbove;
+  s.collSlice = cfg.collSliceBytes;
+  s.routing = (uint64_t)(int64_t)cfg.routing;
+  s.routeDirectBelow = cfg.routeDirectBelow;
+  return s;
+}
+
+zpResult_t sameSettings(int me, int r, const AlgoSettings& first, const AlgoSettings& theirs) {
+  static const char* names[] = {"ZP_COLL_ALGO", "ZP_COLL_RING_ABOVE", "ZP_COLL_SLICE", "ZP_ROUTING",
+                                "ZP_ROUTE_DIRECT_BELOW"};
+  const uint64_t a[] = {first.collAlgo, first.collRingAbove, first.collSlice, first.routing, first.routeDirectBelow};
+  const uint64_t b[] = {theirs.collAlgo, theirs.collRingAbove, theirs.collSlice, theirs.routing,
+                        theirs.routeDirectBelow};
+  for (int i = 0; i < 5; i++)
+    if (a[i] != b[i])
+      return fail(zpInvalidUsage,
+                  "rank %d: %s is %s on rank %d but %s on rank 0: the settings that choose collective algorithms "
+                  "(ZP_COLL_ALGO, ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING, ZP_ROUTE_DIRECT_BELOW, or the "
+                  "zpConfig_t fields that set them) must be the same on every rank",
+                  me, names[i], settingText(i, b[i]).c_str(), r, settingText(i, a[i]).c_str());
+  return zpSuccess;
+}
 
 std::string encodePeerBlob(const PeerInfo& info, const std::vector<std::string>& connect) {
   std::string blob(1, kReady);

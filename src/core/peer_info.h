@@ -11,12 +11,23 @@
 #include <vector>
 
 #include "include/zeppelin.h"
+#include "src/core/config.h"
 
 namespace zp {
 
 // Bumped whenever PeerInfo or the blob's layout changes: ranks of different
 // layouts refuse each other instead of misreading.
-constexpr uint32_t kPeerInfoLayout = 1;
+constexpr uint32_t kPeerInfoLayout = 2;
+
+// The settings that choose the collectives' algorithms and their messages
+// (ZP_COLL_ALGO, ZP_COLL_RING_ABOVE, ZP_COLL_SLICE, ZP_ROUTING,
+// ZP_ROUTE_DIRECT_BELOW): ranks whose values differ would post messages
+// that do not match, so every rank's exact values travel at init and are
+// compared there (sameSettings), not hashed into every call's header.
+struct AlgoSettings {
+  uint64_t collAlgo = 0, collRingAbove = 0, collSlice = 0, routing = 0, routeDirectBelow = 0;
+};
+AlgoSettings algoSettingsOf(const Config& cfg);
 
 struct PeerInfo {
   uint32_t layout = kPeerInfoLayout;
@@ -31,6 +42,7 @@ struct PeerInfo {
   // can use one.
   uint8_t deviceUsable = 0;
   char joinKey[128] = {};  // the size of NCCL's ncclUniqueId, the one data plane's key
+  AlgoSettings settings;   // its algorithm settings, compared with rank 0's
 };
 
 // A ready rank's blob: its PeerInfo, then each connect blob after its length.
@@ -41,6 +53,11 @@ std::string encodeFailedBlob(zpResult_t code, const std::string& why);
 // connect blobs, or the error it sent (its code, when it is one; its
 // message), or zpRemoteError for a blob that is cut short, of another
 // layout or of another library version.
+// zpInvalidUsage naming the first setting in which rank r's (theirs)
+// differ from rank 0's (first), with both values: every rank compares
+// every rank with rank 0, so every rank fails init with the same message.
+// me names this rank in the message.
+zpResult_t sameSettings(int me, int r, const AlgoSettings& first, const AlgoSettings& theirs);
 zpResult_t decodePeerBlob(int r, const std::string& blob, size_t kinds, PeerInfo* info,
                           std::vector<std::string>* connect);
 
