@@ -63,8 +63,11 @@ zpResult_t ShmTransport::init() {
   ringBytes_ = cfg.shmRingBytes;
   fragMax_ = std::min<size_t>(ringBytes_ / 4, 256 << 10);
   spinUs_ = cfg.shmSpinUs;
+  spinBusyUs_ = cfg.shmSpinBusyUs;
   cpu_set_t cpus;
-  oversubscribed_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && (int)nlocal > CPU_COUNT(&cpus);
+  cores_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  cores_ = std::max(cores_, 1);
+  oversubscribed_ = (int)nlocal > cores_;
   if (nlocal == 1) return zpSuccess;
 
   // This rank's segment. Every rank of the node makes one of the same size.
@@ -141,6 +144,7 @@ zpResult_t ShmTransport::init() {
   mine_->ringBytes = ringBytes_;
   mine_->ownerBase = (uint64_t)(uintptr_t)base;
   mine_->probe = kProbeValue;
+  openBell();
   mine_->ready.store(1, std::memory_order_release);
   return zpSuccess;
 }
@@ -302,6 +306,7 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes) {
   }
   shm_unlink(name_.c_str());
   connected_ = true;
+  connectBells();
 
   const Config& cfg = *c.cfg;
   mine_->eagerBytes = cfg.shmEagerBytes;
@@ -334,6 +339,7 @@ ShmTransport::~ShmTransport() {
     if (p.seg) munmap(p.seg, p.segBytes);
     if (p.pidfd >= 0) close(p.pidfd);
   }
+  if (bellFd_ >= 0) close(bellFd_);
   if (mine_) {
     munmap(mine_, segBytes_);
     shm_unlink(name_.c_str());  // in case init failed before unlinking
