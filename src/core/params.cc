@@ -79,8 +79,9 @@ const std::vector<Param> kParams = {
    "would delay the peer doing the copy)"},
   {"ZP_SHM_SPIN_BUSY_US", K::kInt, R::kSetting, "50", "0..10000000",
    "microseconds a waiting rank polls (without yielding) before it sleeps when more tasks are runnable than "
-   "there are cores (ZP_SHM_SPIN_US is the poll while a core is free): long enough for a peer running on "
-   "another core to answer, short enough not to take the cores from the ones that must answer "
+   "there are cores (ZP_SHM_SPIN_US is the poll while a core is free), or as long as its recent waits took "
+   "(twice their mean) where that is at most 16 times this: long enough for a peer running on another core to "
+   "answer, short enough not to take the cores from the ones that must answer; 0: sleep at once "
    "(measured: docs/reliability.md, \"Under a busy CPU\")"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",

@@ -203,6 +203,12 @@ class ShmTransport : public CarrierTransport {
     bool yield;
   };
   SpinPlan spinPlan() const;
+  // Adds a wait of `us` (until news came, polls and sleep together) to the
+  // running mean spinPlan reads.
+  void noteWait(uint64_t us);
+  // While tasks wait for a core, a poll may follow the recent waits up to
+  // this many times ZP_SHM_SPIN_BUSY_US.
+  static constexpr int kBusySpinScale = 16;
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   std::string segName(int rank) const;  // a rank's segment's name in /dev/shm
@@ -266,6 +272,7 @@ class ShmTransport : public CarrierTransport {
   int spinUs_ = 0;      // ZP_SHM_SPIN_US: the poll while every runnable task has a core
   int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
   int cores_ = 1;       // the cores this process may run on
+  uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
   bool oversubscribed_ = false;  // more ranks on this node than cores_
   int bellFd_ = -1;              // this rank's bell: woken through it, and rings peers' with it
   bool bellWorks_ = false;       // every local peer can ring it (same network namespace)

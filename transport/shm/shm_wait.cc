@@ -149,10 +149,22 @@ ShmTransport::SpinPlan ShmTransport::spinPlan() const {
   // share of the cores from them (the peers whose answer it waits for among
   // them), and a yield hands its core to any of them for a whole time slice
   // while the answer waits. A sleeper uses no core, and is run soon after its
-  // doorbell rings (a woken task goes ahead of ones that kept running). So:
-  // a short poll, for a peer that is running on another core right now, then
-  // sleep. Measured: docs/reliability.md, "Under a busy CPU".
-  return {spinBusyUs_, false};
+  // doorbell rings (a woken task goes ahead of ones that kept running). So
+  // it polls ZP_SHM_SPIN_BUSY_US, or as long as this rank's recent waits
+  // took (twice their running mean) where that is up to kBusySpinScale
+  // times as long: a peer answering from another core right now, or just
+  // woken, is then caught without a sleep and a wake-up, while longer waits
+  // (a relay's chunks, a peer that is not running) get the short poll.
+  // Measured: docs/reliability.md, "Under a busy CPU".
+  const uint64_t recent = 2 * waitMeanUs_, most = (uint64_t)kBusySpinScale * spinBusyUs_;
+  return {recent > (uint64_t)spinBusyUs_ && recent <= most ? (int)recent : spinBusyUs_, false};
+}
+
+void ShmTransport::noteWait(uint64_t us) {
+  // A wait counts as at most a little over the longest busy poll: one long
+  // wait then raises the mean, a run of them takes it past that poll.
+  us = std::min<uint64_t>(us, (uint64_t)kBusySpinScale * spinBusyUs_ + 1);
+  waitMeanUs_ = (7 * waitMeanUs_ + us) / 8;
 }
 
 void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere, int fd, bool poll) {
@@ -165,14 +177,21 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   // small message's latency. Open MPI's shared memory polls the same way.
   const SpinPlan plan = poll ? spinPlan() : SpinPlan{0, false};
   // The deadline is set at the first look at the clock, 16 polls in: most
-  // waits of a small message end sooner, without reading the clock at all.
-  uint64_t spinUntil = 0;
+  // waits of a small message end sooner, without reading the clock at all
+  // (they count as 0 us in the mean of waits, noteWait).
+  uint64_t started = 0, spinUntil = 0;
   for (int i = 0; plan.us > 0; i++) {
-    if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) return;
+    if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) {
+      noteWait(started ? nowUs() - started : 0);
+      return;
+    }
     if ((i & 15) == 15) {
       if (elsewhere && elsewhere()) return;
       const uint64_t now = nowUs();
-      if (spinUntil == 0) spinUntil = now + plan.us;
+      if (spinUntil == 0) {
+        started = now;
+        spinUntil = now + plan.us;
+      }
       if (now > spinUntil) break;
     }
     if (plan.yield)
@@ -181,7 +200,10 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
       cpuRelax();
   }
   if (elsewhere && elsewhere()) return;
-  if (!(fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms))) checkAlive();
+  if (!started) started = nowUs();
+  const bool rang = fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms);
+  noteWait(nowUs() - started);
+  if (!rang) checkAlive();
 }
 
 bool ShmTransport::sleep(uint32_t token, int ms) {
