@@ -81,6 +81,7 @@ TEST(Params, TheConfigurationsDefaultsAreTheTables) {
   EXPECT_EQ(c.shmEagerBytes, size("ZP_SHM_EAGER"));
   EXPECT_EQ(c.shmRingBytes, size("ZP_SHM_RING_BYTES"));
   EXPECT_EQ(c.shmSpinUs, std::stoi(zp::findParam("ZP_SHM_SPIN_US")->dflt));
+  EXPECT_EQ(c.shmSpinBusyUs, std::stoi(zp::findParam("ZP_SHM_SPIN_BUSY_US")->dflt));
   EXPECT_EQ(c.routeChunkBytes, size("ZP_ROUTE_CHUNK"));
   EXPECT_EQ(c.routeDirectBelow, size("ZP_ROUTE_DIRECT_BELOW"));
 }
@@ -103,6 +104,17 @@ TEST(Params, ValuesAreCheckedAgainstTheTable) {
   setenv("ZP_SHM_SPIN_US", "lots", 1);
   EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument);
   unsetenv("ZP_SHM_SPIN_US");
+  // The poll while tasks wait for a core: 0 (sleep at once) up to 10 s.
+  for (const char* bad : {"-1", "10000001", "lots", "5us"}) {
+    setenv("ZP_SHM_SPIN_BUSY_US", bad, 1);
+    EXPECT_EQ(zp::resolveConfig(nullptr, &c), zpInvalidArgument) << bad;
+  }
+  for (int good : {0, 20, 10000000}) {
+    setenv("ZP_SHM_SPIN_BUSY_US", std::to_string(good).c_str(), 1);
+    ASSERT_EQ(zp::resolveConfig(nullptr, &c), zpSuccess) << good;
+    EXPECT_EQ(c.shmSpinBusyUs, good);
+  }
+  unsetenv("ZP_SHM_SPIN_BUSY_US");
 }
 
 // zpconfig --env (run after prefix, e.g. "env NAME=VALUE ") exits 1 and

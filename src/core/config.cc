@@ -98,6 +98,9 @@ zpResult_t resolveConfig(const zpConfig_t* user, Config* out) {
   long long spin = c.shmSpinUs;
   ZP_CHECK(paramInt("ZP_SHM_SPIN_US", &spin));
   c.shmSpinUs = (int)spin;
+  spin = c.shmSpinBusyUs;
+  ZP_CHECK(paramInt("ZP_SHM_SPIN_BUSY_US", &spin));
+  c.shmSpinBusyUs = (int)spin;
   ZP_CHECK(paramSize("ZP_ROUTE_CHUNK", &c.routeChunkBytes));
   ZP_CHECK(paramSize("ZP_ROUTE_DIRECT_BELOW", &c.routeDirectBelow));
   int algo = -1;  // auto, ring, tree, direct: CollAlgo's order

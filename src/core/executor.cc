@@ -271,24 +271,32 @@ uint32_t Comm::waitToken() const { return doorbell_ ? doorbell_->waitToken() : 0
 
 void Comm::wait(uint32_t token, int ms) {
   // The network's events come through a file descriptor, shared memory's
-  // through a doorbell: sleep on the one with work, and nap briefly when
-  // both have. A transport built on both (the relay, with no wake-up of its
-  // own) may hear from either side.
+  // through a doorbell. A transport built on both (the relay, with no
+  // wake-up of its own) may hear from either side.
   bool stacked = false;
   for (Transport* t : transports_)
     if (t->wakeup() == Transport::Wakeup::kNone) stacked |= t->busy();
   bool bellBusy = doorbell_->busy() || stacked;
   bool eventsBusy = events_ && (events_->busy() || stacked);
+  auto eventsReady = [this] { return events_->eventsReady(); };
   if (!events_) {
-    doorbell_->waitDoorbell(token, ms, {});
+    doorbell_->waitDoorbell(token, ms, {}, -1, true);
+  } else if (doorbell_->sleepsWithFd()) {
+    // One sleep for both, woken by either at once: a relay's proxy hears of
+    // a chunk from a local peer or from the network without a nap's delay,
+    // which on a busy CPU is a time slice, not a millisecond. It polls
+    // first only while shared memory has work, as below.
+    if (events_->armEvents())
+      doorbell_->waitDoorbell(token, eventsBusy ? std::min(ms, 1) : ms, eventsReady, events_->eventFd(), bellBusy);
   } else if (!bellBusy) {
+    // Without that: sleep on the one with work, and nap briefly when both have.
     events_->waitEvents(ms);
   } else if (!eventsBusy) {
     events_->waitEvents(0);
-    doorbell_->waitDoorbell(token, std::min(ms, 1), {});
+    doorbell_->waitDoorbell(token, std::min(ms, 1), {}, -1, true);
   } else if (events_->armEvents()) {
     // Both: poll the doorbell and the network's fd together, then nap briefly.
-    doorbell_->waitDoorbell(token, std::min(ms, 1), [this] { return events_->eventsReady(); });
+    doorbell_->waitDoorbell(token, std::min(ms, 1), eventsReady, -1, true);
   }
 }
 
@@ -310,8 +318,9 @@ void Comm::checkAlive() {
 }
 
 // The progress thread: progress while no call holds the lock. It sleeps
-// without the lock (on the shared-memory doorbell, checking the network's
-// event fd between naps), so a call can start at any time.
+// without the lock (on the shared-memory doorbell and the network's event
+// fd together where it can, else on the doorbell, checking the network
+// between naps), so a call can start at any time.
 void Comm::progressLoop() {
   uint64_t lastMove = nowMs();
   while (!progressStop_.load()) {
@@ -328,10 +337,11 @@ void Comm::progressLoop() {
       if (events_) armed = events_->armEvents();
     }
     if (!armed) continue;
-    // Busy lately: short naps, so chunks from the network do not wait;
-    // idle: longer ones (a doorbell wakes it at once either way).
+    // Busy lately: short naps, so chunks from the network do not wait where
+    // it cannot wake the thread; idle: longer ones (a doorbell wakes it at
+    // once either way).
     int napMs = nowMs() - lastMove < 200 ? 1 : 20;
-    doorbell_->sleepDoorbell(token, napMs);
+    doorbell_->sleepDoorbell(token, napMs, events_ ? events_->eventFd() : -1);
   }
 }
 

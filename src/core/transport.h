@@ -210,18 +210,24 @@ class Transport {
   enum class Wakeup { kNone, kDoorbell, kEventFd };
   virtual Wakeup wakeup() const { return Wakeup::kNone; }
   // kDoorbell: a token that changes whenever a peer rings; a wait until it
-  // differs from `token` or ms pass, which also stops as soon as
-  // `elsewhere` (news from another transport) holds; and the sleep alone,
-  // safe without the communicator's lock (false if the time ran out).
+  // differs from `token` or ms pass, which polls first if `poll` and then
+  // stops as soon as `elsewhere` (news from another transport) holds; and
+  // the sleep alone, safe without the communicator's lock (false if the
+  // time ran out). Where sleepsWithFd(), both sleeps also end when fd (if
+  // >= 0: another transport's eventFd) becomes readable.
   virtual uint32_t waitToken() const { return 0; }
-  virtual void waitDoorbell(uint32_t /*token*/, int /*ms*/, const std::function<bool()>& /*elsewhere*/) {}
-  virtual bool sleepDoorbell(uint32_t /*token*/, int /*ms*/) { return false; }
+  virtual void waitDoorbell(uint32_t /*token*/, int /*ms*/, const std::function<bool()>& /*elsewhere*/, int /*fd*/,
+                            bool /*poll*/) {}
+  virtual bool sleepDoorbell(uint32_t /*token*/, int /*ms*/, int /*fd*/) { return false; }
+  virtual bool sleepsWithFd() const { return false; }
   // kEventFd: sleeps until events come or ms pass; the same in two steps
   // for a thread that must not hold the lock while it sleeps: arm (false:
-  // events are waiting already), then eventsReady (events came since).
+  // events are waiting already), then eventsReady (events came since), or
+  // a sleep on eventFd (readable once events came).
   virtual void waitEvents(int /*ms*/) {}
   virtual bool armEvents() { return false; }
   virtual bool eventsReady() const { return false; }
+  virtual int eventFd() const { return -1; }
 };
 
 // A transport another transport is built on (shared memory and UCX, under

@@ -24,7 +24,7 @@ namespace zp {
 // The record format's version is in the low bits: ranks of one node must run
 // the same format (3: a data record may carry its send's meta, MsgHdr::metaLen;
 // 4: SegHeader::owner).
-constexpr uint64_t kSegMagic = 0x5a50534547000004ull;
+constexpr uint64_t kSegMagic = 0x5a50534547000005ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -49,6 +49,10 @@ struct SegHeader {
   uint64_t owner;  // ShmTransport::ownerKey: whose segment of which communicator
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleeping;  // threads of the owner asleep on the doorbell
+  // Threads of the owner asleep in poll() on its bell socket and another
+  // file descriptor (ShmTransport::sleepWith): a writer sends the bell a byte.
+  std::atomic<uint32_t> pollers;
+  uint64_t netns;  // the owner's network namespace (inode) if its bell socket is bound, else 0
   alignas(64) std::atomic<uint64_t> sharedWords[CarrierTransport::kSharedWords];  // ShmTransport::sharedWord
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
@@ -245,6 +249,16 @@ inline void ringPark(Ring& r) {
 
 inline long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   return syscall(SYS_futex, (uint32_t*)addr, op, val, ts, nullptr, 0);
+}
+
+// A spinning core's hint to the CPU (x86's pause: less power, and the
+// sibling hyperthread gets the pipeline).
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
 }
 
 inline int pidfdOpen(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }

@@ -96,8 +96,11 @@ zpResult_t ShmTransport::init() {
   ringBytes_ = cfg.shmRingBytes;
   fragMax_ = std::min<size_t>(ringBytes_ / 4, 256 << 10);
   spinUs_ = cfg.shmSpinUs;
+  spinBusyUs_ = cfg.shmSpinBusyUs;
   cpu_set_t cpus;
-  oversubscribed_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && (int)nlocal > CPU_COUNT(&cpus);
+  cores_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  cores_ = std::max(cores_, 1);
+  oversubscribed_ = (int)nlocal > cores_;
   if (nlocal == 1) return zpSuccess;
 
   // This rank's segment. Every rank of the node makes one of the same size.
@@ -170,6 +173,7 @@ zpResult_t ShmTransport::init() {
   mine_->probe = kProbeValue;
   mine_->owner = ownerKey(c.rank);
   fd_ = fd;  // until every local peer has opened it (connect)
+  openBell();
   mine_->ready.store(1, std::memory_order_release);
   return zpSuccess;
 }
@@ -338,6 +342,7 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes, const s
   close(fd_);
   fd_ = -1;
   connected_ = true;
+  connectBells();
 
   const Config& cfg = *c.cfg;
   mine_->eagerBytes = cfg.shmEagerBytes;
@@ -363,6 +368,7 @@ ShmTransport::~ShmTransport() {
     if (p.seg) munmap(p.seg, p.segBytes);
     if (p.pidfd >= 0) close(p.pidfd);
   }
+  if (bellFd_ >= 0) close(bellFd_);
   if (mine_) munmap(mine_, segBytes_);
 }
 

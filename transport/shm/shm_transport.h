@@ -25,10 +25,16 @@
 // when the reader sleeps (or waits for room the writer freed): the bump is a
 // cache line moving between the two, on top of the record's own. So idle
 // ranks use no CPU, even with more ranks than cores, and a polling reader
-// gets a small message as one line.
+// gets a small message as one line. It polls long only while every runnable
+// task of the machine has a core (shm_wait.cc). A rank that also waits for
+// the network sleeps in poll() on the network's event fd and its "bell", a
+// datagram socket a writer sends a byte to instead of the futex wake, so
+// that news from either side wakes it at once.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <cstdint>
 #include <deque>
@@ -121,19 +127,26 @@ class ShmTransport : public CarrierTransport {
   std::vector<int> waitingOn(int lane) override;
   // Waiting (Transport): a doorbell.
   Wakeup wakeup() const override { return Wakeup::kDoorbell; }
-  void waitDoorbell(uint32_t token, int ms, const std::function<bool()>& elsewhere) override {
-    wait(token, ms, elsewhere);
+  void waitDoorbell(uint32_t token, int ms, const std::function<bool()>& elsewhere, int fd, bool poll) override {
+    wait(token, ms, elsewhere, fd, poll);
   }
-  bool sleepDoorbell(uint32_t token, int ms) override { return sleep(token, ms); }
+  bool sleepDoorbell(uint32_t token, int ms, int fd) override {
+    return fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms);
+  }
+  bool sleepsWithFd() const override { return bellWorks_; }
   // A token that changes whenever a peer signals this rank.
   uint32_t waitToken() const override;
   // Sleeps until the token differs from `token` or ms pass; then checks that
-  // local peers are still alive. While it polls, it also stops as soon as
-  // `elsewhere` (news from another transport) holds.
-  void wait(uint32_t token, int ms, const std::function<bool()>& elsewhere = {});
+  // local peers are still alive. While it polls (first, if `poll`), it also
+  // stops as soon as `elsewhere` (news from another transport) holds; with
+  // fd >= 0 and a bell that works (sleepsWithFd), its sleep also ends when fd
+  // becomes readable.
+  void wait(uint32_t token, int ms, const std::function<bool()>& elsewhere = {}, int fd = -1, bool poll = true);
   // Only the sleep (safe without the communicator's lock): it returns at
   // once if a record came that nobody has looked at; false if the time ran out.
   bool sleep(uint32_t token, int ms);
+  // The same in poll() on the bell and fd (needs bellWorks_).
+  bool sleepWith(uint32_t token, int ms, int fd);
   void dropOps(zpResult_t status, const std::string& why) override;
   void abortPeers(zpResult_t code, const std::string& why) override;
   void leave() override;
@@ -166,6 +179,8 @@ class ShmTransport : public CarrierTransport {
     zpResult_t goneCode = zpSuccess;
     std::string goneWhy;
     std::deque<std::vector<char>> ctrlBacklog;  // control records waiting for ring space
+    sockaddr_un bell = {};  // its bell socket's address
+    socklen_t bellLen = 0;
   };
 
   // A reduce group's members whose senders offered their buffers (RTS), and
@@ -187,10 +202,19 @@ class ShmTransport : public CarrierTransport {
   // Whether this rank waits for a single-copy transfer (a peer reading
   // this rank's memory, or this rank waiting to read a peer's).
   bool waitsForSingleCopy() const;
-  // Whether more tasks are runnable on this machine than this node has
-  // ranks: other work competes for the cores (then a waiter sleeps rather
-  // than polls during single-copy transfers).
-  bool othersRunnable();
+  // How a waiter polls before it sleeps: for how long, and whether each
+  // poll yields the core (from the machine's runnable tasks; shm_wait.cc).
+  struct SpinPlan {
+    int us;
+    bool yield;
+  };
+  SpinPlan spinPlan() const;
+  // Adds a wait of `us` (until news came, polls and sleep together) to the
+  // running mean spinPlan reads.
+  void noteWait(uint64_t us);
+  // While tasks wait for a core, a poll may follow the recent waits up to
+  // this many times ZP_SHM_SPIN_BUSY_US.
+  static constexpr int kBusySpinScale = 16;
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   // A rank's segment's name in /dev/shm, for the moment it has one where
@@ -237,6 +261,11 @@ class ShmTransport : public CarrierTransport {
   void failOps(Peer& p, zpResult_t code, const std::string& why);
   // Rings p's doorbell if it sleeps or waits for room; call after writing.
   void notify(Peer& p);
+  // The bell (shm_wait.cc): a datagram socket with an abstract name, bound
+  // at init; bellWorks_ once every local peer is known to reach it.
+  void openBell();
+  static void bellAddress(const std::string& segName, sockaddr_un* addr, socklen_t* len);
+  void connectBells();
   // A record from a peer that this rank has not looked at yet: news for a
   // waiter. Safe without the communicator's lock.
   bool inboundReady() const;
@@ -253,11 +282,14 @@ class ShmTransport : public CarrierTransport {
   std::vector<Peer> peers_;
   std::vector<int> peerIndex_;  // by global rank, -1 if not local
   size_t fragMax_ = 0;
-  int spinUs_ = 0;
-  bool oversubscribed_ = false;  // more ranks on this node than cores this process may run on
+  int spinUs_ = 0;      // ZP_SHM_SPIN_US: the poll while every runnable task has a core
+  int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
+  int cores_ = 1;       // the cores this process may run on
+  uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
+  bool oversubscribed_ = false;  // more ranks on this node than cores_
+  int bellFd_ = -1;              // this rank's bell: woken through it, and rings peers' with it
+  bool bellWorks_ = false;       // every local peer can ring it (same network namespace)
   std::map<const OpReduceGroup*, GroupWait> groups_;
-  uint64_t runnableCheckedMs_ = 0;  // othersRunnable's last look, and what it saw
-  bool othersRunnable_ = true;
 };
 
 }  // namespace zp

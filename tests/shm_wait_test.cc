@@ -1,0 +1,84 @@
+// How a rank waits for its local peers when the machine's cores are all
+// taken: it sleeps on its doorbell after a short poll (ZP_SHM_SPIN_BUSY_US)
+// instead of polling for ZP_SHM_SPIN_US, so that it takes no core from the
+// tasks that have work (its peers among them).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "tests/harness.h"
+
+namespace {
+
+// Seconds this thread has been runnable: on a core, or waiting in the run
+// queue for one (/proc/thread-self/schedstat's first two fields); -1 if the
+// kernel does not say. A poller is runnable all the time it waits, whatever
+// share of the cores it gets; a sleeper is not.
+double threadRunnableSeconds() {
+  unsigned long long onCpu = 0, queued = 0;
+  FILE* f = fopen("/proc/thread-self/schedstat", "r");
+  if (!f) return -1;
+  const int n = fscanf(f, "%llu %llu", &onCpu, &queued);
+  fclose(f);
+  return n == 2 ? (onCpu + queued) * 1e-9 : -1;
+}
+
+// Busy processes, two more than the cores, for the life of this object.
+struct Hogs {
+  std::vector<pid_t> pids;
+  Hogs() {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < cores + 2; i++) {
+      pid_t pid = fork();
+      if (pid == 0)
+        for (volatile unsigned long n = 0;; n++) {
+        }
+      pids.push_back(pid);
+    }
+  }
+  ~Hogs() {
+    for (pid_t p : pids) kill(p, SIGKILL);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+  }
+};
+
+// A waiting rank polls for up to 10 s while a core is free (ZP_SHM_SPIN_US);
+// with every core taken it must sleep at once (ZP_SHM_SPIN_BUSY_US=0): in
+// 0.4 s of waiting for a peer it is then runnable for almost none of the
+// time, where a poller would be runnable (on a core or queued for one,
+// taking its share of the cores from the others) for all 0.4 s.
+TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
+  Hogs hogs;
+  usleep(100 * 1000);  // the hogs are running
+  auto exits = zptest::runRanks(2, [](int rank, int nranks, const zpUniqueId& id) {
+    setenv("ZP_SHM_SPIN_US", "10000000", 1);
+    setenv("ZP_SHM_SPIN_BUSY_US", "0", 1);
+    zpComm_t comm;
+    ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
+    ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
+    uint64_t word = 42;
+    if (rank == 1) {
+      usleep(400 * 1000);
+      ASSERT_EQ(zpSend(&word, 1, zpUint64, 0, comm, nullptr), zpSuccess);
+    } else {
+      word = 0;
+      const double before = threadRunnableSeconds();
+      if (before < 0) {
+        printf("SKIP: /proc/thread-self/schedstat cannot be read\n");
+        return;
+      }
+      ASSERT_EQ(zpRecv(&word, 1, zpUint64, 1, comm, nullptr), zpSuccess);
+      const double runnable = threadRunnableSeconds() - before;
+      EXPECT_EQ(word, 42u);
+      EXPECT_LT(runnable, 0.1) << "rank 0 was runnable for " << runnable
+                               << " s of the 0.4 s it waited for rank 1 with every core taken";
+    }
+    ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
+}
+
+}  // namespace
