@@ -98,7 +98,7 @@ void ShmTransport::openBell() {
 void ShmTransport::connectBells() {
   bellWorks_ = mine_->netns != 0;
   for (Peer& p : peers_) {
-    if (p.seg->netns != 0) bellAddress(p.segName, &p.bell, &p.bellLen);
+    if (p.seg->netns != 0) bellAddress(segName(p.rank), &p.bell, &p.bellLen);
     bellWorks_ &= p.seg->netns == mine_->netns;
   }
 }
