@@ -334,6 +334,7 @@ TEST(KilledDuringInit, ARankReapedBeforeItsPeersLookIsNoticedAtOnce) {
       const int64_t segFd = 3;
       zp::PeerInfo info;
       info.node = 0;
+      info.settings = zp::algoSettingsOf(zp::Config());  // the others' (defaults): init compares them
       std::string blob = zp::encodePeerBlob(
           info, {std::string((const char*)&ring, sizeof(ring)) + std::string((const char*)&segFd, sizeof(segFd))});
       std::vector<std::string> blobs(n);
