@@ -66,7 +66,9 @@ class UcxTransport : public CarrierTransport {
   void waitEvents(int ms) override { wait(ms); }
   bool armEvents() override { return arm(); }
   bool eventsReady() const override { return ready(); }
+#if ZP_WITH_UCX
   int eventFd() const override { return efd_; }
+#endif
   // Sleeps on the worker's event fd until something arrives or ms pass.
   void wait(int ms);
   // wait() in two steps, for a thread that must not hold the communicator's
