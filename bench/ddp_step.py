@@ -32,6 +32,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gloo_alltoallv import slowest_seconds  # noqa: E402
 BACKENDS = ("gloo", "zeppelin")
 
 
@@ -59,14 +61,7 @@ def worker(rank, a, port, out):
         torch.nn.functional.mse_loss(ddp(x), y).backward()  # the gradients' all-reduce runs here
         opt.step()
 
-    for _ in range(a.warmup):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    mine = torch.tensor([(time.perf_counter() - t0) / a.steps], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    seconds = slowest_seconds(step, a.warmup, a.steps)
     # Every rank must hold the same parameters: compare each with rank 0's.
     flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
     ref = flat.clone()
@@ -75,7 +70,7 @@ def worker(rank, a, port, out):
     dist.all_reduce(differ)
     if rank == 0:
         with open(out, "w") as f:
-            f.write(f"{mine.item()} {int(differ.item())}\n")
+            f.write(f"{seconds} {int(differ.item())}\n")
     dist.destroy_process_group()
 
 

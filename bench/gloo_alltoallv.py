@@ -24,6 +24,22 @@ GUARD_BYTES = 4096
 
 
 # ---- splitmix64, as in common.h ----
+def slowest_seconds(call, warmup, iters):
+    """Runs call() warmup times, then iters times after a barrier; the
+    slowest rank's seconds per call (every rank gets the same number)."""
+    import torch
+    import torch.distributed as dist
+    for _ in range(warmup):
+        call()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def mix64(z):
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
@@ -286,16 +302,8 @@ def worker(rank, a, port, file_weights):
         recv_full = torch.zeros(sum(out_splits) + guard, dtype=dtype)
         recv = recv_full[:sum(out_splits)]  # the guard follows the last range
 
-        for _ in range(a.warmup):
-            dist.all_to_all_single(recv, send, out_splits, in_splits)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            dist.all_to_all_single(recv, send, out_splits, in_splits)
-        mine = (time.perf_counter() - t0) / a.iters
-        t = torch.tensor([mine], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        time_us = t.item() * 1e6
+        time_us = slowest_seconds(lambda: dist.all_to_all_single(recv, send, out_splits, in_splits), a.warmup,
+                                  a.iters) * 1e6
 
         wrong = None
         if a.check:

@@ -20,10 +20,9 @@ import argparse
 import os
 import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gloo_alltoallv import fmt_row, parse_bytes  # noqa: E402
+from gloo_alltoallv import fmt_row, parse_bytes, slowest_seconds  # noqa: E402
 
 
 def worker(rank, a, port):
@@ -54,15 +53,7 @@ def worker(rank, a, port):
             else:
                 dist.broadcast(t, 0)
 
-        for _ in range(a.warmup):
-            call()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            call()
-        mine = torch.tensor([(time.perf_counter() - t0) / a.iters], dtype=torch.float64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-        time_us = mine.item() * 1e6
+        time_us = slowest_seconds(call, a.warmup, a.iters) * 1e6
         wrong = None
         if a.check:
             idx = torch.arange(count)

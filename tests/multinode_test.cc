@@ -63,7 +63,20 @@ struct Shape {
   int nodes, rpn, nics;
 };
 
-class MultinodeShapes : public Multinode, public ::testing::WithParamInterface<Shape> {};
+class MultinodeShapes : public Multinode, public ::testing::WithParamInterface<Shape> {
+ protected:
+  // Runs ZP_TEST_MODE=mode with routing off, on, and relaying every
+  // transfer in small chunks; every rank must say it is ok.
+  void expectOkInEveryRouting(const std::string& mode) {
+    const Shape& s = GetParam();
+    for (const std::string& routing : {"ZP_ROUTING=off", "", "ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K"}) {
+      const std::string env = "ZP_TEST_MODE=" + mode + " " + routing;
+      CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
+      EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+      EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
+    }
+  }
+};
 
 // A NIC of the sending node fails in the middle of a 256 MiB routed send:
 // the bytes arrive intact on the other NICs, the failure is logged once with
@@ -307,29 +320,13 @@ TEST_P(MultinodeShapes, WithRoutingOffEveryByteChecked) {
 // A receive of another count than its send's fails and writes nothing,
 // whichever way the bytes come: straight over UCX (eager and rendezvous),
 // relayed through proxies, or direct below the relay's threshold.
-TEST_P(MultinodeShapes, RefusedReceiveWritesNothing) {
-  Shape s = GetParam();
-  for (const char* env : {"ZP_TEST_MODE=refused ZP_ROUTING=off", "ZP_TEST_MODE=refused",
-                          "ZP_TEST_MODE=refused ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K"}) {
-    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
-    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
-    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
-  }
-}
+TEST_P(MultinodeShapes, RefusedReceiveWritesNothing) { expectOkInEveryRouting("refused"); }
 
 // One rank refuses its arguments across nodes (routing off, on, and relayed
 // in small chunks): every rank fails the call, the others naming it and its
 // reason, and the next call runs (the header round and alltoallv's count
 // exchange through the relay).
-TEST_P(MultinodeShapes, OneRanksRefusedCallFailsOnEveryRankAndTheNextRuns) {
-  Shape s = GetParam();
-  for (const char* env : {"ZP_TEST_MODE=refusal ZP_ROUTING=off", "ZP_TEST_MODE=refusal",
-                          "ZP_TEST_MODE=refusal ZP_ROUTE_DIRECT_BELOW=0 ZP_ROUTE_CHUNK=64K"}) {
-    CommandResult r = zprun(s.nodes, s.rpn, s.nics, env);
-    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
-    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(s.nodes * s.rpn)) << env << "\n" << r.output;
-  }
-}
+TEST_P(MultinodeShapes, OneRanksRefusedCallFailsOnEveryRankAndTheNextRuns) { expectOkInEveryRouting("refusal"); }
 
 // One NIC per node: with routing on, transfers go straight over UCX.
 TEST_F(Multinode, RefusedReceiveWritesNothingOnOneRail) {
