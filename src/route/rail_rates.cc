@@ -135,6 +135,12 @@ double RailRates::factor(int rail) const {
   return std::max(1.0, std::round(255 * rails_[rail].share)) / 255;
 }
 
+bool RailRates::anySlow() const {
+  for (int k = 0; k < kRails; k++)
+    if (factor(k) < 1) return true;
+  return false;
+}
+
 uint64_t RailRates::report() const {
   // In steps of 4/255: a plan is made again only when a factor moves by
   // more than its noise.

@@ -81,6 +81,7 @@ class RailRates {
 
   // The factor on rail's nominal rate: 1 unless it is slow.
   double factor(int rail) const;
+  bool anySlow() const;
   // This rank's verdicts for the count rows of a routed call: byte k is
   // 255 x rail k's factor (4..255, in steps of 4 below 255).
   uint64_t report() const;

@@ -41,21 +41,26 @@ int ackedWord(int rail) { return kRailWords + RailRates::kRails + rail; }
 static_assert(kRailWords + 2 * RailRates::kRails <= CarrierTransport::kSharedWords, "not enough shared words");
 }  // namespace
 
-void RoutingState::chunkQueued(int srcProxy, uint64_t bytes) {
+int RoutingState::countedRail(int srcProxy) const {
   int k = comm_.rail()[srcProxy];
-  if (local_ && rails_.on() && k >= 0 && k < RailRates::kRails) local_->addSharedWord(onRailWord(k), (int64_t)bytes);
+  return local_ && rails_.on() && k >= 0 && k < RailRates::kRails ? k : -1;
+}
+
+void RoutingState::chunkQueued(int srcProxy, uint64_t bytes) {
+  int k = countedRail(srcProxy);
+  if (k >= 0) local_->addSharedWord(onRailWord(k), (int64_t)bytes);
 }
 
 void RoutingState::chunkAcked(int srcProxy, uint64_t bytes) {
-  int k = comm_.rail()[srcProxy];
-  if (!local_ || !rails_.on() || k < 0 || k >= RailRates::kRails) return;
+  int k = countedRail(srcProxy);
+  if (k < 0) return;
   local_->addSharedWord(onRailWord(k), -(int64_t)bytes);
   local_->addSharedWord(ackedWord(k), (int64_t)bytes);
 }
 
 void RoutingState::chunkDropped(int srcProxy, uint64_t bytes) {
-  int k = comm_.rail()[srcProxy];
-  if (local_ && rails_.on() && k >= 0 && k < RailRates::kRails) local_->addSharedWord(onRailWord(k), -(int64_t)bytes);
+  int k = countedRail(srcProxy);
+  if (k >= 0) local_->addSharedWord(onRailWord(k), -(int64_t)bytes);
 }
 
 void RoutingState::heardRailView(int src, int /*dst*/, const RailView& view) {
@@ -177,6 +182,10 @@ bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<
                             std::vector<Piece>* pieces, std::string* why) {
   std::vector<uint64_t> queued = extraByRail;
   queues_.addTo(&queued);
+  // The cluster is copied only to scale a slow rail: with every rail
+  // healthy the plan is made on the cluster as it is.
+  if (!rails_.anySlow())
+    return zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
   return zp::pickPath(ratedForPath(comm_.nodeOf()[dst]), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
 }
 

@@ -53,6 +53,9 @@ class RoutingState : public Routing {
   // farNode, for a point-to-point path; by every rank's reports for a plan).
   ClusterTopology ratedForPath(int farNode) const;
   ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
+  // The rail whose counters a chunk leaving from srcProxy goes in (-1:
+  // none: estimates off, no shared words, or a rail beyond those measured).
+  int countedRail(int srcProxy) const;
   // The name of this node's NIC of that rail.
   std::string nicName(int rail) const;
 
