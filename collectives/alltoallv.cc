@@ -177,14 +177,14 @@ zpResult_t routedAlltoallv(Comm* c, Routing* routing, uint64_t seq, const void* 
     ops.emplace_back(OpKind::kAlltoallv, isSend, peer, (void*)buf, count * ts, ts);
     return &ops.back();
   };
-  auto route = [&](const std::vector<Piece>* pieces) {
-    xfers.push_back(RoutedXfer{msgid::plainXfer(seq), pieces});
+  auto route = [&](const std::vector<RouteChunk>* chunks) {
+    xfers.push_back(RoutedXfer{msgid::plainXfer(seq), chunks});
     return &xfers.back();
   };
   for (const Transfer& t : *plan)
     if (t.src == me)
       add(true, t.dst, blockAt(sbuf, sdispls[t.dst], sendcounts[t.dst], ts), sendcounts[t.dst])->routed =
-          route(&t.pieces);
+          route(&t.chunks);
   for (int i = 1; i < n; i++) {
     int to = (me + i) % n, from = (me - i + n) % n;
     if (c->isLocal(to)) add(true, to, blockAt(sbuf, sdispls[to], sendcounts[to], ts), sendcounts[to]);
@@ -242,9 +242,9 @@ struct DeviceHop {
   Slot srcSlot, dstSlot;
 };
 
-// The router's plan as stream-ordered NCCL steps. A relayed piece is cut
-// into the plan's chunks; chunk k of every piece is in round k, and round k
-// moves in three steps:
+// The router's schedule (the same chunks the host relay carries:
+// src/route/route_schedule.h) as stream-ordered NCCL steps. A chunk of
+// round k moves in up to three steps:
 //   dispatch  (stage k)      source -> srcProxy, over the node's links,
 //   transfer  (stage k + 1)  srcProxy -> dstProxy, from srcProxy's GPU (NCCL
 //                            leaves through the NIC nearest it),
@@ -253,9 +253,10 @@ struct DeviceHop {
 // round s's dispatch, round s - 1's transfer and round s - 2's combine at
 // once: the three steps of consecutive rounds overlap. Stage 0 also carries
 // every message with no relay hop (blocks within the node, this rank's own
-// block, pieces whose proxies are their own ends). Every rank derives the
-// same message list from the same plan and posts its ends in that order,
-// which is how NCCL pairs each pair's sends and receives.
+// block, and a transfer's chunks whose proxies are its own ends, joined
+// into one message per contiguous run). Every rank derives the same message
+// list from the same schedule and posts its ends in that order, which is
+// how NCCL pairs each pair's sends and receives.
 zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& rows, const void* sendbuff,
                         const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
                         const size_t recvcounts[], const size_t rdispls[], size_t ts, void* stream) {
@@ -266,7 +267,6 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
 
   const char* sbuf = (const char*)sendbuff;
   char* rbuf = (char*)recvbuff;
-  const uint64_t chunk = routing->chunkBytes();
   std::vector<DeviceHop> hops;
   SlotAlloc slots[2];  // kOut, kIn
   auto hop = [&](int stage, int from, int to, const char* src, char* dst, size_t len) -> DeviceHop& {
@@ -284,26 +284,31 @@ zpResult_t deviceRouted(Comm* c, Routing* routing, const std::vector<uint64_t>& 
     // This rank's side of the transfer's buffers (only its ends touch them).
     const char* from = t.src == me ? sbuf + sdispls[t.dst] * ts : nullptr;
     char* into = t.dst == me ? rbuf + rdispls[t.src] * ts : nullptr;
-    for (const Piece& p : t.pieces) {
-      if (p.srcProxy == t.src && p.dstProxy == t.dst) {  // no relay hop: one message
-        hop(0, t.src, t.dst, from ? from + p.offset : nullptr, into ? into + p.offset : nullptr, p.bytes);
+    size_t run = SIZE_MAX;  // index of the transfer's last no-relay message, while chunks extend it
+    uint64_t runEnd = 0;
+    for (const RouteChunk& k : t.chunks) {
+      const uint64_t at = k.offset;
+      const size_t len = (size_t)k.bytes;
+      if (k.direct(t.src, t.dst)) {  // no relay hop: one message per contiguous run
+        if (run != SIZE_MAX && runEnd == at) {
+          hops[run].bytes += len;
+        } else {
+          hop(0, t.src, t.dst, from ? from + at : nullptr, into ? into + at : nullptr, len);
+          run = hops.size() - 1;
+        }
+        runEnd = at + len;
         continue;
       }
-      const bool dispatch = p.srcProxy != t.src, combine = p.dstProxy != t.dst;
-      for (uint64_t off = 0; off < p.bytes; off += chunk) {
-        const int round = (int)(off / chunk);
-        const size_t len = (size_t)std::min<uint64_t>(chunk, p.bytes - off);
-        const uint64_t at = p.offset + off;
-        Slot out, in;  // where the chunk waits at this rank, if it is a proxy of it
-        if (dispatch && p.srcProxy == me) out = slots[kOut].take(kOut, round, len);
-        if (combine && p.dstProxy == me) in = slots[kIn].take(kIn, round, len);
-        if (dispatch) hop(round, t.src, p.srcProxy, from ? from + at : nullptr, nullptr, len).dstSlot = out;
-        DeviceHop& x = hop(round + 1, p.srcProxy, p.dstProxy, dispatch || !from ? nullptr : from + at,
-                           combine || !into ? nullptr : into + at, len);
-        x.srcSlot = out;
-        x.dstSlot = in;
-        if (combine) hop(round + 2, p.dstProxy, t.dst, nullptr, into ? into + at : nullptr, len).srcSlot = in;
-      }
+      const bool dispatch = k.srcProxy != t.src, combine = k.dstProxy != t.dst;
+      Slot out, in;  // where the chunk waits at this rank, if it is a proxy of it
+      if (dispatch && k.srcProxy == me) out = slots[kOut].take(kOut, k.round, len);
+      if (combine && k.dstProxy == me) in = slots[kIn].take(kIn, k.round, len);
+      if (dispatch) hop(k.round, t.src, k.srcProxy, from ? from + at : nullptr, nullptr, len).dstSlot = out;
+      DeviceHop& x = hop(k.round + 1, k.srcProxy, k.dstProxy, dispatch || !from ? nullptr : from + at,
+                         combine || !into ? nullptr : into + at, len);
+      x.srcSlot = out;
+      x.dstSlot = in;
+      if (combine) hop(k.round + 2, k.dstProxy, t.dst, nullptr, into ? into + at : nullptr, len).srcSlot = in;
     }
   }
   if (sendcounts[me])

@@ -84,6 +84,12 @@
 //            events); the call captured in a CUDA graph and launched twice
 //            with fresh inputs; and
 //            mismatched counts, an error on every rank with nothing written.
+//   devslow  (zp_multinode_rank_double; 2 nodes x 4 ranks x 4 NICs, one NIC
+//            of rail ZP_TEST_SLOW_RAIL slow) host sends until every rank's
+//            rail report names that rail slow, then a routed device transfer
+//            whose slow-rail proxy must carry under a quarter of the other
+//            proxies' mean, and a random routed device alltoallv, every byte
+//            checked.
 // Prints one line per rank and exits 0 when its part went as expected and,
 // its communicator destroyed, no UCX request of it is left in the process.
 #include <arpa/inet.h>
@@ -1228,6 +1234,103 @@ std::string mismatchCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
   return err;
 }
 
+// Whether this rank's rail report calls `rail` slow.
+bool railNamedSlow(zpComm_t comm, int rail) {
+  zpRailEntry_t rails[8];
+  int count = 0;
+  if (zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess) return false;
+  for (int i = 0; i < count && i < 8; i++)
+    if (rails[i].rail == rail) return rails[i].slow != 0;
+  return false;
+}
+
+int deviceSlowRailMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  using Clock = std::chrono::steady_clock;
+  const int rpn = envInt("ZP_LOCAL_NRANKS", n), slow = envInt("ZP_TEST_SLOW_RAIL", 2);
+  const int seconds = envInt("ZP_TEST_SECONDS", 20);
+  std::string err;
+  ncclComm_t nccl = nullptr;
+  int device = -1;
+  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess ||
+      cudaSetDevice(device) != cudaSuccess)
+    err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  // Host sends from rank 0 to node 1's first rank until every rank's report
+  // names the rail (the device path's own transfers are not measured).
+  const size_t bytes = 32 << 20;
+  zptest::GuardedBuffer buf(bytes, 1);
+  const auto start = Clock::now();
+  int32_t named = 0;
+  for (int round = 0; err.empty(); round++) {
+    const int32_t mine = railNamedSlow(comm, slow) ? 1 : 0;
+    int32_t late = rank == 0 && Clock::now() - start > std::chrono::seconds(seconds);
+    if (zpAllReduce(&mine, &named, 1, zpInt32, zpMin, comm, nullptr) != zpSuccess ||
+        zpBroadcast(&late, &late, 1, zpInt32, 0, comm, nullptr) != zpSuccess) {
+      err = std::string("agreeing on the rails: ") + zpGetLastError(comm);
+      break;
+    }
+    if (named || late) break;
+    if (rank != 0 && rank != rpn) continue;
+    if (rank == 0) buf.fill(seed + round, 0, rpn);
+    else memset(buf.data(), 0xA5, bytes);
+    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
+                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
+    if (r != zpSuccess) err = std::string("host round failed: ") + zpGetLastError(comm);
+    else if (rank == rpn && buf.wrongBytes(seed + round, 0, rpn)) err = "wrong bytes in a host round";
+  }
+  if (err.empty() && !named)
+    err = "rail " + std::to_string(slow) + " was not named slow on every rank within " + std::to_string(seconds) + " s";
+  // One routed device transfer from rank 0 to node 1's second rank: the
+  // proxy of the slow rail must carry much less than the others (with
+  // nominal rates each of the 4 rails carries about a quarter).
+  const int to = rpn + 1;
+  const size_t count = 2 << 20;  // float32: 8 MiB
+  zptest::CountMatrix m(n, std::vector<size_t>(n, 0));
+  m[0][to] = count;
+  zptest::AlltoallvRun run(rank, m, zpFloat32, seed);
+  run.recvBuffer().poison();
+  zptest::DeviceMirror send(run.sendBuffer()), recv(run.recvBuffer());
+  const unsigned long long before = interNodeBytes(comm, rank, n, rpn);
+  cudaStream_t stream = nullptr;
+  if (send.ok() && recv.ok() && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+    zpResult_t r = zpAlltoallv(send.data(), run.sendCounts(), run.sendDispls(), recv.data(), run.recvCounts(),
+                               run.recvDispls(), zpFloat32, comm, stream);
+    if (r != zpSuccess && err.empty()) err = std::string("device zpAlltoallv: ") + zpGetLastError(comm);
+    if (err.empty() && cudaStreamSynchronize(stream) != cudaSuccess) err = "cudaStreamSynchronize failed";
+    cudaStreamDestroy(stream);
+    if (err.empty() && recv.copyBack() != cudaSuccess) err = "copying back failed";
+    if (err.empty()) err = run.check();
+  } else if (err.empty()) {
+    err = "cudaMalloc or cudaStreamCreate failed";
+  }
+  uint64_t mine = interNodeBytes(comm, rank, n, rpn) - before;
+  std::vector<uint64_t> all(n);
+  if (zpAllGather(&mine, all.data(), 1, zpUint64, comm, nullptr) != zpSuccess && err.empty())
+    err = std::string("zpAllGather: ") + zpGetLastError(comm);
+  if (err.empty()) {
+    uint64_t others = 0;
+    std::string who;
+    for (int p = 0; p < rpn; p++) {
+      if (p != slow) others += all[p];
+      who += " " + std::to_string(all[p]);
+    }
+    if (all[slow] * 4 * (rpn - 1) > others)
+      err = "the slow rail's proxy (rank " + std::to_string(slow) + ") carried over a quarter of the others' mean" +
+            " (inter-node bytes sent by node 0's ranks:" + who + ")";
+    else if (rank == 0)
+      printf("rank 0: device transfer carried by node 0's ranks:%s bytes\n", who.c_str());
+  }
+  // And every byte of a full routed device alltoallv planned the same way.
+  if (err.empty())
+    err = zptest::deviceAlltoallvError(comm, rank, zptest::randomCounts(n, seed + 1, 200000, 0.1), zpFloat32, seed + 2);
+  if (zpCommDestroy(comm) != zpSuccess && err.empty()) err = "zpCommDestroy failed";
+  if (!err.empty()) {
+    fprintf(stderr, "rank %d (device %d): %s\n", rank, device, err.c_str());
+    return 1;
+  }
+  printf("rank %d of %d: ok\n", rank, n);
+  return 0;
+}
+
 int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   const int rpn = envInt("ZP_LOCAL_NRANKS", n);
   const char* env = getenv("ZP_ROUTING");
@@ -1335,6 +1438,7 @@ int runRank() {
 #ifdef ZP_TEST_DOUBLE
   if (mode == "device") return deviceMode(comm, rank, n, seed);
   if (mode == "devroute") return deviceRouteMode(comm, rank, n, seed);
+  if (mode == "devslow") return deviceSlowRailMode(comm, rank, n, seed);
 #endif
 
   if (mode == "idle") {

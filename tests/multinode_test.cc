@@ -274,6 +274,18 @@ TEST_F(Multinode, DeviceCallsAcrossNodesOnTheDouble) {
   EXPECT_EQ(countLines(r.output, ": ok"), 4u) << r.output;
 }
 
+// A slow NIC steers the routed device alltoallv too: once host traffic has
+// every rank name node 1's NIC 2 slow, the device path plans with the same
+// rail reports, so the proxy of rail 2 carries a small share of a device
+// transfer (the relay's schedule, run as NCCL steps); every byte checked.
+TEST_F(Multinode, ASlowRailSteersTheRoutedDeviceAlltoallvOnTheDouble) {
+  CommandResult r = run("ZP_TEST_MODE=devslow ZP_TIMEOUT=60 " ZPRUN_PATH
+                        " --timeout 180 --nodes 2 --ranks-per-node 4 --nics-per-node 4 --nic-rate 1gbit"
+                        " --nic-rate-of 1:2=100mbit " ZP_MULTINODE_RANK_DOUBLE_PATH);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+}
+
 // Routed alltoallv on device buffers: the router's plans as NCCL steps
 // (dispatch, proxy-to-proxy transfer, combine) in small chunks, with routing
 // off, rail and balanced; every byte checked, the double's byte counters

@@ -28,13 +28,33 @@ struct Piece {
   }
 };
 
-// A collective's transfer as the router planned it: its id among the
-// transfers of its (source, destination, kind), and its pieces (null: the
-// relay picks a path from the NICs' queues, as for point-to-point calls).
-// Carried by Op::routed.
+// One chunk of a routed transfer's schedule (src/route/route_schedule.h):
+// bytes [offset, offset + bytes) of the transfer go from its source to
+// srcProxy (the dispatch hop, none if srcProxy is the source), over the
+// network to dstProxy, and on to the destination (the combine hop, none if
+// dstProxy is the destination). Chunk k of every piece is in round k: an
+// executor that pipelines hops runs round k's dispatch beside round k-1's
+// network hop and round k-2's combine. The host relay and the device routed
+// alltoallv both execute schedules of these.
+struct RouteChunk {
+  uint64_t offset = 0, bytes = 0;  // within the transfer; bytes <= the chunk size
+  int srcProxy = -1, dstProxy = -1;
+  int round = 0;
+
+  bool direct(int src, int dst) const { return srcProxy == src && dstProxy == dst; }
+  bool operator==(const RouteChunk& o) const {
+    return offset == o.offset && bytes == o.bytes && srcProxy == o.srcProxy && dstProxy == o.dstProxy &&
+           round == o.round;
+  }
+};
+
+// A collective's transfer as the router scheduled it: its id among the
+// transfers of its (source, destination, kind), and its chunks in the order
+// they go (null: the relay picks a path from the NICs' queues, as for
+// point-to-point calls). Carried by Op::routed.
 struct RoutedXfer {
   uint64_t id = 0;
-  const std::vector<Piece>* pieces = nullptr;
+  const std::vector<RouteChunk>* chunks = nullptr;
 };
 
 // One inter-node transfer of a call as the router planned it (plain data:
@@ -48,10 +68,13 @@ struct Transfer {
   // mode when s owns d's rail; it is not marked direct.)
   bool direct = false;
   std::vector<Piece> pieces;       // by offset, covering [0, bytes) once
+  // The pieces as a schedule of chunks (filled by the routing layer for the
+  // plans it executes; the router's own plans leave it empty).
+  std::vector<RouteChunk> chunks;
 
   bool operator==(const Transfer& o) const {
     return src == o.src && dst == o.dst && srcNode == o.srcNode && dstNode == o.dstNode &&
-           bytes == o.bytes && direct == o.direct && pieces == o.pieces;
+           bytes == o.bytes && direct == o.direct && pieces == o.pieces && chunks == o.chunks;
   }
 };
 
@@ -138,15 +161,16 @@ class Routing {
   virtual uint64_t railReport() const = 0;
   virtual std::vector<RailStatus> railStatus() const = 0;
 
-  // The pieces of a point-to-point transfer src -> dst of `bytes`, from the
-  // bytes waiting on each NIC of src's node (the node's NIC queues, plus
+  // The schedule of a point-to-point transfer src -> dst of `bytes`, from
+  // the bytes waiting on each NIC of src's node (the node's NIC queues, plus
   // extraByRail) and the rails' measured rates; false with the reason in
   // *why if there is no path.
   virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
-                        std::vector<Piece>* pieces, std::string* why) = 0;
+                        std::vector<RouteChunk>* chunks, std::string* why) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
   // ([src][dst]), with the NICs' rates scaled by every rank's railReport
-  // (by rank; empty: nominal rates): its transfers, by (src, dst). `key`
+  // (by rank; empty: nominal rates): its transfers, by (src, dst), each
+  // with its schedule (Transfer::chunks). `key`
   // identifies the call's shape and reports, and the plan of the last key
   // is kept (plans repeat from call to call). A NIC that goes down voids it.
   virtual zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,

@@ -5,6 +5,7 @@
 
 #include "src/core/log.h"
 #include "src/util/clock.h"
+#include "src/route/route_schedule.h"
 #include "src/route/routing_setting.h"
 #include "transport/relay/relay.h"
 
@@ -179,14 +180,19 @@ std::vector<NicDown> RoutingState::applyNicNews() {
 }
 
 bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
-                            std::vector<Piece>* pieces, std::string* why) {
+                            std::vector<RouteChunk>* chunks, std::string* why) {
   std::vector<uint64_t> queued = extraByRail;
   queues_.addTo(&queued);
   // The cluster is copied only to scale a slow rail: with every rail
   // healthy the plan is made on the cluster as it is.
-  if (!rails_.anySlow())
-    return zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
-  return zp::pickPath(ratedForPath(comm_.nodeOf()[dst]), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
+  std::vector<Piece> pieces;
+  const zpResult_t res =
+      rails_.anySlow()
+          ? zp::pickPath(ratedForPath(comm_.nodeOf()[dst]), src, dst, bytes, queued, params_, &pieces, why)
+          : zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, &pieces, why);
+  if (res != zpSuccess) return false;
+  *chunks = scheduleChunks(pieces, params_.chunkBytes);
+  return true;
 }
 
 zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
@@ -195,6 +201,7 @@ zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vecto
   if (key != planKey_) {
     planKey_.clear();
     ZP_CHECK(planRoutes(ratedByReports(railReports), bytes, params_, &plan_, why));
+    scheduleTransfers(&plan_.transfers, params_.chunkBytes);
     planKey_ = key;
     ZP_TRACE(kSubColl, "rank %d: %s", comm_.rank(), zp::describe(plan_, 4).c_str());
   }

@@ -42,7 +42,7 @@ class RoutingState : public Routing {
   uint64_t railReport() const override { return rails_.report(); }
   std::vector<RailStatus> railStatus() const override;
   bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
-                std::vector<Piece>* pieces, std::string* why) override;
+                std::vector<RouteChunk>* chunks, std::string* why) override;
   zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
                   const std::vector<uint64_t>& railReports, const std::vector<Transfer>** out,
                   std::string* why) override;

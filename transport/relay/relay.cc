@@ -20,8 +20,8 @@ Relay::Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTranspor
 
 void Relay::post(Op* op) {
   const RoutedXfer* rx = op->routed;
-  if (rx && (!op->isSend || rx->pieces)) {
-    if (op->isSend) send(op, rx->id, *rx->pieces);
+  if (rx && (!op->isSend || rx->chunks)) {
+    if (op->isSend) send(op, rx->id, *rx->chunks);
     else recv(op, rx->id);
     return;
   }
@@ -35,13 +35,13 @@ void Relay::post(Op* op) {
     recv(op, rx ? xfer : msgid::plainXfer(p2pRecvs_[op->peer]++));
     return;
   }
-  std::vector<Piece> pieces;
+  std::vector<RouteChunk> chunks;
   std::string why;
-  if (op->bytes && !pickPieces(op->peer, op->bytes, &pieces, &why)) {
+  if (op->bytes && !pickChunks(op->peer, op->bytes, &chunks, &why)) {
     op->finish(zpRemoteError, "no route to rank " + std::to_string(op->peer) + ": " + why);
     return;
   }
-  send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), pieces);
+  send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), chunks);
 }
 
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
@@ -114,9 +114,9 @@ std::string Relay::describe(int peer) const {
 // A path for bytes from this rank to dst from the node's NIC queues (what
 // each NIC's owners have posted and not yet sent, which the routing layer
 // keeps) and `queued` on top.
-bool Relay::pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
+bool Relay::pickChunks(int dst, uint64_t bytes, std::vector<RouteChunk>* chunks, std::string* why,
                        std::vector<uint64_t> queued) {
-  return routing_->pickPath(ctx_.rank, dst, bytes, queued, pieces, why);
+  return routing_->pickPath(ctx_.rank, dst, bytes, queued, chunks, why);
 }
 
 void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
@@ -131,9 +131,9 @@ void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
 void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
   start();
   std::string payload = kControlMark + text;
-  std::vector<Piece> pieces;
+  std::vector<RouteChunk> chunks;
   std::string why;
-  if (!pickPieces(peer, payload.size(), &pieces, &why) || pieces.size() != 1) {
+  if (!pickChunks(peer, payload.size(), &chunks, &why) || chunks.size() != 1) {
     ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", ctx_.rank, peer, why.c_str());
     return;
   }
@@ -149,7 +149,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   ch->own.reset(new char[payload.size()]);
   memcpy(ch->own.get(), payload.data(), payload.size());
   ch->data = ch->own.get();
-  queueChunk(std::move(ch), pieces[0].srcProxy, pieces[0].dstProxy);
+  queueChunk(std::move(ch), chunks[0].srcProxy, chunks[0].dstProxy);
   pump();
 }
 
@@ -188,7 +188,7 @@ void Relay::postHeaderRecvs() {
   }
 }
 
-void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
+void Relay::send(Op* op, uint64_t xfer, const std::vector<RouteChunk>& chunks) {
   start();
   const int me = ctx_.rank;
   Key key(op->peer, (uint32_t)op->kind, xfer);
@@ -205,7 +205,7 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
   // rate: they would only blur the estimates.
   const bool timed = op->bytes >= chunkBytes_;
   int count = 0;
-  auto add = [&](uint64_t offset, uint64_t bytes, const Piece& pc) {
+  auto add = [&](uint64_t offset, uint64_t bytes, int srcProxy, int dstProxy) {
     auto ch = std::make_unique<Chunk>();
     RelayHeader& h = ch->hdr;
     h.magic = kRelayMagic;
@@ -221,28 +221,20 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces) {
     ch->sx = sx;
     Sent& rec = sx->chunks[offset];
     rec.bytes = bytes;
-    rec.srcProxy = pc.srcProxy;
-    rec.dstProxy = pc.dstProxy;
+    rec.srcProxy = srcProxy;
+    rec.dstProxy = dstProxy;
     rec.timed = timed;
-    if (timed) routing_->chunkQueued(pc.srcProxy, bytes);
+    if (timed) routing_->chunkQueued(srcProxy, bytes);
     sx->unacked++;
-    queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
+    queueChunk(std::move(ch), srcProxy, dstProxy);
     count++;
   };
-  if (op->bytes == 0) {
-    Piece direct;
-    direct.srcProxy = me;
-    direct.dstProxy = op->peer;
-    add(0, 0, direct);
-  }
-  for (const Piece& pc : pieces)
-    for (uint64_t o = 0; o < pc.bytes; o += chunkBytes_)
-      add(pc.offset + o, std::min<uint64_t>(chunkBytes_, pc.bytes - o), pc);
-  ZP_TRACE(kSubNet, "rank %d: routed send of %zu bytes to rank %d: %zu pieces, %d chunks", me, op->bytes, op->peer,
-           pieces.size(), count);
+  if (op->bytes == 0) add(0, 0, me, op->peer);
+  for (const RouteChunk& c : chunks) add(c.offset, c.bytes, c.srcProxy, c.dstProxy);
+  ZP_TRACE(kSubNet, "rank %d: routed send of %zu bytes to rank %d: %d chunks", me, op->bytes, op->peer, count);
   if (count == 0) {
     sends_.erase(key);
-    op->finish(zpInternalError, "the route to rank " + std::to_string(op->peer) + " has no pieces");
+    op->finish(zpInternalError, "the route to rank " + std::to_string(op->peer) + " has no chunks");
     return;
   }
   pump();

@@ -1,8 +1,11 @@
-// The router's executor: carries routed transfers along the pieces a plan
-// (src/route/router.h) gives them, with every rank serving as a proxy for its node.
+// The router's executor on host buffers: carries routed transfers along
+// their schedules (RouteChunk, src/route/route_schedule.h: the plan's pieces
+// as chunks of at most chunkBytes, in the order they go), with every rank
+// serving as a proxy for its node. The device routed alltoallv runs the same
+// schedules as NCCL steps (collectives/alltoallv.cc).
 //
-// A transfer src -> dst (on another node) is cut into chunks of at most
-// chunkBytes. Each chunk travels as two messages per hop: a RelayHeader,
+// A transfer src -> dst (on another node) is queued chunk by chunk in its
+// schedule's order. Each chunk travels as two messages per hop: a RelayHeader,
 // then its bytes, over the transports' relay kinds (their own lane on shared
 // memory, their own tags on UCX, so relays never queue behind user messages):
 //   dispatch  src -> srcProxy over shared memory (skipped when src is it),
@@ -86,7 +89,7 @@ class Relay : public Transport {
   ~Relay() override;
 
   // Transport. post takes an op with a rank of another node: a
-  // point-to-point op gets its path from the NICs' queues (pickPieces);
+  // point-to-point op gets its path from the NICs' queues (pickChunks);
   // a collective's carries its transfer (op->routed).
   void post(Op* op) override;
   // Directly while the network path works, else relayed like a one-chunk transfer.
@@ -121,8 +124,8 @@ class Relay : public Transport {
   // of transfers it never sent fail now, later ones when posted.
   void onLeaving(int peer, const std::string& text);
   std::string neverSent(int peer) const;
-  // A routed send of op along pieces; op finishes when every chunk is acknowledged.
-  void send(Op* op, uint64_t xfer, const std::vector<Piece>& pieces);
+  // A routed send of op along its schedule; op finishes when every chunk is acknowledged.
+  void send(Op* op, uint64_t xfer, const std::vector<RouteChunk>& chunks);
   // A routed receive; op finishes when every byte has arrived.
   void recv(Op* op, uint64_t xfer);
   // Moves chunks; true if anything moved.
@@ -185,7 +188,7 @@ class Relay : public Transport {
   void abandon(std::list<std::unique_ptr<Chunk>>::iterator it);
   void queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy);
   // queued: bytes per rail to count on top of the node's NIC queues.
-  bool pickPieces(int dst, uint64_t bytes, std::vector<Piece>* pieces, std::string* why,
+  bool pickChunks(int dst, uint64_t bytes, std::vector<RouteChunk>* chunks, std::string* why,
                   std::vector<uint64_t> queued = {});
   bool pathDead(int srcProxy, int dstProxy) const;
   void maybeFinish(SendXfer* sx);

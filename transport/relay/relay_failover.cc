@@ -131,32 +131,38 @@ void Relay::onPathsChanged() {
   std::map<int, std::vector<std::unique_ptr<Chunk>>> byDst;
   for (auto& ch : moved) byDst[ch->hdr.dst].push_back(std::move(ch));
   for (auto& [dst, list] : byDst) {
-    // Full chunks first: the router's pieces are runs of whole chunks, a short one last.
+    // One schedule for all the moved bytes: each moved chunk takes the
+    // proxies of the scheduled chunks its bytes fall on (full chunks first,
+    // so that they line up with the schedule's).
     std::stable_sort(list.begin(), list.end(), [](const std::unique_ptr<Chunk>& x, const std::unique_ptr<Chunk>& y) {
       return x->hdr.bytes > y->hdr.bytes;
     });
     uint64_t total = 0;
     for (auto& ch : list) total += std::max<uint64_t>(ch->hdr.bytes, 1);
-    std::vector<Piece> pieces;
+    std::vector<RouteChunk> path;
     std::string why;
-    bool ok = pickPieces(dst, total, &pieces, &why, backlog);
+    bool ok = pickChunks(dst, total, &path, &why, backlog);
     size_t pi = 0;
-    uint64_t left = ok && !pieces.empty() ? pieces[0].bytes : 0;
+    uint64_t left = ok && !path.empty() ? path[0].bytes : 0;
     for (auto& ch : list) {
       SendXfer* sx = ch->sx;
       if (sx) sx->inBuffer--;  // queueChunk counts it again
-      if (!ok || pi >= pieces.size()) {
+      if (!ok || pi >= path.size()) {
         if (sx && sx->op->status == zpSuccess) {
           sx->op->status = zpRemoteError;
           sx->op->error = "no path left to rank " + std::to_string(dst) + ": " + why;
         }
         continue;
       }
-      const Piece& pc = pieces[pi];
+      const RouteChunk& pc = path[pi];
       if (sx) repath(&sx->chunks[ch->hdr.offset], pc.srcProxy, pc.dstProxy);
       uint64_t b = std::max<uint64_t>(ch->hdr.bytes, 1);
-      left = left > b ? left - b : 0;
-      if (left == 0 && ++pi < pieces.size()) left = pieces[pi].bytes;
+      while (b > 0 && pi < path.size()) {  // the moved chunk's bytes, over the schedule's
+        const uint64_t take = std::min(b, left);
+        b -= take;
+        left -= take;
+        if (left == 0 && ++pi < path.size()) left = path[pi].bytes;
+      }
       queueChunk(std::move(ch), pc.srcProxy, pc.dstProxy);
     }
   }
