@@ -263,6 +263,10 @@ PY
 
 configure() {
   local args=(-S "$src" -B "$build" -DZP_WITH_CUDA=ON -DZP_WITH_UCX=$ucx -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  # A compiler cache, where installed, serves the files a build in another
+  # directory compiled the same (CI: .ci/run builds ./build first).
+  command -v ccache >/dev/null && args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+                                         -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   # Only this machine's GPU architecture: the default (80;90) compiles twice.
   [ -n "$cc" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$cc")
   echo "cmake ${args[*]}"
