@@ -339,6 +339,18 @@ void scoreCallersCandidates(const std::vector<PlanOptions::Candidate>& cands, Be
   }
 }
 
+// The caller's late candidates (PlanOptions::lateCandidates), asked for
+// with the best score so far once the planner's own are scored.
+void scoreLateCandidates(BestPlan* best) {
+  if (!best->opt.lateCandidates) return;
+  const double none = std::numeric_limits<double>::infinity();
+  const PlanOptions::Score so =
+      best->have ? PlanOptions::Score{best->bestScore, best->bestFits} : PlanOptions::Score{none, false};
+  const std::vector<PlanOptions::Candidate> late = best->opt.lateCandidates(so);
+  best->lateWinsTies = true;
+  scoreCallersCandidates(late, best);
+}
+
 // The last stage of planBatch: of the candidates screened (caps: a cap's
 // splits scheduled, fits: rings sized to a target, groupSizes: DP x CP
 // groups, each with its screening score), the finalists scored in full;
@@ -605,14 +617,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   scoreCallersCandidates(opt.candidates, &bestPlan);
   scoreFinalists(caps, fits, joints, groupSizes, thorough,
                  [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
-  if (opt.lateCandidates) {
-    const double none = std::numeric_limits<double>::infinity();
-    const PlanOptions::Score so = bestPlan.have ? PlanOptions::Score{bestPlan.bestScore, bestPlan.bestFits}
-                                                : PlanOptions::Score{none, false};
-    const std::vector<PlanOptions::Candidate> late = opt.lateCandidates(so);
-    bestPlan.lateWinsTies = true;
-    scoreCallersCandidates(late, &bestPlan);
-  }
+  scoreLateCandidates(&bestPlan);
   return std::move(bestPlan.best);
 }
 
