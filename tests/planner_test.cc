@@ -801,6 +801,41 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   EXPECT_LE(p.plannedForward + p.plannedBackward, goodScore * (1 + 1e-9));
 }
 
+// Candidates the caller makes only once the planner's own are scored
+// (PlanOptions::lateCandidates) make the plan that the same candidates given
+// up front (PlanOptions::candidates) make, ties included: under a step model
+// that scores every plan alike, the caller's candidate given first wins,
+// and so it must when it comes last. The late callback is asked once, with
+// the best score so far.
+TEST(Planner, LateCandidatesMakeThePlanTheSameCandidatesGivenFirstMake) {
+  const ClusterModel c = a800(2);
+  const int n = c.ranks();
+  std::vector<int64_t> lens;
+  for (int i = 0; i < 40; ++i) lens.push_back(1000 + 977 * i);
+  PlanOptions::Candidate cand;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    cand.rings.push_back({int((i * 5) % n)});
+    cand.order.push_back(int64_t(lens.size() - 1 - i));
+  }
+  PlanOptions early;
+  early.score = [](const BatchPlan&, bool) { return PlanOptions::Score{1.0, true}; };
+  PlanOptions late = early;
+  early.candidates = {cand};
+  int asked = 0;
+  late.lateCandidates = [&](const PlanOptions::Score& best) {
+    ++asked;
+    EXPECT_EQ(best.seconds, 1.0);
+    EXPECT_TRUE(best.fits);
+    return std::vector<PlanOptions::Candidate>{cand};
+  };
+  const BatchPlan a = planBatch(lens, true, AttnShape(), c, early), b = planBatch(lens, true, AttnShape(), c, late);
+  EXPECT_EQ(asked, 1);
+  for (const BatchPlan* p : {&a, &b}) {
+    EXPECT_EQ(p->order, cand.order);
+    for (size_t i = 0; i < lens.size(); ++i) EXPECT_EQ(p->seqs[i].ranks, cand.rings[i]) << "sequence " << i;
+  }
+}
+
 // The h800 preset on `nodes` nodes (routing on), for the split options'
 // tests: the latencies make wide rings slower, as the planner sees them.
 ClusterModel h800(int nodes) {

@@ -10,6 +10,7 @@
 #include "tests/harness.h"
 #include "tests/plan_fixtures.h"
 #include "src/sim/simulator.h"
+#include "src/sim/step_model.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -328,6 +329,62 @@ TEST(Simulator, NeverSlowerThanABaselineItCanExpress) {
     auto r = simulateStep(batches[b], cfg, c);
     for (const char* name : {"dp_cp", "dynamic_cp", "hybrid_dp"}) ASSERT_TRUE(find(r, name).baseline) << name;
     expectNoSlowerThanBaselines(r, expressible, "batch " + std::to_string(b));
+  }
+}
+
+// planForStep tunes the baselines whose placements are its candidates only
+// after the planner's own candidates, and makes no setting (group size,
+// split length) whose lower bound of the step cannot beat the best plan so
+// far. That bound holds for every setting: with any `beat` above a
+// baseline's tuned step, the bounded tuning finds that same setting; with
+// `beat` below the lower bound `ideal`, it makes none. And the plan is the
+// one the fully tuned baselines give simulateStep's `zeppelin` (the same
+// step), never slower than any of them. Batches: the bimodal file's (A800,
+// 64K, 256 ranks; the two where dp_cp's placement beats the planner's own
+// candidates, Simulator.NeverSlowerThanABaselineItCanExpress), the long-tail
+// mix's (h800, 16K, 64 ranks) and ProLong's (h800, 32K, 16 ranks: a tie
+// between a baseline's plan and the planner's own).
+TEST(Simulator, BaselinesTunedAgainstABoundAreTheTunedOnesThatCouldWin) {
+  struct Case {
+    const char* file;
+    const char* preset;
+    int64_t tokens;
+    int ranks;
+    std::vector<int64_t> lens;
+  };
+  std::vector<Case> cases;
+  std::mt19937_64 fixed(1);
+  auto bimodal = lengthsOf("bimodal_1m.txt");
+  for (int b = 0; b < 6; ++b) {
+    auto lens = formBatch(bimodal, int64_t(256) * 65536, fixed);
+    if (b == 2 || b == 5) cases.push_back({"bimodal_1m", "a800", 65536, 256, lens});
+  }
+  for (auto [file, preset, tokens, ranks] : {std::make_tuple("longtail_mix.txt", "h800", 16384, 64),
+                                              std::make_tuple("prolong64k.txt", "h800", 32768, 16)}) {
+    size_t next = 7;
+    cases.push_back({file, preset, tokens, ranks, nextBatch(lengthsOf(file), int64_t(tokens) * ranks, &next)});
+  }
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::string(k.file) + " " + k.preset + " " + std::to_string(k.ranks) + " ranks");
+    ASSERT_FALSE(k.lens.empty());
+    ClusterModel c;
+    StepConfig cfg = presetStep(k.preset, &c, k.ranks);
+    const std::vector<Tuned> full = tunedBaselines(k.lens, cfg, c, true);
+    ASSERT_EQ(full.size(), 3u);
+    for (const Tuned& t : full) {
+      const std::vector<Tuned> bounded = tunedBaselines(k.lens, cfg, c, true, t.result.stepSeconds * (1 + 1e-7));
+      auto same = std::find_if(bounded.begin(), bounded.end(), [&](const Tuned& b) { return b.result.name == t.result.name; });
+      ASSERT_NE(same, bounded.end()) << t.result.name << ": its tuned setting was not made";
+      EXPECT_EQ(same->result.stepSeconds, t.result.stepSeconds) << t.result.name;
+      EXPECT_EQ(same->result.group, t.result.group) << t.result.name;
+      EXPECT_EQ(same->result.limitTokens, t.result.limitTokens) << t.result.name;
+    }
+    const std::vector<StrategyResult> r = simulateStep(k.lens, cfg, c);
+    EXPECT_TRUE(tunedBaselines(k.lens, cfg, c, true, find(r, "ideal").stepSeconds * 0.999).empty());
+    const StrategyResult planned = simulatePlan(planForStep(k.lens, cfg, c), cfg, c);
+    EXPECT_EQ(planned.stepSeconds, find(r, "zeppelin").stepSeconds);
+    for (const Tuned& t : full)
+      if (t.result.feasible) EXPECT_LE(planned.stepSeconds, t.result.stepSeconds * (1 + 1e-3)) << t.result.name;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <stdexcept>
@@ -144,24 +145,6 @@ std::vector<std::vector<int>> placeBySummedLoad(const std::vector<int64_t>& lens
   return ranks;
 }
 
-// Lengths and their sum are bounded so that no token count, offset or cost
-// the planner computes can overflow (a sum of int64 lengths can).
-constexpr int64_t kMaxSeqTokens = int64_t(1) << 40;
-constexpr int64_t kMaxBatchTokens = int64_t(1) << 48;
-// Ranks of a planned cluster (as many as a topology file may describe).
-constexpr int64_t kMaxPlanRanks = int64_t(1) << 22;
-
-void validateLengths(const std::vector<int64_t>& lens, const char* fn) {
-  int64_t total = 0;
-  for (size_t i = 0; i < lens.size(); ++i) {
-    if (lens[i] < 1 || lens[i] > kMaxSeqTokens)
-      throw std::invalid_argument(std::string(fn) + ": sequence " + std::to_string(i) + " has length " +
-                                  std::to_string(lens[i]) + " (must be from 1 to 2^40)");
-    total += lens[i];  // cannot overflow: each term is at most 2^40 and the sum stops at 2^48
-    if (total > kMaxBatchTokens)
-      throw std::invalid_argument(std::string(fn) + ": the batch has more than 2^48 tokens");
-  }
-}
 
 void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const ClusterModel& c) {
   if (lens.empty()) throw std::invalid_argument("planBatch: empty batch (no sequences)");
@@ -190,55 +173,6 @@ void validate(const std::vector<int64_t>& lens, const AttnShape& shape, const Cl
                                 " key/value heads do not divide " + std::to_string(shape.qHeads) + " query heads");
 }
 
-// Tokens per rank: every rank within one token of the mean. Each rank keeps
-// the front of its attention tokens up to its quota, so those do not move;
-// the surplus fills the ranks that are short, from their own node first (a
-// remap then crosses the network only for what a node cannot balance
-// itself), in rank order.
-Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
-  int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
-  std::vector<int64_t> quota(n);
-  for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
-  Layout lin;
-  lin.seqLens = attn.seqLens;
-  lin.ranks.resize(n);
-  const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
-  std::vector<std::vector<Segment>> surplus(nodes);
-  std::vector<int64_t> have(n, 0);
-  for (int r = 0; r < n; ++r) {
-    lin.ranks[r].reserve(attn.ranks[r].size());
-    for (const Segment& s : attn.ranks[r]) {
-      int64_t keep = std::min(s.count, quota[r] - have[r]);
-      if (keep > 0) {
-        lin.ranks[r].push_back({s.seq, s.start, keep});
-        have[r] += keep;
-      }
-      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
-    }
-  }
-  std::vector<size_t> next(nodes, 0);
-  auto fill = [&](int r, int nd) {
-    while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
-      Segment& s = surplus[nd][next[nd]];
-      int64_t take = std::min(s.count, quota[r] - have[r]);
-      lin.ranks[r].push_back({s.seq, s.start, take});
-      have[r] += take;
-      s.start += take;
-      s.count -= take;
-      if (s.count == 0) ++next[nd];
-    }
-  };
-  for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
-  // The first node with surplus left (surplus only shrinks): the ranks
-  // still short take from the nodes in order without rescanning the spent.
-  int lo = 0;
-  for (int r = 0; r < n; ++r)
-    for (int nd = lo; nd < nodes && have[r] < quota[r]; ++nd) {
-      fill(r, nd);
-      if (nd == lo && next[nd] == surplus[nd].size()) ++lo;
-    }
-  return lin;
-}
 
 // The legacy planner: halve the cap until the summed imbalance is within
 // 2%, keeping the best; rings in the order the simulator used to run them.
@@ -280,6 +214,11 @@ struct BestPlan {
   double bestScore = 0;
   bool bestFits = true;
   bool have = false;
+  // Set before the late candidates (PlanOptions::lateCandidates) are
+  // scored: until one of them is taken, one that ties the best so far wins
+  // the tie, as it did when the caller's candidates were scored first (the
+  // plan is the same whichever comes first).
+  bool lateWinsTies = false;
 
   // The planner's own model: the planned makespans and the remaps.
   double modelled(const BatchPlan& p) const {
@@ -293,9 +232,13 @@ struct BestPlan {
   // Memory first (a plan that fits beats any that does not), then seconds.
   bool better(const PlanOptions::Score& s) const {
     if (!have || (s.fits && !bestFits)) return true;
+    if (lateWinsTies) return s.fits == bestFits && s.seconds * (1 - 1e-9) <= bestScore;
     return s.fits == bestFits && s.seconds < bestScore * (1 - 1e-9);
   }
-  void take(const PlanOptions::Score& s) { bestScore = s.seconds, bestFits = s.fits, have = true; }
+  void take(const PlanOptions::Score& s) {
+    bestScore = s.seconds, bestFits = s.fits, have = true;
+    lateWinsTies = false;  // among the late ones, the first of equals (as before)
+  }
 
   // What consider() found: the candidate could not beat the best so far by
   // a bound (not built), or was scored and fits or does not (either way).
@@ -374,11 +317,11 @@ struct BestPlan {
   }
 };
 
-// The caller's placements (PlanOptions::candidates: the simulator's tuned
-// baselines), scored in full whatever the screening says, so the plan is
-// never slower than any of them.
-void scoreCallersCandidates(BestPlan* best) {
-  for (const PlanOptions::Candidate& cand : best->opt.candidates) {
+// The caller's placements (PlanOptions::candidates, lateCandidates: the
+// simulator's tuned baselines), scored in full whatever the screening says,
+// so the plan is never slower than any of them.
+void scoreCallersCandidates(const std::vector<PlanOptions::Candidate>& cands, BestPlan* best) {
+  for (const PlanOptions::Candidate& cand : cands) {
     // Not built when the bound rules it out against the best so far (a
     // malformed candidate is built, and refused, whatever the bound says).
     const size_t m = best->lens.size();
@@ -394,6 +337,18 @@ void scoreCallersCandidates(BestPlan* best) {
     p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
     best->consider(std::move(p));
   }
+}
+
+// The caller's late candidates (PlanOptions::lateCandidates), asked for
+// with the best score so far once the planner's own are scored.
+void scoreLateCandidates(BestPlan* best) {
+  if (!best->opt.lateCandidates) return;
+  const double none = std::numeric_limits<double>::infinity();
+  const PlanOptions::Score so =
+      best->have ? PlanOptions::Score{best->bestScore, best->bestFits} : PlanOptions::Score{none, false};
+  const std::vector<PlanOptions::Candidate> late = best->opt.lateCandidates(so);
+  best->lateWinsTies = true;
+  scoreCallersCandidates(late, best);
 }
 
 // The last stage of planBatch: of the candidates screened (caps: a cap's
@@ -659,139 +614,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
   }
-  scoreCallersCandidates(&bestPlan);
+  scoreCallersCandidates(opt.candidates, &bestPlan);
   scoreFinalists(caps, fits, joints, groupSizes, thorough,
                  [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
+  scoreLateCandidates(&bestPlan);
   return std::move(bestPlan.best);
-}
-
-BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
-                        int n, int ranksPerNode) {
-  if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
-  if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
-  validateLengths(lens, "planFromRings");
-  if (ranksPerNode < 1) ranksPerNode = n;
-  BatchPlan plan;
-  plan.causal = causal;
-  plan.attention.seqLens = lens;
-  plan.attention.ranks.resize(n);
-  plan.seqs.resize(lens.size());
-  std::vector<int64_t> seenIn(n, -1);  // the last sequence whose ring named each rank
-  // Each rank's segments are counted first (at most two a ring position), so
-  // its list is allocated once: the planner builds a plan for every candidate
-  // it scores, and a DP x CP candidate has a segment on every rank of its
-  // group for every sequence.
-  std::vector<size_t> segsOf(n, 0);
-  for (size_t i = 0; i < lens.size(); ++i) {
-    // The message is built only on failure, not for every sequence.
-    auto where = [i] { return "sequence " + std::to_string(i) + ": "; };
-    if (lens[i] < 1) throw std::invalid_argument(where() + "length " + std::to_string(lens[i]) + " is below 1");
-    if (rings[i].empty()) throw std::invalid_argument(where() + "a ring of no ranks");
-    for (int r : rings[i]) {
-      if (r < 0 || r >= n)
-        throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
-      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is twice in its ring");
-      seenIn[r] = int64_t(i);
-      segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
-    }
-  }
-  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
-  for (size_t i = 0; i < lens.size(); ++i) {
-    SeqPlacement& p = plan.seqs[i];
-    p.seq = static_cast<int64_t>(i);
-    p.len = lens[i];
-    p.ranks = rings[i];
-    const int G = static_cast<int>(p.ranks.size());
-    p.cls = SeqClass::Local;
-    if (G > 1) {
-      p.cls = SeqClass::IntraNode;
-      for (int r : p.ranks)
-        if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
-    }
-    for (int j = 0; j < G; ++j)
-      for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
-        if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
-  }
-  // Inter-node rings, then intra-node rings, then local sequences, each in
-  // sequence order: the order the driver ran before plans carried one.
-  plan.order.reserve(lens.size());
-  for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
-    for (size_t i = 0; i < lens.size(); ++i)
-      if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
-  plan.linear = linearLayout(plan.attention, n, ranksPerNode);
-  return plan;
-}
-
-void setOrder(BatchPlan* plan, const std::vector<int64_t>& order) {
-  const size_t n = plan->seqs.size();
-  if (order.size() != n)
-    throw std::invalid_argument("the order names " + std::to_string(order.size()) + " sequences, the plan has " +
-                                std::to_string(n));
-  std::vector<bool> seen(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    if (order[i] < 0 || order[i] >= int64_t(n))
-      throw std::invalid_argument("order[" + std::to_string(i) + "] = " + std::to_string(order[i]) +
-                                  " is not a sequence of the plan");
-    if (seen[order[i]])
-      throw std::invalid_argument("order[" + std::to_string(i) + "]: sequence " + std::to_string(order[i]) +
-                                  " is named twice");
-    seen[order[i]] = true;
-  }
-  plan->order = order;
-}
-
-std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
-                                    const ClusterModel& c) {
-  std::vector<double> load(c.ranks(), 0.0);
-  for (const SeqPlacement& p : plan.seqs) {
-    int G = static_cast<int>(p.ranks.size());
-    const Link link = linkOf(p.cls, c);
-    double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
-    for (int r : p.ranks) load[r] += t;
-  }
-  return load;
-}
-
-void orderByClassAndSize(BatchPlan* plan) {
-  const std::vector<SeqPlacement>& seqs = plan->seqs;
-  std::stable_sort(plan->order.begin(), plan->order.end(), [&](int64_t a, int64_t b) {
-    const SeqPlacement &x = seqs[a], &y = seqs[b];
-    if (x.cls != y.cls) return x.cls > y.cls;
-    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
-    return x.len > y.len;
-  });
-}
-
-double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c, bool backward) {
-  std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
-  for (size_t k = 0; k < plan.order.size(); ++k) {
-    const SeqPlacement& p = plan.seqs[plan.order[backward ? plan.order.size() - 1 - k : k]];
-    const Link link = linkOf(p.cls, c);
-    const int G = int(p.ranks.size());
-    const double t = backward ? ringBackwardSeconds(p.len, plan.causal, G, link, shape, c)
-                              : ringSeconds(p.len, plan.causal, G, link, shape, c);
-    double at = 0;
-    for (int r : p.ranks) at = std::max(at, freeAt[r]);
-    for (int r : p.ranks) freeAt[r] = at + t;
-  }
-  return freeAt.empty() ? 0 : *std::max_element(freeAt.begin(), freeAt.end());
-}
-
-double imbalance(const std::vector<double>& v) {
-  if (v.empty()) return 1.0;
-  double mx = *std::max_element(v.begin(), v.end());
-  double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-  return mean > 0 ? mx / mean : 1.0;
-}
-
-std::vector<int64_t> rankTokens(const Layout& layout) {
-  std::vector<int64_t> t;
-  for (const auto& segs : layout.ranks) {
-    int64_t n = 0;
-    for (const Segment& s : segs) n += s.count;
-    t.push_back(n);
-  }
-  return t;
 }
 
 }  // namespace zp::plan

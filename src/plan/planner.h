@@ -51,6 +51,13 @@ struct PlanOptions {
     std::vector<int64_t> order;
   };
   std::vector<Candidate> candidates;
+  // Placements the caller makes only once the planner's own candidates are
+  // scored: called once, with the best score so far, it returns those that
+  // could still beat it (a caller with a lower bound of a placement's score
+  // need not make one that cannot), scored in full like `candidates`. The
+  // simulator tunes its baselines here (docs/simulator.md). Ignored with
+  // onlyCap and legacy.
+  std::function<std::vector<Candidate>(const Score& bestSoFar)> lateCandidates;
   // With `score`, if set: a lower bound of score, either way, for any plan
   // whose rank r computes attention for at least attnForward[r] seconds in
   // a forward pass (over the rank's sequences, a ring's size times its

@@ -15,6 +15,13 @@
 
 namespace zp::plan {
 
+// Ranks of a planned cluster (as many as a topology file may describe).
+constexpr int64_t kMaxPlanRanks = int64_t(1) << 22;
+// Throws std::invalid_argument naming `fn` and the first bad length unless
+// every length is from 1 to 2^40 and their sum at most 2^48
+// (plan_rings.cc).
+void validateLengths(const std::vector<int64_t>& lens, const char* fn);
+
 struct Split {
   int G = 1;
   SeqClass cls = SeqClass::Local;

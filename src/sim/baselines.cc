@@ -37,6 +37,33 @@ std::vector<size_t> largestFirst(size_t count, Key key) {
   return order;
 }
 
+// A lower bound of the step of any placement that runs every sequence i on
+// a ring of size(i) ranks (no Ulysses), a baseline's or Zeppelin's plan of
+// the same rings, with a remap or without: each pass of a layer takes at
+// least the ranks' mean attention compute plus linear layers (every
+// placement holds all of the batch's tokens for them), and at least one
+// ring's compute on each of its ranks; exposed communication, remaps and
+// waits only add. whole[i]: sequence i's compute on one rank. Slack for
+// rounding: the step sums the same terms in another order.
+template <class Size>
+double stepFloor(const std::vector<int64_t>& lens, const std::vector<double>& whole, Size size,
+                 const StepConfig& cfg, const ClusterModel& c) {
+  double sum = 0, most = 0, tokens = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int G = size(i);
+    // What each rank of the ring computes: G steps of 1/G^2 of the FLOPs.
+    const double perRank = G == 1 ? whole[i] : G * ringStep(lens[i], cfg.causal, G, Link::Intra, cfg.model.attn, c).compute;
+    sum += G * perRank;
+    most = std::max(most, perRank);
+    tokens += double(lens[i]);
+  }
+  const int n = c.ranks();
+  const double attn = sum / n, linear = linearSeconds(1, cfg, c) * tokens / n;
+  const double fwd = std::max(attn + linear, most), bwd = std::max(kAttnBackwardFlops * attn + 2 * linear,
+                                                                   kAttnBackwardFlops * most);
+  return cfg.model.layers * ((cfg.recompute ? 2 : 1) * fwd + bwd) * (1 - 1e-6);
+}
+
 // DP x CP(g): n / g groups of g consecutive ranks, each running one packed
 // ring (Transformer Engine) or all-gather (Llama 3) over the sequences given
 // to it. Sequences go to groups as WLB-LLM assigns them: by estimated cost
@@ -111,8 +138,11 @@ std::vector<int> ulyssesDegrees(int g, const StepConfig& cfg, const ClusterModel
 
 // The best group size (and Ulysses degree) for this batch: the fastest
 // feasible one (if none is feasible, the fastest, reported infeasible).
+// With kind Ring, a group size whose stepFloor is at least `beat` is not
+// made (none made: an empty result, name unset).
 Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, GroupKind kind, int64_t cap,
-                const StepConfig& cfg, const ClusterModel& c) {
+                const StepConfig& cfg, const ClusterModel& c, double beat = kNoBound,
+                const std::vector<double>* whole = nullptr) {
   const int n = c.ranks();
   std::vector<int> sizes;
   for (int g = 1; g <= n; g *= 2)
@@ -125,6 +155,9 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
     const std::vector<int> all = ulyssesDegrees(g, cfg, c);
     if (kind == GroupKind::Usp) degrees.insert(degrees.end(), all.begin(), all.end());
     if (kind == GroupKind::Hierarchical && !all.empty()) degrees = {all.back()};
+    if (kind == GroupKind::Ring && beat < kNoBound &&
+        stepFloor(lens, *whole, [g](size_t) { return g; }, cfg, c) >= beat)
+      continue;
     for (int u : degrees) {
       Placement pl = groupPlacement(lens, g, kind == GroupKind::AllGather, cap, cfg, c, u);
       StrategyResult r = evaluate(name, pl, cfg, c);
@@ -145,15 +178,19 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
 // sequences largest-workload first onto the group whose busiest rank has the
 // least seq^2 / cp workload (Megatron's balance) and room for the tokens;
 // the sequences that share a group run as one packed ring.
+// The group dynamic_cp gives a sequence: the smallest power of two of ranks
+// that leaves at most `split` of its tokens per rank (at most all n).
+int dynamicCpSize(int64_t len, int64_t split, int n) {
+  int d = 1;
+  while (d < n && (len + d - 1) / d > split) d *= 2;
+  return std::min(d, n);
+}
+
 Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
                   const ClusterModel& c) {
   const int n = c.ranks();
   std::vector<int> cp(lens.size());
-  for (size_t i = 0; i < lens.size(); ++i) {
-    int d = 1;
-    while (d < n && (lens[i] + d - 1) / d > split) d *= 2;
-    cp[i] = std::min(d, n);
-  }
+  for (size_t i = 0; i < lens.size(); ++i) cp[i] = dynamicCpSize(lens[i], split, n);
   auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
   std::vector<double> w(n, 0), tokens(n, 0);
   std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> sequences
@@ -220,6 +257,13 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
 // (data parallel); a longer one gets a ring over the fewest ranks that leave
 // at most `split` per rank (within a node, else whole nodes, one NIC per hop), on the least loaded
 // ones. Largest first, loads in estimated seconds (attention and linear).
+// The ring hybrid_dp gives a sequence: the fewest ranks that leave at most
+// `split` of its tokens per rank, whole nodes once it leaves one.
+int hybridRingSize(int64_t len, int64_t split, int n, int rpn) {
+  const int G = int(std::min<int64_t>(n, (len + split - 1) / split));
+  return G > rpn ? std::min(n, (G + rpn - 1) / rpn * rpn) : G;
+}
+
 Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, const StepConfig& cfg,
                  const ClusterModel& c) {
   const int n = c.ranks(), rpn = c.ranksPerNode;
@@ -239,10 +283,7 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
   std::vector<int> chosenRanks;
   Placement pl;
   pl.linTokens.assign(n, 0);
-  auto ringSize = [&](size_t i) {
-    const int G = int(std::min<int64_t>(n, (lens[i] + split - 1) / split));
-    return G > rpn ? std::min(n, (G + rpn - 1) / rpn * rpn) : G;
-  };
+  auto ringSize = [&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); };
   // Rings inside a node still to place: once none is left, the nodes' G-th
   // loads (kth) are asked no more and not kept.
   size_t intraLeft = 0;
@@ -346,12 +387,16 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
 // more ranks. Tuned per batch like dp_cp's group: the capacity, halved down
 // to 1024 tokens, the fastest feasible kept. Every rank still holds at most
 // the capacity.
-template <class Run>
-Tuned bestLimit(int64_t cap, Run run) {
+// A split length whose floor(limit) is at least `beat` is not run (none
+// run: an empty result, name unset).
+template <class Run, class Floor>
+Tuned bestLimit(int64_t cap, Run run, double beat, Floor floor) {
   Tuned best;
   bool have = false;
-  for (int64_t limit = cap; limit >= 1024 || !have; limit /= 2) {
-    Tuned t = run(std::max<int64_t>(limit, 1));
+  for (int64_t limit = cap, first = 1; limit >= 1024 || first; limit /= 2, first = 0) {
+    const int64_t split = std::max<int64_t>(limit, 1);
+    if (beat < kNoBound && floor(split) >= beat) continue;
+    Tuned t = run(split);
     t.result.limitTokens = limit;
     if (!have || fasterFeasible(t.result, best.result)) {
       best = std::move(t);
@@ -381,17 +426,28 @@ StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, 
 }
 
 std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
-                                  bool expressible) {
+                                  bool expressible, double beat) {
   const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
+  const int n = c.ranks(), rpn = c.ranksPerNode;
+  std::vector<double> whole;  // each sequence's compute on one rank, for the floors
+  if (beat < kNoBound)
+    for (int64_t l : lens) whole.push_back(ringStep(l, cfg.causal, 1, Link::Intra, cfg.model.attn, c).compute);
+  auto floorOf = [&](auto size) { return stepFloor(lens, whole, size, cfg, c); };
   std::vector<Tuned> out;
-  out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c));
+  out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c, beat, &whole));
   if (!expressible) out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c));
-  out.push_back(bestLimit(cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }));
-  out.push_back(bestLimit(cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }));
+  out.push_back(bestLimit(
+      cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }, beat,
+      [&](int64_t split) { return floorOf([&](size_t i) { return dynamicCpSize(lens[i], split, n); }); }));
+  out.push_back(bestLimit(
+      cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }, beat,
+      [&](int64_t split) { return floorOf([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
   if (!expressible) {
     out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c));
     out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c));
   }
+  // A baseline none of whose settings could beat `beat` was not made.
+  out.erase(std::remove_if(out.begin(), out.end(), [](const Tuned& t) { return t.result.name.empty(); }), out.end());
   for (Tuned& t : out) t.result.baseline = true;
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -349,16 +350,25 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
 // model (a plan whose linear layout is its attention layout runs without a
 // remap); with `remap` false the linear layers always run on the attention
 // layout.
+// `baselines` makes the tuned baselines' placements given the best score
+// so far (PlanOptions::lateCandidates).
 BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
-                            const PlanOptions& opt, bool remap, const std::vector<Tuned>& baselines) {
+                            const PlanOptions& opt, bool remap,
+                            const std::function<std::vector<Tuned>(const PlanOptions::Score&)>& baselines) {
   PlanOptions o = opt;
   // Every baseline placement a plan can express is a candidate scored in
-  // full: by this model the plan is never slower than any of them.
-  for (const Tuned& t : baselines) {
-    PlanOptions::Candidate cand;
-    if (cfg.baselineCandidates && candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand))
-      o.candidates.push_back(std::move(cand));
-  }
+  // full, after the planner's own: by this model the plan is never slower
+  // than any of them.
+  if (cfg.baselineCandidates && !cfg.legacyPlanner)
+    o.lateCandidates = [&](const PlanOptions::Score& best) {
+      std::vector<PlanOptions::Candidate> out;
+      for (const Tuned& t : baselines(best)) {
+        PlanOptions::Candidate cand;
+        if (candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand))
+          out.push_back(std::move(cand));
+      }
+      return out;
+    };
   o.forwardPasses = cfg.recompute ? 2 : 1;
   o.linearSecondsPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
   o.legacy = cfg.legacyPlanner;
@@ -397,7 +407,8 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
 
 StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
                         const ClusterModel& c, const PlanOptions& opt, bool remap, const std::vector<Tuned>& baselines) {
-  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap, baselines), cfg, c, remap), cfg, c);
+  auto tuned = [&](const PlanOptions::Score&) { return baselines; };
+  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap, tuned), cfg, c, remap), cfg, c);
 }
 
 // The lower bound: linear layers perfectly token-balanced, attention
@@ -431,8 +442,12 @@ StrategyResult simulatePlan(const BatchPlan& plan, const StepConfig& cfg, const 
 BatchPlan planForStep(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c) {
   PlanOptions opt;
   opt.nodeTokenBalance = cfg.nodeTokenBalance;
-  return planWithStepModel(lens, cfg, c, opt, true,
-                           cfg.baselineCandidates ? tunedBaselines(lens, cfg, c, true) : std::vector<Tuned>());
+  // The baselines are tuned only once the planner's own best is known: a
+  // setting that cannot beat it (by a lower bound of its step) is not made.
+  auto tuned = [&](const PlanOptions::Score& best) {
+    return tunedBaselines(lens, cfg, c, true, best.fits ? best.seconds : kNoBound);
+  };
+  return planWithStepModel(lens, cfg, c, opt, true, tuned);
 }
 
 std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const StepConfig& cfg,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -53,12 +54,18 @@ struct Tuned {
   StrategyResult result;
   Placement placement;
 };
+constexpr double kNoBound = std::numeric_limits<double>::infinity();
 // dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp: every
 // baseline, tuned, in strategyNames() order; with `expressible`, only those
 // a plan can express (dp_cp, dynamic_cp, hybrid_dp: rings of whole
-// sequences, the planner's candidates).
+// sequences, the planner's candidates). With `beat`: a setting (group size,
+// split length) of dp_cp, dynamic_cp or hybrid_dp whose lower bound of the
+// step (any placement of its ring sizes, Zeppelin's plan of it included) is
+// at least `beat` is not made, and a baseline none of whose settings is
+// made is left out: each one returned is the best of the settings made,
+// which is its tuned setting whenever that could be faster than `beat`.
 std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
-                                  bool expressible = false);
+                                  bool expressible = false, double beat = kNoBound);
 // Transformer Engine's ring over all ranks: a reference, not a competitor.
 StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):

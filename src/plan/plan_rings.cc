@@ -1,0 +1,213 @@
+// A batch plan from given rings (planFromRings) and what can be read off a
+// plan: its layouts, makespans and per-rank loads (planner.h). The planner
+// builds a plan from every candidate it scores in full.
+#include "src/plan/planner.h"
+#include "src/plan/schedule.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace zp::plan {
+
+// Lengths and their sum are bounded so that no token count, offset or cost
+// the planner computes can overflow (a sum of int64 lengths can).
+constexpr int64_t kMaxSeqTokens = int64_t(1) << 40;
+constexpr int64_t kMaxBatchTokens = int64_t(1) << 48;
+
+void validateLengths(const std::vector<int64_t>& lens, const char* fn) {
+  int64_t total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    if (lens[i] < 1 || lens[i] > kMaxSeqTokens)
+      throw std::invalid_argument(std::string(fn) + ": sequence " + std::to_string(i) + " has length " +
+                                  std::to_string(lens[i]) + " (must be from 1 to 2^40)");
+    total += lens[i];  // cannot overflow: each term is at most 2^40 and the sum stops at 2^48
+    if (total > kMaxBatchTokens)
+      throw std::invalid_argument(std::string(fn) + ": the batch has more than 2^48 tokens");
+  }
+}
+
+namespace {
+
+// Tokens per rank: every rank within one token of the mean. Each rank keeps
+// the front of its attention tokens up to its quota, so those do not move;
+// the surplus fills the ranks that are short, from their own node first (a
+// remap then crosses the network only for what a node cannot balance
+// itself), in rank order.
+Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
+  int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
+  std::vector<int64_t> quota(n);
+  for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
+  Layout lin;
+  lin.seqLens = attn.seqLens;
+  lin.ranks.resize(n);
+  const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
+  std::vector<std::vector<Segment>> surplus(nodes);
+  std::vector<int64_t> have(n, 0);
+  for (int r = 0; r < n; ++r) {
+    lin.ranks[r].reserve(attn.ranks[r].size());
+    for (const Segment& s : attn.ranks[r]) {
+      int64_t keep = std::min(s.count, quota[r] - have[r]);
+      if (keep > 0) {
+        lin.ranks[r].push_back({s.seq, s.start, keep});
+        have[r] += keep;
+      }
+      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
+    }
+  }
+  std::vector<size_t> next(nodes, 0);
+  auto fill = [&](int r, int nd) {
+    while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
+      Segment& s = surplus[nd][next[nd]];
+      int64_t take = std::min(s.count, quota[r] - have[r]);
+      lin.ranks[r].push_back({s.seq, s.start, take});
+      have[r] += take;
+      s.start += take;
+      s.count -= take;
+      if (s.count == 0) ++next[nd];
+    }
+  };
+  for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
+  // The first node with surplus left (surplus only shrinks): the ranks
+  // still short take from the nodes in order without rescanning the spent.
+  int lo = 0;
+  for (int r = 0; r < n; ++r)
+    for (int nd = lo; nd < nodes && have[r] < quota[r]; ++nd) {
+      fill(r, nd);
+      if (nd == lo && next[nd] == surplus[nd].size()) ++lo;
+    }
+  return lin;
+}
+
+}  // namespace
+
+BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
+                        int n, int ranksPerNode) {
+  if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
+  if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
+  validateLengths(lens, "planFromRings");
+  if (ranksPerNode < 1) ranksPerNode = n;
+  BatchPlan plan;
+  plan.causal = causal;
+  plan.attention.seqLens = lens;
+  plan.attention.ranks.resize(n);
+  plan.seqs.resize(lens.size());
+  std::vector<int64_t> seenIn(n, -1);  // the last sequence whose ring named each rank
+  // Each rank's segments are counted first (at most two a ring position), so
+  // its list is allocated once: the planner builds a plan for every candidate
+  // it scores, and a DP x CP candidate has a segment on every rank of its
+  // group for every sequence.
+  std::vector<size_t> segsOf(n, 0);
+  for (size_t i = 0; i < lens.size(); ++i) {
+    // The message is built only on failure, not for every sequence.
+    auto where = [i] { return "sequence " + std::to_string(i) + ": "; };
+    if (lens[i] < 1) throw std::invalid_argument(where() + "length " + std::to_string(lens[i]) + " is below 1");
+    if (rings[i].empty()) throw std::invalid_argument(where() + "a ring of no ranks");
+    for (int r : rings[i]) {
+      if (r < 0 || r >= n)
+        throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
+      if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is twice in its ring");
+      seenIn[r] = int64_t(i);
+      segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
+    }
+  }
+  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
+  for (size_t i = 0; i < lens.size(); ++i) {
+    SeqPlacement& p = plan.seqs[i];
+    p.seq = static_cast<int64_t>(i);
+    p.len = lens[i];
+    p.ranks = rings[i];
+    const int G = static_cast<int>(p.ranks.size());
+    p.cls = SeqClass::Local;
+    if (G > 1) {
+      p.cls = SeqClass::IntraNode;
+      for (int r : p.ranks)
+        if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
+    }
+    for (int j = 0; j < G; ++j)
+      for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
+        if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
+  }
+  // Inter-node rings, then intra-node rings, then local sequences, each in
+  // sequence order: the order the driver ran before plans carried one.
+  plan.order.reserve(lens.size());
+  for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
+    for (size_t i = 0; i < lens.size(); ++i)
+      if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
+  plan.linear = linearLayout(plan.attention, n, ranksPerNode);
+  return plan;
+}
+
+void setOrder(BatchPlan* plan, const std::vector<int64_t>& order) {
+  const size_t n = plan->seqs.size();
+  if (order.size() != n)
+    throw std::invalid_argument("the order names " + std::to_string(order.size()) + " sequences, the plan has " +
+                                std::to_string(n));
+  std::vector<bool> seen(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (order[i] < 0 || order[i] >= int64_t(n))
+      throw std::invalid_argument("order[" + std::to_string(i) + "] = " + std::to_string(order[i]) +
+                                  " is not a sequence of the plan");
+    if (seen[order[i]])
+      throw std::invalid_argument("order[" + std::to_string(i) + "]: sequence " + std::to_string(order[i]) +
+                                  " is named twice");
+    seen[order[i]] = true;
+  }
+  plan->order = order;
+}
+
+std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shape,
+                                    const ClusterModel& c) {
+  std::vector<double> load(c.ranks(), 0.0);
+  for (const SeqPlacement& p : plan.seqs) {
+    int G = static_cast<int>(p.ranks.size());
+    const Link link = linkOf(p.cls, c);
+    double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
+    for (int r : p.ranks) load[r] += t;
+  }
+  return load;
+}
+
+void orderByClassAndSize(BatchPlan* plan) {
+  const std::vector<SeqPlacement>& seqs = plan->seqs;
+  std::stable_sort(plan->order.begin(), plan->order.end(), [&](int64_t a, int64_t b) {
+    const SeqPlacement &x = seqs[a], &y = seqs[b];
+    if (x.cls != y.cls) return x.cls > y.cls;
+    if (x.ranks.size() != y.ranks.size()) return x.ranks.size() > y.ranks.size();
+    return x.len > y.len;
+  });
+}
+
+double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& c, bool backward) {
+  std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
+  for (size_t k = 0; k < plan.order.size(); ++k) {
+    const SeqPlacement& p = plan.seqs[plan.order[backward ? plan.order.size() - 1 - k : k]];
+    const Link link = linkOf(p.cls, c);
+    const int G = int(p.ranks.size());
+    const double t = backward ? ringBackwardSeconds(p.len, plan.causal, G, link, shape, c)
+                              : ringSeconds(p.len, plan.causal, G, link, shape, c);
+    double at = 0;
+    for (int r : p.ranks) at = std::max(at, freeAt[r]);
+    for (int r : p.ranks) freeAt[r] = at + t;
+  }
+  return freeAt.empty() ? 0 : *std::max_element(freeAt.begin(), freeAt.end());
+}
+
+double imbalance(const std::vector<double>& v) {
+  if (v.empty()) return 1.0;
+  double mx = *std::max_element(v.begin(), v.end());
+  double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  return mean > 0 ? mx / mean : 1.0;
+}
+
+std::vector<int64_t> rankTokens(const Layout& layout) {
+  std::vector<int64_t> t;
+  for (const auto& segs : layout.ranks) {
+    int64_t n = 0;
+    for (const Segment& s : segs) n += s.count;
+    t.push_back(n);
+  }
+  return t;
+}
+}  // namespace zp::plan
