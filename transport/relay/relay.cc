@@ -44,6 +44,13 @@ void Relay::post(Op* op) {
   send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), pieces);
 }
 
+bool Relay::arrived(int peer, uint64_t, size_t* bytes) {
+  auto it = deliveries_.find(Key(peer, (uint32_t)OpKind::kP2P, msgid::plainXfer(p2pRecvs_[peer])));
+  if (it == deliveries_.end() || !it->second.seen || it->second.op) return false;
+  *bytes = it->second.total;
+  return true;
+}
+
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
   if (routing_->directAlive(peer)) via(peer)->sendStatus(peer, seq, status, text);
   else sendControl(peer, seq, status, text);

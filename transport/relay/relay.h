@@ -92,6 +92,9 @@ class Relay : public Transport {
   // Directly while the network path works, else relayed like a one-chunk transfer.
   void sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) override;
   bool onControl(int peer, uint64_t seq, const std::string& text) override;
+  // A routed point-to-point transfer from peer, the next one a receive would
+  // take, of which a chunk has come (held until its receive is posted).
+  bool arrived(int peer, uint64_t seq, size_t* bytes) override;
   bool progress() override;
   // Chunks in flight here (as source, proxy or destination).
   bool busy() const override;
