@@ -184,9 +184,20 @@ bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<
   queues_.addTo(&queued);
   // The cluster is copied only to scale a slow rail: with every rail
   // healthy the plan is made on the cluster as it is.
-  if (!rails_.anySlow())
+  if (!rails_.anySlow() && left_.empty())
     return zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
-  return zp::pickPath(ratedForPath(comm_.nodeOf()[dst]), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
+  const ClusterTopology topo = rails_.anySlow() ? ratedForPath(comm_.nodeOf()[dst]) : health_.topology();
+  return zp::pickPath(withoutLeft(topo), src, dst, bytes, queued, params_, pieces, why) == zpSuccess;
+}
+
+void RoutingState::proxyLeft(int rank) {
+  if (std::find(left_.begin(), left_.end(), rank) == left_.end()) left_.push_back(rank);
+}
+
+ClusterTopology RoutingState::withoutLeft(ClusterTopology topo) const {
+  // A rank with no NIC owns none: the router's proxies are owners of NICs.
+  for (int r : left_) topo.rankNic[r] = -1;
+  return topo;
 }
 
 zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
