@@ -112,7 +112,7 @@ class Pending:
                     raise InvalidUsage("recv from rank %d with tag %d matched a message sent with %s: tags are "
                                        "matched among the operations run together (posted before the same wait); "
                                        "post both sides' tagged operations before waiting on them"
-                                       % (op.peer, op.tag, got))
+                                       % (op.peer or 0, op.tag, got))  # tagged: never from any source
         try:
             self._call("send/recv" if len(ops) > 1 else ("send" if ops[0].send else "recv"), body)
         except BaseException as e:

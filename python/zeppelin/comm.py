@@ -181,7 +181,9 @@ class Source:
         return self.rank
 
     def __eq__(self, other: object) -> bool:
-        return self.rank == other if isinstance(other, int) else NotImplemented
+        if not isinstance(other, (int, Source)):
+            return NotImplemented
+        return self.rank == int(other)
 
     def __hash__(self) -> int:
         return hash(self.rank)
