@@ -76,6 +76,7 @@ bool Comm::holdBehindAnySource(std::vector<Op*>& ops) {
 }
 
 bool Comm::matchAnySource(std::vector<Op*>& ops) {
+  if (anyHeld_.size() != ops.size()) return false;  // no receive from any source among them
   // Ranks whose next message is spoken for: a receive from them is under way.
   std::vector<char>& taken = anyTaken_;
   taken.assign(nranks_, 0);

@@ -213,6 +213,7 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
     }
     if (self) c->runSelfOps(w.ops);
     wild = wild && c->holdBehindAnySource(w.ops);
+    if (!wild) c->anyHeld_.clear();  // nothing held: matchAnySource passes these ops over
     anySource |= wild;
     for (size_t i = 0; i < w.ops.size(); i++) {
       Op* op = w.ops[i];
