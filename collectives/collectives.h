@@ -78,8 +78,10 @@ bool groupOpen();
 // Queues a send or receive (runs it at once outside a group). hold keeps
 // comm alive for the call or the group; it may be null only where the open
 // group holds comm already (a send or receive of the group was made on it).
+// A receive's peer may be kAnySource; source (receives only, may be null)
+// gets the rank it was matched with.
 zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void* buf, size_t count,
-                      zpDataType_t dtype, int peer, void* stream);
+                      zpDataType_t dtype, int peer, void* stream, int* source = nullptr);
 // Queues a collective in the calling thread's open group (zpGroupEnd runs it).
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run);
 // Queues a collective, or runs it at once outside a group; fn names it in

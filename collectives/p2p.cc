@@ -143,11 +143,14 @@ zpResult_t groupEnd(bool* ended) {
 }
 
 zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void* buf, size_t count,
-                      zpDataType_t dtype, int peer, void* stream) {
+                      zpDataType_t dtype, int peer, void* stream, int* source) {
   size_t ts = zpTypeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
-  if (peer < 0 || peer >= comm->nranks())
-    return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d)", fn, peer, comm->nranks() - 1);
+  const bool any = !isSend && peer == kAnySource;
+  if (!any && (peer < 0 || peer >= comm->nranks()))
+    return fail(zpInvalidArgument, "%s: peer %d is not a rank of this communicator (0..%d%s)", fn, peer,
+                comm->nranks() - 1, isSend ? "" : ", or ZP_ANY_SOURCE");
+  if (source) *source = any ? kAnySource : peer;
   if (count > maxElements(ts))
     return fail(zpInvalidArgument, "%s: count %zu is too large (a negative value cast to size_t?)", fn, count);
   if (count > 0 && !buf) return fail(zpInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
@@ -163,10 +166,12 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
     op.bytes = count * ts;
     op.typeSize = ts;
     op.stream = stream;
+    op.source = any ? source : nullptr;
     return zpSuccess;
   }
   Op op(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   op.stream = stream;
+  op.source = any ? source : nullptr;
   Comm::Call call(comm, fn);
   ZP_CHECK(call.status());
   std::vector<Op*>& ops = g.single;

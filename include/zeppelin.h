@@ -330,6 +330,28 @@ zpResult_t zpSend(const void* sendbuff, size_t count, zpDataType_t datatype, int
                   zpComm_t comm, zpStream_t stream);
 zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
                   zpStream_t stream);
+/* Receive from any source (MPI_ANY_SOURCE; NCCL has none): peer
+ * ZP_ANY_SOURCE in zpRecv or zpRecvFrom takes the next point-to-point
+ * message of the first rank found to have one waiting; each rank's messages
+ * are still taken in the order sent, and when several ranks' messages wait,
+ * the ranks take turns. Receives match in call order, as MPI's do in
+ * posting order: in a group, a receive naming a rank that is called after a
+ * receive from any source waits until that one is matched, so it cannot
+ * take a message the earlier one could have; receives naming a rank called
+ * before it take their messages first. Sends to itself in the same group
+ * that no receive naming it takes go to receives from any source. Messages
+ * of collectives are never taken. The count must equal the message's, as
+ * for zpRecv (unlike MPI, a longer receive does not take a shorter
+ * message): another count fails with zpInvalidUsage and writes nothing.
+ * zpRecvFrom also writes the sender's rank to *source (may be NULL; in a
+ * group it is written at zpGroupEnd). On one node and across nodes, with
+ * routing on or off, alike. Host buffers only: with a stream,
+ * zpInvalidArgument. On a communicator of one rank, with no send to itself
+ * left in the group: zpInvalidUsage at once. A receive that nothing ever
+ * matches fails after ZP_TIMEOUT, as any receive does. */
+#define ZP_ANY_SOURCE (-1)
+zpResult_t zpRecvFrom(void* recvbuff, size_t count, zpDataType_t datatype, int peer, int* source,
+                      zpComm_t comm, zpStream_t stream);
 
 /* ---- All-to-all with variable counts ----
  * Rank r sends sendcounts[p] elements starting at element sdispls[p] of

@@ -61,6 +61,9 @@
 //            with every element right (possible only for a rank whose part
 //            was done when the victim died), write nothing outside its
 //            buffers, and abort or destroy its communicator;
+//   anysource  receives from any source (tests/any_source_check.h)
+//   earlybye ranks that finish early leave while others run routed traffic
+//            (earlyByeMode)
 //   refusal  rank 1 refuses its arguments in collectives and alltoallv that
 //            the others call validly (refusalMode);
 //   alldown  as nicdown, but rank 0 downs every NIC of its node: no path is
@@ -108,6 +111,7 @@
 
 #include "src/core/bootstrap.h"
 #include "transport/ucx/ucx_transport.h"
+#include "tests/any_source_check.h"
 #include "tests/attention_check.h"
 #include "tests/checks.h"
 #include "tests/reduce_reference.h"
@@ -307,6 +311,54 @@ int lateMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     return 1;
   }
   if (!destroy()) return 1;
+  printf("rank %d: ok\n", rank);
+  return 0;
+}
+
+// ZP_TEST_MODE=earlybye: after an exchange of every rank with the rank one
+// node on (relayed: every rank carries chunks as a proxy), the first rank
+// of each node (a worker) goes on sending routed traffic round the ring of
+// workers, every byte checked, for ZP_TEST_SECONDS (4), while the other
+// ranks destroy the communicator at once: their zpCommDestroy must return
+// within 1.5 s (a leaving rank used to wait for every rank to come to
+// destroy), so the workers' later chunks take paths without them. Worker 0
+// says each round whether another follows, so all run the same rounds.
+int earlyByeMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1);
+  const double seconds = envInt("ZP_TEST_SECONDS", 4);
+  using Clock = std::chrono::steady_clock;
+  std::string err = sendRecvError(comm, rank, n, rpn, seed);
+  if (!err.empty()) return finishMode(comm, rank, n, "the first exchange: " + err);
+  if (rank % rpn != 0) {
+    const auto start = Clock::now();
+    const zpResult_t r = zpCommDestroy(comm);
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (r != zpSuccess || s > 1.5) {
+      printf("rank %d: zpCommDestroy returned %s after %.2f s while the workers ran\n", rank, zpGetErrorString(r), s);
+      return 1;
+    }
+    printf("rank %d: destroyed in %.2f s: ok\n", rank, s);
+    return 0;
+  }
+  const auto start = Clock::now();
+  int rounds = 0;
+  for (int go = 1; go && err.empty(); rounds++) {
+    err = sendRecvError(comm, rank, n, rpn, seed + 1 + rounds);
+    if (rank == 0) go = std::chrono::duration<double>(Clock::now() - start).count() < seconds;
+    zpGroupStart();
+    for (int w = rpn; w < n && rank == 0; w += rpn) zpSend(&go, 1, zpInt32, w, comm, nullptr);
+    if (rank != 0) zpRecv(&go, 1, zpInt32, 0, comm, nullptr);
+    if (zpGroupEnd() != zpSuccess && err.empty()) err = std::string("the round's flag: ") + zpGetLastError(comm);
+  }
+  if (!err.empty()) return finishMode(comm, rank, n, "round " + std::to_string(rounds) + ": " + err);
+  printf("rank %d: %d rounds in %.1f s\n", rank, rounds, std::chrono::duration<double>(Clock::now() - start).count());
+  const auto bye = Clock::now();
+  const zpResult_t r = zpCommDestroy(comm);
+  const double s = std::chrono::duration<double>(Clock::now() - bye).count();
+  if (r != zpSuccess || s > 5) {
+    printf("rank %d: the worker's zpCommDestroy returned %s after %.2f s\n", rank, zpGetErrorString(r), s);
+    return 1;
+  }
   printf("rank %d: ok\n", rank);
   return 0;
 }
@@ -1424,7 +1476,17 @@ int runRank() {
   }
 
   if (mode == "late") return lateMode(comm, rank, n, seed);
+  if (mode == "earlybye") return earlyByeMode(comm, rank, n, seed);
   if (mode == "refused") return refusedMode(comm, rank, n, seed);
+  if (mode == "anysource") {
+    const std::string err = zptest::anySourceErrors(comm, rank, n, seed);
+    if (zpCommDestroy(comm) != zpSuccess || !err.empty()) {
+      fprintf(stderr, "%s\n", err.empty() ? "zpCommDestroy failed" : err.c_str());
+      return 1;
+    }
+    printf("rank %d: ok\n", rank);
+    return 0;
+  }
   if (mode == "refusal") return refusalMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "rails") return railsMode(comm, rank, n, seed);

@@ -222,6 +222,21 @@ TEST_F(Multinode, MessagesSentBeforeAGoodbyeArriveAfterTheConnectionCloses) {
   }
 }
 
+// With routing on, ranks that finish early destroy the communicator while
+// the first rank of each node still runs routed traffic (every byte
+// checked): their destroy returns within 1.5 s instead of waiting for the
+// workers to come to destroy, and the workers' paths avoid them from then
+// on (balanced, and rail mode; 2 and 4 ranks per node).
+TEST_F(Multinode, RanksThatFinishEarlyLeaveWhileOthersRunRoutedTraffic) {
+  for (const auto& c : {std::make_pair(2, "ZP_ROUTING=balanced"), std::make_pair(2, "ZP_ROUTING=rail"),
+                        std::make_pair(4, "ZP_ROUTING=balanced")}) {
+    const std::string env = std::string("ZP_TEST_MODE=earlybye ZP_TIMEOUT=60 ") + c.second;
+    CommandResult r = zprun(2, c.first, c.first, env);
+    EXPECT_EQ(r.status, 0) << env << "\n" << r.output;
+    EXPECT_EQ(countLines(r.output, ": ok"), (size_t)(2 * c.first)) << env << "\n" << r.output;
+  }
+}
+
 // One rank per node, three nodes: the hierarchical all-reduce's node steps
 // are empty and its rail ring spans every rank.
 TEST_F(Multinode, CollectivesWithOneRankPerNode) {
@@ -339,6 +354,13 @@ TEST_P(MultinodeShapes, RefusedReceiveWritesNothing) { expectOkInEveryRouting("r
 // reason, and the next call runs (the header round and alltoallv's count
 // exchange through the relay).
 TEST_P(MultinodeShapes, OneRanksRefusedCallFailsOnEveryRankAndTheNextRuns) { expectOkInEveryRouting("refusal"); }
+
+// Receives from any source across nodes (any_source_check.h): each
+// sender's messages in order with the sender reported, named receives
+// after wildcards, groups with rings and sends to self, a collective's
+// messages left alone, a refused count writing nothing; every byte checked,
+// whichever way the bytes come (UCX, the relay, small relayed chunks).
+TEST_P(MultinodeShapes, ReceivesFromAnySourceEveryByteChecked) { expectOkInEveryRouting("anysource"); }
 
 // One NIC per node: with routing on, transfers go straight over UCX.
 TEST_F(Multinode, RefusedReceiveWritesNothingOnOneRail) {

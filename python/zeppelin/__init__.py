@@ -22,8 +22,8 @@ the package, the source tree's build/, the system loader).
 
 from . import _lib
 from ._buffers import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, UINT8, UINT32, UINT64, dtype_of
-from .comm import (AVG, MAX, MIN, PROD, SPLIT_NOCOLOR, SUM, UNIQUE_ID_BYTES, Communicator, ReduceOp,
-                   get_unique_id, group, init, version)
+from .comm import (ANY_SOURCE, AVG, MAX, MIN, PROD, SPLIT_NOCOLOR, SUM, UNIQUE_ID_BYTES, Communicator, ReduceOp,
+                   Source, get_unique_id, group, init, version)
 from .errors import (CudaError, InProgress, InternalError, InvalidArgument, InvalidUsage, RemoteError,
                      ZeppelinError, ZpSystemError, error_class)
 from .plan import (INTER_NODE, INTRA_NODE, LOCAL, Attention, AttnBlock, BatchPlan, Layout, Remap, Ring,
@@ -33,8 +33,8 @@ library_path = _lib.path
 __version__ = "%d.%d.%d" % version()  # the loaded library's (zpGetVersion)
 
 __all__ = [
-    "AVG", "MAX", "MIN", "PROD", "SUM", "SPLIT_NOCOLOR", "UNIQUE_ID_BYTES", "ReduceOp",
-    "Communicator", "init", "get_unique_id", "group", "version",
+    "AVG", "MAX", "MIN", "PROD", "SUM", "SPLIT_NOCOLOR", "ANY_SOURCE", "UNIQUE_ID_BYTES", "ReduceOp",
+    "Communicator", "Source", "init", "get_unique_id", "group", "version",
     "ZeppelinError", "CudaError", "ZpSystemError", "InternalError", "InvalidArgument", "InvalidUsage",
     "RemoteError", "InProgress", "error_class",
     "BatchPlan", "Layout", "Remap", "Ring", "Attention", "AttnBlock", "plan_batch", "plan_ahead", "lengths_from_cu_seqlens",

@@ -32,6 +32,7 @@ UNIQUE_ID_BYTES = 128
 CONFIG_UNDEF_INT = -2147483647 - 1
 CONFIG_MAGIC = 0x7A70636E
 SPLIT_NOCOLOR = -1
+ANY_SOURCE = -1
 MAX_CALL_BYTES = 1 << 48
 
 
@@ -147,6 +148,7 @@ _SIGNATURES = {
     "zpGroupEnd": (Result, []),
     "zpSend": (Result, [c_void_p, c_size_t, c_int, c_int, Comm, Stream]),
     "zpRecv": (Result, [c_void_p, c_size_t, c_int, c_int, Comm, Stream]),
+    "zpRecvFrom": (Result, [c_void_p, c_size_t, c_int, c_int, _P(c_int), Comm, Stream]),
     "zpAlltoallv": (Result, [c_void_p, _P(c_size_t), _P(c_size_t), c_void_p, _P(c_size_t), _P(c_size_t),
                              c_int, Comm, Stream]),
     "zpAllReduce": (Result, [c_void_p, c_void_p, c_size_t, c_int, c_int, Comm, Stream]),

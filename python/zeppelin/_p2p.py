@@ -17,6 +17,12 @@ waited on (Work.wait, is_completed, get_future, dist.send / dist.recv, which
 wait), and before any other call of the process group (a collective), so the
 calls of a group still happen in program order. Ops posted after that form
 the next group.
+
+A receive from any source (irecv without src, recv_anysource) is a
+ZP_ANY_SOURCE receive of the group: it takes the first message found to have
+come from any rank, each rank's in the order sent, after the receives of the
+same group that name that rank (zeppelin.h); its Work's _source_rank() is
+the sender's rank, as with Gloo. Tag 0 only.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any, Callable, List, Optional
 from ._torch import torch  # an ImportError that says how to get torch when it is missing
 import torch.distributed as dist
 
-from .comm import Communicator, group
+from .comm import Communicator, Source, group
 from .errors import InvalidArgument, InvalidUsage
 
 _MAGIC = 0x7A7074616721  # "zptag!": a tagged message's header
@@ -34,12 +40,13 @@ _MAGIC = 0x7A7074616721  # "zptag!": a tagged message's header
 
 class _Op:
     """One posted isend or irecv."""
-    __slots__ = ("send", "tensor", "peer", "tag", "done", "error")
+    __slots__ = ("send", "tensor", "peer", "tag", "done", "error", "source")
 
-    def __init__(self, send: bool, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        self.send, self.tensor, self.peer, self.tag = send, tensor, peer, tag
+    def __init__(self, send: bool, tensor: torch.Tensor, peer: Optional[int], tag: int) -> None:
+        self.send, self.tensor, self.peer, self.tag = send, tensor, peer, tag  # peer None: any source
         self.done = False
         self.error: Optional[BaseException] = None
+        self.source: Optional[Source] = None  # a receive from any source's, once posted
 
 
 class Pending:
@@ -50,14 +57,25 @@ class Pending:
         self._call = call  # runs a function as the named call (the process group's error wrapper)
         self._ops: List[_Op] = []
 
-    def post(self, send: bool, tensors: List[torch.Tensor], peer: int, tag: int) -> "P2PWork":
+    def post(self, send: bool, tensors: List[torch.Tensor], peer: Optional[int], tag: int) -> "P2PWork":
+        """peer None: a receive from any source."""
         fn = "isend" if send else "irecv"
         if len(tensors) != 1:
             raise InvalidArgument("%s: one tensor per call, got %d" % (fn, len(tensors)))
-        if not isinstance(peer, int) or not 0 <= peer < self.comm.size:
+        if peer is None and send:
+            raise InvalidArgument("isend: a destination rank is needed")
+        if peer is not None and (not isinstance(peer, int) or not 0 <= peer < self.comm.size):
             raise InvalidArgument("%s: peer %r is not a rank in [0, %d)" % (fn, peer, self.comm.size))
         if not isinstance(tag, int) or tag < 0:
             raise InvalidArgument("%s: tag %r: a non-negative integer" % (fn, tag))
+        if peer is None and tag:
+            # A tagged message is a header and its data from one rank: a
+            # receive from any source could take another rank's data.
+            raise InvalidArgument("irecv / recv from any source (src=None) with tag %d: the zeppelin backend "
+                                  "receives from any source with tag 0 only; give src, or use tag 0" % tag)
+        if peer is None and tensors[0].is_cuda:
+            raise InvalidArgument("irecv / recv from any source (src=None) of a CUDA tensor: NCCL has no "
+                                  "receive from any source; give src")
         op = _Op(send, tensors[0], peer, tag)
         self._ops.append(op)
         return P2PWork(self, op)
@@ -81,6 +99,9 @@ class Pending:
         def body() -> None:
             with group():
                 for op, hdr in zip(ordered, headers):
+                    if op.peer is None:
+                        op.source = self.comm.recv_any(op.tensor)
+                        continue
                     move = self.comm.send if op.send else self.comm.recv
                     if hdr is not None:
                         move(hdr, op.peer)
@@ -91,7 +112,7 @@ class Pending:
                     raise InvalidUsage("recv from rank %d with tag %d matched a message sent with %s: tags are "
                                        "matched among the operations run together (posted before the same wait); "
                                        "post both sides' tagged operations before waiting on them"
-                                       % (op.peer, op.tag, got))
+                                       % (op.peer or 0, op.tag, got))  # tagged: never from any source
         try:
             self._call("send/recv" if len(ops) > 1 else ("send" if ops[0].send else "recv"), body)
         except BaseException as e:
@@ -141,10 +162,15 @@ class P2PWork(dist.Work):  # type: ignore[misc]
         return [self._op.tensor]
 
     def source_rank(self) -> int:
-        return self._op.peer
+        return self._source_rank()
 
     def _source_rank(self) -> int:
-        return self._op.peer
+        """The sender's rank (in the process group), as Gloo's Work gives it."""
+        if self._op.peer is not None:
+            return self._op.peer
+        self._complete()
+        assert self._op.source is not None
+        return int(self._op.source)
 
     def get_future(self) -> torch.futures.Future:
         self._complete()

@@ -31,6 +31,7 @@ Stream = Any
 Op = Union["ReduceOp", int]
 
 SPLIT_NOCOLOR = _lib.SPLIT_NOCOLOR
+ANY_SOURCE = _lib.ANY_SOURCE  # a receive's peer: any rank (Communicator.recv_any)
 UNIQUE_ID_BYTES = _lib.UNIQUE_ID_BYTES
 
 
@@ -157,6 +158,38 @@ def _group_keep():
     """The buffers of calls queued in this thread's open group (None outside
     one): they must live until zpGroupEnd runs the calls."""
     return getattr(_tls, "keep", None) if _groups_open[0] else None
+
+
+class Source:
+    """Where a receive from any source (Communicator.recv_any) took its
+    message from: int(source), or source.rank, once the call has run."""
+    __slots__ = ("_box",)
+
+    def __init__(self) -> None:
+        self._box = ctypes.c_int(ANY_SOURCE)
+
+    @property
+    def rank(self) -> int:
+        if self._box.value == ANY_SOURCE:
+            raise InvalidUsage("recv_any: its group has not run yet: the source is known at the group's end")
+        return self._box.value
+
+    def __int__(self) -> int:
+        return self.rank
+
+    def __index__(self) -> int:
+        return self.rank
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (int, Source)):
+            return NotImplemented
+        return self.rank == int(other)
+
+    def __hash__(self) -> int:
+        return hash(self.rank)
+
+    def __repr__(self) -> str:
+        return "Source(%s)" % ("pending" if self._box.value == ANY_SOURCE else self._box.value)
 
 
 @contextlib.contextmanager
@@ -460,6 +493,22 @@ class Communicator:
         self._peer("send", peer)
         (b,), s = self._bufs("send", [(tensor, "tensor", False)], stream)
         self._check(_lib.lib.zpSend(b.ptr, b.numel, b.dtype, peer, h, s))
+
+    @_profiled
+    def recv_any(self, tensor: Buffer) -> "Source":
+        """zpRecvFrom with ZP_ANY_SOURCE: the first message found to have
+        come from any rank (each rank's in the order sent; its size must
+        equal the tensor's), into the whole tensor (host memory). Returns
+        its Source: int(source) is the sender's rank, at once outside a
+        group, at the group's end inside one (zeppelin.h has the rule)."""
+        h = self._handle()
+        (b,), s = self._bufs("recv_any", [(tensor, "tensor", True)], None)
+        src = Source()
+        keep = _group_keep()
+        if keep is not None:
+            keep.append(src)
+        self._check(_lib.lib.zpRecvFrom(b.ptr, b.numel, b.dtype, ANY_SOURCE, ctypes.byref(src._box), h, s))
+        return src
 
     @_profiled
     def recv(self, tensor: Buffer, peer: int, stream: Stream = None) -> Buffer:

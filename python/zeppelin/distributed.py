@@ -21,9 +21,10 @@ Work that is already complete. isend and irecv (and batch_isend_irecv's ops)
 return at once; the posted ops run together as one group when any of them is
 waited on, or before the group's next other call (see _p2p.py), so any order
 of posting completes. ReduceOp SUM, PRODUCT, MIN, MAX and AVG map to
-Zeppelin's; the bitwise ops, PREMUL_SUM, recv from any source and
-monitored_barrier are refused by name. Sends and receives between two ranks
-match per tag, in posting order (_p2p.py).
+Zeppelin's; the bitwise ops, PREMUL_SUM and monitored_barrier are refused
+by name. Sends and receives between two ranks match per tag, in posting
+order; recv / irecv without src take the first message found from any rank
+(tag 0, host tensors) and report its sender as Gloo does (_p2p.py).
 
 init_process_group's timeout is the communicator's: every call of the group
 waits that long for a silent peer, then fails on every rank naming the call.
@@ -186,7 +187,8 @@ class ProcessGroupZeppelin(dist.ProcessGroup):  # type: ignore[misc]
         return self._p2p.post(False, tensors, srcRank, tag)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
-        raise InvalidArgument("the zeppelin backend has no recv from any source (src=None): give src")
+        """irecv / recv without src: a receive from any source (_p2p.py)."""
+        return self._p2p.post(False, tensors, None, tag)
 
     def _start_coalescing(self) -> None:
         """batch_isend_irecv: its ops are posted like any isend / irecv and

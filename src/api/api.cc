@@ -508,7 +508,7 @@ zpResult_t zpGroupEnd(void) try {
 }
 
 static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatype, int peer, zpComm_t comm,
-                      zpStream_t stream) {
+                      zpStream_t stream, int* source = nullptr) {
   const char* fn = isSend ? "zpSend" : "zpRecv";
   std::shared_ptr<zp::Comm> hold;
   zp::Comm* c = nullptr;
@@ -520,13 +520,20 @@ static zpResult_t p2p(bool isSend, void* buf, size_t count, zpDataType_t datatyp
     ZP_CHECK(lookup(comm, fn, &hold));
     c = hold.get();
   }
+  // NCCL has no receive from any source, and a device receive is enqueued
+  // with its peer known: refused before the buffer is looked at.
+  if (!isSend && peer == ZP_ANY_SOURCE && stream)
+    return zp::fail(zpInvalidArgument,
+                    "%s: a receive from any source (ZP_ANY_SOURCE) takes host buffers and a NULL stream: NCCL, "
+                    "which moves device buffers, has no receive from any source",
+                    fn);
   ZP_CHECK(checkDataCall(fn, c, datatype, stream, {{isSend ? "sendbuff" : "recvbuff", buf}}));
   const uint64_t opCount = c->nextOpCount();
   ZP_INFO(zp::kSubP2P, "%s: opCount %llx buff %p count %zu datatype %s peer %d comm %p [nranks=%d] stream %p", fn + 2,
           (unsigned long long)opCount, buf, count, zp::typeName(datatype), peer, (void*)comm, c->nranks(), stream);
-  if (known) return zp::enqueueP2P(c, nullptr, isSend, buf, count, datatype, peer, stream);
+  if (known) return zp::enqueueP2P(c, nullptr, isSend, buf, count, datatype, peer, stream, source);
   inGroup(comm);
-  ZP_CHECK(zp::enqueueP2P(c, std::move(hold), isSend, buf, count, datatype, peer, stream));
+  ZP_CHECK(zp::enqueueP2P(c, std::move(hold), isSend, buf, count, datatype, peer, stream, source));
   if (zp::groupOpen()) {  // queued: the group holds c now
     t.groupHandle = comm;
     t.groupComm = c;
@@ -548,6 +555,14 @@ zpResult_t zpRecv(void* recvbuff, size_t count, zpDataType_t datatype, int peer,
   return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream));
 } catch (...) {
   return zp::failFromException("zpRecv");
+}
+
+zpResult_t zpRecvFrom(void* recvbuff, size_t count, zpDataType_t datatype, int peer, int* source, zpComm_t comm,
+                      zpStream_t stream) try {
+  ZP_NVTX_RANGE("zpRecvFrom");
+  return noted(comm, p2p(false, recvbuff, count, datatype, peer, comm, stream, source));
+} catch (...) {
+  return zp::failFromException("zpRecvFrom");
 }
 
 // A copy of the count and displacement arrays of a call that may run later

@@ -214,7 +214,23 @@ class Comm : public TransportSink {
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text);
   static zpResult_t progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool()> done,
                                   FunctionRef<std::vector<int>(Comm*)> waitingOn, const char* what);
-  void runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs);
+  // any_source.cc: receives without a single peer when posted. The sends
+  // and receives of ops with this same rank, paired locally.
+  void runSelfOps(std::vector<Op*>& ops);
+  // Gives op its sequence number and posts it to its peer's transport.
+  void postOp(Op* op);
+  // Marks the receives naming a rank that come after a receive from any
+  // source (anyHeld_: posted once it is matched); true if any such receive
+  // waits to be matched.
+  bool holdBehindAnySource(std::vector<Op*>& ops);
+  // Matches and posts receives from any source whose message has come, and
+  // the receives held behind them, in call order; true while some wait.
+  bool matchAnySource(std::vector<Op*>& ops);
+  // Fails the receives not posted yet (the call failed).
+  void failUnposted(std::vector<Op*>& ops, zpResult_t status);
+  std::vector<char> anyHeld_;   // by op of the running call: held behind a receive from any source
+  std::vector<char> anyTaken_;  // matchAnySource's ranks not to match now
+  int anyNext_ = 0;             // where its next search starts
   // runOps' work: n lists of ops on comms (each list's communicator).
   static zpResult_t runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until);
   std::vector<Comm*> self_;  // {this}: runOps' list of one communicator

@@ -147,29 +147,6 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
   }
 }
 
-// Sends and receives with this same rank pair up locally, in call order.
-void Comm::runSelfOps(std::vector<Op*>& sends, std::vector<Op*>& recvs) {
-  size_t n = std::min(sends.size(), recvs.size());
-  for (size_t i = 0; i < n; i++) {
-    Op* s = sends[i];
-    Op* r = recvs[i];
-    if (s->bytes != r->bytes) {
-      std::string why = std::string(opKindName(s->kind)) + ": rank " + std::to_string(rank_) + " sends " +
-                        std::to_string(s->bytes / s->typeSize) + " elements to itself but expects " +
-                        std::to_string(r->bytes / r->typeSize);
-      s->finish(zpInvalidUsage, why);
-      r->finish(zpInvalidUsage, why);
-      continue;
-    }
-    if (s->bytes) memmove(r->buf, s->buf, s->bytes);
-    s->finish(zpSuccess);
-    r->finish(zpSuccess);
-  }
-  const char* why = "a send to self needs a matching receive from self in the same group (and vice versa)";
-  for (size_t i = n; i < sends.size(); i++) sends[i]->finish(zpInvalidUsage, why);
-  for (size_t i = n; i < recvs.size(); i++) recvs[i]->finish(zpInvalidUsage, why);
-}
-
 zpResult_t Comm::checkUsable() const {
   if (left_)
     return fail(zpInvalidUsage, "rank %d: the communicator was destroyed while calls on it were queued in a group",
@@ -200,8 +177,11 @@ zpResult_t Comm::runOps(std::vector<Work>& work, FunctionRef<bool()> until) {
 zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
   // On one node, shared memory first moves what it can at once (small
   // messages: Transport::moveNow); a call it finishes whole ends here.
-  if (!until && transports_.size() == 1 && transports_[0] == doorbell_ && asyncError_ == zpSuccess && !left_ &&
-      !abortRequested_.load(std::memory_order_relaxed)) {
+  // Not with a receive from any source, which has no peer yet.
+  bool anySource = false;
+  for (const Op* op : ops) anySource |= op->peer == kAnySource;
+  if (!until && !anySource && transports_.size() == 1 && transports_[0] == doorbell_ && asyncError_ == zpSuccess &&
+      !left_ && !abortRequested_.load(std::memory_order_relaxed)) {
     doorbell_->moveNow(ops, sendSeq_, recvSeq_);
     bool all = true;
     for (const Op* op : ops) all &= op->done;
@@ -222,37 +202,53 @@ zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
 
 zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until) {
   for (Comm* c : comms) ZP_CHECK(c->checkUsable());
+  bool anySource = false;  // receives from any source not matched yet (any_source.cc)
   for (size_t k = 0; k < n; k++) {
     Work& w = work[k];
     Comm* c = w.comm;
-    bool self = false;
-    for (Op* op : w.ops) {
-      if (op->peer == c->rank_) {
-        self = true;
-        continue;
-      }
-      if (op->done) continue;  // moved already (Transport::moveNow)
-      op->seq = op->isSend ? c->sendSeq_[op->peer]++ : c->recvSeq_[op->peer]++;
-      c->byPeer_[op->peer]->post(op);
+    bool self = false, wild = false;
+    for (const Op* op : w.ops) {
+      self |= op->peer == c->rank_;
+      wild |= op->peer == kAnySource;
     }
-    if (self) {
-      std::vector<Op*> selfSends, selfRecvs;
-      for (Op* op : w.ops)
-        if (op->peer == c->rank_) (op->isSend ? selfSends : selfRecvs).push_back(op);
-      c->runSelfOps(selfSends, selfRecvs);
+    if (self) c->runSelfOps(w.ops);
+    wild = wild && c->holdBehindAnySource(w.ops);
+    if (!wild) c->anyHeld_.clear();  // nothing held: matchAnySource passes these ops over
+    anySource |= wild;
+    for (size_t i = 0; i < w.ops.size(); i++) {
+      Op* op = w.ops[i];
+      if (op->peer == c->rank_ || op->peer == kAnySource || op->done) continue;  // done: moved already (moveNow)
+      if (wild && c->anyHeld_[i]) continue;
+      c->postOp(op);
     }
   }
   auto allDone = [&] {
+    if (anySource) {
+      anySource = false;
+      for (size_t k = 0; k < n; k++) anySource |= work[k].comm->matchAnySource(work[k].ops);
+    }
     for (size_t k = 0; k < n; k++)
       for (Op* op : work[k].ops)
         if (!op->done) return false;
     return true;
   };
-  auto busy = [](Comm* c) { return c->busyPeers(); };
+  // While a receive from any source waits, every other rank may be the one it waits for.
+  auto busy = [&anySource](Comm* c) {
+    std::vector<int> peers = c->busyPeers();
+    if (anySource) {
+      peers.clear();
+      for (int p = 0; p < c->nranks_; p++)
+        if (p != c->rank_) peers.push_back(p);
+    }
+    return peers;
+  };
   ZP_CHECK(progressUntil(comms, until ? until : allDone, busy, "send/recv"));
   for (size_t k = 0; k < n; k++)
     for (Op* op : work[k].ops)
       if (op->done && op->status != zpSuccess) {
+        if (anySource)
+          for (size_t j = 0; j < n; j++) work[j].comm->failUnposted(work[j].ops, op->status);
+        anySource = false;
         ZP_CHECK(progressUntil(comms, allDone, busy, "send/recv"));  // nothing may still point at an op
         return fail(op->status, "rank %d: %s", work[k].comm->rank_, op->error.c_str());
       }

@@ -167,6 +167,9 @@ class Routing {
   // *why if there is no path.
   virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                         std::vector<RouteChunk>* chunks, std::string* why) = 0;
+  // rank came to destroy the communicator: pickPath makes it no proxy from
+  // now on (its NIC carries no new chunk unless another rank owns it too).
+  virtual void proxyLeft(int rank) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
   // ([src][dst]), with the NICs' rates scaled by every rank's railReport
   // (by rank; empty: nominal rates): its transfers, by (src, dst), each

@@ -50,6 +50,10 @@ constexpr uint8_t kLaneCalls = 0, kLaneStanding = 1;
 
 // A receive on kLaneStanding from any rank of another node.
 constexpr int kAnyRemotePeer = -2;
+// A user's receive from any rank (ZP_ANY_SOURCE): the executor gives it
+// its peer once that peer's next message has come (Transport::arrived),
+// and only then posts it; a transport never sees this value.
+constexpr int kAnySource = ZP_ANY_SOURCE;
 
 // A routed op's transfer (src/core/routing.h); the executor carries the
 // pointer without looking at it.
@@ -90,7 +94,7 @@ struct Op {
       : isSend(send), peer(to), kind(k), buf(b), bytes(n), typeSize(ts) {}
   bool isSend = false;
   uint8_t lane = kLaneCalls;  // the channel it travels on (seq counts per lane)
-  int peer = -1;  // a rank, or kAnyRemotePeer
+  int peer = -1;  // a rank, kAnyRemotePeer, or kAnySource until the executor matches it
   OpKind kind = OpKind::kP2P;
   void* buf = nullptr;  // for sends, read only
   size_t bytes = 0;
@@ -123,6 +127,9 @@ struct Op {
   // reduce-scatter's block), so shared memory may pipeline it through its
   // ring instead of letting the receiver read it (ZP_SHM_REDUCE_COPY).
   bool reducedByPeer = false;
+  // Receives from any source (kAnySource) only: where to write the rank
+  // it was matched with (zpRecvFrom), or null.
+  int* source = nullptr;
   // Receives only: where to note when it finished, in nowUs() (a header of
   // a collective's header round: the per-peer wait statistics, WaitStats).
   uint64_t* arrivedUs = nullptr;
@@ -180,6 +187,13 @@ class Transport {
   // finishes ops with success only: anything unusual is post()'s to handle.
   virtual void moveNow(const std::vector<Op*>& /*ops*/, std::vector<uint64_t>& /*sendSeq*/,
                        std::vector<uint64_t>& /*recvSeq*/) {}
+  // A receive from any source (kAnySource): whether peer's next
+  // point-to-point message (of kLaneCalls, number seq among the pair's) has
+  // come, and its size (*bytes), while no receive from peer is posted here.
+  // False until it has, and for messages of other kinds (a collective's
+  // waits for its own call). A transport that cannot tell keeps the default:
+  // its peers are never matched.
+  virtual bool arrived(int /*peer*/, uint64_t /*seq*/, size_t* /*bytes*/) { return false; }
   // Non-blocking; true if anything moved.
   virtual bool progress() = 0;
   // True while ops are posted and not finished.

@@ -183,16 +183,29 @@ bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<
                             std::vector<RouteChunk>* chunks, std::string* why) {
   std::vector<uint64_t> queued = extraByRail;
   queues_.addTo(&queued);
-  // The cluster is copied only to scale a slow rail: with every rail
-  // healthy the plan is made on the cluster as it is.
+  // The cluster is copied only to scale a slow rail or to leave out ranks
+  // that left: otherwise the plan is made on the cluster as it is.
   std::vector<Piece> pieces;
-  const zpResult_t res =
-      rails_.anySlow()
-          ? zp::pickPath(ratedForPath(comm_.nodeOf()[dst]), src, dst, bytes, queued, params_, &pieces, why)
-          : zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, &pieces, why);
+  zpResult_t res;
+  if (!rails_.anySlow() && left_.empty()) {
+    res = zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, &pieces, why);
+  } else {
+    const ClusterTopology topo = rails_.anySlow() ? ratedForPath(comm_.nodeOf()[dst]) : health_.topology();
+    res = zp::pickPath(withoutLeft(topo), src, dst, bytes, queued, params_, &pieces, why);
+  }
   if (res != zpSuccess) return false;
   *chunks = scheduleChunks(pieces, params_.chunkBytes);
   return true;
+}
+
+void RoutingState::proxyLeft(int rank) {
+  if (std::find(left_.begin(), left_.end(), rank) == left_.end()) left_.push_back(rank);
+}
+
+ClusterTopology RoutingState::withoutLeft(ClusterTopology topo) const {
+  // A rank with no NIC owns none: the router's proxies are owners of NICs.
+  for (int r : left_) topo.rankNic[r] = -1;
+  return topo;
 }
 
 zpResult_t RoutingState::plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,

@@ -43,6 +43,7 @@ class RoutingState : public Routing {
   std::vector<RailStatus> railStatus() const override;
   bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                 std::vector<RouteChunk>* chunks, std::string* why) override;
+  void proxyLeft(int rank) override;
   zpResult_t plan(const std::vector<uint64_t>& key, const std::vector<std::vector<uint64_t>>& bytes,
                   const std::vector<uint64_t>& railReports, const std::vector<Transfer>** out,
                   std::string* why) override;
@@ -52,6 +53,8 @@ class RoutingState : public Routing {
   // rates of slow rails scaled (by this rank's verdicts, on this node and
   // farNode, for a point-to-point path; by every rank's reports for a plan).
   ClusterTopology ratedForPath(int farNode) const;
+  // The same without the ranks that left as NIC owners (proxyLeft).
+  ClusterTopology withoutLeft(ClusterTopology topo) const;
   ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
   // The rail whose counters a chunk leaving from srcProxy goes in (-1:
   // none: estimates off, no shared words, or a rail beyond those measured).
@@ -68,6 +71,7 @@ class RoutingState : public Routing {
   uint64_t railsReadUs_ = 0;
   RoutePlan plan_;  // the last plan, and the key it was made for
   std::vector<uint64_t> planKey_;
+  std::vector<int> left_;  // ranks that came to destroy: no proxies any more
 };
 
 // Routes the communicator's traffic to other nodes when routing pays:

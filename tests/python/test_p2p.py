@@ -139,6 +139,74 @@ def test_bad_point_to_point_calls_say_so():
     rank, n = dist.get_rank(), dist.get_world_size()
     with pytest.raises(ValueError, match="peer 99 is not a rank"):
         dist.isend(torch.ones(2), 99)
-    with pytest.raises(ValueError, match="any source"):
-        dist.irecv(torch.ones(2))
+    with pytest.raises(ValueError, match="any source .* tag 0 only"):
+        dist.irecv(torch.ones(2), tag=3)
     dist.barrier()  # nothing was posted: still usable
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_recv_without_src_returns_each_sender_in_its_order(nbytes):
+    """Rank 0 receives every other rank's three messages (one at 16 MiB, to
+    keep the test's time) with dist.recv without src (the sender's rank returned, as Gloo's recv returns it),
+    then one more per rank with irecv without src (work._source_rank()):
+    each sender's messages come in the order sent, every element checked."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    got = [0] * n
+    k_each = 3 if nbytes < (1 << 20) else 1
+    if rank != 0:
+        for k in range(k_each):
+            dist.send(block(rank, nbytes, salt=10 + k), 0)
+    else:
+        for _ in range(k_each * (n - 1)):
+            t = poisoned(nbytes)
+            src = dist.recv(t)
+            assert isinstance(src, int) and 0 < src < n and got[src] < k_each, src
+            check(t, block(src, nbytes, salt=10 + got[src]))
+            got[src] += 1
+    dist.barrier()  # the last messages cannot meet the first receives
+    if rank != 0:
+        dist.send(block(rank, nbytes, salt=10 + k_each), 0)
+    else:
+        works = [(dist.irecv(t), t) for t in [poisoned(nbytes) for _ in range(n - 1)]]
+        for w, t in works:
+            w.wait()
+            src = w._source_rank()
+            assert 0 < src < n and got[src] == k_each, (src, got)
+            check(t, block(src, nbytes, salt=10 + k_each))
+            got[src] += 1
+    dist.barrier()
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_ring_of_isend_then_irecv_without_src(nbytes):
+    """The ring of isend-then-irecv with irecv from any source: each rank's
+    receive gets its predecessor's block, at every size (the ops run as one
+    group: a send past the eager size cannot deadlock against the wildcard)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    got = poisoned(nbytes)
+    s = dist.isend(block(rank, nbytes, salt=20), (rank + 1) % n)
+    r = dist.irecv(got)
+    r.wait()
+    s.wait()
+    assert r._source_rank() == (rank - 1) % n
+    check(got, block((rank - 1) % n, nbytes, salt=20))
+    dist.barrier()
+
+
+def test_irecv_without_src_then_with_src_match_in_posting_order():
+    """Rank 1 sends rank 0 two messages; rank 0 posts irecv without src, then
+    irecv from 1: as with Gloo (and MPI), the first posted takes the first."""
+    rank = dist.get_rank()
+    if rank == 1:
+        dist.send(block(1, 64 << 10, salt=30), 0)
+        dist.send(block(1, 64 << 10, salt=31), 0)
+    elif rank == 0:
+        a, b = poisoned(64 << 10), poisoned(64 << 10)
+        wa = dist.irecv(a)
+        wb = dist.irecv(b, 1)
+        wb.wait()
+        wa.wait()
+        assert wa._source_rank() == 1
+        check(a, block(1, 64 << 10, salt=30))
+        check(b, block(1, 64 << 10, salt=31))
+    dist.barrier()

@@ -44,6 +44,13 @@ void Relay::post(Op* op) {
   send(op, rx ? xfer : msgid::plainXfer(p2pSends_[op->peer]++), chunks);
 }
 
+bool Relay::arrived(int peer, uint64_t, size_t* bytes) {
+  auto it = deliveries_.find(Key(peer, (uint32_t)OpKind::kP2P, msgid::plainXfer(p2pRecvs_[peer])));
+  if (it == deliveries_.end() || !it->second.seen || it->second.op) return false;
+  *bytes = it->second.total;
+  return true;
+}
+
 void Relay::sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) {
   if (routing_->directAlive(peer)) via(peer)->sendStatus(peer, seq, status, text);
   else sendControl(peer, seq, status, text);
@@ -55,6 +62,7 @@ bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
     case kSeqRelayAck: onAck(peer, text); return true;
     case kSeqLeaving: onLeaving(peer, text); return true;
     case kSeqRailView: routing_->heardRailNews(peer, text); return true;
+    case kSeqLeftDone: doneFrom_.insert(peer); return true;
     default: return false;
   }
 }
@@ -71,6 +79,9 @@ void Relay::sayLeaving() {
 
 void Relay::onLeaving(int peer, const std::string& text) {
   left_.insert(peer);
+  routing_->proxyLeft(peer);
+  owedDone_.insert(peer);
+  answerLeavers();
   char* end = nullptr;
   const unsigned long long sent = strtoull(text.c_str(), &end, 10);
   if (text.empty() || *end) return;  // a count is all it may say
@@ -91,6 +102,33 @@ void Relay::onLeaving(int peer, const std::string& text) {
   }
 }
 
+void Relay::leave() {
+  sayLeaving();
+  for (int p = 0; p < ctx_.nranks; p++)
+    if (p != ctx_.rank && routing_->directAlive(p)) via(p)->sendStatus(p, kSeqLeftDone, zpSuccess, "");
+}
+
+bool Relay::onPathThrough(int rank) const {
+  for (const auto& kv : sends_) {
+    if (std::get<0>(kv.first) == rank && kv.second.unacked > 0) return true;
+    for (const auto& c : kv.second.chunks)
+      if (!c.second.acked && (c.second.srcProxy == rank || c.second.dstProxy == rank)) return true;
+  }
+  return false;
+}
+
+void Relay::answerLeavers() {
+  for (auto it = owedDone_.begin(); it != owedDone_.end();) {
+    const int peer = *it;
+    if (onPathThrough(peer)) {
+      ++it;
+      continue;
+    }
+    if (routing_->directAlive(peer)) via(peer)->sendStatus(peer, kSeqLeftDone, zpSuccess, "");
+    it = owedDone_.erase(it);
+  }
+}
+
 std::string Relay::neverSent(int peer) const {
   return "rank " + std::to_string(peer) + " destroyed the communicator without sending this message";
 }
@@ -98,10 +136,11 @@ std::string Relay::neverSent(int peer) const {
 std::vector<int> Relay::stayFor() {
   const int me = ctx_.rank;
   sayLeaving();
-  // Ranks not yet come, else those this rank still relays for.
+  // Ranks that may still send a chunk through this one, else those it
+  // still relays for.
   std::vector<int> out;
   for (int p = 0; p < ctx_.nranks; p++)
-    if (p != me && routing_->directAlive(p) && !left_.count(p)) out.push_back(p);
+    if (p != me && routing_->directAlive(p) && !doneFrom_.count(p)) out.push_back(p);
   if (out.empty()) out = holdingFor();
   if (out.empty()) out = shm_->waitingOn(kLaneStanding);
   return out;
@@ -527,7 +566,9 @@ bool Relay::progress() {
   routing_->checkNic();
   for (auto& [peer, text] : routing_->tickRails()) sendStatus(peer, kSeqRailView, zpSuccess, text);
   bool moved = applyNicNews();
-  return moveChunks() || moved;
+  moved |= moveChunks();
+  if (!owedDone_.empty()) answerLeavers();
+  return moved;
 }
 
 bool Relay::moveChunks() {

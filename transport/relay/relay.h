@@ -66,6 +66,7 @@ constexpr uint64_t kSeqLeaving = msgid::controlSeq(msgid::Control::kLeaving);
 constexpr uint64_t kSeqNicDown = msgid::controlSeq(msgid::Control::kNicDown);
 constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kAck);
 constexpr uint64_t kSeqRailView = msgid::controlSeq(msgid::Control::kRailView);
+constexpr uint64_t kSeqLeftDone = msgid::controlSeq(msgid::Control::kLeftDone);
 
 struct RelayHeader {
   uint64_t magic;
@@ -95,6 +96,9 @@ class Relay : public Transport {
   // Directly while the network path works, else relayed like a one-chunk transfer.
   void sendStatus(int peer, uint64_t seq, zpResult_t status, const std::string& text) override;
   bool onControl(int peer, uint64_t seq, const std::string& text) override;
+  // A routed point-to-point transfer from peer, the next one a receive would
+  // take, of which a chunk has come (held until its receive is posted).
+  bool arrived(int peer, uint64_t seq, size_t* bytes) override;
   bool progress() override;
   // Chunks in flight here (as source, proxy or destination).
   bool busy() const override;
@@ -103,14 +107,21 @@ class Relay : public Transport {
   void dropOps(zpResult_t status, const std::string& why) override;
   // The transports below tell the peers.
   void abortPeers(zpResult_t, const std::string&) override {}
-  // Every rank it can reach must have come to destroy (then no transfer is
-  // left anywhere), and it holds no chunk, and no relay message waits in its
-  // rings. Ranks behind a NIC that is down are not waited for: their leaving
-  // messages would need relays themselves.
+  // A leaving rank stays only while it is on a path: until every rank it
+  // can reach has sent it kSeqLeftDone (an answer to its leaving message,
+  // sent once none of that rank's unacknowledged chunks goes through it or
+  // to it, from when on that rank's paths avoid it; or that rank's own
+  // goodbye), and while it holds a chunk or a relay message waits in its
+  // rings.
+  // Ranks behind a NIC that is down are not waited for: their messages
+  // would need relays themselves.
   std::vector<int> stayFor() override;
   // A communicator that broke or was aborted skips stayFor: its peers still
-  // hear that this rank left, and stop waiting for it.
-  void leave() override { sayLeaving(); }
+  // hear that this rank left. Every peer then also gets kSeqLeftDone: none
+  // of this rank's chunks is on a path any more, so a peer that is leaving
+  // itself waits for it no longer (also one whose leaving message came
+  // too late for an answer).
+  void leave() override;
   // Sources of routed receives still missing bytes.
   std::vector<int> busyPeers() const override;
   void checkAlive() override {}
@@ -120,9 +131,15 @@ class Relay : public Transport {
   // Tells every rank it can reach that this rank came to destroy (once):
   // kSeqLeaving, with the number of point-to-point transfers sent to it.
   void sayLeaving();
-  // A peer's kSeqLeaving: it waits for nobody any more, and routed receives
-  // of transfers it never sent fail now, later ones when posted.
+  // A peer's kSeqLeaving: new paths avoid it, it is owed a kSeqLeftDone,
+  // and routed receives of transfers it never sent fail now, later ones
+  // when posted.
   void onLeaving(int peer, const std::string& text);
+  // Whether an unacknowledged chunk of this rank's sends goes through rank
+  // (as a proxy) or to it.
+  bool onPathThrough(int rank) const;
+  // Sends kSeqLeftDone to the leaving ranks owed one whose paths are clear.
+  void answerLeavers();
   std::string neverSent(int peer) const;
   // A routed send of op along its schedule; op finishes when every chunk is acknowledged.
   void send(Op* op, uint64_t xfer, const std::vector<RouteChunk>& chunks);
@@ -209,6 +226,8 @@ class Relay : public Transport {
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
   std::map<int, uint64_t> leftSent_;  // of those: the point-to-point transfers each sent this rank
+  std::set<int> owedDone_;            // of those: still to be sent kSeqLeftDone
+  std::set<int> doneFrom_;            // ranks that sent this one kSeqLeftDone
   bool started_ = false;
   std::vector<uint64_t> relaySendSeq_;  // by peer: chunks sent (msgid::chunkSeqs numbers their messages)
   std::vector<uint64_t> relayRecvSeq_;  // by peer: relay messages received

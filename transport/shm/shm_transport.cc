@@ -170,6 +170,17 @@ void ShmTransport::post(Op* op) {
   if (p->dirty || p->wake) notify(*p);
 }
 
+bool ShmTransport::arrived(int rank, uint64_t seq, size_t* bytes) {
+  Peer* p = peer(rank);
+  if (!p || p->gone) return false;
+  Lane& l = p->lane[kLaneCalls];
+  if (!l.recvq.empty() || l.discarding) return false;
+  const MsgHdr* h = ringPeek(l.in);
+  if (!h || h->seq != seq || h->kind != (uint32_t)OpKind::kP2P) return false;
+  *bytes = h->total;
+  return true;
+}
+
 std::vector<int> ShmTransport::waitingOn(int lane) {
   std::vector<int> out;
   if (lane < 0 || lane >= kLanes) return out;

@@ -121,6 +121,8 @@ class ShmTransport : public CarrierTransport {
   // a locked add: exact for calls from one thread.
   static long opsMovedNow();
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
+  // The head of peer's ring of calls, while no receive waits for it.
+  bool arrived(int peer, uint64_t seq, size_t* bytes) override;
   bool progress() override;
   bool busy() const override;
   // Local peers whose messages on lane wait unread in this rank's rings.

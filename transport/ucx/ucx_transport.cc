@@ -269,6 +269,13 @@ void UcxTransport::post(Op* op) {
   releasePart(op);
 }
 
+bool UcxTransport::arrived(int peer, uint64_t seq, size_t* bytes) {
+  ucp_tag_recv_info_t info;
+  if (!ucp_tag_probe_nb(worker_, makeTag(kTagData, (uint64_t)OpKind::kP2P, peer, seq), ~0ull, 0, &info)) return false;
+  *bytes = info.length;
+  return true;
+}
+
 void UcxTransport::releasePart(Op* op) {
   auto it = ops_.find(op);
   if (--it->second.parts > 0) return;

@@ -53,6 +53,8 @@ class UcxTransport : public CarrierTransport {
 
   void post(Op* op) override;
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
+  // Probes the worker for peer's message (its whole tag: kind included).
+  bool arrived(int peer, uint64_t seq, size_t* bytes) override;
   bool progress() override;
   bool busy() const override;
   void dropOps(zpResult_t status, const std::string& why) override;
