@@ -1,6 +1,7 @@
 // Shared helpers of the benchmark programs; see common.h.
 #include "common.h"
 
+#include <dirent.h>
 #include <time.h>
 
 #include <algorithm>
@@ -492,6 +493,33 @@ double nowSeconds() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+static SchedStat readSchedStat(const char* path) {
+  SchedStat s;
+  FILE* f = fopen(path, "r");
+  if (!f) return s;
+  unsigned long long run = 0, wait = 0, n = 0;
+  if (fscanf(f, "%llu %llu %llu", &run, &wait, &n) == 3) s = {double(run), double(wait), double(n)};
+  fclose(f);
+  return s;
+}
+
+SchedStat schedStat() { return readSchedStat("/proc/thread-self/schedstat"); }
+
+SchedStat processSchedStat() {
+  SchedStat sum;
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return sum;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const SchedStat s = readSchedStat(("/proc/self/task/" + std::string(e->d_name) + "/schedstat").c_str());
+    sum.onCpuNs += s.onCpuNs;
+    sum.queuedNs += s.queuedNs;
+    sum.slices += s.slices;
+  }
+  closedir(d);
+  return sum;
 }
 
 NicInfo nicInfo() {

@@ -183,6 +183,15 @@ void printRunHeader(const char* prog, const std::string& library, const std::str
 
 // ---- Timing and the result table ----
 double nowSeconds();  // CLOCK_MONOTONIC
+// The calling thread's /proc/thread-self/schedstat: time on a core, time
+// runnable but waiting for one, time slices run (zeros where unreadable).
+struct SchedStat {
+  double onCpuNs = 0, queuedNs = 0, slices = 0;
+  SchedStat operator-(const SchedStat& o) const { return {onCpuNs - o.onCpuNs, queuedNs - o.queuedNs, slices - o.slices}; }
+};
+SchedStat schedStat();
+// The same summed over the process's threads of the moment.
+SchedStat processSchedStat();
 // The median of v (of an even count, the mean of the middle two).
 double median(std::vector<double> v);
 // nicColumn: add "%nic" (percent of a NIC's rate, see nicPercent).

@@ -255,10 +255,13 @@ int main(int argc, char** argv) {
         for (int w = 0; w < warmup; w++) runOnce(comm, t, sbuf, rbuf, false, seed);
         comm.barrier();
         std::vector<uint64_t> tx0 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
+        const zpbench::SchedStat sched0 = zpbench::processSchedStat();
         double t0 = nowSeconds();
         for (int it = 0; it < iters; it++) runOnce(comm, t, sbuf, rbuf, false, seed);
         double mine = (nowSeconds() - t0) / iters;
         comm.barrier();  // every rank done: every byte of the loop has left its NIC
+        // (after the barrier: a proxy relays while it waits in it)
+        const zpbench::SchedStat sched = zpbench::processSchedStat() - sched0;
         std::vector<uint64_t> tx1 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         // Counters of the interval, and the time of the slowest rank (in ns).
         std::vector<uint64_t> row(nics + 1);
@@ -267,6 +270,10 @@ int main(int argc, char** argv) {
         long long wrong = check ? runOnce(comm, t, sbuf, rbuf, true, seed + 1 + S) : -1;
         std::vector<uint64_t> all = comm.allgatherU64(row);
         std::vector<uint64_t> wrongs = comm.allgatherU64({(uint64_t)std::max(0LL, wrong)});
+        // Each rank's threads' time on a core and waiting for one over the
+        // timed calls: on a busy machine, whether the ranks got the cores.
+        std::vector<uint64_t> scheds =
+            comm.allgatherU64({(uint64_t)(sched.onCpuNs / iters), (uint64_t)(sched.queuedNs / iters)});
         if (gRank != 0) continue;
         double time = 0;
         long long wrongSum = 0;
@@ -295,6 +302,15 @@ int main(int argc, char** argv) {
                time * 1e6, gbps, pct, xoff, wrongText, tx.c_str());
         fflush(stdout);
         if (wrongSum) failed = 1;
+        std::string ranks;
+        for (int r = 0; r < gN; r++) {
+          char b[48];
+          snprintf(b, sizeof b, " %d:%.0f/%.0f", r, scheds[2 * r] * 1e-6, scheds[2 * r + 1] * 1e-6);
+          ranks += b;
+        }
+        printf("#  sched %s: per call, each rank's ms on a core / ms waiting for one:%s\n", modeList[m].c_str(),
+               ranks.c_str());
+        fflush(stdout);
       }
     }
   for (BenchComm& comm : comms) comm.finalize();

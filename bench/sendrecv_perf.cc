@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
     CallBuffer sendCall(sendBuf, opt.gpu), recvCall(recvBuf, opt.gpu);
     auto call = [&] { comm.sendrecv(sendCall.data(), next, recvCall.data(), prev, count, t, stream.get()); };
 
+    const SchedStat before = schedStat();
     const double timeUs = timeCalls(comm, stream, opt, call);
+    const SchedStat spent = schedStat() - before;
 
     long long wrong = -1;
     if (opt.check) {
@@ -76,6 +78,13 @@ int main(int argc, char** argv) {
     double pct = comm.maxDouble(crossNode ? nicPercent(nic, double(bytes), timeUs) : -1);
     if (nic.bitsPerSec > 0 && pct < 0) pct = 0;
     if (root) printTableRow(bytes, count, t.name, timeUs, algbw, algbw, wrong, pct);
+    // Where a call's time went on the rank that waited longest for a core:
+    // a busy machine's latency is mostly ranks off their cores.
+    const double perCall = 1e-3 / (opt.iters + opt.warmup);
+    const double queued = comm.maxDouble(spent.queuedNs * perCall), onCpu = comm.maxDouble(spent.onCpuNs * perCall);
+    const double slices = comm.maxDouble(double(spent.slices) / (opt.iters + opt.warmup));
+    if (root) printf("#  sched %zu B: per call (worst rank) %.3f us on a core, %.3f us waiting for one, %.4f slices\n",
+                     bytes, onCpu, queued, slices);
   }
   if (root) printTableFooter(totalWrong, opt.check != 0, busbwSum, rows);
   comm.finalize();
