@@ -27,8 +27,31 @@ struct Group {
   std::vector<std::pair<Comm*, Op>> running;
   std::vector<Op*> ops;
   std::vector<Op*> single;  // a call outside a group: its one op
+  std::vector<std::vector<uint64_t>> arrived;  // per communicator of a call: Arrivals
 };
 Group& tlsGroup() { return PerThread<Group>::get(); }
+
+// The wait statistics of a call's receives on one communicator (wait_stats.h):
+// when each peer's message began to arrive, against when this rank entered.
+// A call without a receive learns nothing (a send cannot tell when its peer
+// entered) and is not recorded. `at` must not move while the ops run.
+struct Arrivals {
+  Comm* comm;
+  std::vector<uint64_t>& at;
+  bool any = false;
+  Arrivals(Comm* c, std::vector<uint64_t>& storage, const std::vector<Op*>& ops) : comm(c), at(storage) {
+    for (const Op* op : ops) any |= !op->isSend && op->peer != c->rank() && !op->stream;
+    if (!any) return;
+    at.assign(c->nranks(), 0);
+    for (Op* op : ops)
+      if (!op->isSend && op->peer != c->rank() && !op->stream) op->arrivedUs = &at[op->peer];
+    at[c->rank()] = nowUs();
+  }
+  // After the call ran (with the communicator's lock still held).
+  void record(zpResult_t res) {
+    if (any && res == zpSuccess) recordWaits(comm->waitStats(), comm->rank(), at);
+  }
+};
 
 }  // namespace
 
@@ -107,7 +130,10 @@ zpResult_t groupEnd(bool* ended) {
   }
   if (only && single) {
     Comm::Call call(only, "zpGroupEnd");
+    g.arrived.resize(1);
+    Arrivals arrivals(only, g.arrived[0], ops);
     zpResult_t r = call.status() == zpSuccess ? only->runOps(ops) : call.status();
+    if (call.status() == zpSuccess) arrivals.record(r);
     if (res == zpSuccess) res = r;
   } else if (only) {
     std::vector<Comm::Work> work;
@@ -130,7 +156,12 @@ zpResult_t groupEnd(bool* ended) {
       calls.push_back(std::make_unique<Comm::Call>(c, "zpGroupEnd"));
       if (r == zpSuccess) r = calls.back()->status();
     }
+    std::vector<Arrivals> arrivals;
+    g.arrived.resize(work.size());  // sized first: each Arrivals holds its vector
+    for (size_t k = 0; k < work.size() && r == zpSuccess; k++)
+      arrivals.emplace_back(work[k].comm, g.arrived[k], work[k].ops);
     if (r == zpSuccess && !work.empty()) r = Comm::runOps(work);
+    for (Arrivals& a : arrivals) a.record(r);
     calls.clear();
     if (res == zpSuccess) res = r;
   }
@@ -178,7 +209,12 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
   ops.assign(1, &op);
   // On a stream, as in NCCL: a send alone waits (on the device) for its
   // receive, so two ranks that both send first deadlock; use a group.
-  return stream ? comm->enqueueOnStreams(ops) : comm->runOps(ops);
+  if (stream) return comm->enqueueOnStreams(ops);
+  g.arrived.resize(1);
+  Arrivals arrivals(comm, g.arrived[0], ops);
+  const zpResult_t res = comm->runOps(ops);
+  arrivals.record(res);
+  return res;
 }
 
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {

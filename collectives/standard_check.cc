@@ -150,16 +150,7 @@ zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
   arrived[c->rank()] = nowUs();  // this rank's entry
   const zpResult_t r = run(c, ops, id);
   if (r != zpSuccess) return r;
-  const int lagging = c->waitStats().record(arrived);
-  if (lagging >= 0) {
-    int calls = 0;
-    for (const WaitStats::Entry& e : c->waitStats().report(&calls))
-      if (e.rank == lagging)
-        ZP_WARN(kSubColl,
-                "rank %d: rank %d came last in %d of the last %d collectives, %.1f ms after the others on average: "
-                "it lags (zpCommGetWaitReport; ZP_STRAGGLER_MS)",
-                c->rank(), lagging, e.callsLast, calls, e.totalUs / 1000.0 / e.callsLast);
-  }
+  recordWaits(c->waitStats(), c->rank(), arrived);
   return r;
 }
 

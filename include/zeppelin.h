@@ -243,13 +243,15 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 typedef int (*zpInterruptCheck_t)(void* arg);
 zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
 /* Which ranks this rank waits for: a rank that lags (a slow host, a data
- * loader that stalls) shows here on every rank that waits for it. Every host
- * collective starts with a round in which each rank's call header reaches
- * every other, so each peer's header arrival is when it entered the call. In
- * one call, the wait charged to a peer is how much later its header came
- * than the one before it in arrival order, this rank's own entry counted
- * as an arrival (all of it to the last one). The
- * report covers the last 100 collectives of this communicator (*nCalls: how
+ * loader that stalls) shows here on every rank that waits for it. A peer's
+ * first message of a call arrives when it entered the call: a host
+ * collective's header (each rank's reaches every other), a routed
+ * zpAlltoallv's count row, the first bytes (or counts) of an unrouted
+ * zpAlltoallv's or a receive's message (sends hear nothing and are not
+ * counted). In one call, the wait charged to a peer is how much later its
+ * message came than the one before it in arrival order, this rank's own
+ * entry counted as an arrival (all of it to the last one). The
+ * report covers the last 100 such calls of this communicator (*nCalls: how
  * many it holds): the peers charged anything, the most charged first; at
  * most maxEntries are written to entries (NULL when maxEntries is 0) and
  * *nEntries says how many there are. A peer that came last in most of them,
@@ -259,7 +261,7 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
  * communicator's calls (not while another thread runs one). */
 typedef struct {
   int rank;            /* the peer */
-  int callsLast;       /* calls in which its header came last */
+  int callsLast;       /* calls in which its message came last */
   double totalWaitSec; /* the wait charged to it over those calls */
   double maxWaitSec;   /* the most charged to it in one call */
 } zpWaitEntry_t;

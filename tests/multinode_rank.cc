@@ -1013,6 +1013,41 @@ int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return destroyAndReport(comm, rank, n, err);
 }
 
+// ZP_TEST_MODE=lag: ZP_TEST_ROUNDS (default 40) zpAlltoallvs of random
+// counts (up to 64K floats per pair), every byte and guard checked, rank
+// ZP_TEST_VICTIM (default the last; -1: none) sleeping 50 ms before each.
+// Then every rank checks its wait report: the victim must come first on
+// every other rank, last in at least 80% of the calls and 30 ms late on
+// average; without a victim nobody may stand out (last in most calls, late
+// by over ZP_STRAGGLER_MS on average). The WARN lines are the caller's to
+// count.
+int lagMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rounds = envInt("ZP_TEST_ROUNDS", 40), victim = envInt("ZP_TEST_VICTIM", n - 1);
+  const double thresholdSec = envInt("ZP_STRAGGLER_MS", 10) / 1000.0;
+  std::string err;
+  for (int round = 0; round < rounds && err.empty(); round++) {
+    zptest::AlltoallvRun a(rank, zptest::randomCounts(n, seed + round, 64 * 1024, 0.1), zpFloat32, seed + round);
+    if (rank == victim) usleep(50 * 1000);
+    if (a.run(comm) != zpSuccess) err = "round " + std::to_string(round) + ": " + zpGetLastError(comm);
+    else err = a.check();
+  }
+  zpWaitEntry_t e[4];
+  int entries = 0, calls = 0;
+  if (err.empty() && zpCommGetWaitReport(comm, e, 4, &entries, &calls) != zpSuccess)
+    err = std::string("zpCommGetWaitReport: ") + zpGetLastError(comm);
+  for (int i = 0; i < entries && i < 4 && err.empty(); i++)
+    printf("rank %d: waited for rank %d, last in %d of %d calls, %.1f ms in all\n", rank, e[i].rank, e[i].callsLast,
+           calls, e[i].totalWaitSec * 1e3);
+  if (err.empty() && victim >= 0 && rank != victim &&
+      (entries < 1 || e[0].rank != victim || e[0].callsLast < rounds * 8 / 10 ||
+       e[0].totalWaitSec / e[0].callsLast < 0.030))
+    err = "the wait report does not name rank " + std::to_string(victim);
+  for (int i = 0; i < entries && i < 4 && err.empty() && (victim < 0 || rank == victim); i++)
+    if (2 * e[i].callsLast > calls && e[i].totalWaitSec / e[i].callsLast > thresholdSec)
+      err = "rank " + std::to_string(e[i].rank) + " stands out in the wait report without a laggard";
+  return destroyAndReport(comm, rank, n, err);
+}
+
 int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
@@ -1490,6 +1525,7 @@ int runRank() {
   if (mode == "refusal") return refusalMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "rails") return railsMode(comm, rank, n, seed);
+  if (mode == "lag") return lagMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);
   if (mode == "killcoll") return killCollMode(comm, rank, n, seed);

@@ -132,9 +132,46 @@ struct LagRun {
   std::vector<zptest::RankExit> exits;
 };
 
-// `nranks` ranks run 100 all-reduces of `count` floats, rank `laggard` (if
-// >= 0) sleeping 50 ms before each; every rank then checks its wait report.
-LagRun runWithLaggard(int laggard, size_t count, int nranks = 4) {
+// The call every rank makes 100 times: what a lagging rank lags before.
+enum class Calls { kAllReduce, kAlltoallv, kSendRecvGroup };
+
+// One call of `kind` on `count` floats per peer, its results checked.
+void oneCall(Calls kind, zpComm_t comm, int rank, int n, int call, size_t count) {
+  if (kind == Calls::kAllReduce) {
+    std::vector<float> send(count), recv(count, -1.0f);
+    for (size_t i = 0; i < count; i++) send[i] = (float)(rank + call + i % 7);
+    ZP_ASSERT_OK(zpAllReduce(send.data(), recv.data(), count, zpFloat32, zpSum, comm, nullptr));
+    for (size_t i = 0; i < count; i++)
+      ASSERT_EQ(recv[i], (float)(n * (n - 1) / 2 + n * (call + i % 7))) << "call " << call << " element " << i;
+    return;
+  }
+  // Every rank sends `count` floats to every rank (itself too for the
+  // alltoallv): element i for rank p is rank * 1000 + p + call + i % 5.
+  std::vector<float> send(count * n), recv(count * n, -1.0f);
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < count; i++) send[p * count + i] = (float)(rank * 1000 + p + call + i % 5);
+  if (kind == Calls::kAlltoallv) {
+    std::vector<size_t> counts(n, count), displs(n);
+    for (int p = 0; p < n; p++) displs[p] = p * count;
+    ZP_ASSERT_OK(zpAlltoallv(send.data(), counts.data(), displs.data(), recv.data(), counts.data(), displs.data(),
+                             zpFloat32, comm, nullptr));
+  } else {
+    ZP_ASSERT_OK(zpGroupStart());
+    for (int p = 0; p < n; p++) {
+      if (p == rank) continue;
+      ZP_ASSERT_OK(zpSend(send.data() + p * count, count, zpFloat32, p, comm, nullptr));
+      ZP_ASSERT_OK(zpRecv(recv.data() + p * count, count, zpFloat32, p, comm, nullptr));
+    }
+    ZP_ASSERT_OK(zpGroupEnd());
+  }
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < count && (p != rank || kind == Calls::kAlltoallv); i++)
+      ASSERT_EQ(recv[p * count + i], (float)(p * 1000 + rank + call + i % 5)) << "call " << call << " from " << p;
+}
+
+// `nranks` ranks run 100 calls of `kind` on `count` floats, rank `laggard`
+// (if >= 0) sleeping 50 ms before each; every rank then checks its wait report.
+LagRun runWithLaggard(int laggard, size_t count, int nranks = 4, Calls kind = Calls::kAllReduce) {
   char dir[] = "/tmp/zp_wait_report_XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
   LagRun out;
@@ -142,13 +179,10 @@ LagRun runWithLaggard(int laggard, size_t count, int nranks = 4) {
     logTo(dir, rank);
     zpComm_t comm;
     ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
-    std::vector<float> send(count), recv(count, -1.0f);
     for (int call = 0; call < 100; call++) {
-      for (size_t i = 0; i < count; i++) send[i] = (float)(rank + call + i % 7);
       if (rank == laggard) usleep(50 * 1000);
-      ZP_ASSERT_OK(zpAllReduce(send.data(), recv.data(), count, zpFloat32, zpSum, comm, nullptr));
-      for (size_t i = 0; i < count; i++)
-        ASSERT_EQ(recv[i], (float)(n * (n - 1) / 2 + n * (call + i % 7))) << "call " << call << " element " << i;
+      oneCall(kind, comm, rank, n, call, count);
+      if (testing::Test::HasFatalFailure()) return;
     }
     zpWaitEntry_t entries[4];
     int nEntries = -1, nCalls = -1;
@@ -200,6 +234,71 @@ TEST(WaitReport, ALaggingRankIsNamedByEveryRankThatWaitsForIt) {
   }
 }
 
+// zpAlltoallv (routing off: its messages' first bytes, or the counts ahead
+// of them; small and large) and a group of sends and receives with every
+// peer: every rank that waits for the lagging one names it, as for an
+// all-reduce. (The routed zpAlltoallv, which gathers its count rows first,
+// is Multinode.ARankThatLagsBeforeRoutedAlltoallvsIsNamed.)
+TEST(WaitReport, ALaggingRankIsNamedForAlltoallvAndSendRecv) {
+  for (Calls kind : {Calls::kAlltoallv, Calls::kSendRecvGroup})
+    for (size_t count : {16u, 32u * 1024u}) {
+      LagRun r = runWithLaggard(1, count, 4, kind);
+      zptest::expectAllOk(r.exits);
+      EXPECT_EQ(countOf(r.logs, "rank 1 came last in"), 3) << (int)kind << ", " << count << " floats:\n" << r.logs;
+      EXPECT_EQ(countOf(r.logs, "came last in"), 3) << r.logs;
+    }
+}
+
+TEST(WaitReport, NobodyIsNamedWithoutALaggardInAlltoallvOrSendRecv) {
+  for (Calls kind : {Calls::kAlltoallv, Calls::kSendRecvGroup}) {
+    LagRun r = runWithLaggard(-1, 32u * 1024u, 4, kind);
+    zptest::expectAllOk(r.exits);
+    EXPECT_EQ(countOf(r.logs, "came last in"), 0) << (int)kind << ":\n" << r.logs;
+  }
+}
+
+// A single receive outside a group: the rank that waits names the sender.
+TEST(WaitReport, AReceiveNamesTheSenderThatLags) {
+  char dir[] = "/tmp/zp_wait_recv_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    logTo(dir, rank);
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    std::vector<float> buf(1024);
+    for (int call = 0; call < 100; call++) {
+      if (rank == 1) {
+        usleep(30 * 1000);
+        for (size_t i = 0; i < buf.size(); i++) buf[i] = (float)(call + i);
+        ZP_ASSERT_OK(zpSend(buf.data(), buf.size(), zpFloat32, 0, comm, nullptr));
+      } else {
+        ZP_ASSERT_OK(zpRecv(buf.data(), buf.size(), zpFloat32, 1, comm, nullptr));
+        for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], (float)(call + i));
+      }
+    }
+    zpWaitEntry_t e[2];
+    int nEntries = -1, nCalls = -1;
+    ZP_ASSERT_OK(zpCommGetWaitReport(comm, e, 2, &nEntries, &nCalls));
+    if (rank == 0) {  // its 100 receives; the sender, whose sends heard nothing, none
+      EXPECT_EQ(nCalls, 100);
+      ASSERT_EQ(nEntries, 1);
+      EXPECT_EQ(e[0].rank, 1);
+      EXPECT_GE(e[0].callsLast, 90);
+      EXPECT_GE(e[0].totalWaitSec / e[0].callsLast, 0.020);
+    } else {
+      EXPECT_EQ(nCalls, 0);
+      EXPECT_EQ(nEntries, 0);
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+  std::string logs = logsIn(dir);
+  EXPECT_EQ(countOf(logs, "rank 0: rank 1 came last in"), 1) << logs;
+  EXPECT_EQ(countOf(logs, "came last in"), 1) << logs;
+  std::string cmd = std::string("rm -rf ") + dir;
+  EXPECT_EQ(system(cmd.c_str()), 0);
+}
+
 // Two ranks: the one that waits names the other.
 TEST(WaitReport, OfTwoRanksTheOneThatWaitsNamesTheOther) {
   LagRun r = runWithLaggard(1, 16, 2);
@@ -214,28 +313,47 @@ TEST(WaitReport, NobodyIsNamedWithoutALaggard) {
   EXPECT_EQ(countOf(r.logs, "came last in"), 0) << r.logs;
 }
 
-// A call that waits longer than ZP_WAIT_WARN says so, naming itself and the
-// rank it waits for, long before ZP_TIMEOUT.
+// A call that waits longer than ZP_WAIT_WARN says so, naming itself, its
+// opCount (the same on every rank) and the rank it waits for, long before
+// ZP_TIMEOUT: an all-reduce, an alltoallv, a receive, each the second call
+// (opCount 1) after a barrier.
 TEST(WaitReport, ALongWaitIsNamedBeforeTheTimeout) {
-  char dir[] = "/tmp/zp_wait_warn_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
-    logTo(dir, rank);
-    setenv("ZP_WAIT_WARN", "0.3", 1);
-    zpComm_t comm;
-    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
-    float x = 1, y = 0;
-    if (rank == 1) usleep(1200 * 1000);
-    ZP_ASSERT_OK(zpAllReduce(&x, &y, 1, zpFloat32, zpSum, comm, nullptr));
-    EXPECT_EQ(y, 2.0f);
-    ZP_EXPECT_OK(zpCommDestroy(comm));
-  });
-  zptest::expectAllOk(exits);
-  std::string logs = logsIn(dir);
-  EXPECT_EQ(countOf(logs, "rank 0: zpAllReduce (opCount 0) has waited 0.3 s for rank(s) 1 (ZP_WAIT_WARN)"), 1) << logs;
-  EXPECT_EQ(countOf(logs, "has waited"), 1) << logs;
-  std::string cmd = std::string("rm -rf ") + dir;
-  EXPECT_EQ(system(cmd.c_str()), 0);
+  for (const char* fn : {"zpAllReduce", "zpAlltoallv", "zpRecv"}) {
+    char dir[] = "/tmp/zp_wait_warn_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string which = fn;
+    auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+      logTo(dir, rank);
+      setenv("ZP_WAIT_WARN", "0.3", 1);
+      zpComm_t comm;
+      ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+      ZP_ASSERT_OK(zpBarrier(comm, nullptr));
+      if (rank == 1) usleep(1200 * 1000);
+      float x[2] = {1.0f + rank, 3.0f + rank}, y[2] = {0, 0};
+      const size_t counts[2] = {1, 1}, displs[2] = {0, 1};
+      if (which == "zpAllReduce") {
+        ZP_ASSERT_OK(zpAllReduce(x, y, 1, zpFloat32, zpSum, comm, nullptr));
+        EXPECT_EQ(y[0], 3.0f);
+      } else if (which == "zpAlltoallv") {
+        ZP_ASSERT_OK(zpAlltoallv(x, counts, displs, y, counts, displs, zpFloat32, comm, nullptr));
+        EXPECT_EQ(y[0], rank == 0 ? 1.0f : 3.0f);
+        EXPECT_EQ(y[1], rank == 0 ? 2.0f : 4.0f);
+      } else if (rank == 0) {
+        ZP_ASSERT_OK(zpRecv(y, 1, zpFloat32, 1, comm, nullptr));
+        EXPECT_EQ(y[0], 2.0f);
+      } else {
+        ZP_ASSERT_OK(zpSend(x, 1, zpFloat32, 0, comm, nullptr));
+      }
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+    });
+    zptest::expectAllOk(exits);
+    std::string logs = logsIn(dir);
+    EXPECT_EQ(countOf(logs, "rank 0: " + which + " (opCount 1) has waited 0.3 s for rank(s) 1 (ZP_WAIT_WARN)"), 1)
+        << logs;
+    EXPECT_EQ(countOf(logs, "has waited"), 1) << logs;
+    std::string cmd = std::string("rm -rf ") + dir;
+    EXPECT_EQ(system(cmd.c_str()), 0);
+  }
 }
 
 }  // namespace

@@ -409,9 +409,10 @@ class Communicator:
 
     def wait_report(self) -> Tuple[int, List[dict]]:
         """zpCommGetWaitReport: (calls, entries). Over this communicator's
-        last collectives (calls of them), the peers this rank waited for,
-        the most waited for first: each a dict with rank, calls_last (calls
-        in which its header came last), total_wait and max_wait (seconds)."""
+        last calls that heard from their peers (collectives, alltoallvs,
+        receives; calls of them), the peers this rank waited for, the most
+        waited for first: each a dict with rank, calls_last (calls in which
+        its first message came last), total_wait and max_wait (seconds)."""
         n, calls = ctypes.c_int(), ctypes.c_int()
         self._check(_lib.lib.zpCommGetWaitReport(self._handle(), None, 0, ctypes.byref(n), ctypes.byref(calls)))
         entries = (_lib.WaitEntry * max(n.value, 1))()

@@ -35,7 +35,7 @@ const std::vector<Param> kParams = {
   {"ZP_WAIT_WARN", K::kSeconds, R::kSetting, "5", "0..2147483",
    "a call that has waited this long for its peers says so once in a WARN line (which call, which ranks); 0: never"},
   {"ZP_STRAGGLER_MS", K::kInt, R::kSetting, "10", "0..3600000",
-   "a rank whose collective headers come last in most of the last 100 calls, this many milliseconds late on average, "
+   "a rank whose first messages of a call come last in most of the last 100 calls, this many milliseconds late on average, "
    "is named in one WARN line (zpCommGetWaitReport); 0: never named"},
   {"ZP_NODE_ID", K::kString, R::kSetting, "", "",
    "ranks with the same id share memory (default: host name and boot id; zpConfig_t.nodeId)"},

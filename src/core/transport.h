@@ -130,12 +130,21 @@ struct Op {
   // Receives from any source (kAnySource) only: where to write the rank
   // it was matched with (zpRecvFrom), or null.
   int* source = nullptr;
-  // Receives only: where to note when it finished, in nowUs() (a header of
-  // a collective's header round: the per-peer wait statistics, WaitStats).
+  // Receives only: where to note, in nowUs(), when the peer's message
+  // began to arrive (the per-peer wait statistics, WaitStats: the moment
+  // the peer entered the call). A transport that sees a message's first
+  // bytes or its meta says so (noteArrival); otherwise finishing notes it
+  // if the message is small enough that its end is its arrival. A larger
+  // message whose start no transport saw stays 0 (charged nothing): its
+  // end would charge the peer for the transfer, not for a late start.
   uint64_t* arrivedUs = nullptr;
+  static constexpr size_t kArrivalAtFinishMax = 64 * 1024;
+  void noteArrival() {
+    if (arrivedUs && !*arrivedUs) *arrivedUs = nowUs();
+  }
 
   void finish(zpResult_t st, std::string err = {}) {
-    if (arrivedUs) *arrivedUs = nowUs();
+    if (bytes <= kArrivalAtFinishMax) noteArrival();
     done = true;
     status = st;
     if (st != zpSuccess && error.empty()) error = std::move(err);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "src/core/log.h"
+
 namespace zp {
 
 WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
@@ -86,6 +88,18 @@ std::vector<WaitStats::Entry> WaitStats::report(int* calls) const {
   });
   *calls = filled_;
   return out;
+}
+
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs) {
+  const int lagging = stats.record(arrivedUs);
+  if (lagging < 0) return;
+  int calls = 0;
+  for (const WaitStats::Entry& e : stats.report(&calls))
+    if (e.rank == lagging)
+      ZP_WARN(kSubColl,
+              "rank %d: rank %d came last in %d of the last %d calls, %.1f ms after the others on average: it lags "
+              "(zpCommGetWaitReport; ZP_STRAGGLER_MS)",
+              rank, lagging, e.callsLast, calls, e.totalUs / 1000.0 / e.callsLast);
 }
 
 }  // namespace zp

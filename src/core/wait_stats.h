@@ -2,9 +2,14 @@
 // for, so that a rank that lags (a slow host, a throttled GPU, a data loader
 // that stalls) can be named from the ranks that wait for it.
 //
-// The evidence is the header round every host collective starts with: each
-// rank sends its call's header to every other, so the moment each peer's
-// header arrives is the moment that peer entered the call. In one call, the
+// The evidence is the first message of each peer in a call: the header
+// round every host collective starts with (each rank sends its call's
+// header to every other), the count rows a routed zpAlltoallv gathers, the
+// first bytes (or meta) of an unrouted zpAlltoallv's and of a receive's
+// messages; the moment it arrives is the moment that peer entered the
+// call, or later if this rank came later (Op::arrivedUs). Peers a call
+// does not hear from (a send, a receive's other ranks) count as arrived
+// first: they are never charged. In one call, the
 // time charged to a peer is how much later its header came than the one
 // before it in arrival order, this rank's own entry counted as an arrival;
 // all of it goes to the last one to arrive (the others arrived while this
@@ -63,5 +68,11 @@ class WaitStats {
   std::vector<uint64_t> totalUs_;   // per peer, over the window
   std::vector<bool> named_;         // per peer: named and not recovered since
 };
+
+// Records one call's arrivals (WaitStats::record) and, if that names a
+// peer, says so in one WARN line from `rank`. Every call that learns when
+// its peers entered calls this: the standard collectives' header round,
+// zpAlltoallv (its count rows, or its messages' first bytes), receives.
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs);
 
 }  // namespace zp

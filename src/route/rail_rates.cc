@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/core/log.h"
+
 namespace zp {
 
 void RailRates::observe(int rail, uint64_t outstanding, uint64_t ackedTotal, uint64_t nowUs) {
@@ -45,6 +47,7 @@ bool RailRates::ready(const Rail& r) const {
 void RailRates::sample(int rail, uint64_t nowUs) {
   Rail& r = rails_[rail];
   double rate = (double)r.ackedBytes * 1e6 / (double)r.busyUs;
+  const double busyMs = r.busyUs / 1000.0;
   // Half weight to the new sample: a rate that changes is followed within
   // a few samples, one odd sample moves the estimate only halfway.
   r.bytesPerSec = r.bytesPerSec > 0 ? 0.5 * r.bytesPerSec + 0.5 * rate : rate;
@@ -75,6 +78,8 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   } else {
     r.below = r.above = 0;
   }
+  ZP_TRACE(kSubNet, "rail %d: sampled %.0f Mbit/s (smoothed %.0f) over %.0f ms busy, %.2f of the others' median: %d "
+           "below, %d above", rail, rate * 8e-6, r.bytesPerSec * 8e-6, busyMs, rel, r.below, r.above);
   bool was = r.ownSlow;
   if (!r.ownSlow && r.below >= kConfirm) r.ownSlow = true;
   if (r.ownSlow && r.above >= kConfirmRecovery) r.ownSlow = false;

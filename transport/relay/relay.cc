@@ -316,7 +316,10 @@ void Relay::recv(Op* op, uint64_t xfer) {
 bool Relay::accept(Delivery& d, const RelayHeader& h) {
   Op* op = d.op;
   if (d.failed) return false;
-  if (h.total == op->bytes && h.offset + h.bytes <= op->bytes) return true;
+  if (h.total == op->bytes && h.offset + h.bytes <= op->bytes) {
+    op->noteArrival();  // its first chunk: the source has entered its call
+    return true;
+  }
   d.failed = true;
   op->finish(zpInvalidUsage, std::string(opKindName(op->kind)) + ": rank " + std::to_string(h.src) + " sends " +
                                  std::to_string(h.total / op->typeSize) + " elements to rank " +

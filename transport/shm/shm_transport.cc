@@ -318,6 +318,17 @@ bool ShmTransport::progress() {
     for (int l = 0; l < kLanes && !p.gone; l++) did |= progressSend(p, l);
     if (p.dirty || p.wake) notify(p);
   }
+  // Arrivals (Op::arrivedUs) as of this pass's start: a message that was
+  // here then is not made later by the copies of other peers' messages
+  // that this pass makes first (the wait statistics would charge them).
+  uint64_t passUs = 0;
+  for (Peer& p : peers_)
+    for (Lane& l : p.lane)
+      if (!p.gone && !l.recvq.empty() && l.recvq.front()->arrivedUs && !*l.recvq.front()->arrivedUs &&
+          ringPeek(l.in)) {
+        if (!passUs) passUs = nowUs();
+        *l.recvq.front()->arrivedUs = passUs;
+      }
   for (Peer& p : peers_) {
     for (int l = 0; l < kLanes && !p.gone; l++) {
       did |= progressRecv(p, l);
@@ -407,6 +418,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       peerGone(p, zpInvalidUsage, why, true);
       return true;
     }
+    op->noteArrival();  // its first record: meta, offer or fragment
     if (h->type == kMeta) {
       memcpy(op->meta, payloadOf(h), std::min<uint32_t>(h->len, op->metaBytes));
       if (ringPop(l.in, h)) p.wake = true;
@@ -584,6 +596,7 @@ bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq) {
     return false;  // out of order, of another size, or in several records: progressRecv says what
   if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
   op->seq = seq++;
+  op->noteArrival();
   takeFragment(p, p.lane[0], op, h, metaLen);
   op->finish(zpSuccess);
   countMovedNow();

@@ -360,6 +360,7 @@ bool UcxTransport::takeProbed(Request* r) {
   if (!msg) return false;
   probing_.erase(std::find(probing_.begin(), probing_.end(), r));
   Op* op = r->op;
+  op->noteArrival();  // its header is here (a large message's data is yet to come)
   void* buf = op->buf;
   if (info.length != op->bytes || tagKind(info.sender_tag) != (uint32_t)op->kind) {
     r->payload.resize(std::max<size_t>(info.length, 1));
@@ -458,6 +459,8 @@ void UcxTransport::complete(Request* r, ucs_status_t status, size_t length, ucp_
     }
   } else if (op->isSend && !meta) {
     op->progressed = op->bytes;
+  } else if (!op->isSend) {
+    op->noteArrival();  // the meta goes ahead of the data: the peer has entered its call
   }
   releasePart(op);
 }
