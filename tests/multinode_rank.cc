@@ -329,15 +329,24 @@ int earlyByeMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   std::string err = sendRecvError(comm, rank, n, rpn, seed);
   if (!err.empty()) return finishMode(comm, rank, n, "the first exchange: " + err);
-  if (rank % rpn != 0) {
-    const auto start = Clock::now();
+  // zpCommDestroy, timed: "" if it succeeded within limit seconds.
+  auto destroyWithin = [&](double limit, double* took) {
+    const auto bye = Clock::now();
     const zpResult_t r = zpCommDestroy(comm);
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    if (r != zpSuccess || s > 1.5) {
-      printf("rank %d: zpCommDestroy returned %s after %.2f s while the workers ran\n", rank, zpGetErrorString(r), s);
+    *took = std::chrono::duration<double>(Clock::now() - bye).count();
+    if (r == zpSuccess && *took <= limit) return std::string();
+    char why[128];
+    snprintf(why, sizeof why, "zpCommDestroy returned %s after %.2f s", zpGetErrorString(r), *took);
+    return std::string(why);
+  };
+  double took = 0;
+  if (rank % rpn != 0) {
+    err = destroyWithin(1.5, &took);
+    if (!err.empty()) {
+      printf("rank %d: %s while the workers ran\n", rank, err.c_str());
       return 1;
     }
-    printf("rank %d: destroyed in %.2f s: ok\n", rank, s);
+    printf("rank %d: destroyed in %.2f s: ok\n", rank, took);
     return 0;
   }
   const auto start = Clock::now();
@@ -352,11 +361,9 @@ int earlyByeMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   }
   if (!err.empty()) return finishMode(comm, rank, n, "round " + std::to_string(rounds) + ": " + err);
   printf("rank %d: %d rounds in %.1f s\n", rank, rounds, std::chrono::duration<double>(Clock::now() - start).count());
-  const auto bye = Clock::now();
-  const zpResult_t r = zpCommDestroy(comm);
-  const double s = std::chrono::duration<double>(Clock::now() - bye).count();
-  if (r != zpSuccess || s > 5) {
-    printf("rank %d: the worker's zpCommDestroy returned %s after %.2f s\n", rank, zpGetErrorString(r), s);
+  err = destroyWithin(5, &took);
+  if (!err.empty()) {
+    printf("rank %d: the worker's %s\n", rank, err.c_str());
     return 1;
   }
   printf("rank %d: ok\n", rank);
@@ -1321,6 +1328,15 @@ std::string mismatchCheck(zpComm_t comm, int rank, int n, uint64_t seed) {
   return err;
 }
 
+// Makes the communicator's GPU current: "" or what failed.
+std::string useCommDevice(zpComm_t comm, int* device) {
+  ncclComm_t nccl = nullptr;
+  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, device) != ncclSuccess ||
+      cudaSetDevice(*device) != cudaSuccess)
+    return std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  return "";
+}
+
 // Whether this rank's rail report calls `rail` slow.
 bool railNamedSlow(zpComm_t comm, int rail) {
   zpRailEntry_t rails[8];
@@ -1335,12 +1351,8 @@ int deviceSlowRailMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", n), slow = envInt("ZP_TEST_SLOW_RAIL", 2);
   const int seconds = envInt("ZP_TEST_SECONDS", 20);
-  std::string err;
-  ncclComm_t nccl = nullptr;
   int device = -1;
-  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess ||
-      cudaSetDevice(device) != cudaSuccess)
-    err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  std::string err = useCommDevice(comm, &device);
   // Host sends from rank 0 to node 1's first rank until every rank's report
   // names the rail (the device path's own transfers are not measured).
   const size_t bytes = 32 << 20;
@@ -1423,12 +1435,8 @@ int deviceRouteMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   const char* env = getenv("ZP_ROUTING");
   const std::string mode = env && *env ? env : "balanced";
   const int routing = mode == "off" ? zpRoutingOff : mode == "rail" ? zpRoutingRail : zpRoutingBalanced;
-  std::string err;
-  ncclComm_t nccl = nullptr;
   int device = -1;
-  if (zpCommGetNcclComm(comm, &nccl) != zpSuccess || ncclCommCuDevice(nccl, &device) != ncclSuccess ||
-      cudaSetDevice(device) != cudaSuccess)
-    err = std::string("no NCCL communicator: ") + zpGetLastError(comm);
+  std::string err = useCommDevice(comm, &device);
   // Every rank makes every call, also after a failed check (the first
   // failure is reported), so that a wrong result ends the run at once
   // instead of leaving peers waiting for the rank that stopped.
