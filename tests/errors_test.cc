@@ -406,7 +406,8 @@ TEST(ArgErrors, SendRecvHugeCountIsInvalidArgument) {
 TEST(ArgErrors, SendRecvBadPeerIsInvalidArgument) {
   onTwoRanks([](zpComm_t comm, int, int n) {
     float buf[4] = {0};
-    for (int peer : {-1, n, n + 1, INT_MAX, INT_MIN}) {
+    // (-1 is ZP_ANY_SOURCE, a valid receive peer: tests/any_source_check.h.)
+    for (int peer : {-2, n, n + 1, INT_MAX, INT_MIN}) {
       EXPECT_SEND_AND_RECV_FAIL(zpInvalidArgument, buf, 4, zpFloat32, peer, comm, nullptr);
       EXPECT_TRUE(contains(zpGetLastError(nullptr), std::to_string(peer)))
           << "the message should name peer " << peer << ": " << zpGetLastError(nullptr);
