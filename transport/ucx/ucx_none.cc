@@ -31,6 +31,7 @@ zpResult_t UcxTransport::connect(const std::vector<std::string>&) { return fail(
 void UcxTransport::post(Op*) {}
 void UcxTransport::sendStatus(int, uint64_t, zpResult_t, const std::string&) {}
 bool UcxTransport::progress() { return false; }
+bool UcxTransport::arrived(int, uint64_t, size_t*) { return false; }
 bool UcxTransport::busy() const { return false; }
 void UcxTransport::dropOps(zpResult_t, const std::string&) {}
 void UcxTransport::abortPeers(zpResult_t, const std::string&) {}
