@@ -128,17 +128,18 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, std::vector<uint64_t>* rows) {
   // Across nodes through the relay too, which knows the paths that work.
   RoutedXfer xfer;
   xfer.id = msgid::countsXfer(seq);  // apart from the data's (plainXfer(seq))
-  // Each peer's row is its first message of the call: when it came is when
-  // the peer entered (the wait statistics, as a collective's header round).
-  std::vector<uint64_t> arrived(n, 0);
+  std::vector<Op*> ptrs;
   for (Op& op : ops) {
     if (!c->isLocal(op.peer)) op.routed = &xfer;
-    if (!op.isSend) op.arrivedUs = &arrived[op.peer];
+    ptrs.push_back(&op);
   }
-  arrived[me] = nowUs();
-  ZP_CHECK(runAll(c, ops));
-  recordWaits(c->waitStats(), me, arrived);
-  return zpSuccess;
+  // Each peer's row is its first message of the call: when it came is when
+  // the peer entered (the wait statistics, as a collective's header round).
+  std::vector<uint64_t> arrived;
+  Arrivals arrivals(c, arrived, ptrs);
+  const zpResult_t res = c->runOps(ptrs);
+  arrivals.record(res);
+  return res;
 }
 
 zpResult_t checkCounts(const Comm* c, const std::vector<uint64_t>& rows) {
@@ -494,10 +495,6 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   if (inBand) rows = countMatrix(c, sendcounts, recvcounts, ts);
   const uint32_t rowBytes = (uint32_t)(rowLen * sizeof(uint64_t));
 
-  // When each peer's first bytes (or its counts, ahead of them) came: the
-  // wait statistics (wait_stats.h).
-  std::vector<uint64_t> arrived(n, 0);
-  arrived[c->rank()] = nowUs();
   // Rank r sends to r+1, r+2, ... and receives from r-1, r-2, ..., so that no
   // rank is everybody's first target.
   std::vector<Op> ops(2 * n);
@@ -508,7 +505,6 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     s = Op(OpKind::kAlltoallv, true, to, blockAt(sendbuff, sdispls[to], sendcounts[to], ts), sendcounts[to] * ts, ts);
     Op& r = ops[2 * i + 1];
     r = Op(OpKind::kAlltoallv, false, from, blockAt(recvbuff, rdispls[from], recvcounts[from], ts), recvcounts[from] * ts, ts);
-    if (i > 0) r.arrivedUs = &arrived[from];
     if (inBand && i > 0) {
       s.meta = &rows[(size_t)c->rank() * rowLen];
       s.metaBytes = rowBytes;
@@ -518,10 +514,14 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     ptrs.push_back(&s);
     ptrs.push_back(&r);
   }
+  // When each peer's first bytes (or its counts, ahead of them) came: the
+  // wait statistics.
+  std::vector<uint64_t> arrived;
+  Arrivals arrivals(c, arrived, ptrs);
   zpResult_t res = c->runOps(ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError() != zpSuccess) return res;
-  if (res == zpSuccess) recordWaits(c->waitStats(), c->rank(), arrived);
+  arrivals.record(res);
   if (inBand) {
     ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
     ZP_CHECK(checkCounts(c, rows));

@@ -12,6 +12,8 @@
 #include "include/zeppelin.h"
 #include "src/core/comm.h"
 #include "src/core/log.h"  // ZP_CHECK
+#include "src/core/wait_stats.h"
+#include "src/util/clock.h"
 
 namespace zp {
 
@@ -22,6 +24,28 @@ constexpr size_t kMaxCallBytes = size_t(1) << 48;
 // call may name: a shift, not a division (a 64-bit divide was a tenth of a
 // small send's call).
 inline size_t maxElements(size_t ts) { return kMaxCallBytes >> __builtin_ctzll(ts); }
+
+// The wait statistics of a call's receives on one communicator (wait_stats.h):
+// when each peer's message began to arrive, against when this rank entered.
+// A call without a receive learns nothing (a send cannot tell when its peer
+// entered) and is not recorded. `at` must not move while the ops run.
+struct Arrivals {
+  Comm* comm;
+  std::vector<uint64_t>& at;
+  bool any = false;
+  Arrivals(Comm* c, std::vector<uint64_t>& storage, const std::vector<Op*>& ops) : comm(c), at(storage) {
+    for (const Op* op : ops) any |= !op->isSend && op->peer != c->rank() && !op->stream;
+    if (!any) return;
+    at.assign(c->nranks(), 0);
+    for (Op* op : ops)
+      if (!op->isSend && op->peer != c->rank() && !op->stream) op->arrivedUs = &at[op->peer];
+    at[c->rank()] = nowUs();
+  }
+  // After the call ran (with the communicator's lock still held).
+  void record(zpResult_t res) {
+    if (any && res == zpSuccess) recordWaits(comm->waitStats(), comm->rank(), at);
+  }
+};
 
 // stream: null for host buffers (the executor moves them before returning);
 // a CUDA stream for device buffers (enqueued on the StreamTransport).
