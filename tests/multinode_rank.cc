@@ -978,6 +978,21 @@ int allDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
 // waits in a broadcast that says whether another round comes. Rank 0 prints
 // the first and the last round's time; every rank prints its node's rails
 // as zpCommGetRailReport gives them at the end.
+// One round of the rails modes: rank 0 sends buf (filled from seed) to node
+// 1's first rank (rpn), which receives it into poison and checks every byte;
+// *ms: the send or receive alone. "" or what went wrong.
+std::string pairRound(zpComm_t comm, int rank, int rpn, zptest::GuardedBuffer& buf, uint64_t seed, double* ms) {
+  if (rank == 0) buf.fill(seed, 0, rpn);
+  else memset(buf.data(), 0xA5, buf.size());  // poison: every byte must be written again
+  const auto t0 = std::chrono::steady_clock::now();
+  zpResult_t r = rank == 0 ? zpSend(buf.data(), buf.size(), zpUint8, rpn, comm, nullptr)
+                           : zpRecv(buf.data(), buf.size(), zpUint8, 0, comm, nullptr);
+  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (r != zpSuccess) return std::string("failed: ") + zpGetLastError(comm);
+  if (rank == rpn && buf.wrongBytes(seed, 0, rpn)) return "wrong bytes";
+  return "";
+}
+
 int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", 1), seconds = envInt("ZP_TEST_SECONDS", 8);
@@ -995,15 +1010,9 @@ int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     }
     if (!more) break;
     if (rank != 0 && rank != rpn) continue;
-    if (rank == 0) buf.fill(seed + rounds, 0, rpn);
-    else memset(buf.data(), 0xA5, bytes);  // poison: every byte must be written again
-    auto t0 = Clock::now();
-    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
-                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
-    lastMs = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    err = pairRound(comm, rank, rpn, buf, seed + rounds, &lastMs);
     if (rounds == 0) firstMs = lastMs;
-    if (r != zpSuccess) err = std::string("round ") + std::to_string(rounds) + " failed: " + zpGetLastError(comm);
-    else if (rank == rpn && buf.wrongBytes(seed + rounds, 0, rpn)) err = "wrong bytes in round " + std::to_string(rounds);
+    if (!err.empty()) err = "round " + std::to_string(rounds) + ": " + err;
     else if (buf.guardBytesWritten()) err = "guard bytes written";
     if (!err.empty()) break;
   }
@@ -1369,12 +1378,9 @@ int deviceSlowRailMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     }
     if (named || late) break;
     if (rank != 0 && rank != rpn) continue;
-    if (rank == 0) buf.fill(seed + round, 0, rpn);
-    else memset(buf.data(), 0xA5, bytes);
-    zpResult_t r = rank == 0 ? zpSend(buf.data(), bytes, zpUint8, rpn, comm, nullptr)
-                             : zpRecv(buf.data(), bytes, zpUint8, 0, comm, nullptr);
-    if (r != zpSuccess) err = std::string("host round failed: ") + zpGetLastError(comm);
-    else if (rank == rpn && buf.wrongBytes(seed + round, 0, rpn)) err = "wrong bytes in a host round";
+    double ms = 0;
+    err = pairRound(comm, rank, rpn, buf, seed + round, &ms);
+    if (!err.empty()) err = "host round: " + err;
   }
   if (err.empty() && !named)
     err = "rail " + std::to_string(slow) + " was not named slow on every rank within " + std::to_string(seconds) + " s";
