@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/harness.h"
+#include "transport/shm/spin_plan.h"
 
 namespace {
 
@@ -79,6 +80,37 @@ TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
     ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
   });
   zptest::expectAllOk(exits);
+}
+
+// The plan a waiter follows, on the inputs it reads. 4 ranks on 2 cores
+// with nothing else running is the normal state of a small test or a
+// laptop: the tasks waiting for a core are the node's own ranks, so a
+// waiter polls (yielding to them) instead of sleeping and paying a wake-up
+// per message. With two busy processes per core beside them it polls
+// briefly and sleeps.
+TEST(ShmWait, AWaiterPollsWhileOnlyItsOwnRanksWaitForACore) {
+  zp::SpinInputs in;
+  in.cores = 2;
+  in.localRanks = 4;
+  in.spinUs = 1000;
+  in.spinBusyUs = 50;
+  for (int runnable : {2, 4, 5}) {
+    in.runnable = runnable;
+    const zp::SpinPlan plan = zp::planSpin(in);
+    EXPECT_EQ(plan.us, 1000) << runnable << " runnable";
+    EXPECT_TRUE(plan.yield) << runnable << " runnable";
+  }
+  in.runnable = 8;  // the 4 ranks and 4 busy loops
+  EXPECT_EQ(zp::planSpin(in).us, 50);
+  EXPECT_FALSE(zp::planSpin(in).yield);
+  // 2 ranks, 2 cores, 4 busy loops: tasks that are not this node's wait too.
+  in.localRanks = 2;
+  in.runnable = 6;
+  EXPECT_EQ(zp::planSpin(in).us, 50);
+  // Every runnable task has a core: a long poll that does not yield.
+  in.runnable = 2;
+  EXPECT_EQ(zp::planSpin(in).us, 1000);
+  EXPECT_FALSE(zp::planSpin(in).yield);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@
 
 #include "include/zeppelin.h"
 #include "src/core/transport.h"
+#include "transport/shm/spin_plan.h"
 
 namespace zp {
 
@@ -204,19 +205,12 @@ class ShmTransport : public CarrierTransport {
   // Whether this rank waits for a single-copy transfer (a peer reading
   // this rank's memory, or this rank waiting to read a peer's).
   bool waitsForSingleCopy() const;
-  // How a waiter polls before it sleeps: for how long, and whether each
-  // poll yields the core (from the machine's runnable tasks; shm_wait.cc).
-  struct SpinPlan {
-    int us;
-    bool yield;
-  };
+  // How a waiter polls before it sleeps (planSpin, from the machine's
+  // runnable tasks and this node's ranks; shm_wait.cc).
   SpinPlan spinPlan() const;
   // Adds a wait of `us` (until news came, polls and sleep together) to the
   // running mean spinPlan reads.
   void noteWait(uint64_t us);
-  // While tasks wait for a core, a poll may follow the recent waits up to
-  // this many times ZP_SHM_SPIN_BUSY_US.
-  static constexpr int kBusySpinScale = 16;
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   // A rank's segment's name in /dev/shm, for the moment it has one where

@@ -128,36 +128,17 @@ bool ShmTransport::waitsForSingleCopy() const {
   return false;
 }
 
-ShmTransport::SpinPlan ShmTransport::spinPlan() const {
-  const int running = runnableTasks();
-  // When it cannot tell, as before the load was looked at: polls, yielding
-  // the core where ranks outnumber cores (but sleeps at once during a
-  // single-copy transfer there, the safe choice).
-  if (running < 0) return {oversubscribed_ && waitsForSingleCopy() ? 0 : spinUs_, oversubscribed_};
-  // A single-copy transfer where ranks outnumber cores and more tasks are
-  // runnable than the node has ranks: a poller would take its share of the
-  // cores from the peer doing the copy, while a sleeper is off the run queue
-  // until it is woken. Measured: docs/collectives.md, "Polling or sleeping
-  // while a peer copies".
-  if (oversubscribed_ && running > (int)peers_.size() + 1 && waitsForSingleCopy()) return {0, false};
-  // Every runnable task has a core (this one included): polling takes no
-  // one's time, and an answer is seen within a cache line's move. Where
-  // ranks outnumber cores a poll still yields, so that a peer that becomes
-  // runnable meanwhile gets the core at once.
-  if (running <= cores_) return {spinUs_, oversubscribed_};
-  // Tasks wait for a core. A poller stays on the run queue and takes its
-  // share of the cores from them (the peers whose answer it waits for among
-  // them), and a yield hands its core to any of them for a whole time slice
-  // while the answer waits. A sleeper uses no core, and is run soon after its
-  // doorbell rings (a woken task goes ahead of ones that kept running). So
-  // it polls ZP_SHM_SPIN_BUSY_US, or as long as this rank's recent waits
-  // took (twice their running mean) where that is up to kBusySpinScale
-  // times as long: a peer answering from another core right now, or just
-  // woken, is then caught without a sleep and a wake-up, while longer waits
-  // (a relay's chunks, a peer that is not running) get the short poll.
-  // Measured: docs/reliability.md, "Under a busy CPU".
-  const uint64_t recent = 2 * waitMeanUs_, most = (uint64_t)kBusySpinScale * spinBusyUs_;
-  return {recent > (uint64_t)spinBusyUs_ && recent <= most ? (int)recent : spinBusyUs_, false};
+SpinPlan ShmTransport::spinPlan() const {
+  SpinInputs in;
+  in.runnable = runnableTasks();
+  in.cores = cores_;
+  in.localRanks = (int)peers_.size() + 1;
+  // Only looked at where it matters (it walks every peer's lanes).
+  in.singleCopy = oversubscribed_ && waitsForSingleCopy();
+  in.spinUs = spinUs_;
+  in.spinBusyUs = spinBusyUs_;
+  in.recentWaitUs = waitMeanUs_;
+  return planSpin(in);
 }
 
 void ShmTransport::noteWait(uint64_t us) {
