@@ -506,10 +506,11 @@ TEST(Planner, APlanOverMemoryIsNeverChosenWhenOneFits) {
     };
     int over = 0;
     PlanOptions o;
-    o.score = [&](const BatchPlan& p, bool remap) {
+    o.score = [&](const BatchPlan& p) {
       const bool fits = peak(p) <= 1.02 * mean;
       over += !fits;
-      return PlanOptions::Score{2 * p.plannedForward + p.plannedBackward + (remap ? 1e-3 : 0), fits};
+      const double s = 2 * p.plannedForward + p.plannedBackward;
+      return PlanOptions::Scores{{s + 1e-3, fits}, {s, fits}};
     };
     const BatchPlan p = planBatch(lens, true, AttnShape{}, a800(8), o);
     EXPECT_LE(peak(p), 1.02 * mean) << "batch " << b << ": " << over << " plans scored over memory";
@@ -819,7 +820,10 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   const int n = c.ranks();
   const std::vector<int64_t> lens(48, 8192);
   PlanOptions opt;
-  opt.score = [](const BatchPlan& p, bool) { return PlanOptions::Score{p.plannedForward + p.plannedBackward, true}; };
+  opt.score = [](const BatchPlan& p) {
+    const PlanOptions::Score s{p.plannedForward + p.plannedBackward, true};
+    return PlanOptions::Scores{s, s};
+  };
   opt.scoreBound = [](const std::vector<double>& attn, const std::vector<double>&) {
     return (1 + kAttnBackwardFlops) * *std::max_element(attn.begin(), attn.end()) * (1 - 1e-9);
   };
@@ -855,7 +859,7 @@ TEST(Planner, LateCandidatesMakeThePlanTheSameCandidatesGivenFirstMake) {
     cand.order.push_back(int64_t(lens.size() - 1 - i));
   }
   PlanOptions early;
-  early.score = [](const BatchPlan&, bool) { return PlanOptions::Score{1.0, true}; };
+  early.score = [](const BatchPlan&) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
   PlanOptions late = early;
   early.candidates = {cand};
   int asked = 0;

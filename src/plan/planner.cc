@@ -302,10 +302,9 @@ struct BestPlan {
       if (better(own)) take(own), best = std::move(p);
       return Seen::Fits;
     }
-    const PlanOptions::Score remapped = opt.score(p, true);
+    const auto [remapped, flat] = opt.score(p);
     const bool won = better(remapped);
     if (won) take(remapped);
-    const PlanOptions::Score flat = opt.score(p, false);
     if (better(flat)) {
       take(flat);
       p.linear = p.attention;
