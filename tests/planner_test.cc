@@ -506,10 +506,11 @@ TEST(Planner, APlanOverMemoryIsNeverChosenWhenOneFits) {
     };
     int over = 0;
     PlanOptions o;
-    o.score = [&](const BatchPlan& p, bool remap) {
+    o.score = [&](const BatchPlan& p) {
       const bool fits = peak(p) <= 1.02 * mean;
       over += !fits;
-      return PlanOptions::Score{2 * p.plannedForward + p.plannedBackward + (remap ? 1e-3 : 0), fits};
+      const double s = 2 * p.plannedForward + p.plannedBackward;
+      return PlanOptions::Scores{{s + 1e-3, fits}, {s, fits}};
     };
     const BatchPlan p = planBatch(lens, true, AttnShape{}, a800(8), o);
     EXPECT_LE(peak(p), 1.02 * mean) << "batch " << b << ": " << over << " plans scored over memory";
@@ -745,6 +746,43 @@ TEST(RoomTree, LeastWithRoomIsWhatAScanFinds) {
   roomTreeMatchesAScan<int64_t>(rng);
 }
 
+// As the planner asks: needs mostly falling (sequences longest first), the
+// answer's key and used amount raised, ids filling up and staying least
+// loaded, while ids it has parked for lacking room come back when a need
+// leaves them room, or when they change (used amounts here may also fall).
+TEST(RoomTree, ParkedIdsComeBackWhenANeedLeavesThemRoom) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (size_t ids : {1, 7, 64, 300}) {
+    zp::plan::RoomTree<int64_t> tree(ids);
+    std::vector<double> key(ids, 0.0);
+    std::vector<int64_t> used(ids, 0);
+    const int64_t limit = 1000;
+    int64_t need = 400;
+    int parkedAnswers = 0;
+    for (int step = 0; step < 4000; ++step) {
+      if (rng() % 8 == 0) need = std::max<int64_t>(1, need - int64_t(rng() % 20));
+      const int64_t ask = rng() % 16 == 0 ? need + int64_t(rng() % 300) : need;  // now and then a larger one
+      int want = -1, all = -1;
+      for (int i = 0; i < int(ids); ++i) {
+        if (all < 0 || key[i] < key[all]) all = i;
+        if (used[i] + ask <= limit && (want < 0 || key[i] < key[want])) want = i;
+      }
+      int any = -2;
+      ASSERT_EQ(tree.least(ask, limit, &any), want) << ids << " ids, step " << step;
+      ASSERT_EQ(any, all);
+      // The answer (or, with none, the least of all) takes the work.
+      const int id = want >= 0 ? want : all;
+      parkedAnswers += want >= 0 && used[want] + need + 300 > limit;
+      key[id] += double(1 + rng() % 5);
+      used[id] += ask;
+      if (rng() % 32 == 0) used[id] = int64_t(rng() % limit);  // and now and then falls
+      tree.set(id, key[id], used[id]);
+    }
+    EXPECT_GT(parkedAnswers, 0) << "no id answered close to its limit: the test does not reach parked ids";
+  }
+}
+
 // GrowingMin answers what a scan answers after many raises (its heap drops
 // stale entries all at once when they pile up), with a test that fails for
 // many ids (the slow path) and ties (the lower id).
@@ -782,7 +820,10 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   const int n = c.ranks();
   const std::vector<int64_t> lens(48, 8192);
   PlanOptions opt;
-  opt.score = [](const BatchPlan& p, bool) { return PlanOptions::Score{p.plannedForward + p.plannedBackward, true}; };
+  opt.score = [](const BatchPlan& p) {
+    const PlanOptions::Score s{p.plannedForward + p.plannedBackward, true};
+    return PlanOptions::Scores{s, s};
+  };
   opt.scoreBound = [](const std::vector<double>& attn, const std::vector<double>&) {
     return (1 + kAttnBackwardFlops) * *std::max_element(attn.begin(), attn.end()) * (1 - 1e-9);
   };
@@ -818,7 +859,7 @@ TEST(Planner, LateCandidatesMakeThePlanTheSameCandidatesGivenFirstMake) {
     cand.order.push_back(int64_t(lens.size() - 1 - i));
   }
   PlanOptions early;
-  early.score = [](const BatchPlan&, bool) { return PlanOptions::Score{1.0, true}; };
+  early.score = [](const BatchPlan&) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
   PlanOptions late = early;
   early.candidates = {cand};
   int asked = 0;

@@ -7,6 +7,7 @@
 #include <climits>
 #include <functional>
 #include <limits>
+#include <queue>
 #include <utility>
 #include <vector>
 
@@ -82,44 +83,73 @@ class GrowingMin {
 // Unlike GrowingMin, whose entries that fail the test are popped and put
 // back on every query, the ids without room cost nothing once their whole
 // subtree has none. Keys and used amounts may change either way.
+//
+// An id the search finds without room while its key is below the answer's
+// is parked: left out of the tree's keys (so its subtree's least key is
+// that of ids that may have room) until a query's need leaves it room, or
+// its key or used amount changes. The planner's schedules ask for the least
+// loaded node with room for sequences in falling lengths, and the nodes
+// full of short ones are the least loaded for ever after: without parking,
+// each query passed over all of them. Answers are those of a scan: a parked
+// id has no room for any query it is parked through.
 template <class Used>
 class RoomTree {
  public:
   using Key = std::pair<double, int>;
-  explicit RoomTree(size_t ids) : ids_(ids) {
+  explicit RoomTree(size_t ids) : ids_(ids), parked_(ids, 0) {
     while (size_ < ids) size_ *= 2;
-    key_.assign(2 * size_, {std::numeric_limits<double>::infinity(), INT_MAX});
+    key_.assign(2 * size_, kNone);
+    all_.assign(2 * size_, kNone);
     used_.assign(2 * size_, std::numeric_limits<Used>::max());
-    for (size_t i = 0; i < ids; ++i) key_[size_ + i] = {0.0, int(i)}, used_[size_ + i] = 0;
+    for (size_t i = 0; i < ids; ++i) key_[size_ + i] = all_[size_ + i] = {0.0, int(i)}, used_[size_ + i] = 0;
     for (size_t v = size_ - 1; v >= 1; --v) pull(v);
   }
-  double key(int id) const { return key_[size_ + size_t(id)].first; }
-  int leastOfAll() const { return ids_ > 0 ? key_[1].second : -1; }
+  double key(int id) const { return all_[size_ + size_t(id)].first; }
+  int leastOfAll() const { return ids_ > 0 ? all_[1].second : -1; }
   void set(int id, double key, Used used) {
     size_t v = size_ + size_t(id);
-    key_[v].first = key;
+    all_[v].first = key;
     used_[v] = used;
+    key_[v] = all_[v];  // a parked id comes back: its room may have changed
+    parked_[size_t(id)] = 0;
     for (v /= 2; v >= 1; v /= 2) pull(v);
   }
   // The least id with room for `need` under `limit`, or -1; *any: the least
   // of all.
-  int least(Used need, Used limit, int* any) const {
-    *any = ids_ > 0 ? key_[1].second : -1;
-    // Most often the least of all has room: no search.
-    if (*any >= 0 && used_[size_ + size_t(*any)] + need <= limit) return *any;
-    Key best{std::numeric_limits<double>::infinity(), INT_MAX};
+  int least(Used need, Used limit, int* any) {
+    *any = leastOfAll();
+    // The parked ids this need leaves room are back first (stale entries of
+    // ids already back are dropped).
+    while (!byUsed_.empty() && byUsed_.top().first + need <= limit) {
+      const int id = byUsed_.top().second;
+      byUsed_.pop();
+      if (parked_[size_t(id)]) unpark(id);
+    }
+    // Most often the least of the ids not parked has room (those parked
+    // have none): no search.
+    const int top = key_[1].second;
+    if (top != INT_MAX && used_[size_ + size_t(top)] + need <= limit) return top;
+    Key best = kNone;
     int found = -1;
     find(1, need, limit, &best, &found);
+    for (int id : lacking_) park(id);
+    lacking_.clear();
     return found;
   }
 
  private:
+  static constexpr Key kNone{std::numeric_limits<double>::infinity(), INT_MAX};
   void pull(size_t v) {
     key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+    all_[v] = std::min(all_[2 * v], all_[2 * v + 1]);
     used_[v] = std::min(used_[2 * v], used_[2 * v + 1]);
   }
-  void find(size_t v, Used need, Used limit, Key* best, int* found) const {
-    if (key_[v].second == INT_MAX || !(used_[v] + need <= limit) || !(key_[v] < *best)) return;
+  void find(size_t v, Used need, Used limit, Key* best, int* found) {
+    if (key_[v].second == INT_MAX || !(key_[v] < *best)) return;
+    if (!(used_[v] + need <= limit)) {
+      if (v >= size_) lacking_.push_back(int(v - size_));  // no room, below the best so far: parked
+      return;
+    }
     if (v >= size_) {
       *best = key_[v];
       *found = key_[v].second;
@@ -130,10 +160,29 @@ class RoomTree {
     find(aFirst ? a : b, need, limit, best, found);
     find(aFirst ? b : a, need, limit, best, found);
   }
+  void park(int id) {
+    size_t v = size_ + size_t(id);
+    parked_[size_t(id)] = 1;
+    byUsed_.push({used_[v], id});
+    key_[v] = kNone;
+    for (v /= 2; v >= 1; v /= 2) key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+  }
+  void unpark(int id) {
+    size_t v = size_ + size_t(id);
+    parked_[size_t(id)] = 0;
+    key_[v] = all_[v];
+    for (v /= 2; v >= 1; v /= 2) key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+  }
 
   size_t ids_, size_ = 1;
-  std::vector<Key> key_;  // (least key, its id) of each subtree
+  std::vector<Key> key_;  // (least key, its id) of each subtree, parked ids left out
+  std::vector<Key> all_;  // the same with every id
   std::vector<Used> used_;  // least used amount of each subtree
+  std::vector<char> parked_;
+  // Parked ids by their used amount, least first (an id back in the tree
+  // may leave a stale entry).
+  std::priority_queue<std::pair<Used, int>, std::vector<std::pair<Used, int>>, std::greater<>> byUsed_;
+  std::vector<int> lacking_;  // found by the last search
 };
 
 }  // namespace zp::plan

@@ -302,10 +302,9 @@ struct BestPlan {
       if (better(own)) take(own), best = std::move(p);
       return Seen::Fits;
     }
-    const PlanOptions::Score remapped = opt.score(p, true);
+    const auto [remapped, flat] = opt.score(p);
     const bool won = better(remapped);
     if (won) take(remapped);
-    const PlanOptions::Score flat = opt.score(p, false);
     if (better(flat)) {
       take(flat);
       p.linear = p.attention;
@@ -354,17 +353,16 @@ void scoreLateCandidates(BestPlan* best) {
 // The last stage of planBatch: of the candidates screened (caps: a cap's
 // splits scheduled, fits: rings sized to a target, groupSizes: DP x CP
 // groups, each with its screening score), the finalists scored in full;
-// groupPlan(g) schedules groups of g ranks with their rings.
+// groupPlan(g) schedules groups of g ranks with their rings. Caps whose
+// schedules were deferred (their entry's score a lower bound, its schedule
+// empty: none of them can be a finalist, see planBatch) are scheduled by
+// scheduleDeferredCaps, which sets their entries, if the memory rule needs
+// the caps past the finalists.
 void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<std::pair<double, Schedule>>& fits,
                     std::vector<std::pair<double, Schedule>>& joints, std::vector<std::pair<double, int>>& groupSizes,
-                    bool thorough,
-                    const std::function<Schedule(int)>& groupPlan, BestPlan* best) {
+                    bool thorough, const std::function<Schedule(int)>& groupPlan,
+                    const std::function<void()>& scheduleDeferredCaps, BestPlan* best) {
   BestPlan& bestPlan = *best;
-  auto byScore = [](const auto& a, const auto& b) { return a.first < b.first; };
-  std::stable_sort(caps.begin(), caps.end(), byScore);
-  std::stable_sort(groupSizes.begin(), groupSizes.end(), byScore);
-  std::stable_sort(fits.begin(), fits.end(), byScore);
-  std::stable_sort(joints.begin(), joints.end(), byScore);
   // The best of each kind and its runner-up (when not thorough, only within
   // 3%) are scored in full, the most promising first: the better the plan
   // found early, the more of the others the bound skips without building.
@@ -373,19 +371,26 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
     const Schedule* schedule;  // or, for a DP x CP group, null and its size
     int group;
     size_t kind;
+    size_t made;  // its place among its kind's candidates as made (ties go to the first made)
   };
+  auto byScore = [](const Finalist& a, const Finalist& b) { return a.quick < b.quick; };
   auto score = [&](const Finalist& f) {
+    // (A deferred cap is never reached before it is scheduled; should one
+    // be, it is scheduled then rather than scored empty.)
+    if (f.schedule && f.schedule->first.empty() && scheduleDeferredCaps) scheduleDeferredCaps();
     return f.schedule ? bestPlan.consider(*f.schedule) : bestPlan.consider(groupPlan(f.group));
   };
-  // Each kind's ranking.
+  // Each kind's ranking: by score, ties in the order made.
   std::vector<std::vector<Finalist>> kinds(4);
-  auto rank = [&](const auto& ranked, size_t kind) {
-    for (const auto& e : ranked) {
+  auto rank = [&](const auto& made, size_t kind) {
+    for (const auto& e : made) {
+      const size_t at = kinds[kind].size();
       if constexpr (std::is_same_v<std::decay_t<decltype(e.second)>, int>)
-        kinds[kind].push_back({e.first, nullptr, e.second, kind});
+        kinds[kind].push_back({e.first, nullptr, e.second, kind, at});
       else
-        kinds[kind].push_back({e.first, &e.second, 0, kind});
+        kinds[kind].push_back({e.first, &e.second, 0, kind, at});
     }
+    std::stable_sort(kinds[kind].begin(), kinds[kind].end(), byScore);
   };
   rank(caps, 0);
   rank(fits, 1);
@@ -406,6 +411,16 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
     if (score(f) == BestPlan::Seen::Over) ++over[f.kind];
   // Memory is a constraint: a finalist over memory does not count, and the
   // next of its kind is scored instead, until one fits or the kind runs out.
+  // The caps past the finalists are ranked by their own scores: the deferred
+  // ones are scheduled first (none of them is a finalist, so only the ranks
+  // past those move).
+  if (over[0] > 0 && scheduleDeferredCaps) {
+    scheduleDeferredCaps();
+    for (Finalist& f : kinds[0]) f.quick = caps[f.made].first;
+    std::sort(kinds[0].begin() + std::ptrdiff_t(next[0]), kinds[0].end(), [](const Finalist& a, const Finalist& b) {
+      return a.quick < b.quick || (a.quick == b.quick && a.made < b.made);
+    });
+  }
   for (size_t k = 0; k < kinds.size(); ++k)
     for (size_t i = next[k]; i < kinds[k].size() && over[k] > 0; ++i)
       if (score(kinds[k][i]) != BestPlan::Seen::Over) --over[k];
@@ -470,6 +485,120 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   }
 }
 
+// The caps' candidates of planBatch: the cap on the time one rank spends on
+// a sequence sets its split (pickSplit); each cap's splits are scheduled
+// (schedule.cc) and screened by quick(), once per distinct set of splits.
+// A cap whose screening score cannot make it the best cap nor a finalist
+// (scoreFinalists) is not scheduled unless the memory rule reaches it
+// (scheduleDeferred): its entry in caps holds a lower bound of its score
+// and no schedule.
+class CapSearch {
+ public:
+  CapSearch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
+            const PlanOptions& opt, const std::vector<std::vector<SplitOption>>& options,
+            const std::vector<size_t>& byLength, bool thorough)
+      : lens_(lens), causal_(causal), shape_(shape), c_(c), opt_(opt), options_(options), byLength_(byLength),
+        thorough_(thorough), splits_(lens.size()), piece_(lens.size()), back_(lens.size()) {}
+
+  // Screening scores (attention makespans, plus for groups the linear
+  // layers' imbalance).
+  double quick(const Schedule& s) const { return opt_.forwardPasses * s.forward + s.backward + s.linearExcess; }
+
+  // The cap's screening score (or, deferred, a lower bound of it that is
+  // no better than the best cap so far, so that a search goes as it would
+  // with its score). `from` chooses the splits (the unrouted options choose
+  // them as if routing were off); the schedule always takes the times the
+  // executor will run them in (options' own, or splitOption's).
+  double tryCap(double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
+    splitAt(cap, o, from);
+    for (const auto& [sp, score] : seen_)
+      if (sp == splits_) return score;
+    // A lower bound of the screening score: each pass takes at least the
+    // longest piece, and at least the ranks' mean busy time (slack for
+    // rounding: the schedule sums the same terms in another order).
+    const int n = c_.ranks();
+    double sumF = 0, sumB = 0, maxF = 0, maxB = 0;
+    for (size_t i = 0; i < lens_.size(); ++i) {
+      crosses = crosses || splits_[i].cls == SeqClass::InterNode;
+      sumF += splits_[i].G * piece_[i];
+      sumB += splits_[i].G * back_[i];
+      maxF = std::max(maxF, piece_[i]);
+      maxB = std::max(maxB, back_[i]);
+    }
+    const double bound = (opt_.forwardPasses * std::max(maxF, sumF / n) + std::max(maxB, sumB / n)) * (1 - 1e-9);
+    // Deferred when two caps scheduled score no more (it can be neither
+    // the best nor the runner-up: ties go to the first made) or, when not
+    // thorough, when it is over 3% above the best (the runner-up is scored
+    // only within 3%).
+    if ((scheduled_ >= 2 && bound >= nextCap_) || (!thorough_ && scheduled_ >= 1 && bound > 1.03 * leastCap_)) {
+      seen_.push_back({splits_, bound});
+      deferred_.push_back({caps.size(), cap, o.maxRingNodes, &from});
+      caps.push_back({bound, Schedule{}});
+      return bound;
+    }
+    Schedule s = schedule(lens_, c_, o, splits_, piece_, back_, byLength_);
+    const double score = quick(s);
+    if (scheduled_ == 0 || score < leastCap_) nextCap_ = leastCap_, leastCap_ = score;
+    else if (scheduled_ == 1 || score < nextCap_) nextCap_ = score;
+    ++scheduled_;
+    seen_.push_back({splits_, score});
+    caps.push_back({score, std::move(s)});
+    return score;
+  }
+
+  // Schedules the deferred caps, their entries in caps made as tryCap
+  // would have made them.
+  void scheduleDeferred() {
+    for (const Deferred& d : deferred_) {
+      PlanOptions o = opt_;
+      o.maxRingNodes = d.maxRingNodes;
+      splitAt(d.cap, o, *d.from);
+      Schedule s = schedule(lens_, c_, o, splits_, piece_, back_, byLength_);
+      caps[d.at] = {quick(s), std::move(s)};
+    }
+    deferred_.clear();
+  }
+
+  // (screening score, schedule) of each cap tried, in the order tried.
+  std::vector<std::pair<double, Schedule>> caps;
+  // Some cap's splits have a ring across nodes.
+  bool crosses = false;
+
+ private:
+  void splitAt(double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
+    for (size_t i = 0; i < lens_.size(); ++i) {
+      const SplitOption& picked = pickSplit(from[i], cap, c_, o);
+      const SplitOption pick =
+          &from == &options_ ? picked : splitOption(lens_[i], causal_, picked.split, shape_, c_);
+      splits_[i] = pick.split;
+      piece_[i] = pick.seconds;
+      back_[i] = pick.backward;
+    }
+  }
+
+  struct Deferred {
+    size_t at;  // in caps
+    double cap;
+    int maxRingNodes;
+    const std::vector<std::vector<SplitOption>>* from;
+  };
+  const std::vector<int64_t>& lens_;
+  const bool causal_;
+  const AttnShape& shape_;
+  const ClusterModel& c_;
+  const PlanOptions& opt_;
+  const std::vector<std::vector<SplitOption>>& options_;
+  const std::vector<size_t>& byLength_;
+  const bool thorough_;
+  std::vector<Split> splits_;
+  std::vector<double> piece_, back_;
+  // The splits of each cap tried and its score (or bound).
+  std::vector<std::pair<std::vector<Split>, double>> seen_;
+  std::vector<Deferred> deferred_;
+  double leastCap_ = 0, nextCap_ = 0;  // the two least scores of the caps scheduled
+  size_t scheduled_ = 0;
+};
+
 }  // namespace
 
 BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape,
@@ -492,43 +621,27 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // the linear layers' imbalance); the few best of each kind are scored
   // fully, since building and scoring a plan costs more than scheduling it.
   auto quick = [&](const Schedule& s) { return opt.forwardPasses * s.forward + s.backward + s.linearExcess; };
-  std::vector<std::pair<double, Schedule>> caps;
   std::vector<std::pair<double, int>> groupSizes;  // (screening score, group size)
-  // The cap on the time one rank spends on a sequence sets the splits;
-  // caps whose splits were seen already are not scheduled again.
-  std::vector<std::pair<std::vector<Split>, double>> seen;
-  std::vector<Split> splits(lens.size());
-  std::vector<double> piece(lens.size());
   std::vector<std::vector<SplitOption>> options(lens.size()), unrouted;
   const double minCap = opt.onlyCap > 0 ? mean * opt.onlyCap : mean * std::pow(0.5, 6);
   // Each sequence's options up to where no cap picks a later one; the
   // schedules sized to a target make the rest while they may take them.
   OptionTail tail = optionTail(lens, causal, shape, c, minCap, &options);
-  std::vector<double> back(lens.size());
   // Sequences longest first (ties in index order): the guess of every
   // candidate's order (stableSortFromGuess).
   std::vector<size_t> byLength(lens.size());
   std::iota(byLength.begin(), byLength.end(), 0);
   std::stable_sort(byLength.begin(), byLength.end(), [&](size_t a, size_t b) { return lens[a] > lens[b]; });
-  // `from` chooses the splits (the unrouted options below choose them as if
-  // routing were off); the schedule always takes the times the executor will
-  // run them in (`options`' own, or splitOption's).
+  // The search is as thorough as a budget of scheduling work allows: with
+  // up to 2,000 sequences every coarse cap, three probes inside nodes and
+  // three unrouted, and both runners-up scored; with more, the coarse caps
+  // stop two steps past the best and one probe of each kind is made.
+  const bool thorough = lens.size() <= 2000;
+  CapSearch capSearch(lens, causal, shape, c, opt, options, byLength, thorough);
   auto tryCap = [&](double cap, const PlanOptions& o, const std::vector<std::vector<SplitOption>>& from) {
-    for (size_t i = 0; i < lens.size(); ++i) {
-      const SplitOption& picked = pickSplit(from[i], cap, c, o);
-      const SplitOption pick = &from == &options ? picked : splitOption(lens[i], causal, picked.split, shape, c);
-      splits[i] = pick.split;
-      piece[i] = pick.seconds;
-      back[i] = pick.backward;
-    }
-    for (const auto& [sp, score] : seen)
-      if (sp == splits) return score;
-    Schedule s = schedule(lens, c, o, splits, piece, back, byLength);
-    const double score = quick(s);
-    seen.push_back({splits, score});
-    caps.push_back({score, std::move(s)});
-    return score;
+    return capSearch.tryCap(cap, o, from);
   };
+  std::vector<std::pair<double, Schedule>>& caps = capSearch.caps;
   if (opt.onlyCap > 0) {
     tryCap(mean * opt.onlyCap, opt, options);
     bestPlan.consider(caps.front().second);
@@ -543,11 +656,6 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   constexpr int kLowest = 48;  // 1/64 of the mean
   int bestX = 0;
   double bestCap = 0;
-  // The search is as thorough as a budget of scheduling work allows: with
-  // up to 2,000 sequences every coarse cap, three probes inside nodes and
-  // three unrouted, and both runners-up scored; with more, the coarse caps
-  // stop two steps past the best and one probe of each kind is made.
-  const bool thorough = lens.size() <= 2000;
   for (int x = 0, worse = 0; x <= kLowest && (thorough || worse < 2); x += 8) {
     const double score = tryCap(capAt(x), opt, options);
     worse = x == 0 || score < bestCap ? 0 : worse + 1;  // past the best, smaller caps only fragment more
@@ -580,11 +688,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // layout, so that no remap is needed.
   if (opt.fitRings && opt.jointFits && opt.score && opt.linearSecondsPerToken > 0)
     jointFits(lens, c, opt, options, byWork, tail, thorough, quick, &joints);
-  bool crosses = false;
-  for (const auto& [score, s] : caps)
-    for (size_t i = 0; i < lens.size(); ++i)
-      crosses = crosses || (*s.ringBegin(i) / c.ranksPerNode != *(s.ringEnd(i) - 1) / c.ranksPerNode);
-  if (crosses && opt.maxRingNodes != 1) {
+  if (capSearch.crosses && opt.maxRingNodes != 1) {
     // Around the best cap again with every ring inside a node, and with the
     // splits chosen as if inter-node rings had one NIC per hop (routing
     // must not make a wider ring look free: its waits and remaps are not in
@@ -615,8 +719,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     groupSizes.push_back({score, g});
   }
   scoreCallersCandidates(opt.candidates, &bestPlan);
-  scoreFinalists(caps, fits, joints, groupSizes, thorough,
-                 [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); }, &bestPlan);
+  scoreFinalists(
+      caps, fits, joints, groupSizes, thorough,
+      [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); },
+      [&] { capSearch.scheduleDeferred(); },
+      &bestPlan);
   scoreLateCandidates(&bestPlan);
   return std::move(bestPlan.best);
 }

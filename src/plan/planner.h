@@ -28,9 +28,10 @@ struct PlanOptions {
   // A step model: when set, candidates are ranked by it instead of the
   // planner's own model, and a plan may keep the linear layers on the
   // attention layout (linear == attention: the remap moves nothing). It is
-  // asked about a plan as it is (remap true) and with the linear layers on
-  // the attention layout (remap false: the plan's linear layout is to be
-  // taken as its attention layout, so the planner need not copy it). The
+  // asked about a plan once and answers for it as it is (remapped) and with
+  // the linear layers on the attention layout (flat: the plan's linear
+  // layout is to be taken as its attention layout, so the planner need not
+  // copy it; one call, so that a model can share what both take). The
   // simulator passes its full step (src/sim/simulator.h). Memory is a
   // constraint, not a cost: a plan that fits beats every plan that does
   // not, whatever their seconds, and a candidate over memory does not count
@@ -39,7 +40,10 @@ struct PlanOptions {
     double seconds = 0;
     bool fits = true;
   };
-  std::function<Score(const BatchPlan&, bool remap)> score;
+  struct Scores {
+    Score remapped, flat;
+  };
+  std::function<Scores(const BatchPlan&)> score;
   // Placements the caller wants scored in full whatever the screening keeps:
   // each sequence's ring (in ring order) and the order attention runs in
   // (every sequence once). The simulator passes the tuned baselines'

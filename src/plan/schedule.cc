@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <set>
 #include <vector>
 
@@ -90,14 +91,6 @@ void latestFree(const std::vector<double>& freeAt, int node, int rpn, double at,
   std::stable_sort(scratch.begin(), scratch.end());
   for (int j = 0; j < G; ++j) ring[j] = scratch[j].second;
   std::sort(ring, ring + G);
-}
-
-// A node's entry in a list sorted by (least load, node) gets a larger load:
-// it moves right, in place.
-void raiseEntry(std::vector<Entry>& sorted, Entry was, double load) {
-  auto at = std::lower_bound(sorted.begin(), sorted.end(), was);
-  at->first = load;
-  for (auto next = at + 1; next != sorted.end() && *next < *at; ++at, ++next) std::swap(*at, *next);
 }
 
 // An inter-node ring of G ranks: the G / ranksPerNode nodes that are free
@@ -302,10 +295,11 @@ constexpr double kTokenSlack = 0.15;
 // place of a pass over every node for every ring size a sequence probes.
 class NodeTree {
  public:
-  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota) {
+  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota), parked_(size_t(nodes), 0) {
     while (size_ < nodes) size_ *= 2;
     tokens_.assign(2 * size_, 1e300);
     key_.assign(size_t(rpn) * 2 * size_, 1e300);
+    all_ = key_;
     for (int nd = 0; nd < nodes; ++nd) {
       std::vector<double> zero(size_t(rpn), 0.0);
       set(nd, zero.data(), 0.0);
@@ -315,24 +309,46 @@ class NodeTree {
   void set(int nd, const double* sorted, double tokens) {
     size_t v = size_t(size_ + nd);
     tokens_[v] = tokens;
-    for (int g = 0; g < rpn_; ++g) key(g, v) = sorted[g];
+    parked_[size_t(nd)] = 0;  // a parked node comes back: its room changed
+    for (int g = 0; g < rpn_; ++g) key(g, v) = all(g, v) = sorted[g];
     for (v /= 2; v >= 1; v /= 2) {
       tokens_[v] = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
-      for (int g = 0; g < rpn_; ++g) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+      for (int g = 0; g < rpn_; ++g) {
+        key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+        all(g, v) = std::min(all(g, 2 * v), all(g, 2 * v + 1));
+      }
     }
   }
   // The soonest g-th (0-based) free time of a node with room for `share`
   // (its tokens plus the share within the quota), else of any node.
+  //
+  // A node the search finds without room while its time is below the best
+  // so far is parked (as RoomTree parks ids): left out of the times
+  // searched until a share leaves it room or it changes. The nodes full of
+  // short sequences are free soonest for ever after; without parking every
+  // probe of every ring size passed over them.
   double soonest(int g, double share) {
+    while (!byTokens_.empty() && byTokens_.top().first + share <= quota_) {
+      const int nd = byTokens_.top().second;
+      byTokens_.pop();
+      if (parked_[size_t(nd)]) unpark(nd);
+    }
     double best = 1e300;
     find(g, share, 1, &best);
-    return best < 1e300 ? best : key(g, 1);
+    for (int nd : lacking_) park(nd);
+    lacking_.clear();
+    return best < 1e300 ? best : all(g, 1);
   }
 
  private:
   double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
+  double& all(int g, size_t v) { return all_[size_t(g) * 2 * size_ + v]; }
   void find(int g, double share, size_t v, double* best) {
-    if (!(tokens_[v] + share <= quota_) || key(g, v) >= *best) return;
+    if (key(g, v) >= *best) return;
+    if (!(tokens_[v] + share <= quota_)) {
+      if (v >= size_t(size_)) lacking_.push_back(int(v - size_t(size_)));
+      return;
+    }
     if (v >= size_t(size_)) {
       *best = key(g, v);
       return;
@@ -342,10 +358,34 @@ class NodeTree {
     find(g, share, aFirst ? a : b, best);
     find(g, share, aFirst ? b : a, best);
   }
+  // Out of (or back into) the times searched, every ring size's.
+  void park(int nd) {
+    parked_[size_t(nd)] = 1;
+    byTokens_.push({tokens_[size_t(size_ + nd)], nd});
+    refreshKeys(nd, true);
+  }
+  void unpark(int nd) {
+    parked_[size_t(nd)] = 0;
+    refreshKeys(nd, false);
+  }
+  void refreshKeys(int nd, bool out) {
+    for (int g = 0; g < rpn_; ++g) {
+      size_t v = size_t(size_ + nd);
+      key(g, v) = out ? 1e300 : all(g, v);
+      for (v /= 2; v >= 1; v /= 2) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+    }
+  }
 
   int rpn_, size_ = 1;
   double quota_;
-  std::vector<double> tokens_, key_;
+  std::vector<double> tokens_;
+  std::vector<double> key_;  // per ring size, the subtrees' soonest, parked nodes left out
+  std::vector<double> all_;  // the same with every node
+  std::vector<char> parked_;
+  // Parked nodes by their tokens, fewest first (a node back in the tree may
+  // leave a stale entry).
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> byTokens_;
+  std::vector<int> lacking_;  // found by the last search
 };
 
 // The ranks' state while scheduleToTarget places sequences: when each is
@@ -357,12 +397,14 @@ class Slots {
  public:
   Slots(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt)
       : c_(c), rpn_(c.ranksPerNode), freeAt_(c.ranks(), 0.0), sorted_(c.ranks(), 0.0), nodeMin_(c.nodes, 0.0),
-        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeFree_(c.nodes), nodeOrder_(size_t(c.nodes)),
+        nodeTokens_(c.nodes, 0.0), dirty_(c.nodes, 0), nodeOrder_(size_t(c.nodes)),
         tree_(c.nodes, c.ranksPerNode,
               std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1) {
     balanceNodes_ = opt.nodeTokenBalance && c.nodes > 1;
     nodeQuota_ = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
-    for (int nd = 0; nd < c.nodes; ++nd) nodeFree_[nd] = {0.0, nd};
+    for (int nd = 0; nd < c.nodes; ++nd) byAllFree_.insert(byAllFree_.end(), {0.0, nd});
+    front_.clear();
+    frontNext_ = byAllFree_.begin();
   }
 
   // Where a whole sequence of len tokens and `seconds` can start soonest:
@@ -401,17 +443,24 @@ class Slots {
       // with room. A sequence probes k = 2, 3, ... in turn: the nodes that
       // may lack room for any of them (not for half its tokens) are listed
       // once, and each probe skips those that lack it for its own share.
+      // Those nodes are listed as far as the probes read (each position
+      // once per sequence, not every node for every sequence).
       if (!probing_ || probeLen_ != len) {
         probing_ = true;
         probeLen_ = len;
         blocked_.clear();
-        for (size_t pos = 0; pos < nodeFree_.size(); ++pos)
-          if (!roomFor(nodeFree_[pos].second, double(len) / 2)) blocked_.push_back(pos);
+        scanned_ = 0;
       }
+      const size_t nodes = size_t(c_.nodes);
       size_t at = size_t(sp.G / rpn_ - 1);
-      for (size_t b = 0; b < blocked_.size() && blocked_[b] <= at; ++b)
-        if (!roomFor(nodeFree_[blocked_[b]].second, share)) ++at;
-      return at < nodeFree_.size() ? nodeFree_[at].first : nodeFree_[size_t(sp.G / rpn_ - 1)].first;
+      for (size_t b = 0;; ++b) {
+        // Every position up to `at` listed or not before the next is read.
+        for (; scanned_ <= at && scanned_ < nodes; ++scanned_)
+          if (!roomFor(front(scanned_).second, double(len) / 2)) blocked_.push_back(scanned_);
+        if (b >= blocked_.size() || blocked_[b] > at) break;
+        if (!roomFor(front(blocked_[b]).second, share)) ++at;
+      }
+      return at < nodes ? front(at).first : front(size_t(sp.G / rpn_ - 1)).first;
     }
     // The node whose G-th free time is soonest among those with room, else
     // among all.
@@ -443,9 +492,12 @@ class Slots {
     auto key = [&](int nd) { return nodeTokens_[nd] + (roomFor(nd, share) ? 0 : 1e300); };
     if (sp.cls == SeqClass::InterNode) {
       eligible_.clear();
-      for (const Entry& e : nodeFree_)
-        if (e.first <= latest) eligible_.push_back({key(e.second), e.second});
-      std::stable_sort(eligible_.begin(), eligible_.end());
+      for (auto e = byAllFree_.begin(); e != byAllFree_.end() && e->first <= latest; ++e)
+        eligible_.push_back({key(e->second), e->second});
+      // The G / ranksPerNode least by (key, node), a total order: the
+      // first of them as a full sort would list them.
+      const auto k = eligible_.begin() + sp.G / rpn_;
+      std::partial_sort(eligible_.begin(), k, eligible_.end());
       chosen_.clear();
       for (int j = 0; j < sp.G / rpn_; ++j) {
         chosen_.push_back(eligible_[j].second);
@@ -476,7 +528,7 @@ class Slots {
   // nodes starts sooner (ringStart takes the k-th of the nodes with room).
   double soonestNodes(int k) {
     refresh();
-    return nodeFree_[size_t(k - 1)].first;
+    return front(size_t(k - 1)).first;
   }
 
   double makespan() const { return *std::max_element(freeAt_.begin(), freeAt_.end()); }
@@ -497,18 +549,33 @@ class Slots {
   }
   // Re-sorts the nodes whose ranks got work since the last call: their
   // ranks' free times, their places in the nodes by when all their ranks
-  // are free (times only grow: they move right) and by each G-th.
+  // are free and by each G-th.
   void refresh() {
+    bool moved = false;
     for (int nd : dirtyNodes_) {
       double* const begin = sorted_.data() + nd * rpn_;
       const Entry was{begin[rpn_ - 1], nd};
       std::copy(freeAt_.begin() + nd * rpn_, freeAt_.begin() + (nd + 1) * rpn_, begin);
       std::sort(begin, begin + rpn_);
-      raiseEntry(nodeFree_, was, begin[rpn_ - 1]);
+      if (begin[rpn_ - 1] != was.first) {
+        byAllFree_.erase(was);
+        byAllFree_.insert({begin[rpn_ - 1], nd});
+        moved = true;
+      }
       tree_.set(nd, begin, nodeTokens_[nd]);
       dirty_[nd] = 0;
     }
     dirtyNodes_.clear();
+    if (moved) {
+      front_.clear();
+      frontNext_ = byAllFree_.begin();
+    }
+  }
+  // The node at position pos of byAllFree_ (pos < nodes), read through
+  // front_.
+  const Entry& front(size_t pos) {
+    while (front_.size() <= pos) front_.push_back(*frontNext_++);
+    return front_[pos];
   }
 
   const ClusterModel& c_;
@@ -517,11 +584,21 @@ class Slots {
   std::vector<char> dirty_;
   std::vector<int> dirtyNodes_;
   // ringStart's inter-node probes of one sequence: the positions in
-  // nodeFree_ of the nodes that may lack room for it.
+  // byAllFree_ of the nodes that may lack room for it, of the first
+  // scanned_ positions.
   bool probing_ = false;
   int64_t probeLen_ = 0;
   std::vector<size_t> blocked_;
-  std::vector<Entry> nodeFree_, eligible_;
+  size_t scanned_ = 0;
+  // The nodes by when all their ranks are free (ties: the lower node): a
+  // node's time only grows, so it leaves and comes back further on, in
+  // O(log nodes) where a sorted list moved it past every node in between.
+  // front_: its first entries as read since it last changed (the probes
+  // and placeRing read only its front), frontNext_ the next to read.
+  std::set<Entry> byAllFree_;
+  std::vector<Entry> front_;
+  std::set<Entry>::const_iterator frontNext_;
+  std::vector<Entry> eligible_;
   RoomTree<double> nodeOrder_;  // the nodes by nodeMin_, with their tokens
   NodeTree tree_;                 // the nodes by each G-th free time, with their room
   std::vector<int> chosen_;

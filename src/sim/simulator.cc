@@ -376,9 +376,17 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.fitRings = cfg.fitRings;
   o.jointFits = cfg.jointFits;
   if (!o.legacy)
-    o.score = [&](const BatchPlan& p, bool remapPlan) {
-      StrategyResult r = evaluate("", placementOf(p, cfg, c, remap && remapPlan), cfg, c);
-      return PlanOptions::Score{r.stepSeconds, r.feasible};
+    o.score = [&](const BatchPlan& p) {
+      // One grouping of the plan's rings for both: with the linear layers on
+      // the attention layout the placement differs only in its linear
+      // tokens and has no remap (placementOf with remap false).
+      Placement pl = placementOf(p, cfg, c, remap);
+      const StrategyResult asIs = evaluate("", pl, cfg, c);
+      pl.remap = false;
+      pl.linTokens = pl.attnTokens;
+      pl.remapIn = pl.remapOut = pl.remapNic = pl.remapIntra = 0;
+      const StrategyResult flat = evaluate("", pl, cfg, c);
+      return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {flat.stepSeconds, flat.feasible}};
     };
   // A pass of a layer takes at least any one rank's attention compute plus
   // its linear layers (waits, communication and remaps only add); the linear
