@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""busy_latency.py: small-message send/recv latency with and without a busy CPU, Zeppelin beside Open MPI and Gloo.
+"""busy_latency.py: send/recv latency (or all-reduce time) with and without a busy CPU, Zeppelin beside Open MPI and Gloo.
 
 Two ranks on this machine exchange --bytes bytes (a ring shift: each sends
 to the other and receives from it) with Zeppelin (sendrecv_perf under
 zprun), Open MPI (mpi_sendrecv_perf under mpirun, shared memory) and
-PyTorch's Gloo (dist.isend + dist.irecv over 127.0.0.1). Each round runs
+PyTorch's Gloo (dist.isend + dist.irecv over 127.0.0.1); with --op
+allreduce, --ranks ranks all-reduce --bytes bytes instead (all_reduce_perf,
+mpi_all_reduce_perf, and bench/gloo_collectives.py for Gloo), every element
+checked. Each round runs
 every library once without and once with --load busy processes per core
 (`sh -c 'while :; do :; done'`, started 0.5 s before the library's run and
 killed after it), the libraries' order rotating each round, so that every
@@ -16,6 +19,7 @@ when the waiting dominates, the latency is the scheduler's, whatever the
 library does.
 
     python3 bench/busy_latency.py --build build --load 2 --rounds 5
+    python3 bench/busy_latency.py --build build --op allreduce --ranks 4 --bytes 64M --iters 5 --warmup 1 --rounds 3
 
 Needs torch for Gloo (skipped with a note if missing) and mpirun for Open
 MPI (likewise). Exits non-zero if a run fails.
@@ -33,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from compare import parse_table  # noqa: E402
+from gloo_alltoallv import parse_bytes  # noqa: E402
 
 SCHED = re.compile(r"#\s+sched \d+ B: per call \(worst rank\) ([\d.]+) us on a core, ([\d.]+) us waiting for one")
 
@@ -102,20 +107,25 @@ def run(cmd, env):
 
 
 def measure(lib, a, env):
-    """(us per call, us on a core per call, us waiting for a core per call) of one run."""
+    """(us per call, us on a core per call, us waiting for a core per call; -1: not known) of one run."""
     size = str(a.bytes)
-    if lib == "gloo":
+    flags = ["-b", size, "-e", size, "-n", str(a.iters), "-w", str(a.warmup), "-c", "1"]
+    if lib == "gloo" and a.op == "sendrecv":
         f = run([sys.executable, os.path.abspath(__file__), "--gloo-run", "--bytes", size, "--gloo-iters",
                  str(a.gloo_iters), "--warmup", str(a.warmup)], env).split()
         if f[3] != "0":
             raise RuntimeError("gloo: %s wrong elements" % f[3])
         return float(f[0]), float(f[1]), float(f[2])
-    flags = ["-b", size, "-e", size, "-n", str(a.iters), "-w", str(a.warmup), "-c", "1"]
-    if lib == "zeppelin":
-        cmd = [os.path.join(a.build, "zprun"), "-n", "2", os.path.join(a.build, "bench", "sendrecv_perf")] + flags
+    prog = "sendrecv_perf" if a.op == "sendrecv" else "all_reduce_perf"
+    if lib == "gloo":
+        cmd = [sys.executable, os.path.join(HERE, "gloo_collectives.py"), "-o", "allreduce", "-N", str(a.ranks),
+               "-b", size, "-e", size, "-n", str(a.gloo_iters), "-w", str(a.warmup), "-c", "1"]
+    elif lib == "zeppelin":
+        cmd = [os.path.join(a.build, "zprun"), "-n", str(a.ranks), os.path.join(a.build, "bench", prog)] + flags
     else:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "pml", "ob1", "--mca", "btl",
-               "self,vader", "--mca", "oob_tcp_if_include", "lo", os.path.join(a.build, "bench", "mpi_sendrecv_perf")] + flags
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.ranks), "--mca", "pml", "ob1", "--mca",
+               "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
+               os.path.join(a.build, "bench", "mpi_" + prog)] + flags
     out = run(cmd, env)
     rows = parse_table(out)
     if a.bytes not in rows or rows[a.bytes]["wrong"]:
@@ -127,17 +137,23 @@ def measure(lib, a, env):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--bytes", type=int, default=8)
+    ap.add_argument("--op", choices=["sendrecv", "allreduce"], default="sendrecv")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks (a ring shift with Gloo needs 2)")
+    ap.add_argument("--bytes", type=parse_bytes, default=8)
     ap.add_argument("--load", type=int, default=2, help="busy processes per core in the loaded runs")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10000, help="timed calls per Zeppelin and Open MPI run")
-    ap.add_argument("--gloo-iters", type=int, default=2000, help="timed calls per Gloo run")
+    ap.add_argument("--gloo-iters", type=int, default=None, help="timed calls per Gloo run (default: 2000 "
+                    "send/recv, --iters all-reduce)")
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--libs", default="zeppelin,mpi,gloo")
+    ap.add_argument("--only", choices=["quiet", "loaded"], help="only the runs without (quiet) or with the load")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                     help="also Zeppelin with these settings, as library NAME (repeatable)")
     ap.add_argument("--gloo-run", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.gloo_iters is None:
+        a.gloo_iters = 2000 if a.op == "sendrecv" else a.iters
     if a.gloo_run:
         gloo_run(a)
         return 0
@@ -155,6 +171,9 @@ def main(argv):
         if "gloo" in libs:
             print("# no torch: Gloo left out")
             libs.remove("gloo")
+    if "gloo" in libs and a.op == "sendrecv" and a.ranks != 2:
+        print("# Gloo's ring shift runs on 2 ranks only: left out")
+        libs.remove("gloo")
     if "mpi" in libs and subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0:
         print("# no mpirun: Open MPI left out")
         libs.remove("mpi")
@@ -162,12 +181,16 @@ def main(argv):
     ncores = os.cpu_count() or 1
     for name, settings in variants.items():
         print(f"# {name}: Zeppelin with {settings}")
-    print(f"# busy_latency: {a.bytes} B ring shift on 2 ranks; loaded: {a.load} busy processes per core "
+    what = "ring shift" if a.op == "sendrecv" else "all-reduce"
+    print(f"# busy_latency: {a.bytes} B {what} on {a.ranks} ranks; loaded: {a.load} busy processes per core "
           f"({a.load * ncores}); load average before: {open('/proc/loadavg').read().split()[0]}", flush=True)
     for r in range(a.rounds):
         order = libs[r % len(libs):] + libs[:r % len(libs)]
         for lib in order:
             for loaded in (False, True) if r % 2 == 0 else (True, False):
+                if a.only and loaded != (a.only == "loaded"):
+                    continue
+                before = open("/proc/loadavg").read().split()[0]  # the load average, the other users' share of it
                 load = []
                 if loaded:
                     load = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(a.load * ncores)]
@@ -181,14 +204,18 @@ def main(argv):
                         p.wait()
                 res[(lib, loaded)].append(got)
                 print(f"# round {r + 1} {lib:8s} {'loaded' if loaded else 'quiet ':6s} {got[0]:10.2f} us/call  "
-                      f"on a core {got[1]:8.2f} us  waiting for one {got[2]:10.2f} us", flush=True)
+                      f"on a core {got[1]:8.2f} us  waiting for one {got[2]:10.2f} us  load average before {before}",
+                      flush=True)
     print(f"{'library':>9} {'quiet(us)':>10} {'loaded(us)':>11} {'loaded/quiet':>13} {'oncpu(us)':>10} {'queued(us)':>11}")
+
+    def med(lib, loaded, i):
+        got = [x[i] for x in res[(lib, loaded)]]
+        return statistics.median(got) if got else 0
+
     for lib in libs:
-        q = statistics.median(x[0] for x in res[(lib, False)])
-        ld = statistics.median(x[0] for x in res[(lib, True)])
-        oncpu = statistics.median(x[1] for x in res[(lib, True)])
-        queued = statistics.median(x[2] for x in res[(lib, True)])
-        print(f"{lib:>9} {q:10.2f} {ld:11.2f} {ld / q if q else 0:13.1f} {oncpu:10.2f} {queued:11.2f}")
+        q, ld = med(lib, False, 0), med(lib, True, 0)
+        print(f"{lib:>9} {q:10.2f} {ld:11.2f} {ld / q if q else 0:13.1f} {med(lib, True, 1):10.2f} "
+              f"{med(lib, True, 2):11.2f}")
     return 0
 
 

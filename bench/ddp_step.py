@@ -123,6 +123,7 @@ def main(argv):
         time.sleep(0.5)  # the load is running
         for pair in range(a.pairs):
             order = BACKENDS if pair % 2 == 0 else BACKENDS[::-1]
+            before = open("/proc/loadavg").read().split()[0]  # the load average, this script's load included
             got = {}
             for b in order:
                 cmd = [sys.executable, os.path.abspath(__file__), "--backend", b, "-N", str(a.nranks),
@@ -141,7 +142,7 @@ def main(argv):
                 times[b].append(got[b])
             ratios.append(got["zeppelin"] / got["gloo"])
             print(f"# pair {pair + 1}: gloo {got['gloo'] * 1e3:.2f} ms  zeppelin {got['zeppelin'] * 1e3:.2f} ms  "
-                  f"ratio {ratios[-1]:.2f}", flush=True)
+                  f"ratio {ratios[-1]:.2f}  load average before {before}", flush=True)
     finally:
         for p in load:
             p.kill()

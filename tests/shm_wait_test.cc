@@ -1,7 +1,8 @@
 // How a rank waits for its local peers when the machine's cores are all
-// taken: it sleeps on its doorbell after a short poll (ZP_SHM_SPIN_BUSY_US)
-// instead of polling for ZP_SHM_SPIN_US, so that it takes no core from the
-// tasks that have work (its peers among them).
+// taken: with other tasks filling the cores it sleeps on its doorbell at
+// once instead of polling for ZP_SHM_SPIN_US, so that it takes no core from
+// the tasks that have work (its peers among them); the plan it follows in
+// each regime (transport/shm/spin_plan.h).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,8 +87,8 @@ TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
 // with nothing else running is the normal state of a small test or a
 // laptop: the tasks waiting for a core are the node's own ranks, so a
 // waiter polls (yielding to them) instead of sleeping and paying a wake-up
-// per message. With two busy processes per core beside them it polls
-// briefly and sleeps.
+// per message. With two busy processes per core beside them it sleeps at
+// once (the next test says why).
 TEST(ShmWait, AWaiterPollsWhileOnlyItsOwnRanksWaitForACore) {
   zp::SpinInputs in;
   in.cores = 2;
@@ -101,16 +102,93 @@ TEST(ShmWait, AWaiterPollsWhileOnlyItsOwnRanksWaitForACore) {
     EXPECT_TRUE(plan.yield) << runnable << " runnable";
   }
   in.runnable = 8;  // the 4 ranks and 4 busy loops
-  EXPECT_EQ(zp::planSpin(in).us, 50);
+  EXPECT_EQ(zp::planSpin(in).us, 0);
   EXPECT_FALSE(zp::planSpin(in).yield);
   // 2 ranks, 2 cores, 4 busy loops: tasks that are not this node's wait too.
   in.localRanks = 2;
   in.runnable = 6;
-  EXPECT_EQ(zp::planSpin(in).us, 50);
+  EXPECT_EQ(zp::planSpin(in).us, 0);
   // Every runnable task has a core: a long poll that does not yield.
   in.runnable = 2;
   EXPECT_EQ(zp::planSpin(in).us, 1000);
   EXPECT_FALSE(zp::planSpin(in).yield);
+}
+
+// With at least one task per core that is not one of the node's ranks (two
+// busy loops per core), a waiter sleeps at once, however long its recent
+// waits were, and whether its peers are runnable or asleep on their
+// doorbells: a sleeping rank is not in the machine's runnable count, so the
+// node's sleeping ranks are taken off the ranks before the rest of the
+// count is taken for other tasks. With fewer other tasks than cores, the
+// polls are what they were.
+TEST(ShmWait, AWaiterAmongOtherTasksFillingTheCoresSleepsAtOnce) {
+  zp::SpinInputs in;
+  in.cores = 2;
+  in.spinUs = 1000;
+  in.spinBusyUs = 50;
+  in.recentWaitUs = 300;  // a poll of 600 us where recent waits are followed
+  for (int ranks : {2, 4, 8})
+    for (int loops : {2, 4})
+      for (int asleep = 0; asleep < ranks; asleep++) {
+        in.localRanks = ranks;
+        in.localAsleep = asleep;
+        in.runnable = loops + ranks - asleep;
+        EXPECT_TRUE(zp::othersFillTheCores(in)) << ranks << " ranks, " << asleep << " asleep, " << loops << " loops";
+        EXPECT_EQ(zp::planSpin(in).us, 0) << ranks << " ranks, " << asleep << " asleep, " << loops << " loops";
+      }
+  // One other task on 2 cores: 2 ranks follow their recent waits, 4 poll
+  // and yield, asleep or not.
+  in.localRanks = 2;
+  in.localAsleep = 1;
+  in.runnable = 2;
+  EXPECT_EQ(zp::planSpin(in).us, 1000);  // every runnable task has a core
+  in.localAsleep = 0;
+  in.runnable = 3;
+  EXPECT_FALSE(zp::othersFillTheCores(in));
+  EXPECT_EQ(zp::planSpin(in).us, 600);
+  in.localRanks = 4;
+  in.localAsleep = 2;
+  in.runnable = 3;
+  EXPECT_EQ(zp::planSpin(in).us, 1000);
+  EXPECT_TRUE(zp::planSpin(in).yield);
+}
+
+// The same on a real node: rank 0 waits 0.4 s for rank 3 while two of its
+// peers sleep on their doorbells and busy loops hold the cores. Counting
+// those sleeping peers as runnable put the machine's count near the node's
+// ranks, and rank 0 then polled, yielding, for its whole ZP_SHM_SPIN_US
+// (runnable for all 0.4 s: on a core, or queued for one behind the loops).
+TEST(ShmWait, AWaiterAmongBusyLoopsSleepsWhileItsPeersSleep) {
+  Hogs hogs;
+  usleep(100 * 1000);  // the hogs are running
+  auto exits = zptest::runRanks(4, [](int rank, int nranks, const zpUniqueId& id) {
+    setenv("ZP_SHM_SPIN_US", "10000000", 1);
+    zpComm_t comm;
+    ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
+    ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
+    uint64_t word = 0;
+    if (rank == 3) {
+      usleep(400 * 1000);
+      word = 42;
+      for (int peer = 0; peer < 3; peer++) ASSERT_EQ(zpSend(&word, 1, zpUint64, peer, comm, nullptr), zpSuccess);
+    } else if (rank != 0) {
+      ASSERT_EQ(zpRecv(&word, 1, zpUint64, 3, comm, nullptr), zpSuccess);
+      EXPECT_EQ(word, 42u);
+    } else {
+      usleep(50 * 1000);  // ranks 1 and 2 wait (asleep) by now
+      const double before = threadRunnableSeconds();
+      ASSERT_EQ(zpRecv(&word, 1, zpUint64, 3, comm, nullptr), zpSuccess);
+      const double runnable = threadRunnableSeconds() - before;
+      EXPECT_EQ(word, 42u);
+      if (before < 0)
+        printf("SKIP: /proc/thread-self/schedstat cannot be read\n");
+      else
+        EXPECT_LT(runnable, 0.1) << "rank 0 was runnable for " << runnable
+                                 << " s of the 0.35 s it waited for rank 3 among busy loops";
+    }
+    ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ struct Config {
   size_t shmReduceCopyFrom = 0;  // ZP_SHM_REDUCE_COPY: messages their receiver reduces go through the ring from this size
   size_t shmRingBytes = 2 << 20;        // ZP_SHM_RING_BYTES: data ring per peer pair
   int shmSpinUs = 1000;     // ZP_SHM_SPIN_US: poll this long before sleeping while a core is free
-  int shmSpinBusyUs = 50;  // ZP_SHM_SPIN_BUSY_US: the same while tasks wait for a core
+  int shmSpinBusyUs = 50;  // ZP_SHM_SPIN_BUSY_US: the same while a few other tasks wait for a core
   // The router's settings (src/route/router.h).
   size_t routeChunkBytes = kRouteDefaultChunkBytes;    // ZP_ROUTE_CHUNK: relays move chunks of this size
   size_t routeDirectBelow = kRouteDefaultDirectBelow;  // ZP_ROUTE_DIRECT_BELOW: smaller transfers are not relayed

@@ -77,15 +77,18 @@ const std::vector<Param> kParams = {
   {"ZP_SHM_RING_BYTES", K::kSize, R::kSetting, "2M", "64K..1G pow2",
    "the data ring of each peer pair, a power of two"},
   {"ZP_SHM_SPIN_US", K::kInt, R::kSetting, "1000", "0..10000000",
-   "microseconds a waiting rank polls before it sleeps while every runnable task has a core (yielding the core "
-   "when the node has more ranks than cores); none while a single-copy transfer "
-   "is under way, this node has more ranks than cores and more tasks are runnable than it has ranks (polling "
-   "would delay the peer doing the copy)"},
+   "microseconds a waiting rank polls before it sleeps while every runnable task has a core, or while the node "
+   "has more ranks than cores and fewer runnable tasks than cores are not its ranks (yielding the core at each "
+   "poll then); none while a single-copy transfer is under way, this node has more ranks than cores and more "
+   "tasks are runnable than it has ranks (polling would delay the peer doing the copy), nor while at least one "
+   "runnable task per core is not this node's rank (measured: docs/reliability.md, \"Under a busy CPU\")"},
   {"ZP_SHM_SPIN_BUSY_US", K::kInt, R::kSetting, "50", "0..10000000",
    "microseconds a waiting rank polls (without yielding) before it sleeps when more tasks are runnable than "
-   "there are cores (ZP_SHM_SPIN_US is the poll while a core is free), or as long as its recent waits took "
-   "(twice their mean) where that is at most 16 times this: long enough for a peer running on another core to "
-   "answer, short enough not to take the cores from the ones that must answer; 0: sleep at once "
+   "there are cores, the node has no more ranks than cores and fewer runnable tasks than cores are not its ranks "
+   "(ZP_SHM_SPIN_US is the poll while a core is free), or as long as its recent waits took (twice their mean) "
+   "where that is at most 16 times this: long enough for a peer running on another core to answer, short enough "
+   "not to take the cores from the ones that must answer; 0: sleep at once. With at least one runnable task per "
+   "core that is not this node's rank a waiter sleeps at once whatever this says "
    "(measured: docs/reliability.md, \"Under a busy CPU\")"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",

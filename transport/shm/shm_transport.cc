@@ -653,6 +653,9 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     // outnumber cores (the general wait yields the core to the sender).
     if (sendsLeft || oversubscribed_) break;
     if ((++polls & 15) == 0) {
+      // Nor, after a first few polls, where other tasks fill the cores (the
+      // general wait sleeps at once: planSpin says why).
+      if (until == 0 && othersFillTheCores(loadInputs())) break;
       const uint64_t now = nowUs();
       if (until == 0) until = now + kMoveNowPollUs;
       if (now > until) break;

@@ -208,6 +208,12 @@ class ShmTransport : public CarrierTransport {
   // How a waiter polls before it sleeps (planSpin, from the machine's
   // runnable tasks and this node's ranks; shm_wait.cc).
   SpinPlan spinPlan() const;
+  // planSpin's view of the machine: its runnable tasks, cores, and this
+  // node's ranks and how many of them sleep (sampleLoad).
+  SpinInputs loadInputs() const;
+  // Reads the machine's runnable tasks and counts the node's sleeping ranks
+  // into load_, unless that was done in the last 10 ms.
+  void sampleLoad() const;
   // Adds a wait of `us` (until news came, polls and sleep together) to the
   // running mean spinPlan reads.
   void noteWait(uint64_t us);
@@ -282,6 +288,14 @@ class ShmTransport : public CarrierTransport {
   int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
   int cores_ = 1;       // the cores this process may run on
   uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
+  // The last sampleLoad: when (nowMs), the machine's runnable tasks (-1:
+  // unreadable) and the local peers asleep then.
+  mutable struct {
+    bool read = false;
+    uint64_t ms = 0;
+    int runnable = -1;
+    int asleep = 0;
+  } load_;
   bool oversubscribed_ = false;  // more ranks on this node than cores_
   int bellFd_ = -1;              // this rank's bell: woken through it, and rings peers' with it
   bool bellWorks_ = false;       // every local peer can ring it (same network namespace)

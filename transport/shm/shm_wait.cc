@@ -1,7 +1,8 @@
 // Shared memory's waiting: the doorbell a writer rings (notify), and how a
-// rank waits for its peers: it polls while a core is free, and otherwise
-// polls only briefly and sleeps on its doorbell (wait, sleep). The rest of
-// the transport is in shm_transport.cc.
+// rank waits for its peers: it polls while a core is free or the tasks
+// waiting for one are mostly the node's ranks, and sleeps on its doorbell at
+// once when other tasks fill the cores (wait, sleep; planSpin says why).
+// The rest of the transport is in shm_transport.cc.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -26,16 +27,9 @@ namespace zp {
 namespace {
 
 // The machine's runnable tasks of the moment: /proc/loadavg's fourth field,
-// "runnable/threads", the calling thread included. Looked at by any thread of
-// the process at most every 10 ms (a read is a few microseconds; a wait that
-// ends within a microsecond must not pay it each time), the file not kept
-// open (a communicator leaves no descriptor behind); -1 if it cannot be read.
+// "runnable/threads", the calling thread included; -1 if it cannot be read.
+// The file is not kept open (a communicator leaves no descriptor behind).
 int runnableTasks() {
-  static std::atomic<uint64_t> checkedMs{0};
-  static std::atomic<int> seen{-1};
-  const uint64_t now = nowMs();
-  if (now - checkedMs.load(std::memory_order_relaxed) < 10) return seen.load(std::memory_order_relaxed);
-  checkedMs.store(now, std::memory_order_relaxed);
   int running = -1;
   char buf[128];
   const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
@@ -45,7 +39,6 @@ int runnableTasks() {
     buf[n] = 0;
     if (sscanf(buf, "%*f %*f %*f %d/", &running) != 1) running = -1;
   }
-  seen.store(running, std::memory_order_relaxed);
   return running;
 }
 
@@ -128,11 +121,37 @@ bool ShmTransport::waitsForSingleCopy() const {
   return false;
 }
 
-SpinPlan ShmTransport::spinPlan() const {
+void ShmTransport::sampleLoad() const {
+  // At most every 10 ms (a read is a few microseconds; a wait that ends
+  // within a microsecond must not pay it each time). The node's sleeping
+  // ranks are counted at the same moment as the machine's runnable tasks,
+  // so that one can be taken from the other (planSpin).
+  const uint64_t now = nowMs();
+  if (load_.read && now - load_.ms < 10) return;
+  load_.read = true;
+  load_.ms = now;
+  load_.runnable = runnableTasks();
+  load_.asleep = 0;
+  for (const Peer& p : peers_) {
+    if (!p.seg) continue;
+    const uint32_t sleepers =
+        p.seg->sleeping.load(std::memory_order_relaxed) + p.seg->pollers.load(std::memory_order_relaxed);
+    load_.asleep += sleepers > 0;
+  }
+}
+
+SpinInputs ShmTransport::loadInputs() const {
+  sampleLoad();
   SpinInputs in;
-  in.runnable = runnableTasks();
+  in.runnable = load_.runnable;
   in.cores = cores_;
   in.localRanks = (int)peers_.size() + 1;
+  in.localAsleep = load_.asleep;
+  return in;
+}
+
+SpinPlan ShmTransport::spinPlan() const {
+  SpinInputs in = loadInputs();
   // Only looked at where it matters (it walks every peer's lanes).
   in.singleCopy = oversubscribed_ && waitsForSingleCopy();
   in.spinUs = spinUs_;

@@ -2,6 +2,10 @@
 
 namespace zp {
 
+bool othersFillTheCores(const SpinInputs& in) {
+  return in.runnable > in.cores && in.runnable - (in.localRanks - in.localAsleep) >= in.cores;
+}
+
 SpinPlan planSpin(const SpinInputs& in) {
   const bool oversubscribed = in.localRanks > in.cores;
   // When it cannot tell, as before the load was looked at: polls, yielding
@@ -19,23 +23,33 @@ SpinPlan planSpin(const SpinInputs& in) {
   // ranks outnumber cores a poll still yields, so that a peer that becomes
   // runnable meanwhile gets the core at once.
   if (in.runnable <= in.cores) return {in.spinUs, oversubscribed};
-  // Tasks wait for a core, but no more than this node's own ranks account
-  // for (ranks outnumber cores and little else runs): the tasks that must
-  // answer are among those waiting, each poll yields to them, and a poller
-  // runs again after a task switch. Sleeping instead costs a wake-up per
-  // message (docs/benchmarks.md: 4 ranks on 2 cores).
-  if (oversubscribed && in.runnable - in.localRanks < in.cores) return {in.spinUs, true};
-  // Tasks wait for a core. A poller stays on the run queue and takes its
-  // share of the cores from them (the peers whose answer it waits for among
-  // them), and a yield hands its core to any of them for a whole time slice
-  // while the answer waits. A sleeper uses no core, and is run soon after its
-  // doorbell rings (a woken task goes ahead of ones that kept running). So
-  // it polls ZP_SHM_SPIN_BUSY_US, or as long as this rank's recent waits
-  // took (twice their running mean) where that is up to kBusySpinScale
-  // times as long: a peer answering from another core right now, or just
-  // woken, is then caught without a sleep and a wake-up, while longer waits
-  // (a relay's chunks, a peer that is not running) get the short poll.
-  // Measured: docs/reliability.md, "Under a busy CPU".
+  // At least one task per core that is not one of this node's ranks wants
+  // a core (two busy loops per core beside the ranks, a build, a data
+  // loader): sleep at once. A peer that is not on a core waits behind those
+  // tasks; a poller stays on the run queue and takes its turn from them and
+  // from that peer, a yielding one gets the core back only after them, a
+  // time slice later, while a sleeper is woken by the answer and run ahead
+  // of the tasks that kept running. Short polls first (5 or 20 us without
+  // yielding, 50 us yielding) were slower than none both with the busy
+  // loops and beside other agents' builds. The node's ranks asleep on their
+  // doorbells are not runnable, so they are taken off the node's count
+  // here: otherwise a node whose ranks mostly sleep would count the other
+  // tasks short and poll among them. Measured: docs/reliability.md, "Under
+  // a busy CPU".
+  if (othersFillTheCores(in)) return {0, false};
+  // Tasks wait for a core, most of them this node's ranks (ranks outnumber
+  // cores and little else runs): the tasks that must answer are among
+  // those waiting, each poll yields to them, and a poller runs again after
+  // a task switch. Sleeping instead costs a wake-up per message
+  // (docs/benchmarks.md: 4 ranks on 2 cores).
+  if (oversubscribed) return {in.spinUs, true};
+  // A core for every rank, and fewer other tasks than cores: a rank shares
+  // its core now and then. It polls ZP_SHM_SPIN_BUSY_US, or as long as
+  // this rank's recent waits took (twice their running mean) where that is
+  // up to kBusySpinScale times as long: a peer answering from another core
+  // right now, or just woken, is then caught without a sleep and a wake-up,
+  // while longer waits (a relay's chunks, a peer that is not running) get
+  // the short poll.
   const uint64_t recent = 2 * in.recentWaitUs, most = (uint64_t)kBusySpinScale * in.spinBusyUs;
   return {recent > (uint64_t)in.spinBusyUs && recent <= most ? (int)recent : in.spinBusyUs, false};
 }

@@ -11,6 +11,7 @@ struct SpinInputs {
   int runnable = -1;       // the machine's runnable tasks, this one included (-1: unknown)
   int cores = 1;           // the cores this process may run on
   int localRanks = 1;      // this node's ranks, this one included
+  int localAsleep = 0;     // of them, those asleep on their doorbells when runnable was read
   bool singleCopy = false;  // this rank waits for a single-copy transfer
   int spinUs = 0;          // ZP_SHM_SPIN_US
   int spinBusyUs = 0;      // ZP_SHM_SPIN_BUSY_US
@@ -22,10 +23,14 @@ struct SpinPlan {
   bool yield;  // yield the core at each poll
 };
 
-// While tasks wait for a core, a poll may follow the recent waits up to this
-// many times ZP_SHM_SPIN_BUSY_US.
+// While a few tasks wait for a core, a poll may follow the recent waits up
+// to this many times ZP_SHM_SPIN_BUSY_US.
 constexpr int kBusySpinScale = 16;
 
 SpinPlan planSpin(const SpinInputs& in);
+
+// Whether at least one runnable task per core is not one of this node's
+// ranks: planSpin's heavy load, where a waiter sleeps at once.
+bool othersFillTheCores(const SpinInputs& in);
 
 }  // namespace zp
