@@ -92,6 +92,50 @@ TEST(WaitStats, OnePeerIsChargedForWhatItCameAfterThisRank) {
   EXPECT_TRUE(first.report(&calls).empty());
 }
 
+// A peer that came last because its previous call ran longer (more bytes
+// to move in a skewed alltoallv) was busy in the library: it is charged no
+// more than the time it spent outside before the call beyond the peer
+// before it (whatever the ranks did between the calls). A peer that slept
+// outside is charged in full.
+TEST(WaitStats, APeerIsChargedNoMoreThanItsTimeOutsideBeyondThePeerBeforeIt) {
+  const uint64_t unknown = zp::WaitStats::kUnknown;
+  int calls = 0;
+  // Back to back, or 5 ms of compute between the calls: rank 3 came 50 ms
+  // after rank 2 but spent 10 or 20 us more outside.
+  for (const std::vector<uint64_t>& outside :
+       {std::vector<uint64_t>{0, 20, 30, 40}, std::vector<uint64_t>{5000, 5000, 5000, 5020}}) {
+    zp::WaitStats busy(4, 0, 10 * 1000);
+    for (int call = 0; call < 100; call++) EXPECT_EQ(busy.record(arrivals(3, 50 * 1000), &outside), -1) << call;
+    auto report = busy.report(&calls);
+    ASSERT_FALSE(report.empty());
+    EXPECT_EQ(report[0].rank, 3);
+    EXPECT_EQ(report[0].maxUs, outside[3] - outside[2]);
+  }
+  // It slept 50 ms more than the others: charged what it came after rank 2.
+  zp::WaitStats sleeper(4, 0, 10 * 1000);
+  const std::vector<uint64_t> slept = {5000, 5000, 5000, 55000};
+  int namings = 0;
+  for (int call = 0; call < 100; call++) namings += sleeper.record(arrivals(3, 50 * 1000), &slept) == 3;
+  EXPECT_EQ(namings, 1);
+  EXPECT_EQ(sleeper.report(&calls)[0].maxUs, 50 * 1000u);  // its 50 ms outside beyond rank 2's
+  // Not said (the first call): charged in full.
+  zp::WaitStats unsaid(4, 0, 10 * 1000);
+  const std::vector<uint64_t> none(4, unknown);
+  namings = 0;
+  for (int call = 0; call < 100; call++) namings += unsaid.record(arrivals(3, 50 * 1000), &none) == 3;
+  EXPECT_EQ(namings, 1);
+  EXPECT_EQ(unsaid.report(&calls)[0].maxUs, 50 * 1000u + 1);  // 51003 us, after rank 2's 1002 us
+}
+
+// This rank's own time outside: from the end of its last recorded call.
+TEST(WaitStats, TimeOutsideRunsFromTheLastCallsEnd) {
+  zp::WaitStats s(2, 0, 10 * 1000);
+  EXPECT_EQ(s.outsideBefore(5000), zp::WaitStats::kUnknown);
+  s.callEnded(5000);
+  EXPECT_EQ(s.outsideBefore(5000), 0u);
+  EXPECT_EQ(s.outsideBefore(7500), 2500u);
+}
+
 TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
   zp::WaitStats s(4, 0, 0);
   for (int call = 0; call < 100; call++) EXPECT_EQ(s.record(arrivals(1, 50 * 1000)), -1);
