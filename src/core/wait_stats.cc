@@ -13,6 +13,7 @@ WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
       thresholdUs_(thresholdUs),
       window_(kWindow),
       callsLast_(nranks, 0),
+      lateCalls_(nranks, 0),
       totalUs_(nranks, 0),
       named_(nranks, false) {}
 
@@ -57,19 +58,25 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<
   if (left >= 0) {  // the oldest call leaves the window
     callsLast_[left]--;
     totalUs_[left] -= slot.chargedUs;
+    lateCalls_[left] -= slot.late;
   }
   slot.last = charged > 0 ? last : -1;
   slot.chargedUs = charged;
+  // Late by half the threshold or more: a call in which it came last by
+  // microseconds is no evidence of lag, whatever one long wait adds to its
+  // average.
+  slot.late = slot.last >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
   if (slot.last >= 0) {
     callsLast_[last]++;
     totalUs_[last] += charged;
+    lateCalls_[last] += slot.late;
   }
   next_ = (next_ + 1) % kWindow;
   filled_ = std::min(filled_ + 1, kWindow);
 
   int named = -1;
   if (slot.last >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
-      2 * callsLast_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
+      2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
     named_[last] = true;
     named = last;
   }

@@ -29,7 +29,8 @@
 // call spends that time outside and is charged it.
 //
 // The window holds the last kWindow calls; a peer charged the most in more
-// than half of them, on average more than the threshold (ZP_STRAGGLER_MS),
+// than half of them by at least half the threshold (ZP_STRAGGLER_MS), on
+// average more than the threshold,
 // is named in one WARN line, and named again only after it has recovered
 // (charged the most in under a quarter of the window, or on average under
 // half the threshold).
@@ -80,12 +81,14 @@ class WaitStats {
   struct Call {
     int last = -1;  // the peer charged the most in this call, or -1
     uint64_t chargedUs = 0;
+    bool late = false;  // by half the threshold or more
   };
   int nranks_, self_;
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
   int next_ = 0, filled_ = 0;
   std::vector<int> callsLast_;      // per peer, over the window
+  std::vector<int> lateCalls_;      // per peer, over the window: calls it came last in by half the threshold or more
   std::vector<uint64_t> totalUs_;   // per peer, over the window
   std::vector<bool> named_;         // per peer: named and not recovered since
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
