@@ -250,11 +250,8 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
  * zpAlltoallv's or a receive's message (sends hear nothing and are not
  * counted). In one call, the wait charged to a peer is how much later its
  * message came than the one before it in arrival order, this rank's own
- * entry counted as an arrival (all of it to the last one); in a
- * zpAlltoallv, whose count rows carry each rank's time outside the library
- * before the call, at most what it spent outside beyond that one (a rank
- * that came late because its previous call had more to move is not
- * charged). The report covers the last 100 such calls of this communicator (*nCalls: how
+ * entry counted as an arrival (all of it to the last one). The
+ * report covers the last 100 such calls of this communicator (*nCalls: how
  * many it holds): the peers charged anything, the most charged first; at
  * most maxEntries are written to entries (NULL when maxEntries is 0) and
  * *nEntries says how many there are. A peer that came last in most of them,
@@ -270,9 +267,8 @@ typedef struct {
 } zpWaitEntry_t;
 zpResult_t zpCommGetWaitReport(zpComm_t comm, zpWaitEntry_t* entries, int maxEntries, int* nEntries, int* nCalls);
 /* The rails of this rank's node as routing measures them. The node's ranks
- * count each rail's routed bytes on its network hop alone, from their post
- * on the NIC to the far proxy's acknowledgement; from that every rank
- * samples each rail's rate over the time its NIC was busy. A rail
+ * count each rail's routed bytes from queued to acknowledged; from that
+ * every rank samples each rail's rate over the time it was busy. A rail
  * below ZP_RAIL_SLOW percent of the median of the node's other rails in
  * four samples in a row is slow: named once in a WARN line, and given bytes
  * by its measured rate (by zpAlltoallv's plan and the split of routed sends)

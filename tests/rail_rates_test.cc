@@ -3,7 +3,6 @@
 // a flapping rail can change state, and what is heard from another node.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "src/route/rail_rates.h"
@@ -86,71 +85,6 @@ TEST(RailRates, AFlappingRailIsNamedABoundedNumberOfTimes) {
     changes += (int)f.rates.takeChanges().size();
   }
   EXPECT_LE(changes, (int)(seconds * 1000000 / RailRates::kDwellUs) / 2);
-}
-
-// Rounds of a routed call as the network hops show them: every rail's
-// proxy posts its share at the round's start; nothing is acknowledged for
-// the hop's latency, then the bytes come at the rail's rate; the rail is
-// idle from its last acknowledgement to the next round.
-struct Rounds {
-  RailRates rates{0.3};
-  uint64_t now = 1000000;
-  uint64_t acked[RailRates::kRails] = {};
-  // `ms` of rounds of periodMs; rail k carries mib[k] MiB at mbps[k] Mbit/s
-  // per round after latencyMs.
-  void run(const double* mib, const double* mbps, int rails, int latencyMs, int periodMs, int ms) {
-    for (int start = 0; start < ms; start += periodMs) {
-      uint64_t left[RailRates::kRails];
-      for (int k = 0; k < rails; k++) left[k] = (uint64_t)(mib[k] * (1 << 20));
-      for (int t = 0; t < periodMs; t += 10) {
-        now += RailRates::kTickUs;
-        for (int k = 0; k < rails; k++) {
-          if (t >= latencyMs && left[k] > 0) {
-            uint64_t got = std::min<uint64_t>(left[k], (uint64_t)(mbps[k] * 1e6 / 8 * 0.01));
-            left[k] -= got;
-            acked[k] += got;
-          }
-          rates.observe(k, left[k], acked[k], now);
-        }
-      }
-    }
-  }
-};
-
-// A rail routed around carries a small share; when its NIC is back, each
-// round's share takes little more than the hop's latency, on every rail.
-// Credited that latency, it is named back within 2 s; timed from its post
-// to its acknowledgement it would look a third as fast as its peers (80 ms
-// of latency on 17 ms of bytes) and stay slow.
-TEST(RailRates, ARecoveredRailWithASmallShareIsNamedBackDespiteTheHopsLatency) {
-  Rounds f;
-  const double mib[4] = {20, 20, 2, 20};
-  const double slow[4] = {1000, 1000, 100, 1000}, healthy[4] = {1000, 1000, 1000, 1000};
-  f.run(mib, slow, 4, 80, 300, 3000);
-  ASSERT_TRUE(f.rates.railState(2).slow);
-  EXPECT_LT(f.rates.factor(2), 0.15);
-  for (int k : {0, 1, 3}) EXPECT_FALSE(f.rates.railState(k).slow) << k;
-  f.rates.takeChanges();
-  f.run(mib, healthy, 4, 80, 300, 2100);
-  EXPECT_FALSE(f.rates.railState(2).slow) << "measured " << f.rates.railState(2).bitsPerSec / 1e6 << " Mbit/s";
-  std::vector<RailRates::Change> changes = f.rates.takeChanges();
-  ASSERT_EQ(changes.size(), 1u);
-  EXPECT_FALSE(changes[0].slow);
-}
-
-// The same latency on even rails names nothing, and a slow NIC with a
-// small share is still slow: what is credited is the latency every rail
-// has, not the time its chunks take on the NIC.
-TEST(RailRates, LatencyCreditNeitherNamesEvenRailsNorHidesASlowOne) {
-  Rounds even;
-  const double mib[4] = {20, 20, 2, 20}, rates[4] = {1000, 1000, 1000, 1000};
-  even.run(mib, rates, 4, 80, 300, 6000);
-  EXPECT_TRUE(even.rates.takeChanges().empty());
-  Rounds slow;
-  const double slowRates[4] = {1000, 1000, 100, 1000};
-  slow.run(mib, slowRates, 4, 80, 300, 6000);
-  EXPECT_TRUE(slow.rates.railState(2).slow);
-  EXPECT_NEAR(slow.rates.railState(2).bitsPerSec / 1e6, 100, 30);
 }
 
 TEST(RailRates, AStuckRailIsSlow) {

@@ -39,12 +39,11 @@ enum class Control : uint64_t {
   kAck = 3,       // text: acknowledgements (the relay's)
   kRailView = 4,  // text: "node " + a RailView's bytes (a verdict on a rail changed)
   kLeftDone = 5,  // to a rank that is leaving: nothing of the sender's is on a path through it any more
-  kHopAck = 6,    // text: a uint64_t, bytes of the receiver's network hops that arrived here (rail estimates)
 };
 constexpr uint64_t controlSeq(Control c) { return kSeqLimit - (uint64_t)c; }
 constexpr bool isControl(uint64_t seq) { return seq >= kFirstControl && seq < kSeqLimit; }
 constexpr Control controlOf(uint64_t seq) { return (Control)(kSeqLimit - seq); }
-static_assert(controlSeq(Control::kHopAck) >= kFirstControl, "control messages must stay in the reserved range");
+static_assert(controlSeq(Control::kLeftDone) >= kFirstControl, "control messages must stay in the reserved range");
 
 // Chunk k to one hop travels as two messages on kLaneStanding (the relay's
 // chunks): its header, then its bytes, numbered in that order.

@@ -140,15 +140,12 @@ class Routing {
   // The node's NIC queues (src/route/nic_queues.h): this rank queued
   // (bytes > 0) or sent (bytes < 0) that many bytes on its NIC.
   virtual void addQueued(int64_t bytes) = 0;
-  // Measured rails (src/route/rail_rates.h): the network hops of chunks
-  // that leave from this rank (as their source-side proxy). Whether they
-  // are measured (estimates on); a hop's bytes posted on this rank's NIC,
-  // acknowledged by the proxy at the far end, or given up (its path went
-  // down: no acknowledgement will come).
-  virtual bool railsMeasured() const = 0;
-  virtual void hopPosted(uint64_t bytes) = 0;
-  virtual void hopAcked(uint64_t bytes) = 0;
-  virtual void hopDropped(uint64_t bytes) = 0;
+  // Measured rails (src/route/rail_rates.h). A chunk of this rank's sends
+  // whose network hop leaves from srcProxy: queued, acknowledged, or taken
+  // off its path.
+  virtual void chunkQueued(int srcProxy, uint64_t bytes) = 0;
+  virtual void chunkAcked(int srcProxy, uint64_t bytes) = 0;
+  virtual void chunkDropped(int srcProxy, uint64_t bytes) = 0;
   // This node's view of its rails, for the headers of this rank's sends;
   // the view in the header of a chunk from src to dst (its source node's).
   virtual RailView railView() const = 0;

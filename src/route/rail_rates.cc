@@ -24,36 +24,20 @@ void RailRates::observe(int rail, uint64_t outstanding, uint64_t ackedTotal, uin
   if (r.wasBusy) {
     r.busyUs += nowUs - r.lastUs;
     r.ackedBytes += ackedTotal - r.lastAcked;
-    if (ackedTotal > r.lastAcked && r.spellUs) {
-      // The spell's first acknowledgement: its wait until now is latency
-      // up to what the node's rails wait at least (rail_rates.h).
-      const uint64_t waited = nowUs - r.spellUs, least = latency(nowUs);
-      r.creditUs += std::min(waited, least);
-      r.firstAckUs = waited;
-      r.firstAckAt = nowUs;
-      r.spellUs = 0;
-    }
   }
-  if (!r.wasBusy && outstanding > 0) r.spellUs = nowUs;  // a spell begins
-  if (outstanding == 0) r.spellUs = 0;
   r.lastAcked = ackedTotal;
   r.lastUs = nowUs;
   r.wasBusy = outstanding > 0;
   if (ready(r)) sample(rail, nowUs);
 }
 
-uint64_t RailRates::latency(uint64_t nowUs) const {
-  uint64_t least = 0;
-  for (const Rail& o : rails_)
-    if (o.firstAckUs && nowUs < o.firstAckAt + kOwnFreshUs && (!least || o.firstAckUs < least)) least = o.firstAckUs;
-  return least;
-}
-
 // A slow rail carries a small share, so it is also sampled when it goes
 // idle after kIdleSampleUs of busy time (a call's whole share in one
-// sample, from its post on the NIC to the last acknowledgement):
-// otherwise its recovery would take many calls to show. Shorter windows
-// would be fooled by acknowledgements that come in batches.
+// sample, from queueing to the last acknowledgement): otherwise its
+// recovery would take many calls to show. Shorter windows would be fooled
+// by acknowledgements that come in batches, and a few chunks' worth by the
+// latency of their hops (which would make a slow rail look slower still,
+// and its share shrink further).
 bool RailRates::ready(const Rail& r) const {
   if (r.busyUs >= kStuckUs) return true;
   if (r.ackedBytes < kSampleBytes) return false;
@@ -62,24 +46,13 @@ bool RailRates::ready(const Rail& r) const {
 
 void RailRates::sample(int rail, uint64_t nowUs) {
   Rail& r = rails_[rail];
-  // Latency credited, but not so much that the sample beats the node's
-  // fastest rail (a spell whose bytes all came with its first
-  // acknowledgement would have taken no time); before any rate is known,
-  // at most half the busy time.
-  double fastest = 0;
-  for (const Rail& o : rails_)
-    if (o.bytesPerSec > 0 && nowUs < o.sampledUs + kOwnFreshUs) fastest = std::max(fastest, o.bytesPerSec);
-  const uint64_t floorUs = fastest > 0 ? (uint64_t)((double)r.ackedBytes * 1e6 / fastest) : r.busyUs / 2;
-  const uint64_t timedUs =
-      std::max<uint64_t>(1, std::max(r.busyUs - std::min(r.creditUs, r.busyUs), std::min(r.busyUs, floorUs)));
-  double rate = (double)r.ackedBytes * 1e6 / (double)timedUs;
-  const double busyMs = r.busyUs / 1000.0, creditMs = (r.busyUs - timedUs) / 1000.0;
+  double rate = (double)r.ackedBytes * 1e6 / (double)r.busyUs;
+  const double busyMs = r.busyUs / 1000.0;
   // Half weight to the new sample: a rate that changes is followed within
   // a few samples, one odd sample moves the estimate only halfway.
   r.bytesPerSec = r.bytesPerSec > 0 ? 0.5 * r.bytesPerSec + 0.5 * rate : rate;
   r.ackedBytes = 0;
   r.busyUs = 0;
-  r.creditUs = 0;
   r.sampledUs = nowUs;
   // Judged against the median of the other rails: one fast outlier does not
   // make the rest look slow.
@@ -105,9 +78,8 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   } else {
     r.below = r.above = 0;
   }
-  ZP_TRACE(kSubNet, "rail %d: sampled %.0f Mbit/s (smoothed %.0f) over %.0f ms busy (%.0f of it latency), %.2f of "
-           "the others' median: %d below, %d above", rail, rate * 8e-6, r.bytesPerSec * 8e-6, busyMs, creditMs, rel,
-           r.below, r.above);
+  ZP_TRACE(kSubNet, "rail %d: sampled %.0f Mbit/s (smoothed %.0f) over %.0f ms busy, %.2f of the others' median: %d "
+           "below, %d above", rail, rate * 8e-6, r.bytesPerSec * 8e-6, busyMs, rel, r.below, r.above);
   bool was = r.ownSlow;
   if (!r.ownSlow && r.below >= kConfirm) r.ownSlow = true;
   if (r.ownSlow && r.above >= kConfirmRecovery) r.ownSlow = false;

@@ -2,38 +2,18 @@
 // nodes, so that the router spreads bytes by what the NICs move rather than
 // by their nominal rates, and a slow NIC is named.
 //
-// Evidence: the network hop alone. A routed chunk's hop over the network
-// goes from its source-side proxy (the owner of the rail's NIC) to the
-// proxy on the far node; the source-side proxy counts its bytes on the
-// rail from the moment it posts them on its NIC until the far proxy's
-// acknowledgement of their arrival (kSeqHopAck, transport/relay). The
-// node's ranks keep, per rail, the bytes on it and the bytes acknowledged
-// so far in shared memory (as they count the NIC queues, nic_queues.h);
-// every rank reads the sums every kTickUs (observe). A rail is busy while
-// the node has bytes on its NIC; its rate is the bytes acknowledged over
-// the busy time, sampled (below) and smoothed, so every rank of a node
-// measures the same rates. What happens before a chunk reaches its NIC
-// (waiting at its source, the hop to the proxy, a proxy busy with its own
-// traffic) and after (the hop to the destination, the destination's
-// acknowledgement) is not the NIC's doing and is not counted: a rail whose
-// proxy is busy has an idle NIC, not a slow one. Transfers of less than a
-// chunk are not counted: they take a latency, whatever the rate. This
-// measures the hop's whole path, both ends' NICs and the far proxy's
-// receive: with two nodes a slow path cannot be pinned on one end (both
-// see the same rate); with more, a rail is judged over all its paths
-// together.
-//
-// Latency. A busy spell of a rail (from idle to idle) waits for its first
-// acknowledgement for the hop's latency (the far proxy must run to take
-// the chunk, and the acknowledgement must come back) plus one chunk's
-// time on the NIC; a rail that carries a small share (one routed around,
-// or just recovered) is busy for little more than that, so its time would
-// be its latency, not its rate, and a recovered NIC would look slow long
-// after it is back. So each spell is credited the node's least recent wait
-// for a first acknowledgement (any rail's, and at most its own wait):
-// that much of its wait is latency that any rail has. Credit never makes
-// a sample faster than the node's fastest rail. A slow NIC's spell, whose chunks each take long on
-// the NIC, keeps nearly all of its time.
+// Evidence. A routed chunk a rank sends is on its rail (the NIC of its
+// source-side proxy) from the moment it is queued until its destination
+// acknowledges it. The node's ranks count, per rail, the bytes on it and the
+// bytes acknowledged so far in shared memory (as they count the NIC queues,
+// nic_queues.h); every rank reads the sums every kTickUs (observe). A rail
+// is busy while the node has bytes on it; its rate is the bytes
+// acknowledged over the busy time, sampled (below) and smoothed, so every
+// rank of a node measures the same rates. Transfers of less than a chunk
+// are not counted: they take a latency, whatever the rate. This measures
+// whole paths, both ends' NICs and the proxies' hops: with two nodes a slow
+// path cannot be pinned on one end (both see the same rate); with more, a
+// rail is judged over all its paths together.
 //
 // Verdict. A rail is slow after kConfirm samples in a row below
 // slowFraction (ZP_RAIL_SLOW) of the median of the node's other rails
@@ -132,9 +112,6 @@ class RailRates {
     bool seen = false, wasBusy = false;
     uint64_t lastUs = 0, lastAcked = 0;
     uint64_t ackedBytes = 0, busyUs = 0;  // since the last sample
-    uint64_t creditUs = 0;                // latency credited to its spells since the last sample
-    uint64_t spellUs = 0;                 // when its busy spell began (0: idle or acknowledged already)
-    uint64_t firstAckUs = 0, firstAckAt = 0;  // its last spell's wait for a first acknowledgement, and when
     double bytesPerSec = 0;               // smoothed (0: none yet)
     uint64_t sampledUs = 0;
     int below = 0, above = 0;             // samples in a row below / above the thresholds
@@ -149,8 +126,6 @@ class RailRates {
     int changes = 0;
   };
   bool ready(const Rail& r) const;
-  // The node's least wait for a first acknowledgement of late (0: none known).
-  uint64_t latency(uint64_t nowUs) const;
   void sample(int rail, uint64_t nowUs);
   bool ownFresh(uint64_t nowUs) const;
   void settle(int rail, int farNode, bool slow, double share, double topBps, uint64_t nowUs);

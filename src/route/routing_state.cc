@@ -34,8 +34,7 @@ RoutingState::RoutingState(const Comm& comm)
       rails_(comm.cfg().railSlowPct / 100.0) {}
 
 // The rail counters' shared words, after the NIC queue's (nic_queues.h):
-// per rail, the bytes this rank has on it (posted on its NIC, not yet
-// acknowledged from the far end) and the bytes acknowledged so far.
+// per rail, the bytes on it and the bytes acknowledged so far.
 namespace {
 constexpr int kRailWords = 1 + kNicQueueWord;
 int onRailWord(int rail) { return kRailWords + rail; }
@@ -43,25 +42,25 @@ int ackedWord(int rail) { return kRailWords + RailRates::kRails + rail; }
 static_assert(kRailWords + 2 * RailRates::kRails <= CarrierTransport::kSharedWords, "not enough shared words");
 }  // namespace
 
-int RoutingState::countedRail() const {
-  int k = comm_.rail()[comm_.rank()];
+int RoutingState::countedRail(int srcProxy) const {
+  int k = comm_.rail()[srcProxy];
   return local_ && rails_.on() && k >= 0 && k < RailRates::kRails ? k : -1;
 }
 
-void RoutingState::hopPosted(uint64_t bytes) {
-  int k = countedRail();
+void RoutingState::chunkQueued(int srcProxy, uint64_t bytes) {
+  int k = countedRail(srcProxy);
   if (k >= 0) local_->addSharedWord(onRailWord(k), (int64_t)bytes);
 }
 
-void RoutingState::hopAcked(uint64_t bytes) {
-  int k = countedRail();
+void RoutingState::chunkAcked(int srcProxy, uint64_t bytes) {
+  int k = countedRail(srcProxy);
   if (k < 0) return;
   local_->addSharedWord(onRailWord(k), -(int64_t)bytes);
   local_->addSharedWord(ackedWord(k), (int64_t)bytes);
 }
 
-void RoutingState::hopDropped(uint64_t bytes) {
-  int k = countedRail();
+void RoutingState::chunkDropped(int srcProxy, uint64_t bytes) {
+  int k = countedRail(srcProxy);
   if (k >= 0) local_->addSharedWord(onRailWord(k), -(int64_t)bytes);
 }
 

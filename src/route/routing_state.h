@@ -32,10 +32,9 @@ class RoutingState : public Routing {
   std::vector<NicDown> applyNicNews() override;
   std::string encodeNicDown(const NicDown& nic) const override { return NicHealth::encode(nic); }
   void addQueued(int64_t bytes) override { queues_.add(bytes); }
-  bool railsMeasured() const override { return countedRail() >= 0; }
-  void hopPosted(uint64_t bytes) override;
-  void hopAcked(uint64_t bytes) override;
-  void hopDropped(uint64_t bytes) override;
+  void chunkQueued(int srcProxy, uint64_t bytes) override;
+  void chunkAcked(int srcProxy, uint64_t bytes) override;
+  void chunkDropped(int srcProxy, uint64_t bytes) override;
   RailView railView() const override { return rails_.ownView(); }
   void heardRailView(int src, int dst, const RailView& view) override;
   std::vector<std::pair<int, std::string>> tickRails() override;
@@ -57,9 +56,9 @@ class RoutingState : public Routing {
   // The same without the ranks that left as NIC owners (proxyLeft).
   ClusterTopology withoutLeft(ClusterTopology topo) const;
   ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
-  // The rail whose counters this rank's network hops go in, its own (-1:
+  // The rail whose counters a chunk leaving from srcProxy goes in (-1:
   // none: estimates off, no shared words, or a rail beyond those measured).
-  int countedRail() const;
+  int countedRail(int srcProxy) const;
   // The name of this node's NIC of that rail.
   std::string nicName(int rail) const;
 

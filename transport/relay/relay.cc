@@ -15,7 +15,6 @@ Relay::Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTranspor
   relayRecvSeq_.assign(ctx_.nranks, 0);
   p2pSends_.assign(ctx_.nranks, 0);
   p2pRecvs_.assign(ctx_.nranks, 0);
-  hopsOut_.assign(ctx_.nranks, 0);
   for (int r = 0; r < ctx_.nranks; r++) local_.push_back(ctx_.sameNode(r, ctx_.rank));
 }
 
@@ -64,7 +63,6 @@ bool Relay::onControl(int peer, uint64_t seq, const std::string& text) {
     case kSeqLeaving: onLeaving(peer, text); return true;
     case kSeqRailView: routing_->heardRailNews(peer, text); return true;
     case kSeqLeftDone: doneFrom_.insert(peer); return true;
-    case kSeqHopAck: onHopAck(peer, text); return true;
     default: return false;
   }
 }
@@ -194,9 +192,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   pump();
 }
 
-// What this rank still counts on its rail would keep it busy in the
-// node's counters for good.
-Relay::~Relay() { dropHops(true); }
+Relay::~Relay() = default;
 
 Transport* Relay::via(int peer) const {
   return isLocal(peer) ? shm_ : net_;
@@ -244,6 +240,9 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<RouteChunk>& chunks) {
   sx->op = op;
   sx->key = key;
   const RailView view = routing_->railView();
+  // Transfers of less than a chunk take about a latency whatever the rail's
+  // rate: they would only blur the estimates.
+  const bool timed = op->bytes >= chunkBytes_;
   int count = 0;
   auto add = [&](uint64_t offset, uint64_t bytes, int srcProxy, int dstProxy) {
     auto ch = std::make_unique<Chunk>();
@@ -263,6 +262,8 @@ void Relay::send(Op* op, uint64_t xfer, const std::vector<RouteChunk>& chunks) {
     rec.bytes = bytes;
     rec.srcProxy = srcProxy;
     rec.dstProxy = dstProxy;
+    rec.timed = timed;
+    if (timed) routing_->chunkQueued(srcProxy, bytes);
     sx->unacked++;
     queueChunk(std::move(ch), srcProxy, dstProxy);
     count++;
@@ -366,15 +367,7 @@ void Relay::sendChunk(Chunk* ch, int to) {
   ch->dataOp.lane = kLaneStanding;
   ch->dataOp.seq = h.dataSeq;
   ch->state = Chunk::State::kSending;
-  if (!isLocal(to)) {
-    routing_->addQueued((int64_t)h.bytes);
-    // The rail estimates time the network hop alone: from here, where the
-    // bytes go on this rank's NIC, to the far proxy's acknowledgement.
-    if (measured(h)) {
-      routing_->hopPosted(h.bytes);
-      hopsOut_[to] += h.bytes;
-    }
-  }
+  if (!isLocal(to)) routing_->addQueued((int64_t)h.bytes);
   via(to)->post(&ch->hdrOp);
   via(to)->post(&ch->dataOp);
 }
@@ -444,7 +437,6 @@ void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
 void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   Chunk* ch = it->get();
   const RelayHeader& h = ch->hdr;
-  if (!isLocal(ch->from) && measured(h)) hopAcks_[ch->from] += h.bytes;  // its network hop is over
   if (h.dst != ctx_.rank) {
     // A proxy: on to the destination if it is on this node, else over the
     // network to the destination's proxy.
@@ -555,6 +547,8 @@ void Relay::maybeFinish(SendXfer* sx) {
   if (sx->inBuffer > 0 || (sx->unacked > 0 && op->status == zpSuccess)) return;
   if (op->status == zpSuccess) op->progressed = op->bytes;
   op->finish(op->status, op->error);
+  for (auto& [offset, rec] : sx->chunks)
+    if (!rec.acked && rec.timed) routing_->chunkDropped(rec.srcProxy, rec.bytes);
   sends_.erase(sx->key);
 }
 
@@ -628,7 +622,7 @@ bool Relay::moveChunks() {
   }
   moved |= pump();
   postHeaderRecvs();
-  if (!acks_.empty() || !hopAcks_.empty()) {
+  if (!acks_.empty()) {
     flushAcks();
     moved = true;
   }
@@ -664,8 +658,6 @@ void Relay::dropOps(zpResult_t status, const std::string& why) {
     if (kv.second.op) kv.second.op->finish(status, why);
   sends_.clear();
   acks_.clear();
-  hopAcks_.clear();
-  dropHops(true);
   deliveries_.clear();
   chunks_.clear();
   pending_.clear();

@@ -67,7 +67,6 @@ constexpr uint64_t kSeqNicDown = msgid::controlSeq(msgid::Control::kNicDown);
 constexpr uint64_t kSeqRelayAck = msgid::controlSeq(msgid::Control::kAck);
 constexpr uint64_t kSeqRailView = msgid::controlSeq(msgid::Control::kRailView);
 constexpr uint64_t kSeqLeftDone = msgid::controlSeq(msgid::Control::kLeftDone);
-constexpr uint64_t kSeqHopAck = msgid::controlSeq(msgid::Control::kHopAck);
 
 struct RelayHeader {
   uint64_t magic;
@@ -172,6 +171,7 @@ class Relay : public Transport {
     uint64_t bytes = 0;
     int srcProxy = -1, dstProxy = -1;  // its latest path
     bool acked = false;
+    bool timed = false;  // counted in the rail estimates (Routing::chunkQueued)
   };
   struct SendXfer {
     Op* op = nullptr;
@@ -209,16 +209,10 @@ class Relay : public Transport {
                   std::vector<uint64_t> queued = {});
   bool pathDead(int srcProxy, int dstProxy) const;
   void maybeFinish(SendXfer* sx);
+  // A chunk of this rank's send takes another path (the rail estimates move it).
+  void repath(Sent* rec, int srcProxy, int dstProxy);
   void ack(int src, uint32_t kind, uint64_t xfer, uint64_t lo, uint64_t hi);
   void flushAcks();
-  // The rail estimates' network hops (Routing::hopPosted): whether a chunk
-  // is measured (transfers of less than a chunk take a latency whatever
-  // the rate, and would only blur the estimates), and the far end's
-  // acknowledgement of a hop's bytes (a kSeqHopAck message).
-  bool measured(const RelayHeader& h) const;
-  void onHopAck(int from, const std::string& payload);
-  // Gives up the hops to peers whose path is down (all: every peer).
-  void dropHops(bool all);
   void remember(const Key& key, uint64_t total);
   char* takeSlot(bool inbound);
   void freeSlot(char* slot, bool inbound);
@@ -255,8 +249,6 @@ class Relay : public Transport {
   };
   std::map<int, std::vector<AckRange>> acks_;  // to send, by source
   std::map<Key, uint64_t> finished_;           // finished deliveries (their total), so late copies are dropped
-  std::vector<uint64_t> hopsOut_;              // by peer: measured bytes this rank posted to it, not acknowledged
-  std::map<int, uint64_t> hopAcks_;            // to send, by the proxy that posted them: bytes that came
   std::deque<Key> finishedOrder_;              // oldest first, to bound finished_
 };
 

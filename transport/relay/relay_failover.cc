@@ -54,31 +54,6 @@ void Relay::flushAcks() {
       sendStatus(src, kSeqRelayAck, zpSuccess, payload);
     }
   acks_.clear();
-  for (auto& [proxy, bytes] : hopAcks_)
-    sendStatus(proxy, kSeqHopAck, zpSuccess, std::string((const char*)&bytes, sizeof(bytes)));
-  hopAcks_.clear();
-}
-
-bool Relay::measured(const RelayHeader& h) const {
-  return h.kind != (uint32_t)OpKind::kControl && h.total >= chunkBytes_ && routing_->railsMeasured();
-}
-
-void Relay::onHopAck(int from, const std::string& payload) {
-  uint64_t bytes = 0;
-  if (payload.size() != sizeof(bytes) || from < 0 || from >= ctx_.nranks) return;
-  memcpy(&bytes, payload.data(), sizeof(bytes));
-  // Not more than is out: the hops to a peer cut off were given up already.
-  bytes = std::min(bytes, hopsOut_[from]);
-  hopsOut_[from] -= bytes;
-  routing_->hopAcked(bytes);
-}
-
-void Relay::dropHops(bool all) {
-  for (int p = 0; p < (int)hopsOut_.size(); p++)
-    if (hopsOut_[p] && (all || !routing_->directAlive(p))) {
-      routing_->hopDropped(hopsOut_[p]);
-      hopsOut_[p] = 0;
-    }
 }
 
 void Relay::onAck(int from, const std::string& payload) {
@@ -93,14 +68,24 @@ void Relay::onAck(int from, const std::string& payload) {
       if (!c->second.acked && c->first + c->second.bytes <= a.hi) {
         c->second.acked = true;
         sx.unacked--;
+        if (c->second.timed) routing_->chunkAcked(c->second.srcProxy, c->second.bytes);
       }
     maybeFinish(&sx);
   }
 }
 
+void Relay::repath(Sent* rec, int srcProxy, int dstProxy) {
+  if (rec->srcProxy == srcProxy && rec->dstProxy == dstProxy) return;
+  if (!rec->acked && rec->timed) {
+    routing_->chunkDropped(rec->srcProxy, rec->bytes);
+    routing_->chunkQueued(srcProxy, rec->bytes);
+  }
+  rec->srcProxy = srcProxy;
+  rec->dstProxy = dstProxy;
+}
+
 void Relay::onPathsChanged() {
   const int me = ctx_.rank;
-  dropHops(false);  // their acknowledgements went down with the path
   // Chunks of this rank's sends that have not started: new paths where theirs is dead.
   std::vector<std::unique_ptr<Chunk>> moved;
   for (auto& [hop, queue] : pending_)
@@ -170,11 +155,7 @@ void Relay::onPathsChanged() {
         continue;
       }
       const RouteChunk& pc = path[pi];
-      if (sx) {
-        Sent& rec = sx->chunks[ch->hdr.offset];
-        rec.srcProxy = pc.srcProxy;
-        rec.dstProxy = pc.dstProxy;
-      }
+      if (sx) repath(&sx->chunks[ch->hdr.offset], pc.srcProxy, pc.dstProxy);
       uint64_t b = std::max<uint64_t>(ch->hdr.bytes, 1);
       while (b > 0 && pi < path.size()) {  // the moved chunk's bytes, over the schedule's
         const uint64_t take = std::min(b, left);
