@@ -67,7 +67,7 @@ zpResult_t runAll(Comm* c, std::deque<Op>& ops) {
 
 // The count matrix (collectives.h), with this rank's row filled in; the
 // other rows are filled by peers' messages.
-std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts) {
+std::vector<uint64_t> countMatrix(Comm* c, const size_t sendcounts[], const size_t recvcounts[], size_t ts) {
   const int n = c->nranks();
   std::vector<uint64_t> rows((size_t)n * countRowLen(n), 0);
   uint64_t* mine = rows.data() + (size_t)c->rank() * countRowLen(n);
@@ -77,7 +77,21 @@ std::vector<uint64_t> countMatrix(const Comm* c, const size_t sendcounts[], cons
   }
   mine[2 * n] = ts;
   if (const Routing* routing = c->routing()) mine[2 * n + 1] = routing->railReport();
+  mine[2 * n + 2] = c->waitStats().outsideBefore(nowUs());
   return rows;
+}
+
+// Each rank's time outside the library before the call, from the rows
+// (for the wait statistics); clear: the words leave the rows (a routed
+// call's rows are its plan's key, and these change from call to call).
+std::vector<uint64_t> timesOutside(std::vector<uint64_t>& rows, int n, bool clear) {
+  const size_t rowLen = countRowLen(n);
+  std::vector<uint64_t> out(n);
+  for (int r = 0; r < n; r++) {
+    out[r] = rows[(size_t)r * rowLen + 2 * n + 2];
+    if (clear) rows[(size_t)r * rowLen + 2 * n + 2] = 0;
+  }
+  return out;
 }
 
 // The type-size word of the row of a rank that refused its own arguments
@@ -138,7 +152,8 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, std::vector<uint64_t>* rows) {
   std::vector<uint64_t> arrived;
   Arrivals arrivals(c, arrived, ptrs);
   const zpResult_t res = c->runOps(ptrs);
-  arrivals.record(res);
+  const std::vector<uint64_t> outside = timesOutside(*rows, n, true);
+  arrivals.record(res, &outside, false);  // the call goes on (alltoallv stamps its end)
   return res;
 }
 
@@ -482,8 +497,13 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   if (bad != zpSuccess) return refuseAlltoallv(c, bad, lastError(), stream);
 
   uint64_t seq = c->nextCollSeq();
-  if (stream) return deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream);
-  if (Routing* routing = c->routing()) return routedAlltoallv(c, routing, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+  if (stream || c->routing()) {
+    const zpResult_t res =
+        stream ? deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream)
+               : routedAlltoallv(c, c->routing(), seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
+    c->waitStats().callEnded(nowUs());  // the count rows' record was not the call's end
+    return res;
+  }
   // Up to kCountsInBand ranks, every message carries its sender's counts
   // (both rows), so every rank can check every pair itself: a mismatch is
   // caught by all ranks without a second round of messages. Larger
@@ -521,7 +541,9 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   zpResult_t res = c->runOps(ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError() != zpSuccess) return res;
-  arrivals.record(res);
+  std::vector<uint64_t> outside;
+  if (inBand) outside = timesOutside(rows, n, false);
+  arrivals.record(res, inBand ? &outside : nullptr);
   if (inBand) {
     ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
     ZP_CHECK(checkCounts(c, rows));

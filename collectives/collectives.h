@@ -41,9 +41,13 @@ struct Arrivals {
       if (!op->isSend && op->peer != c->rank() && !op->stream) op->arrivedUs = &at[op->peer];
     at[c->rank()] = nowUs();
   }
-  // After the call ran (with the communicator's lock still held).
-  void record(zpResult_t res) {
-    if (any && res == zpSuccess) recordWaits(comm->waitStats(), comm->rank(), at);
+  // After the call ran (with the communicator's lock still held); outside:
+  // each peer's time outside the library before the call, if the call
+  // carries it (WaitStats::record). endsCall: the call ends here (its end
+  // starts this rank's time outside until the next).
+  void record(zpResult_t res, const std::vector<uint64_t>* outside = nullptr, bool endsCall = true) {
+    if (any && res == zpSuccess) recordWaits(comm->waitStats(), comm->rank(), at, outside);
+    if (any && endsCall) comm->waitStats().callEnded(nowUs());
   }
 };
 
@@ -63,11 +67,13 @@ zpResult_t alltoallv(Comm* comm, const void* sendbuff, const size_t sendcounts[]
 zpResult_t refuseAlltoallv(Comm* comm, zpResult_t code, const std::string& why, void* stream);
 
 // alltoallv's count matrix, every rank's row [sendcounts..., recvcounts...,
-// type size, rail report] as gathered from the peers (the rail report:
-// Routing::railReport, 0 without routing): zpInvalidUsage (the same on
+// type size, rail report, time outside] as gathered from the peers (the
+// rail report: Routing::railReport, 0 without routing; the time outside:
+// the rank's microseconds outside the library before the call, for the
+// wait statistics, WaitStats::outsideBefore): zpInvalidUsage (the same on
 // every rank) if a datatype size or a count is impossible or a pair of
 // ranks disagrees. me only names this rank in the message.
-inline size_t countRowLen(int n) { return 2 * (size_t)n + 2; }
+inline size_t countRowLen(int n) { return 2 * (size_t)n + 3; }
 zpResult_t checkCountMatrix(int me, int n, const std::vector<uint64_t>& rows);
 
 // The standard collectives (standard*.cc): checked against every rank's call

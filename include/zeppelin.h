@@ -250,12 +250,16 @@ zpResult_t zpSetInterruptCheck(zpInterruptCheck_t check, void* arg);
  * zpAlltoallv's or a receive's message (sends hear nothing and are not
  * counted). In one call, the wait charged to a peer is how much later its
  * message came than the one before it in arrival order, this rank's own
- * entry counted as an arrival (all of it to the last one). The
- * report covers the last 100 such calls of this communicator (*nCalls: how
+ * entry counted as an arrival (all of it to the last one); in a
+ * zpAlltoallv, whose count rows carry each rank's time outside the library
+ * before the call, at most what it spent outside beyond that one (a rank
+ * that came late because its previous call had more to move is not
+ * charged). The report covers the last 100 such calls of this communicator (*nCalls: how
  * many it holds): the peers charged anything, the most charged first; at
  * most maxEntries are written to entries (NULL when maxEntries is 0) and
- * *nEntries says how many there are. A peer that came last in most of them,
- * ZP_STRAGGLER_MS late on average, is also named once in a WARN line.
+ * *nEntries says how many there are. A peer that came last in most of them
+ * by at least half of ZP_STRAGGLER_MS, that late on average, is also named
+ * once in a WARN line.
  * Device calls (a stream) are counted only with ZP_CHECK_MODE=full, the one
  * mode in which they compare headers. From the thread that runs the
  * communicator's calls (not while another thread runs one). */

@@ -25,6 +25,8 @@
 //            the failure as a share of the other NICs' rate.
 //   rails    a routed send/recv pair, round after round, and the rails'
 //            report at the end (railsMode);
+//   skew     zipf-skewed zpAlltoallvs back to back, the rails' and the
+//            wait report at the end (skewMode);
 //   slices   the hierarchical all-reduce cut into many pipeline slices
 //            (with ZP_COLL_RING_ABOVE=0 ZP_COLL_SLICE=...): odd counts up to
 //            ZP_TEST_MAX_COUNT, in place and out of place, every element and
@@ -102,6 +104,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <cstdlib>
@@ -1064,6 +1067,51 @@ int lagMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return destroyAndReport(comm, rank, n, err);
 }
 
+// ZP_TEST_MODE=skew: ZP_TEST_ROUNDS (default 4) zpAlltoallvs back to back
+// whose bytes follow route_perf's zipf law with rank 3 the heaviest (pair
+// (s, d) gets S n^2 z[s] z[d] / (sum z)^2, z[r] = (1 + (r - 3 mod n))^-1.2,
+// S = ZP_TEST_BYTES, default 32 MiB, per rank on average): rank 3 sends
+// and receives the most, most of it within its node, and is the proxy of
+// its rail. Nothing runs between the calls (as in a benchmark); the last
+// call's every byte and guard is checked. Every rank prints its node's
+// rails and its wait report; the caller counts the WARN lines.
+int skewMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rounds = envInt("ZP_TEST_ROUNDS", 4);
+  const double S = (double)envInt("ZP_TEST_BYTES", 32 << 20);
+  std::vector<double> z(n);
+  double sum = 0;
+  for (int r = 0; r < n; r++) sum += z[r] = 1.0 / std::pow(1.0 + (r - 3 + n) % n, 1.2);
+  zptest::CountMatrix m(n, std::vector<size_t>(n));
+  for (int s = 0; s < n; s++)
+    for (int d = 0; d < n; d++) m[s][d] = (size_t)(S * n * n * z[s] / sum * z[d] / sum);
+  zptest::AlltoallvRun a(rank, m, zpUint8, seed);
+  std::string err;
+  for (int round = 0; round < rounds && err.empty(); round++) {
+    zpResult_t r = round + 1 < rounds ? zpAlltoallv(a.sendBuffer().data(), a.sendCounts(), a.sendDispls(),
+                                                    a.recvBuffer().data(), a.recvCounts(), a.recvDispls(), zpUint8,
+                                                    comm, nullptr)
+                                      : a.run(comm);  // the last: poisoned first, then checked
+    if (r != zpSuccess) err = "round " + std::to_string(round) + ": " + zpGetLastError(comm);
+  }
+  if (err.empty()) err = a.check();
+  zpRailEntry_t rails[8];
+  int count = 0;
+  if (err.empty() && zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
+    err = std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
+  for (int i = 0; i < count && i < 8 && err.empty(); i++)
+    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
+           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
+           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
+  zpWaitEntry_t e[8];
+  int entries = 0, calls = 0;
+  if (err.empty() && zpCommGetWaitReport(comm, e, 8, &entries, &calls) != zpSuccess)
+    err = std::string("zpCommGetWaitReport: ") + zpGetLastError(comm);
+  for (int i = 0; i < entries && i < 8 && err.empty(); i++)
+    printf("rank %d: waited for rank %d, last in %d of %d calls, %.1f ms in all\n", rank, e[i].rank, e[i].callsLast,
+           calls, e[i].totalWaitSec * 1e3);
+  return destroyAndReport(comm, rank, n, err);
+}
+
 int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
@@ -1540,6 +1588,7 @@ int runRank() {
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
   if (mode == "rails") return railsMode(comm, rank, n, seed);
   if (mode == "lag") return lagMode(comm, rank, n, seed);
+  if (mode == "skew") return skewMode(comm, rank, n, seed);
   if (mode == "alldown") return allDownMode(comm, rank, n, seed);
   if (mode == "remap") return remapMode(comm, rank, n, seed);
   if (mode == "killcoll") return killCollMode(comm, rank, n, seed);

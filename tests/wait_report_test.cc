@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/core/wait_stats.h"
+#include "tests/checks.h"
 #include "tests/harness.h"
 
 namespace {
@@ -90,6 +91,61 @@ TEST(WaitStats, OnePeerIsChargedForWhatItCameAfterThisRank) {
   zp::WaitStats first(2, 0, 10 * 1000);  // the peer came first: this rank lags, not it
   for (int call = 0; call < 100; call++) EXPECT_EQ(first.record({1000 + 30 * 1000, 1000}), -1);
   EXPECT_TRUE(first.report(&calls).empty());
+}
+
+// A peer that came last because its previous call ran longer (more bytes
+// to move in a skewed alltoallv) was busy in the library: it is charged no
+// more than the time it spent outside before the call beyond the peer
+// before it (whatever the ranks did between the calls). A peer that slept
+// outside is charged in full.
+TEST(WaitStats, APeerIsChargedNoMoreThanItsTimeOutsideBeyondThePeerBeforeIt) {
+  const uint64_t unknown = zp::WaitStats::kUnknown;
+  int calls = 0;
+  // Back to back, or 5 ms of compute between the calls: rank 3 came 50 ms
+  // after rank 2 but spent 10 or 20 us more outside.
+  for (const std::vector<uint64_t>& outside :
+       {std::vector<uint64_t>{0, 20, 30, 40}, std::vector<uint64_t>{5000, 5000, 5000, 5020}}) {
+    zp::WaitStats busy(4, 0, 10 * 1000);
+    for (int call = 0; call < 100; call++) EXPECT_EQ(busy.record(arrivals(3, 50 * 1000), &outside), -1) << call;
+    auto report = busy.report(&calls);
+    ASSERT_FALSE(report.empty());
+    EXPECT_EQ(report[0].rank, 3);
+    EXPECT_EQ(report[0].maxUs, outside[3] - outside[2]);
+  }
+  // It slept 50 ms more than the others: charged what it came after rank 2.
+  zp::WaitStats sleeper(4, 0, 10 * 1000);
+  const std::vector<uint64_t> slept = {5000, 5000, 5000, 55000};
+  int namings = 0;
+  for (int call = 0; call < 100; call++) namings += sleeper.record(arrivals(3, 50 * 1000), &slept) == 3;
+  EXPECT_EQ(namings, 1);
+  EXPECT_EQ(sleeper.report(&calls)[0].maxUs, 50 * 1000u);  // its 50 ms outside beyond rank 2's
+  // Not said (the first call): charged in full.
+  zp::WaitStats unsaid(4, 0, 10 * 1000);
+  const std::vector<uint64_t> none(4, unknown);
+  namings = 0;
+  for (int call = 0; call < 100; call++) namings += unsaid.record(arrivals(3, 50 * 1000), &none) == 3;
+  EXPECT_EQ(namings, 1);
+  EXPECT_EQ(unsaid.report(&calls)[0].maxUs, 50 * 1000u + 1);  // 51003 us, after rank 2's 1002 us
+}
+
+// One long wait (the first call, whose time outside nobody knows, after
+// a longer setup) and then calls in which the peer comes last by
+// microseconds: it is not named, however the long wait lifts its average.
+TEST(WaitStats, OneLongWaitDoesNotNameAPeerThatComesLastByMicroseconds) {
+  zp::WaitStats s(4, 0, 10 * 1000);
+  EXPECT_EQ(s.record(arrivals(3, 800 * 1000)), -1);
+  for (int call = 0; call < 40; call++) EXPECT_EQ(s.record(arrivals(3, 5)), -1) << call;
+  int calls = 0;
+  EXPECT_EQ(s.report(&calls)[0].callsLast, 41);
+}
+
+// This rank's own time outside: from the end of its last recorded call.
+TEST(WaitStats, TimeOutsideRunsFromTheLastCallsEnd) {
+  zp::WaitStats s(2, 0, 10 * 1000);
+  EXPECT_EQ(s.outsideBefore(5000), zp::WaitStats::kUnknown);
+  s.callEnded(5000);
+  EXPECT_EQ(s.outsideBefore(5000), 0u);
+  EXPECT_EQ(s.outsideBefore(7500), 2500u);
 }
 
 TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
@@ -317,6 +373,39 @@ TEST(WaitReport, NobodyIsNamedWithoutALaggard) {
 // opCount (the same on every rank) and the rank it waits for, long before
 // ZP_TIMEOUT: an all-reduce, an alltoallv, a receive, each the second call
 // (opCount 1) after a barrier.
+// A skewed zpAlltoallv, calls back to back: rank 3 exchanges 24 MiB with
+// every peer, the others 4 KiB among themselves, so rank 3 finishes each
+// call last and enters the next one last. It was busy in the library, not
+// lagging: nobody names it (its count rows say it spent no more time
+// outside than the others). The last call's every byte is checked.
+TEST(WaitReport, ARankWithMoreBytesToMoveIsNotNamed) {
+  char dir[] = "/tmp/zp_wait_report_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const int calls = 60;
+  auto exits = zptest::runRanks(4, [&](int rank, int n, const zpUniqueId& id) {
+    logTo(dir, rank);
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    zptest::CountMatrix m(n, std::vector<size_t>(n, 4096));
+    for (int p = 0; p < n; p++) m[3][p] = m[p][3] = 24u << 20;
+    zptest::AlltoallvRun a(rank, m, zpUint8, 11);
+    for (int call = 0; call + 1 < calls; call++)
+      ZP_ASSERT_OK(zpAlltoallv(a.sendBuffer().data(), a.sendCounts(), a.sendDispls(), a.recvBuffer().data(),
+                               a.recvCounts(), a.recvDispls(), zpUint8, comm, nullptr));
+    ZP_ASSERT_OK(a.run(comm));
+    EXPECT_EQ(a.check(), "");
+    zpWaitEntry_t entries[4];
+    int nEntries = -1, nCalls = -1;
+    ZP_ASSERT_OK(zpCommGetWaitReport(comm, entries, 4, &nEntries, &nCalls));
+    EXPECT_EQ(nCalls, calls);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+  const std::string logs = logsIn(dir);
+  EXPECT_EQ(countOf(logs, "came last in"), 0) << logs;
+  EXPECT_EQ(system((std::string("rm -rf ") + dir).c_str()), 0);
+}
+
 TEST(WaitReport, ALongWaitIsNamedBeforeTheTimeout) {
   for (const char* fn : {"zpAllReduce", "zpAlltoallv", "zpRecv"}) {
     char dir[] = "/tmp/zp_wait_warn_XXXXXX";

@@ -13,55 +13,70 @@ WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
       thresholdUs_(thresholdUs),
       window_(kWindow),
       callsLast_(nranks, 0),
+      lateCalls_(nranks, 0),
       totalUs_(nranks, 0),
       named_(nranks, false) {}
 
-int WaitStats::record(const std::vector<uint64_t>& arrivedUs) {
+int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs) {
   if (nranks_ < 2 || (int)arrivedUs.size() != nranks_) return -1;
   // The last and second-last arrivals: a pass, not a sort (thousands of ranks).
-  int last = -1;
+  int last = -1, second = -1;
   uint64_t lastAt = 0, secondAt = 0;
-  bool haveSecond = false;
   for (int p = 0; p < nranks_; p++) {
     if (p == self_) continue;
     uint64_t t = arrivedUs[p];
     if (last < 0 || t > lastAt) {
-      if (last >= 0) {
-        secondAt = lastAt;
-        haveSecond = true;
-      }
+      second = last;
+      secondAt = lastAt;
       last = p;
       lastAt = t;
-    } else if (!haveSecond || t > secondAt) {
+    } else if (second < 0 || t > secondAt) {
+      second = p;
       secondAt = t;
-      haveSecond = true;
     }
   }
   // This rank's own entry (arrivedUs[self]) counts as an arrival too: a
   // peer is charged only for what it came after everyone else, this rank
   // included (with one peer, after this rank entered).
+  int ref = self_;
   uint64_t before = arrivedUs[self_];
-  if (haveSecond && secondAt > before) before = secondAt;
+  if (second >= 0 && secondAt > before) {
+    ref = second;
+    before = secondAt;
+  }
   uint64_t charged = lastAt > before ? lastAt - before : 0;
+  // Not more than it spent outside the library beyond what the one it is
+  // compared with did: the rest it was busy in its previous call (wait_stats.h).
+  if (outsideUs && last >= 0 && (int)outsideUs->size() == nranks_ && (*outsideUs)[last] != kUnknown) {
+    const uint64_t mine = (*outsideUs)[last], theirs = (*outsideUs)[ref];
+    const uint64_t beyond = theirs == kUnknown ? mine : mine > theirs ? mine - theirs : 0;
+    charged = std::min(charged, beyond);
+  }
 
   Call& slot = window_[next_];
   const int left = filled_ == kWindow ? slot.last : -1;
   if (left >= 0) {  // the oldest call leaves the window
     callsLast_[left]--;
     totalUs_[left] -= slot.chargedUs;
+    lateCalls_[left] -= slot.late;
   }
   slot.last = charged > 0 ? last : -1;
   slot.chargedUs = charged;
+  // Late by half the threshold or more: a call in which it came last by
+  // microseconds is no evidence of lag, whatever one long wait adds to its
+  // average.
+  slot.late = slot.last >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
   if (slot.last >= 0) {
     callsLast_[last]++;
     totalUs_[last] += charged;
+    lateCalls_[last] += slot.late;
   }
   next_ = (next_ + 1) % kWindow;
   filled_ = std::min(filled_ + 1, kWindow);
 
   int named = -1;
   if (slot.last >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
-      2 * callsLast_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
+      2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
     named_[last] = true;
     named = last;
   }
@@ -90,8 +105,9 @@ std::vector<WaitStats::Entry> WaitStats::report(int* calls) const {
   return out;
 }
 
-void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs) {
-  const int lagging = stats.record(arrivedUs);
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
+                 const std::vector<uint64_t>* outsideUs) {
+  const int lagging = stats.record(arrivedUs, outsideUs);
   if (lagging < 0) return;
   int calls = 0;
   for (const WaitStats::Entry& e : stats.report(&calls))

@@ -18,8 +18,19 @@
 // balanced job the charges are a few microseconds of noise spread over all
 // peers.
 //
+// Where the call says how long each rank spent outside the library before
+// it (zpAlltoallv's count rows carry it), a peer is charged at most what
+// it spent outside beyond the rank it is compared with (the one that
+// arrived before it, or this rank): a rank that came late because its
+// previous call ran longer (it had more bytes to move in a skewed
+// alltoallv, so it finished last and entered the next call last) was busy
+// in the library, not lagging, whether the ranks compute between the calls
+// or not. A rank that sleeps, computes longer or waits for data before the
+// call spends that time outside and is charged it.
+//
 // The window holds the last kWindow calls; a peer charged the most in more
-// than half of them, on average more than the threshold (ZP_STRAGGLER_MS),
+// than half of them by at least half the threshold (ZP_STRAGGLER_MS), on
+// average more than the threshold,
 // is named in one WARN line, and named again only after it has recovered
 // (charged the most in under a quarter of the window, or on average under
 // half the threshold).
@@ -40,10 +51,21 @@ class WaitStats {
 
   // One call's arrivals: arrivedUs[p] is when peer p's header came, and
   // arrivedUs[self] when this rank entered the call (the same clock for
-  // all). Returns the peer named by
-  // this call, if one crossed the threshold now (for the caller to log),
-  // else -1.
-  int record(const std::vector<uint64_t>& arrivedUs);
+  // all); outsideUs (optional): how long each peer had been outside the
+  // library before it entered, kUnknown where not known. Returns the peer
+  // named by this call, if one crossed the threshold now (for the caller
+  // to log), else -1.
+  static constexpr uint64_t kUnknown = ~uint64_t(0);
+  int record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs = nullptr);
+
+  // This rank's time outside the library before a call it enters at
+  // entryUs: since the end of its last recorded call (kUnknown before the
+  // first). What it did in between in calls that record nothing (a send)
+  // counts as outside: that can only charge it more.
+  uint64_t outsideBefore(uint64_t entryUs) const {
+    return lastEndUs_ && entryUs >= lastEndUs_ ? entryUs - lastEndUs_ : kUnknown;
+  }
+  void callEnded(uint64_t nowUs) { lastEndUs_ = nowUs; }
 
   struct Entry {
     int rank;
@@ -59,20 +81,24 @@ class WaitStats {
   struct Call {
     int last = -1;  // the peer charged the most in this call, or -1
     uint64_t chargedUs = 0;
+    bool late = false;  // by half the threshold or more
   };
   int nranks_, self_;
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
   int next_ = 0, filled_ = 0;
   std::vector<int> callsLast_;      // per peer, over the window
+  std::vector<int> lateCalls_;      // per peer, over the window: calls it came last in by half the threshold or more
   std::vector<uint64_t> totalUs_;   // per peer, over the window
   std::vector<bool> named_;         // per peer: named and not recovered since
+  uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
 };
 
 // Records one call's arrivals (WaitStats::record) and, if that names a
 // peer, says so in one WARN line from `rank`. Every call that learns when
 // its peers entered calls this: the standard collectives' header round,
 // zpAlltoallv (its count rows, or its messages' first bytes), receives.
-void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs);
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
+                 const std::vector<uint64_t>* outsideUs = nullptr);
 
 }  // namespace zp
