@@ -996,6 +996,20 @@ std::string pairRound(zpComm_t comm, int rank, int rpn, zptest::GuardedBuffer& b
   return "";
 }
 
+// Prints this rank's rail report, one line per rail; an error if it cannot be had.
+std::string printRails(zpComm_t comm, int rank) {
+  zpRailEntry_t rails[8];
+  int count = 0;
+  if (zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
+    return std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
+  for (int i = 0; i < count && i < 8; i++)
+    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
+           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
+           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
+  return "";
+}
+
+
 int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   using Clock = std::chrono::steady_clock;
   const int rpn = envInt("ZP_LOCAL_NRANKS", 1), seconds = envInt("ZP_TEST_SECONDS", 8);
@@ -1019,14 +1033,7 @@ int railsMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     else if (buf.guardBytesWritten()) err = "guard bytes written";
     if (!err.empty()) break;
   }
-  zpRailEntry_t rails[8];
-  int count = 0;
-  if (err.empty() && zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
-    err = std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
-  for (int i = 0; i < count && i < 8 && err.empty(); i++)
-    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
-           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
-           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
+  if (err.empty()) err = printRails(comm, rank);
   if (rank == 0 && err.empty())
     printf("rank 0: %d rounds of %zu bytes, the first %.0f ms, the last %.0f ms\n", rounds, bytes, firstMs, lastMs);
   return destroyAndReport(comm, rank, n, err);
@@ -1094,14 +1101,7 @@ int skewMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     if (r != zpSuccess) err = "round " + std::to_string(round) + ": " + zpGetLastError(comm);
   }
   if (err.empty()) err = a.check();
-  zpRailEntry_t rails[8];
-  int count = 0;
-  if (err.empty() && zpCommGetRailReport(comm, rails, 8, &count) != zpSuccess)
-    err = std::string("zpCommGetRailReport: ") + zpGetLastError(comm);
-  for (int i = 0; i < count && i < 8 && err.empty(); i++)
-    printf("rank %d: rail %d %s: %s, %.0f Mbit/s measured, %.0f nominal, %d changes\n", rank, rails[i].rail,
-           rails[i].nic, rails[i].slow ? "slow" : "healthy", rails[i].bitsPerSec / 1e6,
-           rails[i].nominalBitsPerSec / 1e6, rails[i].changes);
+  if (err.empty()) err = printRails(comm, rank);
   zpWaitEntry_t e[8];
   int entries = 0, calls = 0;
   if (err.empty() && zpCommGetWaitReport(comm, e, 8, &entries, &calls) != zpSuccess)
