@@ -996,6 +996,21 @@ std::string pairRound(zpComm_t comm, int rank, int rpn, zptest::GuardedBuffer& b
   return "";
 }
 
+// Prints this rank's wait report (at most `most` entries), one line per
+// peer, into *out and the calls it covers into *calls; an error if it
+// cannot be had.
+std::string printWaitReport(zpComm_t comm, int rank, int most, std::vector<zpWaitEntry_t>* out, int* calls) {
+  out->resize(most);
+  int entries = 0;
+  if (zpCommGetWaitReport(comm, out->data(), most, &entries, calls) != zpSuccess)
+    return std::string("zpCommGetWaitReport: ") + zpGetLastError(comm);
+  out->resize(std::min(entries, most));
+  for (const zpWaitEntry_t& e : *out)
+    printf("rank %d: waited for rank %d, last in %d of %d calls, %.1f ms in all\n", rank, e.rank, e.callsLast, *calls,
+           e.totalWaitSec * 1e3);
+  return "";
+}
+
 // Prints this rank's rail report, one line per rail; an error if it cannot be had.
 std::string printRails(zpComm_t comm, int rank) {
   zpRailEntry_t rails[8];
@@ -1057,13 +1072,10 @@ int lagMode(zpComm_t comm, int rank, int n, uint64_t seed) {
     if (a.run(comm) != zpSuccess) err = "round " + std::to_string(round) + ": " + zpGetLastError(comm);
     else err = a.check();
   }
-  zpWaitEntry_t e[4];
-  int entries = 0, calls = 0;
-  if (err.empty() && zpCommGetWaitReport(comm, e, 4, &entries, &calls) != zpSuccess)
-    err = std::string("zpCommGetWaitReport: ") + zpGetLastError(comm);
-  for (int i = 0; i < entries && i < 4 && err.empty(); i++)
-    printf("rank %d: waited for rank %d, last in %d of %d calls, %.1f ms in all\n", rank, e[i].rank, e[i].callsLast,
-           calls, e[i].totalWaitSec * 1e3);
+  std::vector<zpWaitEntry_t> e;
+  int calls = 0;
+  if (err.empty()) err = printWaitReport(comm, rank, 4, &e, &calls);
+  const int entries = (int)e.size();
   if (err.empty() && victim >= 0 && rank != victim &&
       (entries < 1 || e[0].rank != victim || e[0].callsLast < rounds * 8 / 10 ||
        e[0].totalWaitSec / e[0].callsLast < 0.030))
@@ -1102,13 +1114,9 @@ int skewMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   }
   if (err.empty()) err = a.check();
   if (err.empty()) err = printRails(comm, rank);
-  zpWaitEntry_t e[8];
-  int entries = 0, calls = 0;
-  if (err.empty() && zpCommGetWaitReport(comm, e, 8, &entries, &calls) != zpSuccess)
-    err = std::string("zpCommGetWaitReport: ") + zpGetLastError(comm);
-  for (int i = 0; i < entries && i < 8 && err.empty(); i++)
-    printf("rank %d: waited for rank %d, last in %d of %d calls, %.1f ms in all\n", rank, e[i].rank, e[i].callsLast,
-           calls, e[i].totalWaitSec * 1e3);
+  std::vector<zpWaitEntry_t> e;
+  int calls = 0;
+  if (err.empty()) err = printWaitReport(comm, rank, 8, &e, &calls);
   return destroyAndReport(comm, rank, n, err);
 }
 
