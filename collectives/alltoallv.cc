@@ -77,7 +77,7 @@ std::vector<uint64_t> countMatrix(Comm* c, const size_t sendcounts[], const size
   }
   mine[2 * n] = ts;
   if (const Routing* routing = c->routing()) mine[2 * n + 1] = routing->railReport();
-  mine[2 * n + 2] = c->waitStats().outsideBefore(nowUs());
+  mine[2 * n + 2] = c->waitStats().outsideBefore(stampUs());
   return rows;
 }
 
@@ -501,7 +501,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
     const zpResult_t res =
         stream ? deviceAlltoallv(c, seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts, stream)
                : routedAlltoallv(c, c->routing(), seq, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, ts);
-    c->waitStats().callEnded(nowUs());  // the count rows' record was not the call's end
+    c->waitStats().callEnded(stampUs());  // the count rows' record was not the call's end
     return res;
   }
   // Up to kCountsInBand ranks, every message carries its sender's counts

@@ -33,21 +33,41 @@ struct Arrivals {
   Comm* comm;
   std::vector<uint64_t>& at;
   bool any = false;
+  // Every op of the call is small: its receives' arrivals are noted as
+  // they finish (Op::kArrivalAtFinishMax), so the last of them and the
+  // entry bound the call's end within a small message's copy, and the end
+  // needs no clock read of its own (a read is a tenth of a small send/recv).
+  bool small = true;
   Arrivals(Comm* c, std::vector<uint64_t>& storage, const std::vector<Op*>& ops) : comm(c), at(storage) {
-    for (const Op* op : ops) any |= !op->isSend && op->peer != c->rank() && !op->stream;
+    for (const Op* op : ops) {
+      any |= !op->isSend && op->peer != c->rank() && !op->stream;
+      small &= op->bytes <= Op::kArrivalAtFinishMax;
+    }
     if (!any) return;
     at.assign(c->nranks(), 0);
     for (Op* op : ops)
-      if (!op->isSend && op->peer != c->rank() && !op->stream) op->arrivedUs = &at[op->peer];
-    at[c->rank()] = nowUs();
+      if (!op->isSend && op->peer != c->rank() && !op->stream) {
+        op->arrivedUs = &at[op->peer];
+        op->enteredUs = &at[c->rank()];  // stamped where this rank waits (Op::enteredUs)
+      }
   }
   // After the call ran (with the communicator's lock still held); outside:
   // each peer's time outside the library before the call, if the call
   // carries it (WaitStats::record). endsCall: the call ends here (its end
   // starts this rank's time outside until the next).
+  // A call in which this rank never waited (its entry was never stamped,
+  // Op::enteredUs) charges nobody and needs no time: it is counted as clean,
+  // and its end is not stamped (its sub-microsecond length counts as time
+  // outside before the next call, which can only charge this rank more).
   void record(zpResult_t res, const std::vector<uint64_t>* outside = nullptr, bool endsCall = true) {
-    if (any && res == zpSuccess) recordWaits(comm->waitStats(), comm->rank(), at, outside);
-    if (any && endsCall) comm->waitStats().callEnded(nowUs());
+    if (!any) return;
+    WaitStats& stats = comm->waitStats();
+    if (at[comm->rank()] == 0) {
+      if (res == zpSuccess) stats.noteClean();
+      return;
+    }
+    if (res == zpSuccess) recordWaits(stats, comm->rank(), at, outside);
+    if (endsCall) stats.callEnded(small ? lastOf(at) : stampUs());
   }
 };
 

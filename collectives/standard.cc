@@ -67,20 +67,22 @@
 
 namespace zp {
 
-zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
+namespace {
+
+zpResult_t runCollective(Comm* c, const CollArgs& a, void* stream) {
   using namespace detail;
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
   Header mine;
-  mine.kind = (uint64_t)a.kind | (a.forSplit ? kSplitHeader : 0);
+  mine.kind = (uint8_t)a.kind;
+  mine.split = a.forSplit;
   mine.count = a.count;
-  mine.dtype = (uint64_t)a.dtype;
-  mine.op = (uint64_t)a.op;
-  mine.root = (uint64_t)a.root;
+  mine.dtype = (int32_t)a.dtype;
+  mine.op = (int32_t)a.op;
+  mine.root = a.root;
   if (isV(a.kind)) {  // every rank's count differs for all-gatherv: the total and the counts are what must agree
     mine.count = 0;
     for (int p = 0; p < n; p++) mine.count += a.counts[p];
-    mine.countWords = (uint64_t)n;
   }
   // A host call always compares (it waits on its peers anyway); a device
   // call only with ZP_CHECK_MODE=full, since the exchange makes the host wait
@@ -163,6 +165,22 @@ zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
       break;
   }
   return zpSuccess;
+}
+
+}  // namespace
+
+zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
+  const zpResult_t r = runCollective(c, a, stream);
+  // The call's end starts this rank's time outside the library before its
+  // next call (WaitStats::outsideBefore). A call that ends with its header
+  // round (a barrier, an empty call, the fused small all-reduce) ended at
+  // the round's last arrival, without a clock read of its own.
+  if (!stream && c->nranks() > 1) {
+    const bool atHeaders =
+        a.kind == CollKind::kBarrier || (!detail::isV(a.kind) && a.count == 0) || detail::fusesCheck(c, a);
+    c->waitStats().callEnded(atHeaders ? lastOf(detail::headerLists().arrivedUs) : stampUs());
+  }
+  return r;
 }
 
 }  // namespace zp

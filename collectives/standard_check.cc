@@ -32,9 +32,9 @@ const char* kindName(CollKind k) {
 }
 
 // The API call a header's kind stands for, as a refusing rank's messages name it.
-const char* apiName(uint64_t kind) {
-  if (kind & kSplitHeader) return "zpCommSplit";
-  switch ((CollKind)kind) {
+const char* apiName(const Header& h) {
+  if (h.split) return "zpCommSplit";
+  switch ((CollKind)h.kind) {
     case CollKind::kAllReduce: return "zpAllReduce";
     case CollKind::kBroadcast: return "zpBroadcast";
     case CollKind::kReduce: return "zpReduce";
@@ -53,7 +53,7 @@ bool reduces(CollKind k) {
 }
 
 std::string describe(const Header& h) {
-  if (h.kind & kSplitHeader) return "zpCommSplit";
+  if (h.split) return "zpCommSplit";
   CollKind k = (CollKind)h.kind;
   std::string s = kindName(k);
   if (k == CollKind::kBarrier) return s;
@@ -83,9 +83,9 @@ zpResult_t explain(int me, const std::vector<Verdict>& v, const HeaderSlots& s, 
   for (int r = 0; r < n; r++) {
     if (!came(v[r].h) || !v[r].h.refused) continue;
     std::string why = v[r].why;
-    const std::string prefix = std::string(apiName(v[r].h.kind)) + ": ";
+    const std::string prefix = std::string(apiName(v[r].h)) + ": ";
     if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
-    return fail(zpInvalidUsage, "rank %d: rank %d refused %s: %s", me, r, apiName(v[r].h.kind), why.c_str());
+    return fail(zpInvalidUsage, "rank %d: rank %d refused %s: %s", me, r, apiName(v[r].h), why.c_str());
   }
   // A rank whose record never came is in another call.
   auto name = [&](int r) { return came(v[r].h) ? describe(v[r].h) : std::string("another collective"); };
@@ -95,7 +95,7 @@ zpResult_t explain(int me, const std::vector<Verdict>& v, const HeaderSlots& s, 
                   name(r).c_str());
   const int ref = came(s.at(0)) ? 0 : me;  // rank 0's recvcounts, if they came here
   for (int r = 0; r < n; r++)
-    for (uint64_t i = 0; came(s.at(r)) && i < v[r].h.countWords; i++)
+    for (uint64_t i = 0; came(s.at(r)) && v[r].h.hasCounts() && i < (uint64_t)n; i++)
       if (s.counts(r)[i] != s.counts(ref)[i])
         return fail(zpInvalidUsage, "rank %d: rank %d calls %s with recvcounts[%llu]=%llu but rank %d calls %s with "
                     "recvcounts[%llu]=%llu", me, ref, describe(v[0].h).c_str(), (unsigned long long)i,
@@ -108,13 +108,14 @@ zpResult_t explain(int me, const std::vector<Verdict>& v, const HeaderSlots& s, 
 // recvcounts, or zeros without them), then settleHeaders.
 zpResult_t headerRound(Comm* c, uint64_t seq, const Header& mine, const size_t* counts, zpResult_t refusedCode,
                        const std::string& refusedWhy) {
-  const size_t words = sizeof(Header) / sizeof(uint64_t) + mine.countWords;
+  const size_t countWords = mine.hasCounts() ? (size_t)c->nranks() : 0;
+  const size_t words = sizeof(Header) / sizeof(uint64_t) + countWords;
   std::vector<uint64_t>& buf = headerLists().slots;
   buf.resize(words * (size_t)c->nranks());
   const HeaderSlots s{(char*)buf.data(), words * sizeof(uint64_t)};
   s.at(c->rank()) = mine;
   uint64_t* mc = (uint64_t*)s.counts(c->rank());
-  for (uint64_t i = 0; i < mine.countWords; i++) mc[i] = counts ? counts[i] : 0;
+  for (size_t i = 0; i < countWords; i++) mc[i] = counts ? counts[i] : 0;
   return settleHeaders(c, seq, s, runHeaderRound(c, headerOps(c, s), msgid::collectiveXfer(seq, 0)), refusedCode,
                        refusedWhy);
 }
@@ -147,7 +148,7 @@ zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
   arrived.assign(c->nranks(), 0);
   for (Op& op : ops)
     if (!op.isSend) op.arrivedUs = &arrived[op.peer];
-  arrived[c->rank()] = nowUs();  // this rank's entry
+  arrived[c->rank()] = stampUs();  // this rank's entry
   const zpResult_t r = run(c, ops, id);
   if (r != zpSuccess) return r;
   recordWaits(c->waitStats(), c->rank(), arrived);
@@ -167,7 +168,7 @@ zpResult_t settleHeaders(Comm* c, uint64_t seq, const HeaderSlots& s, zpResult_t
   for (int r = 0; r < n && agreed; r++) {
     const Header& h = s.at(r);
     agreed = came(h) && !h.refused && h.sameCall(mine) &&
-             memcmp(s.counts(r), s.counts(me), mine.countWords * sizeof(uint64_t)) == 0;
+             (!mine.hasCounts() || memcmp(s.counts(r), s.counts(me), (size_t)n * sizeof(uint64_t)) == 0);
   }
   if (agreed) return moved;
   // The second round: every rank's header and reason, to name what differs.
@@ -194,8 +195,7 @@ zpResult_t refuseCollective(Comm* c, CollKind kind, zpResult_t code, const std::
   const uint64_t seq = c->nextCollSeq();  // the same number as the peers' call
   if (c->nranks() == 1) return fail(code, "%s", why.c_str());
   Header mine;
-  mine.kind = (uint64_t)kind;
-  mine.countWords = isV(kind) ? (uint64_t)c->nranks() : 0;
+  mine.kind = (uint8_t)kind;
   mine.refused = 1;
   return headerRound(c, seq, mine, nullptr, code, why);
 }

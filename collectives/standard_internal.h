@@ -41,6 +41,9 @@ inline size_t routedFrom(const Comm* c) {
 zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uint64_t>* lanes = nullptr);
 
 // ---- The header check (standard_check.cc) ----
+// all-gatherv, reduce-scatterv.
+bool isV(CollKind k);
+
 // Every rank's call, compared field by field (never by a hash) before any
 // data moves. A header is always the first bytes of its message and is
 // written here, never by the user: a round's message is a Header, then the
@@ -48,29 +51,31 @@ zpResult_t run(Comm* c, std::vector<Op>& ops, uint64_t id, const std::vector<uin
 // only ever follows a header and can never be taken for one, whatever
 // message of whatever call it meets. The settings that choose the
 // algorithms are compared at init (src/core/peer_info.h), not here.
-constexpr uint64_t kHeaderMagic = 0x5a50484452000002ull;  // a header that came (its slot holds 0 until then)
+// A header is 24 bytes, every field whole (dtype, op and root as the ints
+// the caller passed): with a small all-reduce's data behind it, the message
+// stays in the first cache line of its shared-memory record (MsgHdr).
+constexpr uint8_t kHeaderMagic = 0x5a;  // a header that came (its slot holds 0 until then)
 struct Header {
-  uint64_t magic = kHeaderMagic;
-  uint64_t kind = 0;  // a CollKind, with kSplitHeader for zpCommSplit's all-gather
-  uint64_t count = 0;  // the v calls: the total of recvcounts
-  uint64_t dtype = 0, op = 0, root = 0;
-  uint64_t countWords = 0;  // the v calls: nranks (the recvcounts that follow), else 0
+  uint8_t magic = kHeaderMagic;
+  uint8_t kind = 0;   // a CollKind
+  uint8_t split = 0;  // 1: zpCommSplit's own all-gather (kind kAllGather)
   // This rank refused its own arguments: it takes part in the round so that
   // every rank fails this call with its reason (the second round's) and
   // the next call runs.
-  uint64_t refused = 0;
+  uint8_t refused = 0;
+  int32_t root = 0;
+  uint64_t count = 0;  // the v calls: the total of recvcounts
+  int32_t dtype = 0, op = 0;
+  // The v calls' recvcounts follow the header, one word per rank.
+  bool hasCounts() const { return isV((CollKind)kind); }
   bool sameCall(const Header& o) const {
-    return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root &&
-           countWords == o.countWords;
+    return kind == o.kind && split == o.split && count == o.count && dtype == o.dtype && op == o.op &&
+           root == o.root;
   }
 };
+static_assert(sizeof(Header) == 24, "a small all-reduce's message fits one shared-memory line");
 static_assert(sizeof(Header) % 8 == 0, "data after a header stays 8-byte aligned");
 
-// all-gatherv, reduce-scatterv.
-bool isV(CollKind k);
-
-// A header's kind carries this bit for zpCommSplit's own all-gather.
-constexpr uint64_t kSplitHeader = uint64_t(1) << 32;
 
 // One round's messages, rank r's at base + r * stride: a Header, its
 // recvcounts (countWords of them), and whatever follows.

@@ -552,7 +552,7 @@ TEST(CollectiveErrors, MismatchedCallsAreInvalidUsageOnEveryRank) {
 // makes a one-rank-node all-reduce (which sends its header and its data in
 // one message) whose data is crafted to look like rank 0's all-gather
 // header: one int64 equal to the 64-bit digest by which headers used to be
-// compared (the same formula, computed here), and eight int64 equal to the
+// compared (the same formula, computed here), and three int64 equal to the
 // whole header as it is now laid out. Rank 0's all-gather must not succeed
 // with that data as rank 1's header: both ranks fail with zpInvalidUsage
 // naming both calls, nothing is written, and the next call runs.
@@ -568,7 +568,8 @@ TEST(CollectiveErrors, DataCanNeverPassForAHeader) {
   for (uint64_t v : std::initializer_list<uint64_t>{3 /* allgather */, 1, (uint64_t)zpInt64, 0, 0, 0, settings})
     digest = step(digest, v);
   // The header as laid out now (collectives/standard_internal.h).
-  const std::vector<uint64_t> header = {0x5a50484452000002ull, 3, 1, (uint64_t)zpInt64, 0, 0, 0, 0};
+  // magic 0x5a, kind 3 (allgather), root 0; count 1; dtype, op 0.
+  const std::vector<uint64_t> header = {0x5a | (3u << 8), 1, (uint64_t)zpInt64};
   for (const std::vector<uint64_t>& forged : {std::vector<uint64_t>{digest}, header}) {
     zptest::expectAllOk(zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
       zptest::setTimeoutSeconds(20);

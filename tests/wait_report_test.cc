@@ -76,6 +76,46 @@ TEST(WaitStats, ARecoveredPeerLeavesTheWindowAndIsNamedAgainIfItLagsAgain) {
   EXPECT_EQ(namings, 2);
 }
 
+// A call in which this rank never waited is only counted (noteClean, the
+// common small send/recv) and enters the window at the next record or
+// report: the window, the namings and the recovery are those of recording
+// each such call as one that charges nobody, over more than a window too.
+TEST(WaitStats, CleanCallsCountedAtOnceActLikeRecordedOnes) {
+  zp::WaitStats recorded(4, 0, 10 * 1000), counted(4, 0, 10 * 1000);
+  const std::vector<uint64_t> nobodyLate = {5000, 1000, 1000, 1000};  // this rank came last
+  int namings[2] = {0, 0};
+  auto lag = [&](int calls) {
+    for (int call = 0; call < calls; call++) {
+      namings[0] += recorded.record(arrivals(3, 20 * 1000)) == 3;
+      namings[1] += counted.record(arrivals(3, 20 * 1000)) == 3;
+    }
+  };
+  auto same = [&](const char* when) {
+    int calls[2] = {0, 0};
+    auto a = recorded.report(&calls[0]), b = counted.report(&calls[1]);
+    EXPECT_EQ(calls[0], calls[1]) << when;
+    ASSERT_EQ(a.size(), b.size()) << when;
+    for (size_t i = 0; i < a.size(); i++) {
+      EXPECT_EQ(a[i].rank, b[i].rank) << when;
+      EXPECT_EQ(a[i].callsLast, b[i].callsLast) << when;
+      EXPECT_EQ(a[i].totalUs, b[i].totalUs) << when;
+    }
+    EXPECT_EQ(namings[0], namings[1]) << when;
+  };
+  lag(60);
+  same("after the lag");
+  for (int k : {30, 250}) {
+    for (int call = 0; call < k; call++) {
+      EXPECT_EQ(recorded.record(nobodyLate), -1);
+      counted.noteClean();
+    }
+    same(k == 30 ? "after 30 clean calls" : "after 250 clean calls");
+    lag(60);  // named again only after it recovered: after the 250, not the 30
+    same("after the second lag");
+  }
+  EXPECT_EQ(namings[1], 2);
+}
+
 // With one peer, the wait is charged against this rank's own entry; a peer
 // that came before it is charged nothing.
 TEST(WaitStats, OnePeerIsChargedForWhatItCameAfterThisRank) {

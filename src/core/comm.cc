@@ -286,6 +286,7 @@ zpResult_t Comm::initTransports(const BlobExchange& exchange) {
 
 zpResult_t Comm::create(int nranks, const zpUniqueId& uid, int rank, const Config& cfg, size_t netEagerUpTo,
                         std::unique_ptr<Comm>* out) {
+  stampUs();  // its rate is measured once per process, here rather than in the first call
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = nranks;

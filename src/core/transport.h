@@ -130,7 +130,7 @@ struct Op {
   // Receives from any source (kAnySource) only: where to write the rank
   // it was matched with (zpRecvFrom), or null.
   int* source = nullptr;
-  // Receives only: where to note, in nowUs(), when the peer's message
+  // Receives only: where to note, in stampUs(), when the peer's message
   // began to arrive (the per-peer wait statistics, WaitStats: the moment
   // the peer entered the call). A transport that sees a message's first
   // bytes or its meta says so (noteArrival); otherwise finishing notes it
@@ -138,9 +138,25 @@ struct Op {
   // message whose start no transport saw stays 0 (charged nothing): its
   // end would charge the peer for the transfer, not for a late start.
   uint64_t* arrivedUs = nullptr;
+  // Receives with arrivedUs: where to note when this rank began to wait for
+  // it (its entry, for the same statistics), if nothing has yet: stamped
+  // after the call's sends went out, so the peers never wait for the clock
+  // read, and only where this rank waits (a message that is there at once
+  // needs no time at all). Shared by a call's receives.
+  uint64_t* enteredUs = nullptr;
+  void noteEntered(uint64_t us) {
+    if (enteredUs && !*enteredUs) *enteredUs = us;
+  }
   static constexpr size_t kArrivalAtFinishMax = 64 * 1024;
   void noteArrival() {
-    if (arrivedUs && !*arrivedUs) *arrivedUs = nowUs();
+    if (arrivedUs && !*arrivedUs) *arrivedUs = stampUs();
+  }
+  // The same with a time the transport read already (stampUs()), or
+  // kArrivedAtOnce: the message was there before this rank waited for it
+  // measurably (earlier than any entry: charged nothing).
+  static constexpr uint64_t kArrivedAtOnce = 1;
+  void noteArrival(uint64_t us) {
+    if (arrivedUs && !*arrivedUs) *arrivedUs = us;
   }
 
   void finish(zpResult_t st, std::string err = {}) {

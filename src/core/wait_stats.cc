@@ -53,6 +53,24 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<
     charged = std::min(charged, beyond);
   }
 
+  // Late by half the threshold or more: a call in which it came last by
+  // microseconds is no evidence of lag, whatever one long wait adds to its
+  // average.
+  const int charge = charged > 0 ? last : -1;
+  const bool late = charge >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
+  flushClean();
+  push(charge, charged, late);
+  int named = -1;
+  if (charge >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
+      2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
+    named_[last] = true;
+    named = last;
+  }
+  if (charge >= 0 && charge != named) checkRecovered(charge);
+  return named;
+}
+
+void WaitStats::push(int last, uint64_t chargedUs, bool late) {
   Call& slot = window_[next_];
   const int left = filled_ == kWindow ? slot.last : -1;
   if (left >= 0) {  // the oldest call leaves the window
@@ -60,36 +78,34 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<
     totalUs_[left] -= slot.chargedUs;
     lateCalls_[left] -= slot.late;
   }
-  slot.last = charged > 0 ? last : -1;
-  slot.chargedUs = charged;
-  // Late by half the threshold or more: a call in which it came last by
-  // microseconds is no evidence of lag, whatever one long wait adds to its
-  // average.
-  slot.late = slot.last >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
-  if (slot.last >= 0) {
+  slot.last = last;
+  slot.chargedUs = chargedUs;
+  slot.late = late;
+  if (last >= 0) {
     callsLast_[last]++;
-    totalUs_[last] += charged;
-    lateCalls_[last] += slot.late;
+    totalUs_[last] += chargedUs;
+    lateCalls_[last] += late;
   }
-  next_ = (next_ + 1) % kWindow;
-  filled_ = std::min(filled_ + 1, kWindow);
-
-  int named = -1;
-  if (slot.last >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
-      2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
-    named_[last] = true;
-    named = last;
-  }
-  // Recovered (named again if it lags again): it comes last in under a
-  // quarter of the window, or by under half the threshold on average.
-  for (int p : {left, last})
-    if (p >= 0 && p != named && named_[p] &&
-        (4 * callsLast_[p] < filled_ || 2 * totalUs_[p] < thresholdUs_ * (uint64_t)callsLast_[p]))
-      named_[p] = false;
-  return named;
+  next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
+  filled_ += filled_ < kWindow;
+  if (left >= 0 && left != last) checkRecovered(left);
 }
 
-std::vector<WaitStats::Entry> WaitStats::report(int* calls) const {
+void WaitStats::checkRecovered(int p) {
+  // Recovered (named again if it lags again): it comes last in under a
+  // quarter of the window, or by under half the threshold on average.
+  if (named_[p] && (4 * callsLast_[p] < filled_ || 2 * totalUs_[p] < thresholdUs_ * (uint64_t)callsLast_[p]))
+    named_[p] = false;
+}
+
+void WaitStats::flushClean() {
+  // More than a window's worth leaves nothing but clean calls.
+  for (uint64_t i = std::min<uint64_t>(pendingClean_, kWindow); i > 0; i--) push(-1, 0, false);
+  pendingClean_ = 0;
+}
+
+std::vector<WaitStats::Entry> WaitStats::report(int* calls) {
+  flushClean();
   std::vector<Entry> out;
   for (int p = 0; p < nranks_; p++) {
     if (totalUs_[p] == 0) continue;

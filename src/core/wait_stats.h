@@ -57,6 +57,11 @@ class WaitStats {
   // to log), else -1.
   static constexpr uint64_t kUnknown = ~uint64_t(0);
   int record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs = nullptr);
+  // One call in which this rank never waited (every message was there when
+  // it looked): nobody is charged. Counted here and entered into the window
+  // at the next record or report, so that such a call (most small
+  // send/recvs) costs an increment.
+  void noteClean() { pendingClean_++; }
 
   // This rank's time outside the library before a call it enters at
   // entryUs: since the end of its last recorded call (kUnknown before the
@@ -75,7 +80,7 @@ class WaitStats {
   };
   // The peers charged anything in the window, the most charged first;
   // *calls: how many calls the window holds.
-  std::vector<Entry> report(int* calls) const;
+  std::vector<Entry> report(int* calls);
 
  private:
   struct Call {
@@ -83,6 +88,9 @@ class WaitStats {
     uint64_t chargedUs = 0;
     bool late = false;  // by half the threshold or more
   };
+  void push(int last, uint64_t chargedUs, bool late);  // one call into the window
+  void checkRecovered(int p);
+  void flushClean();
   int nranks_, self_;
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
@@ -92,7 +100,16 @@ class WaitStats {
   std::vector<uint64_t> totalUs_;   // per peer, over the window
   std::vector<bool> named_;         // per peer: named and not recovered since
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
+  uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
 };
+
+// The latest of a call's times (its entry and its peers' arrivals): where
+// the call ended with its last arrival, its end without a clock read.
+inline uint64_t lastOf(const std::vector<uint64_t>& us) {
+  uint64_t last = 0;
+  for (uint64_t t : us) last = t > last ? t : last;
+  return last;
+}
 
 // Records one call's arrivals (WaitStats::record) and, if that names a
 // peer, says so in one WARN line from `rank`. Every call that learns when

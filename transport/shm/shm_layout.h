@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -23,8 +24,8 @@ namespace zp {
 
 // The record format's version is in the low bits: ranks of one node must run
 // the same format (3: a data record may carry its send's meta, MsgHdr::metaLen;
-// 4: SegHeader::owner).
-constexpr uint64_t kSegMagic = 0x5a50534547000005ull;
+// 4: SegHeader::owner; 6: kWhole records).
+constexpr uint64_t kSegMagic = 0x5a50534547000006ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -70,12 +71,17 @@ struct SegHeader {
   char failedWhy[512];
 };
 
-enum MsgType : uint32_t { kPad = 1, kData, kRts, kMeta, kFin, kStatus, kBye, kAbort };
+// kWhole: a data record that carries a whole message (its meta and all its
+// data, from offset 0), without the total and offset words a fragment needs:
+// its payload starts at kWholePayload.
+enum MsgType : uint32_t { kPad = 1, kData, kRts, kMeta, kFin, kStatus, kBye, kAbort, kWhole };
 
-// A record's header; its payload follows at kPayload, so a message of up to
-// 16 bytes is one cache line, the line the receiver polls (as Open MPI's
-// fastboxes): a small message costs the receiver one line from the sender's
-// cache, and nothing else moves between them.
+// A record's header; its payload follows at kPayload (kWholePayload for a
+// kWhole record), so a whole message of up to 32 bytes is one cache line,
+// the line the receiver polls (as Open MPI's fastboxes): a small message
+// costs the receiver one line from the sender's cache, and nothing else
+// moves between them. A second line cost a 2-rank 24-byte send/recv about a
+// third of its latency.
 struct MsgHdr {
   // The record's position in the ring plus one, stored last (release): the
   // reader knows a record is complete from it, without reading the ring's
@@ -88,6 +94,15 @@ struct MsgHdr {
   uint32_t len;  // payload bytes after the header (pad: bytes to skip, header included)
   uint64_t seq;  // the op's position among this pair's messages
   union {
+    uint32_t kind;  // data, whole, rts, meta: OpKind
+    uint32_t lane;  // fin: the lane of the send it completes
+  };
+  union {
+    int32_t status;    // fin / status / bye / abort: a zpResult_t
+    uint32_t metaLen;  // data, whole: the send's meta ahead of the data in the payload (a first fragment)
+  };
+  // A kWhole record's payload starts here.
+  union {
     uint64_t total;    // data, rts, meta: the whole message's bytes
     uint64_t collSeq;  // status
   };
@@ -95,26 +110,32 @@ struct MsgHdr {
     uint64_t offset;  // data: where this fragment goes
     uint64_t addr;    // rts: the sender's buffer
   };
-  union {
-    uint32_t kind;  // data, rts, meta: OpKind
-    uint32_t lane;  // fin: the lane of the send it completes
-  };
-  union {
-    int32_t status;    // fin / status / bye / abort: a zpResult_t
-    uint32_t metaLen;  // data: the send's meta ahead of the data in the payload (a first fragment)
-  };
 };
 constexpr uint64_t kPayload = sizeof(MsgHdr);
-static_assert(kPayload == 48, "a record's first line holds its header and 16 bytes of payload");
+constexpr uint64_t kWholePayload = offsetof(MsgHdr, total);
+static_assert(kPayload == 48 && kWholePayload == 32, "a record's first line holds its header and 16 bytes of "
+              "payload, a whole message's 32");
+
+inline bool isData(uint32_t type) { return type == kData || type == kWhole; }
+// A data record's meta bytes, its message's bytes and where its data goes.
+inline uint32_t recordMetaLen(const MsgHdr* h) { return isData(h->type) ? h->metaLen : 0; }
+inline uint64_t recordTotal(const MsgHdr* h) { return h->type == kWhole ? h->len - h->metaLen : h->total; }
+inline uint64_t recordOffset(const MsgHdr* h) { return h->type == kWhole ? 0 : h->offset; }
 
 inline uint64_t roundRecord(uint64_t n) { return (n + kRecord - 1) & ~(kRecord - 1); }
-// A record's bytes in the ring, header included.
+// A record's bytes in the ring, header included (a kWhole record: wholeRecordBytes).
 inline uint64_t recordBytes(uint64_t payload) { return roundRecord(kPayload + payload); }
+inline uint64_t wholeRecordBytes(uint64_t payload) { return roundRecord(kWholePayload + payload); }
+inline uint64_t recordBytesOf(const MsgHdr* h) {
+  return h->type == kWhole ? wholeRecordBytes(h->len) : recordBytes(h->len);
+}
 // The bytes a send's meta takes ahead of its data in its first fragment:
 // padded to 8, so the data stays aligned and a fragment holds whole elements.
 inline uint32_t metaLenOf(const Op* op) { return (op->metaBytes + 7) & ~7u; }
-inline char* payloadOf(MsgHdr* h) { return (char*)h + kPayload; }
-inline const char* payloadOf(const MsgHdr* h) { return (const char*)h + kPayload; }
+inline char* payloadOf(MsgHdr* h) { return (char*)h + (h->type == kWhole ? kWholePayload : kPayload); }
+inline const char* payloadOf(const MsgHdr* h) {
+  return (const char*)h + (h->type == kWhole ? kWholePayload : kPayload);
+}
 
 inline size_t segmentBytes(uint32_t nlocal, uint64_t ringBytes) {
   size_t hdr = roundRecord(sizeof(SegHeader));
@@ -169,7 +190,7 @@ inline void ringPublish(Ring& r) {
     pad->stamp.store(at - r.pendingPad + 1, std::memory_order_release);
   }
   MsgHdr* h = recordAt(r, at);
-  r.ctl->head.store(at + recordBytes(h->len), std::memory_order_relaxed);
+  r.ctl->head.store(at + recordBytesOf(h), std::memory_order_relaxed);
   h->stamp.store(at + 1, std::memory_order_release);
 }
 
@@ -223,7 +244,7 @@ inline MsgHdr* ringPeek(Ring& r) {
 // store before its last look at the tail (progressSend): one of the two
 // sees the other's.
 inline bool ringPop(Ring& r, const MsgHdr* h) {
-  ringFree(r, r.ctl->tail.load(std::memory_order_relaxed), recordBytes(h->len));
+  ringFree(r, r.ctl->tail.load(std::memory_order_relaxed), recordBytesOf(h));
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (r.ctl->producerWaiting.load(std::memory_order_relaxed)) {
     r.ctl->producerWaiting.store(0, std::memory_order_relaxed);

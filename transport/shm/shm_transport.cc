@@ -177,7 +177,7 @@ bool ShmTransport::arrived(int rank, uint64_t seq, size_t* bytes) {
   if (!l.recvq.empty() || l.discarding) return false;
   const MsgHdr* h = ringPeek(l.in);
   if (!h || h->seq != seq || h->kind != (uint32_t)OpKind::kP2P) return false;
-  *bytes = h->total;
+  *bytes = recordTotal(h);
   return true;
 }
 
@@ -326,7 +326,7 @@ bool ShmTransport::progress() {
     for (Lane& l : p.lane)
       if (!p.gone && !l.recvq.empty() && l.recvq.front()->arrivedUs && !*l.recvq.front()->arrivedUs &&
           ringPeek(l.in)) {
-        if (!passUs) passUs = nowUs();
+        if (!passUs) passUs = stampUs();
         *l.recvq.front()->arrivedUs = passUs;
       }
   for (Peer& p : peers_) {
@@ -425,18 +425,18 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       continue;
     }
     // A message's first fragment carries its meta ahead of its data.
-    const uint32_t metaLen = h->type == kData ? h->metaLen : 0;
+    const uint32_t metaLen = recordMetaLen(h);
     if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
     const uint32_t dataLen = h->len - metaLen;
-    if (op->progressed == 0 && h->total != op->bytes) {
+    if (op->progressed == 0 && recordTotal(h) != op->bytes) {
       std::string why = std::string(opKindName(op->kind)) + ": rank " + std::to_string(p.rank) + " sends " +
-                        std::to_string(h->total / op->typeSize) + " elements to rank " +
+                        std::to_string(recordTotal(h) / op->typeSize) + " elements to rank " +
                         std::to_string(ctx_.rank) + " but rank " + std::to_string(ctx_.rank) +
                         " expects " + std::to_string(op->bytes / op->typeSize);
       if (h->type == kRts) {
         pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why, lane));
       } else {
-        uint64_t left = h->total - dataLen;
+        uint64_t left = recordTotal(h) - dataLen;
         if (left) {
           l.discarding = true;
           l.discardLeft = left;
@@ -492,7 +492,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       continue;
     }
     // A data fragment: bounds were fixed by the matching receive.
-    if (h->offset != op->progressed || h->offset + dataLen > op->bytes) {
+    if (recordOffset(h) != op->progressed || recordOffset(h) + dataLen > op->bytes) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
@@ -564,12 +564,14 @@ bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
   // The first fragment carries the send's meta ahead of its data.
   const uint32_t metaLen = metaLenOf(op);  // 0 once sent
   const size_t len = std::min(op->bytes - op->progressed, fragMax_ - std::min<size_t>(metaLen, fragMax_));
-  *need = recordBytes(metaLen + len);
-  MsgHdr* h = claimOpRecord(l.out, *need, kData, op);
+  // A message that fits one record goes whole (kWhole: 16 bytes more in its first line).
+  const bool whole = op->progressed == 0 && len == op->bytes;
+  *need = whole ? wholeRecordBytes(metaLen + len) : recordBytes(metaLen + len);
+  MsgHdr* h = claimOpRecord(l.out, *need, whole ? kWhole : kData, op);
   if (!h) return false;
   h->len = (uint32_t)(metaLen + len);
   h->metaLen = metaLen;
-  h->offset = op->progressed;
+  if (!whole) h->offset = op->progressed;
   if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
   if (len) memcpy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
   ringPublish(l.out);
@@ -581,22 +583,23 @@ bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
 void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen) {
   const uint32_t dataLen = h->len - metaLen;
   const char* data = payloadOf(h) + metaLen;
+  const uint64_t at = recordOffset(h);
   if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
-    op->reduce->fn((char*)op->buf + h->offset, (const char*)op->reduceSrc + h->offset, data, dataLen);
+    op->reduce->fn((char*)op->buf + at, (const char*)op->reduceSrc + at, data, dataLen);
   else if (dataLen)
-    memcpy((char*)op->buf + h->offset, data, dataLen);  // buf may be NULL when empty
+    memcpy((char*)op->buf + at, data, dataLen);  // buf may be NULL when empty
   op->progressed += dataLen;
   if (ringPop(l.in, h)) p.wake = true;
 }
 
-bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq) {
-  const uint32_t metaLen = h->type == kData ? h->metaLen : 0;
-  if (h->type != kData || h->seq != seq || h->kind != (uint32_t)op->kind || h->offset != 0 ||
-      h->total != op->bytes || h->len - metaLen != op->bytes)
+bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t arrivedUs) {
+  const uint32_t metaLen = recordMetaLen(h);
+  if (!isData(h->type) || h->seq != seq || h->kind != (uint32_t)op->kind || recordOffset(h) != 0 ||
+      recordTotal(h) != op->bytes || h->len - metaLen != op->bytes)
     return false;  // out of order, of another size, or in several records: progressRecv says what
   if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
   op->seq = seq++;
-  op->noteArrival();
+  op->noteArrival(arrivedUs);
   takeFragment(p, p.lane[0], op, h, metaLen);
   op->finish(zpSuccess);
   countMovedNow();
@@ -633,7 +636,12 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
   for (Peer& p : peers_)
     if (p.dirty || p.wake) notify(p);
   // Receives in order; the first whose record has not come is polled for.
-  uint64_t until = 0;
+  // A record found before the poll's first look at the clock (16 polls, a
+  // few hundred nanoseconds) came before this rank waited measurably: it
+  // is noted as arrived at once (Op::kArrivedAtOnce); one found later, at
+  // the poll's last look at the clock. Either way no clock is read between
+  // the record and the reply a peer may be waiting for.
+  uint64_t until = 0, lastLook = Op::kArrivedAtOnce;
   for (size_t i = 0, polls = 0; i < ops.size();) {
     Op* op = ops[i];
     if (op->isSend || op->peer == ctx_.rank) {
@@ -643,7 +651,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     Peer* p = peer(op->peer);
     if (!usable(p, op)) break;
     if (MsgHdr* h = ringPeek(p->lane[0].in)) {
-      if (!takeWhole(*p, op, h, recvSeq[op->peer])) break;
+      if (!takeWhole(*p, op, h, recvSeq[op->peer], lastLook)) break;
       if (p->wake) notify(*p);
       i++;
       continue;
@@ -656,9 +664,11 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
       // Nor, after a first few polls, where other tasks fill the cores (the
       // general wait sleeps at once: planSpin says why).
       if (until == 0 && othersFillTheCores(loadInputs())) break;
-      const uint64_t now = nowUs();
+      const uint64_t now = stampUs();
       if (until == 0) until = now + kMoveNowPollUs;
       if (now > until) break;
+      op->noteEntered(now);
+      lastLook = now;
     }
     cpuRelax();
   }

@@ -249,7 +249,7 @@ class ShmTransport : public CarrierTransport {
   void takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen);
   // moveNow's receive: op's record if it is the whole message op expects
   // (true, op finished); false, touching nothing, for anything else.
-  bool takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq);
+  bool takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t arrivedUs);
   bool pushCtrl(Peer& p, std::vector<char> record);
   // Writes the control records waiting for room; true if any went.
   bool flushCtrl(Peer& p);
