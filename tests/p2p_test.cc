@@ -436,4 +436,63 @@ TEST(P2PShortcut, SmallMessagesMoveAtOnceTheRestTheGeneralWay) {
   }));
 }
 
+
+// A long single-copy read does not hold up the receiver's other peers: it
+// is read a piece per progress pass (shm_transport.cc, kReadPiece), and
+// the other peers' messages move between pieces. That is what lets a proxy
+// keep relaying its rail's chunks while it reads a zipf alltoallv's block
+// of a hundred MiB (docs/routing.md). Rank 1 receives 256 MiB from rank 0
+// and 4 MiB from rank 2 in one group, both offers already in its rings
+// when it starts (rank 0's is read first, being the first peer): rank 2's
+// send must end within the first half of rank 1's call, not after rank 0's
+// whole message. Every byte checked; both go by single copy.
+TEST(P2PSingleCopy, ALongReadLetsTheReceiversOtherPeersMoveBetweenPieces) {
+  const uint64_t seed = zptest::testCaseSeed();
+  struct Times {
+    std::atomic<int64_t> smallSendEndNs{0};
+  };
+  zptest::Shared<Times> times;
+  zptest::expectAllOk(zptest::runRanks(3, [&](int rank, int n, const zpUniqueId& id) {
+    zpComm_t comm = zptest::initComm(rank, n, id);
+    using Clock = std::chrono::steady_clock;
+    // steady_clock is CLOCK_MONOTONIC: one clock for all ranks of the machine.
+    auto ns = [](Clock::time_point t) {
+      return (int64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    };
+    const size_t big = 256u << 20, small = 4u << 20;
+    const size_t bytes = rank == 0 ? big : small;
+    const long offered = zp::ShmTransport::singleCopySends();
+    zptest::barrier(comm, n);
+    if (rank != 1) {
+      GuardedBuffer buf(bytes, 3);
+      buf.fill(seed + rank, rank, 1);
+      ZP_EXPECT_OK(zpSend(buf.data(), bytes, zpUint8, 1, comm, nullptr));
+      if (rank == 2) times->smallSendEndNs = ns(Clock::now());
+      EXPECT_EQ(zp::ShmTransport::singleCopySends() - offered, 1) << "rank " << rank << ": not sent by single copy";
+    } else {
+      GuardedBuffer from0(big, 5), from2(small, 1);
+      // Both offers are in this rank's rings before it asks for them.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const Clock::time_point start = Clock::now();
+      ZP_ASSERT_OK(zpGroupStart());
+      ZP_EXPECT_OK(zpRecv(from0.data(), big, zpUint8, 0, comm, nullptr));
+      ZP_EXPECT_OK(zpRecv(from2.data(), small, zpUint8, 2, comm, nullptr));
+      ZP_ASSERT_OK(zpGroupEnd());
+      const int64_t startNs = ns(start), endNs = ns(Clock::now());
+      EXPECT_EQ(from0.wrongBytes(seed + 0, 0, 1), 0u);
+      EXPECT_EQ(from2.wrongBytes(seed + 2, 2, 1), 0u);
+      EXPECT_EQ(from0.guardBytesWritten() + from2.guardBytesWritten(), 0u);
+      zptest::barrier(comm, n);  // rank 2 has noted its time
+      const int64_t small2 = times->smallSendEndNs.load();
+      EXPECT_LT(small2 - startNs, (endNs - startNs) / 2)
+          << "rank 2's 4 MiB ended " << (small2 - startNs) / 1e6 << " ms into rank 1's call of "
+          << (endNs - startNs) / 1e6 << " ms";
+      ZP_EXPECT_OK(zpCommDestroy(comm));
+      return;
+    }
+    zptest::barrier(comm, n);
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  }));
+}
+
 }  // namespace

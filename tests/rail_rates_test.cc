@@ -59,12 +59,19 @@ TEST(RailRates, EvenRailsAreNeverNamed) {
   for (int k = 0; k < 4; k++) EXPECT_EQ(f.rates.factor(k), 1.0) << k;
 }
 
-TEST(RailRates, ARecoveredRailGetsItsShareBack) {
+// Named back on its first two fast samples (one sample every 200 ms here,
+// the first after the change still part slow): judged on the smoothed rate,
+// halfway from its slow rate, the first fast one would not count.
+TEST(RailRates, ARecoveredRailGetsItsShareBackOnItsFirstTwoFastSamples) {
   Feed f;
   const double slow[4] = {1000, 1000, 100, 1000}, healthy[4] = {1000, 1000, 1000, 1000};
   f.run(slow, 4, 3000);
   ASSERT_LT(f.rates.factor(2), 0.2);
   f.rates.takeChanges();
+  f.run(healthy, 4, 300);  // the mixed sample and one fast one
+  EXPECT_LT(f.rates.factor(2), 1.0);
+  f.run(healthy, 4, 150);  // the second fast one
+  EXPECT_EQ(f.rates.factor(2), 1.0);
   f.run(healthy, 4, 2000);
   EXPECT_EQ(f.rates.factor(2), 1.0);
   std::vector<RailRates::Change> changes = f.rates.takeChanges();

@@ -68,7 +68,12 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   std::sort(others.begin(), others.end());
   size_t m = others.size();
   double median = m % 2 ? others[m / 2] : (others[m / 2 - 1] + others[m / 2]) / 2;
-  double rel = r.bytesPerSec / median;
+  // Named on the smoothed rate (one odd sample does not name a rail), named
+  // back on the samples themselves: a rail routed around carries little and
+  // samples slowly, and the smoothing's halfway steps from its slow rate
+  // would cost a recovered NIC a sample or two more (kConfirmRecovery asks
+  // for fast samples in a row already).
+  double rel = (r.ownSlow ? rate : r.bytesPerSec) / median;
   if (rel < slowFraction_) {
     r.below++;
     r.above = 0;

@@ -17,10 +17,11 @@
 //
 // Verdict. A rail is slow after kConfirm samples in a row below
 // slowFraction (ZP_RAIL_SLOW) of the median of the node's other rails
-// (those sampled within kOwnFreshUs), and healthy again after
-// kConfirmRecovery samples in a row above kRecoverFactor x slowFraction of
-// it; it changes state at most once per kDwellUs, so a flapping NIC is
-// logged a bounded number of times.
+// (those sampled within kOwnFreshUs), judged on its smoothed rate, and
+// healthy again after kConfirmRecovery samples in a row above
+// kRecoverFactor x slowFraction of it, judged on the samples themselves; it
+// changes state at most once per kDwellUs, so a flapping NIC is logged a
+// bounded number of times.
 //
 // Sharing with other nodes. A source stamps its node's view (rates relative
 // to the fastest rail, the fastest's rate, the verdicts) into every relay

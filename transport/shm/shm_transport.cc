@@ -25,6 +25,13 @@ namespace zp {
 // A reducing single-copy receive reads this much at a time (fits in L2);
 // a group, this much of all its members together.
 constexpr size_t kReduceSlice = 256 << 10;
+// A single-copy receive reads at most this much per progress pass, then
+// lets the rank's other work run (its other peers' rings, the network,
+// the chunks it relays for others as a proxy) before the next piece: a
+// zipf alltoallv's largest block is over 100 MiB, and a proxy reading it
+// in one go left its rail idle and its senders waiting meanwhile
+// (docs/routing.md, "Slow NICs").
+constexpr size_t kReadPiece = 2 << 20;
 std::atomic<long> gGroupsReduced{0};    // ShmTransport::groupsReduced()
 std::atomic<long> gSingleCopySends{0};  // ShmTransport::singleCopySends()
 std::atomic<long> gOpsMovedNow{0};      // ShmTransport::opsMovedNow()
@@ -462,19 +469,26 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
     if (h->type == kRts) {
       // Single copy: pull the sender's bytes straight into the receive
       // buffer; or, for a reducing receive, a slice at a time into a buffer
-      // that stays in cache, reduced into the receive buffer at once.
-      size_t done = 0;
+      // that stays in cache, reduced into the receive buffer at once. At
+      // most kReadPiece per pass: the offer stays at the ring's head and
+      // op->progressed says where the next pass goes on.
+      size_t done = op->progressed;
+      const size_t until = std::min(op->bytes, done + kReadPiece);
       int err = 0;
-      const size_t slice = op->reduce ? kReduceSlice - kReduceSlice % op->reduce->elemSize : op->bytes;
+      const size_t slice = op->reduce ? kReduceSlice - kReduceSlice % op->reduce->elemSize : kReadPiece;
       thread_local std::vector<char> sliceBuf;
       if (op->reduce && sliceBuf.size() < slice) sliceBuf.resize(slice);
-      while (done < op->bytes && !err) {
+      while (done < until && !err) {
         const size_t want = std::min(slice, op->bytes - done);
         char* to = op->reduce ? sliceBuf.data() : (char*)op->buf + done;
         err = readPeer(p.pid, to, h->addr + done, want);
         if (err) break;
         if (op->reduce) op->reduce->fn((char*)op->buf + done, (const char*)op->reduceSrc + done, to, want);
         done += want;
+      }
+      if (!err && done < op->bytes) {
+        op->progressed = done;
+        break;  // this lane's next records wait behind this message anyway
       }
       uint64_t seq = h->seq;
       if (ringPop(l.in, h)) p.wake = true;

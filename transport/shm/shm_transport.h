@@ -11,7 +11,9 @@
 //  - cma: the sender posts its buffer's address, the receiver pulls the bytes
 //    with process_vm_readv straight into its buffer (one copy) and answers
 //    with a FIN (a reducing receive pulls slices and reduces each into its
-//    buffer while it is in cache). Used above ZP_SHM_EAGER when the receiver
+//    buffer while it is in cache). A long message is read a piece (2 MiB)
+//    per progress pass, so that the receiver's other peers, its network
+//    and what it relays move between pieces. Used above ZP_SHM_EAGER when the receiver
 //    could read this process's memory at init (ptrace rules allow it).
 //    Receives of a reduce group (OpReduceGroup) wait until every member's
 //    sender has offered its buffer, then are read a piece of each at a time
