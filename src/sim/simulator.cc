@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <sstream>
+#include <stdexcept>
 
 #include "src/plan/planner.h"
 #include "src/sim/step_model.h"
+#include "src/util/strings.h"
 
 namespace zp::sim {
 
@@ -530,6 +534,26 @@ std::vector<int64_t> nextBatch(const std::vector<int64_t>& all, int64_t budget, 
     total += all[i];
   }
   return b;
+}
+
+std::vector<int64_t> readLengths(const std::string& file) {
+  std::ifstream f(file);
+  if (!f) throw std::invalid_argument("cannot read '" + file + "'");
+  std::vector<int64_t> all;
+  std::string line, word;
+  for (long long lineNo = 1; std::getline(f, line); ++lineNo) {
+    std::istringstream words(line);
+    while (words >> word) {
+      long long x = 0;
+      if (!zp::parseInt(word, 1, (long long)1 << 40, &x))
+        throw std::invalid_argument("'" + file + "' line " + std::to_string(lineNo) + ": '" + word +
+                                    "' is not a sequence length (an integer from 1 to 2^40)");
+      all.push_back(x);
+    }
+  }
+  if (f.bad()) throw std::invalid_argument("cannot read '" + file + "'");
+  if (all.empty()) throw std::invalid_argument("no lengths read from '" + file + "'");
+  return all;
 }
 
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {
