@@ -16,7 +16,6 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
-#include <fstream>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -30,12 +29,10 @@
 
 namespace {
 
+// A length file of tests/data (readLengths throws, naming the file, if it
+// is missing or malformed).
 std::vector<int64_t> readLengths(const std::string& name) {
-  std::vector<int64_t> v;
-  std::ifstream f(ZP_SOURCE_DIR "/tests/data/" + name);
-  for (int64_t x; f >> x;) v.push_back(x);
-  if (v.empty()) throw std::runtime_error("no lengths in tests/data/" + name);
-  return v;
+  return zp::sim::readLengths(ZP_SOURCE_DIR "/tests/data/" + name);
 }
 
 const std::vector<int64_t>& lengths() {

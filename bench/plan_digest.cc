@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -86,16 +86,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<int64_t> all;
-  std::ifstream in(argv[1]);
-  for (int64_t x; in >> x;) all.push_back(x);
+  try {
+    all = sim::readLengths(argv[1]);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "plan_digest: %s\n", e.what());
+    return 2;
+  }
   sim::Calibration cal;
   sim::StepConfig cfg;
   const int64_t perRank = std::atoll(argv[3]);
   const int ranks = std::atoi(argv[5]), batches = std::atoi(argv[6]);
   size_t next = argc > 7 ? size_t(std::atoll(argv[7])) : 7;
-  if (all.empty() || !sim::calibrationPreset(argv[2], &cal) || !sim::modelPreset(argv[4], &cfg.model) ||
+  if (!sim::calibrationPreset(argv[2], &cal) || !sim::modelPreset(argv[4], &cfg.model) ||
       perRank < 1 || ranks < 1 || batches < 1 || ranks % cal.cluster.ranksPerNode) {
-    std::fprintf(stderr, "plan_digest: no lengths in %s, an unknown preset or model, or a bad count\n", argv[1]);
+    std::fprintf(stderr, "plan_digest: an unknown preset or model, or a bad count\n");
     return 2;
   }
   plan::ClusterModel c = cal.cluster;

@@ -25,6 +25,13 @@
 //    ranks share the cores faithfully, and model and measurement differ
 //    only by what the plan's schedule, the network and the driver add.
 // --model-only prints the model's rows without running the passes.
+// --steps K measures planning ahead instead (issue 39): K batches one after
+// another, each run with its plan (made beforehand), while each step also
+// plans a batch of a larger job through the C API (--plan-ranks ranks of
+// the h800 preset, Llama-3-8B, --plan-tokens-per-rank): inline (zpPlanBatch
+// before the passes) or ahead (zpPlanBatchAhead of the next batch, waited
+// for after them), -n rounds of each in turn. With the sleeping kernel the
+// CPU is free while a block "runs", as a GPU kernel leaves it.
 // Columns: the model's forward and backward seconds (its waits and exposed
 // communication included) and its idle; measured, the median and the least
 // over -n passes of the slowest rank's forward and backward; their ratio;
@@ -37,7 +44,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <thread>
@@ -108,6 +115,59 @@ zpBatchPlan_t toApi(const BatchPlan& p, int nranks, int ranksPerNode, bool causa
   return out;
 }
 
+// One plan's attention on this rank, ready to run: its buffers (random
+// inputs) and the driver.
+class Passes {
+ public:
+  Passes(zpBatchPlan_t plan, const SleepRate* sleep, int rank, zpComm_t comm) : comm_(comm) {
+    zpLayout_t layout;
+    if (zpPlanGetLayout(plan, zpAttentionLayout, &layout) != zpSuccess) die("zpPlanGetLayout", comm);
+    int64_t T = 0;
+    if (zpLayoutRankTokens(layout, rank, &T) != zpSuccess) die("zpLayoutRankTokens", comm);
+    const size_t nq = size_t(T) * kQHeads * kHeadDim, nk = size_t(T) * kKvHeads * kHeadDim;
+    std::mt19937 rng(1234 + rank);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (auto* b : {&q_, &out_, &dout_, &dq_}) b->resize(nq);
+    for (auto* b : {&k_, &v_, &dk_, &dv_}) b->resize(nk);
+    lse_.resize(size_t(T) * kQHeads);
+    for (auto* b : {&q_, &k_, &v_, &dout_})
+      for (float& x : *b) x = u(rng);
+    zpAttnConfig_t cfg = {};
+    cfg.qHeads = kQHeads;
+    cfg.kvHeads = kKvHeads;
+    cfg.headDim = kHeadDim;
+    cfg.forward = sleep ? sleepForward : zpAttnRefForward;
+    cfg.backward = sleep ? sleepBackward : zpAttnRefBackward;
+    cfg.user = const_cast<SleepRate*>(sleep);
+    cfg.kernelAccumulates = 1;
+    cfg.datatype = zpFloat32;
+    if (zpAttentionCreate(&attn_, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
+  }
+  ~Passes() { zpAttentionDestroy(attn_); }
+  Passes(const Passes&) = delete;
+  Passes& operator=(const Passes&) = delete;
+  void forward() {
+    if (zpAttentionForward(attn_, q_.data(), k_.data(), v_.data(), out_.data(), lse_.data(), nullptr) != zpSuccess)
+      die("zpAttentionForward", comm_);
+  }
+  void backward() {
+    if (zpAttentionBackward(attn_, q_.data(), k_.data(), v_.data(), out_.data(), lse_.data(), dout_.data(),
+                            dq_.data(), dk_.data(), dv_.data(), nullptr) != zpSuccess)
+      die("zpAttentionBackward", comm_);
+  }
+
+ private:
+  zpComm_t comm_;
+  zpAttention_t attn_ = nullptr;
+  std::vector<float> q_, k_, v_, out_, dout_, dq_, dk_, dv_, lse_;
+};
+
+// The slowest rank's value of each of t[0..n).
+void slowest(double* t, int n, zpComm_t comm) {
+  std::vector<double> in(t, t + n);
+  if (zpAllReduce(in.data(), t, size_t(n), zpFloat64, zpMax, comm, nullptr) != zpSuccess) die("zpAllReduce", comm);
+}
+
 struct Measured {
   std::vector<double> seconds;  // per forward and backward, the slowest rank's
   std::vector<double> forward;  // the slowest rank's forward alone
@@ -116,43 +176,134 @@ struct Measured {
 // Forward and backward passes of the driver under `plan`, each between two
 // barriers; the slowest rank's time per pass.
 Measured run(zpBatchPlan_t plan, const SleepRate* sleep, int passes, int warm, int rank, zpComm_t comm) {
-  zpLayout_t layout;
-  if (zpPlanGetLayout(plan, zpAttentionLayout, &layout) != zpSuccess) die("zpPlanGetLayout", comm);
-  int64_t T = 0;
-  if (zpLayoutRankTokens(layout, rank, &T) != zpSuccess) die("zpLayoutRankTokens", comm);
-  const size_t nq = size_t(T) * kQHeads * kHeadDim, nk = size_t(T) * kKvHeads * kHeadDim;
-  std::mt19937 rng(1234 + rank);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> q(nq), k(nk), v(nk), out(nq), dout(nq), dq(nq), dk(nk), dv(nk), lse(size_t(T) * kQHeads);
-  for (auto* b : {&q, &k, &v, &dout})
-    for (float& x : *b) x = u(rng);
-  zpAttnConfig_t cfg = {};
-  cfg.qHeads = kQHeads;
-  cfg.kvHeads = kKvHeads;
-  cfg.headDim = kHeadDim;
-  cfg.forward = sleep ? sleepForward : zpAttnRefForward;
-  cfg.backward = sleep ? sleepBackward : zpAttnRefBackward;
-  cfg.user = const_cast<SleepRate*>(sleep);
-  cfg.kernelAccumulates = 1;
-  cfg.datatype = zpFloat32;
-  zpAttention_t attn;
-  if (zpAttentionCreate(&attn, plan, &cfg, comm) != zpSuccess) die("zpAttentionCreate", comm);
+  Passes attn(plan, sleep, rank, comm);
   Measured m;
   for (int i = 0; i < warm + passes; ++i) {
     if (zpBarrier(comm, nullptr) != zpSuccess) die("zpBarrier", comm);
     const double t0 = zpbench::nowSeconds();
-    if (zpAttentionForward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), nullptr) != zpSuccess)
-      die("zpAttentionForward", comm);
+    attn.forward();
     const double fwd = zpbench::nowSeconds() - t0;
-    if (zpAttentionBackward(attn, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                            dk.data(), dv.data(), nullptr) != zpSuccess)
-      die("zpAttentionBackward", comm);
-    double t[2] = {zpbench::nowSeconds() - t0, fwd}, slowest[2];
-    if (zpAllReduce(t, slowest, 2, zpFloat64, zpMax, comm, nullptr) != zpSuccess) die("zpAllReduce", comm);
-    if (i >= warm) m.seconds.push_back(slowest[0]), m.forward.push_back(slowest[1]);
+    attn.backward();
+    double t[2] = {zpbench::nowSeconds() - t0, fwd};
+    slowest(t, 2, comm);
+    if (i >= warm) m.seconds.push_back(t[0]), m.forward.push_back(t[1]);
   }
-  zpAttentionDestroy(attn);
   return m;
+}
+
+// The plan-ahead measurement (--steps): what planning adds to a step,
+// planned inline and planned ahead.
+struct AheadSetup {
+  // The planned job's batches (full lengths): one per step and one more
+  // (each step plans one batch either way: inline its own, ahead the next).
+  std::vector<std::vector<int64_t>> big;
+  zpAttnShape_t shape;                    // the planned job's model
+  zpClusterModel_t cluster;               // the planned job's cluster
+  std::vector<zpBatchPlan_t> runs;        // each step's plan on this job (made beforehand)
+  const SleepRate* sleep;
+};
+
+// Steps one after another; each runs its batch's plan (forward and
+// backward) and plans a batch of the planned job through the C API:
+// inline, its own batch before its passes (zpPlanBatch); ahead, the next
+// step's batch on the planner's thread while its passes run
+// (zpPlanBatchAhead, waited for once they end; the first step's batch is
+// planned before the steps, as a job plans its first batch before it
+// starts). Per step, the slowest rank's seconds from the step's start
+// until its passes are done and the next plan is in hand; and the planning
+// alone (inline) or the wait for it after the passes (ahead).
+void aheadSteps(const AheadSetup& in, bool ahead, int rank, zpComm_t comm, std::vector<double>* step,
+                std::vector<double>* planning) {
+  // Batch k planned: on the planner's thread (handle), or here.
+  auto plan = [&](size_t k, zpPlanAhead_t* handle) {
+    const std::vector<int64_t>& lens = in.big[k];
+    if (handle) {
+      if (zpPlanBatchAhead(handle, int(lens.size()), lens.data(), &in.shape, &in.cluster, nullptr) != zpSuccess)
+        die("zpPlanBatchAhead", comm);
+      return;
+    }
+    zpBatchPlan_t p = nullptr;
+    if (zpPlanBatch(&p, int(lens.size()), lens.data(), &in.shape, &in.cluster, nullptr) != zpSuccess)
+      die("zpPlanBatch", comm);
+    zpPlanDestroy(p);
+  };
+  auto wait = [&](zpPlanAhead_t handle) {
+    zpBatchPlan_t p = nullptr;
+    if (zpPlanAheadWait(handle, &p) != zpSuccess) die("zpPlanAheadWait", comm);
+    zpPlanDestroy(p);
+  };
+  zpPlanAhead_t next = nullptr;
+  if (ahead) plan(0, &next), wait(next);  // the first batch, before the steps
+  for (size_t k = 0; k < in.runs.size(); ++k) {
+    Passes attn(in.runs[k], in.sleep, rank, comm);
+    if (zpBarrier(comm, nullptr) != zpSuccess) die("zpBarrier", comm);
+    const double t0 = zpbench::nowSeconds();
+    next = nullptr;
+    if (ahead) plan(k + 1, &next);
+    if (!ahead) plan(k, nullptr);
+    const double planned = zpbench::nowSeconds();
+    attn.forward();
+    attn.backward();
+    const double passed = zpbench::nowSeconds();
+    if (next) wait(next);
+    const double end = zpbench::nowSeconds();
+    double t[2] = {end - t0, ahead ? end - passed : planned - t0};
+    slowest(t, 2, comm);
+    step->push_back(t[0]);
+    planning->push_back(t[1]);
+  }
+}
+
+// --steps: aheadSteps planned inline and ahead, `rounds` times each in
+// turn; prints the medians. raw: the file's lengths (the planned job's),
+// all: divided (this job's).
+void planAheadRows(const std::vector<int64_t>& raw, const std::vector<int64_t>& all, int64_t perRank, long seed,
+                   int steps, int rounds, int64_t planRanks, int64_t planPerRank, const ClusterModel& c,
+                   const AttnShape& attn, const SleepRate* sleep, int rank, zpComm_t comm) {
+  const int n = c.ranks();
+  Calibration h800;
+  calibrationPreset("h800", &h800);
+  AheadSetup in;
+  in.sleep = sleep;
+  in.shape = {32, 8, 128, 2, 1};  // Llama-3-8B, bf16, causal
+  const ClusterModel& h = h800.cluster;
+  in.cluster = {int(planRanks / h.ranksPerNode), h.ranksPerNode, h.nicsPerNode, h.nicGbps, h.intraNodeGBps, h.tflops,
+                h.efficiency};
+  std::mt19937_64 rng(seed);
+  const size_t start = rng() % all.size();  // formBatch's draw, then batch after batch
+  size_t next = start, nextBig = start;
+  PlanOptions planner;
+  planner.forwardPasses = 1;
+  size_t bigSeqs = 0;
+  for (int k = 0; k <= steps; ++k) {
+    in.big.push_back(nextBatch(raw, planPerRank * planRanks, &nextBig));
+    bigSeqs += in.big.back().size();
+    if (k == steps) break;
+    const BatchPlan p = planBatch(nextBatch(all, perRank * n, &next), true, attn, c, planner);
+    in.runs.push_back(toApi(p, n, c.ranksPerNode, true, comm));
+  }
+  if (rank == 0) {
+    printf("# %d steps, each this job's batch (planned beforehand) forward and backward, and one plan (zpPlanBatch)\n"
+           "# of a batch of %lld ranks, h800 (8 per node), llama-8b, %lld tokens per rank, %.0f sequences on average\n",
+           steps, (long long)planRanks, (long long)planPerRank, double(bigSeqs) / (steps + 1));
+    printf("%-8s %6s %12s %12s %12s\n", "planning", "round", "step s", "min step s", "planning s");
+  }
+  std::vector<double> pooled[2][2];  // [ahead][step, planning]
+  for (int round = 0; round < rounds; ++round)
+    for (int ahead = 0; ahead < 2; ++ahead) {
+      std::vector<double> stepS, planS;
+      aheadSteps(in, ahead != 0, rank, comm, &stepS, &planS);
+      if (rank == 0)
+        printf("%-8s %6d %12.3f %12.3f %12.3f\n", ahead ? "ahead" : "inline", round, zpbench::median(stepS),
+               *std::min_element(stepS.begin(), stepS.end()), zpbench::median(planS));
+      pooled[ahead][0].insert(pooled[ahead][0].end(), stepS.begin(), stepS.end());
+      pooled[ahead][1].insert(pooled[ahead][1].end(), planS.begin(), planS.end());
+    }
+  if (rank == 0)
+    for (int ahead = 0; ahead < 2; ++ahead)
+      printf("%-8s %6s %12.3f %12.3f %12.3f\n", ahead ? "ahead" : "inline", "all", zpbench::median(pooled[ahead][0]),
+             *std::min_element(pooled[ahead][0].begin(), pooled[ahead][0].end()), zpbench::median(pooled[ahead][1]));
+  for (zpBatchPlan_t p : in.runs) zpPlanDestroy(p);
 }
 
 }  // namespace
@@ -164,12 +315,13 @@ int main(int argc, char** argv) {
   double share = 0;
   bool modelOnly = false;
   long ranksPerNode = 0;
+  long steps = 0, planRanks = 4096, planPerRank = 16384;
   std::string kernel = "ref";
   CLI::App app("", "plan_step");
   zp::cli::configure(app,
                      "usage: plan_step --calibration FILE --lengths FILE [--divide N] [--tokens-per-rank N]\n"
                      "                 [--seed X] [--kernel ref|sleep] [--share X] [--ranks-per-node N] [--model-only]\n"
-                     "                 [-n N] [-w N]\n",
+                     "                 [-n N] [-w N] [--steps K [--plan-ranks N] [--plan-tokens-per-rank N]]\n",
                      24);
   app.description("A batch's attention, forward and backward, under the planner's plan and the legacy\n"
                   "planner's: measured, and predicted by the step model for a calibration (issue 23).");
@@ -191,11 +343,20 @@ int main(int argc, char** argv) {
     kernel = k;
   });
   zp::cli::addFlag(app, "--model-only", &modelOnly, "the model's rows only, no passes run");
+  zp::cli::addValue(app, "--steps", "K",
+                    "planning inline against planning ahead instead: K steps, each also planning one\n"
+                    "batch of the planned job (-n rounds of each, in turn)",
+                    zpbench::intFlag("--steps", &steps, 1));
+  zp::cli::addValue(app, "--plan-ranks", "N", "with --steps: the planned job's ranks (default 4096, a multiple of 8)",
+                    zpbench::intFlag("--plan-ranks", &planRanks, 8));
+  zp::cli::addValue(app, "--plan-tokens-per-rank", "N", "with --steps: its tokens per rank (default 16384)",
+                    zpbench::intFlag("--plan-tokens-per-rank", &planPerRank, 1));
   zp::cli::addValue(app, "-n", "N", "timed passes (default 3)", zpbench::intFlag("-n", &passes, 1));
   zp::cli::addValue(app, "-w", "N", "warm-up passes (default 1)", zpbench::intFlag("-w", &warm, 0));
   zpbench::parseCommandLine(app, argc, argv, [&] {
     if (lengthsFile.empty() || calibrationFile.empty())
       throw zp::cli::UsageError("--calibration and --lengths are required");
+    if (planRanks % 8 != 0) throw zp::cli::UsageError("--plan-ranks: not a multiple of 8 (the h800 preset's node)");
   });
 
   Calibration cal;
@@ -206,15 +367,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<int64_t> all;
-  {
-    std::ifstream f(lengthsFile);
-    int64_t x;
-    while (f >> x) all.push_back(std::max<int64_t>(1, x / divide));
-    if (all.empty()) {
-      fprintf(stderr, "plan_step: no lengths in '%s'\n", lengthsFile.c_str());
-      return 2;
-    }
+  try {
+    all = readLengths(lengthsFile);
+  } catch (const std::invalid_argument& e) {
+    fprintf(stderr, "plan_step: %s\n", e.what());
+    return 2;
   }
+  const std::vector<int64_t> raw = all;
+  for (int64_t& x : all) x = std::max<int64_t>(1, x / divide);
 
   zpComm_t comm;
   if (zpCommInitFromEnv(&comm, nullptr) != zpSuccess) die("init", nullptr);
@@ -251,6 +411,12 @@ int main(int argc, char** argv) {
   step.model.layers = 1;
   step.model.hidden = step.model.ffn = 1;  // the linear layers are not run
   step.model.attn = {kQHeads, kKvHeads, kHeadDim, int(sizeof(float))};
+  if (steps > 0) {
+    planAheadRows(raw, all, perRank, seed, int(steps), int(passes), planRanks, planPerRank, c, step.model.attn,
+                  sleeping ? &rate : nullptr, rank, comm);
+    zpCommDestroy(comm);
+    return 0;
+  }
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> lens = formBatch(all, perRank * n, rng);
 

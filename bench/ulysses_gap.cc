@@ -14,7 +14,7 @@
 // batches zpplan draws (seeds from 1, batches one after another from a
 // random document), Llama-3-8B.
 #include <cstdio>
-#include <fstream>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,14 +31,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<int64_t> all;
-  std::ifstream in(argv[1]);
-  for (int64_t x; in >> x;) all.push_back(x);
+  try {
+    all = sim::readLengths(argv[1]);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ulysses_gap: %s\n", e.what());
+    return 2;
+  }
   sim::Calibration cal;
   const int64_t perRank = std::atoll(argv[3]);
   const int ranks = std::atoi(argv[4]), seeds = argc > 5 ? std::atoi(argv[5]) : 5, batches = argc > 6 ? std::atoi(argv[6]) : 16;
-  if (all.empty() || !sim::calibrationPreset(argv[2], &cal) || perRank < 1 || ranks < 1 || seeds < 1 || batches < 1 ||
+  if (!sim::calibrationPreset(argv[2], &cal) || perRank < 1 || ranks < 1 || seeds < 1 || batches < 1 ||
       ranks % cal.cluster.ranksPerNode) {
-    std::fprintf(stderr, "ulysses_gap: no lengths in %s, an unknown preset, or a bad count\n", argv[1]);
+    std::fprintf(stderr, "ulysses_gap: an unknown preset or a bad count\n");
     return 2;
   }
   plan::ClusterModel c = cal.cluster;

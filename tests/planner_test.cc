@@ -149,11 +149,7 @@ bool samePlan(const BatchPlan& a, const BatchPlan& b) {
 }
 
 std::vector<int64_t> readLengths(const char* file = "prolong64k.txt") {
-  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/" + file);
-  std::vector<int64_t> v;
-  int64_t x;
-  while (f >> x) v.push_back(x);
-  return v;
+  return zp::sim::readLengths(std::string(ZP_TEST_DATA_DIR) + "/" + file);
 }
 
 TEST(Planner, RandomBatchesFollowPlanRules) {
@@ -487,12 +483,7 @@ TEST(Simulator, EveryDocumentIsPlannedOnce) {
 // (With memory as a penalty on the few finalists scored, every one of them
 // was over memory and so was the plan.)
 TEST(Planner, APlanOverMemoryIsNeverChosenWhenOneFits) {
-  auto all = [] {
-    std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/longtail_mix.txt");
-    std::vector<int64_t> v;
-    for (int64_t x; f >> x;) v.push_back(x);
-    return v;
-  }();
+  auto all = readLengths("longtail_mix.txt");
   ASSERT_FALSE(all.empty());
   std::mt19937_64 rng(1);
   for (int b = 0; b < 2; ++b) {
@@ -647,6 +638,16 @@ TEST(Simulator, ZpplanJson) {
   // Bad input: a clear message and exit 2.
   rc = std::system((std::string(ZPPLAN_PATH) + " --file /nonexistent/x >/dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
+  {
+    const std::string badFile = testing::TempDir() + "zpplan_bad.txt";
+    std::ofstream(badFile) << "4096\n512 abc\n";
+    FILE* q = popen((std::string(ZPPLAN_PATH) + " --file " + badFile + " 2>&1").c_str(), "r");
+    ASSERT_NE(q, nullptr);
+    std::string said;
+    while (fgets(buf, sizeof buf, q)) said += buf;
+    EXPECT_EQ(WEXITSTATUS(pclose(q)), 2);
+    EXPECT_EQ(said, "zpplan: '" + badFile + "' line 2: 'abc' is not a sequence length (an integer from 1 to 2^40)\n");
+  }
   rc = std::system((std::string(ZPPLAN_PATH) + " --file " + ZP_TEST_DATA_DIR + "/prolong64k.txt --ranks 12 >/dev/null 2>&1").c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   // A calibration file: the preset written out reads back to the same

@@ -242,11 +242,37 @@ TEST(Simulator, NodeTokenBalanceKeepsRemapInsideNodes) {
 }
 
 std::vector<int64_t> lengthsOf(const char* file) {
-  std::ifstream f(std::string(ZP_TEST_DATA_DIR) + "/" + file);
-  std::vector<int64_t> v;
-  int64_t x;
-  while (f >> x) v.push_back(x);
-  return v;
+  return readLengths(std::string(ZP_TEST_DATA_DIR) + "/" + file);
+}
+
+// The one reader of length files (zpplan, the benchmarks, these tests):
+// every whitespace-separated integer from 1 to 2^40, in order; anything else
+// refused with a message naming the file, the line and the word; a missing
+// or empty file refused too.
+TEST(Simulator, ReadLengthsReadsEveryLengthAndRefusesTheRest) {
+  const std::string dir = testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + name) << text;
+    return dir + name;
+  };
+  EXPECT_EQ(readLengths(write("lens_ok.txt", "3\n 1099511627776\n\n7 9\n")),
+            (std::vector<int64_t>{3, int64_t(1) << 40, 7, 9}));
+  auto refusal = [](const std::string& file) {
+    try {
+      readLengths(file);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(read)");
+  };
+  EXPECT_EQ(refusal(write("lens_zero.txt", "5\n0\n")),
+            "'" + dir + "lens_zero.txt' line 2: '0' is not a sequence length (an integer from 1 to 2^40)");
+  for (const char* bad : {"-4", "12x", "1099511627777", "4.5", "99999999999999999999"})
+    EXPECT_NE(refusal(write("lens_bad.txt", std::string("8\n9\n") + bad + "\n")).find("line 3: '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(refusal(write("lens_empty.txt", " \n\n")), "no lengths read from '" + dir + "lens_empty.txt'");
+  EXPECT_EQ(refusal(dir + "lens_missing.txt"), "cannot read '" + dir + "lens_missing.txt'");
 }
 
 // A step on a preset's machine (a800, h800, h200), Llama-8B.

@@ -82,7 +82,7 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
 
 }  // namespace
 
-BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std::vector<std::vector<int>>& rings,
+BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
                         int n, int ranksPerNode) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
   if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
@@ -117,7 +117,7 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, const std
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
-    p.ranks = rings[i];
+    p.ranks = std::move(rings[i]);  // checked above; not read again
     const int G = static_cast<int>(p.ranks.size());
     p.cls = SeqClass::Local;
     if (G > 1) {

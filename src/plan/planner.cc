@@ -192,7 +192,7 @@ BatchPlan planLegacy(const std::vector<int64_t>& lens, bool causal, const AttnSh
     }
     if (bestImb <= 1.02) break;
   }
-  BatchPlan p = planFromRings(lens, causal, best, n, c.ranksPerNode);
+  BatchPlan p = planFromRings(lens, causal, std::move(best), n, c.ranksPerNode);
   orderByClassAndSize(&p);
   return p;
 }
@@ -316,11 +316,18 @@ struct BestPlan {
   }
 };
 
+// A candidate's rings for its plan: copied from the caller's options,
+// moved out of the late candidates, which are the planner's own.
+std::vector<std::vector<int>> ringsOf(const PlanOptions::Candidate& cand) { return cand.rings; }
+std::vector<std::vector<int>> ringsOf(PlanOptions::Candidate& cand) { return std::move(cand.rings); }
+
 // The caller's placements (PlanOptions::candidates, lateCandidates: the
 // simulator's tuned baselines), scored in full whatever the screening says,
-// so the plan is never slower than any of them.
-void scoreCallersCandidates(const std::vector<PlanOptions::Candidate>& cands, BestPlan* best) {
-  for (const PlanOptions::Candidate& cand : cands) {
+// so the plan is never slower than any of them. Cands: a vector of
+// candidates, const or not (then each built one's rings are moved).
+template <class Cands>
+void scoreCallersCandidates(Cands& cands, BestPlan* best) {
+  for (auto& cand : cands) {
     // Not built when the bound rules it out against the best so far (a
     // malformed candidate is built, and refused, whatever the bound says).
     const size_t m = best->lens.size();
@@ -330,7 +337,7 @@ void scoreCallersCandidates(const std::vector<PlanOptions::Candidate>& cands, Be
       valid = cand.order[k] >= 0 && cand.order[k] < int64_t(m) && !named[size_t(cand.order[k])]++;
     auto ring = [&](size_t i) { return std::make_pair(cand.rings[i].begin(), cand.rings[i].end()); };
     if (valid && best->bounded(ring)) continue;
-    BatchPlan p = planFromRings(best->lens, best->causal, cand.rings, best->c.ranks(), best->c.ranksPerNode);
+    BatchPlan p = planFromRings(best->lens, best->causal, ringsOf(cand), best->c.ranks(), best->c.ranksPerNode);
     setOrder(&p, cand.order);
     p.plannedForward = attnMakespan(p, best->shape, best->c);
     p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
@@ -345,7 +352,7 @@ void scoreLateCandidates(BestPlan* best) {
   const double none = std::numeric_limits<double>::infinity();
   const PlanOptions::Score so =
       best->have ? PlanOptions::Score{best->bestScore, best->bestFits} : PlanOptions::Score{none, false};
-  const std::vector<PlanOptions::Candidate> late = best->opt.lateCandidates(so);
+  std::vector<PlanOptions::Candidate> late = best->opt.lateCandidates(so);
   best->lateWinsTies = true;
   scoreCallersCandidates(late, best);
 }

@@ -95,7 +95,7 @@ BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const Attn
 // order), chunked as plan.h says; a ring leaving its first rank's node (of
 // ranksPerNode ranks; < 1: one node) is an inter-node ring. Throws
 // std::invalid_argument naming the first bad sequence.
-BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, const std::vector<std::vector<int>>& rings,
+BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, std::vector<std::vector<int>> rings,
                         int nranks, int ranksPerNode);
 
 // Replaces the plan's order (plan.h) with `order`. Throws

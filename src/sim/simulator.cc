@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <sstream>
+#include <stdexcept>
 
 #include "src/plan/planner.h"
 #include "src/sim/step_model.h"
+#include "src/util/strings.h"
 
 namespace zp::sim {
 
@@ -178,20 +182,54 @@ void ringTraffic(const Ring& ring, const AttnShape& sh, int rpn, double* nic, do
   }
 }
 
-}  // namespace
+// What a placement's step takes from its rings alone, whatever its linear
+// layout and remap: each ring's seconds forward and backward, each rank's
+// ring buffers, and the rings' bytes on NICs and intra-node links. The step
+// model's score of a plan (planWithStepModel) asks for the same rings with
+// and without the remap, and makes these once.
+struct RingCosts {
+  std::vector<Cost> fwd, bwd;
+  std::vector<double> extra;  // per rank: bytes its largest ring holds
+  double nicBytes = 0, intraBytes = 0;
+};
 
-StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
+RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
+  const ModelShape& m = cfg.model;
+  const double q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  RingCosts rc;
+  rc.fwd.resize(pl.rings.size());
+  rc.bwd.resize(pl.rings.size());
+  for (size_t i = 0; i < pl.rings.size(); ++i) {
+    rc.fwd[i] = ringCost(pl.rings[i], cfg, c, false);
+    rc.bwd[i] = ringCost(pl.rings[i], cfg, c, true);
+  }
+  rc.extra.assign(size_t(c.ranks()), 0.0);
+  for (const Ring& ring : pl.rings) {
+    const int G = int(ring.ranks.size());
+    if (G < 2) continue;
+    double b = 0;
+    const int u = std::max(1, ring.ulysses), R = G / u;
+    for (int64_t l : ring.lens)
+      b += ring.allgather ? 2 * kvBytes(l, m.attn)
+                          : 4 * kvBytes((l + R - 1) / R, m.attn) / u +
+                                (u > 1 ? double(l) / G * 2 * m.attn.elemBytes * (2 * q + 2 * kv) : 0);
+    for (int r : ring.ranks) rc.extra[r] = std::max(rc.extra[r], b);
+  }
+  for (const Ring& ring : pl.rings) ringTraffic(ring, m.attn, c.ranksPerNode, &rc.nicBytes, &rc.intraBytes);
+  return rc;
+}
+
+// evaluate() with the rings' costs made (ringCosts of the same rings).
+StrategyResult evaluateCosted(const std::string& name, const Placement& pl, const StepConfig& cfg,
+                              const ClusterModel& c, const RingCosts& costs) {
   const int n = c.ranks();
   const ModelShape& m = cfg.model;
   const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
   const double linRate = c.tflops * 1e12 * cfg.linearEfficiency;
   const double preFlops = 2.0 * h * (q + 2 * kv);  // norm is noise; the QKV projection
   const double postFlops = linearFlopsPerToken(m) - preFlops;
-  std::vector<Cost> fwdCost(pl.rings.size()), bwdCost(pl.rings.size());
-  for (size_t i = 0; i < pl.rings.size(); ++i) {
-    fwdCost[i] = ringCost(pl.rings[i], cfg, c, false);
-    bwdCost[i] = ringCost(pl.rings[i], cfg, c, true);
-  }
+  const std::vector<Cost>& fwdCost = costs.fwd;
+  const std::vector<Cost>& bwdCost = costs.bwd;
   std::vector<double> attn(n, 0), comm(n, 0), lin(n, 0);
   double remapPhase = 0;
   // One pass (forward or backward) of one layer; returns its time.
@@ -249,18 +287,7 @@ StrategyResult evaluate(const std::string& name, const Placement& pl, const Step
 
   // Memory of every rank.
   const double states = stateBytesPerRank(cfg, n), act = activationBytesPerToken(cfg);
-  std::vector<double> extra(n, 0);
-  for (const Ring& ring : pl.rings) {
-    const int G = int(ring.ranks.size());
-    if (G < 2) continue;
-    double b = 0;
-    const int u = std::max(1, ring.ulysses), R = G / u;
-    for (int64_t l : ring.lens)
-      b += ring.allgather ? 2 * kvBytes(l, m.attn)
-                          : 4 * kvBytes((l + R - 1) / R, m.attn) / u +
-                                (u > 1 ? double(l) / G * 2 * m.attn.elemBytes * (2 * q + 2 * kv) : 0);
-    for (int r : ring.ranks) extra[r] = std::max(extra[r], b);
-  }
+  const std::vector<double>& extra = costs.extra;
   double peak = 0;
   for (int r = 0; r < n; ++r) {
     double mem = states + pl.linTokens[r] * act + extra[r];
@@ -272,10 +299,15 @@ StrategyResult evaluate(const std::string& name, const Placement& pl, const Step
   }
   res.peakMemoryBytes = peak;
   res.feasible = peak <= cfg.memoryBytes * cfg.usableMemory && !pl.infeasibleAssignment;
-  for (const Ring& ring : pl.rings) ringTraffic(ring, m.attn, c.ranksPerNode, &res.nicBytes, &res.intraBytes);
-  res.nicBytes += pl.remapNic;
-  res.intraBytes += pl.remapIntra;
+  res.nicBytes = costs.nicBytes + pl.remapNic;
+  res.intraBytes = costs.intraBytes + pl.remapIntra;
   return res;
+}
+
+}  // namespace
+
+StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
+  return evaluateCosted(name, pl, cfg, c, ringCosts(pl, cfg, c));
 }
 
 std::vector<double> tokensPerRank(const Layout& l) {
@@ -381,11 +413,12 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       // the attention layout the placement differs only in its linear
       // tokens and has no remap (placementOf with remap false).
       Placement pl = placementOf(p, cfg, c, remap);
-      const StrategyResult asIs = evaluate("", pl, cfg, c);
+      const RingCosts costs = ringCosts(pl, cfg, c);
+      const StrategyResult asIs = evaluateCosted("", pl, cfg, c, costs);
       pl.remap = false;
       pl.linTokens = pl.attnTokens;
       pl.remapIn = pl.remapOut = pl.remapNic = pl.remapIntra = 0;
-      const StrategyResult flat = evaluate("", pl, cfg, c);
+      const StrategyResult flat = evaluateCosted("", pl, cfg, c, costs);
       return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {flat.stepSeconds, flat.feasible}};
     };
   // A pass of a layer takes at least any one rank's attention compute plus
@@ -501,6 +534,26 @@ std::vector<int64_t> nextBatch(const std::vector<int64_t>& all, int64_t budget, 
     total += all[i];
   }
   return b;
+}
+
+std::vector<int64_t> readLengths(const std::string& file) {
+  std::ifstream f(file);
+  if (!f) throw std::invalid_argument("cannot read '" + file + "'");
+  std::vector<int64_t> all;
+  std::string line, word;
+  for (long long lineNo = 1; std::getline(f, line); ++lineNo) {
+    std::istringstream words(line);
+    while (words >> word) {
+      long long x = 0;
+      if (!zp::parseInt(word, 1, (long long)1 << 40, &x))
+        throw std::invalid_argument("'" + file + "' line " + std::to_string(lineNo) + ": '" + word +
+                                    "' is not a sequence length (an integer from 1 to 2^40)");
+      all.push_back(x);
+    }
+  }
+  if (f.bad()) throw std::invalid_argument("cannot read '" + file + "'");
+  if (all.empty()) throw std::invalid_argument("no lengths read from '" + file + "'");
+  return all;
 }
 
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget, std::mt19937_64& rng) {

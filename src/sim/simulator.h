@@ -140,6 +140,12 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& seqLens, co
 // the budget is a batch of its own (planned over as many ranks as it needs),
 // never skipped. So batch after batch plans every token of `all`.
 std::vector<int64_t> nextBatch(const std::vector<int64_t>& all, int64_t budget, size_t* next);
+// The sequence lengths of a file: whitespace-separated integers from 1 to
+// 2^40 (one per line in the project's files). Throws std::invalid_argument
+// naming the file, the line and the word for anything else, and for a file
+// that cannot be read or holds no lengths. The one reader of zpplan, the
+// benchmarks and the tests.
+std::vector<int64_t> readLengths(const std::string& file);
 // nextBatch from a random start.
 std::vector<int64_t> formBatch(const std::vector<int64_t>& all, int64_t budget,
                                std::mt19937_64& rng);

@@ -229,20 +229,13 @@ int setUp(const Options& opt, Calibration* cal, StepConfig* cfg) {
   return 0;
 }
 
-// The sequence lengths of the file; 0, or the exit code after saying why.
-int readLengths(const std::string& file, std::vector<int64_t>* all) {
-  std::ifstream f(file);
-  std::string word;
-  while (f >> word) {
-    long long x = 0;
-    if (!zp::parseInt(word, 1, (long long)1 << 40, &x)) {
-      fprintf(stderr, "zpplan: '%s': '%s' is not a sequence length (an integer from 1 to 2^40)\n", file.c_str(), word.c_str());
-      return kExitUsage;
-    }
-    all->push_back(x);
-  }
-  if (all->empty()) {
-    fprintf(stderr, "zpplan: no lengths read from '%s'\n", file.c_str());
+// The sequence lengths of the file (readLengths); 0, or the exit code after
+// saying why.
+int readLengthsFile(const std::string& file, std::vector<int64_t>* all) {
+  try {
+    *all = zp::sim::readLengths(file);
+  } catch (const std::invalid_argument& e) {
+    fprintf(stderr, "zpplan: %s\n", e.what());
     return kExitUsage;
   }
   return 0;
@@ -471,7 +464,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   std::vector<int64_t> all;
-  if (int bad = readLengths(opt.file, &all)) return bad;
+  if (int bad = readLengthsFile(opt.file, &all)) return bad;
   for (int nranks : opt.rankList)
     if (nranks % cal.cluster.ranksPerNode != 0) {
       fprintf(stderr, "zpplan: %d ranks is not a multiple of %d ranks per node\n", nranks, cal.cluster.ranksPerNode);
