@@ -633,7 +633,10 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
   for (Peer& p : peers_)
     if (p.dirty || p.wake) notify(p);
   // Receives in order; the first whose record has not come is polled for.
-  uint64_t until = 0;
+  // Where other tasks fill the cores (loaded), the time polled counts among
+  // the waits that choose between polling and sleeping (LoadedWaits).
+  uint64_t until = 0, from = 0;
+  bool loaded = false;
   for (size_t i = 0, polls = 0; i < ops.size();) {
     Op* op = ops[i];
     if (op->isSend || op->peer == ctx_.rank) {
@@ -643,6 +646,11 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     Peer* p = peer(op->peer);
     if (!usable(p, op)) break;
     if (MsgHdr* h = ringPeek(p->lane[0].in)) {
+      if (loaded) {
+        const uint64_t now = nowUs();
+        noteLoadedWait(now - from, now);
+        from = now;
+      }
       if (!takeWhole(*p, op, h, recvSeq[op->peer])) break;
       if (p->wake) notify(*p);
       i++;
@@ -653,12 +661,19 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     // outnumber cores (the general wait yields the core to the sender).
     if (sendsLeft || oversubscribed_) break;
     if ((++polls & 15) == 0) {
-      // Nor, after a first few polls, where other tasks fill the cores (the
-      // general wait sleeps at once: planSpin says why).
-      if (until == 0 && othersFillTheCores(loadInputs())) break;
+      // Nor, after a first few polls, where other tasks fill the cores and
+      // sleeping at once has been the faster there (planSpin says why).
       const uint64_t now = nowUs();
-      if (until == 0) until = now + kMoveNowPollUs;
-      if (now > until) break;
+      if (until == 0) {
+        loaded = othersFillTheCores(loadInputs());
+        if (loaded && !loadedWaits_.polls(now)) break;
+        until = now + kMoveNowPollUs;
+        from = now;
+      }
+      if (now > until) {
+        if (loaded) noteLoadedWait(now - from, now);
+        break;
+      }
     }
     cpuRelax();
   }
