@@ -195,6 +195,14 @@ TEST(ShmWait, TheOtherEmulatedNodesRanksAreTheJobsOwnTasks) {
   in.runnable = 12;  // and four busy loops
   EXPECT_TRUE(zp::othersFillTheCores(in));
   EXPECT_EQ(zp::planSpin(in).us, 0);
+  // Three of this node's four ranks asleep, one awake, and four busy loops:
+  // the other node's ranks, not seen, are taken to sleep alike (one awake),
+  // so the loops are other load. Counted all runnable, they hid the loops,
+  // and the waiter polled for ZP_SHM_SPIN_US, yielding, among them.
+  in.localAsleep = 3;
+  in.runnable = 6;
+  EXPECT_TRUE(zp::othersFillTheCores(in));
+  EXPECT_EQ(zp::planSpin(in).us, 0);
 }
 
 // A rank's loaded waits as a ring shift makes them: each wait takes
