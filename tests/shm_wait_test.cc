@@ -173,6 +173,16 @@ TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {
   EXPECT_TRUE(zp::planSpin(in).loaded);
   in.runnable = 2;  // a core each: not LoadedWaits' business
   EXPECT_FALSE(zp::planSpin(in).loaded);
+  // Ranks outnumbering the cores (4 on 2, or an emulated cluster's 8):
+  // a poller would take the core from a peer with work, so it sleeps.
+  in.runnable = 8;
+  in.localRanks = 4;
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+  EXPECT_FALSE(zp::planSpin(in).loaded);
+  in.localRanks = 2;
+  in.hostRanks = 8;
+  in.runnable = 12;
+  EXPECT_EQ(zp::planSpin(in).us, 0);
 }
 
 // zprun's emulated cluster runs every node's ranks on this machine's cores:

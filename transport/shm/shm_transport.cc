@@ -666,7 +666,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
       const uint64_t now = nowUs();
       if (until == 0) {
         loaded = othersFillTheCores(loadInputs());
-        if (loaded && !loadedWaits_.polls(now)) break;
+        if (loaded && (hostRanks_ > cores_ || !loadedWaits_.polls(now))) break;  // as planSpin
         until = now + kMoveNowPollUs;
         from = now;
       }
