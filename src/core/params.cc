@@ -90,7 +90,8 @@ const std::vector<Param> kParams = {
    "where that is at most 16 times this: long enough for a peer running on another core to answer, short enough "
    "not to take the cores from the ones that must answer; 0: sleep at once. With at least one runnable task per "
    "core that is not one of the job's ranks on this machine a waiter polls this long (no longer) or sleeps at "
-   "once, whichever its own recent waits have shown to leave it more time (tried anew now and then) "
+   "once, whichever its own recent waits have shown to leave it more time (tried anew now and then), where the "
+   "job's ranks on this machine do not outnumber the cores; where they do, it sleeps at once "
    "(measured: docs/reliability.md, \"Under a busy CPU\")"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
