@@ -408,6 +408,7 @@ void checkClusterLayout(int nodes, int ranksPerNode, int nics) {
     EXPECT_EQ(field(ls, "ZP_NRANKS="), std::to_string(nranks));
     EXPECT_EQ(field(ls, "ZP_LOCAL_RANK="), std::to_string(local));
     EXPECT_EQ(field(ls, "ZP_LOCAL_NRANKS="), std::to_string(ranksPerNode));
+    EXPECT_EQ(field(ls, "ZP_HOST_RANKS="), std::to_string(nranks));  // every node's: they share the cores
     EXPECT_EQ(field(ls, "ZP_NODE_RANK="), std::to_string(node));
     EXPECT_EQ(field(ls, "ZP_NNODES="), std::to_string(nodes));
     EXPECT_EQ(field(ls, "ZP_LAUNCHER="), "zprun");
@@ -704,7 +705,7 @@ TEST(Cluster, MpirunRunsOpenMpiRanksInTheNodes) {
   for (const char* want : {" mpirun --allow-run-as-root ", " -np 6 ", " --map-by slot ",
                            " --mca oob_tcp_if_include zpnic0 ", " --mca btl self,vader,tcp ",
                            " --mca btl_tcp_if_include zpnic0,zpnic1 ", "--mpirun-agent zp",
-                           " -x ZP_LOCAL_NRANKS=3 ", " -x ZP_NICS_PER_NODE=2 ", " -x FOO=bar ",
+                           " -x ZP_LOCAL_NRANKS=3 ", " -x ZP_HOST_RANKS=6 ", " -x ZP_NICS_PER_NODE=2 ", " -x FOO=bar ",
                            " --mca btl_tcp_links 2 prog arg\n"})
     EXPECT_NE(dry.out.find(want), std::string::npos) << want << "\n" << dry.out;
 
@@ -738,6 +739,7 @@ TEST(Cluster, MpirunRunsOpenMpiRanksInTheNodes) {
     EXPECT_EQ(field(ls, "boot "), field(ranks[node * 2], "boot "));
     EXPECT_EQ(withPrefix(ls, "sysnet "), (std::vector<std::string>{"lo", "zpnic0", "zpnic1"}));
     EXPECT_EQ(field(ls, "ZP_LOCAL_NRANKS="), "2");
+    EXPECT_EQ(field(ls, "ZP_HOST_RANKS="), "4");
     EXPECT_EQ(field(ls, "ZP_NNODES="), "2");
     EXPECT_EQ(field(ls, "ZP_NICS_PER_NODE="), "2");
     EXPECT_EQ(field(ls, "ZP_NIC_RATE_BPS="), "500000000");

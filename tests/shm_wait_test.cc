@@ -1,8 +1,9 @@
 // How a rank waits for its local peers when the machine's cores are all
-// taken: with other tasks filling the cores it sleeps on its doorbell at
-// once instead of polling for ZP_SHM_SPIN_US, so that it takes no core from
-// the tasks that have work (its peers among them); the plan it follows in
-// each regime (transport/shm/spin_plan.h).
+// taken: with other tasks filling the cores it never polls for
+// ZP_SHM_SPIN_US, and sleeps on its doorbell at once unless its own waits
+// have shown a short poll faster (LoadedWaits), so that it takes no core
+// from the tasks that have work (its peers among them); the plan it follows
+// in each regime (transport/shm/spin_plan.h).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,7 +116,8 @@ TEST(ShmWait, AWaiterPollsWhileOnlyItsOwnRanksWaitForACore) {
 }
 
 // With at least one task per core that is not one of the node's ranks (two
-// busy loops per core), a waiter sleeps at once, however long its recent
+// busy loops per core), a waiter that has not seen polling pay (LoadedWaits'
+// first choice) sleeps at once, however long its recent
 // waits were, and whether its peers are runnable or asleep on their
 // doorbells: a sleeping rank is not in the machine's runnable count, so the
 // node's sleeping ranks are taken off the ranks before the rest of the
@@ -151,6 +153,137 @@ TEST(ShmWait, AWaiterAmongOtherTasksFillingTheCoresSleepsAtOnce) {
   in.runnable = 3;
   EXPECT_EQ(zp::planSpin(in).us, 1000);
   EXPECT_TRUE(zp::planSpin(in).yield);
+}
+
+// Where other tasks fill the cores, the plan is LoadedWaits' choice: a
+// short poll that does not yield, or none.
+TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {
+  zp::SpinInputs in;
+  in.cores = 2;
+  in.localRanks = 2;
+  in.runnable = 6;  // 2 ranks, 4 busy loops
+  in.spinUs = 1000;
+  in.spinBusyUs = 50;
+  in.recentWaitUs = 300;
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+  EXPECT_TRUE(zp::planSpin(in).loaded);
+  in.loadedPolls = true;
+  EXPECT_EQ(zp::planSpin(in).us, 50);
+  EXPECT_FALSE(zp::planSpin(in).yield);
+  EXPECT_TRUE(zp::planSpin(in).loaded);
+  in.runnable = 2;  // a core each: not LoadedWaits' business
+  EXPECT_FALSE(zp::planSpin(in).loaded);
+  // Ranks outnumbering the cores (4 on 2, or an emulated cluster's 8):
+  // a poller would take the core from a peer with work, so it sleeps.
+  in.runnable = 8;
+  in.localRanks = 4;
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+  EXPECT_FALSE(zp::planSpin(in).loaded);
+  in.localRanks = 2;
+  in.hostRanks = 8;
+  in.runnable = 12;
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+}
+
+// zprun's emulated cluster runs every node's ranks on this machine's cores:
+// 2 nodes of 4 ranks on 2 cores with little else running are the job's own
+// tasks waiting for a core, and a waiter polls (yielding) as it does for 4
+// ranks on one node, instead of taking the other node's ranks for other load
+// (ZP_HOST_RANKS). With busy loops beside them, the loops fill the cores.
+TEST(ShmWait, TheOtherEmulatedNodesRanksAreTheJobsOwnTasks) {
+  zp::SpinInputs in;
+  in.cores = 2;
+  in.localRanks = 4;
+  in.spinUs = 1000;
+  in.spinBusyUs = 50;
+  in.runnable = 8;
+  EXPECT_EQ(zp::planSpin(in).us, 0) << "without ZP_HOST_RANKS the other node's ranks are other tasks";
+  in.hostRanks = 8;
+  EXPECT_FALSE(zp::othersFillTheCores(in));
+  EXPECT_EQ(zp::planSpin(in).us, 1000);
+  EXPECT_TRUE(zp::planSpin(in).yield);
+  in.runnable = 12;  // and four busy loops
+  EXPECT_TRUE(zp::othersFillTheCores(in));
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+  // Three of this node's four ranks asleep, one awake, and four busy loops:
+  // the other node's ranks, not seen, are taken to sleep alike (one awake),
+  // so the loops are other load. Counted all runnable, they hid the loops,
+  // and the waiter polled for ZP_SHM_SPIN_US, yielding, among them.
+  in.localAsleep = 3;
+  in.runnable = 6;
+  EXPECT_TRUE(zp::othersFillTheCores(in));
+  EXPECT_EQ(zp::planSpin(in).us, 0);
+}
+
+// A rank's loaded waits as a ring shift makes them: each wait takes
+// `pollUs` or `sleepUs` (as LoadedWaits chooses), then `workUs` pass before
+// the next. Runs `seconds` of such waits and returns the share of that
+// time spent under the choice that is not `faster` (polling if true).
+double timeUnderTheSlowerChoice(double pollUs, double sleepUs, double workUs, double seconds, bool faster,
+                                bool* endsPolling) {
+  zp::LoadedWaits w;
+  const double start = 12345678;  // any moment: the cycles are cut from the clock
+  double now = start, slow = 0;
+  while (now < start + seconds * 1e6) {
+    const bool polls = w.polls((uint64_t)now);
+    const double us = polls ? pollUs : sleepUs;
+    now += us;
+    w.note((uint64_t)us, (uint64_t)now);
+    now += workUs;
+    if (polls != faster) slow += us + workUs;
+  }
+  *endsPolling = w.keepsPolling();
+  return slow / (seconds * 1e6);
+}
+
+// Beside a few busy loops a poller catches its peer's answer on a core
+// (1.2 us a wait, against 7 us for a wake-up); among many tasks polling
+// takes the peer's core (100 us against 18 us sleeping). The choice kept is
+// the faster in both, and the slower one, tried now and then to see
+// whether things changed, takes a small share of the time: each losing
+// trial puts the next one twice as far off, up to a second.
+TEST(ShmWait, LoadedWaitsKeepWhicheverChoiceWaitsLess) {
+  bool polling = false;
+  const double fewLoops = timeUnderTheSlowerChoice(1.2, 7, 0.4, 10, true, &polling);
+  EXPECT_TRUE(polling);
+  EXPECT_LT(fewLoops, 0.02) << "share of 10 s spent sleeping where polling waits 6x less";
+  const double manyTasks = timeUnderTheSlowerChoice(100, 18, 0.4, 10, false, &polling);
+  EXPECT_FALSE(polling);
+  EXPECT_LT(manyTasks, 0.02) << "share of 10 s spent polling where sleeping waits 5x less";
+  zp::LoadedWaits w;
+  for (uint64_t now = 0; now < 5000000; now += 20) w.note(w.polls(now) ? 100 : 18, now);
+  EXPECT_EQ(w.holdUs(), zp::LoadedWaits::kMostHoldUs);
+  EXPECT_FALSE(w.keepsPolling());
+}
+
+// Two ranks that wait for each other try the other choice in the same
+// window whenever they keep the same cycle, wherever each started: the
+// windows are cut from the clock, not from each rank's first wait.
+TEST(ShmWait, LoadedWaitsOfTwoRanksTryInTheSameWindow) {
+  zp::LoadedWaits a, b;
+  a.note(5, 1000);
+  b.note(5, 7777);
+  int differ = 0;
+  for (uint64_t now = 8000; now < 200000; now += 250) {
+    a.note(5, now);
+    b.note(5, now + 3);
+    for (uint64_t t = now + 3; t < now + 250; t += 5) differ += a.polls(t) != b.polls(t);
+  }
+  EXPECT_EQ(differ, 0) << "moments at which one rank tried the other choice and the other did not";
+}
+
+// Waits that take nearly all the time either way (a long copy, a peer that
+// is late) say nothing about which choice is faster: the choice stays.
+TEST(ShmWait, LoadedWaitsDoNotFlipOnWaitsThatTakeAllTheTime) {
+  zp::LoadedWaits w;
+  uint64_t now = 0;
+  for (int i = 0; i < 2000; i++) {
+    const uint64_t us = w.polls(now) ? 9990 - (i % 7) : 9995 - (i % 5);
+    now += us;
+    w.note(us, now);
+    now += 10;
+    EXPECT_FALSE(w.keepsPolling()) << "wait " << i;
+  }
 }
 
 // The same on a real node: rank 0 waits 0.4 s for rank 3 while two of its

@@ -81,14 +81,17 @@ const std::vector<Param> kParams = {
    "has more ranks than cores and fewer runnable tasks than cores are not its ranks (yielding the core at each "
    "poll then); none while a single-copy transfer is under way, this node has more ranks than cores and more "
    "tasks are runnable than it has ranks (polling would delay the peer doing the copy), nor while at least one "
-   "runnable task per core is not this node's rank (measured: docs/reliability.md, \"Under a busy CPU\")"},
+   "runnable task per core is not one of the job's ranks on this machine (ZP_SHM_SPIN_BUSY_US then; measured: "
+   "docs/reliability.md, \"Under a busy CPU\")"},
   {"ZP_SHM_SPIN_BUSY_US", K::kInt, R::kSetting, "50", "0..10000000",
    "microseconds a waiting rank polls (without yielding) before it sleeps when more tasks are runnable than "
    "there are cores, the node has no more ranks than cores and fewer runnable tasks than cores are not its ranks "
    "(ZP_SHM_SPIN_US is the poll while a core is free), or as long as its recent waits took (twice their mean) "
    "where that is at most 16 times this: long enough for a peer running on another core to answer, short enough "
    "not to take the cores from the ones that must answer; 0: sleep at once. With at least one runnable task per "
-   "core that is not this node's rank a waiter sleeps at once whatever this says "
+   "core that is not one of the job's ranks on this machine a waiter polls this long (no longer) or sleeps at "
+   "once, whichever its own recent waits have shown to leave it more time (tried anew now and then), where the "
+   "job's ranks on this machine do not outnumber the cores; where they do, it sleeps at once "
    "(measured: docs/reliability.md, \"Under a busy CPU\")"},
   // The standard collectives.
   {"ZP_COLL_ALGO", K::kEnum, R::kSetting, "auto", "auto|ring|tree|direct",
@@ -110,6 +113,9 @@ const std::vector<Param> kParams = {
   {"ZP_NRANKS", K::kInt, R::kLauncher, "", "1..16777216", "the number of ranks"},
   {"ZP_LOCAL_RANK", K::kInt, R::kLauncher, "", "0..65535", "this process's rank among its node's"},
   {"ZP_LOCAL_NRANKS", K::kInt, R::kLauncher, "", "1..65536", "the number of ranks on this node"},
+  {"ZP_HOST_RANKS", K::kInt, R::kLauncher, "", "1..16777216",
+   "the job's ranks zprun runs on this machine (an emulated cluster's nodes share its cores): shared memory's "
+   "waiting counts them as the job's own tasks, not as other load (default: this node's ranks)"},
   {"ZP_UNIQUE_ID", K::kString, R::kLauncher, "", "", "the zpUniqueId, hex-encoded"},
   {"ZP_LAUNCHER", K::kString, R::kLauncher, "", "", "the launcher that started the rank (zprun)"},
   {"ZP_MASTER_PORT", K::kInt, R::kLauncher, "", "1..65535",

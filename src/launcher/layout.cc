@@ -49,6 +49,10 @@ std::vector<std::string> jobVariables(const JobLayout& layout, const RankSpec& s
   set.push_back("ZP_NRANKS=" + std::to_string(layout.ranks.size()));
   set.push_back("ZP_LOCAL_RANK=" + std::to_string(spec.localRank));
   set.push_back("ZP_LOCAL_NRANKS=" + std::to_string(spec.localNranks));
+  // Every rank zprun starts runs on this machine: an emulated cluster's
+  // other nodes share its cores (shared memory's waiting counts them as the
+  // job's, not as other load).
+  set.push_back("ZP_HOST_RANKS=" + std::to_string(layout.ranks.size()));
   set.push_back("ZP_UNIQUE_ID=" + idHex);
   set.push_back("ZP_LAUNCHER=zprun");
   if (!node.nodeId.empty()) set.push_back("ZP_NODE_ID=" + node.nodeId);
@@ -65,7 +69,8 @@ std::vector<std::string> jobVariables(const JobLayout& layout, const RankSpec& s
 // What zprun --mpirun tells every MPI rank about the cluster (through
 // mpirun's -x): the same for all, unlike a rank's place.
 std::vector<std::string> mpirunVariables(const zpcluster::ClusterSpec& c) {
-  return {"ZP_LOCAL_NRANKS=" + std::to_string(c.ranksPerNode), "ZP_NNODES=" + std::to_string(c.nodes),
+  return {"ZP_LOCAL_NRANKS=" + std::to_string(c.ranksPerNode),
+          "ZP_HOST_RANKS=" + std::to_string(c.nodes * c.ranksPerNode), "ZP_NNODES=" + std::to_string(c.nodes),
           "ZP_NICS_PER_NODE=" + std::to_string(c.nicsPerNode),
           "ZP_NIC_RATE_BPS=" + std::to_string(c.rateBps)};
 }

@@ -14,8 +14,8 @@ namespace zprun {
 
 // Variables zprun sets for every rank; -x may not override them, since a rank
 // with a wrong ZP_RANK would join the job in another rank's place.
-inline const char* const kReservedVars[] = {"ZP_RANK",         "ZP_NRANKS",    "ZP_LOCAL_RANK",
-                                            "ZP_LOCAL_NRANKS", "ZP_UNIQUE_ID", "ZP_LAUNCHER"};
+inline const char* const kReservedVars[] = {"ZP_RANK",         "ZP_NRANKS",     "ZP_LOCAL_RANK", "ZP_LOCAL_NRANKS",
+                                            "ZP_HOST_RANKS",   "ZP_UNIQUE_ID",  "ZP_LAUNCHER"};
 // And in an emulated cluster (ZP_NET_DEVICES and ZP_SOCKET_IFNAME are set too,
 // but -x may choose other NICs of the node).
 inline const char* const kReservedClusterVars[] = {"ZP_NODE_RANK", "ZP_NNODES", "ZP_NIC_RATE_BPS",

@@ -40,8 +40,9 @@ const char* const kDescription =
     "Starts N ranks of PROGRAM on this machine and hosts the rendezvous they\n"
     "meet at. Each rank finds its place in the environment, where\n"
     "zpCommInitFromEnv reads it: ZP_RANK, ZP_NRANKS, ZP_LOCAL_RANK,\n"
-    "ZP_LOCAL_NRANKS, ZP_UNIQUE_ID, ZP_LAUNCHER=zprun. Options end at -- or at\n"
-    "PROGRAM.";
+    "ZP_LOCAL_NRANKS, ZP_UNIQUE_ID, ZP_LAUNCHER=zprun; ZP_HOST_RANKS (every\n"
+    "rank zprun starts here) tells shared memory's waiting which tasks are the\n"
+    "job's. Options end at -- or at PROGRAM.";
 
 bool isValidVarName(const std::string& name) {
   if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;

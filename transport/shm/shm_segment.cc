@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "src/core/log.h"
+#include "src/core/params.h"
 #include "src/util/clock.h"
 #include "transport/shm/shm_layout.h"
 
@@ -97,6 +98,11 @@ zpResult_t ShmTransport::init() {
   fragMax_ = std::min<size_t>(ringBytes_ / 4, 256 << 10);
   spinUs_ = cfg.shmSpinUs;
   spinBusyUs_ = cfg.shmSpinBusyUs;
+  // zprun's count of the job's ranks on this machine (its range checked):
+  // not part of the configuration, since only this waiting reads it.
+  long long hostRanks = 0;
+  ZP_CHECK(paramInt("ZP_HOST_RANKS", &hostRanks));
+  hostRanks_ = (int)hostRanks;
   cpu_set_t cpus;
   cores_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   cores_ = std::max(cores_, 1);

@@ -219,6 +219,9 @@ class ShmTransport : public CarrierTransport {
   // Adds a wait of `us` (until news came, polls and sleep together) to the
   // running mean spinPlan reads.
   void noteWait(uint64_t us);
+  // A wait of `us` ending at `now` where other tasks fill the cores, for
+  // LoadedWaits (its changes of mind are logged: ZP_DEBUG=INFO, SHM).
+  void noteLoadedWait(uint64_t us, uint64_t now);
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   // A rank's segment's name in /dev/shm, for the moment it has one where
@@ -290,6 +293,10 @@ class ShmTransport : public CarrierTransport {
   int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
   int cores_ = 1;       // the cores this process may run on
   uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
+  int hostRanks_ = 0;        // ZP_HOST_RANKS: the job's ranks on this machine (0: not said)
+  // Where other tasks fill the cores: poll first or sleep at once, learnt
+  // from this rank's waits there (wait and moveNow note them).
+  LoadedWaits loadedWaits_;
   // The last sampleLoad: when (nowMs), the machine's runnable tasks (-1:
   // unreadable) and the local peers asleep then.
   mutable struct {

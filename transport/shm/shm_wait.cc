@@ -1,7 +1,8 @@
 // Shared memory's waiting: the doorbell a writer rings (notify), and how a
 // rank waits for its peers: it polls while a core is free or the tasks
-// waiting for one are mostly the node's ranks, and sleeps on its doorbell at
-// once when other tasks fill the cores (wait, sleep; planSpin says why).
+// waiting for one are mostly the job's ranks, and where other tasks fill the
+// cores it polls briefly or sleeps at once, as its own waits have shown
+// faster (wait, sleep; planSpin and LoadedWaits say why).
 // The rest of the transport is in shm_transport.cc.
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "src/core/log.h"
 #include "src/util/clock.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_transport.h"
@@ -146,6 +148,7 @@ SpinInputs ShmTransport::loadInputs() const {
   in.runnable = load_.runnable;
   in.cores = cores_;
   in.localRanks = (int)peers_.size() + 1;
+  in.hostRanks = hostRanks_;
   in.localAsleep = load_.asleep;
   return in;
 }
@@ -157,6 +160,8 @@ SpinPlan ShmTransport::spinPlan() const {
   in.spinUs = spinUs_;
   in.spinBusyUs = spinBusyUs_;
   in.recentWaitUs = waitMeanUs_;
+  // The clock only where it matters (not on the quiet path).
+  in.loadedPolls = othersFillTheCores(in) && loadedWaits_.polls(nowUs());
   return planSpin(in);
 }
 
@@ -165,6 +170,14 @@ void ShmTransport::noteWait(uint64_t us) {
   // wait then raises the mean, a run of them takes it past that poll.
   us = std::min<uint64_t>(us, (uint64_t)kBusySpinScale * spinBusyUs_ + 1);
   waitMeanUs_ = (7 * waitMeanUs_ + us) / 8;
+}
+
+void ShmTransport::noteLoadedWait(uint64_t us, uint64_t now) {
+  const bool polled = loadedWaits_.keepsPolling();
+  loadedWaits_.note(us, now);
+  if (loadedWaits_.keepsPolling() != polled)
+    ZP_INFO(kSubShm, "rank %d: other tasks fill the cores; a waiter now %s (it left more time not waiting)",
+            ctx_.rank, polled ? "sleeps at once" : "polls first");
 }
 
 void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere, int fd, bool poll) {
@@ -182,7 +195,10 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   uint64_t started = 0, spinUntil = 0;
   for (int i = 0; plan.us > 0; i++) {
     if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) {
-      noteWait(started ? nowUs() - started : 0);
+      const uint64_t us = started ? nowUs() - started : 0;
+      noteWait(us);
+      // A wait that ended within 16 polls took no time worth counting.
+      if (plan.loaded && started) noteLoadedWait(us, started + us);
       return;
     }
     if ((i & 15) == 15) {
@@ -202,7 +218,9 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   if (elsewhere && elsewhere()) return;
   if (!started) started = nowUs();
   const bool rang = fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms);
-  noteWait(nowUs() - started);
+  const uint64_t us = nowUs() - started;
+  noteWait(us);
+  if (plan.loaded) noteLoadedWait(us, started + us);
   if (!rang) checkAlive();
 }
 
