@@ -69,7 +69,9 @@ namespace zp {
 
 namespace {
 
-zpResult_t runCollective(Comm* c, const CollArgs& a, void* stream) {
+// *atHeaders: whether the call ended with its header round (a refusal, a
+// barrier, an empty call, the fused small all-reduce): no data moved after it.
+zpResult_t runCollective(Comm* c, const CollArgs& a, void* stream, bool* atHeaders) {
   using namespace detail;
   const int n = c->nranks(), me = c->rank();
   const uint64_t seq = c->nextCollSeq();
@@ -89,9 +91,11 @@ zpResult_t runCollective(Comm* c, const CollArgs& a, void* stream) {
   // for every peer's host. The check blocks on the network, never on the
   // GPU: a mismatch fails on every rank before anything is enqueued, instead
   // of hanging the device.
+  *atHeaders = true;
   if (!stream && fusesCheck(c, a)) return fusedAllReduce(c, a, seq, mine);
   if (!stream || c->cfg().checkDeviceCalls) ZP_CHECK(checkHeaders(c, seq, mine, isV(a.kind) ? a.counts : nullptr));
   if (a.kind == CollKind::kBarrier || (isV(a.kind) ? mine.count : a.count) == 0) return zpSuccess;
+  *atHeaders = false;
   if (stream) return c->enqueueCollectiveOnStream(a, stream);
 
   Call k(c, a, seq);
@@ -170,16 +174,13 @@ zpResult_t runCollective(Comm* c, const CollArgs& a, void* stream) {
 }  // namespace
 
 zpResult_t collective(Comm* c, const CollArgs& a, void* stream) {
-  const zpResult_t r = runCollective(c, a, stream);
+  bool atHeaders = false;
+  const zpResult_t r = runCollective(c, a, stream, &atHeaders);
   // The call's end starts this rank's time outside the library before its
-  // next call (WaitStats::outsideBefore). A call that ends with its header
-  // round (a barrier, an empty call, the fused small all-reduce) ended at
-  // the round's last arrival, without a clock read of its own.
-  if (!stream && c->nranks() > 1) {
-    const bool atHeaders =
-        a.kind == CollKind::kBarrier || (!detail::isV(a.kind) && a.count == 0) || detail::fusesCheck(c, a);
+  // next call (WaitStats::outsideBefore). A call that ended with its header
+  // round ended at the round's last arrival, without a clock read of its own.
+  if (!stream && c->nranks() > 1)
     c->waitStats().callEnded(atHeaders ? lastOf(detail::headerLists().arrivedUs) : stampUs());
-  }
   return r;
 }
 
