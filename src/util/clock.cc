@@ -22,12 +22,6 @@ bool kernelUsesTsc() {
   return tsc;
 }
 
-uint64_t nowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}
-
 void setUp(StampClock& c) {
 #if defined(__x86_64__)
   if (kernelUsesTsc()) {

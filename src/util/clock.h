@@ -27,6 +27,13 @@ inline uint64_t nowUs() {
   return (uint64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+// And in nanoseconds (stampUs measures its rate with it).
+inline uint64_t nowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
+}
+
 // Time stamps for the hot path, in microseconds: the wait statistics stamp
 // each call's entry and each message's arrival, and clock_gettime was a
 // tenth of a 2-rank small send/recv. Where the kernel keeps its own time
