@@ -711,6 +711,20 @@ TEST(PlanApi, OverflowingShapesAndLengthsAreRefused) {
 namespace zp::plan {
 namespace {
 
+// What RoomTree must answer, by a scan of every id: the least key with
+// used + need <= limit (-1 if none), and the least of all in *all; ties go
+// to the lower id.
+template <class Used>
+int scanLeast(const std::vector<double>& key, const std::vector<Used>& used, Used need, Used limit, int* all) {
+  int want = -1;
+  *all = -1;
+  for (int i = 0; i < int(key.size()); ++i) {
+    if (*all < 0 || key[i] < key[*all]) *all = i;
+    if (used[i] + need <= limit && (want < 0 || key[i] < key[want])) want = i;
+  }
+  return want;
+}
+
 // RoomTree (the least loaded group or node with room for a sequence's
 // tokens) answers what a scan of every id answers, after changes of keys and
 // used amounts either way, ties included (the lower id).
@@ -726,11 +740,8 @@ void roomTreeMatchesAScan(std::mt19937_64& rng) {
       used[id] = Used(rng() % 100);
       tree.set(id, key[id], used[id]);
       const Used need = Used(rng() % 40), limit = Used(rng() % 120);
-      int want = -1, all = -1;
-      for (int i = 0; i < int(ids); ++i) {
-        if (all < 0 || key[i] < key[all]) all = i;
-        if (used[i] + need <= limit && (want < 0 || key[i] < key[want])) want = i;
-      }
+      int all = -1;
+      const int want = scanLeast(key, used, need, limit, &all);
       int any = -2;
       ASSERT_EQ(tree.least(need, limit, &any), want) << ids << " ids, step " << step;
       ASSERT_EQ(any, all);
@@ -764,11 +775,8 @@ TEST(RoomTree, ParkedIdsComeBackWhenANeedLeavesThemRoom) {
     for (int step = 0; step < 4000; ++step) {
       if (rng() % 8 == 0) need = std::max<int64_t>(1, need - int64_t(rng() % 20));
       const int64_t ask = rng() % 16 == 0 ? need + int64_t(rng() % 300) : need;  // now and then a larger one
-      int want = -1, all = -1;
-      for (int i = 0; i < int(ids); ++i) {
-        if (all < 0 || key[i] < key[all]) all = i;
-        if (used[i] + ask <= limit && (want < 0 || key[i] < key[want])) want = i;
-      }
+      int all = -1;
+      const int want = scanLeast(key, used, ask, limit, &all);
       int any = -2;
       ASSERT_EQ(tree.least(ask, limit, &any), want) << ids << " ids, step " << step;
       ASSERT_EQ(any, all);
