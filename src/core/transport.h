@@ -139,10 +139,11 @@ struct Op {
   // end would charge the peer for the transfer, not for a late start.
   uint64_t* arrivedUs = nullptr;
   // Receives with arrivedUs: where to note when this rank began to wait for
-  // it (its entry, for the same statistics), if nothing has yet: stamped
-  // after the call's sends went out, so the peers never wait for the clock
-  // read, and only where this rank waits (a message that is there at once
-  // needs no time at all). Shared by a call's receives.
+  // it (its entry, for the same statistics), if nothing has yet. Shared
+  // memory's shortcut (moveNow) stamps it at its first look at the clock,
+  // after the call's sends went out, so a call whose messages are there at
+  // once reads no clock at all; the executor's general path stamps it
+  // before it posts. Shared by a call's receives.
   uint64_t* enteredUs = nullptr;
   void noteEntered(uint64_t us) {
     if (enteredUs && !*enteredUs) *enteredUs = us;
