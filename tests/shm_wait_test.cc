@@ -50,9 +50,12 @@ struct Hogs {
 
 // A waiting rank polls for up to 10 s while a core is free (ZP_SHM_SPIN_US);
 // with every core taken it must sleep at once (ZP_SHM_SPIN_BUSY_US=0): in
-// 0.4 s of waiting for a peer it is then runnable for almost none of the
-// time, where a poller would be runnable (on a core or queued for one,
-// taking its share of the cores from the others) for all 0.4 s.
+// 0.4 s of waiting for a peer it is then runnable only after each of its
+// timed wake-ups (every 100 ms), queued behind the loops, where a poller
+// would be runnable (on a core or queued for one, taking its share of the
+// cores from the others) for all 0.4 s. The limit is half of that: with
+// another test's ranks beside the loops (ctest -j2) a sleeper's queueing
+// after its wake-ups came to 0.108 s.
 TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
   Hogs hogs;
   usleep(100 * 1000);  // the hogs are running
@@ -76,7 +79,7 @@ TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
       ASSERT_EQ(zpRecv(&word, 1, zpUint64, 1, comm, nullptr), zpSuccess);
       const double runnable = threadRunnableSeconds() - before;
       EXPECT_EQ(word, 42u);
-      EXPECT_LT(runnable, 0.1) << "rank 0 was runnable for " << runnable
+      EXPECT_LT(runnable, 0.2) << "rank 0 was runnable for " << runnable
                                << " s of the 0.4 s it waited for rank 1 with every core taken";
     }
     ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
