@@ -250,9 +250,10 @@ struct BestPlan {
   // built. A ring that planFromRings would refuse (a rank outside the
   // cluster or twice in it, no ranks) is never ruled out: building it says
   // what is wrong. `split`: each sequence's head split, if the candidate
-  // names them (else any the planner may try: the least compute of them).
+  // names them (else none); with `variants`, any the planner may try (the
+  // least compute of them).
   template <class RingOf>
-  bool bounded(RingOf ring, const std::vector<int>* split = nullptr) const {
+  bool bounded(RingOf ring, const std::vector<int>* split, bool variants) const {
     if (!(opt.score && opt.scoreBound && have && bestFits)) return false;
     const int n = c.ranks();
     std::vector<double> attn(n, 0.0), tokens(n, 0.0);
@@ -263,7 +264,7 @@ struct BestPlan {
       if (G < 1 || (split && ((*split)[i] < 1 || G % (*split)[i] != 0))) return false;
       double compute = splitRingCompute(lens[i], causal, G, split ? (*split)[i] : 1, shape, c);
       for (int u : opt.headSplits)
-        if (!split && G % u == 0) compute = std::min(compute, splitRingCompute(lens[i], causal, G, u, shape, c));
+        if (variants && G % u == 0) compute = std::min(compute, splitRingCompute(lens[i], causal, G, u, shape, c));
       // Every chunk has at least len / chunks tokens (integer division).
       const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
       const double held = double(lens[i] / chunks * (chunks / G));
@@ -288,7 +289,8 @@ struct BestPlan {
     if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
     // Nor, with a step model, one that its lower bound rules out (only
     // against a best that fits: one over memory loses to any that fits).
-    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); })) return Seen::Bounded;
+    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); }, nullptr, true))
+      return Seen::Bounded;
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     p.plannedForward = s.forward;
@@ -311,8 +313,16 @@ struct BestPlan {
     const double plannedF = p.plannedForward, plannedB = p.plannedBackward;
     int won = -1;  // 0: the plan as it is; k > 0: split by headSplits[k - 1]
     bool flatWon = false, fits = false;
+    std::vector<int> split;  // a variant's splits, for its bound
+    auto ringOf = [&](size_t i) { return std::make_pair(p.seqs[i].ranks.begin(), p.seqs[i].ranks.end()); };
     for (size_t k = 0; k <= splits; ++k) {
-      if (k > 0 && !splitHeadsBy(&p, opt.headSplits[k - 1], c.ranksPerNode)) continue;
+      if (k > 0) {
+        if (!splitHeadsBy(&p, opt.headSplits[k - 1], c.ranksPerNode)) continue;
+        // Not scored when its lower bound cannot beat the best so far.
+        split.resize(p.seqs.size());
+        for (size_t i = 0; i < split.size(); ++i) split[i] = p.seqs[i].ulysses;
+        if (bounded(ringOf, &split, false)) continue;
+      }
       const auto [remapped, flat] = opt.score(p);
       if (better(remapped)) take(remapped), won = int(k), flatWon = false;
       if (better(flat)) take(flat), won = int(k), flatWon = true;
@@ -350,9 +360,11 @@ void scoreCallersCandidates(Cands& cands, BestPlan* best) {
     for (size_t k = 0; k < m && valid; ++k)
       valid = cand.order[k] >= 0 && cand.order[k] < int64_t(m) && !named[size_t(cand.order[k])]++;
     auto ring = [&](size_t i) { return std::make_pair(cand.rings[i].begin(), cand.rings[i].end()); };
-    // A candidate that names its head splits is scored with them, no others.
+    // A caller's candidate is scored as it is, with the head splits it
+    // names (the simulator's usp_cp placement names them; a split of
+    // dp_cp's groups is a usp_cp setting, tuned there).
     const std::vector<int>* split = cand.ulysses.empty() ? nullptr : &cand.ulysses;
-    if (valid && best->bounded(ring, split)) continue;
+    if (valid && best->bounded(ring, split, false)) continue;
     BatchPlan p = planFromRings(best->lens, best->causal, ringsOf(cand), best->c.ranks(), best->c.ranksPerNode);
     setOrder(&p, cand.order);
     if (split) setHeadSplit(&p, *split, best->c.ranksPerNode, best->shape);
@@ -360,7 +372,7 @@ void scoreCallersCandidates(Cands& cands, BestPlan* best) {
       p.plannedForward = attnMakespan(p, best->shape, best->c);
       p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
     }
-    best->consider(std::move(p), !split);
+    best->consider(std::move(p), false);
   }
 }
 

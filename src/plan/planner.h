@@ -73,8 +73,8 @@ struct PlanOptions {
   // With `score`: head-split degrees (headSplitDegrees) the planner also
   // tries on every plan it scores in full (splitHeadsBy: each ring's heads
   // split by the largest of its divisors the ring allows), keeping a variant
-  // that scores better; a caller's candidate that names its own split is
-  // scored as it is. Empty: no plan splits heads (the C API's: the attention
+  // that scores better; a caller's candidate (`candidates`,
+  // `lateCandidates`) is scored as it is, with the splits it names. Empty: no plan splits heads (the C API's: the attention
   // driver does not run head splits).
   std::vector<int> headSplits;
   // The planner before idle-aware scheduling: loads summed per rank, the cap

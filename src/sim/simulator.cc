@@ -409,6 +409,13 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
     o.lateCandidates = [&](const PlanOptions::Score& best) {
       std::vector<PlanOptions::Candidate> out;
       for (const Tuned& t : baselines(best)) {
+        // A Ulysses baseline's placement (hier_cp, usp_cp) is built only
+        // where its own step beats the best plan so far, the plan of it
+        // taking that step (up to whole-token rounding), and not at u = 1:
+        // that is dp_cp's placement, a candidate already.
+        const bool ulysses = t.result.name == "hier_cp" || t.result.name == "usp_cp";
+        if (ulysses && (t.result.ulysses <= 1 || (best.fits && t.result.feasible && t.result.stepSeconds >= best.seconds)))
+          continue;
         PlanOptions::Candidate cand;
         if (candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand) &&
             (cfg.headSplit || cand.ulysses.empty()))
