@@ -1,16 +1,17 @@
 // plan_digest: a digest of every plan a planner change could alter, to show
 // that a change meant to be exact leaves the plans as they were (or, where
 // it alters them, which batches and by how many seconds of step). For each
-// batch: planForStep's plan (each sequence's ring, the order, the planned
+// batch: planForStep's plan (each sequence's ring and head split, the order, the planned
 // makespans, the linear layout) and its simulated step, and every tuned
 // baseline (step, group, Ulysses degree, split length, rings in order).
 //
 // plan_digest LENGTHS PRESET TOKENS_PER_RANK MODEL RANKS BATCHES [FIRST]:
 // BATCHES batches one after another from document FIRST (default 7) of the
 // file, as zpplan draws them (nextBatch). One line per batch:
-//   file preset tokens ranks batch seqs plan=<hex> step=<s> <baseline>=<hex>:<s> ...
+//   file preset tokens ranks batch seqs plan=<hex> step=<s> <baseline>=<hex>:<s> ... [heads_split=<u>]
 // Run it at two commits and diff the outputs (docs/simulator.md, "Planning
 // time", says how it was used).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +51,7 @@ uint64_t planDigest(const plan::BatchPlan& p, double step) {
   for (const plan::SeqPlacement& s : p.seqs) {
     d.add(int(s.cls));
     d.add(s.ranks);
+    if (s.ulysses > 1) d.add(s.ulysses);  // so plans without head splits digest as before they existed
   }
   d.add(p.order);
   d.add(p.plannedForward);
@@ -115,6 +117,11 @@ int main(int argc, char** argv) {
                 b, lens.size(), planDigest(p, step), step);
     for (const sim::Tuned& t : sim::tunedBaselines(lens, cfg, c))
       std::printf(" %s=%016" PRIx64 ":%.9g", t.result.name.c_str(), baselineDigest(t), t.result.stepSeconds);
+    // Only a plan that splits heads says so: the lines of the others read
+    // as they did before plans could.
+    int split = 1;
+    for (const plan::SeqPlacement& s : p.seqs) split = std::max(split, s.ulysses);
+    if (split > 1) std::printf(" heads_split=%d", split);
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -1,14 +1,11 @@
 // Where Zeppelin loses to the Ulysses baselines (hier_cp, usp_cp:
-// Transformer Engine's a2a+p2p, USP), and what a plan can express of their
-// layouts. A plan runs each sequence over a ring of ranks with all of its
-// heads; Ulysses splits the heads among a node's ranks, which no ring of
-// whole sequences does. What a plan can express of such a layout is its
-// groups and packing with the heads unsplit: the same group's ranks as one
-// packed ring (dp_cp's placement at that group size, already among the
-// planner's candidates). This prints, for every batch where Zeppelin is
-// below 0.99x of hier_cp or usp_cp, that baseline's step, the step of
-// Zeppelin's plan of its groups as rings, and the attention compute of
-// both (docs/simulator.md, "Results").
+// Transformer Engine's a2a+p2p, USP). Plans split heads now (Ulysses
+// inside a node, SeqPlacement::ulysses) and take usp_cp's placement over,
+// so this lists no batch where that works (docs/simulator.md, "Results").
+// For every batch where Zeppelin is below 0.99x of hier_cp or usp_cp it
+// prints that baseline's step, the step of Zeppelin's plan of its groups
+// as rings with every head on every rank (what a plan could express before
+// it could split heads), and the attention compute of both.
 //
 // ulysses_gap LENGTHS PRESET TOKENS_PER_RANK RANKS [SEEDS BATCHES]: the
 // batches zpplan draws (seeds from 1, batches one after another from a

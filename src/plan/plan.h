@@ -38,6 +38,15 @@ struct SeqPlacement {
   // [c * len / C, (c + 1) * len / C) for C chunks (integer division), so any
   // length works; chunks that come out empty are left out of the layout.
   std::vector<int> ranks;
+  // Heads split this many ways (Ulysses; 1: every rank of the ring holds
+  // every head). With u > 1 each u consecutive ranks of the ring, one node's,
+  // are a position: they exchange their chunks by all-to-all so that each
+  // holds the position's tokens for 1/u of the heads, and the ring runs over
+  // the G / u positions. The layout is the one above: the u ranks of
+  // position p hold, together, exactly the chunks position p holds in a
+  // ring of G / u. Only the simulator's plans split heads (PlanOptions::
+  // headSplits); the attention driver does not run them (docs/simulator.md).
+  int ulysses = 1;
 };
 
 // The chunks ring position j of G holds of a sequence of len tokens, as

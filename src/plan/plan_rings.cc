@@ -80,6 +80,13 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
   return lin;
 }
 
+// The message for a plan that splits heads, which the planner's model does
+// not cost.
+std::string headSplitCosted(const char* fn, int64_t seq) {
+  return std::string(fn) + ": sequence " + std::to_string(seq) +
+         " splits its heads (Ulysses), which only the simulator's step model costs";
+}
+
 }  // namespace
 
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
@@ -161,6 +168,7 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
                                     const ClusterModel& c) {
   std::vector<double> load(c.ranks(), 0.0);
   for (const SeqPlacement& p : plan.seqs) {
+    if (p.ulysses > 1) throw std::invalid_argument(headSplitCosted("rankAttnSeconds", p.seq));
     int G = static_cast<int>(p.ranks.size());
     const Link link = linkOf(p.cls, c);
     double t = ringSeconds(p.len, plan.causal, G, link, shape, c);
@@ -183,6 +191,7 @@ double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const Cluster
   std::vector<double> freeAt(plan.attention.ranks.size(), 0.0);
   for (size_t k = 0; k < plan.order.size(); ++k) {
     const SeqPlacement& p = plan.seqs[plan.order[backward ? plan.order.size() - 1 - k : k]];
+    if (p.ulysses > 1) throw std::invalid_argument(headSplitCosted("attnMakespan", p.seq));
     const Link link = linkOf(p.cls, c);
     const int G = int(p.ranks.size());
     const double t = backward ? ringBackwardSeconds(p.len, plan.causal, G, link, shape, c)

@@ -249,9 +249,11 @@ struct BestPlan {
   // i's ranks as a [begin, end) pair) rules it out, so that it need not be
   // built. A ring that planFromRings would refuse (a rank outside the
   // cluster or twice in it, no ranks) is never ruled out: building it says
-  // what is wrong.
+  // what is wrong. `split`: each sequence's head split, if the candidate
+  // names them (else none); with `variants`, any the planner may try (the
+  // least compute of them).
   template <class RingOf>
-  bool bounded(RingOf ring) const {
+  bool bounded(RingOf ring, const std::vector<int>* split, bool variants) const {
     if (!(opt.score && opt.scoreBound && have && bestFits)) return false;
     const int n = c.ranks();
     std::vector<double> attn(n, 0.0), tokens(n, 0.0);
@@ -259,8 +261,10 @@ struct BestPlan {
     for (size_t i = 0; i < lens.size(); ++i) {
       const auto [begin, end] = ring(i);
       const int G = int(end - begin);
-      if (G < 1) return false;
-      const double compute = G * ringStep(lens[i], causal, G, Link::Intra, shape, c).compute;
+      if (G < 1 || (split && ((*split)[i] < 1 || G % (*split)[i] != 0))) return false;
+      double compute = splitRingCompute(lens[i], causal, G, split ? (*split)[i] : 1, shape, c);
+      for (int u : opt.headSplits)
+        if (variants && G % u == 0) compute = std::min(compute, splitRingCompute(lens[i], causal, G, u, shape, c));
       // Every chunk has at least len / chunks tokens (integer division).
       const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
       const double held = double(lens[i] / chunks * (chunks / G));
@@ -285,7 +289,8 @@ struct BestPlan {
     if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
     // Nor, with a step model, one that its lower bound rules out (only
     // against a best that fits: one over memory loses to any that fits).
-    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); })) return Seen::Bounded;
+    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); }, nullptr, true))
+      return Seen::Bounded;
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
     p.order = s.order;
     p.plannedForward = s.forward;
@@ -295,24 +300,43 @@ struct BestPlan {
 
   // A built plan (its planned makespans set). With the step model: as it is
   // and with the linear layers left on the attention layout (no remap) when
-  // the remap costs more than the imbalance it removes.
-  Seen consider(BatchPlan p) {
+  // the remap costs more than the imbalance it removes; with `variants`, so
+  // also each of its head-split variants (PlanOptions::headSplits), the
+  // first of equals kept (the plan as it is before any variant).
+  Seen consider(BatchPlan p, bool variants = true) {
     if (!opt.score) {
       const PlanOptions::Score own{modelled(p), true};
       if (better(own)) take(own), best = std::move(p);
       return Seen::Fits;
     }
-    const auto [remapped, flat] = opt.score(p);
-    const bool won = better(remapped);
-    if (won) take(remapped);
-    if (better(flat)) {
-      take(flat);
-      p.linear = p.attention;
-      best = std::move(p);
-    } else if (won) {
+    const size_t splits = variants ? opt.headSplits.size() : 0;
+    const double plannedF = p.plannedForward, plannedB = p.plannedBackward;
+    int won = -1;  // 0: the plan as it is; k > 0: split by headSplits[k - 1]
+    bool flatWon = false, fits = false;
+    std::vector<int> split;  // a variant's splits, for its bound
+    auto ringOf = [&](size_t i) { return std::make_pair(p.seqs[i].ranks.begin(), p.seqs[i].ranks.end()); };
+    for (size_t k = 0; k <= splits; ++k) {
+      if (k > 0) {
+        if (!splitHeadsBy(&p, opt.headSplits[k - 1], c.ranksPerNode)) continue;
+        // Not scored when its lower bound cannot beat the best so far.
+        split.resize(p.seqs.size());
+        for (size_t i = 0; i < split.size(); ++i) split[i] = p.seqs[i].ulysses;
+        if (bounded(ringOf, &split, false)) continue;
+      }
+      const auto [remapped, flat] = opt.score(p);
+      if (better(remapped)) take(remapped), won = int(k), flatWon = false;
+      if (better(flat)) take(flat), won = int(k), flatWon = true;
+      fits = fits || remapped.fits || flat.fits;
+    }
+    if (won >= 0) {
+      if (splits > 0) splitHeadsBy(&p, won == 0 ? 1 : opt.headSplits[size_t(won) - 1], c.ranksPerNode);
+      // The planner's makespans do not cost a head split (setHeadSplit).
+      p.plannedForward = won == 0 ? plannedF : 0;
+      p.plannedBackward = won == 0 ? plannedB : 0;
+      if (flatWon) p.linear = p.attention;
       best = std::move(p);
     }
-    return remapped.fits || flat.fits ? Seen::Fits : Seen::Over;
+    return fits ? Seen::Fits : Seen::Over;
   }
 };
 
@@ -332,16 +356,23 @@ void scoreCallersCandidates(Cands& cands, BestPlan* best) {
     // malformed candidate is built, and refused, whatever the bound says).
     const size_t m = best->lens.size();
     std::vector<char> named(m, 0);  // an order naming every sequence once
-    bool valid = cand.rings.size() == m && cand.order.size() == m;
+    bool valid = cand.rings.size() == m && cand.order.size() == m && (cand.ulysses.empty() || cand.ulysses.size() == m);
     for (size_t k = 0; k < m && valid; ++k)
       valid = cand.order[k] >= 0 && cand.order[k] < int64_t(m) && !named[size_t(cand.order[k])]++;
     auto ring = [&](size_t i) { return std::make_pair(cand.rings[i].begin(), cand.rings[i].end()); };
-    if (valid && best->bounded(ring)) continue;
+    // A caller's candidate is scored as it is, with the head splits it
+    // names (the simulator's usp_cp placement names them; a split of
+    // dp_cp's groups is a usp_cp setting, tuned there).
+    const std::vector<int>* split = cand.ulysses.empty() ? nullptr : &cand.ulysses;
+    if (valid && best->bounded(ring, split, false)) continue;
     BatchPlan p = planFromRings(best->lens, best->causal, ringsOf(cand), best->c.ranks(), best->c.ranksPerNode);
     setOrder(&p, cand.order);
-    p.plannedForward = attnMakespan(p, best->shape, best->c);
-    p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
-    best->consider(std::move(p));
+    if (split) setHeadSplit(&p, *split, best->c.ranksPerNode, best->shape);
+    if (!split || std::all_of(split->begin(), split->end(), [](int u) { return u == 1; })) {
+      p.plannedForward = attnMakespan(p, best->shape, best->c);
+      p.plannedBackward = attnMakespan(p, best->shape, best->c, true);
+    }
+    best->consider(std::move(p), false);
   }
 }
 

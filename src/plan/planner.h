@@ -50,9 +50,11 @@ struct PlanOptions {
   // placements that a plan can express, so that no batch's plan is slower
   // than any of them by the step model (docs/simulator.md). Ignored with
   // onlyCap and legacy.
+  // ulysses: each sequence's head split (SeqPlacement::ulysses; empty: none).
   struct Candidate {
     std::vector<std::vector<int>> rings;
     std::vector<int64_t> order;
+    std::vector<int> ulysses;
   };
   std::vector<Candidate> candidates;
   // Placements the caller makes only once the planner's own candidates are
@@ -68,6 +70,13 @@ struct PlanOptions {
   // ringStep compute) and holds at least attnTokens[r] tokens for it. A
   // candidate that cannot beat the best one so far by it is not built.
   std::function<double(const std::vector<double>& attnForward, const std::vector<double>& attnTokens)> scoreBound;
+  // With `score`: head-split degrees (headSplitDegrees) the planner also
+  // tries on every plan it scores in full (splitHeadsBy: each ring's heads
+  // split by the largest of its divisors the ring allows), keeping a variant
+  // that scores better; a caller's candidate (`candidates`,
+  // `lateCandidates`) is scored as it is, with the splits it names. Empty: no plan splits heads (the C API's: the attention
+  // driver does not run head splits).
+  std::vector<int> headSplits;
   // The planner before idle-aware scheduling: loads summed per rank, the cap
   // halved until their max/mean is within 2%, rings ordered by class and
   // size. For comparison only.
@@ -98,6 +107,28 @@ BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const Attn
 BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, std::vector<std::vector<int>> rings,
                         int nranks, int ranksPerNode);
 
+// Head splits (SeqPlacement::ulysses). The degrees a plan may split heads
+// by: every u > 1 dividing the node's ranks and both head counts.
+std::vector<int> headSplitDegrees(int ranksPerNode, const AttnShape& shape);
+// Whether a ring (its ranks in ring order) can split heads u ways: u >= 1
+// divides its size and each u consecutive ranks of it are in one node.
+bool canSplitHeads(const std::vector<int>& ranks, int u, int ranksPerNode);
+// Sets sequence i's head split to ulysses[i]. Throws std::invalid_argument
+// naming the first sequence whose ring cannot split its heads so (or whose
+// split does not divide both head counts), the plan unchanged. A plan that
+// splits heads has no planned makespans (0): the planner's own model does
+// not cost Ulysses, the simulator's step model does.
+void setHeadSplit(BatchPlan* plan, const std::vector<int>& ulysses, int ranksPerNode, const AttnShape& shape);
+// Splits every ring's heads by the largest divisor of u (u from
+// headSplitDegrees, or 1: none) that the ring allows; returns whether any
+// ring's heads are split. The planned makespans are left to the caller.
+bool splitHeadsBy(BatchPlan* plan, int u, int ranksPerNode);
+// A rank's attention compute (forward seconds) for a sequence on a ring of
+// G ranks with its heads split u ways: the G / u steps of the ring over the
+// positions, 1/u of the heads each (as the step model charges it). The
+// planner's lower bounds take it; u = 1 is G * ringStep(G).compute.
+double splitRingCompute(int64_t len, bool causal, int G, int u, const AttnShape& shape, const ClusterModel& c);
+
 // Replaces the plan's order (plan.h) with `order`. Throws
 // std::invalid_argument unless it names every sequence exactly once.
 void setOrder(BatchPlan* plan, const std::vector<int64_t>& order);
@@ -116,7 +147,9 @@ inline Link linkOf(SeqClass cls, const ClusterModel& c) {
 
 // The attention makespan of a plan run in its order, forward (or, with
 // `backward`, in the reverse order, backward): a ring starts when the last of
-// its ranks is free and all of them finish together.
+// its ranks is free and all of them finish together. It and
+// rankAttnSeconds throw std::invalid_argument for a plan that splits heads
+// (the step model of src/sim costs those).
 double attnMakespan(const BatchPlan& plan, const AttnShape& shape, const ClusterModel& cluster,
                     bool backward = false);
 

@@ -38,8 +38,9 @@ std::vector<size_t> largestFirst(size_t count, Key key) {
 }
 
 // A lower bound of the step of any placement that runs every sequence i on
-// a ring of size(i) ranks (no Ulysses), a baseline's or Zeppelin's plan of
-// the same rings, with a remap or without: each pass of a layer takes at
+// a ring of size(i) ranks with its heads split u ways (1: no Ulysses), a
+// baseline's or Zeppelin's plan of the same rings, with a remap or
+// without: each pass of a layer takes at
 // least the ranks' mean attention compute plus linear layers (every
 // placement holds all of the batch's tokens for them), and at least one
 // ring's compute on each of its ranks; exposed communication, remaps and
@@ -47,12 +48,13 @@ std::vector<size_t> largestFirst(size_t count, Key key) {
 // rounding: the step sums the same terms in another order.
 template <class Size>
 double stepFloor(const std::vector<int64_t>& lens, const std::vector<double>& whole, Size size,
-                 const StepConfig& cfg, const ClusterModel& c) {
+                 const StepConfig& cfg, const ClusterModel& c, int u = 1) {
   double sum = 0, most = 0, tokens = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
     const int G = size(i);
-    // What each rank of the ring computes: G steps of 1/G^2 of the FLOPs.
-    const double perRank = G == 1 ? whole[i] : G * ringStep(lens[i], cfg.causal, G, Link::Intra, cfg.model.attn, c).compute;
+    // What each rank of the ring computes: G / u steps of u^2/G^2 of the
+    // FLOPs, 1/u of the heads.
+    const double perRank = G == 1 ? whole[i] : splitRingCompute(lens[i], cfg.causal, G, u, cfg.model.attn, c);
     sum += G * perRank;
     most = std::max(most, perRank);
     tokens += double(lens[i]);
@@ -138,8 +140,8 @@ std::vector<int> ulyssesDegrees(int g, const StepConfig& cfg, const ClusterModel
 
 // The best group size (and Ulysses degree) for this batch: the fastest
 // feasible one (if none is feasible, the fastest, reported infeasible).
-// With kind Ring, a group size whose stepFloor is at least `beat` is not
-// made (none made: an empty result, name unset).
+// With kind Ring or Usp, a setting whose stepFloor is at least `beat` is
+// not made (none made: an empty result, name unset).
 Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, GroupKind kind, int64_t cap,
                 const StepConfig& cfg, const ClusterModel& c, double beat = kNoBound,
                 const std::vector<double>* whole = nullptr) {
@@ -155,10 +157,10 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
     const std::vector<int> all = ulyssesDegrees(g, cfg, c);
     if (kind == GroupKind::Usp) degrees.insert(degrees.end(), all.begin(), all.end());
     if (kind == GroupKind::Hierarchical && !all.empty()) degrees = {all.back()};
-    if (kind == GroupKind::Ring && beat < kNoBound &&
-        stepFloor(lens, *whole, [g](size_t) { return g; }, cfg, c) >= beat)
-      continue;
     for (int u : degrees) {
+      if ((kind == GroupKind::Ring || kind == GroupKind::Usp) && beat < kNoBound &&
+          stepFloor(lens, *whole, [g](size_t) { return g; }, cfg, c, u) >= beat)
+        continue;
       Placement pl = groupPlacement(lens, g, kind == GroupKind::AllGather, cap, cfg, c, u);
       StrategyResult r = evaluate(name, pl, cfg, c);
       r.group = g;
@@ -442,10 +444,10 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
   out.push_back(bestLimit(
       cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }, beat,
       [&](int64_t split) { return floorOf([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
-  if (!expressible) {
-    out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c));
-    out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c));
-  }
+  // usp_cp's settings include hier_cp's (and dp_cp's, u = 1): a plan that
+  // splits heads expresses both, usp_cp's tuned one is the faster.
+  if (!expressible) out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c));
+  if (!expressible || cfg.headSplit) out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c, beat, &whole));
   // A baseline none of whose settings could beat `beat` was not made.
   out.erase(std::remove_if(out.begin(), out.end(), [](const Tuned& t) { return t.result.name.empty(); }), out.end());
   for (Tuned& t : out) t.result.baseline = true;
@@ -456,13 +458,17 @@ bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRing
                  PlanOptions::Candidate* out) {
   out->rings.assign(seqs, {});
   out->order.clear();
+  out->ulysses.clear();
   for (const Ring& ring : pl.rings) {
     if (ring.allgather || ring.seqs.size() != ring.lens.size()) return false;
     if (maxRingNodes == 1 && ring.ranks.front() / ranksPerNode != ring.ranks.back() / ranksPerNode) return false;
+    // Head splits are named only by a placement that has them.
+    if (ring.ulysses > 1 && out->ulysses.empty()) out->ulysses.assign(seqs, 1);
     for (int64_t i : ring.seqs) {
       if (i < 0 || size_t(i) >= seqs || !out->rings[i].empty()) return false;
       out->rings[i] = ring.ranks;
       out->order.push_back(i);
+      if (ring.ulysses > 1) out->ulysses[i] = ring.ulysses;
     }
   }
   return out->order.size() == seqs;

@@ -344,7 +344,10 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   // A sequence usually shares the ring of the one before it (a DP x CP
   // plan runs its groups one after another), which is checked before the
   // map is searched.
+  // Rings that split heads (SeqPlacement::ulysses) are grouped apart, by
+  // their split as well.
   std::map<std::vector<int>, size_t> groupOf;
+  std::map<std::pair<int, std::vector<int>>, size_t> splitGroupOf;
   const size_t none = std::numeric_limits<size_t>::max();
   size_t last = none;  // the ring of the previous sequence on a ring
   pl.rings.reserve(p.order.size());
@@ -354,10 +357,21 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
       pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false, {i}, 1});
       continue;
     }
-    if (last == none || pl.rings[last].ranks != s.ranks) {
-      auto [it, fresh] = groupOf.try_emplace(s.ranks, pl.rings.size());
-      if (fresh) pl.rings.push_back({{}, s.ranks, linkOf(s.cls, c), false, {}, 1});
-      last = it->second;
+    if (last == none || pl.rings[last].ranks != s.ranks || pl.rings[last].ulysses != s.ulysses) {
+      size_t group = pl.rings.size();
+      bool fresh = false;
+      if (s.ulysses > 1) {
+        const auto r = splitGroupOf.try_emplace({s.ulysses, s.ranks}, group);
+        group = r.first->second, fresh = r.second;
+      } else {
+        const auto r = groupOf.try_emplace(s.ranks, group);
+        group = r.first->second, fresh = r.second;
+      }
+      // A ring that splits heads crosses nodes as hier_cp's does: every GPU
+      // of a position sends its share at once, each through its own NIC.
+      const Link link = s.ulysses > 1 && s.cls == SeqClass::InterNode ? Link::PerGpu : linkOf(s.cls, c);
+      if (fresh) pl.rings.push_back({{}, s.ranks, link, false, {}, s.ulysses});
+      last = group;
     }
     pl.rings[last].lens.push_back(s.len);
     pl.rings[last].seqs.push_back(i);
@@ -395,8 +409,16 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
     o.lateCandidates = [&](const PlanOptions::Score& best) {
       std::vector<PlanOptions::Candidate> out;
       for (const Tuned& t : baselines(best)) {
+        // A Ulysses baseline's placement (hier_cp, usp_cp) is built only
+        // where its own step beats the best plan so far, the plan of it
+        // taking that step (up to whole-token rounding), and not at u = 1:
+        // that is dp_cp's placement, a candidate already.
+        const bool ulysses = t.result.name == "hier_cp" || t.result.name == "usp_cp";
+        if (ulysses && (t.result.ulysses <= 1 || (best.fits && t.result.feasible && t.result.stepSeconds >= best.seconds)))
+          continue;
         PlanOptions::Candidate cand;
-        if (candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand))
+        if (candidateOf(t.placement, lens.size(), c.ranksPerNode, opt.maxRingNodes, &cand) &&
+            (cfg.headSplit || cand.ulysses.empty()))
           out.push_back(std::move(cand));
       }
       return out;
@@ -407,6 +429,7 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.onlyCap = cfg.planCap;
   o.fitRings = cfg.fitRings;
   o.jointFits = cfg.jointFits;
+  if (!o.legacy && cfg.headSplit && o.onlyCap == 0) o.headSplits = headSplitDegrees(c.ranksPerNode, cfg.model.attn);
   if (!o.legacy)
     o.score = [&](const BatchPlan& p) {
       // One grouping of the plan's rings for both: with the linear layers on
@@ -449,7 +472,10 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
 StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
                         const ClusterModel& c, const PlanOptions& opt, bool remap, const std::vector<Tuned>& baselines) {
   auto tuned = [&](const PlanOptions::Score&) { return baselines; };
-  return evaluate(name, placementOf(planWithStepModel(lens, cfg, c, opt, remap, tuned), cfg, c, remap), cfg, c);
+  const BatchPlan p = planWithStepModel(lens, cfg, c, opt, remap, tuned);
+  StrategyResult r = evaluate(name, placementOf(p, cfg, c, remap), cfg, c);
+  for (const SeqPlacement& s : p.seqs) r.ulysses = std::max(r.ulysses, s.ulysses);
+  return r;
 }
 
 // The lower bound: linear layers perfectly token-balanced, attention

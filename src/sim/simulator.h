@@ -68,6 +68,10 @@ struct StepConfig {
   // The tuned baselines' placements among the plan's candidates (false: the
   // planner's own candidates only, for comparison and tests).
   bool baselineCandidates = true;
+  // Zeppelin's plans may split heads (Ulysses inside a node, a ring across:
+  // PlanOptions::headSplits, and usp_cp's placements among the candidates);
+  // false: as before, for comparison and tests.
+  bool headSplit = true;
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
@@ -108,7 +112,7 @@ struct StrategyResult {
   double peakMemoryBytes = 0;  // the fullest rank
   bool feasible = true;        // peakMemoryBytes within the usable memory
   int group = 0;               // group size chosen (dp_cp, allgather_cp, hier_cp, usp_cp), else 0
-  int ulysses = 0;             // Ulysses degree chosen (hier_cp, usp_cp; 1: none), else 0
+  int ulysses = 0;             // Ulysses degree chosen (hier_cp, usp_cp; 1: none); Zeppelin's: its plan's largest head split
   int64_t limitTokens = 0;     // length split above, chosen (dynamic_cp, hybrid_dp), else 0
   double nicBytes = 0;         // one layer's forward, over all NICs
   double intraBytes = 0;       // the same over intra-node links

@@ -58,8 +58,9 @@ constexpr double kNoBound = std::numeric_limits<double>::infinity();
 // dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp: every
 // baseline, tuned, in strategyNames() order; with `expressible`, only those
 // a plan can express (dp_cp, dynamic_cp, hybrid_dp: rings of whole
-// sequences, the planner's candidates). With `beat`: a setting (group size,
-// split length) of dp_cp, dynamic_cp or hybrid_dp whose lower bound of the
+// sequences; with cfg.headSplit also usp_cp, whose settings include
+// hier_cp's: the planner's candidates). With `beat`: a setting (group size,
+// Ulysses degree, split length) of dp_cp, usp_cp, dynamic_cp or hybrid_dp whose lower bound of the
 // step (any placement of its ring sizes, Zeppelin's plan of it included) is
 // at least `beat` is not made, and a baseline none of whose settings is
 // made is left out: each one returned is the best of the settings made,
@@ -70,7 +71,8 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
 StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
-// a node and maxRingNodes is 1.
+// a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in
+// the candidate's ulysses only when some ring has one.
 bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRingNodes,
                  plan::PlanOptions::Candidate* out);
 

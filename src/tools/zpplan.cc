@@ -49,7 +49,8 @@ struct Options {
   int64_t perRank = 65536;
   int batches = 16, seeds = 5;
   uint64_t seed = 1;
-  bool full = false, json = false, noRecompute = false, noNodeBalance = false, legacyPlanner = false;
+  bool full = false, json = false, noRecompute = false, noNodeBalance = false, legacyPlanner = false,
+       noHeadSplit = false;
   std::string preset = "a800", calibrationFile, modelName = "llama-8b", writeCalibration;
   // Options given, applied over the preset, calibration file and model in
   // the order they stand.
@@ -154,6 +155,7 @@ void defineOptions(CLI::App& app, Options* o) {
   model("--elem-bytes", "bytes per element (2)", [](ModelShape* m, int x) { m->attn.elemBytes = x; });
   zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
   zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
+  zp::cli::addFlag(app, "--no-head-split", &o->noHeadSplit, "Zeppelin's plans split no heads (Ulysses inside a\nnode; to see what splitting them does)");
   zp::cli::addFlag(app, "--legacy-planner", &o->legacyPlanner, "Zeppelin's rows with the planner before idle-aware\nscheduling (for comparison)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
   zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
@@ -194,6 +196,7 @@ struct RankCount {
   std::map<std::string, int> bestCount;
   size_t seqs = 0, draws = 0;
   int zeppelinInfeasible = 0;
+  int zeppelinHeadSplit = 0;  // batches whose plan splits some sequence's heads
   // Tokens of the documents the batches passed over in the file, and of
   // those planned (every one: a document over the budget is a batch of its
   // own); documents over the budget, and batches no strategy fits.
@@ -224,6 +227,7 @@ int setUp(const Options& opt, Calibration* cal, StepConfig* cfg) {
   cfg->recompute = !opt.noRecompute;
   cfg->nodeTokenBalance = !opt.noNodeBalance;
   cfg->legacyPlanner = opt.legacyPlanner;
+  cfg->headSplit = !opt.noHeadSplit;
   cfg->linearEfficiency = cal->linearEfficiency;
   cfg->memoryBytes = cal->memoryGiB * double(1 << 30);
   return 0;
@@ -302,6 +306,7 @@ int simulateRankCount(const Options& opt, const StepConfig& cfg, const Calibrati
         if (r[k].baseline && r[k].feasible && (best < 0 || r[k].stepSeconds < r[best].stepSeconds)) best = int(k);
       }
       if (!r[0].feasible) ++rc.zeppelinInfeasible;
+      if (r[0].ulysses > 1) ++rc.zeppelinHeadSplit;
       rc.ofBound.push_back(r.back().stepSeconds / zt);  // the lower bound ("ideal") comes last
       if (best >= 0) {
         rc.bestCount[r[best].name]++;
@@ -383,6 +388,7 @@ Json rankCountJson(const RankCount& rc) {
           {"mean_seqs", rc.seqs / nb},
           {"plan_ms", jsonSpread(spread(rc.planMs))},
           {"zeppelin_infeasible", rc.zeppelinInfeasible},
+          {"zeppelin_head_split", rc.zeppelinHeadSplit},
           {"tokens_read", rc.tokensRead},
           {"tokens_planned", rc.tokensPlanned},
           {"long_documents", rc.longDocs},
@@ -432,7 +438,8 @@ void printRankCount(const Options& opt, const RankCount& rc) {
     printf("  Zeppelin over the best feasible baseline: %.2fx [%.2f, %.2f], worst batch %.3fx; planning ahead, its unhidden time charged: %.2fx [%.2f, %.2f]%s\n",
            sp.median, sp.lo, sp.hi, *std::min_element(rc.bestSpeedup.begin(), rc.bestSpeedup.end()), spc.median, spc.lo, spc.hi,
            rc.zeppelinInfeasible ? zp::strprintf(" (Zeppelin over memory in %d batches)", rc.zeppelinInfeasible).c_str() : "");
-  printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]\n", bound.median, bound.lo, bound.hi);
+  printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]; Zeppelin's plan splits heads in %d of %zu batches\n",
+         bound.median, bound.lo, bound.hi, rc.zeppelinHeadSplit, rc.draws);
   printf("  tokens planned %.0f of %.0f read (%.2f%%); %d documents longer than the batch, each a batch of its own%s\n",
          rc.tokensPlanned, rc.tokensRead, rc.tokensRead > 0 ? 100.0 * rc.tokensPlanned / rc.tokensRead : 100.0,
          rc.longDocs,
