@@ -158,6 +158,35 @@ TEST(ShmWait, AWaiterAmongOtherTasksFillingTheCoresSleepsAtOnce) {
   EXPECT_TRUE(zp::planSpin(in).yield);
 }
 
+// The runnable count is read at an instant: a task that runs for a moment
+// (a kernel worker, a shell) must not make a node's own polling ranks look
+// crowded by others, so planSpin goes by the quieter of the last two
+// readings; load that lasts is in both.
+TEST(ShmWait, ARunnableSpikeInOneReadingIsNotOthersFillingTheCores) {
+  zp::SpinInputs in;
+  in.cores = 2;
+  in.localRanks = 4;  // 4 ranks on 2 cores, polling and yielding
+  const zp::LoadReading quiet{4, 0}, spike{6, 0}, loaded{8, 0}, loadedOneAsleep{7, 1};
+  auto fill = [&in](const zp::LoadReading& r) {
+    zp::SpinInputs at = in;
+    at.runnable = r.runnable;
+    at.localAsleep = r.asleep;
+    return zp::othersFillTheCores(at);
+  };
+  ASSERT_TRUE(fill(spike));  // the spike alone would make the ranks sleep at once
+  EXPECT_FALSE(fill(zp::steadierReading(in, quiet, spike)));
+  EXPECT_FALSE(fill(zp::steadierReading(in, spike, quiet)));
+  EXPECT_TRUE(fill(zp::steadierReading(in, loaded, spike)));
+  EXPECT_TRUE(fill(zp::steadierReading(in, loaded, loadedOneAsleep)));
+  // A rank asleep is not runnable: 7 runnable with one of the ranks asleep
+  // are one other task more than 7 with every rank awake.
+  EXPECT_EQ(zp::steadierReading(in, loadedOneAsleep, zp::LoadReading{7, 0}).asleep, 0);
+  EXPECT_EQ(zp::steadierReading(in, zp::LoadReading{7, 0}, loadedOneAsleep).asleep, 0);
+  // Nothing to compare with (the first reading, or an unreadable one).
+  EXPECT_EQ(zp::steadierReading(in, zp::LoadReading{}, spike).runnable, 6);
+  EXPECT_EQ(zp::steadierReading(in, quiet, zp::LoadReading{}).runnable, -1);
+}
+
 // Where other tasks fill the cores, the plan is LoadedWaits' choice: a
 // short poll that does not yield, or none.
 TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {

@@ -297,13 +297,12 @@ class ShmTransport : public CarrierTransport {
   // Where other tasks fill the cores: poll first or sleep at once, learnt
   // from this rank's waits there (wait and moveNow note them).
   LoadedWaits loadedWaits_;
-  // The last sampleLoad: when (nowMs), the machine's runnable tasks (-1:
-  // unreadable) and the local peers asleep then.
+  // The last two sampleLoads (the last at nowMs `ms`): the machine's
+  // runnable tasks and the local peers asleep then (steadierReading).
   mutable struct {
     bool read = false;
     uint64_t ms = 0;
-    int runnable = -1;
-    int asleep = 0;
+    LoadReading now, last;
   } load_;
   bool oversubscribed_ = false;  // more ranks on this node than cores_
   int bellFd_ = -1;              // this rank's bell: woken through it, and rings peers' with it

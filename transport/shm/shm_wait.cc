@@ -132,24 +132,26 @@ void ShmTransport::sampleLoad() const {
   if (load_.read && now - load_.ms < 10) return;
   load_.read = true;
   load_.ms = now;
-  load_.runnable = runnableTasks();
-  load_.asleep = 0;
+  load_.last = load_.now;
+  load_.now.runnable = runnableTasks();
+  load_.now.asleep = 0;
   for (const Peer& p : peers_) {
     if (!p.seg) continue;
     const uint32_t sleepers =
         p.seg->sleeping.load(std::memory_order_relaxed) + p.seg->pollers.load(std::memory_order_relaxed);
-    load_.asleep += sleepers > 0;
+    load_.now.asleep += sleepers > 0;
   }
 }
 
 SpinInputs ShmTransport::loadInputs() const {
   sampleLoad();
   SpinInputs in;
-  in.runnable = load_.runnable;
   in.cores = cores_;
   in.localRanks = (int)peers_.size() + 1;
   in.hostRanks = hostRanks_;
-  in.localAsleep = load_.asleep;
+  const LoadReading r = steadierReading(in, load_.last, load_.now);
+  in.runnable = r.runnable;
+  in.localAsleep = r.asleep;
   return in;
 }
 

@@ -23,6 +23,17 @@ bool othersFillTheCores(const SpinInputs& in) {
   return in.runnable > in.cores && in.runnable - jobRanksAwake(in) >= in.cores;
 }
 
+LoadReading steadierReading(const SpinInputs& in, const LoadReading& last, const LoadReading& now) {
+  if (last.runnable < 0 || now.runnable < 0) return now;
+  auto others = [&in](const LoadReading& r) {
+    SpinInputs at = in;
+    at.runnable = r.runnable;
+    at.localAsleep = r.asleep;
+    return r.runnable - jobRanksAwake(at);
+  };
+  return others(last) < others(now) ? last : now;
+}
+
 SpinPlan planSpin(const SpinInputs& in) {
   const bool oversubscribed = in.localRanks > in.cores;
   // When it cannot tell, as before the load was looked at: polls, yielding

@@ -36,6 +36,21 @@ SpinPlan planSpin(const SpinInputs& in);
 // ranks on this machine: planSpin's heavy load, where LoadedWaits chooses.
 bool othersFillTheCores(const SpinInputs& in);
 
+// One look at the machine (ShmTransport::sampleLoad): its runnable tasks
+// (-1: unreadable) and this node's ranks asleep on their doorbells then.
+struct LoadReading {
+  int runnable = -1;
+  int asleep = 0;
+};
+
+// The reading planSpin goes by, of this rank's last two (taken at least
+// 10 ms apart): the one that saw fewer tasks beyond the job's awake ranks.
+// The runnable count is an instant's: a kernel worker or a shell that ran
+// for a moment made 4 ranks on 2 cores look crowded by others, and every
+// wait of the next 10 ms slept at once (a wake-up per message). Load that
+// lasts shows in both readings.
+LoadReading steadierReading(const SpinInputs& in, const LoadReading& last, const LoadReading& now);
+
 // Where other tasks fill the cores, whether a waiter polls first
 // (ZP_SHM_SPIN_BUSY_US, without yielding) or sleeps at once, learnt from the
 // rank's own waits. Neither is right everywhere: beside a few busy loops a
