@@ -4,6 +4,7 @@
 // have shown a short poll faster (LoadedWaits), so that it takes no core
 // from the tasks that have work (its peers among them); the plan it follows
 // in each regime (transport/shm/spin_plan.h).
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "tests/harness.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/shm/spin_plan.h"
 
 namespace {
@@ -85,6 +87,49 @@ TEST(ShmWait, WithEveryCoreTakenAWaiterSleepsInsteadOfPolling) {
     ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
   });
   zptest::expectAllOk(exits);
+}
+
+// The node's cores are what its ranks' CPU masks cover together, not one
+// rank's own mask: a launcher that binds each rank to a core of its own
+// (Slurm's --cpu-bind, mpirun's binding) must not make 2 ranks on 2 cores
+// look like 2 ranks on 1 (every poll then yielded). Ranks bound to one
+// shared core are more ranks than cores.
+TEST(ShmWait, RanksBoundToACoreEachCountTheCoresOfTheirMasksTogether) {
+  uint64_t a[zp::kCpuMaskWords] = {1}, b[zp::kCpuMaskWords] = {2}, high[zp::kCpuMaskWords] = {};
+  high[3] = 1ull << 63;  // CPU 255
+  const uint64_t* ab[] = {a, b};
+  const uint64_t* aa[] = {a, a};
+  const uint64_t* abHigh[] = {a, b, high};
+  EXPECT_EQ(zp::coresOfMasks(ab, 2), 2);
+  EXPECT_EQ(zp::coresOfMasks(aa, 2), 1);
+  EXPECT_EQ(zp::coresOfMasks(abHigh, 3), 3);
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; i++)
+    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
+  for (bool shareOne : {false, true}) {
+    auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[shareOne ? 0 : rank], &one);
+      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      zpComm_t comm;
+      ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
+      EXPECT_EQ(zp::ShmTransport::nodeCoresCounted(), shareOne ? 1 : 2)
+          << (shareOne ? "both ranks bound to CPU " : "each rank bound to a CPU of its own, CPUs ") << cpus[0]
+          << (shareOne ? "" : " and " + std::to_string(cpus[1]));
+      uint64_t word = rank == 0 ? 42 : 0;
+      if (rank == 0)
+        ASSERT_EQ(zpSend(&word, 1, zpUint64, 1, comm, nullptr), zpSuccess);
+      else
+        ASSERT_EQ(zpRecv(&word, 1, zpUint64, 0, comm, nullptr), zpSuccess);
+      EXPECT_EQ(word, 42u);
+      ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+    });
+    zptest::expectAllOk(exits);
+  }
 }
 
 // The plan a waiter follows, on the inputs it reads. 4 ranks on 2 cores

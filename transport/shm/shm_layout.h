@@ -24,8 +24,8 @@ namespace zp {
 
 // The record format's version is in the low bits: ranks of one node must run
 // the same format (3: a data record may carry its send's meta, MsgHdr::metaLen;
-// 4: SegHeader::owner; 6: kWhole records).
-constexpr uint64_t kSegMagic = 0x5a50534547000006ull;
+// 4: SegHeader::owner; 6: kWhole records; 7: SegHeader::cpus).
+constexpr uint64_t kSegMagic = 0x5a50534547000007ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -57,6 +57,9 @@ struct SegHeader {
   alignas(64) std::atomic<uint64_t> sharedWords[CarrierTransport::kSharedWords];  // ShmTransport::sharedWord
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment
   uint8_t cmaOkFrom[kMaxLocal];  // the owner can read local rank i's memory
+  // The CPUs the owner may run on (its affinity mask, CPU i at bit i % 64
+  // of word i / 64): the node's ranks share the cores of their masks together.
+  uint64_t cpus[kCpuMaskWords];
   // What the owner sends to local rank i by single copy (an RTS): messages
   // from eagerBytes on when cmaTo[i] (its protocol choice, made at init).
   uint64_t eagerBytes;

@@ -33,7 +33,11 @@ void prefault(void* addr, size_t len) {
 #endif
 }
 
+std::atomic<int> gNodeCores{0};  // ShmTransport::nodeCoresCounted()
+
 }  // namespace
+
+int ShmTransport::nodeCoresCounted() { return gNodeCores.load(); }
 
 zpResult_t ShmTransport::create(const TransportContext& ctx, std::unique_ptr<ShmTransport>* out) {
   std::unique_ptr<ShmTransport> t(new ShmTransport(ctx));
@@ -103,9 +107,17 @@ zpResult_t ShmTransport::init() {
   long long hostRanks = 0;
   ZP_CHECK(paramInt("ZP_HOST_RANKS", &hostRanks));
   hostRanks_ = (int)hostRanks;
-  cpu_set_t cpus;
-  cores_ = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  cores_ = std::max(cores_, 1);
+  // This rank's CPUs, published in its segment; connect counts the node's.
+  uint64_t cpus[kCpuMaskWords] = {};
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int i = 0; i < kCpuMaskWords * 64 && i < CPU_SETSIZE; i++)
+      if (CPU_ISSET(i, &set)) cpus[i / 64] |= 1ull << (i % 64);
+  } else {
+    for (long i = 0; i < sysconf(_SC_NPROCESSORS_ONLN) && i < kCpuMaskWords * 64; i++) cpus[i / 64] |= 1ull << (i % 64);
+  }
+  const uint64_t* mine = cpus;
+  cores_ = std::max(coresOfMasks(&mine, 1), 1);
   oversubscribed_ = (int)nlocal > cores_;
   if (nlocal == 1) return zpSuccess;
 
@@ -178,6 +190,7 @@ zpResult_t ShmTransport::init() {
   mine_->ownerBase = (uint64_t)(uintptr_t)base;
   mine_->probe = kProbeValue;
   mine_->owner = ownerKey(c.rank);
+  memcpy(mine_->cpus, cpus, sizeof(cpus));
   fd_ = fd;  // until every local peer has opened it (connect)
   openBell();
   mine_->ready.store(1, std::memory_order_release);
@@ -349,6 +362,14 @@ zpResult_t ShmTransport::connect(const std::vector<uint64_t>& ringBytes, const s
   fd_ = -1;
   connected_ = true;
   connectBells();
+  // The node's cores: what its ranks' masks cover together (coresOfMasks).
+  std::vector<const uint64_t*> masks = {mine_->cpus};
+  for (const Peer& p : peers_) masks.push_back(p.seg->cpus);
+  cores_ = std::max(coresOfMasks(masks.data(), (int)masks.size()), 1);
+  oversubscribed_ = (int)nlocal > cores_;
+  gNodeCores.store(cores_);
+  ZP_INFO(kSubShm | kSubInit, "rank %d: %u ranks on this node, %d core%s in their CPU masks together%s", c.rank,
+          nlocal, cores_, cores_ == 1 ? "" : "s", oversubscribed_ ? ": more ranks than cores" : "");
 
   const Config& cfg = *c.cfg;
   mine_->eagerBytes = cfg.shmEagerBytes;

@@ -123,6 +123,9 @@ class ShmTransport : public CarrierTransport {
   // small messages took the shortcut). Counted with a load and a store, not
   // a locked add: exact for calls from one thread.
   static long opsMovedNow();
+  // The cores the node's ranks may run on, as this process's latest
+  // communicator counted them at init (coresOfMasks; for tests).
+  static int nodeCoresCounted();
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   // The head of peer's ring of calls, while no receive waits for it.
   bool arrived(int peer, uint64_t seq, size_t* bytes) override;
@@ -291,7 +294,7 @@ class ShmTransport : public CarrierTransport {
   size_t fragMax_ = 0;
   int spinUs_ = 0;      // ZP_SHM_SPIN_US: the poll while every runnable task has a core
   int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
-  int cores_ = 1;       // the cores this process may run on
+  int cores_ = 1;       // the cores this node's ranks may run on (coresOfMasks; this rank's own until connect)
   uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
   int hostRanks_ = 0;        // ZP_HOST_RANKS: the job's ranks on this machine (0: not said)
   // Where other tasks fill the cores: poll first or sleep at once, learnt

@@ -19,6 +19,16 @@ int jobRanksAwake(const SpinInputs& in) {
 
 }  // namespace
 
+int coresOfMasks(const uint64_t* const* masks, int n) {
+  int cores = 0;
+  for (int w = 0; w < kCpuMaskWords; w++) {
+    uint64_t any = 0;
+    for (int i = 0; i < n; i++) any |= masks[i][w];
+    cores += __builtin_popcountll(any);
+  }
+  return cores;
+}
+
 bool othersFillTheCores(const SpinInputs& in) {
   return in.runnable > in.cores && in.runnable - jobRanksAwake(in) >= in.cores;
 }
