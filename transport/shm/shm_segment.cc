@@ -114,7 +114,8 @@ zpResult_t ShmTransport::init() {
     for (int i = 0; i < kCpuMaskWords * 64 && i < CPU_SETSIZE; i++)
       if (CPU_ISSET(i, &set)) cpus[i / 64] |= 1ull << (i % 64);
   } else {
-    for (long i = 0; i < sysconf(_SC_NPROCESSORS_ONLN) && i < kCpuMaskWords * 64; i++) cpus[i / 64] |= 1ull << (i % 64);
+    const long online = std::min<long>(sysconf(_SC_NPROCESSORS_ONLN), kCpuMaskWords * 64);
+    for (long i = 0; i < online; i++) cpus[i / 64] |= 1ull << (i % 64);
   }
   const uint64_t* mine = cpus;
   cores_ = std::max(coresOfMasks(&mine, 1), 1);
