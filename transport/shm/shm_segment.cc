@@ -107,6 +107,8 @@ zpResult_t ShmTransport::init() {
   long long hostRanks = 0;
   ZP_CHECK(paramInt("ZP_HOST_RANKS", &hostRanks));
   hostRanks_ = (int)hostRanks;
+  if (nlocal == 1) return zpSuccess;
+
   // This rank's CPUs, published in its segment; connect counts the node's.
   uint64_t cpus[kCpuMaskWords] = {};
   cpu_set_t set;
@@ -117,10 +119,6 @@ zpResult_t ShmTransport::init() {
     const long online = std::min<long>(sysconf(_SC_NPROCESSORS_ONLN), kCpuMaskWords * 64);
     for (long i = 0; i < online; i++) cpus[i / 64] |= 1ull << (i % 64);
   }
-  const uint64_t* mine = cpus;
-  cores_ = std::max(coresOfMasks(&mine, 1), 1);
-  oversubscribed_ = (int)nlocal > cores_;
-  if (nlocal == 1) return zpSuccess;
 
   // This rank's segment. Every rank of the node makes one of the same size.
   name_ = segName(c.rank);

@@ -294,7 +294,7 @@ class ShmTransport : public CarrierTransport {
   size_t fragMax_ = 0;
   int spinUs_ = 0;      // ZP_SHM_SPIN_US: the poll while every runnable task has a core
   int spinBusyUs_ = 0;  // ZP_SHM_SPIN_BUSY_US: the poll while tasks wait for a core
-  int cores_ = 1;       // the cores this node's ranks may run on (coresOfMasks; this rank's own until connect)
+  int cores_ = 1;       // the cores this node's ranks may run on (coresOfMasks, at connect)
   uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
   int hostRanks_ = 0;        // ZP_HOST_RANKS: the job's ranks on this machine (0: not said)
   // Where other tasks fill the cores: poll first or sleep at once, learnt
