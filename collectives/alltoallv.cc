@@ -149,7 +149,7 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, std::vector<uint64_t>* rows) {
   }
   // Each peer's row is its first message of the call: when it came is when
   // the peer entered (the wait statistics, as a collective's header round).
-  std::vector<uint64_t> arrived;
+  std::vector<int> arrived;
   Arrivals arrivals(c, arrived, ptrs);
   const zpResult_t res = c->runOps(ptrs);
   const std::vector<uint64_t> outside = timesOutside(*rows, n, true);
@@ -536,7 +536,7 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
   // When each peer's first bytes (or its counts, ahead of them) came: the
   // wait statistics.
-  std::vector<uint64_t> arrived;
+  std::vector<int> arrived;
   Arrivals arrivals(c, arrived, ptrs);
   zpResult_t res = c->runOps(ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken

@@ -27,7 +27,7 @@ struct Group {
   std::vector<std::pair<Comm*, Op>> running;
   std::vector<Op*> ops;
   std::vector<Op*> single;  // a call outside a group: its one op
-  std::vector<std::vector<uint64_t>> arrived;  // per communicator of a call: Arrivals
+  std::vector<std::vector<int>> arrived;  // per communicator of a call: its Arrivals' receive peers
 };
 Group& tlsGroup() { return PerThread<Group>::get(); }
 
@@ -136,6 +136,7 @@ zpResult_t groupEnd(bool* ended) {
     }
     std::vector<Arrivals> arrivals;
     g.arrived.resize(work.size());  // sized first: each Arrivals holds its vector
+    arrivals.reserve(work.size());
     for (size_t k = 0; k < work.size() && r == zpSuccess; k++)
       arrivals.emplace_back(work[k].comm, g.arrived[k], work[k].ops);
     if (r == zpSuccess && !work.empty()) r = Comm::runOps(work);

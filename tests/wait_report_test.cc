@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -195,6 +196,42 @@ TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
   auto report = s.report(&calls);
   ASSERT_FALSE(report.empty());
   EXPECT_EQ(report[0].rank, 1);
+}
+
+// A call that heard from some peers only (a receive's sources), listed,
+// as the same call with every other peer's arrival 0: the same charges,
+// the same names. A peer listed twice (two receives from it) is one arrival.
+TEST(WaitStats, AListedCallIsTheFullCallWithTheOthersFirst) {
+  const int n = 8;
+  zp::WaitStats full(n, 3, 10 * 1000), listed(n, 3, 10 * 1000);
+  std::mt19937_64 rng(std::random_device{}());
+  for (int call = 0; call < 400; call++) {
+    std::vector<uint64_t> at(n, 0);
+    std::vector<int> peers;
+    const int k = 1 + (int)(rng() % 4);
+    for (int i = 0; i < k; i++) {
+      int p = (int)(rng() % n);
+      if (p == 3) continue;
+      peers.push_back(p);
+      if (rng() % 2) peers.push_back(p);  // listed twice
+      at[p] = 1000 + rng() % (call < 200 ? 100 : 100 * 1000);
+    }
+    at[3] = 1000 + rng() % 200;  // this rank's entry
+    if (peers.empty()) continue;
+    std::vector<uint64_t> others0 = at;
+    ASSERT_EQ(full.record(others0), listed.record(at, peers)) << call;
+  }
+  int callsFull = 0, callsListed = 0;
+  auto a = full.report(&callsFull), b = listed.report(&callsListed);
+  EXPECT_EQ(callsFull, callsListed);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); i++) {
+    EXPECT_EQ(a[i].rank, b[i].rank);
+    EXPECT_EQ(a[i].callsLast, b[i].callsLast);
+    EXPECT_EQ(a[i].totalUs, b[i].totalUs);
+    EXPECT_EQ(a[i].maxUs, b[i].maxUs);
+  }
 }
 
 // ---- Real ranks ----
@@ -393,6 +430,41 @@ TEST(WaitReport, AReceiveNamesTheSenderThatLags) {
   EXPECT_EQ(countOf(logs, "came last in"), 1) << logs;
   std::string cmd = std::string("rm -rf ") + dir;
   EXPECT_EQ(system(cmd.c_str()), 0);
+}
+
+// A receive's stamps are the call's own: after 40 receives that waited
+// 30 ms for their sender, 100 receives whose message was there first
+// (the receiver comes 3 ms late) charge the sender nothing. Stamps left
+// from an earlier call would charge it that call's wait again.
+TEST(WaitReport, AReceiveAfterOnesThatWaitedChargesOnlyItsOwnWait) {
+  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    std::vector<float> buf(1024);
+    for (int call = 0; call < 140; call++) {
+      const bool senderLate = call < 40;
+      if (rank == 1) {
+        if (senderLate) usleep(30 * 1000);
+        for (size_t i = 0; i < buf.size(); i++) buf[i] = (float)(call + i);
+        ZP_ASSERT_OK(zpSend(buf.data(), buf.size(), zpFloat32, 0, comm, nullptr));
+        if (!senderLate) ZP_ASSERT_OK(zpRecv(buf.data(), 1, zpFloat32, 0, comm, nullptr));  // in step
+      } else {
+        if (!senderLate) usleep(3 * 1000);
+        ZP_ASSERT_OK(zpRecv(buf.data(), buf.size(), zpFloat32, 1, comm, nullptr));
+        for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], (float)(call + i));
+        if (!senderLate) ZP_ASSERT_OK(zpSend(buf.data(), 1, zpFloat32, 1, comm, nullptr));
+      }
+    }
+    if (rank == 0) {
+      zpWaitEntry_t e[2];
+      int nEntries = -1, nCalls = -1;
+      ZP_ASSERT_OK(zpCommGetWaitReport(comm, e, 2, &nEntries, &nCalls));
+      EXPECT_EQ(nCalls, 100);
+      for (int i = 0; i < nEntries; i++) EXPECT_LT(e[i].totalWaitSec, 0.005) << "rank " << e[i].rank;
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
 }
 
 // Two ranks: the one that waits names the other.

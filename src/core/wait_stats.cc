@@ -17,13 +17,44 @@ WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
       totalUs_(nranks, 0),
       named_(nranks, false) {}
 
+namespace {
+// Every rank but this one, as recordOver walks a call's peers.
+struct AllBut {
+  int n, self;
+  template <class F>
+  void each(F f) const {
+    for (int p = 0; p < n; p++)
+      if (p != self) f(p);
+  }
+};
+struct Listed {
+  const std::vector<int>& peers;
+  template <class F>
+  void each(F f) const {
+    for (int p : peers) f(p);  // checked by the caller (Arrivals lists receive peers)
+  }
+};
+}  // namespace
+
 int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs) {
+  return recordOver(arrivedUs, AllBut{nranks_, self_}, outsideUs);
+}
+
+int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
+                      const std::vector<uint64_t>* outsideUs) {
+  return recordOver(arrivedUs, Listed{peers}, outsideUs);
+}
+
+template <class Peers>
+int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& peers,
+                          const std::vector<uint64_t>* outsideUs) {
   if (nranks_ < 2 || (int)arrivedUs.size() != nranks_) return -1;
-  // The last and second-last arrivals: a pass, not a sort (thousands of ranks).
+  // The last and second-last arrivals: a pass, not a sort (thousands of
+  // ranks). A peer listed twice is one arrival.
   int last = -1, second = -1;
   uint64_t lastAt = 0, secondAt = 0;
-  for (int p = 0; p < nranks_; p++) {
-    if (p == self_) continue;
+  peers.each([&](int p) {
+    if (p == self_ || p == last || p == second) return;
     uint64_t t = arrivedUs[p];
     if (last < 0 || t > lastAt) {
       second = last;
@@ -34,6 +65,10 @@ int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<
       second = p;
       secondAt = t;
     }
+  });
+  if (last < 0) {  // no peer: nobody to charge
+    noteClean();
+    return -1;
   }
   // This rank's own entry (arrivedUs[self]) counts as an arrival too: a
   // peer is charged only for what it came after everyone else, this rank
@@ -121,9 +156,8 @@ std::vector<WaitStats::Entry> WaitStats::report(int* calls) {
   return out;
 }
 
-void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
-                 const std::vector<uint64_t>* outsideUs) {
-  const int lagging = stats.record(arrivedUs, outsideUs);
+namespace {
+void warnIfNamed(WaitStats& stats, int rank, int lagging) {
   if (lagging < 0) return;
   int calls = 0;
   for (const WaitStats::Entry& e : stats.report(&calls))
@@ -132,6 +166,18 @@ void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrive
               "rank %d: rank %d came last in %d of the last %d calls, %.1f ms after the others on average: it lags "
               "(zpCommGetWaitReport; ZP_STRAGGLER_MS)",
               rank, lagging, e.callsLast, calls, e.totalUs / 1000.0 / e.callsLast);
+}
+
+}  // namespace
+
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
+                 const std::vector<uint64_t>* outsideUs) {
+  warnIfNamed(stats, rank, stats.record(arrivedUs, outsideUs));
+}
+
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
+                 const std::vector<uint64_t>* outsideUs) {
+  warnIfNamed(stats, rank, stats.record(arrivedUs, peers, outsideUs));
 }
 
 }  // namespace zp

@@ -57,6 +57,21 @@ class WaitStats {
   // to log), else -1.
   static constexpr uint64_t kUnknown = ~uint64_t(0);
   int record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs = nullptr);
+  // The same for a call that heard only from `peers` (a receive's
+  // sources; a peer may be listed more than once): the others count as
+  // arrived first, and only these are read, so a receive on a communicator
+  // of thousands of ranks costs as much as on two.
+  int record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
+             const std::vector<uint64_t>* outsideUs = nullptr);
+  // Where a call's transports stamp its arrivals (Op::arrivedUs,
+  // Op::enteredUs point into it): one slot per rank, 0 outside a call. Kept
+  // here, so that a call neither allocates nor clears a vector of every
+  // rank; whoever stamps in it zeroes what it used when the call ends
+  // (Arrivals, collectives.h). Under the communicator's lock, one call at a time.
+  std::vector<uint64_t>& callArrivals() {
+    if (callArrivals_.empty()) callArrivals_.assign(nranks_, 0);
+    return callArrivals_;
+  }
   // One call in which this rank never waited (every message was there when
   // it looked): nobody is charged. Counted here and entered into the window
   // at the next record or report, so that such a call (most small
@@ -88,6 +103,8 @@ class WaitStats {
     uint64_t chargedUs = 0;
     bool late = false;  // by half the threshold or more
   };
+  template <class Peers>
+  int recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& peers, const std::vector<uint64_t>* outsideUs);
   void push(int last, uint64_t chargedUs, bool late);  // one call into the window
   void checkRecovered(int p);
   void flushClean();
@@ -101,6 +118,7 @@ class WaitStats {
   std::vector<bool> named_;         // per peer: named and not recovered since
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
   uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
+  std::vector<uint64_t> callArrivals_;  // callArrivals()
 };
 
 // The latest of a call's times (its entry and its peers' arrivals): where
@@ -116,6 +134,9 @@ inline uint64_t lastOf(const std::vector<uint64_t>& us) {
 // its peers entered calls this: the standard collectives' header round,
 // zpAlltoallv (its count rows, or its messages' first bytes), receives.
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
+                 const std::vector<uint64_t>* outsideUs = nullptr);
+// The same for a call that heard only from `peers` (WaitStats::record).
+void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
                  const std::vector<uint64_t>* outsideUs = nullptr);
 
 }  // namespace zp
