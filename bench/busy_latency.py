@@ -21,6 +21,13 @@ library does.
     python3 bench/busy_latency.py --build build --load 2 --rounds 5
     python3 bench/busy_latency.py --build build --op allreduce --ranks 4 --bytes 64M --iters 5 --warmup 1 --rounds 3
 
+With --libs floor-spin, floor-futex or floor-hybrid (--op sendrecv, 8 B on
+2 ranks only), the same exchange with no library (bench/sched_floor.cc:
+polling, sleeping on a futex, or 50 µs of polling then sleeping): what the
+scheduler alone allows, a floor for any library's loaded latency.
+
+    python3 bench/busy_latency.py --build build --libs zeppelin,mpi,floor-spin,floor-futex,floor-hybrid --rounds 5
+
 Needs torch for Gloo (skipped with a note if missing) and mpirun for Open
 MPI (likewise). Exits non-zero if a run fails.
 """
@@ -116,6 +123,10 @@ def measure(lib, a, env):
         if f[3] != "0":
             raise RuntimeError("gloo: %s wrong elements" % f[3])
         return float(f[0]), float(f[1]), float(f[2])
+    if lib.startswith("floor-"):
+        f = run([os.path.join(a.build, "bench", "sched_floor"), "--mode", lib[len("floor-"):], "-n", str(a.iters),
+                 "-w", str(a.warmup)], env).split()
+        return float(f[0]), float(f[1]), float(f[2])
     prog = "sendrecv_perf" if a.op == "sendrecv" else "all_reduce_perf"
     if lib == "gloo":
         cmd = [sys.executable, os.path.join(HERE, "gloo_collectives.py"), "-o", "allreduce", "-N", str(a.ranks),
@@ -174,6 +185,10 @@ def main(argv):
     if "gloo" in libs and a.op == "sendrecv" and a.ranks != 2:
         print("# Gloo's ring shift runs on 2 ranks only: left out")
         libs.remove("gloo")
+    floors = [lib for lib in libs if lib.startswith("floor-")]
+    if floors and (a.op != "sendrecv" or a.ranks != 2 or a.bytes != 8):
+        print("# the floors are an 8-byte ring shift on 2 ranks: left out")
+        libs = [lib for lib in libs if lib not in floors]
     if "mpi" in libs and subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0:
         print("# no mpirun: Open MPI left out")
         libs.remove("mpi")
