@@ -367,6 +367,59 @@ TEST(Planner, RoutedRemapSpreadsOverTheNodesNics) {
   printf("  random batches: the routed remap is cheaper in %d of %d plans\n", cheaper, plans);
 }
 
+// The planner scores its candidates without building their linear layouts
+// (BatchPlan::linear): a plan with the layout not built is costed as with
+// it built, to the bit (remapSeconds from balancedMoves, the shares from
+// balancedTokens), and balancedLinear builds the layout planFromRings does.
+// Random rings over random clusters, causal or not, routed or not.
+TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  AttnShape sh;
+  const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
+  int moved = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int rpn = std::vector<int>{1, 2, 3, 4, 8}[rng() % 5];
+    const int nodes = 1 + int(rng() % 4);
+    const int n = rpn * nodes;
+    const bool causal = rng() % 2;
+    std::vector<int64_t> lens(1 + rng() % 40);
+    for (int64_t& l : lens) l = 1 + int64_t(rng() % (rng() % 4 == 0 ? 20000 : 3000));
+    std::vector<std::vector<int>> rings(lens.size());
+    std::vector<int> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    for (auto& ring : rings) {
+      std::shuffle(all.begin(), all.end(), rng);
+      ring.assign(all.begin(), all.begin() + 1 + rng() % std::min(n, 8));
+    }
+    const BatchPlan built = planFromRings(lens, causal, rings, n, rpn);
+    const BatchPlan lazy = planFromRings(lens, causal, rings, n, rpn, false);
+    ASSERT_TRUE(lazy.linear.ranks.empty());
+    const Layout lin = balancedLinear(lazy.attention, rpn);
+    ASSERT_EQ(lin.ranks.size(), built.linear.ranks.size());
+    for (size_t r = 0; r < lin.ranks.size(); ++r) {
+      ASSERT_EQ(lin.ranks[r].size(), built.linear.ranks[r].size()) << "rank " << r;
+      for (size_t k = 0; k < lin.ranks[r].size(); ++k) {
+        const Segment &a = lin.ranks[r][k], &b = built.linear.ranks[r][k];
+        EXPECT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " segment " << k;
+      }
+    }
+    EXPECT_EQ(balancedTokens(lazy.attention), rankTokens(built.linear));
+    moved += !balancedMoves(lazy.attention, rpn).empty();
+    for (double route : {0.0, 0.8}) {
+      ClusterModel c = a800(nodes);
+      c.ranksPerNode = rpn;
+      c.routeEfficiency = route;
+      const RemapSeconds a = remapSeconds(built, c, q + 2 * kv, q), b = remapSeconds(lazy, c, q + 2 * kv, q);
+      EXPECT_EQ(a.in, b.in) << "trial " << trial << " route " << route;
+      EXPECT_EQ(a.out, b.out) << "trial " << trial << " route " << route;
+      EXPECT_EQ(a.nicBytes, b.nicBytes) << "trial " << trial;
+      EXPECT_EQ(a.intraBytes, b.intraBytes) << "trial " << trial;
+    }
+  }
+  EXPECT_GT(moved, 100);  // most plans move tokens: the comparison is not of zeros
+}
+
 // The plan's order is the schedule: run in any other order (here the one
 // the simulator and the driver used before plans carried one: inter-node
 // rings, intra-node rings, whole sequences, larger first), the same rings

@@ -30,42 +30,53 @@ void validateLengths(const std::vector<int64_t>& lens, const char* fn) {
 
 namespace {
 
-// Tokens per rank: every rank within one token of the mean. Each rank keeps
-// the front of its attention tokens up to its quota, so those do not move;
-// the surplus fills the ranks that are short, from their own node first (a
-// remap then crosses the network only for what a node cannot balance
-// itself), in rank order.
-Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
-  int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
+// Tokens per rank: every rank within one token of the mean (the first
+// total % n ranks one more).
+std::vector<int64_t> quotas(int64_t total, int n) {
   std::vector<int64_t> quota(n);
   for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
-  Layout lin;
-  lin.seqLens = attn.seqLens;
-  lin.ranks.resize(n);
+  return quota;
+}
+
+// The token-balanced linear layout of an attention layout, walked without
+// being built: each rank keeps the front of its attention tokens up to its
+// quota, so those do not move (keep(r, segment)); the surplus fills the
+// ranks that are short, from their own node first (a remap then crosses the
+// network only for what a node cannot balance itself), in rank order
+// (take(r, segment, from): rank r takes the piece from attention rank
+// `from`). Each rank's calls come in the order of its linear segments, its
+// keeps before its takes.
+template <class Keep, class Take>
+void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take) {
+  const int n = int(attn.ranks.size());
+  if (ranksPerNode < 1) ranksPerNode = std::max(n, 1);  // one node
+  const std::vector<int64_t> quota = quotas(std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0}), n);
   const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
-  std::vector<std::vector<Segment>> surplus(nodes);
+  struct Piece {
+    Segment s;
+    int from;
+  };
+  std::vector<std::vector<Piece>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
-  for (int r = 0; r < n; ++r) {
-    lin.ranks[r].reserve(attn.ranks[r].size());
+  for (int r = 0; r < n; ++r)
     for (const Segment& s : attn.ranks[r]) {
-      int64_t keep = std::min(s.count, quota[r] - have[r]);
-      if (keep > 0) {
-        lin.ranks[r].push_back({s.seq, s.start, keep});
-        have[r] += keep;
+      const int64_t kept = std::min(s.count, quota[r] - have[r]);
+      if (kept > 0) {  // never below 0: have[r] stops at quota[r]
+        keep(r, Segment{s.seq, s.start, kept});
+        have[r] += kept;
       }
-      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
+      if (kept < s.count) surplus[r / ranksPerNode].push_back({{s.seq, s.start + kept, s.count - kept}, r});
     }
-  }
   std::vector<size_t> next(nodes, 0);
   auto fill = [&](int r, int nd) {
     while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
-      Segment& s = surplus[nd][next[nd]];
-      int64_t take = std::min(s.count, quota[r] - have[r]);
-      lin.ranks[r].push_back({s.seq, s.start, take});
-      have[r] += take;
-      s.start += take;
-      s.count -= take;
-      if (s.count == 0) ++next[nd];
+      Piece& p = surplus[nd][next[nd]];
+      const int64_t got = std::min(p.s.count, quota[r] - have[r]);
+      take(r, Segment{p.s.seq, p.s.start, got}, p.from);
+      have[r] += got;
+      p.s.start += got;
+      p.s.count -= got;
+      if (p.s.count == 0) ++next[nd];
     }
   };
   for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
@@ -77,7 +88,6 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
       fill(r, nd);
       if (nd == lo && next[nd] == surplus[nd].size()) ++lo;
     }
-  return lin;
 }
 
 // The message for a plan that splits heads, which the planner's model does
@@ -89,8 +99,38 @@ std::string headSplitCosted(const char* fn, int64_t seq) {
 
 }  // namespace
 
+Layout balancedLinear(const Layout& attention, int ranksPerNode) {
+  Layout lin;
+  lin.seqLens = attention.seqLens;
+  lin.ranks.resize(attention.ranks.size());
+  for (size_t r = 0; r < lin.ranks.size(); ++r) lin.ranks[r].reserve(attention.ranks[r].size());
+  walkBalanced(
+      attention, ranksPerNode, [&](int r, const Segment& s) { lin.ranks[r].push_back(s); },
+      [&](int r, const Segment& s, int) { lin.ranks[r].push_back(s); });
+  return lin;
+}
+
+std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode) {
+  std::vector<BalancedMove> moves;
+  walkBalanced(
+      attention, ranksPerNode, [](int, const Segment&) {},
+      [&](int r, const Segment& s, int from) { moves.push_back({r, from, s}); });
+  // Each rank's pieces stay in the order of its linear segments.
+  std::stable_sort(moves.begin(), moves.end(), [](const BalancedMove& a, const BalancedMove& b) { return a.to < b.to; });
+  return moves;
+}
+
+std::vector<int64_t> balancedTokens(const Layout& attention) {
+  return quotas(std::accumulate(attention.seqLens.begin(), attention.seqLens.end(), int64_t{0}),
+                int(attention.ranks.size()));
+}
+
+void buildLinear(BatchPlan* plan, int ranksPerNode) {
+  if (plan->linear.ranks.empty()) plan->linear = balancedLinear(plan->attention, ranksPerNode);
+}
+
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
-                        int n, int ranksPerNode) {
+                        int n, int ranksPerNode, bool linear) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
   if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
   validateLengths(lens, "planFromRings");
@@ -142,7 +182,7 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vect
   for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
     for (size_t i = 0; i < lens.size(); ++i)
       if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
-  plan.linear = linearLayout(plan.attention, n, ranksPerNode);
+  if (linear) plan.linear = balancedLinear(plan.attention, ranksPerNode);
   return plan;
 }
 

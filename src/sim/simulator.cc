@@ -377,9 +377,20 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
     pl.rings[last].seqs.push_back(i);
   }
   pl.attnTokens = tokensPerRank(p.attention);
-  pl.remap = remap && !sameLayout(p.linear, p.attention);
+  // A candidate's linear layout not built (BatchPlan::linear) is
+  // balancedLinear's: every rank at its share, and equal to the attention
+  // layout exactly when every rank's attention tokens are its share.
+  std::vector<double> linTokens;
+  if (p.linear.ranks.empty()) {
+    const std::vector<int64_t> share = balancedTokens(p.attention);
+    linTokens.assign(share.begin(), share.end());
+    pl.remap = remap && linTokens != pl.attnTokens;
+  } else {
+    pl.remap = remap && !sameLayout(p.linear, p.attention);
+    if (pl.remap) linTokens = tokensPerRank(p.linear);
+  }
   if (pl.remap) {
-    pl.linTokens = tokensPerRank(p.linear);
+    pl.linTokens = std::move(linTokens);
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
     const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
     pl.remapIn = rs.in;
