@@ -371,7 +371,9 @@ TEST(Planner, RoutedRemapSpreadsOverTheNodesNics) {
 // (BatchPlan::linear): a plan with the layout not built is costed as with
 // it built, to the bit (remapSeconds from balancedMoves, the shares from
 // balancedTokens), and balancedLinear builds the layout planFromRings does.
-// Random rings over random clusters, causal or not, routed or not.
+// planFromRings lays out sequences that share a ring together, and each
+// rank's chunks still come in sequence order. Random rings (half of them
+// shared) over random clusters, causal or not, routed or not.
 TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
   SEED_TRACE;
   std::mt19937_64 rng(testSeed());
@@ -388,13 +390,33 @@ TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
     std::vector<std::vector<int>> rings(lens.size());
     std::vector<int> all(n);
     std::iota(all.begin(), all.end(), 0);
-    for (auto& ring : rings) {
+    // Half the sequences on a ring an earlier one has (packed groups, laid
+    // out together), the rest on rings of their own.
+    for (size_t i = 0; i < rings.size(); ++i) {
+      if (i > 0 && rng() % 2) {
+        rings[i] = rings[rng() % i];
+        continue;
+      }
       std::shuffle(all.begin(), all.end(), rng);
-      ring.assign(all.begin(), all.begin() + 1 + rng() % std::min(n, 8));
+      rings[i].assign(all.begin(), all.begin() + 1 + rng() % std::min(n, 8));
     }
     const BatchPlan built = planFromRings(lens, causal, rings, n, rpn);
     const BatchPlan lazy = planFromRings(lens, causal, rings, n, rpn, false);
     ASSERT_TRUE(lazy.linear.ranks.empty());
+    // Each rank's chunks (plan.h) in sequence order, laid out sequence by
+    // sequence here.
+    std::vector<std::vector<Segment>> expect(n);
+    for (size_t i = 0; i < lens.size(); ++i)
+      for (size_t j = 0; j < rings[i].size(); ++j)
+        for (const ChunkSpan& ch : ringChunks(lens[i], int(rings[i].size()), causal, int(j)))
+          if (ch.end > ch.begin) expect[rings[i][j]].push_back({int64_t(i), ch.begin, ch.end - ch.begin});
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(lazy.attention.ranks[r].size(), expect[r].size()) << "rank " << r;
+      for (size_t k = 0; k < expect[r].size(); ++k) {
+        const Segment &a = lazy.attention.ranks[r][k], &b = expect[r][k];
+        ASSERT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " segment " << k;
+      }
+    }
     const Layout lin = balancedLinear(lazy.attention, rpn);
     ASSERT_EQ(lin.ranks.size(), built.linear.ranks.size());
     for (size_t r = 0; r < lin.ranks.size(); ++r) {

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 namespace zp::plan {
 
@@ -90,6 +91,70 @@ void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take) {
     }
 }
 
+// Lays out a plan's attention segments from its rings (plan.h). The
+// sequences on one ring (a packed group of a DP x CP placement: a group of
+// 64 ranks cuts each of its sequences into 128 chunks) are laid out
+// together, rank by rank, so that each rank's list grows in one place at a
+// time: appended sequence by sequence, every rank of the group is touched
+// for every sequence, and at a million segments those scattered appends
+// were most of a plan's building. Each rank's segments stay in sequence
+// order, as plan.h has them: a rank whose list came out of order (it is on
+// several rings) is sorted by sequence.
+void layAttention(BatchPlan* plan) {
+  const std::vector<SeqPlacement>& seqs = plan->seqs;
+  const size_t m = seqs.size();
+  // Each sequence's ring by its first sequence (rings compared by ranks).
+  struct RingHash {
+    const std::vector<SeqPlacement>* seqs;
+    size_t operator()(size_t i) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int r : (*seqs)[i].ranks) h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
+      return size_t(h);
+    }
+  };
+  struct SameRing {
+    const std::vector<SeqPlacement>* seqs;
+    bool operator()(size_t a, size_t b) const { return (*seqs)[a].ranks == (*seqs)[b].ranks; }
+  };
+  std::unordered_set<size_t, RingHash, SameRing> firsts(m, RingHash{&seqs}, SameRing{&seqs});
+  std::vector<size_t> groupOf(m), start;  // start: each group's first place in members
+  for (size_t i = 0; i < m; ++i) {
+    const auto [it, fresh] = firsts.insert(i);
+    if (fresh) {
+      groupOf[i] = start.size();
+      start.push_back(0);
+    } else {
+      groupOf[i] = groupOf[*it];
+    }
+  }
+  // The sequences of each group, in sequence order; groups by their first.
+  std::vector<size_t> members(m);
+  start.push_back(0);
+  for (size_t i = 0; i < m; ++i) ++start[groupOf[i] + 1];
+  for (size_t g = 1; g < start.size(); ++g) start[g] += start[g - 1];
+  std::vector<size_t> at(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < m; ++i) members[at[groupOf[i]]++] = i;
+  std::vector<std::vector<Segment>>& out = plan->attention.ranks;
+  std::vector<char> unsorted(out.size(), 0);
+  for (size_t g = 0; g + 1 < start.size(); ++g) {
+    const std::vector<int>& ring = seqs[members[start[g]]].ranks;
+    const int G = int(ring.size());
+    for (int j = 0; j < G; ++j) {
+      std::vector<Segment>& segs = out[size_t(ring[j])];
+      if (!segs.empty() && segs.back().seq > int64_t(members[start[g]])) unsorted[size_t(ring[j])] = 1;
+      for (size_t k = start[g]; k < start[g + 1]; ++k) {
+        const SeqPlacement& p = seqs[members[k]];
+        for (const ChunkSpan& c : ringChunks(p.len, G, plan->causal, j))
+          if (c.end > c.begin) segs.push_back({p.seq, c.begin, c.end - c.begin});
+      }
+    }
+  }
+  // Stable: a sequence's two chunks on a rank stay in their order.
+  for (size_t r = 0; r < out.size(); ++r)
+    if (unsorted[r])
+      std::stable_sort(out[r].begin(), out[r].end(), [](const Segment& a, const Segment& b) { return a.seq < b.seq; });
+}
+
 // The message for a plan that splits heads, which the planner's model does
 // not cost.
 std::string headSplitCosted(const char* fn, int64_t seq) {
@@ -159,23 +224,20 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vect
       segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
     }
   }
-  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
   for (size_t i = 0; i < lens.size(); ++i) {
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
     p.ranks = std::move(rings[i]);  // checked above; not read again
-    const int G = static_cast<int>(p.ranks.size());
     p.cls = SeqClass::Local;
-    if (G > 1) {
+    if (p.ranks.size() > 1) {
       p.cls = SeqClass::IntraNode;
       for (int r : p.ranks)
         if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
     }
-    for (int j = 0; j < G; ++j)
-      for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
-        if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
   }
+  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
+  layAttention(&plan);
   // Inter-node rings, then intra-node rings, then local sequences, each in
   // sequence order: the order the driver ran before plans carried one.
   plan.order.reserve(lens.size());
