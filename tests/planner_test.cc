@@ -572,7 +572,7 @@ TEST(Planner, APlanOverMemoryIsNeverChosenWhenOneFits) {
     };
     int over = 0;
     PlanOptions o;
-    o.score = [&](const BatchPlan& p) {
+    o.score = [&](const BatchPlan& p, bool) {
       const bool fits = peak(p) <= 1.02 * mean;
       over += !fits;
       const double s = 2 * p.plannedForward + p.plannedBackward;
@@ -904,7 +904,7 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   const int n = c.ranks();
   const std::vector<int64_t> lens(48, 8192);
   PlanOptions opt;
-  opt.score = [](const BatchPlan& p) {
+  opt.score = [](const BatchPlan& p, bool) {
     const PlanOptions::Score s{p.plannedForward + p.plannedBackward, true};
     return PlanOptions::Scores{s, s};
   };
@@ -926,6 +926,52 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   EXPECT_LE(p.plannedForward + p.plannedBackward, goodScore * (1 + 1e-9));
 }
 
+// The step model is told when a plan it scores has the layouts of the one
+// it scored last (PlanOptions::score's sameLayouts: a head-split variant),
+// and it is told so only then: the simulator reuses the remap it made of
+// them. Every call's plan is compared with the last one's layouts, on the
+// long-tail mix at 64 ranks with every head split the node allows.
+TEST(Planner, AStepModelReusesLayoutsOnlyForTheirHeadSplitVariants) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  const ClusterModel c = a800(8);
+  const auto all = readLengths("longtail_mix.txt");
+  AttnShape sh;
+  PlanOptions opt;
+  opt.headSplits = headSplitDegrees(c.ranksPerNode, sh);
+  ASSERT_FALSE(opt.headSplits.empty());
+  Layout lastAttn, lastLin;
+  bool have = false;
+  int same = 0, fresh = 0;
+  auto equal = [](const Layout& a, const Layout& b) {
+    if (a.ranks.size() != b.ranks.size()) return false;
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
+      if (a.ranks[r].size() != b.ranks[r].size()) return false;
+      for (size_t k = 0; k < a.ranks[r].size(); ++k)
+        if (a.ranks[r][k].seq != b.ranks[r][k].seq || a.ranks[r][k].start != b.ranks[r][k].start ||
+            a.ranks[r][k].count != b.ranks[r][k].count)
+          return false;
+    }
+    return true;
+  };
+  opt.score = [&](const BatchPlan& p, bool sameLayouts) {
+    if (sameLayouts) {
+      ++same;
+      EXPECT_TRUE(have && equal(p.attention, lastAttn) && equal(p.linear, lastLin));
+    } else {
+      ++fresh;
+    }
+    lastAttn = p.attention, lastLin = p.linear, have = true;
+    double busiest = 0;  // a model that tells plans apart: the busiest rank's tokens
+    for (int64_t t : rankTokens(p.attention)) busiest = std::max(busiest, double(t));
+    const PlanOptions::Score s{busiest * (1 + 0.01 * p.seqs.front().ulysses), true};
+    return PlanOptions::Scores{s, s};
+  };
+  for (int b = 0; b < 3; ++b) planBatch(formBatch(all, int64_t(c.ranks()) * 16384, rng), true, sh, c, opt);
+  EXPECT_GT(same, 0);
+  EXPECT_GT(fresh, 0);
+}
+
 // Candidates the caller makes only once the planner's own are scored
 // (PlanOptions::lateCandidates) make the plan that the same candidates given
 // up front (PlanOptions::candidates) make, ties included: under a step model
@@ -943,7 +989,7 @@ TEST(Planner, LateCandidatesMakeThePlanTheSameCandidatesGivenFirstMake) {
     cand.order.push_back(int64_t(lens.size() - 1 - i));
   }
   PlanOptions early;
-  early.score = [](const BatchPlan&) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
+  early.score = [](const BatchPlan&, bool) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
   PlanOptions late = early;
   early.candidates = {cand};
   int asked = 0;

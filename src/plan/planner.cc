@@ -336,7 +336,7 @@ struct BestPlan {
         for (size_t i = 0; i < split.size(); ++i) split[i] = p.seqs[i].ulysses;
         if (bounded(ringOf, &split, false)) continue;
       }
-      const auto [remapped, flat] = opt.score(p);
+      const auto [remapped, flat] = opt.score(p, k > 0);  // k = 0 is always scored first
       if (better(remapped)) take(remapped), won = int(k), flatWon = false;
       if (better(flat)) take(flat), won = int(k), flatWon = true;
       fits = fits || remapped.fits || flat.fits;

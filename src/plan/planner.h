@@ -45,7 +45,10 @@ struct PlanOptions {
   struct Scores {
     Score remapped, flat;
   };
-  std::function<Scores(const BatchPlan&)> score;
+  // sameLayouts: the plan differs from the one scored last only in its
+  // head splits (a variant, headSplits), so that what a model makes of its
+  // layouts alone (the remap) may be reused.
+  std::function<Scores(const BatchPlan&, bool sameLayouts)> score;
   // Placements the caller wants scored in full whatever the screening keeps:
   // each sequence's ring (in ring order) and the order attention runs in
   // (every sequence once). The simulator passes the tuned baselines'

@@ -333,12 +333,10 @@ bool sameLayout(const Layout& a, const Layout& b) {
   return true;
 }
 
-// A Zeppelin plan as it runs: its rings in the plan's order, and the remap
-// unless `remap` is false or the plan keeps the linear layers on the
-// attention layout (then they run there).
-Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
-  const AttnShape& sh = cfg.model.attn;
-  Placement pl;
+// A Zeppelin plan's rings as it runs them, in the plan's order (into
+// pl->rings, which is empty).
+void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out) {
+  Placement& pl = *out;
   // Sequences on the same ring run as one group, one message per step, at
   // the place of the first of them (as the attention driver runs them).
   // A sequence usually shares the ring of the one before it (a DP x CP
@@ -376,6 +374,15 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
     pl.rings[last].lens.push_back(s.len);
     pl.rings[last].seqs.push_back(i);
   }
+}
+
+// What a Zeppelin plan's layouts decide of its placement (all but its
+// rings): its ranks' tokens and the remap, unless `remap` is false or the
+// plan keeps the linear layers on the attention layout (then they run
+// there). Its head splits do not change it.
+void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap, Placement* out) {
+  const AttnShape& sh = cfg.model.attn;
+  Placement& pl = *out;
   pl.attnTokens = tokensPerRank(p.attention);
   // A candidate's linear layout not built (BatchPlan::linear) is
   // balancedLinear's: every rank at its share, and equal to the attention
@@ -400,6 +407,13 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   } else {
     pl.linTokens = pl.attnTokens;
   }
+}
+
+// A Zeppelin plan as it runs: its rings (addRings) and layouts (addLayouts).
+Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
+  Placement pl;
+  addRings(p, c, &pl);
+  addLayouts(p, cfg, c, remap, &pl);
   return pl;
 }
 
@@ -442,11 +456,18 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.jointFits = cfg.jointFits;
   if (!o.legacy && cfg.headSplit && o.onlyCap == 0) o.headSplits = headSplitDegrees(c.ranksPerNode, cfg.model.attn);
   if (!o.legacy)
-    o.score = [&](const BatchPlan& p) {
+    o.score = [&, layouts = Placement()](const BatchPlan& p, bool sameLayouts) mutable {
+      // A head-split variant of the plan scored last has its layouts, and
+      // their tokens and remap (addLayouts) are taken from it.
+      if (!sameLayouts) {
+        layouts = Placement();
+        addLayouts(p, cfg, c, remap, &layouts);
+      }
       // One grouping of the plan's rings for both: with the linear layers on
       // the attention layout the placement differs only in its linear
       // tokens and has no remap (placementOf with remap false).
-      Placement pl = placementOf(p, cfg, c, remap);
+      Placement pl = layouts;
+      addRings(p, c, &pl);
       const RingCosts costs = ringCosts(pl, cfg, c);
       const StrategyResult asIs = evaluateCosted("", pl, cfg, c, costs);
       pl.remap = false;
