@@ -136,16 +136,40 @@ void layAttention(BatchPlan* plan) {
   for (size_t i = 0; i < m; ++i) members[at[groupOf[i]]++] = i;
   std::vector<std::vector<Segment>>& out = plan->attention.ranks;
   std::vector<char> unsorted(out.size(), 0);
+  // Chunk boundaries (plan.h: chunk c starts at c * len / C) by sequence of
+  // a block of the group, made without a division per chunk: the divisions
+  // of ringChunks were most of laying out a group of 64 ranks.
+  std::vector<int64_t> bound;
+  constexpr size_t kBlockBounds = size_t(1) << 16;  // a block's table stays in cache
   for (size_t g = 0; g + 1 < start.size(); ++g) {
     const std::vector<int>& ring = seqs[members[start[g]]].ranks;
     const int G = int(ring.size());
-    for (int j = 0; j < G; ++j) {
-      std::vector<Segment>& segs = out[size_t(ring[j])];
-      if (!segs.empty() && segs.back().seq > int64_t(members[start[g]])) unsorted[size_t(ring[j])] = 1;
-      for (size_t k = start[g]; k < start[g + 1]; ++k) {
-        const SeqPlacement& p = seqs[members[k]];
-        for (const ChunkSpan& c : ringChunks(p.len, G, plan->causal, j))
-          if (c.end > c.begin) segs.push_back({p.seq, c.begin, c.end - c.begin});
+    const int64_t C = plan->causal && G > 1 ? 2 * int64_t(G) : G;
+    const size_t per = size_t(C) + 1, block = std::max<size_t>(1, kBlockBounds / per);
+    for (size_t from = start[g]; from < start[g + 1]; from += block) {
+      const size_t to = std::min(start[g + 1], from + block);
+      bound.resize((to - from) * per);
+      for (size_t k = from; k < to; ++k) {
+        // c * len / C, exactly: quotient and remainder grow by len's.
+        const int64_t len = seqs[members[k]].len, q = len / C, rem = len % C;
+        int64_t* b = &bound[(k - from) * per];
+        int64_t at = 0, left = 0;
+        for (int64_t c = 0; c <= C; ++c) {
+          b[c] = at;
+          at += q, left += rem;
+          if (left >= C) ++at, left -= C;
+        }
+      }
+      for (int j = 0; j < G; ++j) {
+        std::vector<Segment>& segs = out[size_t(ring[j])];
+        if (!segs.empty() && segs.back().seq > int64_t(members[from])) unsorted[size_t(ring[j])] = 1;
+        for (size_t k = from; k < to; ++k) {
+          const int64_t* b = &bound[(k - from) * per];
+          const int64_t seq = seqs[members[k]].seq;
+          if (b[j + 1] > b[j]) segs.push_back({seq, b[j], b[j + 1] - b[j]});
+          const int64_t d = C - 1 - j;  // causal: the zigzag's second chunk
+          if (C != G && b[d + 1] > b[d]) segs.push_back({seq, b[d], b[d + 1] - b[d]});
+        }
       }
     }
   }
