@@ -113,12 +113,13 @@ int nodesOf(const std::vector<int>& ranks, int rpn) {
   return k;
 }
 
-// Seconds a rank of the ring spends on its sequences, forward or backward.
-Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bool backward) {
+// Seconds a rank of the ring spends on its sequences, forward and backward
+// (one pass over them for both: the step model costs every ring of every
+// plan it scores).
+void ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, Cost* fwd, Cost* bwd) {
   const AttnShape& sh = cfg.model.attn;
   const int G = int(ring.ranks.size());
   const double lat = linkLatency(ring.link, c);
-  Cost out;
   if (ring.allgather) {
     double flops = 0, kv = 0, comp = 0;
     for (int64_t l : ring.lens) {
@@ -136,9 +137,9 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
       comm = (G - 1) * lat + cross / nicShareBytesPerSec(c) + (recv - cross) / linkBytesPerSec(Link::Intra, c);
     }
     // Backward: K and V gathered again, their gradients reduce-scattered.
-    out.compute = comp * (backward ? kAttnBackwardFlops : 1);
-    out.exposed = comm * (backward ? 2 : 1);
-    return out;
+    *fwd = {comp, comm};
+    *bwd = {comp * kAttnBackwardFlops, comm * 2};
+    return;
   }
   // With Ulysses inside the ring's positions (u ranks each, heads split u
   // ways), the ring has G / u positions and each rank computes and passes
@@ -153,9 +154,7 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
   }
   // One message per step carries every sequence's chunk.
   st.transfer = R > 1 ? lat + bytes / linkBytesPerSec(ring.link, c) : 0;
-  if (backward) st = backwardStep(st, lat);
-  out.compute = R * st.compute;
-  out.exposed = (R - 1) * std::max(0.0, st.transfer - st.compute);
+  double a2a = 0;
   if (u > 1) {
     // Ulysses' all-to-alls inside the node, not overlapped: q, k, v in and
     // the output back (backward: their gradients), (u - 1) / u of each
@@ -163,10 +162,13 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
     double tokens = 0;
     for (int64_t l : ring.lens) tokens += double(l) / G;
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
-    out.exposed += 2 * (u - 1) * c.intraLatency +
-                   tokens * (2 * q + 2 * kv) * (u - 1) / u / linkBytesPerSec(Link::Intra, c);
+    a2a = 2 * (u - 1) * c.intraLatency + tokens * (2 * q + 2 * kv) * (u - 1) / u / linkBytesPerSec(Link::Intra, c);
   }
-  return out;
+  for (const auto& [pass, out] : {std::pair{st, fwd}, std::pair{backwardStep(st, lat), bwd}}) {
+    out->compute = R * pass.compute;
+    out->exposed = (R - 1) * std::max(0.0, pass.transfer - pass.compute);
+    if (u > 1) out->exposed += a2a;
+  }
 }
 
 // Bytes of one layer's forward on NICs and intra-node links.
@@ -200,8 +202,7 @@ RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterMod
   rc.fwd.resize(pl.rings.size());
   rc.bwd.resize(pl.rings.size());
   for (size_t i = 0; i < pl.rings.size(); ++i) {
-    rc.fwd[i] = ringCost(pl.rings[i], cfg, c, false);
-    rc.bwd[i] = ringCost(pl.rings[i], cfg, c, true);
+    ringCost(pl.rings[i], cfg, c, &rc.fwd[i], &rc.bwd[i]);
   }
   rc.extra.assign(size_t(c.ranks()), 0.0);
   for (const Ring& ring : pl.rings) {
