@@ -367,6 +367,81 @@ TEST(Planner, RoutedRemapSpreadsOverTheNodesNics) {
   printf("  random batches: the routed remap is cheaper in %d of %d plans\n", cheaper, plans);
 }
 
+// The planner scores its candidates without building their linear layouts
+// (BatchPlan::linear): a plan with the layout not built is costed as with
+// it built, to the bit (remapSeconds from balancedMoves, the shares from
+// balancedTokens), and balancedLinear builds the layout planFromRings does.
+// planFromRings lays out sequences that share a ring together, and each
+// rank's chunks still come in sequence order. Random rings (half of them
+// shared) over random clusters, causal or not, routed or not.
+TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  AttnShape sh;
+  const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
+  int moved = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int rpn = std::vector<int>{1, 2, 3, 4, 8}[rng() % 5];
+    const int nodes = 1 + int(rng() % 4);
+    const int n = rpn * nodes;
+    const bool causal = rng() % 2;
+    std::vector<int64_t> lens(1 + rng() % 40);
+    for (int64_t& l : lens) l = 1 + int64_t(rng() % (rng() % 4 == 0 ? 20000 : 3000));
+    std::vector<std::vector<int>> rings(lens.size());
+    std::vector<int> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    // Half the sequences on a ring an earlier one has (packed groups, laid
+    // out together), the rest on rings of their own.
+    for (size_t i = 0; i < rings.size(); ++i) {
+      if (i > 0 && rng() % 2) {
+        rings[i] = rings[rng() % i];
+        continue;
+      }
+      std::shuffle(all.begin(), all.end(), rng);
+      rings[i].assign(all.begin(), all.begin() + 1 + rng() % std::min(n, 8));
+    }
+    const BatchPlan built = planFromRings(lens, causal, rings, n, rpn);
+    const BatchPlan lazy = planFromRings(lens, causal, rings, n, rpn, false);
+    ASSERT_TRUE(lazy.linear.ranks.empty());
+    // Each rank's chunks (plan.h) in sequence order, laid out sequence by
+    // sequence here.
+    std::vector<std::vector<Segment>> expect(n);
+    for (size_t i = 0; i < lens.size(); ++i)
+      for (size_t j = 0; j < rings[i].size(); ++j)
+        for (const ChunkSpan& ch : ringChunks(lens[i], int(rings[i].size()), causal, int(j)))
+          if (ch.end > ch.begin) expect[rings[i][j]].push_back({int64_t(i), ch.begin, ch.end - ch.begin});
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(lazy.attention.ranks[r].size(), expect[r].size()) << "rank " << r;
+      for (size_t k = 0; k < expect[r].size(); ++k) {
+        const Segment &a = lazy.attention.ranks[r][k], &b = expect[r][k];
+        ASSERT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " segment " << k;
+      }
+    }
+    const Layout lin = balancedLinear(lazy.attention, rpn);
+    ASSERT_EQ(lin.ranks.size(), built.linear.ranks.size());
+    for (size_t r = 0; r < lin.ranks.size(); ++r) {
+      ASSERT_EQ(lin.ranks[r].size(), built.linear.ranks[r].size()) << "rank " << r;
+      for (size_t k = 0; k < lin.ranks[r].size(); ++k) {
+        const Segment &a = lin.ranks[r][k], &b = built.linear.ranks[r][k];
+        EXPECT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " segment " << k;
+      }
+    }
+    EXPECT_EQ(balancedTokens(lazy.attention), rankTokens(built.linear));
+    moved += !balancedMoves(lazy.attention, rpn).empty();
+    for (double route : {0.0, 0.8}) {
+      ClusterModel c = a800(nodes);
+      c.ranksPerNode = rpn;
+      c.routeEfficiency = route;
+      const RemapSeconds a = remapSeconds(built, c, q + 2 * kv, q), b = remapSeconds(lazy, c, q + 2 * kv, q);
+      EXPECT_EQ(a.in, b.in) << "trial " << trial << " route " << route;
+      EXPECT_EQ(a.out, b.out) << "trial " << trial << " route " << route;
+      EXPECT_EQ(a.nicBytes, b.nicBytes) << "trial " << trial;
+      EXPECT_EQ(a.intraBytes, b.intraBytes) << "trial " << trial;
+    }
+  }
+  EXPECT_GT(moved, 100);  // most plans move tokens: the comparison is not of zeros
+}
+
 // The plan's order is the schedule: run in any other order (here the one
 // the simulator and the driver used before plans carried one: inter-node
 // rings, intra-node rings, whole sequences, larger first), the same rings
@@ -497,7 +572,7 @@ TEST(Planner, APlanOverMemoryIsNeverChosenWhenOneFits) {
     };
     int over = 0;
     PlanOptions o;
-    o.score = [&](const BatchPlan& p) {
+    o.score = [&](const BatchPlan& p, bool) {
       const bool fits = peak(p) <= 1.02 * mean;
       over += !fits;
       const double s = 2 * p.plannedForward + p.plannedBackward;
@@ -829,7 +904,7 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   const int n = c.ranks();
   const std::vector<int64_t> lens(48, 8192);
   PlanOptions opt;
-  opt.score = [](const BatchPlan& p) {
+  opt.score = [](const BatchPlan& p, bool) {
     const PlanOptions::Score s{p.plannedForward + p.plannedBackward, true};
     return PlanOptions::Scores{s, s};
   };
@@ -851,6 +926,52 @@ TEST(Planner, CallersCandidatesPastTheFirstAreScoredUnlessTheBoundRulesThemOut) 
   EXPECT_LE(p.plannedForward + p.plannedBackward, goodScore * (1 + 1e-9));
 }
 
+// The step model is told when a plan it scores has the layouts of the one
+// it scored last (PlanOptions::score's sameLayouts: a head-split variant),
+// and it is told so only then: the simulator reuses the remap it made of
+// them. Every call's plan is compared with the last one's layouts, on the
+// long-tail mix at 64 ranks with every head split the node allows.
+TEST(Planner, AStepModelReusesLayoutsOnlyForTheirHeadSplitVariants) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  const ClusterModel c = a800(8);
+  const auto all = readLengths("longtail_mix.txt");
+  AttnShape sh;
+  PlanOptions opt;
+  opt.headSplits = headSplitDegrees(c.ranksPerNode, sh);
+  ASSERT_FALSE(opt.headSplits.empty());
+  Layout lastAttn, lastLin;
+  bool have = false;
+  int same = 0, fresh = 0;
+  auto equal = [](const Layout& a, const Layout& b) {
+    if (a.ranks.size() != b.ranks.size()) return false;
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
+      if (a.ranks[r].size() != b.ranks[r].size()) return false;
+      for (size_t k = 0; k < a.ranks[r].size(); ++k)
+        if (a.ranks[r][k].seq != b.ranks[r][k].seq || a.ranks[r][k].start != b.ranks[r][k].start ||
+            a.ranks[r][k].count != b.ranks[r][k].count)
+          return false;
+    }
+    return true;
+  };
+  opt.score = [&](const BatchPlan& p, bool sameLayouts) {
+    if (sameLayouts) {
+      ++same;
+      EXPECT_TRUE(have && equal(p.attention, lastAttn) && equal(p.linear, lastLin));
+    } else {
+      ++fresh;
+    }
+    lastAttn = p.attention, lastLin = p.linear, have = true;
+    double busiest = 0;  // a model that tells plans apart: the busiest rank's tokens
+    for (int64_t t : rankTokens(p.attention)) busiest = std::max(busiest, double(t));
+    const PlanOptions::Score s{busiest * (1 + 0.01 * p.seqs.front().ulysses), true};
+    return PlanOptions::Scores{s, s};
+  };
+  for (int b = 0; b < 3; ++b) planBatch(formBatch(all, int64_t(c.ranks()) * 16384, rng), true, sh, c, opt);
+  EXPECT_GT(same, 0);
+  EXPECT_GT(fresh, 0);
+}
+
 // Candidates the caller makes only once the planner's own are scored
 // (PlanOptions::lateCandidates) make the plan that the same candidates given
 // up front (PlanOptions::candidates) make, ties included: under a step model
@@ -868,7 +989,7 @@ TEST(Planner, LateCandidatesMakeThePlanTheSameCandidatesGivenFirstMake) {
     cand.order.push_back(int64_t(lens.size() - 1 - i));
   }
   PlanOptions early;
-  early.score = [](const BatchPlan&) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
+  early.score = [](const BatchPlan&, bool) { return PlanOptions::Scores{{1.0, true}, {1.0, true}}; };
   PlanOptions late = early;
   early.candidates = {cand};
   int asked = 0;

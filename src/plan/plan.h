@@ -91,7 +91,12 @@ struct BatchPlan {
   // exactly these.
   double plannedForward = 0, plannedBackward = 0;
   Layout attention;                // from seqs, as described above
-  Layout linear;                   // token balanced: every rank within one token of the mean
+  // Token balanced: every rank within one token of the mean (planner.h,
+  // balancedLinear). Not built (no ranks) in the candidates the planner
+  // scores (PlanOptions::score): a plan with a million segments per layout
+  // would build it only to be costed. Then it stands for balancedLinear's
+  // layout; planBatch returns every plan with it built.
+  Layout linear;
 };
 
 }  // namespace zp::plan

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 namespace zp::plan {
 
@@ -30,42 +31,53 @@ void validateLengths(const std::vector<int64_t>& lens, const char* fn) {
 
 namespace {
 
-// Tokens per rank: every rank within one token of the mean. Each rank keeps
-// the front of its attention tokens up to its quota, so those do not move;
-// the surplus fills the ranks that are short, from their own node first (a
-// remap then crosses the network only for what a node cannot balance
-// itself), in rank order.
-Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
-  int64_t total = std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0});
+// Tokens per rank: every rank within one token of the mean (the first
+// total % n ranks one more).
+std::vector<int64_t> quotas(int64_t total, int n) {
   std::vector<int64_t> quota(n);
   for (int r = 0; r < n; ++r) quota[r] = total / n + (r < total % n ? 1 : 0);
-  Layout lin;
-  lin.seqLens = attn.seqLens;
-  lin.ranks.resize(n);
+  return quota;
+}
+
+// The token-balanced linear layout of an attention layout, walked without
+// being built: each rank keeps the front of its attention tokens up to its
+// quota, so those do not move (keep(r, segment)); the surplus fills the
+// ranks that are short, from their own node first (a remap then crosses the
+// network only for what a node cannot balance itself), in rank order
+// (take(r, segment, from): rank r takes the piece from attention rank
+// `from`). Each rank's calls come in the order of its linear segments, its
+// keeps before its takes.
+template <class Keep, class Take>
+void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take) {
+  const int n = int(attn.ranks.size());
+  if (ranksPerNode < 1) ranksPerNode = std::max(n, 1);  // one node
+  const std::vector<int64_t> quota = quotas(std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0}), n);
   const int nodes = (n + ranksPerNode - 1) / ranksPerNode;
-  std::vector<std::vector<Segment>> surplus(nodes);
+  struct Piece {
+    Segment s;
+    int from;
+  };
+  std::vector<std::vector<Piece>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
-  for (int r = 0; r < n; ++r) {
-    lin.ranks[r].reserve(attn.ranks[r].size());
+  for (int r = 0; r < n; ++r)
     for (const Segment& s : attn.ranks[r]) {
-      int64_t keep = std::min(s.count, quota[r] - have[r]);
-      if (keep > 0) {
-        lin.ranks[r].push_back({s.seq, s.start, keep});
-        have[r] += keep;
+      const int64_t kept = std::min(s.count, quota[r] - have[r]);
+      if (kept > 0) {  // never below 0: have[r] stops at quota[r]
+        keep(r, Segment{s.seq, s.start, kept});
+        have[r] += kept;
       }
-      if (keep < s.count) surplus[r / ranksPerNode].push_back({s.seq, s.start + keep, s.count - keep});
+      if (kept < s.count) surplus[r / ranksPerNode].push_back({{s.seq, s.start + kept, s.count - kept}, r});
     }
-  }
   std::vector<size_t> next(nodes, 0);
   auto fill = [&](int r, int nd) {
     while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
-      Segment& s = surplus[nd][next[nd]];
-      int64_t take = std::min(s.count, quota[r] - have[r]);
-      lin.ranks[r].push_back({s.seq, s.start, take});
-      have[r] += take;
-      s.start += take;
-      s.count -= take;
-      if (s.count == 0) ++next[nd];
+      Piece& p = surplus[nd][next[nd]];
+      const int64_t got = std::min(p.s.count, quota[r] - have[r]);
+      take(r, Segment{p.s.seq, p.s.start, got}, p.from);
+      have[r] += got;
+      p.s.start += got;
+      p.s.count -= got;
+      if (p.s.count == 0) ++next[nd];
     }
   };
   for (int r = 0; r < n; ++r) fill(r, r / ranksPerNode);
@@ -77,7 +89,94 @@ Layout linearLayout(const Layout& attn, int n, int ranksPerNode) {
       fill(r, nd);
       if (nd == lo && next[nd] == surplus[nd].size()) ++lo;
     }
-  return lin;
+}
+
+// Lays out a plan's attention segments from its rings (plan.h). The
+// sequences on one ring (a packed group of a DP x CP placement: a group of
+// 64 ranks cuts each of its sequences into 128 chunks) are laid out
+// together, rank by rank, so that each rank's list grows in one place at a
+// time: appended sequence by sequence, every rank of the group is touched
+// for every sequence, and at a million segments those scattered appends
+// were most of a plan's building. Each rank's segments stay in sequence
+// order, as plan.h has them: a rank whose list came out of order (it is on
+// several rings) is sorted by sequence.
+void layAttention(BatchPlan* plan) {
+  const std::vector<SeqPlacement>& seqs = plan->seqs;
+  const size_t m = seqs.size();
+  // Each sequence's ring by its first sequence (rings compared by ranks).
+  struct RingHash {
+    const std::vector<SeqPlacement>* seqs;
+    size_t operator()(size_t i) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int r : (*seqs)[i].ranks) h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
+      return size_t(h);
+    }
+  };
+  struct SameRing {
+    const std::vector<SeqPlacement>* seqs;
+    bool operator()(size_t a, size_t b) const { return (*seqs)[a].ranks == (*seqs)[b].ranks; }
+  };
+  std::unordered_set<size_t, RingHash, SameRing> firsts(m, RingHash{&seqs}, SameRing{&seqs});
+  std::vector<size_t> groupOf(m), start;  // start: each group's first place in members
+  for (size_t i = 0; i < m; ++i) {
+    const auto [it, fresh] = firsts.insert(i);
+    if (fresh) {
+      groupOf[i] = start.size();
+      start.push_back(0);
+    } else {
+      groupOf[i] = groupOf[*it];
+    }
+  }
+  // The sequences of each group, in sequence order; groups by their first.
+  std::vector<size_t> members(m);
+  start.push_back(0);
+  for (size_t i = 0; i < m; ++i) ++start[groupOf[i] + 1];
+  for (size_t g = 1; g < start.size(); ++g) start[g] += start[g - 1];
+  std::vector<size_t> at(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < m; ++i) members[at[groupOf[i]]++] = i;
+  std::vector<std::vector<Segment>>& out = plan->attention.ranks;
+  std::vector<char> unsorted(out.size(), 0);
+  // Chunk boundaries (plan.h: chunk c starts at c * len / C) by sequence of
+  // a block of the group, made without a division per chunk: the divisions
+  // of ringChunks were most of laying out a group of 64 ranks.
+  std::vector<int64_t> bound;
+  constexpr size_t kBlockBounds = size_t(1) << 16;  // a block's table stays in cache
+  for (size_t g = 0; g + 1 < start.size(); ++g) {
+    const std::vector<int>& ring = seqs[members[start[g]]].ranks;
+    const int G = int(ring.size());
+    const int64_t C = plan->causal && G > 1 ? 2 * int64_t(G) : G;
+    const size_t per = size_t(C) + 1, block = std::max<size_t>(1, kBlockBounds / per);
+    for (size_t from = start[g]; from < start[g + 1]; from += block) {
+      const size_t to = std::min(start[g + 1], from + block);
+      bound.resize((to - from) * per);
+      for (size_t k = from; k < to; ++k) {
+        // c * len / C, exactly: quotient and remainder grow by len's.
+        const int64_t len = seqs[members[k]].len, q = len / C, rem = len % C;
+        int64_t* b = &bound[(k - from) * per];
+        int64_t at = 0, left = 0;
+        for (int64_t c = 0; c <= C; ++c) {
+          b[c] = at;
+          at += q, left += rem;
+          if (left >= C) ++at, left -= C;
+        }
+      }
+      for (int j = 0; j < G; ++j) {
+        std::vector<Segment>& segs = out[size_t(ring[j])];
+        if (!segs.empty() && segs.back().seq > int64_t(members[from])) unsorted[size_t(ring[j])] = 1;
+        for (size_t k = from; k < to; ++k) {
+          const int64_t* b = &bound[(k - from) * per];
+          const int64_t seq = seqs[members[k]].seq;
+          if (b[j + 1] > b[j]) segs.push_back({seq, b[j], b[j + 1] - b[j]});
+          const int64_t d = C - 1 - j;  // causal: the zigzag's second chunk
+          if (C != G && b[d + 1] > b[d]) segs.push_back({seq, b[d], b[d + 1] - b[d]});
+        }
+      }
+    }
+  }
+  // Stable: a sequence's two chunks on a rank stay in their order.
+  for (size_t r = 0; r < out.size(); ++r)
+    if (unsorted[r])
+      std::stable_sort(out[r].begin(), out[r].end(), [](const Segment& a, const Segment& b) { return a.seq < b.seq; });
 }
 
 // The message for a plan that splits heads, which the planner's model does
@@ -89,8 +188,38 @@ std::string headSplitCosted(const char* fn, int64_t seq) {
 
 }  // namespace
 
+Layout balancedLinear(const Layout& attention, int ranksPerNode) {
+  Layout lin;
+  lin.seqLens = attention.seqLens;
+  lin.ranks.resize(attention.ranks.size());
+  for (size_t r = 0; r < lin.ranks.size(); ++r) lin.ranks[r].reserve(attention.ranks[r].size());
+  walkBalanced(
+      attention, ranksPerNode, [&](int r, const Segment& s) { lin.ranks[r].push_back(s); },
+      [&](int r, const Segment& s, int) { lin.ranks[r].push_back(s); });
+  return lin;
+}
+
+std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode) {
+  std::vector<BalancedMove> moves;
+  walkBalanced(
+      attention, ranksPerNode, [](int, const Segment&) {},
+      [&](int r, const Segment& s, int from) { moves.push_back({r, from, s}); });
+  // Each rank's pieces stay in the order of its linear segments.
+  std::stable_sort(moves.begin(), moves.end(), [](const BalancedMove& a, const BalancedMove& b) { return a.to < b.to; });
+  return moves;
+}
+
+std::vector<int64_t> balancedTokens(const Layout& attention) {
+  return quotas(std::accumulate(attention.seqLens.begin(), attention.seqLens.end(), int64_t{0}),
+                int(attention.ranks.size()));
+}
+
+void buildLinear(BatchPlan* plan, int ranksPerNode) {
+  if (plan->linear.ranks.empty()) plan->linear = balancedLinear(plan->attention, ranksPerNode);
+}
+
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
-                        int n, int ranksPerNode) {
+                        int n, int ranksPerNode, bool linear) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
   if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
   validateLengths(lens, "planFromRings");
@@ -119,30 +248,27 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vect
       segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
     }
   }
-  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
   for (size_t i = 0; i < lens.size(); ++i) {
     SeqPlacement& p = plan.seqs[i];
     p.seq = static_cast<int64_t>(i);
     p.len = lens[i];
     p.ranks = std::move(rings[i]);  // checked above; not read again
-    const int G = static_cast<int>(p.ranks.size());
     p.cls = SeqClass::Local;
-    if (G > 1) {
+    if (p.ranks.size() > 1) {
       p.cls = SeqClass::IntraNode;
       for (int r : p.ranks)
         if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
     }
-    for (int j = 0; j < G; ++j)
-      for (const ChunkSpan& c : ringChunks(lens[i], G, causal, j))
-        if (c.end > c.begin) plan.attention.ranks[p.ranks[j]].push_back({p.seq, c.begin, c.end - c.begin});
   }
+  for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
+  layAttention(&plan);
   // Inter-node rings, then intra-node rings, then local sequences, each in
   // sequence order: the order the driver ran before plans carried one.
   plan.order.reserve(lens.size());
   for (SeqClass cls : {SeqClass::InterNode, SeqClass::IntraNode, SeqClass::Local})
     for (size_t i = 0; i < lens.size(); ++i)
       if (plan.seqs[i].cls == cls) plan.order.push_back(int64_t(i));
-  plan.linear = linearLayout(plan.attention, n, ranksPerNode);
+  if (linear) plan.linear = balancedLinear(plan.attention, ranksPerNode);
   return plan;
 }
 

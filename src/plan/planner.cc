@@ -219,6 +219,19 @@ struct BestPlan {
   // the tie, as it did when the caller's candidates were scored first (the
   // plan is the same whichever comes first).
   bool lateWinsTies = false;
+  // The best plan keeps the linear layers on its attention layout (its
+  // flat score won).
+  bool bestFlat = false;
+
+  // The plan returned: its linear layout built (the candidates' are not,
+  // BatchPlan::linear), the attention layout's when its flat score won.
+  BatchPlan finish() {
+    if (best.linear.ranks.empty()) {
+      if (bestFlat) best.linear = best.attention;
+      else buildLinear(&best, c.ranksPerNode);
+    }
+    return std::move(best);
+  }
 
   // The planner's own model: the planned makespans and the remaps.
   double modelled(const BatchPlan& p) const {
@@ -291,7 +304,7 @@ struct BestPlan {
     // against a best that fits: one over memory loses to any that fits).
     if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); }, nullptr, true))
       return Seen::Bounded;
-    BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode);
+    BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode, false);
     p.order = s.order;
     p.plannedForward = s.forward;
     p.plannedBackward = s.backward;
@@ -306,7 +319,7 @@ struct BestPlan {
   Seen consider(BatchPlan p, bool variants = true) {
     if (!opt.score) {
       const PlanOptions::Score own{modelled(p), true};
-      if (better(own)) take(own), best = std::move(p);
+      if (better(own)) take(own), bestFlat = false, best = std::move(p);
       return Seen::Fits;
     }
     const size_t splits = variants ? opt.headSplits.size() : 0;
@@ -323,7 +336,7 @@ struct BestPlan {
         for (size_t i = 0; i < split.size(); ++i) split[i] = p.seqs[i].ulysses;
         if (bounded(ringOf, &split, false)) continue;
       }
-      const auto [remapped, flat] = opt.score(p);
+      const auto [remapped, flat] = opt.score(p, k > 0);  // k = 0 is always scored first
       if (better(remapped)) take(remapped), won = int(k), flatWon = false;
       if (better(flat)) take(flat), won = int(k), flatWon = true;
       fits = fits || remapped.fits || flat.fits;
@@ -333,7 +346,8 @@ struct BestPlan {
       // The planner's makespans do not cost a head split (setHeadSplit).
       p.plannedForward = won == 0 ? plannedF : 0;
       p.plannedBackward = won == 0 ? plannedB : 0;
-      if (flatWon) p.linear = p.attention;
+      // The linear layout is built once, for the plan returned (finish).
+      bestFlat = flatWon;
       best = std::move(p);
     }
     return fits ? Seen::Fits : Seen::Over;
@@ -365,7 +379,7 @@ void scoreCallersCandidates(Cands& cands, BestPlan* best) {
     // dp_cp's groups is a usp_cp setting, tuned there).
     const std::vector<int>* split = cand.ulysses.empty() ? nullptr : &cand.ulysses;
     if (valid && best->bounded(ring, split, false)) continue;
-    BatchPlan p = planFromRings(best->lens, best->causal, ringsOf(cand), best->c.ranks(), best->c.ranksPerNode);
+    BatchPlan p = planFromRings(best->lens, best->causal, ringsOf(cand), best->c.ranks(), best->c.ranksPerNode, false);
     setOrder(&p, cand.order);
     if (split) setHeadSplit(&p, *split, best->c.ranksPerNode, best->shape);
     if (!split || std::all_of(split->begin(), split->end(), [](int u) { return u == 1; })) {
@@ -683,7 +697,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   if (opt.onlyCap > 0) {
     tryCap(mean * opt.onlyCap, opt, options);
     bestPlan.consider(caps.front().second);
-    return std::move(bestPlan.best);
+    return bestPlan.finish();
   }
   // Caps halving from the mean load down to 1/64 of it, then a local search
   // around the best in steps of a half, a quarter and an eighth of an octave:
@@ -763,7 +777,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
       [&] { capSearch.scheduleDeferred(); },
       &bestPlan);
   scoreLateCandidates(&bestPlan);
-  return std::move(bestPlan.best);
+  return bestPlan.finish();
 }
 
 }  // namespace zp::plan

@@ -32,6 +32,8 @@ struct PlanOptions {
   // the linear layers on the attention layout (flat: the plan's linear
   // layout is to be taken as its attention layout, so the planner need not
   // copy it; one call, so that a model can share what both take). The
+  // plan's linear layout is not built (BatchPlan::linear: remapSeconds and
+  // balancedTokens cost it as built). The
   // simulator passes its full step (src/sim/simulator.h). Memory is a
   // constraint, not a cost: a plan that fits beats every plan that does
   // not, whatever their seconds, and a candidate over memory does not count
@@ -43,7 +45,10 @@ struct PlanOptions {
   struct Scores {
     Score remapped, flat;
   };
-  std::function<Scores(const BatchPlan&)> score;
+  // sameLayouts: the plan differs from the one scored last only in its
+  // head splits (a variant, headSplits), so that what a model makes of its
+  // layouts alone (the remap) may be reused.
+  std::function<Scores(const BatchPlan&, bool sameLayouts)> score;
   // Placements the caller wants scored in full whatever the screening keeps:
   // each sequence's ring (in ring order) and the order attention runs in
   // (every sequence once). The simulator passes the tuned baselines'
@@ -102,10 +107,31 @@ BatchPlan planBatch(const std::vector<int64_t>& seqLens, bool causal, const Attn
 
 // The plan for rings the caller chose: sequence i on rings[i] (in ring
 // order), chunked as plan.h says; a ring leaving its first rank's node (of
-// ranksPerNode ranks; < 1: one node) is an inter-node ring. Throws
-// std::invalid_argument naming the first bad sequence.
+// ranksPerNode ranks; < 1: one node) is an inter-node ring. Its linear
+// layout is balancedLinear's, or with `linear` false not built (the
+// planner's candidates: BatchPlan::linear). Throws std::invalid_argument
+// naming the first bad sequence.
 BatchPlan planFromRings(const std::vector<int64_t>& seqLens, bool causal, std::vector<std::vector<int>> rings,
-                        int nranks, int ranksPerNode);
+                        int nranks, int ranksPerNode, bool linear = true);
+
+// The token-balanced linear layout of an attention layout (as planFromRings
+// builds it): every rank within one token of the mean (balancedTokens),
+// keeping the front of its attention tokens up to its share so that those
+// do not move; the surplus fills the ranks that are short, from their own
+// node (of ranksPerNode ranks) first, ranks in order.
+Layout balancedLinear(const Layout& attention, int ranksPerNode);
+// Each rank's tokens in it: the first total % n ranks one more.
+std::vector<int64_t> balancedTokens(const Layout& attention);
+// The pieces it moves, without building it: rank `to` takes `seg` from
+// attention rank `from` (each piece lies inside one attention segment of
+// that rank); by `to`, each rank's in the order of its linear segments.
+struct BalancedMove {
+  int to, from;
+  Segment seg;
+};
+std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode);
+// Builds a plan's linear layout (balancedLinear) if it is not built.
+void buildLinear(BatchPlan* plan, int ranksPerNode);
 
 // Head splits (SeqPlacement::ulysses). The degrees a plan may split heads
 // by: every u > 1 dividing the node's ranks and both head counts.
@@ -164,7 +190,9 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
 // cross nodes and that stay inside them. With routing (routeEfficiency > 0)
 // what crosses nodes may go over all of its node's NICs, as the router
 // sends the remap's alltoallv (docs/planner.md, the cost model). A sequence's attention segments
-// must not overlap (as in every plan planFromRings makes).
+// must not overlap (as in every plan planFromRings makes). A plan whose
+// linear layout is not built (BatchPlan::linear) is costed for
+// balancedLinear's, from its moves, the same figures to the bit.
 struct RemapSeconds {
   double in = 0, out = 0;
   double nicBytes = 0, intraBytes = 0;

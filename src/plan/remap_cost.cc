@@ -8,12 +8,20 @@
 
 namespace zp::plan {
 
-// The remap between a plan's linear and attention layouts: the busiest
-// rank's seconds (its sends or its receives, whichever take longer;
-// intra-node at the link rate, across nodes at its share of the node's NICs
-// or, routed, as below; one message latency per peer).
-RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
-  const int n = c.ranks();
+namespace {
+
+// Calls piece(r, ar, tokens) for every piece of tokens linear rank r takes
+// from attention rank ar != r: ranks r in order, each rank's pieces in the
+// order of its linear segments (and inside one, of the attention segments
+// it overlaps).
+template <class Piece>
+void forEachMovedPiece(const BatchPlan& p, int n, int ranksPerNode, Piece piece) {
+  if (p.linear.ranks.empty()) {
+    // Not built: balancedLinear's pieces, each inside one attention segment
+    // of another rank (what the search below finds for that layout).
+    for (const BalancedMove& m : balancedMoves(p.attention, ranksPerNode)) piece(m.to, m.from, m.seg.count);
+    return;
+  }
   // A linear segment inside an attention segment of its own rank moves
   // nothing (a sequence's attention segments do not overlap, so no other
   // rank holds any of its tokens). The linear layout keeps each rank's first
@@ -55,6 +63,33 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
     if (first[q + 1] - first[q] > 1)
       std::sort(owner.begin() + first[q], owner.begin() + first[q + 1],
                 [](auto& a, auto& b) { return a.first.start < b.first.start; });
+  for (int r = 0; r < n; ++r) {
+    size_t j = 0;
+    for (const Segment& s : p.linear.ranks[r]) {
+      if (kept(r, s, j)) continue;
+      auto begin = owner.begin() + first[s.seq], end = owner.begin() + first[s.seq + 1];
+      // The first attention segment that may overlap.
+      auto it = std::lower_bound(begin, end, s.start, [](const std::pair<Segment, int>& a, int64_t v) {
+        return a.first.start + a.first.count <= v;
+      });
+      for (; it != end && it->first.start < s.start + s.count; ++it) {
+        const auto& [a, ar] = *it;
+        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
+        if (e <= b || ar == r) continue;
+        piece(r, ar, e - b);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// The remap between a plan's linear and attention layouts: the busiest
+// rank's seconds (its sends or its receives, whichever take longer;
+// intra-node at the link rate, across nodes at its share of the node's NICs
+// or, routed, as below; one message latency per peer).
+RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
+  const int n = c.ranks();
   // Seconds per byte a rank sends and receives, and the latency of its
   // distinct peers (seenBy: the last rank that counted a peer, by peer and
   // link).
@@ -73,39 +108,26 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
   std::vector<int> seenBy(2 * size_t(n), -1);
   RemapSeconds res;
   double movedCross = 0, movedIntra = 0;
-  for (int r = 0; r < n; ++r) {
-    size_t j = 0;
-    for (const Segment& s : p.linear.ranks[r]) {
-      if (kept(r, s, j)) continue;
-      auto begin = owner.begin() + first[s.seq], end = owner.begin() + first[s.seq + 1];
-      // The first attention segment that may overlap.
-      auto it = std::lower_bound(begin, end, s.start, [](const std::pair<Segment, int>& a, int64_t v) {
-        return a.first.start + a.first.count <= v;
-      });
-      for (; it != end && it->first.start < s.start + s.count; ++it) {
-        const auto& [a, ar] = *it;
-        int64_t b = std::max(a.start, s.start), e = std::min(a.start + a.count, s.start + s.count);
-        if (e <= b || ar == r) continue;
-        const bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
-        (cross ? movedCross : movedIntra) += double(e - b);
-        double secs = double(e - b) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
-        out[r] += secs;
-        in[ar] += secs;
-        if (cross && routed) {
-          nodeOut[r / c.ranksPerNode] += double(e - b) / nodeBytesPerSec;
-          nodeIn[ar / c.ranksPerNode] += double(e - b) / nodeBytesPerSec;
-        } else if (routed) {
-          intraOut[r] += secs;
-          intraIn[ar] += secs;
-        }
-        const size_t peer = size_t(ar) * 2 + (cross ? 1 : 0);
-        if (seenBy[peer] != r) {
-          seenBy[peer] = r;
-          lat[r] += cross ? c.interLatency : c.intraLatency;
-        }
-      }
+  auto piece = [&](int r, int ar, int64_t tokens) {
+    const bool cross = ar / c.ranksPerNode != r / c.ranksPerNode;
+    (cross ? movedCross : movedIntra) += double(tokens);
+    double secs = double(tokens) / (cross ? nicShareBytesPerSec(c) : linkBytesPerSec(Link::Intra, c));
+    out[r] += secs;
+    in[ar] += secs;
+    if (cross && routed) {
+      nodeOut[r / c.ranksPerNode] += double(tokens) / nodeBytesPerSec;
+      nodeIn[ar / c.ranksPerNode] += double(tokens) / nodeBytesPerSec;
+    } else if (routed) {
+      intraOut[r] += secs;
+      intraIn[ar] += secs;
     }
-  }
+    const size_t peer = size_t(ar) * 2 + (cross ? 1 : 0);
+    if (seenBy[peer] != r) {
+      seenBy[peer] = r;
+      lat[r] += cross ? c.interLatency : c.intraLatency;
+    }
+  };
+  forEachMovedPiece(p, n, c.ranksPerNode, piece);
   for (int r = 0; r < n; ++r) {
     // q, k, v go from the linear layout to attention, the output back: the
     // same pairs, the other way.

@@ -113,12 +113,13 @@ int nodesOf(const std::vector<int>& ranks, int rpn) {
   return k;
 }
 
-// Seconds a rank of the ring spends on its sequences, forward or backward.
-Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bool backward) {
+// Seconds a rank of the ring spends on its sequences, forward and backward
+// (one pass over them for both: the step model costs every ring of every
+// plan it scores).
+void ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, Cost* fwd, Cost* bwd) {
   const AttnShape& sh = cfg.model.attn;
   const int G = int(ring.ranks.size());
   const double lat = linkLatency(ring.link, c);
-  Cost out;
   if (ring.allgather) {
     double flops = 0, kv = 0, comp = 0;
     for (int64_t l : ring.lens) {
@@ -136,9 +137,9 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
       comm = (G - 1) * lat + cross / nicShareBytesPerSec(c) + (recv - cross) / linkBytesPerSec(Link::Intra, c);
     }
     // Backward: K and V gathered again, their gradients reduce-scattered.
-    out.compute = comp * (backward ? kAttnBackwardFlops : 1);
-    out.exposed = comm * (backward ? 2 : 1);
-    return out;
+    *fwd = {comp, comm};
+    *bwd = {comp * kAttnBackwardFlops, comm * 2};
+    return;
   }
   // With Ulysses inside the ring's positions (u ranks each, heads split u
   // ways), the ring has G / u positions and each rank computes and passes
@@ -153,9 +154,7 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
   }
   // One message per step carries every sequence's chunk.
   st.transfer = R > 1 ? lat + bytes / linkBytesPerSec(ring.link, c) : 0;
-  if (backward) st = backwardStep(st, lat);
-  out.compute = R * st.compute;
-  out.exposed = (R - 1) * std::max(0.0, st.transfer - st.compute);
+  double a2a = 0;
   if (u > 1) {
     // Ulysses' all-to-alls inside the node, not overlapped: q, k, v in and
     // the output back (backward: their gradients), (u - 1) / u of each
@@ -163,10 +162,13 @@ Cost ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, bo
     double tokens = 0;
     for (int64_t l : ring.lens) tokens += double(l) / G;
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
-    out.exposed += 2 * (u - 1) * c.intraLatency +
-                   tokens * (2 * q + 2 * kv) * (u - 1) / u / linkBytesPerSec(Link::Intra, c);
+    a2a = 2 * (u - 1) * c.intraLatency + tokens * (2 * q + 2 * kv) * (u - 1) / u / linkBytesPerSec(Link::Intra, c);
   }
-  return out;
+  for (const auto& [pass, out] : {std::pair{st, fwd}, std::pair{backwardStep(st, lat), bwd}}) {
+    out->compute = R * pass.compute;
+    out->exposed = (R - 1) * std::max(0.0, pass.transfer - pass.compute);
+    if (u > 1) out->exposed += a2a;
+  }
 }
 
 // Bytes of one layer's forward on NICs and intra-node links.
@@ -200,8 +202,7 @@ RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterMod
   rc.fwd.resize(pl.rings.size());
   rc.bwd.resize(pl.rings.size());
   for (size_t i = 0; i < pl.rings.size(); ++i) {
-    rc.fwd[i] = ringCost(pl.rings[i], cfg, c, false);
-    rc.bwd[i] = ringCost(pl.rings[i], cfg, c, true);
+    ringCost(pl.rings[i], cfg, c, &rc.fwd[i], &rc.bwd[i]);
   }
   rc.extra.assign(size_t(c.ranks()), 0.0);
   for (const Ring& ring : pl.rings) {
@@ -333,12 +334,10 @@ bool sameLayout(const Layout& a, const Layout& b) {
   return true;
 }
 
-// A Zeppelin plan as it runs: its rings in the plan's order, and the remap
-// unless `remap` is false or the plan keeps the linear layers on the
-// attention layout (then they run there).
-Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
-  const AttnShape& sh = cfg.model.attn;
-  Placement pl;
+// A Zeppelin plan's rings as it runs them, in the plan's order (into
+// pl->rings, which is empty).
+void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out) {
+  Placement& pl = *out;
   // Sequences on the same ring run as one group, one message per step, at
   // the place of the first of them (as the attention driver runs them).
   // A sequence usually shares the ring of the one before it (a DP x CP
@@ -376,10 +375,30 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
     pl.rings[last].lens.push_back(s.len);
     pl.rings[last].seqs.push_back(i);
   }
+}
+
+// What a Zeppelin plan's layouts decide of its placement (all but its
+// rings): its ranks' tokens and the remap, unless `remap` is false or the
+// plan keeps the linear layers on the attention layout (then they run
+// there). Its head splits do not change it.
+void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap, Placement* out) {
+  const AttnShape& sh = cfg.model.attn;
+  Placement& pl = *out;
   pl.attnTokens = tokensPerRank(p.attention);
-  pl.remap = remap && !sameLayout(p.linear, p.attention);
+  // A candidate's linear layout not built (BatchPlan::linear) is
+  // balancedLinear's: every rank at its share, and equal to the attention
+  // layout exactly when every rank's attention tokens are its share.
+  std::vector<double> linTokens;
+  if (p.linear.ranks.empty()) {
+    const std::vector<int64_t> share = balancedTokens(p.attention);
+    linTokens.assign(share.begin(), share.end());
+    pl.remap = remap && linTokens != pl.attnTokens;
+  } else {
+    pl.remap = remap && !sameLayout(p.linear, p.attention);
+    if (pl.remap) linTokens = tokensPerRank(p.linear);
+  }
   if (pl.remap) {
-    pl.linTokens = tokensPerRank(p.linear);
+    pl.linTokens = std::move(linTokens);
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
     const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
     pl.remapIn = rs.in;
@@ -389,6 +408,13 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   } else {
     pl.linTokens = pl.attnTokens;
   }
+}
+
+// A Zeppelin plan as it runs: its rings (addRings) and layouts (addLayouts).
+Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
+  Placement pl;
+  addRings(p, c, &pl);
+  addLayouts(p, cfg, c, remap, &pl);
   return pl;
 }
 
@@ -431,11 +457,18 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.jointFits = cfg.jointFits;
   if (!o.legacy && cfg.headSplit && o.onlyCap == 0) o.headSplits = headSplitDegrees(c.ranksPerNode, cfg.model.attn);
   if (!o.legacy)
-    o.score = [&](const BatchPlan& p) {
+    o.score = [&, layouts = Placement()](const BatchPlan& p, bool sameLayouts) mutable {
+      // A head-split variant of the plan scored last has its layouts, and
+      // their tokens and remap (addLayouts) are taken from it.
+      if (!sameLayouts) {
+        layouts = Placement();
+        addLayouts(p, cfg, c, remap, &layouts);
+      }
       // One grouping of the plan's rings for both: with the linear layers on
       // the attention layout the placement differs only in its linear
       // tokens and has no remap (placementOf with remap false).
-      Placement pl = placementOf(p, cfg, c, remap);
+      Placement pl = layouts;
+      addRings(p, c, &pl);
       const RingCosts costs = ringCosts(pl, cfg, c);
       const StrategyResult asIs = evaluateCosted("", pl, cfg, c, costs);
       pl.remap = false;

@@ -155,7 +155,7 @@ void defineOptions(CLI::App& app, Options* o) {
   model("--elem-bytes", "bytes per element (2)", [](ModelShape* m, int x) { m->attn.elemBytes = x; });
   zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
   zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
-  zp::cli::addFlag(app, "--no-head-split", &o->noHeadSplit, "Zeppelin's plans split no heads (Ulysses inside a\nnode; to see what splitting them does)");
+  zp::cli::addFlag(app, "--no-head-split", &o->noHeadSplit, "Zeppelin's plans split no heads (Ulysses inside a\nnode; to see what splitting them does). Head splits\nare modelled only: the attention driver does not run\nthem");
   zp::cli::addFlag(app, "--legacy-planner", &o->legacyPlanner, "Zeppelin's rows with the planner before idle-aware\nscheduling (for comparison)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
   zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
@@ -438,8 +438,9 @@ void printRankCount(const Options& opt, const RankCount& rc) {
     printf("  Zeppelin over the best feasible baseline: %.2fx [%.2f, %.2f], worst batch %.3fx; planning ahead, its unhidden time charged: %.2fx [%.2f, %.2f]%s\n",
            sp.median, sp.lo, sp.hi, *std::min_element(rc.bestSpeedup.begin(), rc.bestSpeedup.end()), spc.median, spc.lo, spc.hi,
            rc.zeppelinInfeasible ? zp::strprintf(" (Zeppelin over memory in %d batches)", rc.zeppelinInfeasible).c_str() : "");
-  printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]; Zeppelin's plan splits heads in %d of %zu batches\n",
-         bound.median, bound.lo, bound.hi, rc.zeppelinHeadSplit, rc.draws);
+  printf("  the lower bound over Zeppelin: %.3f [%.3f, %.3f]; Zeppelin's plan splits heads in %d of %zu batches%s\n",
+         bound.median, bound.lo, bound.hi, rc.zeppelinHeadSplit, rc.draws,
+         rc.zeppelinHeadSplit ? " (modelled only: the attention driver does not run head splits)" : "");
   printf("  tokens planned %.0f of %.0f read (%.2f%%); %d documents longer than the batch, each a batch of its own%s\n",
          rc.tokensPlanned, rc.tokensRead, rc.tokensRead > 0 ? 100.0 * rc.tokensPlanned / rc.tokensRead : 100.0,
          rc.longDocs,
