@@ -202,11 +202,6 @@ zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
 
 zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until) {
   for (Comm* c : comms) ZP_CHECK(c->checkUsable());
-  // The wait statistics' entry of receives that wait here (Op::enteredUs).
-  uint64_t enteredUs = 0;
-  for (size_t k = 0; k < n; k++)
-    for (Op* op : work[k].ops)
-      if (op->enteredUs && !*op->enteredUs) op->noteEntered(enteredUs ? enteredUs : (enteredUs = stampUs()));
   bool anySource = false;  // receives from any source not matched yet (any_source.cc)
   for (size_t k = 0; k < n; k++) {
     Work& w = work[k];
@@ -227,6 +222,13 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
       c->postOp(op);
     }
   }
+  // The wait statistics' entry of receives that wait here (Op::enteredUs),
+  // after the call's ops are posted: a peer waiting for one of its sends
+  // does not wait for this clock read too.
+  uint64_t enteredUs = 0;
+  for (size_t k = 0; k < n; k++)
+    for (Op* op : work[k].ops)
+      if (op->enteredUs && !*op->enteredUs) op->noteEntered(enteredUs ? enteredUs : (enteredUs = stampUs()));
   auto allDone = [&] {
     if (anySource) {
       anySource = false;
