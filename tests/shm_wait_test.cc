@@ -1,9 +1,8 @@
 // How a rank waits for its local peers when the machine's cores are all
 // taken: with other tasks filling the cores it never polls for
-// ZP_SHM_SPIN_US, and sleeps on its doorbell at once unless its own waits
-// have shown a short poll faster (LoadedWaits), so that it takes no core
-// from the tasks that have work (its peers among them); the plan it follows
-// in each regime (transport/shm/spin_plan.h).
+// ZP_SHM_SPIN_US, and polls briefly only while its peers are on other CPUs,
+// so that it takes no core from the tasks that have work (its peers among
+// them); the plan it follows in each regime (transport/shm/spin_plan.h).
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -164,8 +163,8 @@ TEST(ShmWait, AWaiterPollsWhileOnlyItsOwnRanksWaitForACore) {
 }
 
 // With at least one task per core that is not one of the node's ranks (two
-// busy loops per core), a waiter that has not seen polling pay (LoadedWaits'
-// first choice) sleeps at once, however long its recent
+// busy loops per core), a waiter with a peer on its CPU (loadedPolls false)
+// sleeps at once, however long its recent
 // waits were, and whether its peers are runnable or asleep on their
 // doorbells: a sleeping rank is not in the machine's runnable count, so the
 // node's sleeping ranks are taken off the ranks before the rest of the
@@ -232,8 +231,9 @@ TEST(ShmWait, ARunnableSpikeInOneReadingIsNotOthersFillingTheCores) {
   EXPECT_EQ(zp::steadierReading(in, quiet, zp::LoadReading{}).runnable, -1);
 }
 
-// Where other tasks fill the cores, the plan is LoadedWaits' choice: a
-// short poll that does not yield, or none.
+// Where other tasks fill the cores, a waiter whose peers are on other CPUs
+// polls kBusySpinScale x ZP_SHM_SPIN_BUSY_US without yielding; one whose
+// peer is on its CPU does not poll.
 TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {
   zp::SpinInputs in;
   in.cores = 2;
@@ -245,10 +245,10 @@ TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {
   EXPECT_EQ(zp::planSpin(in).us, 0);
   EXPECT_TRUE(zp::planSpin(in).loaded);
   in.loadedPolls = true;
-  EXPECT_EQ(zp::planSpin(in).us, 50);
+  EXPECT_EQ(zp::planSpin(in).us, zp::kBusySpinScale * 50);
   EXPECT_FALSE(zp::planSpin(in).yield);
   EXPECT_TRUE(zp::planSpin(in).loaded);
-  in.runnable = 2;  // a core each: not LoadedWaits' business
+  in.runnable = 2;  // a core each: not the loaded plan
   EXPECT_FALSE(zp::planSpin(in).loaded);
   // Ranks outnumbering the cores (4 on 2, or an emulated cluster's 8):
   // a poller would take the core from a peer with work, so it sleeps.
@@ -292,75 +292,53 @@ TEST(ShmWait, TheOtherEmulatedNodesRanksAreTheJobsOwnTasks) {
   EXPECT_EQ(zp::planSpin(in).us, 0);
 }
 
-// A rank's loaded waits as a ring shift makes them: each wait takes
-// `pollUs` or `sleepUs` (as LoadedWaits chooses), then `workUs` pass before
-// the next. Runs `seconds` of such waits and returns the share of that
-// time spent under the choice that is not `faster` (polling if true).
-double timeUnderTheSlowerChoice(double pollUs, double sleepUs, double workUs, double seconds, bool faster,
-                                bool* endsPolling) {
-  zp::LoadedWaits w;
-  const double start = 12345678;  // any moment: the cycles are cut from the clock
-  double now = start, slow = 0;
-  while (now < start + seconds * 1e6) {
-    const bool polls = w.polls((uint64_t)now);
-    const double us = polls ? pollUs : sleepUs;
-    now += us;
-    w.note((uint64_t)us, (uint64_t)now);
-    now += workUs;
-    if (polls != faster) slow += us + workUs;
-  }
-  *endsPolling = w.keepsPolling();
-  return slow / (seconds * 1e6);
-}
-
-// Beside a few busy loops a poller catches its peer's answer on a core
-// (1.2 us a wait, against 7 us for a wake-up); among many tasks polling
-// takes the peer's core (100 us against 18 us sleeping). The choice kept is
-// the faster in both, and the slower one, tried now and then to see
-// whether things changed, takes a small share of the time: each losing
-// trial puts the next one twice as far off, up to a second.
-TEST(ShmWait, LoadedWaitsKeepWhicheverChoiceWaitsLess) {
-  bool polling = false;
-  const double fewLoops = timeUnderTheSlowerChoice(1.2, 7, 0.4, 10, true, &polling);
-  EXPECT_TRUE(polling);
-  EXPECT_LT(fewLoops, 0.02) << "share of 10 s spent sleeping where polling waits 6x less";
-  const double manyTasks = timeUnderTheSlowerChoice(100, 18, 0.4, 10, false, &polling);
-  EXPECT_FALSE(polling);
-  EXPECT_LT(manyTasks, 0.02) << "share of 10 s spent polling where sleeping waits 5x less";
-  zp::LoadedWaits w;
-  for (uint64_t now = 0; now < 5000000; now += 20) w.note(w.polls(now) ? 100 : 18, now);
-  EXPECT_EQ(w.holdUs(), zp::LoadedWaits::kMostHoldUs);
-  EXPECT_FALSE(w.keepsPolling());
-}
-
-// Two ranks that wait for each other try the other choice in the same
-// window whenever they keep the same cycle, wherever each started: the
-// windows are cut from the clock, not from each rank's first wait.
-TEST(ShmWait, LoadedWaitsOfTwoRanksTryInTheSameWindow) {
-  zp::LoadedWaits a, b;
-  a.note(5, 1000);
-  b.note(5, 7777);
-  int differ = 0;
-  for (uint64_t now = 8000; now < 200000; now += 250) {
-    a.note(5, now);
-    b.note(5, now + 3);
-    for (uint64_t t = now + 3; t < now + 250; t += 5) differ += a.polls(t) != b.polls(t);
-  }
-  EXPECT_EQ(differ, 0) << "moments at which one rank tried the other choice and the other did not";
-}
-
-// Waits that take nearly all the time either way (a long copy, a peer that
-// is late) say nothing about which choice is faster: the choice stays.
-TEST(ShmWait, LoadedWaitsDoNotFlipOnWaitsThatTakeAllTheTime) {
-  zp::LoadedWaits w;
-  uint64_t now = 0;
-  for (int i = 0; i < 2000; i++) {
-    const uint64_t us = w.polls(now) ? 9990 - (i % 7) : 9995 - (i % 5);
-    now += us;
-    w.note(us, now);
-    now += 10;
-    EXPECT_FALSE(w.keepsPolling()) << "wait " << i;
-  }
+// Beside busy loops filling the cores, a message needs both ranks on a core
+// at once: a waiter polls while its peer last waited on another CPU (it may
+// be running there) and sleeps at once when the peer is on its own CPU
+// (polling would only keep the peer off the core). Two ranks bound to CPUs
+// of their own never sleep for a peer on their CPU; bound to one CPU
+// together after init (so that the node still counts two cores and may
+// poll), they do.
+TEST(ShmWait, AmongBusyLoopsAWaiterSleepsAtOnceOnlyForAPeerOnItsOwnCpu) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; i++)
+    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
+  Hogs hogs;
+  usleep(100 * 1000);  // the hogs are running
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    auto bind = [](int cpu) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    };
+    bind(cpus[rank]);
+    zpComm_t comm;
+    ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
+    auto exchange = [&](int calls) {
+      for (int i = 0; i < calls; i++) {
+        uint64_t out = (uint64_t)rank << 32 | (uint64_t)i, in = 0;
+        ASSERT_EQ(zpGroupStart(), zpSuccess);
+        ASSERT_EQ(zpSend(&out, 1, zpUint64, 1 - rank, comm, nullptr), zpSuccess);
+        ASSERT_EQ(zpRecv(&in, 1, zpUint64, 1 - rank, comm, nullptr), zpSuccess);
+        ASSERT_EQ(zpGroupEnd(), zpSuccess);
+        ASSERT_EQ(in, (uint64_t)(1 - rank) << 32 | (uint64_t)i);
+      }
+    };
+    exchange(3000);
+    EXPECT_EQ(zp::ShmTransport::sleepsForAPeerOnTheCore(), 0) << "rank " << rank << " on CPU " << cpus[rank]
+                                                              << ", its peer on CPU " << cpus[1 - rank];
+    ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
+    bind(cpus[0]);
+    ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
+    exchange(3000);
+    EXPECT_GT(zp::ShmTransport::sleepsForAPeerOnTheCore(), 0) << "rank " << rank << ", both on CPU " << cpus[0];
+    ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
 }
 
 // The same on a real node: rank 0 waits 0.4 s for rank 3 while two of its

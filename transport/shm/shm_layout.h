@@ -24,8 +24,8 @@ namespace zp {
 
 // The record format's version is in the low bits: ranks of one node must run
 // the same format (3: a data record may carry its send's meta, MsgHdr::metaLen;
-// 4: SegHeader::owner; 6: kWhole records; 7: SegHeader::cpus).
-constexpr uint64_t kSegMagic = 0x5a50534547000007ull;
+// 4: SegHeader::owner; 6: kWhole records; 7: SegHeader::cpus; 8: SegHeader::waitCpu).
+constexpr uint64_t kSegMagic = 0x5a50534547000008ull;
 constexpr uint64_t kProbeValue = 0x70726f6265a5a5a5ull;
 constexpr int kMaxLocal = 256;
 constexpr uint64_t kCtrlRingBytes = 64 << 10;
@@ -53,6 +53,10 @@ struct SegHeader {
   // Threads of the owner asleep in poll() on its bell socket and another
   // file descriptor (ShmTransport::sleepWith): a writer sends the bell a byte.
   std::atomic<uint32_t> pollers;
+  // The CPU the owner last began a wait on among other tasks filling the
+  // cores, plus 1 (0: none yet): a peer that waits for it polls only while
+  // it is not on that CPU (ShmTransport::peerOnMyCore).
+  std::atomic<int32_t> waitCpu;
   uint64_t netns;  // the owner's network namespace (inode) if its bell socket is bound, else 0
   alignas(64) std::atomic<uint64_t> sharedWords[CarrierTransport::kSharedWords];  // ShmTransport::sharedWord
   alignas(64) std::atomic<uint8_t> mappedBy[kMaxLocal];  // local rank i has mapped this segment

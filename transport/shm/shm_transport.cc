@@ -654,12 +654,8 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
   // few hundred nanoseconds) came before this rank waited measurably: it
   // is noted as arrived at once (Op::kArrivedAtOnce); one found later, at
   // the poll's last look at the clock. Either way no clock is read between
-  // the record and the reply a peer may be waiting for. Where other tasks
-  // fill the cores (loaded), the time polled counts among the waits that
-  // choose between polling and sleeping (LoadedWaits, on the machine's
-  // monotonic clock, which every rank shares).
-  uint64_t until = 0, from = 0, lastLook = Op::kArrivedAtOnce;
-  bool loaded = false;
+  // the record and the reply a peer may be waiting for.
+  uint64_t until = 0, lastLook = Op::kArrivedAtOnce;
   for (size_t i = 0, polls = 0; i < ops.size();) {
     Op* op = ops[i];
     if (op->isSend || op->peer == ctx_.rank) {
@@ -669,11 +665,6 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     Peer* p = peer(op->peer);
     if (!usable(p, op)) break;
     if (MsgHdr* h = ringPeek(p->lane[0].in)) {
-      if (loaded) {
-        const uint64_t now = nowUs();
-        noteLoadedWait(now - from, now);
-        from = now;
-      }
       if (!takeWhole(*p, op, h, recvSeq[op->peer], lastLook)) break;
       if (p->wake) notify(*p);
       i++;
@@ -684,24 +675,15 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     // outnumber cores (the general wait yields the core to the sender).
     if (sendsLeft || oversubscribed_) break;
     if ((++polls & 15) == 0) {
-      // Nor, after a first few polls, where other tasks fill the cores and
-      // sleeping at once has been the faster there (planSpin says why).
       const uint64_t stamp = stampUs();
       if (until == 0) {
-        loaded = othersFillTheCores(loadInputs());
-        if (loaded) {
-          from = nowUs();
-          if (hostRanks_ > cores_ || !loadedWaits_.polls(from)) break;  // as planSpin
-        }
+        // Nor, after a first few polls, where other tasks fill the cores
+        // and polling cannot pay: the job's ranks outnumber the cores, or a
+        // peer is on this rank's CPU (planSpin says why).
+        if (othersFillTheCores(loadInputs()) && (hostRanks_ > cores_ || peerOnMyCore())) break;
         until = stamp + kMoveNowPollUs;
       }
-      if (stamp > until) {
-        if (loaded) {
-          const uint64_t now = nowUs();
-          noteLoadedWait(now - from, now);
-        }
-        break;
-      }
+      if (stamp > until) break;
       op->noteEntered(stamp);
       lastLook = stamp;
     }

@@ -126,6 +126,9 @@ class ShmTransport : public CarrierTransport {
   // The cores the node's ranks may run on, as this process's latest
   // communicator counted them at init (coresOfMasks; for tests).
   static int nodeCoresCounted();
+  // Waits among other tasks filling the cores that slept at once because a
+  // local peer last waited on this rank's CPU (peerOnMyCore; for tests).
+  static long sleepsForAPeerOnTheCore();
   void sendStatus(int peer, uint64_t collSeq, zpResult_t status, const std::string& text) override;
   // The head of peer's ring of calls, while no receive waits for it.
   bool arrived(int peer, uint64_t seq, size_t* bytes) override;
@@ -222,9 +225,10 @@ class ShmTransport : public CarrierTransport {
   // Adds a wait of `us` (until news came, polls and sleep together) to the
   // running mean spinPlan reads.
   void noteWait(uint64_t us);
-  // A wait of `us` ending at `now` where other tasks fill the cores, for
-  // LoadedWaits (its changes of mind are logged: ZP_DEBUG=INFO, SHM).
-  void noteLoadedWait(uint64_t us, uint64_t now);
+  // Where other tasks fill the cores: publishes the CPU this rank waits
+  // on (SegHeader::waitCpu) and says whether a local peer last waited on
+  // the same one (counted: sleepsForAPeerOnTheCore()).
+  bool peerOnMyCore() const;
   explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx) {}
   zpResult_t init();
   // A rank's segment's name in /dev/shm, for the moment it has one where
@@ -299,7 +303,6 @@ class ShmTransport : public CarrierTransport {
   int hostRanks_ = 0;        // ZP_HOST_RANKS: the job's ranks on this machine (0: not said)
   // Where other tasks fill the cores: poll first or sleep at once, learnt
   // from this rank's waits there (wait and moveNow note them).
-  LoadedWaits loadedWaits_;
   // The last two sampleLoads (the last at nowMs `ms`): the machine's
   // runnable tasks and the local peers asleep then (steadierReading).
   mutable struct {

@@ -1,8 +1,8 @@
 // Shared memory's waiting: the doorbell a writer rings (notify), and how a
 // rank waits for its peers: it polls while a core is free or the tasks
 // waiting for one are mostly the job's ranks, and where other tasks fill the
-// cores it polls briefly or sleeps at once, as its own waits have shown
-// faster (wait, sleep; planSpin and LoadedWaits say why).
+// cores it polls while its peers are on other CPUs and sleeps at once when
+// one is on its own (wait, sleep; planSpin says why).
 // The rest of the transport is in shm_transport.cc.
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -163,7 +163,7 @@ SpinPlan ShmTransport::spinPlan() const {
   in.spinBusyUs = spinBusyUs_;
   in.recentWaitUs = waitMeanUs_;
   // The clock only where it matters (not on the quiet path).
-  in.loadedPolls = othersFillTheCores(in) && loadedWaits_.polls(nowUs());
+  in.loadedPolls = othersFillTheCores(in) && !peerOnMyCore();
   return planSpin(in);
 }
 
@@ -174,12 +174,23 @@ void ShmTransport::noteWait(uint64_t us) {
   waitMeanUs_ = (7 * waitMeanUs_ + us) / 8;
 }
 
-void ShmTransport::noteLoadedWait(uint64_t us, uint64_t now) {
-  const bool polled = loadedWaits_.keepsPolling();
-  loadedWaits_.note(us, now);
-  if (loadedWaits_.keepsPolling() != polled)
-    ZP_INFO(kSubShm, "rank %d: other tasks fill the cores; a waiter now %s (it left more time not waiting)",
-            ctx_.rank, polled ? "sleeps at once" : "polls first");
+namespace {
+std::atomic<long> gSleepsForAPeerOnTheCore{0};
+}  // namespace
+
+long ShmTransport::sleepsForAPeerOnTheCore() { return gSleepsForAPeerOnTheCore.load(); }
+
+bool ShmTransport::peerOnMyCore() const {
+  // The peers' CPUs are as of their last such wait: a peer that moved since
+  // is seen where it was until it waits again, which costs one wrong choice.
+  const int cpu = sched_getcpu() + 1;
+  if (mine_) mine_->waitCpu.store(cpu, std::memory_order_relaxed);
+  for (const Peer& p : peers_)
+    if (!p.gone && p.seg && p.seg->waitCpu.load(std::memory_order_relaxed) == cpu) {
+      gSleepsForAPeerOnTheCore.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  return false;
 }
 
 void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& elsewhere, int fd, bool poll) {
@@ -199,8 +210,6 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
     if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) {
       const uint64_t us = started ? nowUs() - started : 0;
       noteWait(us);
-      // A wait that ended within 16 polls took no time worth counting.
-      if (plan.loaded && started) noteLoadedWait(us, started + us);
       return;
     }
     if ((i & 15) == 15) {
@@ -222,7 +231,6 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   const bool rang = fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms);
   const uint64_t us = nowUs() - started;
   noteWait(us);
-  if (plan.loaded) noteLoadedWait(us, started + us);
   if (!rang) checkAlive();
 }
 

@@ -63,22 +63,24 @@ SpinPlan planSpin(const SpinInputs& in) {
   if (in.runnable <= in.cores) return {in.spinUs, oversubscribed};
   // At least one task per core that is not one of the job's ranks wants a
   // core (two busy loops per core beside the ranks, a build, a data
-  // loader): poll ZP_SHM_SPIN_BUSY_US without yielding, or sleep at once,
-  // as this rank's waits have shown faster (LoadedWaits says why neither
-  // is always right). A yielding poll is never right here: a yield hands
-  // the core to a busy task for its whole time slice (50 us yielding took
-  // 6,237 us per 8-byte ring shift beside four busy loops). The node's
-  // ranks asleep on their doorbells are not runnable, so they are taken
-  // off the job's ranks here: otherwise a node whose ranks mostly sleep
-  // would count the other tasks short. Measured: docs/reliability.md,
-  // "Under a busy CPU".
+  // loader). A message needs both ranks on a core at once: a waiter whose
+  // peer last waited on another CPU polls, without yielding, for
+  // kBusySpinScale times ZP_SHM_SPIN_BUSY_US (the peer may be running
+  // there, and its answer is then seen within a cache line's move), and
+  // one whose peer is on its own CPU sleeps at once (polling would only
+  // keep the peer off the core it needs). A yielding poll is never right
+  // here: a yield hands the core to a busy task for its whole time slice
+  // (50 us yielding took 6,237 us per 8-byte ring shift beside four busy
+  // loops). The node's ranks asleep on their doorbells are not runnable,
+  // so they are taken off the job's ranks here: otherwise a node whose
+  // ranks mostly sleep would count the other tasks short. Measured:
+  // docs/reliability.md, "Under a busy CPU".
   // Only where the job's ranks on the machine do not outnumber the cores:
-  // otherwise a poller takes the core from a peer that has work, a cost
-  // its own waits do not show (learning on a 2 x 4-rank emulated cluster,
-  // the relays polled and the routed pair under four busy loops fell to
-  // 1.4-1.6x routing off, against 2.8-3.9x sleeping at once).
+  // otherwise a poller takes the core from a peer that has work (on a 2 x
+  // 4-rank emulated cluster, relays that polled made the routed pair under
+  // four busy loops 1.4-1.6x routing off, against 2.8-3.9x sleeping).
   const bool mayPoll = in.localRanks <= in.cores && in.hostRanks <= in.cores;
-  if (othersFillTheCores(in)) return {in.loadedPolls && mayPoll ? in.spinBusyUs : 0, false, mayPoll};
+  if (othersFillTheCores(in)) return {in.loadedPolls && mayPoll ? kBusySpinScale * in.spinBusyUs : 0, false, mayPoll};
   // Tasks wait for a core, most of them the job's ranks (ranks outnumber
   // cores and little else runs): the tasks that must answer are among
   // those waiting, each poll yields to them, and a poller runs again after
@@ -94,51 +96,6 @@ SpinPlan planSpin(const SpinInputs& in) {
   // the short poll.
   const uint64_t recent = 2 * in.recentWaitUs, most = (uint64_t)kBusySpinScale * in.spinBusyUs;
   return {recent > (uint64_t)in.spinBusyUs && recent <= most ? (int)recent : in.spinBusyUs, false};
-}
-
-bool LoadedWaits::polls(uint64_t nowUs) const {
-  const uint64_t pos = nowUs % holdUs_;
-  return pos >= holdUs_ - kWindowUs ? !polls_ : polls_;
-}
-
-void LoadedWaits::count(uint64_t from, uint64_t to) {
-  const uint64_t trial = cycleEnd_ - kWindowUs, measure = trial - kWindowUs;
-  auto overlap = [&](uint64_t a, uint64_t b) {
-    const uint64_t lo = from > a ? from : a, hi = to < b ? to : b;
-    return hi > lo ? hi - lo : 0;
-  };
-  waited_[0] += overlap(measure, trial);
-  waited_[1] += overlap(trial, cycleEnd_);
-}
-
-void LoadedWaits::decide() {
-  // The share of a window not waiting is what the rank had for its work: a
-  // loop of waits and work runs as much faster as that share is larger. The
-  // trial must leave a fifth more of it, and a hundredth of the window more,
-  // so that windows of waits that take nearly all the time (a long copy, a
-  // late peer) do not flip the choice on noise. Waits too short to be timed
-  // (wait, moveNow) count as none; two windows without a timed wait say
-  // nothing.
-  if (waited_[0] == 0 && waited_[1] == 0) return;
-  const double kept = 1 - (double)waited_[0] / kWindowUs, tried = 1 - (double)waited_[1] / kWindowUs;
-  if (tried > 1.2 * kept + 0.01) {
-    polls_ = !polls_;
-    holdUs_ = kFirstHoldUs;
-  } else if (holdUs_ < kMostHoldUs) {
-    holdUs_ *= 2;
-  }
-}
-
-void LoadedWaits::note(uint64_t us, uint64_t nowUs) {
-  const uint64_t from = nowUs > us ? nowUs - us : 0;
-  // Waits end in order (one waiting thread): a wait that ends after the
-  // cycle is the last that can fall in its windows.
-  if (cycleEnd_ != 0) count(from, nowUs);
-  if (cycleEnd_ != 0 && nowUs < cycleEnd_) return;
-  if (cycleEnd_ != 0) decide();
-  cycleEnd_ = (nowUs / holdUs_ + 1) * holdUs_;
-  waited_[0] = waited_[1] = 0;
-  count(from, nowUs);
 }
 
 }  // namespace zp

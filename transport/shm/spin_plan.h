@@ -17,7 +17,7 @@ struct SpinInputs {
   int spinUs = 0;          // ZP_SHM_SPIN_US
   int spinBusyUs = 0;      // ZP_SHM_SPIN_BUSY_US
   uint64_t recentWaitUs = 0;  // this rank's recent waits' running mean
-  bool loadedPolls = false;   // where other tasks fill the cores: poll first (LoadedWaits' choice)
+  bool loadedPolls = false;   // where other tasks fill the cores: poll first (no peer seen on this rank's CPU)
 };
 
 // A CPU affinity mask in 64-bit words (CPU i at bit i % 64 of word i / 64):
@@ -35,7 +35,7 @@ int coresOfMasks(const uint64_t* const* masks, int n);
 struct SpinPlan {
   int us;      // poll this long, then sleep
   bool yield;  // yield the core at each poll
-  bool loaded = false;  // other tasks fill the cores: the plan is LoadedWaits' choice
+  bool loaded = false;  // other tasks fill the cores: the plan is SpinInputs::loadedPolls' choice
 };
 
 // While a few tasks wait for a core, a poll may follow the recent waits up
@@ -45,7 +45,8 @@ constexpr int kBusySpinScale = 16;
 SpinPlan planSpin(const SpinInputs& in);
 
 // Whether at least one runnable task per core is not one of the job's
-// ranks on this machine: planSpin's heavy load, where LoadedWaits chooses.
+// ranks on this machine: planSpin's heavy load, where a waiter polls only
+// while its peers are on other CPUs (SpinInputs::loadedPolls).
 bool othersFillTheCores(const SpinInputs& in);
 
 // One look at the machine (ShmTransport::sampleLoad): its runnable tasks
@@ -62,45 +63,5 @@ struct LoadReading {
 // wait of the next 10 ms slept at once (a wake-up per message). Load that
 // lasts shows in both readings.
 LoadReading steadierReading(const SpinInputs& in, const LoadReading& last, const LoadReading& now);
-
-// Where other tasks fill the cores, whether a waiter polls first
-// (ZP_SHM_SPIN_BUSY_US, without yielding) or sleeps at once, learnt from the
-// rank's own waits. Neither is right everywhere: beside a few busy loops a
-// poller is often on a core when its peer answers, while a sleeper pays a
-// wake-up per message; among many tasks (other builds) a poller takes the
-// core its peer needs, while a sleeper is run as soon as it is woken
-// (docs/reliability.md, "Under a busy CPU"). The load count cannot tell the
-// two apart; the waits can. Time is cut into cycles of holdUs(): the
-// choice kept runs through a cycle, except that its next-to-last window
-// measures it and its last window tries the other. The one that left the
-// rank the larger share of the window not waiting is kept. A trial that
-// loses doubles the cycle (up to kMostHoldUs), so a loser known to lose
-// costs little. Cycles are cut from the machine's monotonic clock, the
-// same in every process: the ranks of a job that wait for one another try
-// the other choice in the same window (a poller catches its peer's answer
-// only while the peer polls too).
-class LoadedWaits {
- public:
-  static constexpr uint64_t kWindowUs = 4000;
-  static constexpr uint64_t kFirstHoldUs = 16000;
-  static constexpr uint64_t kMostHoldUs = 1024000;
-  // Whether a loaded waiter polls first at nowUs.
-  bool polls(uint64_t nowUs) const;
-  // The choice kept (outside the trial windows).
-  bool keepsPolling() const { return polls_; }
-  // A loaded wait of `us` (polls and sleep) that ended at `nowUs`.
-  void note(uint64_t us, uint64_t nowUs);
-  uint64_t holdUs() const { return holdUs_; }
-
- private:
-  // Adds the part of the wait [from, to) inside this cycle's windows.
-  void count(uint64_t from, uint64_t to);
-  // At the end of a cycle: keeps the choice or takes the other.
-  void decide();
-  bool polls_ = false;  // sleep at once until measured otherwise
-  uint64_t holdUs_ = kFirstHoldUs;
-  uint64_t cycleEnd_ = 0;         // the end of the cycle whose windows waited_ holds (0: none yet)
-  uint64_t waited_[2] = {0, 0};  // microseconds waited in its measuring and trial windows
-};
 
 }  // namespace zp
