@@ -49,6 +49,24 @@ struct Hogs {
   }
 };
 
+// The first two CPUs this process may run on (fewer if it may run on fewer).
+std::vector<int> twoAllowedCpus() {
+  cpu_set_t allowed;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return cpus;
+  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; i++)
+    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  return cpus;
+}
+
+// Binds the calling process to one CPU.
+void bindTo(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+}
+
 // A waiting rank polls for up to 10 s while a core is free (ZP_SHM_SPIN_US);
 // with every core taken it must sleep at once (ZP_SHM_SPIN_BUSY_US=0): in
 // 0.4 s of waiting for a peer it is then runnable only after each of its
@@ -102,18 +120,11 @@ TEST(ShmWait, RanksBoundToACoreEachCountTheCoresOfTheirMasksTogether) {
   EXPECT_EQ(zp::coresOfMasks(ab, 2), 2);
   EXPECT_EQ(zp::coresOfMasks(aa, 2), 1);
   EXPECT_EQ(zp::coresOfMasks(abHigh, 3), 3);
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  std::vector<int> cpus;
-  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; i++)
-    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  const std::vector<int> cpus = twoAllowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
   for (bool shareOne : {false, true}) {
     auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpus[shareOne ? 0 : rank], &one);
-      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      bindTo(cpus[shareOne ? 0 : rank]);
       zpComm_t comm;
       ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
       EXPECT_EQ(zp::ShmTransport::nodeCoresCounted(), shareOne ? 1 : 2)
@@ -242,20 +253,17 @@ TEST(ShmWait, WithOtherTasksFillingTheCoresTheChoiceIsAShortPollOrNone) {
   in.spinUs = 1000;
   in.spinBusyUs = 50;
   in.recentWaitUs = 300;
-  EXPECT_EQ(zp::planSpin(in).us, 0);
-  EXPECT_TRUE(zp::planSpin(in).loaded);
-  in.loadedPolls = true;
+  EXPECT_EQ(zp::planSpin(in).us, 0);  // a peer on its CPU
+  in.loadedPolls = true;              // its peers on other CPUs
   EXPECT_EQ(zp::planSpin(in).us, zp::kBusySpinScale * 50);
   EXPECT_FALSE(zp::planSpin(in).yield);
-  EXPECT_TRUE(zp::planSpin(in).loaded);
-  in.runnable = 2;  // a core each: not the loaded plan
-  EXPECT_FALSE(zp::planSpin(in).loaded);
+  in.runnable = 2;  // a core each: the plan of every runnable task on a core
+  EXPECT_EQ(zp::planSpin(in).us, 1000);
   // Ranks outnumbering the cores (4 on 2, or an emulated cluster's 8):
   // a poller would take the core from a peer with work, so it sleeps.
   in.runnable = 8;
   in.localRanks = 4;
   EXPECT_EQ(zp::planSpin(in).us, 0);
-  EXPECT_FALSE(zp::planSpin(in).loaded);
   in.localRanks = 2;
   in.hostRanks = 8;
   in.runnable = 12;
@@ -300,22 +308,12 @@ TEST(ShmWait, TheOtherEmulatedNodesRanksAreTheJobsOwnTasks) {
 // together after init (so that the node still counts two cores and may
 // poll), they do.
 TEST(ShmWait, AmongBusyLoopsAWaiterSleepsAtOnceOnlyForAPeerOnItsOwnCpu) {
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  std::vector<int> cpus;
-  for (int i = 0; i < CPU_SETSIZE && cpus.size() < 2; i++)
-    if (CPU_ISSET(i, &allowed)) cpus.push_back(i);
+  const std::vector<int> cpus = twoAllowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
   Hogs hogs;
   usleep(100 * 1000);  // the hogs are running
   auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
-    auto bind = [](int cpu) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-    };
-    bind(cpus[rank]);
+    bindTo(cpus[rank]);
     zpComm_t comm;
     ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
     auto exchange = [&](int calls) {
@@ -332,7 +330,7 @@ TEST(ShmWait, AmongBusyLoopsAWaiterSleepsAtOnceOnlyForAPeerOnItsOwnCpu) {
     EXPECT_EQ(zp::ShmTransport::sleepsForAPeerOnTheCore(), 0) << "rank " << rank << " on CPU " << cpus[rank]
                                                               << ", its peer on CPU " << cpus[1 - rank];
     ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
-    bind(cpus[0]);
+    bindTo(cpus[0]);
     ASSERT_EQ(zpBarrier(comm, nullptr), zpSuccess);
     exchange(3000);
     EXPECT_GT(zp::ShmTransport::sleepsForAPeerOnTheCore(), 0) << "rank " << rank << ", both on CPU " << cpus[0];

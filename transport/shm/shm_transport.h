@@ -301,8 +301,6 @@ class ShmTransport : public CarrierTransport {
   int cores_ = 1;       // the cores this node's ranks may run on (coresOfMasks, at connect)
   uint64_t waitMeanUs_ = 0;  // recent waits' running mean (noteWait), microseconds
   int hostRanks_ = 0;        // ZP_HOST_RANKS: the job's ranks on this machine (0: not said)
-  // Where other tasks fill the cores: poll first or sleep at once, learnt
-  // from this rank's waits there (wait and moveNow note them).
   // The last two sampleLoads (the last at nowMs `ms`): the machine's
   // runnable tasks and the local peers asleep then (steadierReading).
   mutable struct {

@@ -162,7 +162,7 @@ SpinPlan ShmTransport::spinPlan() const {
   in.spinUs = spinUs_;
   in.spinBusyUs = spinBusyUs_;
   in.recentWaitUs = waitMeanUs_;
-  // The clock only where it matters (not on the quiet path).
+  // The peers' CPUs only where they matter (not on the quiet path).
   in.loadedPolls = othersFillTheCores(in) && !peerOnMyCore();
   return planSpin(in);
 }

@@ -80,7 +80,7 @@ SpinPlan planSpin(const SpinInputs& in) {
   // 4-rank emulated cluster, relays that polled made the routed pair under
   // four busy loops 1.4-1.6x routing off, against 2.8-3.9x sleeping).
   const bool mayPoll = in.localRanks <= in.cores && in.hostRanks <= in.cores;
-  if (othersFillTheCores(in)) return {in.loadedPolls && mayPoll ? kBusySpinScale * in.spinBusyUs : 0, false, mayPoll};
+  if (othersFillTheCores(in)) return {in.loadedPolls && mayPoll ? kBusySpinScale * in.spinBusyUs : 0, false};
   // Tasks wait for a core, most of them the job's ranks (ranks outnumber
   // cores and little else runs): the tasks that must answer are among
   // those waiting, each poll yields to them, and a poller runs again after

@@ -35,7 +35,6 @@ int coresOfMasks(const uint64_t* const* masks, int n);
 struct SpinPlan {
   int us;      // poll this long, then sleep
   bool yield;  // yield the core at each poll
-  bool loaded = false;  // other tasks fill the cores: the plan is SpinInputs::loadedPolls' choice
 };
 
 // While a few tasks wait for a core, a poll may follow the recent waits up
