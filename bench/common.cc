@@ -2,6 +2,8 @@
 #include "common.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -520,6 +522,27 @@ SchedStat processSchedStat() {
   }
   closedir(d);
   return sum;
+}
+
+MachineCpu machineCpu() {
+  MachineCpu c;
+  FILE* f = fopen("/proc/stat", "r");
+  if (!f) return c;
+  unsigned long long v[8] = {};
+  if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+             &v[7]) == 8) {
+    const double tick = 1.0 / (double)sysconf(_SC_CLK_TCK);
+    c = {v[0] * tick, v[2] * tick, v[6] * tick, v[3] * tick, (v[1] + v[4] + v[5] + v[7]) * tick};
+  }
+  fclose(f);
+  return c;
+}
+
+ProcessCpu processCpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6, u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6,
+          (double)u.ru_minflt};
 }
 
 NicInfo nicInfo() {

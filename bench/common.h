@@ -192,6 +192,22 @@ struct SchedStat {
 SchedStat schedStat();
 // The same summed over the process's threads of the moment.
 SchedStat processSchedStat();
+// The machine's cores from /proc/stat (every core, every process; network
+// namespaces do not separate it), in seconds of core time: what a run on
+// an oversubscribed machine spent, and on what.
+struct MachineCpu {
+  double user = 0, sys = 0, softirq = 0, idle = 0, other = 0;  // other: nice, irq, iowait, steal
+  MachineCpu operator-(const MachineCpu& o) const {
+    return {user - o.user, sys - o.sys, softirq - o.softirq, idle - o.idle, other - o.other};
+  }
+};
+MachineCpu machineCpu();
+// This process's user and system CPU seconds and minor page faults (getrusage).
+struct ProcessCpu {
+  double user = 0, sys = 0, faults = 0;
+  ProcessCpu operator-(const ProcessCpu& o) const { return {user - o.user, sys - o.sys, faults - o.faults}; }
+};
+ProcessCpu processCpu();
 // The median of v (of an even count, the mean of the middle two).
 double median(std::vector<double> v);
 // nicColumn: add "%nic" (percent of a NIC's rate, see nicPercent).

@@ -23,9 +23,18 @@
 // and any retransmissions included). -c 1 checks every received byte of one
 // more call per row.
 //
+// Under each row, over the timed calls, per call: "sched", each rank's time
+// on a core and runnable without one; "cpu", where the machine's cores went
+// (/proc/stat: every process, namespaces do not separate it; an idle share
+// near 0 says the cores, not the NICs, set the time), the ranks' own user
+// and system time and page faults, and the window's CLOCK_MONOTONIC times,
+// to cut a `perf record -a -k CLOCK_MONOTONIC` profile to the timed calls
+// (`perf report --time FROM,TO`).
+//
 // Built against MPI as mpi_route_perf (one mode, "mpi": the same traffic
 // with MPI_Isend/Irecv and MPI_Alltoallv) for comparison.
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -256,12 +265,17 @@ int main(int argc, char** argv) {
         comm.barrier();
         std::vector<uint64_t> tx0 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         const zpbench::SchedStat sched0 = zpbench::processSchedStat();
+        const zpbench::MachineCpu machine0 = zpbench::machineCpu();
+        const zpbench::ProcessCpu cpu0 = zpbench::processCpu();
         double t0 = nowSeconds();
         for (int it = 0; it < iters; it++) runOnce(comm, t, sbuf, rbuf, false, seed);
         double mine = (nowSeconds() - t0) / iters;
         comm.barrier();  // every rank done: every byte of the loop has left its NIC
         // (after the barrier: a proxy relays while it waits in it)
         const zpbench::SchedStat sched = zpbench::processSchedStat() - sched0;
+        const zpbench::ProcessCpu cpu = zpbench::processCpu() - cpu0;
+        const zpbench::MachineCpu machine = zpbench::machineCpu() - machine0;
+        const double span = nowSeconds() - t0;
         std::vector<uint64_t> tx1 = reportsNics ? zpbench::nicTxBytes(nics) : std::vector<uint64_t>(nics, 0);
         // Counters of the interval, and the time of the slowest rank (in ns).
         std::vector<uint64_t> row(nics + 1);
@@ -274,6 +288,7 @@ int main(int argc, char** argv) {
         // timed calls: on a busy machine, whether the ranks got the cores.
         std::vector<uint64_t> scheds =
             comm.allgatherU64({(uint64_t)(sched.onCpuNs / iters), (uint64_t)(sched.queuedNs / iters)});
+        std::vector<uint64_t> cpus = comm.allgatherU64({(uint64_t)(cpu.user * 1e6 / iters), (uint64_t)(cpu.sys * 1e6 / iters), (uint64_t)(cpu.faults / iters)});
         if (gRank != 0) continue;
         double time = 0;
         long long wrongSum = 0;
@@ -310,6 +325,21 @@ int main(int argc, char** argv) {
         }
         printf("#  sched %s: per call, each rank's ms on a core / ms waiting for one:%s\n", modeList[m].c_str(),
                ranks.c_str());
+        // Where the machine's core time went over the timed calls (and the
+        // barrier after them: span), per call: on an oversubscribed machine
+        // an idle share near 0 says the cores, not the NICs, set the time.
+        double rankUser = 0, rankSys = 0, rankFaults = 0;
+        for (int r = 0; r < gN; r++) {
+          rankUser += cpus[3 * r] * 1e-3;
+          rankSys += cpus[3 * r + 1] * 1e-3;
+          rankFaults += (double)cpus[3 * r + 2];
+        }
+        printf("#  cpu %s: per call, the machine's %ld cores over %.0f ms: user %.0f sys %.0f softirq %.0f idle %.0f "
+               "other %.0f ms; the ranks' own user %.0f sys %.0f ms, %.0f page faults (CLOCK_MONOTONIC %.3f-%.3f s: a window for perf record "
+               "-k CLOCK_MONOTONIC)\n",
+               modeList[m].c_str(), sysconf(_SC_NPROCESSORS_ONLN), span * 1e3 / iters, machine.user * 1e3 / iters,
+               machine.sys * 1e3 / iters, machine.softirq * 1e3 / iters, machine.idle * 1e3 / iters,
+               machine.other * 1e3 / iters, rankUser, rankSys, rankFaults, t0, t0 + span);
         fflush(stdout);
       }
     }

@@ -79,6 +79,28 @@ TEST(RailRates, ARecoveredRailGetsItsShareBackOnItsFirstTwoFastSamples) {
   EXPECT_FALSE(changes[0].slow);
 }
 
+// Its peers' samples fall while it still moves its slow rate (a skewed or
+// CPU-bound call: rails measured at 200 Mbit/s): compared with them alone it
+// would be named back (100 of 200 is above 1.4 x 0.3), and its share would
+// become 100/200 of its nominal rate.
+TEST(RailRates, ASlowRailIsNotNamedBackNorGivenMoreWhilePeersLookSlower) {
+  Feed f(0.3);  // ZP_RAIL_SLOW's default
+  const double slow[4] = {1000, 1000, 100, 1000}, peersLower[4] = {200, 200, 100, 200};
+  f.run(slow, 4, 3000);
+  ASSERT_NEAR(f.rates.factor(2), 0.1, 0.02);
+  f.rates.takeChanges();
+  f.run(peersLower, 4, 5000);
+  EXPECT_NEAR(f.rates.factor(2), 0.1, 0.02);
+  EXPECT_TRUE(f.rates.takeChanges().empty());
+  // It recovers: named back (peers still lower), its full share.
+  const double recovered[4] = {200, 200, 1000, 200};
+  f.run(recovered, 4, 1000);
+  EXPECT_EQ(f.rates.factor(2), 1.0);
+  std::vector<RailRates::Change> changes = f.rates.takeChanges();
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_FALSE(changes[0].slow);
+}
+
 TEST(RailRates, AFlappingRailIsNamedABoundedNumberOfTimes) {
   Feed f;
   const double slow[4] = {1000, 1000, 100, 1000}, healthy[4] = {1000, 1000, 1000, 1000};

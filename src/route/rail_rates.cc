@@ -74,10 +74,16 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   // would cost a recovered NIC a sample or two more (kConfirmRecovery asks
   // for fast samples in a row already).
   double rel = (r.ownSlow ? rate : r.bytesPerSec) / median;
+  // A slow rail's peers can look slower for a while (their samples fall in
+  // a skewed or CPU-bound call, or when one is stuck behind a busy proxy):
+  // compared with them alone, a NIC still at its slow rate would be named
+  // back and given its full share again. It must also move clearly more
+  // than when it was named.
+  const bool faster = !r.ownSlow || rate >= kRecoverGain * r.namedBps;
   if (rel < slowFraction_) {
     r.below++;
     r.above = 0;
-  } else if (rel >= std::min(1.0, kRecoverFactor * slowFraction_)) {
+  } else if (rel >= std::min(1.0, kRecoverFactor * slowFraction_) && faster) {
     r.above++;
     r.below = 0;
   } else {
@@ -86,10 +92,19 @@ void RailRates::sample(int rail, uint64_t nowUs) {
   ZP_TRACE(kSubNet, "rail %d: sampled %.0f Mbit/s (smoothed %.0f) over %.0f ms busy, %.2f of the others' median: %d "
            "below, %d above", rail, rate * 8e-6, r.bytesPerSec * 8e-6, busyMs, rel, r.below, r.above);
   bool was = r.ownSlow;
-  if (!r.ownSlow && r.below >= kConfirm) r.ownSlow = true;
+  if (!r.ownSlow && r.below >= kConfirm) {
+    r.ownSlow = true;
+    r.namedBps = r.bytesPerSec;
+    r.namedTopBps = top;
+  }
   if (r.ownSlow && r.above >= kConfirmRecovery) r.ownSlow = false;
   news_ |= r.ownSlow != was;
-  settle(rail, -1, r.ownSlow, r.bytesPerSec / top, top, nowUs);
+  // While slow, its share is over the fastest rate now or when it was
+  // named: peers whose samples fell would otherwise raise it (a share of
+  // 0.45 for a NIC at 100 Mbit/s was seen, judged against one peer whose
+  // samples had fallen to 217 Mbit/s), and the router would give it that.
+  const double ref = r.ownSlow ? std::max(top, r.namedTopBps) : top;
+  settle(rail, -1, r.ownSlow, r.bytesPerSec / ref, ref, nowUs);
 }
 
 bool RailRates::ownFresh(uint64_t nowUs) const {

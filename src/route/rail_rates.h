@@ -19,9 +19,10 @@
 // slowFraction (ZP_RAIL_SLOW) of the median of the node's other rails
 // (those sampled within kOwnFreshUs), judged on its smoothed rate, and
 // healthy again after kConfirmRecovery samples in a row above
-// kRecoverFactor x slowFraction of it, judged on the samples themselves; it
-// changes state at most once per kDwellUs, so a flapping NIC is logged a
-// bounded number of times.
+// kRecoverFactor x slowFraction of it and above kRecoverGain x its own rate
+// when it was named, judged on the samples themselves; it changes state at
+// most once per kDwellUs, so a flapping NIC is logged a bounded number of
+// times.
 //
 // Sharing with other nodes. A source stamps its node's view (rates relative
 // to the fastest rail, the fastest's rate, the verdicts) into every relay
@@ -31,8 +32,10 @@
 // view it heard.
 //
 // Use. While a rail is slow the router scales its nominal rate by its
-// measured share (quantised to 1/255); a healthy rail keeps its nominal
-// rate, so healthy NICs plan exactly as without estimates.
+// measured share (quantised to 1/255): its rate over the fastest rail's,
+// now or when it was named, whichever is faster (peers whose samples fall
+// do not raise it); a healthy rail keeps its nominal rate, so healthy NICs
+// plan exactly as without estimates.
 //
 // Everything runs under the communicator's lock (from the relay).
 #pragma once
@@ -62,6 +65,10 @@ class RailRates {
   static constexpr int kConfirmRecovery = 2;
   static constexpr uint64_t kDwellUs = 1000000;     // least time between two state changes of a rail
   static constexpr double kRecoverFactor = 1.4;     // healthy again above this x slowFraction
+  // ... and above this x its own rate when it was named: a rail still at
+  // its slow rate is not named back because its peers' samples fell (a
+  // skewed or CPU-bound call, a peer rail stuck behind a busy proxy).
+  static constexpr double kRecoverGain = 2.0;
   static constexpr uint64_t kOwnFreshUs = 2000000;  // own samples this recent outrank what is heard
 
   // slowFraction in [0, 1): 0 turns the estimates off (every rail nominal,
@@ -117,6 +124,8 @@ class RailRates {
     uint64_t sampledUs = 0;
     int below = 0, above = 0;             // samples in a row below / above the thresholds
     bool ownSlow = false;
+    // When this node named it: its smoothed rate and the fastest rail's.
+    double namedBps = 0, namedTopBps = 0;
     // The last view heard of it (share 0: none).
     double heardShare = 0, heardTopBps = 0;
     bool heardSlow = false;
