@@ -23,7 +23,6 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -33,6 +32,7 @@
 
 #include "common.h"
 #include "src/util/cli.h"
+#include "src/util/clock.h"
 
 namespace {
 
@@ -49,21 +49,6 @@ struct Shared {
   int wrong[2];
 };
 
-uint64_t nowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000 + (uint64_t)ts.tv_nsec;
-}
-
-void schedstat(uint64_t* run, uint64_t* wait) {
-  FILE* f = fopen("/proc/thread-self/schedstat", "r");
-  unsigned long long r = 0, w = 0;
-  if (!f || fscanf(f, "%llu %llu", &r, &w) != 2) r = w = 0;
-  if (f) fclose(f);
-  *run = r;
-  *wait = w;
-}
-
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, nullptr, nullptr, 0);
 }
@@ -78,11 +63,11 @@ inline void relax() {
 // posts its next as soon as it has seen this process's), as mode says.
 void waitFor(Word& w, uint32_t want, Mode mode, uint64_t spinNs) {
   if (mode != Mode::kFutex) {
-    const uint64_t until = mode == Mode::kSpin ? UINT64_MAX : nowNs() + spinNs;
+    const uint64_t until = mode == Mode::kSpin ? UINT64_MAX : zp::nowNs() + spinNs;
     for (uint32_t polls = 0;; polls++) {
       if (w.seq.load(std::memory_order_acquire) >= want) return;
       relax();
-      if ((polls & 63) == 63 && mode == Mode::kHybrid && nowNs() > until) break;
+      if ((polls & 63) == 63 && mode == Mode::kHybrid && zp::nowNs() > until) break;
     }
   }
   for (;;) {
@@ -103,11 +88,12 @@ void runRank(Shared* s, int me, Mode mode, uint64_t spinNs, uint32_t iters, uint
   Word& mine = s->word[me];
   Word& theirs = s->word[1 - me];
   int wrong = 0;
-  uint64_t t0 = 0, run0 = 0, wait0 = 0;
+  uint64_t t0 = 0;
+  zpbench::SchedStat before;
   for (uint32_t call = 1; call <= warmup + iters; call++) {
     if (call == warmup + 1) {
-      schedstat(&run0, &wait0);
-      t0 = nowNs();
+      before = zpbench::schedStat();
+      t0 = zp::nowNs();
     }
     post(mine, call, mode);
     waitFor(theirs, call, mode, spinNs);
@@ -115,12 +101,11 @@ void runRank(Shared* s, int me, Mode mode, uint64_t spinNs, uint32_t iters, uint
     const uint32_t seen = theirs.seq.load(std::memory_order_acquire);
     wrong += seen != call && seen != call + 1;
   }
-  const uint64_t t = nowNs() - t0;
-  uint64_t run1, wait1;
-  schedstat(&run1, &wait1);
+  const uint64_t t = zp::nowNs() - t0;
+  const zpbench::SchedStat spent = zpbench::schedStat() - before;
   s->usPerCall[me] = t / 1000.0 / iters;
-  s->onCpuUs[me] = (run1 - run0) / 1000.0 / iters;
-  s->waitCpuUs[me] = (wait1 - wait0) / 1000.0 / iters;
+  s->onCpuUs[me] = spent.onCpuNs / 1000.0 / iters;
+  s->waitCpuUs[me] = spent.queuedNs / 1000.0 / iters;
   s->wrong[me] = wrong;
 }
 

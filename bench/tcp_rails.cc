@@ -1,14 +1,14 @@
 // tcp_rails: plain TCP over an emulated cluster's NICs, the floor under any
 // transport there (run by zprun --nodes 2 --ranks-per-node K --nics-per-node K).
 // Local rank k of node 0 and local rank k of node 1 open one connection over
-// NIC k and move MIB MiB each way at once (a thread sends, the main thread
+// NIC k and move -s bytes each way at once (a thread sends, the main thread
 // receives), as the routed zipf alltoallv's inter-node bytes cross rail k.
 // Each rank prints its time, its payload rate one way, its own user and
 // system time; rank 0 also the machine's cores over its transfer
 // (/proc/stat: every process, namespaces do not separate it), so the CPU
 // cost of the kernel's TCP, veth, bridge and tc per byte can be read off.
 //
-//   build/zprun --nodes 2 --ranks-per-node 4 --nics-per-node 4 --nic-rate 1gbit build/bench/tcp_rails 126
+//   build/zprun --nodes 2 --ranks-per-node 4 --nics-per-node 4 --nic-rate 1gbit build/bench/tcp_rails -s 126M
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "src/util/cli.h"
 
 namespace {
 
@@ -89,7 +90,17 @@ int connectRail(int node, int k) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t total = (size_t)(atof(argc > 1 ? argv[1] : "126") * 1048576);
+  size_t total = 126u << 20;  // the routed zipf's inter-node bytes per rail
+  CLI::App app("", "tcp_rails");
+  zp::cli::configure(app, "usage: tcp_rails [-s size]   (under zprun --nodes 2)\n", 14);
+  app.description("Plain TCP over an emulated cluster's NICs: one connection per rail,\n"
+                  "both ways at once.");
+  zp::cli::addValue(app, "-s", "size", "bytes each way per rail, K/M/G suffixes (default 126M)",
+                    [&](const std::string& v) {
+                      zpbench::bytesFlag("-s", &total)(v);
+                      if (total == 0) throw zp::cli::UsageError("bad -s '" + v + "': expected at least 1 byte");
+                    });
+  zpbench::parseCommandLine(app, argc, argv);
   const int rank = envInt("ZP_RANK"), k = envInt("ZP_LOCAL_RANK"), rpn = envInt("ZP_LOCAL_NRANKS");
   const int node = rank / rpn;
   if (node > 1) return 0;
