@@ -46,13 +46,13 @@ struct Arrivals {
   Arrivals(Comm* c, std::vector<int>& peerStorage, const std::vector<Op*>& ops) : comm(c), peers(peerStorage) {
     peers.clear();
     for (const Op* op : ops) {
-      if (!op->isSend && op->peer >= 0 && op->peer != c->rank() && !op->stream) peers.push_back(op->peer);
+      if (stamped(op)) peers.push_back(op->peer);
       small &= op->bytes <= Op::kArrivalAtFinishMax;
     }
     if (peers.empty()) return;
     at = &c->waitStats().callArrivals();
     for (Op* op : ops)
-      if (!op->isSend && op->peer >= 0 && op->peer != c->rank() && !op->stream) {
+      if (stamped(op)) {
         op->arrivedUs = &(*at)[op->peer];
         op->enteredUs = &(*at)[c->rank()];  // stamped where this rank waits (Op::enteredUs)
       }
@@ -83,6 +83,11 @@ struct Arrivals {
   }
 
  private:
+  // A host receive from a known peer other than this rank: the ops whose
+  // arrival the call stamps.
+  bool stamped(const Op* op) const {
+    return !op->isSend && op->peer >= 0 && op->peer != comm->rank() && !op->stream;
+  }
   // The latest of the call's entry and its peers' arrivals.
   uint64_t lastStamp(uint64_t entered) const {
     for (int p : peers) entered = std::max(entered, (*at)[p]);

@@ -66,10 +66,6 @@ int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& p
       secondAt = t;
     }
   });
-  if (last < 0) {  // no peer: nobody to charge
-    noteClean();
-    return -1;
-  }
   // This rank's own entry (arrivedUs[self]) counts as an arrival too: a
   // peer is charged only for what it came after everyone else, this rank
   // included (with one peer, after this rank entered).
