@@ -867,6 +867,40 @@ TEST(RoomTree, ParkedIdsComeBackWhenANeedLeavesThemRoom) {
   }
 }
 
+// The nodes full of short sequences stay the least loaded, in runs all
+// over the tree: a search that finds a whole subtree without room parks
+// every id in it, so the queries after it enter a few nodes per level, not
+// every full subtree below the answer. Here ids 4k and 4k + 1 lack room and
+// are the least loaded (a subtree of two per four ids: 256 of them below
+// any answer), and the ids with room take the work one after another.
+TEST(RoomTree, ASubtreeWithoutRoomIsParkedWhole) {
+  const size_t ids = 1024;
+  zp::plan::RoomTree<int64_t> tree(ids);
+  const int64_t limit = 1000, need = 100;
+  std::vector<double> key(ids);
+  std::vector<int64_t> used(ids);
+  for (size_t i = 0; i < ids; ++i) {
+    const bool full = i % 4 < 2;
+    key[i] = full ? double(i) : 1e6 + double(i);
+    used[i] = full ? limit : 0;
+    tree.set(int(i), key[i], used[i]);
+  }
+  int any = -1;
+  ASSERT_EQ(tree.least(need, limit, &any), 2);  // the first search finds the full subtrees
+  const size_t first = tree.visits();
+  for (int q = 0; q < 100; ++q) {
+    int all = -1;
+    const int want = scanLeast(key, used, need, limit, &all);
+    ASSERT_EQ(tree.least(need, limit, &any), want) << "query " << q;
+    key[size_t(want)] += 1e4;
+    used[size_t(want)] += need;
+    tree.set(want, key[size_t(want)], used[size_t(want)]);
+  }
+  // About 2 x log2(ids) nodes a query; entering every full subtree below
+  // the answer would be over 256 a query.
+  EXPECT_LT(tree.visits() - first, size_t(100 * 4 * 10));
+}
+
 // GrowingMin answers what a scan answers after many raises (its heap drops
 // stale entries all at once when they pile up), with a test that fails for
 // many ids (the slow path) and ties (the lower id).

@@ -322,9 +322,9 @@ class NodeTree {
   // The soonest g-th (0-based) free time of a node with room for `share`
   // (its tokens plus the share within the quota), else of any node.
   //
-  // A node the search finds without room while its time is below the best
-  // so far is parked (as RoomTree parks ids): left out of the times
-  // searched until a share leaves it room or it changes. The nodes full of
+  // The nodes of a subtree the search finds without room while its time
+  // is below the best so far are parked (as RoomTree parks ids): left out
+  // of the times searched until a share leaves them room or they change. The nodes full of
   // short sequences are free soonest for ever after; without parking every
   // probe of every ring size passed over them.
   double soonest(int g, double share) {
@@ -346,7 +346,7 @@ class NodeTree {
   void find(int g, double share, size_t v, double* best) {
     if (key(g, v) >= *best) return;
     if (!(tokens_[v] + share <= quota_)) {
-      if (v >= size_t(size_)) lacking_.push_back(int(v - size_t(size_)));
+      lackingIn(g, v);
       return;
     }
     if (v >= size_t(size_)) {
@@ -357,6 +357,17 @@ class NodeTree {
     const bool aFirst = key(g, a) <= key(g, b);
     find(g, share, aFirst ? a : b, best);
     find(g, share, aFirst ? b : a, best);
+  }
+  // Every node of subtree v still searched (none has room for the share),
+  // into lacking_.
+  void lackingIn(int g, size_t v) {
+    if (key(g, v) >= 1e300) return;
+    if (v >= size_t(size_)) {
+      lacking_.push_back(int(v - size_t(size_)));
+      return;
+    }
+    lackingIn(g, 2 * v);
+    lackingIn(g, 2 * v + 1);
   }
   // Out of (or back into) the times searched, every ring size's.
   void park(int nd) {
