@@ -118,7 +118,10 @@ class RoomTree {
     used_[v] = used;
     key_[v] = all_[v];  // a parked id comes back: its room may have changed
     parked_[size_t(id)] = 0;
-    for (v /= 2; v >= 1; v /= 2) pull(v);
+    // Above a subtree whose summary did not change, none does: most sets
+    // raise an id that is not its subtree's least, and stop low.
+    for (v /= 2; v >= 1 && pull(v); v /= 2) {
+    }
   }
   // The least id with room for `need` under `limit`, or -1; *any: the least
   // of all.
@@ -145,10 +148,13 @@ class RoomTree {
 
  private:
   static constexpr Key kNone{std::numeric_limits<double>::infinity(), INT_MAX};
-  void pull(size_t v) {
-    key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
-    all_[v] = std::min(all_[2 * v], all_[2 * v + 1]);
-    used_[v] = std::min(used_[2 * v], used_[2 * v + 1]);
+  // Node v's summary from its children's; whether it changed.
+  bool pull(size_t v) {
+    const Key k = std::min(key_[2 * v], key_[2 * v + 1]), a = std::min(all_[2 * v], all_[2 * v + 1]);
+    const Used u = std::min(used_[2 * v], used_[2 * v + 1]);
+    if (k == key_[v] && a == all_[v] && u == used_[v]) return false;
+    key_[v] = k, all_[v] = a, used_[v] = u;
+    return true;
   }
   void find(size_t v, Used need, Used limit, Key* best, int* found) {
     ++visits_;

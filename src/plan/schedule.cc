@@ -311,11 +311,15 @@ class NodeTree {
     tokens_[v] = tokens;
     parked_[size_t(nd)] = 0;  // a parked node comes back: its room changed
     for (int g = 0; g < rpn_; ++g) key(g, v) = all(g, v) = sorted[g];
-    for (v /= 2; v >= 1; v /= 2) {
-      tokens_[v] = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
+    // Above a subtree whose summary did not change, none does.
+    for (bool changed = true; changed && (v /= 2) >= 1;) {
+      const double t = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
+      changed = t != tokens_[v];
+      tokens_[v] = t;
       for (int g = 0; g < rpn_; ++g) {
-        key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
-        all(g, v) = std::min(all(g, 2 * v), all(g, 2 * v + 1));
+        const double k = std::min(key(g, 2 * v), key(g, 2 * v + 1)), a = std::min(all(g, 2 * v), all(g, 2 * v + 1));
+        changed = changed || k != key(g, v) || a != all(g, v);
+        key(g, v) = k, all(g, v) = a;
       }
     }
   }
