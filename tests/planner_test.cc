@@ -901,6 +901,53 @@ TEST(RoomTree, ASubtreeWithoutRoomIsParkedWhole) {
   EXPECT_LT(tree.visits() - first, size_t(100 * 4 * 10));
 }
 
+// NodeTree (the schedules' nodes by each ring size's free time, with their
+// tokens) answers what a scan of every node answers: the soonest g-th free
+// time of a node with room for a share (else of any node), and of the
+// nodes free by a time, the one with the fewest tokens and the lowest
+// (ties: the lower node; tokens tie often here). Shares mostly fall, as
+// the schedules ask, with a larger one now and then; nodes change either
+// way.
+TEST(NodeTree, AnswersWhatAScanFinds) {
+  SEED_TRACE;
+  std::mt19937_64 rng(testSeed());
+  for (int nodes : {1, 2, 5, 64, 100}) {
+    for (int rpn : {1, 4, 8}) {
+      const double quota = 1000;
+      zp::plan::NodeTree tree(nodes, rpn, quota);
+      std::vector<std::vector<double>> freeAt(size_t(nodes), std::vector<double>(size_t(rpn), 0.0));
+      std::vector<double> tokens(size_t(nodes), 0.0);
+      double share = 600;
+      for (int step = 0; step < 1500; ++step) {
+        const int nd = int(rng() % size_t(nodes));
+        for (double& f : freeAt[size_t(nd)]) f = double(rng() % 40);
+        std::sort(freeAt[size_t(nd)].begin(), freeAt[size_t(nd)].end());
+        tokens[size_t(nd)] = rng() % 4 == 0 ? double(rng() % 4) * 100 : double(rng() % 1100);
+        tree.set(nd, freeAt[size_t(nd)].data(), tokens[size_t(nd)]);
+        if (rng() % 8 == 0) share = std::max(0.0, share - double(rng() % 40));
+        const double ask = rng() % 16 == 0 ? share + double(rng() % 300) : share;
+        const int g = int(rng() % size_t(rpn));
+        const double latest = double(rng() % 45);
+        double soonest = 1e300, soonestAll = 1e300;
+        int fewest = -1, lowest = -1;
+        for (int k = 0; k < nodes; ++k) {
+          const double f = freeAt[size_t(k)][size_t(g)];
+          soonestAll = std::min(soonestAll, f);
+          if (tokens[size_t(k)] + ask <= quota) soonest = std::min(soonest, f);
+          if (f <= latest) {
+            if (lowest < 0) lowest = k;
+            if (fewest < 0 || tokens[size_t(k)] < tokens[size_t(fewest)]) fewest = k;
+          }
+        }
+        ASSERT_EQ(tree.soonest(g, ask), soonest < 1e300 ? soonest : soonestAll)
+            << nodes << " nodes of " << rpn << ", step " << step;
+        ASSERT_EQ(tree.fewestTokens(g, latest), fewest) << nodes << " nodes of " << rpn << ", step " << step;
+        ASSERT_EQ(tree.lowest(g, latest), lowest) << nodes << " nodes of " << rpn << ", step " << step;
+      }
+    }
+  }
+}
+
 // GrowingMin answers what a scan answers after many raises (its heap drops
 // stale entries all at once when they pile up), with a test that fails for
 // many ids (the slow path) and ties (the lower id).

@@ -1,6 +1,6 @@
-// GrowingMin and RoomTree: the least of a set of keys among those that pass
-// a test, without a scan of them all (the planner's schedules and the
-// simulator's baselines ask for it for every sequence they place).
+// GrowingMin, RoomTree and NodeTree: the least of a set of keys among those
+// that pass a test, without a scan of them all (the planner's schedules and
+// the simulator's baselines ask for it for every sequence they place).
 #pragma once
 
 #include <algorithm>
@@ -206,6 +206,160 @@ class RoomTree {
   // Parked ids by their used amount, least first (an id back in the tree
   // may leave a stale entry).
   std::priority_queue<std::pair<Used, int>, std::vector<std::pair<Used, int>>, std::greater<>> byUsed_;
+  std::vector<int> lacking_;  // found by the last search
+};
+
+// The nodes by the G-th free time of their ranks (each G) and by the tokens
+// they still have room for, in a tree: the soonest G-th among the nodes with
+// room for a share, searched best first (a subtree whose soonest is no better
+// than the best found, or without a node with room, is not entered), in
+// place of a pass over every node for every ring size a sequence probes.
+class NodeTree {
+ public:
+  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota), parked_(size_t(nodes), 0) {
+    while (size_ < nodes) size_ *= 2;
+    tokens_.assign(2 * size_, 1e300);
+    key_.assign(size_t(rpn) * 2 * size_, 1e300);
+    all_ = key_;
+    for (int nd = 0; nd < nodes; ++nd) {
+      std::vector<double> zero(size_t(rpn), 0.0);
+      set(nd, zero.data(), 0.0);
+    }
+  }
+  // Node nd's ranks' free times, sorted, and its tokens.
+  void set(int nd, const double* sorted, double tokens) {
+    size_t v = size_t(size_ + nd);
+    tokens_[v] = tokens;
+    parked_[size_t(nd)] = 0;  // a parked node comes back: its room changed
+    for (int g = 0; g < rpn_; ++g) key(g, v) = all(g, v) = sorted[g];
+    // Above a subtree whose summary did not change, none does.
+    for (bool changed = true; changed && (v /= 2) >= 1;) {
+      const double t = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
+      changed = t != tokens_[v];
+      tokens_[v] = t;
+      for (int g = 0; g < rpn_; ++g) {
+        const double k = std::min(key(g, 2 * v), key(g, 2 * v + 1)), a = std::min(all(g, 2 * v), all(g, 2 * v + 1));
+        changed = changed || k != key(g, v) || a != all(g, v);
+        key(g, v) = k, all(g, v) = a;
+      }
+    }
+  }
+  // The soonest g-th (0-based) free time of a node with room for `share`
+  // (its tokens plus the share within the quota), else of any node.
+  //
+  // The nodes of a subtree the search finds without room while its time
+  // is below the best so far are parked (as RoomTree parks ids): left out
+  // of the times searched until a share leaves them room or they change.
+  // The nodes full of short sequences are free soonest for ever after;
+  // without parking every probe of every ring size passed over them.
+  double soonest(int g, double share) {
+    while (!byTokens_.empty() && byTokens_.top().first + share <= quota_) {
+      const int nd = byTokens_.top().second;
+      byTokens_.pop();
+      if (parked_[size_t(nd)]) unpark(nd);
+    }
+    double best = 1e300;
+    find(g, share, 1, &best);
+    for (int nd : lacking_) park(nd);
+    lacking_.clear();
+    return best < 1e300 ? best : all(g, 1);
+  }
+
+  // Of the nodes whose g-th (0-based) free time is at most `latest`, the
+  // one holding the fewest tokens (ties: the lower node), or -1 if there is
+  // none: a search that enters only subtrees with such a node and with
+  // fewer tokens somewhere than the best found (placeRing's pick, in place
+  // of a pass over every node for every ring).
+  int fewestTokens(int g, double latest) {
+    double best = 0;
+    int found = -1;
+    fewest(g, latest, 1, &best, &found);
+    return found;
+  }
+  // The lowest node whose g-th free time is at most `latest`, or -1.
+  int lowest(int g, double latest) { return lowestIn(g, latest, 1); }
+
+ private:
+  double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
+  double& all(int g, size_t v) { return all_[size_t(g) * 2 * size_ + v]; }
+  int lowestIn(int g, double latest, size_t v) {
+    if (!(all(g, v) <= latest)) return -1;
+    if (v >= size_t(size_)) return int(v - size_t(size_));
+    const int a = lowestIn(g, latest, 2 * v);
+    return a >= 0 ? a : lowestIn(g, latest, 2 * v + 1);
+  }
+  void fewest(int g, double latest, size_t v, double* best, int* found) {
+    if (!(all(g, v) <= latest)) return;
+    if (*found >= 0) {
+      if (tokens_[v] > *best) return;
+      // Ties go to the lower node: a subtree of higher nodes cannot win one.
+      size_t low = v;
+      while (low < size_t(size_)) low *= 2;
+      if (tokens_[v] == *best && int(low - size_t(size_)) > *found) return;
+    }
+    if (v >= size_t(size_)) {
+      *best = tokens_[v];
+      *found = int(v - size_t(size_));
+      return;
+    }
+    const size_t a = 2 * v, b = 2 * v + 1;
+    const bool aFirst = tokens_[a] <= tokens_[b];
+    fewest(g, latest, aFirst ? a : b, best, found);
+    fewest(g, latest, aFirst ? b : a, best, found);
+  }
+  void find(int g, double share, size_t v, double* best) {
+    if (key(g, v) >= *best) return;
+    if (!(tokens_[v] + share <= quota_)) {
+      lackingIn(g, v);
+      return;
+    }
+    if (v >= size_t(size_)) {
+      *best = key(g, v);
+      return;
+    }
+    const size_t a = 2 * v, b = 2 * v + 1;
+    const bool aFirst = key(g, a) <= key(g, b);
+    find(g, share, aFirst ? a : b, best);
+    find(g, share, aFirst ? b : a, best);
+  }
+  // Every node of subtree v still searched (none has room for the share),
+  // into lacking_.
+  void lackingIn(int g, size_t v) {
+    if (key(g, v) >= 1e300) return;
+    if (v >= size_t(size_)) {
+      lacking_.push_back(int(v - size_t(size_)));
+      return;
+    }
+    lackingIn(g, 2 * v);
+    lackingIn(g, 2 * v + 1);
+  }
+  // Out of (or back into) the times searched, every ring size's.
+  void park(int nd) {
+    parked_[size_t(nd)] = 1;
+    byTokens_.push({tokens_[size_t(size_ + nd)], nd});
+    refreshKeys(nd, true);
+  }
+  void unpark(int nd) {
+    parked_[size_t(nd)] = 0;
+    refreshKeys(nd, false);
+  }
+  void refreshKeys(int nd, bool out) {
+    for (int g = 0; g < rpn_; ++g) {
+      size_t v = size_t(size_ + nd);
+      key(g, v) = out ? 1e300 : all(g, v);
+      for (v /= 2; v >= 1; v /= 2) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
+    }
+  }
+
+  int rpn_, size_ = 1;
+  double quota_;
+  std::vector<double> tokens_;
+  std::vector<double> key_;  // per ring size, the subtrees' soonest, parked nodes left out
+  std::vector<double> all_;  // the same with every node
+  std::vector<char> parked_;
+  // Parked nodes by their tokens, fewest first (a node back in the tree may
+  // leave a stale entry).
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> byTokens_;
   std::vector<int> lacking_;  // found by the last search
 };
 

@@ -288,121 +288,6 @@ namespace {
 // tokens (scheduleToTarget).
 constexpr double kTokenSlack = 0.15;
 
-// The nodes by the G-th free time of their ranks (each G) and by the tokens
-// they still have room for, in a tree: the soonest G-th among the nodes with
-// room for a share, searched best first (a subtree whose soonest is no better
-// than the best found, or without a node with room, is not entered), in
-// place of a pass over every node for every ring size a sequence probes.
-class NodeTree {
- public:
-  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota), parked_(size_t(nodes), 0) {
-    while (size_ < nodes) size_ *= 2;
-    tokens_.assign(2 * size_, 1e300);
-    key_.assign(size_t(rpn) * 2 * size_, 1e300);
-    all_ = key_;
-    for (int nd = 0; nd < nodes; ++nd) {
-      std::vector<double> zero(size_t(rpn), 0.0);
-      set(nd, zero.data(), 0.0);
-    }
-  }
-  // Node nd's ranks' free times, sorted, and its tokens.
-  void set(int nd, const double* sorted, double tokens) {
-    size_t v = size_t(size_ + nd);
-    tokens_[v] = tokens;
-    parked_[size_t(nd)] = 0;  // a parked node comes back: its room changed
-    for (int g = 0; g < rpn_; ++g) key(g, v) = all(g, v) = sorted[g];
-    // Above a subtree whose summary did not change, none does.
-    for (bool changed = true; changed && (v /= 2) >= 1;) {
-      const double t = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
-      changed = t != tokens_[v];
-      tokens_[v] = t;
-      for (int g = 0; g < rpn_; ++g) {
-        const double k = std::min(key(g, 2 * v), key(g, 2 * v + 1)), a = std::min(all(g, 2 * v), all(g, 2 * v + 1));
-        changed = changed || k != key(g, v) || a != all(g, v);
-        key(g, v) = k, all(g, v) = a;
-      }
-    }
-  }
-  // The soonest g-th (0-based) free time of a node with room for `share`
-  // (its tokens plus the share within the quota), else of any node.
-  //
-  // The nodes of a subtree the search finds without room while its time
-  // is below the best so far are parked (as RoomTree parks ids): left out
-  // of the times searched until a share leaves them room or they change. The nodes full of
-  // short sequences are free soonest for ever after; without parking every
-  // probe of every ring size passed over them.
-  double soonest(int g, double share) {
-    while (!byTokens_.empty() && byTokens_.top().first + share <= quota_) {
-      const int nd = byTokens_.top().second;
-      byTokens_.pop();
-      if (parked_[size_t(nd)]) unpark(nd);
-    }
-    double best = 1e300;
-    find(g, share, 1, &best);
-    for (int nd : lacking_) park(nd);
-    lacking_.clear();
-    return best < 1e300 ? best : all(g, 1);
-  }
-
- private:
-  double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
-  double& all(int g, size_t v) { return all_[size_t(g) * 2 * size_ + v]; }
-  void find(int g, double share, size_t v, double* best) {
-    if (key(g, v) >= *best) return;
-    if (!(tokens_[v] + share <= quota_)) {
-      lackingIn(g, v);
-      return;
-    }
-    if (v >= size_t(size_)) {
-      *best = key(g, v);
-      return;
-    }
-    const size_t a = 2 * v, b = 2 * v + 1;
-    const bool aFirst = key(g, a) <= key(g, b);
-    find(g, share, aFirst ? a : b, best);
-    find(g, share, aFirst ? b : a, best);
-  }
-  // Every node of subtree v still searched (none has room for the share),
-  // into lacking_.
-  void lackingIn(int g, size_t v) {
-    if (key(g, v) >= 1e300) return;
-    if (v >= size_t(size_)) {
-      lacking_.push_back(int(v - size_t(size_)));
-      return;
-    }
-    lackingIn(g, 2 * v);
-    lackingIn(g, 2 * v + 1);
-  }
-  // Out of (or back into) the times searched, every ring size's.
-  void park(int nd) {
-    parked_[size_t(nd)] = 1;
-    byTokens_.push({tokens_[size_t(size_ + nd)], nd});
-    refreshKeys(nd, true);
-  }
-  void unpark(int nd) {
-    parked_[size_t(nd)] = 0;
-    refreshKeys(nd, false);
-  }
-  void refreshKeys(int nd, bool out) {
-    for (int g = 0; g < rpn_; ++g) {
-      size_t v = size_t(size_ + nd);
-      key(g, v) = out ? 1e300 : all(g, v);
-      for (v /= 2; v >= 1; v /= 2) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
-    }
-  }
-
-  int rpn_, size_ = 1;
-  double quota_;
-  std::vector<double> tokens_;
-  std::vector<double> key_;  // per ring size, the subtrees' soonest, parked nodes left out
-  std::vector<double> all_;  // the same with every node
-  std::vector<char> parked_;
-  // Parked nodes by their tokens, fewest first (a node back in the tree may
-  // leave a stale entry).
-  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> byTokens_;
-  std::vector<int> lacking_;  // found by the last search
-};
-
 // The ranks' state while scheduleToTarget places sequences: when each is
 // free, the idle gaps rings leave, each node's tokens, and what finding a
 // place asks often (each node's soonest free rank; per node, its ranks' free
@@ -522,9 +407,12 @@ class Slots {
       for (int nd : chosen_)
         for (int r = nd * rpn_; r < (nd + 1) * rpn_; ++r) ring->push_back(r);
     } else {
-      int best = -1;
-      for (int nd = 0; nd < c_.nodes; ++nd)
-        if (sorted_[nd * rpn_ + sp.G - 1] <= latest && (best < 0 || key(nd) < key(best))) best = nd;
+      // The least key of the nodes free by then: the node with the fewest
+      // tokens if it has room (then every node with room has a key below
+      // the 1e300 of those without), else the lowest (no node has room, and
+      // tokens + 1e300 is 1e300: all tie).
+      int best = tree_.fewestTokens(sp.G - 1, latest);
+      if (!roomFor(best, share)) best = tree_.lowest(sp.G - 1, latest);
       at = sorted_[best * rpn_ + sp.G - 1];
       ring->resize(first + size_t(sp.G));
       latestFree(freeAt_, best, rpn_, at, sp.G, eligible_, ring->data() + first);
