@@ -278,6 +278,12 @@ class NodeTree {
   }
   // The lowest node whose g-th free time is at most `latest`, or -1.
   int lowest(int g, double latest) { return lowestIn(g, latest, 1); }
+  // Node nd never free, until it is set again (a node taken by a ring is
+  // out of the picks for the ring's other nodes).
+  void exclude(int nd) {
+    never_.assign(size_t(rpn_), std::numeric_limits<double>::infinity());
+    set(nd, never_.data(), tokens_[size_t(size_ + nd)]);
+  }
 
  private:
   double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
@@ -361,6 +367,7 @@ class NodeTree {
   // leave a stale entry).
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> byTokens_;
   std::vector<int> lacking_;  // found by the last search
+  std::vector<double> never_;
 };
 
 }  // namespace zp::plan

@@ -388,29 +388,29 @@ class Slots {
     const size_t first = ring->size();
     double at = 0;
     const double share = nodeShare(sp, len);
-    // Nodes with room first, then those holding the fewest tokens.
-    auto key = [&](int nd) { return nodeTokens_[nd] + (roomFor(nd, share) ? 0 : 1e300); };
+    // Nodes with room first, by their tokens, then the others by node (a
+    // key of tokens, plus 1e300 without room, which is 1e300 for any count:
+    // ties go to the lower node). Room grows as tokens fall, so the node
+    // with the fewest tokens has room if any has: that node, if it has,
+    // else the lowest (NodeTree's searches, in place of a pass over every
+    // node for every ring).
     if (sp.cls == SeqClass::InterNode) {
-      eligible_.clear();
-      for (auto e = byAllFree_.begin(); e != byAllFree_.end() && e->first <= latest; ++e)
-        eligible_.push_back({key(e->second), e->second});
-      // The G / ranksPerNode least by (key, node), a total order: the
-      // first of them as a full sort would list them.
-      const auto k = eligible_.begin() + sp.G / rpn_;
-      std::partial_sort(eligible_.begin(), k, eligible_.end());
+      // The G / ranksPerNode least of the nodes all free by then, one by
+      // one, each taken out of the picks (the ring's nodes are set again by
+      // the next refresh, as it gives them work).
       chosen_.clear();
       for (int j = 0; j < sp.G / rpn_; ++j) {
-        chosen_.push_back(eligible_[j].second);
-        at = std::max(at, sorted_[(eligible_[j].second + 1) * rpn_ - 1]);
+        int nd = tree_.fewestTokens(rpn_ - 1, latest);
+        if (!roomFor(nd, share)) nd = tree_.lowest(rpn_ - 1, latest);
+        chosen_.push_back(nd);
+        at = std::max(at, sorted_[(nd + 1) * rpn_ - 1]);
+        tree_.exclude(nd);
       }
       std::sort(chosen_.begin(), chosen_.end());
       for (int nd : chosen_)
         for (int r = nd * rpn_; r < (nd + 1) * rpn_; ++r) ring->push_back(r);
     } else {
-      // The least key of the nodes free by then: the node with the fewest
-      // tokens if it has room (then every node with room has a key below
-      // the 1e300 of those without), else the lowest (no node has room, and
-      // tokens + 1e300 is 1e300: all tie).
+      // The least of the nodes whose G-th rank is free by then.
       int best = tree_.fewestTokens(sp.G - 1, latest);
       if (!roomFor(best, share)) best = tree_.lowest(sp.G - 1, latest);
       at = sorted_[best * rpn_ + sp.G - 1];
