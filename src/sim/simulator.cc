@@ -334,9 +334,31 @@ bool sameLayout(const Layout& a, const Layout& b) {
   return true;
 }
 
+// A ring appended to pl->rings, empty but for its ranks, link and split:
+// one from `spare` (the rings of a placement scored before, their vectors'
+// room kept) if there is one. The step model scores a plan of tens of
+// thousands of whole sequences several times (its head-split variants,
+// with and without the remap), each a ring of three vectors.
+Ring& appendRing(Placement* pl, std::vector<Ring>* spare, const std::vector<int>& ranks, Link link, int ulysses) {
+  if (spare && !spare->empty()) {
+    pl->rings.push_back(std::move(spare->back()));
+    spare->pop_back();
+  } else {
+    pl->rings.emplace_back();
+  }
+  Ring& r = pl->rings.back();
+  r.lens.clear();
+  r.seqs.clear();
+  r.ranks.assign(ranks.begin(), ranks.end());
+  r.link = link;
+  r.allgather = false;
+  r.ulysses = ulysses;
+  return r;
+}
+
 // A Zeppelin plan's rings as it runs them, in the plan's order (into
-// pl->rings, which is empty).
-void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out) {
+// pl->rings, which is empty; appendRing takes them from `spare`).
+void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out, std::vector<Ring>* spare = nullptr) {
   Placement& pl = *out;
   // Sequences on the same ring run as one group, one message per step, at
   // the place of the first of them (as the attention driver runs them).
@@ -353,7 +375,9 @@ void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out) {
   for (int64_t i : p.order) {
     const SeqPlacement& s = p.seqs[i];
     if (s.ranks.size() == 1) {  // a whole sequence is its own kernel call
-      pl.rings.push_back({{s.len}, s.ranks, Link::Intra, false, {i}, 1});
+      Ring& r = appendRing(&pl, spare, s.ranks, Link::Intra, 1);
+      r.lens.push_back(s.len);
+      r.seqs.push_back(i);
       continue;
     }
     if (last == none || pl.rings[last].ranks != s.ranks || pl.rings[last].ulysses != s.ulysses) {
@@ -369,7 +393,7 @@ void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out) {
       // A ring that splits heads crosses nodes as hier_cp's does: every GPU
       // of a position sends its share at once, each through its own NIC.
       const Link link = s.ulysses > 1 && s.cls == SeqClass::InterNode ? Link::PerGpu : linkOf(s.cls, c);
-      if (fresh) pl.rings.push_back({{}, s.ranks, link, false, {}, s.ulysses});
+      if (fresh) appendRing(&pl, spare, s.ranks, link, s.ulysses);
       last = group;
     }
     pl.rings[last].lens.push_back(s.len);
@@ -457,7 +481,7 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.jointFits = cfg.jointFits;
   if (!o.legacy && cfg.headSplit && o.onlyCap == 0) o.headSplits = headSplitDegrees(c.ranksPerNode, cfg.model.attn);
   if (!o.legacy)
-    o.score = [&, layouts = Placement()](const BatchPlan& p, bool sameLayouts) mutable {
+    o.score = [&, layouts = Placement(), spare = std::vector<Ring>()](const BatchPlan& p, bool sameLayouts) mutable {
       // A head-split variant of the plan scored last has its layouts, and
       // their tokens and remap (addLayouts) are taken from it.
       if (!sameLayouts) {
@@ -468,13 +492,14 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       // the attention layout the placement differs only in its linear
       // tokens and has no remap (placementOf with remap false).
       Placement pl = layouts;
-      addRings(p, c, &pl);
+      addRings(p, c, &pl, &spare);
       const RingCosts costs = ringCosts(pl, cfg, c);
       const StrategyResult asIs = evaluateCosted("", pl, cfg, c, costs);
       pl.remap = false;
       pl.linTokens = pl.attnTokens;
       pl.remapIn = pl.remapOut = pl.remapNic = pl.remapIntra = 0;
       const StrategyResult flat = evaluateCosted("", pl, cfg, c, costs);
+      for (Ring& r : pl.rings) spare.push_back(std::move(r));
       return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {flat.stepSeconds, flat.feasible}};
     };
   // A pass of a layer takes at least any one rank's attention compute plus
