@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -480,6 +481,17 @@ Buffer::Buffer(size_t bytes) : n_(bytes) {
     exit(1);
   }
   p_ = static_cast<unsigned char*>(p);
+  // Fresh pages wait in the kernel's per-CPU LRU batch until it fills or
+  // is drained, and until then every read of them by another process
+  // (process_vm_readv: single-copy shared memory) activates each page again.
+  // That lasts the first tens of milliseconds of a run, and when it ends
+  // varies from run to run and from build to build of one library, so
+  // calls timed that early differ by chance. A training job's buffers
+  // are long settled: mlock drains the batch and munlock puts the pages on
+  // the LRU, so that every call is timed in that state (docs/benchmarks.md).
+  // Where mlock is not allowed (RLIMIT_MEMLOCK) the pages settle later by
+  // themselves.
+  if (mlock(p, bytes == 0 ? 1 : bytes) == 0) munlock(p, bytes == 0 ? 1 : bytes);
 }
 Buffer::~Buffer() { free(p_); }
 
