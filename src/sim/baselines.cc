@@ -482,7 +482,8 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
   auto floorOf = [&](auto size) { return stepFloor(lens, computes, size, cfg, c); };
   std::vector<Tuned> out;
   out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c, assigned, computes, beat));
-  if (!expressible) out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c, assigned, computes));
+  if (!expressible)
+    out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c, assigned, computes));
   out.push_back(bestLimit(
       cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }, beat,
       [&](int64_t split) { return floorOf([&](size_t i) { return dynamicCpSize(lens[i], split, n); }); }));
@@ -491,7 +492,8 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
       [&](int64_t split) { return floorOf([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
   // usp_cp's settings include hier_cp's (and dp_cp's, u = 1): a plan that
   // splits heads expresses both, usp_cp's tuned one is the faster.
-  if (!expressible) out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c, assigned, computes));
+  if (!expressible)
+    out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c, assigned, computes));
   if (!expressible || cfg.headSplit)
     out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c, assigned, computes, beat));
   // A baseline none of whose settings could beat `beat` was not made.
