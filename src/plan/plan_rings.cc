@@ -215,7 +215,8 @@ std::vector<int64_t> balancedTokens(const Layout& attention) {
 }
 
 void buildLinear(BatchPlan* plan, int ranksPerNode) {
-  if (plan->linear.ranks.empty()) plan->linear = balancedLinear(plan->attention, ranksPerNode);
+  if (plan->linear.ranks.empty() && !plan->linearOnAttention)
+    plan->linear = balancedLinear(plan->attention, ranksPerNode);
 }
 
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,

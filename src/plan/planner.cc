@@ -228,10 +228,11 @@ struct BestPlan {
   bool bestFlat = false;
 
   // The plan returned: its linear layout built (the candidates' are not,
-  // BatchPlan::linear), the attention layout's when its flat score won.
+  // BatchPlan::linear), or, when its flat score won, the attention layout
+  // (BatchPlan::linearOnAttention).
   BatchPlan finish() {
     if (best.linear.ranks.empty()) {
-      if (bestFlat) best.linear = best.attention;
+      if (bestFlat) best.linearOnAttention = true;
       else buildLinear(&best, c.ranksPerNode);
     }
     return std::move(best);

@@ -130,7 +130,8 @@ struct BalancedMove {
   Segment seg;
 };
 std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode);
-// Builds a plan's linear layout (balancedLinear) if it is not built.
+// Builds a plan's linear layout (balancedLinear) if it is not built (and
+// the plan does not keep the linear layers on its attention layout).
 void buildLinear(BatchPlan* plan, int ranksPerNode);
 
 // Head splits (SeqPlacement::ulysses). The degrees a plan may split heads

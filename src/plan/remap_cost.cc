@@ -16,6 +16,7 @@ namespace {
 // it overlaps).
 template <class Piece>
 void forEachMovedPiece(const BatchPlan& p, int n, int ranksPerNode, Piece piece) {
+  if (p.linearOnAttention) return;  // the linear layers run where attention does: nothing moves
   if (p.linear.ranks.empty()) {
     // Not built: balancedLinear's pieces, each inside one attention segment
     // of another rank (what the search below finds for that layout).

@@ -412,7 +412,9 @@ void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c
   // balancedLinear's: every rank at its share, and equal to the attention
   // layout exactly when every rank's attention tokens are its share.
   std::vector<double> linTokens;
-  if (p.linear.ranks.empty()) {
+  if (p.linearOnAttention) {
+    pl.remap = false;
+  } else if (p.linear.ranks.empty()) {
     const std::vector<int64_t> share = balancedTokens(p.attention);
     linTokens.assign(share.begin(), share.end());
     pl.remap = remap && linTokens != pl.attnTokens;
