@@ -407,7 +407,8 @@ void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out, std::ve
 void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap, Placement* out) {
   const AttnShape& sh = cfg.model.attn;
   Placement& pl = *out;
-  pl.attnTokens = tokensPerRank(p.attention);
+  const std::vector<int64_t> attnTokens = rankTokens(p.attention);
+  pl.attnTokens.assign(attnTokens.begin(), attnTokens.end());
   // A candidate's linear layout not built (BatchPlan::linear) is
   // balancedLinear's: every rank at its share, and equal to the attention
   // layout exactly when every rank's attention tokens are its share.
@@ -425,7 +426,7 @@ void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c
   if (pl.remap) {
     pl.linTokens = std::move(linTokens);
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
-    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
+    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q, &attnTokens);
     pl.remapIn = rs.in;
     pl.remapOut = rs.out;
     pl.remapNic = rs.nicBytes;
