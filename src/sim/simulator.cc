@@ -210,9 +210,12 @@ RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterMod
   rc.fwd.resize(pl.rings.size());
   rc.bwd.resize(pl.rings.size());
   rc.held.resize(pl.rings.size());
+  rc.firstRank.assign(1, 0);
   for (size_t i = 0; i < pl.rings.size(); ++i) {
     ringCost(pl.rings[i], cfg, c, &rc.fwd[i], &rc.bwd[i]);
     rc.held[i] = ringHeld(pl.rings[i], cfg.model);
+    rc.ranks.insert(rc.ranks.end(), pl.rings[i].ranks.begin(), pl.rings[i].ranks.end());
+    rc.firstRank.push_back(rc.ranks.size());
   }
   ringExtra(pl.rings, rc.held, c.ranks(), &rc.extra);
   if (traffic)
@@ -255,12 +258,14 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
     for (size_t k = 0; k < pl.rings.size(); ++k) {
       size_t i = backward ? pl.rings.size() - 1 - k : k;
       const Cost& cost = backward ? bwdCost[i] : fwdCost[i];
+      const int* begin = costs.ranks.data() + costs.firstRank[i];
+      const int* end = costs.ranks.data() + costs.firstRank[i + 1];
       double start = 0;
-      for (int r : pl.rings[i].ranks) start = std::max(start, ready[r]);
-      for (int r : pl.rings[i].ranks) {
-        ready[r] = start + cost.total();
-        attn[r] += cost.compute;
-        comm[r] += cost.exposed;
+      for (const int* r = begin; r != end; ++r) start = std::max(start, ready[*r]);
+      for (const int* r = begin; r != end; ++r) {
+        ready[*r] = start + cost.total();
+        attn[*r] += cost.compute;
+        comm[*r] += cost.exposed;
       }
     }
     if (pl.remap) barrier(backward ? pl.remapIn : pl.remapOut);
@@ -460,6 +465,8 @@ PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts)
   }
   addRings(p, c_, &pl_, &spare_);
   costs_ = ringCosts(pl_, cfg_, c_, false);
+  variant_.ranks = costs_.ranks;  // a variant's rings have the same ranks
+  variant_.firstRank = costs_.firstRank;
   unsplit_ = std::all_of(pl_.rings.begin(), pl_.rings.end(), [](const Ring& r) { return r.ulysses == 1; });
   return scores(costs_);
 }

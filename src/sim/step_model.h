@@ -54,9 +54,15 @@ struct Cost {
 // links (left 0 without `traffic`: the step's seconds and memory do not
 // take them). The step model's score of a plan (PlanScorer) asks for the
 // same rings with and without the remap, and makes these once.
+// The rings' ranks are kept here too, one array for all (ring i's are
+// ranks[firstRank[i] .. firstRank[i + 1]]): a step runs every ring three
+// times and the step model scores each placement twice, and the rings'
+// own vectors, one allocation each, are scattered in memory.
 struct RingCosts {
   std::vector<Cost> fwd, bwd;
   std::vector<double> held;
+  std::vector<int> ranks;
+  std::vector<size_t> firstRank;
   std::vector<double> extra;
   double nicBytes = 0, intraBytes = 0;
 };
