@@ -468,6 +468,7 @@ PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts)
   variant_.ranks = costs_.ranks;  // a variant's rings have the same ranks
   variant_.firstRank = costs_.firstRank;
   unsplit_ = std::all_of(pl_.rings.begin(), pl_.rings.end(), [](const Ring& r) { return r.ulysses == 1; });
+  seqs_ = p.seqs.size();
   return scores(costs_);
 }
 
@@ -477,7 +478,7 @@ PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts)
 // so, across nodes, its link) changed: a ring's sequences share its ranks,
 // and whole sequences never split.
 bool PlanScorer::variantCosts(const BatchPlan& p) {
-  if (!unsplit_) return false;
+  if (!unsplit_ || p.seqs.size() != seqs_) return false;  // (a plan of other sequences is scored afresh)
   variant_.fwd = costs_.fwd;
   variant_.bwd = costs_.bwd;
   variant_.held = costs_.held;

@@ -95,6 +95,7 @@ class PlanScorer {
   Placement pl_;            // the plan scored last without sameLayouts: its layouts and rings
   RingCosts costs_;         // of pl_'s rings
   bool unsplit_ = false;    // pl_'s rings split no heads
+  size_t seqs_ = 0;         // pl_'s plan's sequences
   RingCosts variant_;       // a variant's costs of the same rings
   std::vector<Ring> spare_;  // rings of plans scored before, their vectors' room kept (addRings)
 };
