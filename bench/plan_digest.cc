@@ -56,7 +56,7 @@ uint64_t planDigest(const plan::BatchPlan& p, double step) {
   d.add(p.order);
   d.add(p.plannedForward);
   d.add(p.plannedBackward);
-  for (const auto& segs : p.linear.ranks) {
+  for (const auto& segs : plan::linearLayout(p).ranks) {
     d.add(segs.size());
     for (const plan::Segment& s : segs) d.add(s.seq), d.add(s.start), d.add(s.count);
   }

@@ -142,6 +142,108 @@ TEST(HeadSplit, ThePlannerSplitsHeadsWhereThatIsFaster) {
   }
 }
 
+// A random plan on 4 nodes of 8 ranks (h800): whole sequences, rings inside
+// a node (some with a position across nodes' worth of ranks out of order),
+// rings over whole nodes, several sequences on some rings; its linear
+// layout built or not.
+BatchPlan randomPlan(std::mt19937_64& rng, int nranks, int rpn) {
+  std::vector<std::vector<int>> pool;  // rings that several sequences share
+  auto ring = [&]() {
+    std::vector<int> r;
+    const int kind = int(rng() % 4);
+    if (kind == 0) {
+      r = {int(rng() % nranks)};
+    } else if (kind == 1) {  // inside a node, in some order
+      const int node = int(rng() % (nranks / rpn)), G = 2 + int(rng() % (rpn - 1));
+      for (int j = 0; j < rpn; ++j) r.push_back(node * rpn + j);
+      std::shuffle(r.begin(), r.end(), rng);
+      r.resize(size_t(G));
+      if (rng() % 2) std::sort(r.begin(), r.end());
+    } else if (kind == 2) {  // whole nodes
+      const int k = 2 + int(rng() % (nranks / rpn - 1));
+      for (int nd = 0; nd < k; ++nd)
+        for (int j = 0; j < rpn; ++j) r.push_back(nd * rpn + j);
+    } else {  // across nodes, no position of one node
+      r = {0, rpn, 2 * rpn, 3 * rpn};
+    }
+    return r;
+  };
+  for (int k = 0; k < 6; ++k) pool.push_back(ring());
+  const size_t m = 20 + rng() % 40;
+  std::vector<int64_t> lens(m);
+  std::vector<std::vector<int>> rings(m);
+  for (size_t i = 0; i < m; ++i) {
+    lens[i] = 100 + int64_t(rng() % 300000);
+    rings[i] = rng() % 3 == 0 ? pool[rng() % pool.size()] : ring();
+  }
+  BatchPlan p = planFromRings(lens, true, rings, nranks, rpn, rng() % 2 == 0);
+  std::vector<int64_t> order(m);
+  for (size_t i = 0; i < m; ++i) order[i] = int64_t(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  setOrder(&p, order);
+  return p;
+}
+
+// The step model's score of a head-split variant (PlanScorer with
+// sameLayouts: the rings of the plan scored before, only the split ones
+// costed again) is the score of the variant made afresh, and simulatePlan's
+// step, remapped and flat; so is whether it fits, with the memory set at
+// the variant's peak and just below it (a ring's buffers costed wrong
+// moves the peak).
+TEST(HeadSplit, AVariantScoresAsTheVariantScoredAfresh) {
+  ClusterModel c;
+  const StepConfig preset = zptest::presetStep("h800", &c, 32);
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    BatchPlan p = randomPlan(rng, c.ranks(), c.ranksPerNode);
+    for (int u : headSplitDegrees(c.ranksPerNode, preset.model.attn)) {
+      splitHeadsBy(&p, 1, c.ranksPerNode);
+      StepConfig cfg = preset;
+      PlanScorer incremental(cfg, c, true);
+      incremental(p, false);
+      if (!splitHeadsBy(&p, u, c.ranksPerNode)) continue;
+      for (bool remapped : {true, false}) {
+        const StrategyResult sim = simulatePlan(p, preset, c, remapped);
+        for (double memory : {preset.memoryBytes, sim.peakMemoryBytes, std::nextafter(sim.peakMemoryBytes, 0.0)}) {
+          SCOPED_TRACE("trial " + std::to_string(trial) + " u " + std::to_string(u) +
+                       (remapped ? " remapped" : " flat") + " memory " + std::to_string(memory));
+          cfg.memoryBytes = memory;
+          cfg.usableMemory = memory == preset.memoryBytes ? preset.usableMemory : 1.0;
+          PlanScorer fresh(cfg, c, true);
+          const PlanOptions::Scores a = incremental(p, true), b = fresh(p, false);
+          const PlanOptions::Score& x = remapped ? a.remapped : a.flat;
+          const PlanOptions::Score& y = remapped ? b.remapped : b.flat;
+          EXPECT_EQ(x.seconds, y.seconds);
+          EXPECT_EQ(x.fits, y.fits);
+          EXPECT_EQ(x.seconds, simulatePlan(p, cfg, c, remapped).stepSeconds);
+          EXPECT_EQ(x.fits, simulatePlan(p, cfg, c, remapped).feasible);
+        }
+      }
+    }
+  }
+}
+
+// A variant that splits a ring's sequences unlike, or one of a plan that
+// split heads, is scored afresh: the same figures.
+TEST(HeadSplit, AnUnevenVariantScoresAsTheVariantScoredAfresh) {
+  ClusterModel c;
+  const StepConfig cfg = zptest::presetStep("h800", &c, 16);
+  // Two sequences on one ring of a node, one on a ring over both nodes.
+  const std::vector<int64_t> lens = {40000, 30000, 200000, 500};
+  std::vector<int> both(16);
+  for (int r = 0; r < 16; ++r) both[size_t(r)] = r;
+  BatchPlan p = planFromRings(lens, true, {{0, 1, 2, 3}, {0, 1, 2, 3}, both, {5}}, 16, 8, false);
+  PlanScorer scorer(cfg, c, true);
+  scorer(p, false);
+  for (const std::vector<int>& u : {std::vector<int>{2, 4, 8, 1}, {4, 4, 1, 1}, {1, 1, 8, 1}}) {
+    setHeadSplit(&p, u, c.ranksPerNode, cfg.model.attn);
+    const PlanOptions::Scores a = scorer(p, true), b = PlanScorer(cfg, c, true)(p, false);
+    EXPECT_EQ(a.remapped.seconds, b.remapped.seconds);
+    EXPECT_EQ(a.flat.seconds, b.flat.seconds);
+    EXPECT_EQ(a.flat.seconds, simulatePlan(p, cfg, c, false).stepSeconds);
+  }
+}
+
 // The batches where Zeppelin lost to hier_cp and usp_cp before plans could
 // split heads (bench/ulysses_gap: on the long-tail mix, h800 16K, 64 ranks,
 // 29 of 80 batches below 0.99x, the worst 0.932x; on the bimodal file at

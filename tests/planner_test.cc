@@ -427,7 +427,19 @@ TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
       }
     }
     EXPECT_EQ(balancedTokens(lazy.attention), rankTokens(built.linear));
-    moved += !balancedMoves(lazy.attention, rpn).empty();
+    // The moves found from the back of the ranks over their share, given
+    // each rank's tokens, are the moves of the full walk.
+    const std::vector<BalancedMove> moves = balancedMoves(lazy.attention, rpn);
+    const std::vector<int64_t> held = rankTokens(lazy.attention);
+    const std::vector<BalancedMove> fromBack = balancedMoves(lazy.attention, rpn, &held);
+    ASSERT_EQ(fromBack.size(), moves.size());
+    for (size_t k = 0; k < moves.size(); ++k) {
+      const BalancedMove &a = moves[k], &b = fromBack[k];
+      EXPECT_TRUE(a.to == b.to && a.from == b.from && a.seg.seq == b.seg.seq && a.seg.start == b.seg.start &&
+                  a.seg.count == b.seg.count)
+          << "move " << k;
+    }
+    moved += !moves.empty();
     for (double route : {0.0, 0.8}) {
       ClusterModel c = a800(nodes);
       c.ranksPerNode = rpn;

@@ -403,6 +403,45 @@ TEST(Simulator, BaselinesTunedAgainstABoundAreTheTunedOnesThatCouldWin) {
   }
 }
 
+// A plan whose linear layers run on its attention layout says so
+// (BatchPlan::linearOnAttention) rather than carry a copy of it: its linear
+// layout (linearLayout) is the attention layout, its remap moves nothing,
+// and the step model runs it as the same plan with the copy built. Batches
+// of the long-tail mix, h800 at 16K tokens per rank, 64 ranks, where some
+// plans keep the linear layers there and some remap.
+TEST(Simulator, APlanOnItsAttentionLayoutRunsAsWithACopyOfIt) {
+  ClusterModel c;
+  const StepConfig cfg = zptest::presetStep("h800", &c, 64);
+  const std::vector<int64_t> mix = zptest::lengthsOf("longtail_mix.txt");
+  std::mt19937_64 rng(3);
+  int flat = 0, remapped = 0;
+  for (int b = 0; b < 12; ++b) {
+    const BatchPlan p = planForStep(formBatch(mix, int64_t(16384) * c.ranks(), rng), cfg, c);
+    if (!p.linearOnAttention) {
+      ++remapped;
+      EXPECT_EQ(&linearLayout(p), &p.linear);
+      continue;
+    }
+    ++flat;
+    EXPECT_EQ(&linearLayout(p), &p.attention);
+    EXPECT_TRUE(p.linear.ranks.empty());
+    const RemapSeconds none = remapSeconds(p, c, 1, 1);
+    EXPECT_EQ(none.in + none.out + none.nicBytes + none.intraBytes, 0);
+    BatchPlan copy = p;  // as plans were: the attention layout copied
+    copy.linearOnAttention = false;
+    copy.linear = p.attention;
+    for (bool remap : {true, false}) {
+      const StrategyResult a = simulatePlan(p, cfg, c, remap), b = simulatePlan(copy, cfg, c, remap);
+      EXPECT_EQ(a.stepSeconds, b.stepSeconds);
+      EXPECT_EQ(a.remapSeconds, b.remapSeconds);
+      EXPECT_EQ(a.peakMemoryBytes, b.peakMemoryBytes);
+    }
+  }
+  printf("  %d plans on their attention layout, %d remapped\n", flat, remapped);
+  EXPECT_GT(flat, 0);
+  EXPECT_GT(remapped, 0);
+}
+
 // Memory is a constraint: on the 30B model with the pretraining corpus's
 // lengths (tests/data/pretrain_hist.txt), A800 at 64K tokens per rank, 128
 // ranks, where most baselines run over memory, Zeppelin's plan fits and is

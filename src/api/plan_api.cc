@@ -28,7 +28,7 @@ zpBatchPlan* wrap(zp::plan::BatchPlan plan, int nranks) {
   auto* p = new zpBatchPlan;
   p->plan = std::move(plan);
   p->nranks = nranks;
-  const zp::plan::Layout* l[2] = {&p->plan.attention, &p->plan.linear};
+  const zp::plan::Layout* l[2] = {&p->plan.attention, &zp::plan::linearLayout(p->plan)};
   for (int w = 0; w < 2; ++w) {
     p->segs[w].resize(nranks);
     for (int r = 0; r < nranks; ++r)
@@ -258,7 +258,7 @@ zpResult_t zpPlanGetLayout(zpBatchPlan_t plan, zpLayoutKind_t kind, zpLayout_t* 
     return zp::fail(zpInvalidArgument, "zpPlanGetLayout: kind %d is not zpAttentionLayout or zpLinearLayout", (int)kind);
   zpLayout& l = plan->layouts[kind];
   if (l.offsets.empty()) {  // made on first use
-    zp::plan::fillLayout(&l, kind == zpAttentionLayout ? plan->plan.attention : plan->plan.linear);
+    zp::plan::fillLayout(&l, kind == zpAttentionLayout ? plan->plan.attention : zp::plan::linearLayout(plan->plan));
     l.ownedByPlan = true;
   }
   *layout = &l;

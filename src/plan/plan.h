@@ -95,8 +95,19 @@ struct BatchPlan {
   // balancedLinear). Not built (no ranks) in the candidates the planner
   // scores (PlanOptions::score): a plan with a million segments per layout
   // would build it only to be costed. Then it stands for balancedLinear's
-  // layout; planBatch returns every plan with it built.
+  // layout; planBatch returns every plan with it built, or with
+  // linearOnAttention. Read through linearLayout().
   Layout linear;
+  // The linear layers run on the attention layout (no remap: a step model,
+  // PlanOptions::score, found that faster). `linear` is then not built:
+  // a copy of the attention layout (four million segments in a DP x CP
+  // plan of 16,384 ranks) would only be read as the attention layout is.
+  bool linearOnAttention = false;
 };
+
+// The layout a plan's linear layers run on.
+inline const Layout& linearLayout(const BatchPlan& plan) {
+  return plan.linearOnAttention ? plan.attention : plan.linear;
+}
 
 }  // namespace zp::plan

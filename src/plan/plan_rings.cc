@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
 
 namespace zp::plan {
@@ -46,9 +47,13 @@ std::vector<int64_t> quotas(int64_t total, int n) {
 // network only for what a node cannot balance itself), in rank order
 // (take(r, segment, from): rank r takes the piece from attention rank
 // `from`). Each rank's calls come in the order of its linear segments, its
-// keeps before its takes.
+// keeps before its takes. With `tokens` (each rank's attention tokens,
+// rankTokens) and no keeps wanted (keep == nullptr), a rank's segments are
+// not read up to its quota: a rank at or under it gives nothing, one over
+// it gives the segments past it (found from the back).
 template <class Keep, class Take>
-void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take) {
+void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take,
+                  const std::vector<int64_t>* tokens = nullptr) {
   const int n = int(attn.ranks.size());
   if (ranksPerNode < 1) ranksPerNode = std::max(n, 1);  // one node
   const std::vector<int64_t> quota = quotas(std::accumulate(attn.seqLens.begin(), attn.seqLens.end(), int64_t{0}), n);
@@ -59,15 +64,35 @@ void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take) {
   };
   std::vector<std::vector<Piece>> surplus(nodes);
   std::vector<int64_t> have(n, 0);
-  for (int r = 0; r < n; ++r)
+  for (int r = 0; r < n; ++r) {
+    if constexpr (std::is_same_v<Keep, std::nullptr_t>) {
+      if (tokens) {
+        const std::vector<Segment>& segs = attn.ranks[r];
+        have[r] = std::min((*tokens)[r], quota[r]);
+        // The last segments, from the back, until they hold the excess: the
+        // first of them is cut at the quota, the rest go whole.
+        const int64_t excess = (*tokens)[r] - quota[r];
+        size_t k = segs.size();
+        int64_t tail = 0;
+        while (tail < excess && k > 0) tail += segs[--k].count;
+        for (int64_t prefix = (*tokens)[r] - tail; k < segs.size(); ++k) {
+          const Segment& s = segs[k];
+          const int64_t kept = std::max<int64_t>(0, quota[r] - prefix);
+          surplus[r / ranksPerNode].push_back({{s.seq, s.start + kept, s.count - kept}, r});
+          prefix += s.count;
+        }
+        continue;
+      }
+    }
     for (const Segment& s : attn.ranks[r]) {
       const int64_t kept = std::min(s.count, quota[r] - have[r]);
       if (kept > 0) {  // never below 0: have[r] stops at quota[r]
-        keep(r, Segment{s.seq, s.start, kept});
+        if constexpr (!std::is_same_v<Keep, std::nullptr_t>) keep(r, Segment{s.seq, s.start, kept});
         have[r] += kept;
       }
       if (kept < s.count) surplus[r / ranksPerNode].push_back({{s.seq, s.start + kept, s.count - kept}, r});
     }
+  }
   std::vector<size_t> next(nodes, 0);
   auto fill = [&](int r, int nd) {
     while (have[r] < quota[r] && next[nd] < surplus[nd].size()) {
@@ -199,11 +224,12 @@ Layout balancedLinear(const Layout& attention, int ranksPerNode) {
   return lin;
 }
 
-std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode) {
+std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode,
+                                        const std::vector<int64_t>* tokens) {
   std::vector<BalancedMove> moves;
   walkBalanced(
-      attention, ranksPerNode, [](int, const Segment&) {},
-      [&](int r, const Segment& s, int from) { moves.push_back({r, from, s}); });
+      attention, ranksPerNode, nullptr, [&](int r, const Segment& s, int from) { moves.push_back({r, from, s}); },
+      tokens);
   // Each rank's pieces stay in the order of its linear segments.
   std::stable_sort(moves.begin(), moves.end(), [](const BalancedMove& a, const BalancedMove& b) { return a.to < b.to; });
   return moves;
@@ -215,7 +241,8 @@ std::vector<int64_t> balancedTokens(const Layout& attention) {
 }
 
 void buildLinear(BatchPlan* plan, int ranksPerNode) {
-  if (plan->linear.ranks.empty()) plan->linear = balancedLinear(plan->attention, ranksPerNode);
+  if (plan->linear.ranks.empty() && !plan->linearOnAttention)
+    plan->linear = balancedLinear(plan->attention, ranksPerNode);
 }
 
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,

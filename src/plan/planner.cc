@@ -210,6 +210,10 @@ struct BestPlan {
   const AttnShape& shape;
   const ClusterModel& c;
   const PlanOptions& opt;
+  // Each whole sequence's compute on its rank (splitRingCompute of a ring
+  // of one), made when first asked for: every candidate's bound asks for
+  // its tens of thousands of whole sequences (bounded), < 0 until then.
+  mutable std::vector<double> whole_;
   BatchPlan best;
   double bestScore = 0;
   bool bestFits = true;
@@ -224,10 +228,11 @@ struct BestPlan {
   bool bestFlat = false;
 
   // The plan returned: its linear layout built (the candidates' are not,
-  // BatchPlan::linear), the attention layout's when its flat score won.
+  // BatchPlan::linear), or, when its flat score won, the attention layout
+  // (BatchPlan::linearOnAttention).
   BatchPlan finish() {
     if (best.linear.ranks.empty()) {
-      if (bestFlat) best.linear = best.attention;
+      if (bestFlat) best.linearOnAttention = true;
       else buildLinear(&best, c.ranksPerNode);
     }
     return std::move(best);
@@ -275,9 +280,16 @@ struct BestPlan {
       const auto [begin, end] = ring(i);
       const int G = int(end - begin);
       if (G < 1 || (split && ((*split)[i] < 1 || G % (*split)[i] != 0))) return false;
-      double compute = splitRingCompute(lens[i], causal, G, split ? (*split)[i] : 1, shape, c);
-      for (int u : opt.headSplits)
-        if (variants && G % u == 0) compute = std::min(compute, splitRingCompute(lens[i], causal, G, u, shape, c));
+      double compute = 0;
+      if (G == 1) {  // a whole sequence: no split divides its ring of one
+        if (whole_.empty()) whole_.assign(lens.size(), -1.0);
+        if (whole_[i] < 0) whole_[i] = splitRingCompute(lens[i], causal, 1, 1, shape, c);
+        compute = whole_[i];
+      } else {
+        compute = splitRingCompute(lens[i], causal, G, split ? (*split)[i] : 1, shape, c);
+        for (int u : opt.headSplits)
+          if (variants && G % u == 0) compute = std::min(compute, splitRingCompute(lens[i], causal, G, u, shape, c));
+      }
       // Every chunk has at least len / chunks tokens (integer division).
       const int64_t chunks = causal && G > 1 ? 2 * int64_t(G) : G;
       const double held = double(lens[i] / chunks * (chunks / G));

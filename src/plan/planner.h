@@ -125,12 +125,17 @@ std::vector<int64_t> balancedTokens(const Layout& attention);
 // The pieces it moves, without building it: rank `to` takes `seg` from
 // attention rank `from` (each piece lies inside one attention segment of
 // that rank); by `to`, each rank's in the order of its linear segments.
+// tokens, if the caller has them: each rank's tokens in the attention
+// layout (rankTokens), so that only the segments past a rank's share are
+// read (a DP x CP plan has millions).
 struct BalancedMove {
   int to, from;
   Segment seg;
 };
-std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode);
-// Builds a plan's linear layout (balancedLinear) if it is not built.
+std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNode,
+                                        const std::vector<int64_t>* tokens = nullptr);
+// Builds a plan's linear layout (balancedLinear) if it is not built (and
+// the plan does not keep the linear layers on its attention layout).
 void buildLinear(BatchPlan* plan, int ranksPerNode);
 
 // Head splits (SeqPlacement::ulysses). The degrees a plan may split heads
@@ -192,13 +197,15 @@ std::vector<double> rankAttnSeconds(const BatchPlan& plan, const AttnShape& shap
 // sends the remap's alltoallv (docs/planner.md, the cost model). A sequence's attention segments
 // must not overlap (as in every plan planFromRings makes). A plan whose
 // linear layout is not built (BatchPlan::linear) is costed for
-// balancedLinear's, from its moves, the same figures to the bit.
+// balancedLinear's, from its moves, the same figures to the bit
+// (attnTokens, if the caller has them: rankTokens of its attention layout,
+// for balancedMoves).
 struct RemapSeconds {
   double in = 0, out = 0;
   double nicBytes = 0, intraBytes = 0;
 };
 RemapSeconds remapSeconds(const BatchPlan& plan, const ClusterModel& cluster, double inBytesPerToken,
-                          double outBytesPerToken);
+                          double outBytesPerToken, const std::vector<int64_t>* attnTokens = nullptr);
 
 // max / mean of a per-rank quantity (1 when all are zero).
 double imbalance(const std::vector<double>& perRank);

@@ -15,11 +15,13 @@ namespace {
 // order of its linear segments (and inside one, of the attention segments
 // it overlaps).
 template <class Piece>
-void forEachMovedPiece(const BatchPlan& p, int n, int ranksPerNode, Piece piece) {
+void forEachMovedPiece(const BatchPlan& p, int n, int ranksPerNode, const std::vector<int64_t>* attnTokens,
+                       Piece piece) {
+  if (p.linearOnAttention) return;  // the linear layers run where attention does: nothing moves
   if (p.linear.ranks.empty()) {
     // Not built: balancedLinear's pieces, each inside one attention segment
     // of another rank (what the search below finds for that layout).
-    for (const BalancedMove& m : balancedMoves(p.attention, ranksPerNode)) piece(m.to, m.from, m.seg.count);
+    for (const BalancedMove& m : balancedMoves(p.attention, ranksPerNode, attnTokens)) piece(m.to, m.from, m.seg.count);
     return;
   }
   // A linear segment inside an attention segment of its own rank moves
@@ -88,7 +90,8 @@ void forEachMovedPiece(const BatchPlan& p, int n, int ranksPerNode, Piece piece)
 // rank's seconds (its sends or its receives, whichever take longer;
 // intra-node at the link rate, across nodes at its share of the node's NICs
 // or, routed, as below; one message latency per peer).
-RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken) {
+RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBytesPerToken, double outBytesPerToken,
+                          const std::vector<int64_t>* attnTokens) {
   const int n = c.ranks();
   // Seconds per byte a rank sends and receives, and the latency of its
   // distinct peers (seenBy: the last rank that counted a peer, by peer and
@@ -127,7 +130,7 @@ RemapSeconds remapSeconds(const BatchPlan& p, const ClusterModel& c, double inBy
       lat[r] += cross ? c.interLatency : c.intraLatency;
     }
   };
-  forEachMovedPiece(p, n, c.ranksPerNode, piece);
+  forEachMovedPiece(p, n, c.ranksPerNode, attnTokens, piece);
   for (int r = 0; r < n; ++r) {
     // q, k, v go from the linear layout to attention, the output back: the
     // same pairs, the other way.

@@ -37,6 +37,32 @@ std::vector<size_t> largestFirst(size_t count, Key key) {
   return order;
 }
 
+// Each sequence's attention compute on one rank of a ring (splitRingCompute),
+// kept per ring size over the ring's positions (G / u): the floors of every
+// setting of every baseline ask for the same few sizes, dp_cp's groups of R
+// ranks and usp_cp's of R positions alike. Each figure is made when first
+// asked for, as splitRingCompute makes it (the same bits).
+class RingComputes {
+ public:
+  RingComputes(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c)
+      : lens_(lens), cfg_(cfg), c_(c), byPositions_(size_t(c.ranks()) + 1) {}
+  // splitRingCompute(lens[i], causal, G, u): G / u steps of the ring over
+  // the positions, 1/u of the heads each.
+  double perRank(size_t i, int G, int u) {
+    const int R = G / u;
+    std::vector<double>& made = byPositions_[size_t(R)];
+    if (made.empty()) made.assign(lens_.size(), -1.0);
+    if (made[i] < 0) made[i] = ringStep(lens_[i], cfg_.causal, R, Link::Intra, cfg_.model.attn, c_).compute;
+    return R * made[i] / u;
+  }
+
+ private:
+  const std::vector<int64_t>& lens_;
+  const StepConfig& cfg_;
+  const ClusterModel& c_;
+  std::vector<std::vector<double>> byPositions_;  // [R][i]; < 0: not made yet
+};
+
 // A lower bound of the step of any placement that runs every sequence i on
 // a ring of size(i) ranks with its heads split u ways (1: no Ulysses), a
 // baseline's or Zeppelin's plan of the same rings, with a remap or
@@ -44,17 +70,17 @@ std::vector<size_t> largestFirst(size_t count, Key key) {
 // least the ranks' mean attention compute plus linear layers (every
 // placement holds all of the batch's tokens for them), and at least one
 // ring's compute on each of its ranks; exposed communication, remaps and
-// waits only add. whole[i]: sequence i's compute on one rank. Slack for
-// rounding: the step sums the same terms in another order.
+// waits only add. Slack for rounding: the step sums the same terms in
+// another order.
 template <class Size>
-double stepFloor(const std::vector<int64_t>& lens, const std::vector<double>& whole, Size size,
-                 const StepConfig& cfg, const ClusterModel& c, int u = 1) {
+double stepFloor(const std::vector<int64_t>& lens, RingComputes& computes, Size size, const StepConfig& cfg,
+                 const ClusterModel& c, int u = 1) {
   double sum = 0, most = 0, tokens = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
     const int G = size(i);
     // What each rank of the ring computes: G / u steps of u^2/G^2 of the
     // FLOPs, 1/u of the heads.
-    const double perRank = G == 1 ? whole[i] : splitRingCompute(lens[i], cfg.causal, G, u, cfg.model.attn, c);
+    const double perRank = computes.perRank(i, G, G == 1 ? 1 : u);
     sum += G * perRank;
     most = std::max(most, perRank);
     tokens += double(lens[i]);
@@ -70,22 +96,28 @@ double stepFloor(const std::vector<int64_t>& lens, const std::vector<double>& wh
 // ring (Transformer Engine) or all-gather (Llama 3) over the sequences given
 // to it. Sequences go to groups as WLB-LLM assigns them: by estimated cost
 // (attention and linear), largest first, to the cheapest group that still
-// has room for their tokens.
-//
-// ulysses > 1: each group is hierarchical (Ulysses over that many
-// consecutive ranks, a ring over the group's positions), its inter-node hops
-// over every GPU's own NIC.
-Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather, int64_t cap,
-                         const StepConfig& cfg, const ClusterModel& c, int ulysses = 1) {
-  const int n = c.ranks(), groups = n / g;
+// has room for their tokens. The assignment depends on the group size
+// alone, not on how a group runs attention: every Ulysses degree of a size
+// (and dp_cp's and usp_cp's settings of it) shares one (bestGroup).
+struct GroupAssignment {
+  std::vector<std::vector<int64_t>> members, ids;  // per group: its sequences' lengths and ids
+  std::vector<int64_t> tokens;                     // per group
+  bool infeasible = false;                         // some sequence found no group with room
+};
+
+GroupAssignment assignGroups(const std::vector<int64_t>& lens, int g, int64_t cap, const StepConfig& cfg,
+                             const ClusterModel& c) {
+  const int groups = c.ranks() / g;
   auto cost = [&](size_t i) {
     return attnComputeSeconds(attnFlops(lens[i], cfg.causal, cfg.model.attn), double(lens[i]) / g, c) +
            linearSeconds(lens[i], cfg, c);
   };
   std::vector<double> load(groups, 0);
-  std::vector<int64_t> tokens(groups, 0);
-  std::vector<std::vector<int64_t>> members(groups), ids(groups);
-  Placement pl;
+  GroupAssignment a;
+  a.tokens.assign(size_t(groups), 0);
+  a.members.resize(size_t(groups));
+  a.ids.resize(size_t(groups));
+  std::vector<int64_t>& tokens = a.tokens;
   RoomTree<int64_t> byLoad(groups);  // the least loaded group with room for a sequence's tokens
   for (size_t i : largestFirst(lens.size(), cost)) {
     int any = -1;
@@ -94,23 +126,33 @@ Placement groupPlacement(const std::vector<int64_t>& lens, int g, bool allgather
       best = 0;
       for (int k = 1; k < groups; ++k)
         if (tokens[k] < tokens[best] || (tokens[k] == tokens[best] && load[k] < load[best])) best = k;
-      pl.infeasibleAssignment = true;
+      a.infeasible = true;
     }
     load[best] += cost(i);
     tokens[best] += lens[i];
     byLoad.set(best, load[best], tokens[best]);
-    members[best].push_back(lens[i]);
-    ids[best].push_back(int64_t(i));
+    a.members[best].push_back(lens[i]);
+    a.ids[best].push_back(int64_t(i));
   }
+  return a;
+}
+
+// The placement of an assignment to groups of g ranks. ulysses > 1: each
+// group is hierarchical (Ulysses over that many consecutive ranks, a ring
+// over the group's positions), its inter-node hops over every GPU's own NIC.
+Placement groupPlacement(const GroupAssignment& a, int g, bool allgather, const ClusterModel& c, int ulysses = 1) {
+  const int n = c.ranks(), groups = n / g;
+  Placement pl;
+  pl.infeasibleAssignment = a.infeasible;
   const Link link = g <= c.ranksPerNode ? Link::Intra : ulysses > 1 ? Link::PerGpu : Link::Inter;
   pl.linTokens.assign(n, 0);
   for (int k = 0; k < groups; ++k) {
     Ring ring;
-    ring.lens = members[k];
-    ring.seqs = ids[k];
+    ring.lens = a.members[k];
+    ring.seqs = a.ids[k];
     for (int r = k * g; r < (k + 1) * g; ++r) {
       ring.ranks.push_back(r);
-      pl.linTokens[r] = double(tokens[k]) / g;
+      pl.linTokens[r] = double(a.tokens[k]) / g;
     }
     ring.link = link;
     ring.allgather = allgather;
@@ -141,10 +183,12 @@ std::vector<int> ulyssesDegrees(int g, const StepConfig& cfg, const ClusterModel
 // The best group size (and Ulysses degree) for this batch: the fastest
 // feasible one (if none is feasible, the fastest, reported infeasible).
 // With kind Ring or Usp, a setting whose stepFloor is at least `beat` is
-// not made (none made: an empty result, name unset).
+// not made (none made: an empty result, name unset). `assigned`: the
+// assignments to groups made so far, by group size (shared by the
+// baselines tuned together).
 Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, GroupKind kind, int64_t cap,
-                const StepConfig& cfg, const ClusterModel& c, double beat = kNoBound,
-                const std::vector<double>* whole = nullptr) {
+                const StepConfig& cfg, const ClusterModel& c, std::map<int, GroupAssignment>& assigned,
+                RingComputes& computes, double beat = kNoBound) {
   const int n = c.ranks();
   std::vector<int> sizes;
   for (int g = 1; g <= n; g *= 2)
@@ -159,9 +203,11 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
     if (kind == GroupKind::Hierarchical && !all.empty()) degrees = {all.back()};
     for (int u : degrees) {
       if ((kind == GroupKind::Ring || kind == GroupKind::Usp) && beat < kNoBound &&
-          stepFloor(lens, *whole, [g](size_t) { return g; }, cfg, c, u) >= beat)
+          stepFloor(lens, computes, [g](size_t) { return g; }, cfg, c, u) >= beat)
         continue;
-      Placement pl = groupPlacement(lens, g, kind == GroupKind::AllGather, cap, cfg, c, u);
+      auto at = assigned.find(g);
+      if (at == assigned.end()) at = assigned.emplace(g, assignGroups(lens, g, cap, cfg, c)).first;
+      Placement pl = groupPlacement(at->second, g, kind == GroupKind::AllGather, c, u);
       StrategyResult r = evaluate(name, pl, cfg, c);
       r.group = g;
       r.ulysses = u;
@@ -431,13 +477,13 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
                                   bool expressible, double beat) {
   const int64_t cap = std::max<int64_t>(1, tokenCapacity(cfg, c.ranks()));
   const int n = c.ranks(), rpn = c.ranksPerNode;
-  std::vector<double> whole;  // each sequence's compute on one rank, for the floors
-  if (beat < kNoBound)
-    for (int64_t l : lens) whole.push_back(ringStep(l, cfg.causal, 1, Link::Intra, cfg.model.attn, c).compute);
-  auto floorOf = [&](auto size) { return stepFloor(lens, whole, size, cfg, c); };
+  RingComputes computes(lens, cfg, c);  // for the floors
+  std::map<int, GroupAssignment> assigned;
+  auto floorOf = [&](auto size) { return stepFloor(lens, computes, size, cfg, c); };
   std::vector<Tuned> out;
-  out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c, beat, &whole));
-  if (!expressible) out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c));
+  out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c, assigned, computes, beat));
+  if (!expressible)
+    out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c, assigned, computes));
   out.push_back(bestLimit(
       cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }, beat,
       [&](int64_t split) { return floorOf([&](size_t i) { return dynamicCpSize(lens[i], split, n); }); }));
@@ -446,8 +492,10 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
       [&](int64_t split) { return floorOf([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
   // usp_cp's settings include hier_cp's (and dp_cp's, u = 1): a plan that
   // splits heads expresses both, usp_cp's tuned one is the faster.
-  if (!expressible) out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c));
-  if (!expressible || cfg.headSplit) out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c, beat, &whole));
+  if (!expressible)
+    out.push_back(bestGroup("hier_cp", lens, GroupKind::Hierarchical, cap, cfg, c, assigned, computes));
+  if (!expressible || cfg.headSplit)
+    out.push_back(bestGroup("usp_cp", lens, GroupKind::Usp, cap, cfg, c, assigned, computes, beat));
   // A baseline none of whose settings could beat `beat` was not made.
   out.erase(std::remove_if(out.begin(), out.end(), [](const Tuned& t) { return t.result.name.empty(); }), out.end());
   for (Tuned& t : out) t.result.baseline = true;

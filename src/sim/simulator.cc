@@ -101,11 +101,6 @@ int64_t tokenCapacity(const StepConfig& cfg, int n) {
 
 namespace {
 
-struct Cost {
-  double compute = 0, exposed = 0;
-  double total() const { return compute + exposed; }
-};
-
 int nodesOf(const std::vector<int>& ranks, int rpn) {
   int k = 1;
   for (size_t j = 1; j < ranks.size(); ++j)
@@ -184,39 +179,48 @@ void ringTraffic(const Ring& ring, const AttnShape& sh, int rpn, double* nic, do
   }
 }
 
-// What a placement's step takes from its rings alone, whatever its linear
-// layout and remap: each ring's seconds forward and backward, each rank's
-// ring buffers, and the rings' bytes on NICs and intra-node links. The step
-// model's score of a plan (planWithStepModel) asks for the same rings with
-// and without the remap, and makes these once.
-struct RingCosts {
-  std::vector<Cost> fwd, bwd;
-  std::vector<double> extra;  // per rank: bytes its largest ring holds
-  double nicBytes = 0, intraBytes = 0;
-};
-
-RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
-  const ModelShape& m = cfg.model;
+// Bytes each rank of a ring holds for its ring buffers (K and V in flight
+// and their gradients; with Ulysses, also its all-to-alls' buffers); 0 for
+// a ring of one rank.
+double ringHeld(const Ring& ring, const ModelShape& m) {
+  const int G = int(ring.ranks.size());
+  if (G < 2) return 0;
   const double q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
+  double b = 0;
+  const int u = std::max(1, ring.ulysses), R = G / u;
+  for (int64_t l : ring.lens)
+    b += ring.allgather ? 2 * kvBytes(l, m.attn)
+                        : 4 * kvBytes((l + R - 1) / R, m.attn) / u +
+                              (u > 1 ? double(l) / G * 2 * m.attn.elemBytes * (2 * q + 2 * kv) : 0);
+  return b;
+}
+
+// Per rank: the most any of its rings holds (held: ringHeld of each ring).
+void ringExtra(const std::vector<Ring>& rings, const std::vector<double>& held, int n, std::vector<double>* extra) {
+  extra->assign(size_t(n), 0.0);
+  for (size_t i = 0; i < rings.size(); ++i)
+    if (rings[i].ranks.size() > 1)
+      for (int r : rings[i].ranks) (*extra)[r] = std::max((*extra)[r], held[i]);
+}
+
+}  // namespace
+
+RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterModel& c, bool traffic) {
   RingCosts rc;
   rc.fwd.resize(pl.rings.size());
   rc.bwd.resize(pl.rings.size());
+  rc.held.resize(pl.rings.size());
+  rc.firstRank.assign(1, 0);
   for (size_t i = 0; i < pl.rings.size(); ++i) {
     ringCost(pl.rings[i], cfg, c, &rc.fwd[i], &rc.bwd[i]);
+    rc.held[i] = ringHeld(pl.rings[i], cfg.model);
+    rc.ranks.insert(rc.ranks.end(), pl.rings[i].ranks.begin(), pl.rings[i].ranks.end());
+    rc.firstRank.push_back(rc.ranks.size());
   }
-  rc.extra.assign(size_t(c.ranks()), 0.0);
-  for (const Ring& ring : pl.rings) {
-    const int G = int(ring.ranks.size());
-    if (G < 2) continue;
-    double b = 0;
-    const int u = std::max(1, ring.ulysses), R = G / u;
-    for (int64_t l : ring.lens)
-      b += ring.allgather ? 2 * kvBytes(l, m.attn)
-                          : 4 * kvBytes((l + R - 1) / R, m.attn) / u +
-                                (u > 1 ? double(l) / G * 2 * m.attn.elemBytes * (2 * q + 2 * kv) : 0);
-    for (int r : ring.ranks) rc.extra[r] = std::max(rc.extra[r], b);
-  }
-  for (const Ring& ring : pl.rings) ringTraffic(ring, m.attn, c.ranksPerNode, &rc.nicBytes, &rc.intraBytes);
+  ringExtra(pl.rings, rc.held, c.ranks(), &rc.extra);
+  if (traffic)
+    for (const Ring& ring : pl.rings)
+      ringTraffic(ring, cfg.model.attn, c.ranksPerNode, &rc.nicBytes, &rc.intraBytes);
   return rc;
 }
 
@@ -254,12 +258,14 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
     for (size_t k = 0; k < pl.rings.size(); ++k) {
       size_t i = backward ? pl.rings.size() - 1 - k : k;
       const Cost& cost = backward ? bwdCost[i] : fwdCost[i];
+      const int* begin = costs.ranks.data() + costs.firstRank[i];
+      const int* end = costs.ranks.data() + costs.firstRank[i + 1];
       double start = 0;
-      for (int r : pl.rings[i].ranks) start = std::max(start, ready[r]);
-      for (int r : pl.rings[i].ranks) {
-        ready[r] = start + cost.total();
-        attn[r] += cost.compute;
-        comm[r] += cost.exposed;
+      for (const int* r = begin; r != end; ++r) start = std::max(start, ready[*r]);
+      for (const int* r = begin; r != end; ++r) {
+        ready[*r] = start + cost.total();
+        attn[*r] += cost.compute;
+        comm[*r] += cost.exposed;
       }
     }
     if (pl.remap) barrier(backward ? pl.remapIn : pl.remapOut);
@@ -304,8 +310,6 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
   res.intraBytes = costs.intraBytes + pl.remapIntra;
   return res;
 }
-
-}  // namespace
 
 StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c) {
   return evaluateCosted(name, pl, cfg, c, ringCosts(pl, cfg, c));
@@ -408,12 +412,15 @@ void addRings(const BatchPlan& p, const ClusterModel& c, Placement* out, std::ve
 void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c, bool remap, Placement* out) {
   const AttnShape& sh = cfg.model.attn;
   Placement& pl = *out;
-  pl.attnTokens = tokensPerRank(p.attention);
+  const std::vector<int64_t> attnTokens = rankTokens(p.attention);
+  pl.attnTokens.assign(attnTokens.begin(), attnTokens.end());
   // A candidate's linear layout not built (BatchPlan::linear) is
   // balancedLinear's: every rank at its share, and equal to the attention
   // layout exactly when every rank's attention tokens are its share.
   std::vector<double> linTokens;
-  if (p.linear.ranks.empty()) {
+  if (p.linearOnAttention) {
+    pl.remap = false;
+  } else if (p.linear.ranks.empty()) {
     const std::vector<int64_t> share = balancedTokens(p.attention);
     linTokens.assign(share.begin(), share.end());
     pl.remap = remap && linTokens != pl.attnTokens;
@@ -424,7 +431,7 @@ void addLayouts(const BatchPlan& p, const StepConfig& cfg, const ClusterModel& c
   if (pl.remap) {
     pl.linTokens = std::move(linTokens);
     const double q = double(sh.qHeads) * sh.headDim * sh.elemBytes, kv = double(sh.kvHeads) * sh.headDim * sh.elemBytes;
-    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q);
+    const RemapSeconds rs = remapSeconds(p, c, q + 2 * kv, q, &attnTokens);
     pl.remapIn = rs.in;
     pl.remapOut = rs.out;
     pl.remapNic = rs.nicBytes;
@@ -441,6 +448,77 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
   addLayouts(p, cfg, c, remap, &pl);
   return pl;
 }
+
+}  // namespace
+
+PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts) {
+  if (sameLayouts && variantCosts(p)) return scores(variant_);
+  // A head-split variant of the plan scored last has its layouts, and their
+  // tokens and remap (addLayouts) are taken from it.
+  if (!sameLayouts) {
+    for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
+    pl_ = Placement();
+    addLayouts(p, cfg_, c_, remap_, &pl_);
+  } else {
+    for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
+    pl_.rings.clear();
+  }
+  addRings(p, c_, &pl_, &spare_);
+  costs_ = ringCosts(pl_, cfg_, c_, false);
+  variant_.ranks = costs_.ranks;  // a variant's rings have the same ranks
+  variant_.firstRank = costs_.firstRank;
+  unsplit_ = std::all_of(pl_.rings.begin(), pl_.rings.end(), [](const Ring& r) { return r.ulysses == 1; });
+  seqs_ = p.seqs.size();
+  return scores(costs_);
+}
+
+// The costs of variant p of pl_'s plan (into variant_), or false when it is
+// not one (pl_ splits heads, or p splits a ring's sequences unlike).
+// Grouped as addRings groups p, each ring is pl_'s ring with its split (and
+// so, across nodes, its link) changed: a ring's sequences share its ranks,
+// and whole sequences never split.
+bool PlanScorer::variantCosts(const BatchPlan& p) {
+  if (!unsplit_ || p.seqs.size() != seqs_) return false;  // (a plan of other sequences is scored afresh)
+  variant_.fwd = costs_.fwd;
+  variant_.bwd = costs_.bwd;
+  variant_.held = costs_.held;
+  for (size_t i = 0; i < pl_.rings.size(); ++i) {
+    Ring& ring = pl_.rings[i];
+    const SeqPlacement& first = p.seqs[size_t(ring.seqs.front())];
+    for (int64_t s : ring.seqs)
+      if (p.seqs[size_t(s)].ulysses != first.ulysses) return false;
+    if (first.ulysses == 1) continue;
+    // As addRings makes it: a ring that splits heads crosses nodes on
+    // every GPU's own NIC.
+    const Link was = ring.link;
+    ring.link = first.cls == SeqClass::InterNode ? Link::PerGpu : linkOf(first.cls, c_);
+    ring.ulysses = first.ulysses;
+    ringCost(ring, cfg_, c_, &variant_.fwd[i], &variant_.bwd[i]);
+    variant_.held[i] = ringHeld(ring, cfg_.model);
+    ring.link = was;
+    ring.ulysses = 1;
+  }
+  ringExtra(pl_.rings, variant_.held, c_.ranks(), &variant_.extra);
+  return true;
+}
+
+// One grouping of the plan's rings for both: with the linear layers on the
+// attention layout the placement differs only in its linear tokens and has
+// no remap (placementOf with remap false). evaluateCosted reads of the
+// rings only their ranks, which a variant keeps.
+PlanOptions::Scores PlanScorer::scores(const RingCosts& costs) {
+  const StrategyResult asIs = evaluateCosted("", pl_, cfg_, c_, costs);
+  Placement flat;
+  std::swap(flat.rings, pl_.rings);
+  flat.linTokens = pl_.attnTokens;
+  flat.attnTokens = pl_.attnTokens;
+  flat.infeasibleAssignment = pl_.infeasibleAssignment;
+  const StrategyResult f = evaluateCosted("", flat, cfg_, c_, costs);
+  std::swap(flat.rings, pl_.rings);
+  return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {f.stepSeconds, f.feasible}};
+}
+
+namespace {
 
 // Zeppelin: the planner's plan, ranked among its candidates by this step
 // model (a plan whose linear layout is its attention layout runs without a
@@ -480,28 +558,9 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
   o.fitRings = cfg.fitRings;
   o.jointFits = cfg.jointFits;
   if (!o.legacy && cfg.headSplit && o.onlyCap == 0) o.headSplits = headSplitDegrees(c.ranksPerNode, cfg.model.attn);
-  if (!o.legacy)
-    o.score = [&, layouts = Placement(), spare = std::vector<Ring>()](const BatchPlan& p, bool sameLayouts) mutable {
-      // A head-split variant of the plan scored last has its layouts, and
-      // their tokens and remap (addLayouts) are taken from it.
-      if (!sameLayouts) {
-        layouts = Placement();
-        addLayouts(p, cfg, c, remap, &layouts);
-      }
-      // One grouping of the plan's rings for both: with the linear layers on
-      // the attention layout the placement differs only in its linear
-      // tokens and has no remap (placementOf with remap false).
-      Placement pl = layouts;
-      addRings(p, c, &pl, &spare);
-      const RingCosts costs = ringCosts(pl, cfg, c);
-      const StrategyResult asIs = evaluateCosted("", pl, cfg, c, costs);
-      pl.remap = false;
-      pl.linTokens = pl.attnTokens;
-      pl.remapIn = pl.remapOut = pl.remapNic = pl.remapIntra = 0;
-      const StrategyResult flat = evaluateCosted("", pl, cfg, c, costs);
-      for (Ring& r : pl.rings) spare.push_back(std::move(r));
-      return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {flat.stepSeconds, flat.feasible}};
-    };
+  if (!o.legacy) o.score = [scorer = PlanScorer(cfg, c, remap)](const BatchPlan& p, bool sameLayouts) mutable {
+    return scorer(p, sameLayouts);
+  };
   // A pass of a layer takes at least any one rank's attention compute plus
   // its linear layers (waits, communication and remaps only add); the linear
   // layers hold at least the rank's attention tokens without a remap and,

@@ -42,6 +42,64 @@ struct Placement {
   bool infeasibleAssignment = false;    // the baseline could not keep within its token capacity
 };
 
+// Seconds a rank of a ring spends on it in one pass of a layer.
+struct Cost {
+  double compute = 0, exposed = 0;
+  double total() const { return compute + exposed; }
+};
+// What a placement's step takes from its rings alone, whatever its linear
+// layout and remap: each ring's seconds forward and backward and the bytes
+// each of its ranks holds for it (held: 0 for a ring of one rank), each
+// rank's most held (extra), and the rings' bytes on NICs and intra-node
+// links (left 0 without `traffic`: the step's seconds and memory do not
+// take them). The step model's score of a plan (PlanScorer) asks for the
+// same rings with and without the remap, and makes these once.
+// The rings' ranks are kept here too, one array for all (ring i's are
+// ranks[firstRank[i] .. firstRank[i + 1]]): a step runs every ring three
+// times and the step model scores each placement twice, and the rings'
+// own vectors, one allocation each, are scattered in memory.
+struct RingCosts {
+  std::vector<Cost> fwd, bwd;
+  std::vector<double> held;
+  std::vector<int> ranks;
+  std::vector<size_t> firstRank;
+  std::vector<double> extra;
+  double nicBytes = 0, intraBytes = 0;
+};
+RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterModel& c, bool traffic = true);
+// evaluate() with the rings' costs made (ringCosts of the same rings).
+StrategyResult evaluateCosted(const std::string& name, const Placement& pl, const StepConfig& cfg,
+                              const ClusterModel& c, const RingCosts& costs);
+
+// The step model's score of the planner's candidates (PlanOptions::score):
+// a plan as it runs, remapped (unless `remap` is false or the plan keeps
+// the linear layers on its attention layout), and with the linear layers on
+// its attention layout (flat). A head-split variant of the plan scored last
+// (sameLayouts) takes that plan's layouts (tokens and remap); and when the
+// last plan scored without sameLayouts split no heads, also its rings and
+// their costs, costing again only the rings the variant splits (a variant
+// splits a ring's sequences alike: splitHeadsBy), the same figures as
+// scoring the variant afresh.
+class PlanScorer {
+ public:
+  PlanScorer(const StepConfig& cfg, const ClusterModel& c, bool remap) : cfg_(cfg), c_(c), remap_(remap) {}
+  plan::PlanOptions::Scores operator()(const plan::BatchPlan& p, bool sameLayouts);
+
+ private:
+  bool variantCosts(const plan::BatchPlan& p);
+  plan::PlanOptions::Scores scores(const RingCosts& costs);
+
+  const StepConfig& cfg_;
+  const ClusterModel& c_;
+  bool remap_;
+  Placement pl_;            // the plan scored last without sameLayouts: its layouts and rings
+  RingCosts costs_;         // of pl_'s rings
+  bool unsplit_ = false;    // pl_'s rings split no heads
+  size_t seqs_ = 0;         // pl_'s plan's sequences
+  RingCosts variant_;       // a variant's costs of the same rings
+  std::vector<Ring> spare_;  // rings of plans scored before, their vectors' room kept (addRings)
+};
+
 // Simulates a placement: one layer scheduled forward, (recomputed forward,)
 // backward; per-rank parts times the layers.
 StrategyResult evaluate(const std::string& name, const Placement& pl, const StepConfig& cfg, const ClusterModel& c);
