@@ -102,21 +102,19 @@ class RoomTree {
   using Key = std::pair<double, int>;
   explicit RoomTree(size_t ids) : ids_(ids), parked_(ids, 0) {
     while (size_ < ids) size_ *= 2;
-    key_.assign(2 * size_, kNone);
-    all_.assign(2 * size_, kNone);
-    used_.assign(2 * size_, std::numeric_limits<Used>::max());
-    for (size_t i = 0; i < ids; ++i) key_[size_ + i] = all_[size_ + i] = {0.0, int(i)}, used_[size_ + i] = 0;
+    t_.assign(2 * size_, Node{kNone, kNone, std::numeric_limits<Used>::max()});
+    for (size_t i = 0; i < ids; ++i) t_[size_ + i] = Node{{0.0, int(i)}, {0.0, int(i)}, 0};
     for (size_t v = size_ - 1; v >= 1; --v) pull(v);
   }
-  double key(int id) const { return all_[size_ + size_t(id)].first; }
-  int leastOfAll() const { return ids_ > 0 ? all_[1].second : -1; }
+  double key(int id) const { return t_[size_ + size_t(id)].all.first; }
+  int leastOfAll() const { return ids_ > 0 ? t_[1].all.second : -1; }
   // Tree nodes the searches have entered so far (what parking saves).
   size_t visits() const { return visits_; }
   void set(int id, double key, Used used) {
     size_t v = size_ + size_t(id);
-    all_[v].first = key;
-    used_[v] = used;
-    key_[v] = all_[v];  // a parked id comes back: its room may have changed
+    t_[v].all.first = key;
+    t_[v].used = used;
+    t_[v].key = t_[v].all;  // a parked id comes back: its room may have changed
     parked_[size_t(id)] = 0;
     // Above a subtree whose summary did not change, none does: most sets
     // raise an id that is not its subtree's least, and stop low.
@@ -136,8 +134,8 @@ class RoomTree {
     }
     // Most often the least of the ids not parked has room (those parked
     // have none): no search.
-    const int top = key_[1].second;
-    if (top != INT_MAX && used_[size_ + size_t(top)] + need <= limit) return top;
+    const int top = t_[1].key.second;
+    if (top != INT_MAX && t_[size_ + size_t(top)].used + need <= limit) return top;
     Key best = kNone;
     int found = -1;
     find(1, need, limit, &best, &found);
@@ -150,33 +148,34 @@ class RoomTree {
   static constexpr Key kNone{std::numeric_limits<double>::infinity(), INT_MAX};
   // Node v's summary from its children's; whether it changed.
   bool pull(size_t v) {
-    const Key k = std::min(key_[2 * v], key_[2 * v + 1]), a = std::min(all_[2 * v], all_[2 * v + 1]);
-    const Used u = std::min(used_[2 * v], used_[2 * v + 1]);
-    if (k == key_[v] && a == all_[v] && u == used_[v]) return false;
-    key_[v] = k, all_[v] = a, used_[v] = u;
+    const Node &l = t_[2 * v], &r = t_[2 * v + 1];
+    const Node s{std::min(l.key, r.key), std::min(l.all, r.all), std::min(l.used, r.used)};
+    Node& p = t_[v];
+    if (s.key == p.key && s.all == p.all && s.used == p.used) return false;
+    p = s;
     return true;
   }
   void find(size_t v, Used need, Used limit, Key* best, int* found) {
     ++visits_;
-    if (key_[v].second == INT_MAX || !(key_[v] < *best)) return;
-    if (!(used_[v] + need <= limit)) {
+    if (t_[v].key.second == INT_MAX || !(t_[v].key < *best)) return;
+    if (!(t_[v].used + need <= limit)) {
       lackingIn(v);  // no room in the subtree, below the best so far: parked
       return;
     }
     if (v >= size_) {
-      *best = key_[v];
-      *found = key_[v].second;
+      *best = t_[v].key;
+      *found = t_[v].key.second;
       return;
     }
     const size_t a = 2 * v, b = 2 * v + 1;
-    const bool aFirst = key_[a] < key_[b];
+    const bool aFirst = t_[a].key < t_[b].key;
     find(aFirst ? a : b, need, limit, best, found);
     find(aFirst ? b : a, need, limit, best, found);
   }
   // Every id of subtree v still in the tree's keys (none has room for the
   // need), into lacking_.
   void lackingIn(size_t v) {
-    if (key_[v].second == INT_MAX) return;
+    if (t_[v].key.second == INT_MAX) return;
     if (v >= size_) {
       lacking_.push_back(int(v - size_));
       return;
@@ -187,21 +186,27 @@ class RoomTree {
   void park(int id) {
     size_t v = size_ + size_t(id);
     parked_[size_t(id)] = 1;
-    byUsed_.push({used_[v], id});
-    key_[v] = kNone;
-    for (v /= 2; v >= 1; v /= 2) key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+    byUsed_.push({t_[v].used, id});
+    t_[v].key = kNone;
+    for (v /= 2; v >= 1; v /= 2) t_[v].key = std::min(t_[2 * v].key, t_[2 * v + 1].key);
   }
   void unpark(int id) {
     size_t v = size_ + size_t(id);
     parked_[size_t(id)] = 0;
-    key_[v] = all_[v];
-    for (v /= 2; v >= 1; v /= 2) key_[v] = std::min(key_[2 * v], key_[2 * v + 1]);
+    t_[v].key = t_[v].all;
+    for (v /= 2; v >= 1; v /= 2) t_[v].key = std::min(t_[2 * v].key, t_[2 * v + 1].key);
   }
 
   size_t ids_, size_ = 1, visits_ = 0;
-  std::vector<Key> key_;  // (least key, its id) of each subtree, parked ids left out
-  std::vector<Key> all_;  // the same with every id
-  std::vector<Used> used_;  // least used amount of each subtree
+  // Each tree node's summary in one place: a change walks up the tree
+  // reading a node and its children, once for every sequence a schedule
+  // places (in three arrays, three places).
+  struct Node {
+    Key key;    // (least key, its id) of the subtree, parked ids left out
+    Key all;    // the same with every id
+    Used used;  // least used amount of the subtree
+  };
+  std::vector<Node> t_;
   std::vector<char> parked_;
   // Parked ids by their used amount, least first (an id back in the tree
   // may leave a stale entry).
