@@ -501,6 +501,18 @@ TEST(Planner, SetOrderChecksItsInput) {
   EXPECT_EQ(p.order, (std::vector<int64_t>{2, 0, 1}));
 }
 
+// planFromRings classes each ring by the nodes of its ranks (4 a node
+// here): one rank local, all on the first rank's node intra-node, any rank
+// on another node (before or after it, next to it or not) inter-node.
+TEST(Planner, PlanFromRingsClassesRingsByTheirNodes) {
+  const std::vector<std::vector<int>> rings = {{5},    {5, 6},  {4, 7},    {7, 4},          {3, 4},
+                                               {7, 8}, {6, 2},  {8, 11, 9}, {0, 1, 2, 3, 4}, {11, 0}};
+  const SeqClass L = SeqClass::Local, I = SeqClass::IntraNode, X = SeqClass::InterNode;
+  const std::vector<SeqClass> want = {L, I, I, I, X, X, X, I, X, X};
+  const BatchPlan p = planFromRings(std::vector<int64_t>(rings.size(), 64), true, rings, 12, 4, false);
+  for (size_t i = 0; i < rings.size(); ++i) EXPECT_EQ(int(p.seqs[i].cls), int(want[i])) << "ring " << i;
+}
+
 // The simulator's baselines by hand: tests/simulator_test.cc.
 
 TEST(Simulator, BatchingRule) {

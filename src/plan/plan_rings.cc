@@ -282,9 +282,13 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vect
     p.ranks = std::move(rings[i]);  // checked above; not read again
     p.cls = SeqClass::Local;
     if (p.ranks.size() > 1) {
-      p.cls = SeqClass::IntraNode;
-      for (int r : p.ranks)
-        if (r / ranksPerNode != p.ranks.front() / ranksPerNode) p.cls = SeqClass::InterNode;
+      // The first rank's node as a range of ranks (checked: every rank is
+      // in [0, n)), not a division for every rank: a DP x CP candidate
+      // names every rank of its group for every sequence.
+      const int64_t lo = int64_t(p.ranks.front()) / ranksPerNode * ranksPerNode, hi = lo + ranksPerNode;
+      p.cls = std::all_of(p.ranks.begin(), p.ranks.end(), [&](int r) { return r >= lo && r < hi; })
+                  ? SeqClass::IntraNode
+                  : SeqClass::InterNode;
     }
   }
   for (int r = 0; r < n; ++r) plan.attention.ranks[r].reserve(segsOf[r]);
