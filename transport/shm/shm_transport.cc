@@ -680,7 +680,8 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
         // Nor, after a first few polls, where other tasks fill the cores
         // and polling cannot pay: the job's ranks outnumber the cores, or a
         // peer is on this rank's CPU (planSpin says why).
-        if (othersFillTheCores(loadInputs()) && (hostRanks_ > cores_ || peerOnMyCore())) break;
+        const SpinInputs in = loadInputs();
+        if (othersFillTheCores(in) && (!mayPollAmongOthers(in) || peerOnMyCore())) break;
         until = stamp + kMoveNowPollUs;
       }
       if (stamp > until) break;

@@ -33,6 +33,8 @@ bool othersFillTheCores(const SpinInputs& in) {
   return in.runnable > in.cores && in.runnable - jobRanksAwake(in) >= in.cores;
 }
 
+bool mayPollAmongOthers(const SpinInputs& in) { return in.localRanks <= in.cores && in.hostRanks <= in.cores; }
+
 LoadReading steadierReading(const SpinInputs& in, const LoadReading& last, const LoadReading& now) {
   if (last.runnable < 0 || now.runnable < 0) return now;
   auto others = [&in](const LoadReading& r) {
@@ -79,8 +81,8 @@ SpinPlan planSpin(const SpinInputs& in) {
   // otherwise a poller takes the core from a peer that has work (on a 2 x
   // 4-rank emulated cluster, relays that polled made the routed pair under
   // four busy loops 1.4-1.6x routing off, against 2.8-3.9x sleeping).
-  const bool mayPoll = in.localRanks <= in.cores && in.hostRanks <= in.cores;
-  if (othersFillTheCores(in)) return {in.loadedPolls && mayPoll ? kBusySpinScale * in.spinBusyUs : 0, false};
+  if (othersFillTheCores(in))
+    return {in.loadedPolls && mayPollAmongOthers(in) ? kBusySpinScale * in.spinBusyUs : 0, false};
   // Tasks wait for a core, most of them the job's ranks (ranks outnumber
   // cores and little else runs): the tasks that must answer are among
   // those waiting, each poll yields to them, and a poller runs again after

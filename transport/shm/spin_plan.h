@@ -47,6 +47,10 @@ SpinPlan planSpin(const SpinInputs& in);
 // ranks on this machine: planSpin's heavy load, where a waiter polls only
 // while its peers are on other CPUs (SpinInputs::loadedPolls).
 bool othersFillTheCores(const SpinInputs& in);
+// There, whether a waiter may poll at all: only where neither the node's
+// ranks nor the job's ranks on the machine outnumber the cores (planSpin
+// says why; moveNow's short poll follows the same rule).
+bool mayPollAmongOthers(const SpinInputs& in);
 
 // One look at the machine (ShmTransport::sampleLoad): its runnable tasks
 // (-1: unreadable) and this node's ranks asleep on their doorbells then.
