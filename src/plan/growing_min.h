@@ -184,16 +184,19 @@ class RoomTree {
     lackingIn(2 * v + 1);
   }
   void park(int id) {
-    size_t v = size_ + size_t(id);
+    const size_t v = size_ + size_t(id);
     parked_[size_t(id)] = 1;
     byUsed_.push({t_[v].used, id});
-    t_[v].key = kNone;
-    for (v /= 2; v >= 1; v /= 2) t_[v].key = std::min(t_[2 * v].key, t_[2 * v + 1].key);
+    setKey(v, kNone);
   }
   void unpark(int id) {
-    size_t v = size_ + size_t(id);
+    const size_t v = size_ + size_t(id);
     parked_[size_t(id)] = 0;
-    t_[v].key = t_[v].all;
+    setKey(v, t_[v].all);
+  }
+  // Leaf v's key in the searched keys, and its subtrees' least keys above it.
+  void setKey(size_t v, Key key) {
+    t_[v].key = key;
     for (v /= 2; v >= 1; v /= 2) t_[v].key = std::min(t_[2 * v].key, t_[2 * v + 1].key);
   }
 
@@ -221,15 +224,17 @@ class RoomTree {
 // place of a pass over every node for every ring size a sequence probes.
 class NodeTree {
  public:
-  NodeTree(int nodes, int rpn, double quota) : rpn_(rpn), quota_(quota), parked_(size_t(nodes), 0) {
+  NodeTree(int nodes, int rpn, double quota)
+      : rpn_(rpn),
+        quota_(quota),
+        parked_(size_t(nodes), 0),
+        never_(size_t(rpn), std::numeric_limits<double>::infinity()) {
     while (size_ < nodes) size_ *= 2;
     tokens_.assign(2 * size_, 1e300);
     key_.assign(size_t(rpn) * 2 * size_, 1e300);
     all_ = key_;
-    for (int nd = 0; nd < nodes; ++nd) {
-      std::vector<double> zero(size_t(rpn), 0.0);
-      set(nd, zero.data(), 0.0);
-    }
+    const std::vector<double> zero(size_t(rpn), 0.0);
+    for (int nd = 0; nd < nodes; ++nd) set(nd, zero.data(), 0.0);
   }
   // Node nd's ranks' free times, sorted, and its tokens.
   void set(int nd, const double* sorted, double tokens) {
@@ -285,10 +290,7 @@ class NodeTree {
   int lowest(int g, double latest) { return lowestIn(g, latest, 1); }
   // Node nd never free, until it is set again (a node taken by a ring is
   // out of the picks for the ring's other nodes).
-  void exclude(int nd) {
-    never_.assign(size_t(rpn_), std::numeric_limits<double>::infinity());
-    set(nd, never_.data(), tokens_[size_t(size_ + nd)]);
-  }
+  void exclude(int nd) { set(nd, never_.data(), tokens_[size_t(size_ + nd)]); }
 
  private:
   double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
@@ -372,7 +374,7 @@ class NodeTree {
   // leave a stale entry).
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> byTokens_;
   std::vector<int> lacking_;  // found by the last search
-  std::vector<double> never_;
+  const std::vector<double> never_;  // free times of a node excluded (exclude)
 };
 
 }  // namespace zp::plan

@@ -453,15 +453,14 @@ Placement placementOf(const BatchPlan& p, const StepConfig& cfg, const ClusterMo
 
 PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts) {
   if (sameLayouts && variantCosts(p)) return scores(variant_);
-  // A head-split variant of the plan scored last has its layouts, and their
+  // The last plan's rings give their vectors' room to this one's. A
+  // head-split variant of the plan scored last has its layouts, and their
   // tokens and remap (addLayouts) are taken from it.
+  for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
+  pl_.rings.clear();
   if (!sameLayouts) {
-    for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
     pl_ = Placement();
     addLayouts(p, cfg_, c_, remap_, &pl_);
-  } else {
-    for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
-    pl_.rings.clear();
   }
   addRings(p, c_, &pl_, &spare_);
   costs_ = ringCosts(pl_, cfg_, c_, false);
