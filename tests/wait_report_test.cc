@@ -467,6 +467,53 @@ TEST(WaitReport, AReceiveAfterOnesThatWaitedChargesOnlyItsOwnWait) {
   zptest::expectAllOk(exits);
 }
 
+// A receive's entry is stamped where it first waits, and only for its own
+// call: rank 1's receives find their 1 MiB there (it comes 5 ms late) and
+// never wait, and its sends then wait 10 ms for rank 0's receive. Those
+// waits record nothing; had one stamped the entry the last receive left
+// unstamped, the next receive would charge rank 0 about 15 ms.
+TEST(WaitReport, AWaitThatRecordsNothingLeavesNoEntryForTheNextReceive) {
+  auto exits = zptest::runRanks(2, [&](int rank, int n, const zpUniqueId& id) {
+    zpComm_t comm;
+    ZP_ASSERT_OK(zpCommInitRank(&comm, n, id, rank));
+    std::vector<float> buf(256 * 1024);
+    const int kCalls = 30;
+    for (int call = 0; call < kCalls; call++) {
+      const int peer = 1 - rank;
+      auto fill = [&](int tag) {
+        for (size_t i = 0; i < buf.size(); i++) buf[i] = (float)(tag * 7 + i % 1000);
+      };
+      auto check = [&](int tag) {
+        for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], (float)(tag * 7 + i % 1000)) << i;
+      };
+      if (rank == 0) {
+        fill(call);
+        ZP_ASSERT_OK(zpSend(buf.data(), buf.size(), zpFloat32, peer, comm, nullptr));
+        usleep(10 * 1000);
+        std::fill(buf.begin(), buf.end(), -1.0f);
+        ZP_ASSERT_OK(zpRecv(buf.data(), buf.size(), zpFloat32, peer, comm, nullptr));
+        check(call + 1);
+      } else {
+        usleep(5 * 1000);
+        std::fill(buf.begin(), buf.end(), -1.0f);
+        ZP_ASSERT_OK(zpRecv(buf.data(), buf.size(), zpFloat32, peer, comm, nullptr));
+        check(call);
+        fill(call + 1);
+        ZP_ASSERT_OK(zpSend(buf.data(), buf.size(), zpFloat32, peer, comm, nullptr));
+      }
+    }
+    if (rank == 1) {
+      zpWaitEntry_t e[2];
+      int nEntries = -1, nCalls = -1;
+      ZP_ASSERT_OK(zpCommGetWaitReport(comm, e, 2, &nEntries, &nCalls));
+      EXPECT_EQ(nCalls, kCalls);
+      for (int i = 0; i < nEntries; i++) EXPECT_LT(e[i].totalWaitSec, 0.005) << "rank " << e[i].rank;
+    }
+    ZP_EXPECT_OK(zpCommDestroy(comm));
+  });
+  zptest::expectAllOk(exits);
+}
+
 // Two ranks: the one that waits names the other.
 TEST(WaitReport, OfTwoRanksTheOneThatWaitsNamesTheOther) {
   LagRun r = runWithLaggard(1, 16, 2);

@@ -91,8 +91,16 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
       }
     if (done()) return zpSuccess;
     if (first) continue;  // the transports' progress before any wait
-    uint64_t now = nowMs();
-    if (lastMove == 0) lastMove = lastAsked = started = now;
+    const uint64_t stamp = stampUs();  // the cheap clock: read on every pass of a wait
+    const uint64_t now = stamp / 1000;
+    if (lastMove == 0) {
+      lastMove = lastAsked = started = now;
+      for (Comm* c : comms)
+        if (c->waitEntry_) {
+          if (!*c->waitEntry_) *c->waitEntry_ = stamp;
+          c->waitEntry_ = nullptr;
+        }
+    }
     if (moved) {
       lastMove = now;
       continue;
@@ -222,13 +230,18 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
       c->postOp(op);
     }
   }
-  // The wait statistics' entry of receives that wait here (Op::enteredUs),
-  // after the call's ops are posted: a peer waiting for one of its sends
-  // does not wait for this clock read too.
-  uint64_t enteredUs = 0;
+  // The wait statistics' entry of receives that wait here (Op::enteredUs)
+  // is when the call first finds itself waiting, after a pass over the
+  // transports (progressUntil), not when its ops are posted: a call whose
+  // messages came by then never waited, is counted clean, and reads no clock
+  // for it (most of a medium message's exchange between two ranks that
+  // enter together).
   for (size_t k = 0; k < n; k++)
     for (Op* op : work[k].ops)
-      if (op->enteredUs && !*op->enteredUs) op->noteEntered(enteredUs ? enteredUs : (enteredUs = stampUs()));
+      if (op->enteredUs) {
+        work[k].comm->waitEntry_ = op->enteredUs;
+        break;
+      }
   auto allDone = [&] {
     if (anySource) {
       anySource = false;
@@ -249,7 +262,9 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
     }
     return peers;
   };
-  ZP_CHECK(progressUntil(comms, until ? until : allDone, busy, "send/recv"));
+  const zpResult_t waited = progressUntil(comms, until ? until : allDone, busy, "send/recv");
+  for (Comm* c : comms) c->waitEntry_ = nullptr;
+  ZP_CHECK(waited);
   for (size_t k = 0; k < n; k++)
     for (Op* op : work[k].ops)
       if (op->done && op->status != zpSuccess) {

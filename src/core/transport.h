@@ -141,9 +141,10 @@ struct Op {
   // Receives with arrivedUs: where to note when this rank began to wait for
   // it (its entry, for the same statistics), if nothing has yet. Shared
   // memory's shortcut (moveNow) stamps it at its first look at the clock,
-  // after the call's sends went out, so a call whose messages are there at
-  // once reads no clock at all; the executor's general path stamps it
-  // before it posts. Shared by a call's receives.
+  // after the call's sends went out, and the executor's general path where
+  // a pass over the transports after posting left the call waiting
+  // (Comm::waitEntry_): a call whose messages are there by then reads no
+  // clock for it and is counted clean. Shared by a call's receives.
   uint64_t* enteredUs = nullptr;
   void noteEntered(uint64_t us) {
     if (enteredUs && !*enteredUs) *enteredUs = us;

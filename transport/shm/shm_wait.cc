@@ -128,7 +128,7 @@ void ShmTransport::sampleLoad() const {
   // within a microsecond must not pay it each time). The node's sleeping
   // ranks are counted at the same moment as the machine's runnable tasks,
   // so that one can be taken from the other (planSpin).
-  const uint64_t now = nowMs();
+  const uint64_t now = stampUs() / 1000;  // read at every wait: the cheap clock
   if (load_.read && now - load_.ms < 10) return;
   load_.read = true;
   load_.ms = now;
@@ -208,13 +208,13 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
   uint64_t started = 0, spinUntil = 0;
   for (int i = 0; plan.us > 0; i++) {
     if (mine_->doorbell.load(std::memory_order_acquire) != token || inboundReady()) {
-      const uint64_t us = started ? nowUs() - started : 0;
+      const uint64_t us = started ? stampUs() - started : 0;
       noteWait(us);
       return;
     }
     if ((i & 15) == 15) {
       if (elsewhere && elsewhere()) return;
-      const uint64_t now = nowUs();
+      const uint64_t now = stampUs();
       if (spinUntil == 0) {
         started = now;
         spinUntil = now + plan.us;
@@ -227,9 +227,9 @@ void ShmTransport::wait(uint32_t token, int ms, const std::function<bool()>& els
       cpuRelax();
   }
   if (elsewhere && elsewhere()) return;
-  if (!started) started = nowUs();
+  if (!started) started = stampUs();
   const bool rang = fd >= 0 && bellWorks_ ? sleepWith(token, ms, fd) : sleep(token, ms);
-  const uint64_t us = nowUs() - started;
+  const uint64_t us = stampUs() - started;
   noteWait(us);
   if (!rang) checkAlive();
 }
