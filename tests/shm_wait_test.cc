@@ -307,6 +307,44 @@ TEST(ShmWait, TheOtherEmulatedNodesRanksAreTheJobsOwnTasks) {
 // of their own never sleep for a peer on their CPU; bound to one CPU
 // together after init (so that the node still counts two cores and may
 // poll), they do.
+// Where ranks outnumber cores and only they want the cores, a small
+// message's receive polls in shared memory's shortcut (moveNow), yielding
+// the core at each poll, rather than through the executor's general wait:
+// the peer that must answer may be waiting for this core, and the general
+// path's passes cost a rank's share of the cores each call. Two ranks bound
+// to one CPU exchange 8 bytes 300 times; each exchange has one rank whose
+// record was not there at once: it takes the peer's record after yielding,
+// unless the wait plan says other tasks fill the cores (ctest -j2 beside
+// it), where the shortcut leaves the receive to the general wait.
+TEST(ShmWait, RanksOutnumberingTheCoresPollForSmallMessagesInTheShortcutYielding) {
+  const std::vector<int> cpus = twoAllowedCpus();
+  ASSERT_FALSE(cpus.empty());
+  auto exits = zptest::runRanks(2, [&](int rank, int nranks, const zpUniqueId& id) {
+    bindTo(cpus[0]);
+    zpComm_t comm;
+    ASSERT_EQ(zpCommInitRank(&comm, nranks, id, rank), zpSuccess);
+    ASSERT_EQ(zp::ShmTransport::nodeCoresCounted(), 1);
+    const long taken = zp::ShmTransport::receivesTakenYielding();
+    const long declined = zp::ShmTransport::yieldingPollsDeclined();
+    const int kCalls = 300;
+    for (int i = 0; i < kCalls; i++) {
+      uint64_t out = 1000 * uint64_t(i) + uint64_t(rank), in = ~uint64_t(0);
+      ASSERT_EQ(zpGroupStart(), zpSuccess);
+      ASSERT_EQ(zpSend(&out, 1, zpUint64, 1 - rank, comm, nullptr), zpSuccess);
+      ASSERT_EQ(zpRecv(&in, 1, zpUint64, 1 - rank, comm, nullptr), zpSuccess);
+      ASSERT_EQ(zpGroupEnd(), zpSuccess);
+      ASSERT_EQ(in, 1000 * uint64_t(i) + uint64_t(1 - rank));
+    }
+    uint64_t counts[2] = {uint64_t(zp::ShmTransport::receivesTakenYielding() - taken),
+                          uint64_t(zp::ShmTransport::yieldingPollsDeclined() - declined)};
+    ASSERT_EQ(zpAllReduce(counts, counts, 2, zpUint64, zpSum, comm, nullptr), zpSuccess);
+    EXPECT_GE(counts[0] + counts[1], uint64_t(kCalls / 2))
+        << counts[0] << " receives taken after yielding, " << counts[1] << " left to the general wait by its plan";
+    ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+  });
+  zptest::expectAllOk(exits);
+}
+
 TEST(ShmWait, AmongBusyLoopsAWaiterSleepsAtOnceOnlyForAPeerOnItsOwnCpu) {
   const std::vector<int> cpus = twoAllowedCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";

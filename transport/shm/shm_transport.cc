@@ -35,6 +35,8 @@ constexpr size_t kReadPiece = 2 << 20;
 std::atomic<long> gGroupsReduced{0};    // ShmTransport::groupsReduced()
 std::atomic<long> gSingleCopySends{0};  // ShmTransport::singleCopySends()
 std::atomic<long> gOpsMovedNow{0};      // ShmTransport::opsMovedNow()
+std::atomic<long> gTakenYielding{0};    // ShmTransport::receivesTakenYielding()
+std::atomic<long> gYieldingDeclined{0};  // ShmTransport::yieldingPollsDeclined()
 static void countMovedNow() { gOpsMovedNow.store(gOpsMovedNow.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
 
@@ -84,6 +86,8 @@ bool ShmTransport::canReduceGroup(int rank, size_t bytes) const {
 long ShmTransport::groupsReduced() { return gGroupsReduced.load(); }
 long ShmTransport::singleCopySends() { return gSingleCopySends.load(); }
 long ShmTransport::opsMovedNow() { return gOpsMovedNow.load(); }
+long ShmTransport::receivesTakenYielding() { return gTakenYielding.load(); }
+long ShmTransport::yieldingPollsDeclined() { return gYieldingDeclined.load(); }
 
 bool ShmTransport::runGroups() {
   bool did = false;
@@ -651,11 +655,13 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     if (p.dirty || p.wake) notify(p);
   // Receives in order; the first whose record has not come is polled for.
   // A record found before the poll's first look at the clock (16 polls, a
-  // few hundred nanoseconds) came before this rank waited measurably: it
+  // few hundred nanoseconds; a yielding poll looks at every poll) came
+  // before this rank waited measurably: it
   // is noted as arrived at once (Op::kArrivedAtOnce); one found later, at
   // the poll's last look at the clock. Either way no clock is read between
   // the record and the reply a peer may be waiting for.
   uint64_t until = 0, lastLook = Op::kArrivedAtOnce;
+  bool yielding = false;
   for (size_t i = 0, polls = 0; i < ops.size();) {
     Op* op = ops[i];
     if (op->isSend || op->peer == ctx_.rank) {
@@ -666,15 +672,29 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
     if (!usable(p, op)) break;
     if (MsgHdr* h = ringPeek(p->lane[0].in)) {
       if (!takeWhole(*p, op, h, recvSeq[op->peer], lastLook)) break;
+      if (polls > 0 && yielding) gTakenYielding.fetch_add(1, std::memory_order_relaxed);
       if (p->wake) notify(*p);
       i++;
       continue;
     }
     // No waiting while sends of this call are still to be posted (their
-    // receivers may be the very ranks this one waits for), nor where ranks
-    // outnumber cores (the general wait yields the core to the sender).
-    if (sendsLeft || oversubscribed_) break;
-    if ((++polls & 15) == 0) {
+    // receivers may be the very ranks this one waits for).
+    if (sendsLeft) break;
+    // Where ranks outnumber cores, only where the general wait would poll
+    // yielding (its plan, spinPlan: the tasks waiting for a core are the
+    // node's own ranks), and then each poll yields the core and looks at
+    // the clock (a yield takes longer than the look): the peer that must
+    // answer may be waiting for this core.
+    if (oversubscribed_ && !yielding) {
+      const SpinPlan plan = spinPlan();
+      if (plan.us <= 0 || !plan.yield) {
+        gYieldingDeclined.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      yielding = true;
+      until = stampUs() + std::min(plan.us, kMoveNowPollUs);
+    }
+    if ((++polls & 15) == 0 || yielding) {
       const uint64_t stamp = stampUs();
       if (until == 0) {
         // Nor, after a first few polls, where other tasks fill the cores
@@ -688,7 +708,10 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
       op->noteEntered(stamp);
       lastLook = stamp;
     }
-    cpuRelax();
+    if (yielding)
+      sched_yield();
+    else
+      cpuRelax();
   }
 }
 

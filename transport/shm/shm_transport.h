@@ -103,10 +103,11 @@ class ShmTransport : public CarrierTransport {
   // Messages that fit one record of the ring (meta included) and go by
   // copy, with peers nothing is queued with: a send is written into the
   // ring, a receive takes its record if it has come, polled for up to
-  // kMoveNowPollUs (one look when ranks outnumber cores: the general wait
-  // yields the core). The whole call of a small message is then a record
-  // written and a record read, without the queues, the executor's passes
-  // and the doorbell's bookkeeping.
+  // kMoveNowPollUs (where ranks outnumber cores, each poll yields the
+  // core, and only where the general wait would poll so too). The whole
+  // call of a small message is then a record written and a record read,
+  // without the queues, the executor's passes and the doorbell's
+  // bookkeeping.
   void moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& sendSeq, std::vector<uint64_t>& recvSeq) override;
   static constexpr int kMoveNowPollUs = 20;
   // Receives reduce while they copy: from the ring's fragments, or from the
@@ -123,6 +124,11 @@ class ShmTransport : public CarrierTransport {
   // small messages took the shortcut). Counted with a load and a store, not
   // a locked add: exact for calls from one thread.
   static long opsMovedNow();
+  // Where ranks outnumber cores: receives moveNow took after yielding the
+  // core at least once, and its calls whose wait plan (spinPlan) was not a
+  // yielding poll, so it left the receive to the general path (for tests).
+  static long receivesTakenYielding();
+  static long yieldingPollsDeclined();
   // The cores the node's ranks may run on, as this process's latest
   // communicator counted them at init (coresOfMasks; for tests).
   static int nodeCoresCounted();
