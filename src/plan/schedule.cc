@@ -368,15 +368,18 @@ class Slots {
   }
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
+    const int nd = w.rank / rpn_;
+    nodeTokens_[nd] += double(len);
+    // The node's place among the nodes is set once, with its new tokens
+    // (and, off a gap, its new least free time).
     if (w.gap != gaps_.end()) {
       gaps_.fill(w.gap, seconds);
-      if (!dirty_[w.rank / rpn_]) dirtyNodes_.push_back(w.rank / rpn_), dirty_[w.rank / rpn_] = 1;  // its tokens
+      if (!dirty_[nd]) dirtyNodes_.push_back(nd), dirty_[nd] = 1;  // its tokens
+      nodeOrder_.set(nd, nodeMin_[nd], nodeTokens_[nd]);
     } else {
       freeAt_[w.rank] = w.at + seconds;
-      touched(w.rank / rpn_);
+      touched(nd);
     }
-    nodeTokens_[w.rank / rpn_] += double(len);
-    nodeOrder_.set(w.rank / rpn_, nodeMin_[w.rank / rpn_], nodeTokens_[w.rank / rpn_]);
     probing_ = false;
   }
 
@@ -422,8 +425,11 @@ class Slots {
       gaps_.wait(r, freeAt_[r], at);
       freeAt_[r] = at + seconds;
       nodeTokens_[r / rpn_] += double(len) / sp.G;
-      touched(r / rpn_);
     }
+    // Each of the ring's nodes once, once all its ranks have their work
+    // (its ranks are consecutive in the ring): not once per rank.
+    for (size_t j = first; j < ring->size(); ++j)
+      if (j + 1 == ring->size() || (*ring)[j + 1] / rpn_ != (*ring)[j] / rpn_) touched((*ring)[j] / rpn_);
     return at;
   }
 
