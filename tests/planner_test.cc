@@ -439,6 +439,22 @@ TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
                   a.seg.count == b.seg.count)
           << "move " << k;
     }
+    // By rank, and each rank's pieces in the order of its linear segments:
+    // the last of balancedLinear's segments of the rank, those it takes
+    // after the front it keeps (a rank short of its share keeps all it has).
+    std::vector<std::vector<Segment>> taken(n);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      if (k > 0) ASSERT_LE(moves[k - 1].to, moves[k].to) << "move " << k;
+      taken[size_t(moves[k].to)].push_back(moves[k].seg);
+    }
+    for (int r = 0; r < n; ++r) {
+      ASSERT_LE(taken[r].size(), lin.ranks[r].size()) << "rank " << r;
+      const size_t front = lin.ranks[r].size() - taken[r].size();
+      for (size_t k = 0; k < taken[r].size(); ++k) {
+        const Segment &a = taken[r][k], &b = lin.ranks[r][front + k];
+        EXPECT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " piece " << k;
+      }
+    }
     moved += !moves.empty();
     for (double route : {0.0, 0.8}) {
       ClusterModel c = a800(nodes);
