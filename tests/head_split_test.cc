@@ -81,6 +81,21 @@ TEST(HeadSplit, ARingSplitsHeadsOnlyOverPositionsInsideANode) {
   for (const SeqPlacement& s : p.seqs) EXPECT_EQ(s.ulysses, 1);
 }
 
+// canSplitHeads compares each rank against its position's node as a range
+// of ranks: the same answer as a division per rank (C++'s, truncating, so
+// node 0 holds -3 .. 3 with 4 ranks a node), for every pair of ranks of a
+// position, negative ones and node edges included, and for positions of
+// three.
+TEST(HeadSplit, APositionsNodeIsTheRangeADivisionGives) {
+  for (int rpn : {1, 2, 3, 4, 8})
+    for (int a = -20; a <= 20; ++a)
+      for (int b = -20; b <= 20; ++b) {
+        EXPECT_EQ(canSplitHeads({a, b}, 2, rpn), a / rpn == b / rpn) << a << " " << b << " rpn " << rpn;
+        EXPECT_EQ(canSplitHeads({7, 7, a, b, 7, b}, 3, rpn), a / rpn == b / rpn && a / rpn == 7 / rpn)
+            << a << " " << b << " rpn " << rpn;
+      }
+}
+
 // The layout does not change with a split (plan.h): the chunks the u ranks
 // of position p hold in a ring of G are the chunks position p holds in a
 // ring of G / u, so the all-to-all inside a position gathers exactly the

@@ -439,6 +439,22 @@ TEST(Planner, UnbuiltLinearLayoutIsCostedAsBuilt) {
                   a.seg.count == b.seg.count)
           << "move " << k;
     }
+    // By rank, and each rank's pieces in the order of its linear segments:
+    // the last of balancedLinear's segments of the rank, those it takes
+    // after the front it keeps (a rank short of its share keeps all it has).
+    std::vector<std::vector<Segment>> taken(n);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      if (k > 0) ASSERT_LE(moves[k - 1].to, moves[k].to) << "move " << k;
+      taken[size_t(moves[k].to)].push_back(moves[k].seg);
+    }
+    for (int r = 0; r < n; ++r) {
+      ASSERT_LE(taken[r].size(), lin.ranks[r].size()) << "rank " << r;
+      const size_t front = lin.ranks[r].size() - taken[r].size();
+      for (size_t k = 0; k < taken[r].size(); ++k) {
+        const Segment &a = taken[r][k], &b = lin.ranks[r][front + k];
+        EXPECT_TRUE(a.seq == b.seq && a.start == b.start && a.count == b.count) << "rank " << r << " piece " << k;
+      }
+    }
     moved += !moves.empty();
     for (double route : {0.0, 0.8}) {
       ClusterModel c = a800(nodes);
@@ -1208,6 +1224,34 @@ TEST(SplitOptions, StoredListsAndTheirTailScheduleAsTheFullLists) {
       ASSERT_EQ(got.backward, want.backward);
     }
     std::cout << nodes << " nodes: " << cut << " options not stored, " << made << " made by the tail\n";
+  }
+}
+
+// groupRanks (a DP x CP candidate's ranks, added to a screened group
+// schedule): each sequence on the first ranks of its group, as many as its
+// ring takes (a causal sequence of under 2g tokens takes len / 2 of them),
+// and the order by group, a group's sequences in index order, as a stable
+// sort by group gives it (groupRanks counts instead).
+TEST(Planner, GroupRanksAreTheGroupsFirstRanksInAStableOrder) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int g = 1 << (rng() % 4);
+    const size_t m = 1 + rng() % 60;
+    std::vector<int64_t> lens(m);
+    std::vector<int> groupOf(m);
+    for (size_t i = 0; i < m; ++i) lens[i] = 1 + int64_t(rng() % 40), groupOf[i] = int(rng() % 5);
+    Schedule s;
+    groupRanks(&s, lens, true, g, groupOf);
+    ASSERT_EQ(s.first.size(), m + 1);
+    for (size_t i = 0; i < m; ++i) {
+      std::vector<int> want(size_t(std::min<int64_t>(g, std::max<int64_t>(1, lens[i] / 2))));
+      std::iota(want.begin(), want.end(), groupOf[i] * g);
+      EXPECT_EQ(std::vector<int>(s.ringBegin(i), s.ringEnd(i)), want) << "sequence " << i;
+    }
+    std::vector<int64_t> order(m);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return groupOf[a] < groupOf[b]; });
+    EXPECT_EQ(s.order, order);
   }
 }
 

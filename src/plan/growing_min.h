@@ -146,10 +146,18 @@ class RoomTree {
 
  private:
   static constexpr Key kNone{std::numeric_limits<double>::infinity(), INT_MAX};
+  // b < a as std::pair compares them, as a number (0 or 1) that picks a
+  // child by its index rather than by a branch: which child is the lesser
+  // is a coin toss as loads grow, and every placement pulls a key up the
+  // tree through a dozen such choices (std::min(a, b) is b only if b < a).
+  static int below(const Key& b, const Key& a) {
+    return int(b.first < a.first) | (int(!(a.first < b.first)) & int(b.second < a.second));
+  }
   // Node v's summary from its children's; whether it changed.
   bool pull(size_t v) {
     const Node &l = t_[2 * v], &r = t_[2 * v + 1];
-    const Node s{std::min(l.key, r.key), std::min(l.all, r.all), std::min(l.used, r.used)};
+    const Node s{t_[2 * v + size_t(below(r.key, l.key))].key, t_[2 * v + size_t(below(r.all, l.all))].all,
+                 std::min(l.used, r.used)};
     Node& p = t_[v];
     if (s.key == p.key && s.all == p.all && s.used == p.used) return false;
     p = s;

@@ -3,6 +3,7 @@
 // positions. The layout does not change (plan.h), so a split is a number per
 // sequence, checked here; the simulator's step model costs it as it costs
 // the hier_cp and usp_cp baselines (src/sim/simulator.cc, ringCost).
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -20,9 +21,17 @@ std::vector<int> headSplitDegrees(int ranksPerNode, const AttnShape& shape) {
 bool canSplitHeads(const std::vector<int>& ranks, int u, int ranksPerNode) {
   if (u < 1 || ranks.size() % size_t(u) != 0) return false;
   if (ranksPerNode < 1) return true;  // one node
-  for (size_t p = 0; p < ranks.size(); p += size_t(u))
+  // Each position's ranks in the first one's node: the ranks r with
+  // r / ranksPerNode == q, a range compared against rather than a division
+  // per rank (a usp_cp candidate names every rank of its group for every
+  // sequence). Division truncates: node 0 holds -(rpn - 1) .. rpn - 1.
+  const int64_t rpn = ranksPerNode;
+  for (size_t p = 0; p < ranks.size(); p += size_t(u)) {
+    const int64_t q = ranks[p] / ranksPerNode;
+    const int64_t lo = q > 0 ? q * rpn : q * rpn - (rpn - 1), hi = q < 0 ? q * rpn : q * rpn + (rpn - 1);
     for (size_t j = p + 1; j < p + size_t(u); ++j)
-      if (ranks[j] / ranksPerNode != ranks[p] / ranksPerNode) return false;
+      if (ranks[j] < lo || ranks[j] > hi) return false;
+  }
   return true;
 }
 

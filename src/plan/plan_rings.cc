@@ -230,8 +230,14 @@ std::vector<BalancedMove> balancedMoves(const Layout& attention, int ranksPerNod
   walkBalanced(
       attention, ranksPerNode, nullptr, [&](int r, const Segment& s, int from) { moves.push_back({r, from, s}); },
       tokens);
-  // Each rank's pieces stay in the order of its linear segments.
-  std::stable_sort(moves.begin(), moves.end(), [](const BalancedMove& a, const BalancedMove& b) { return a.to < b.to; });
+  // Each rank's pieces stay in the order of its linear segments. The walk
+  // makes them in two runs, each by rank (the ranks filled from their own
+  // node, then from the others), so one stable merge of the runs sorts
+  // them as a stable sort would.
+  auto byRank = [](const BalancedMove& a, const BalancedMove& b) { return a.to < b.to; };
+  const auto second = std::is_sorted_until(moves.begin(), moves.end(), byRank);
+  if (std::is_sorted(second, moves.end(), byRank)) std::inplace_merge(moves.begin(), second, moves.end(), byRank);
+  else std::stable_sort(moves.begin(), moves.end(), byRank);
   return moves;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <queue>
 #include <stdexcept>
@@ -490,65 +491,6 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
       if (score(kinds[k][i]) != BestPlan::Seen::Over) --over[k];
 }
 
-// Candidates for a plan that keeps the linear layers on its attention
-// layout (no remap): rings sized to a target as scheduleToTarget does, with
-// every option's time per rank including the linear layers of the tokens it
-// leaves there (forward once, backward twice), so that each rank's attention
-// and linear layers together fill the target. Targets from the mean of that
-// sum; scored in full like the other fits (with and without the remap).
-void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
-               const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
-               const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
-               std::vector<std::pair<double, Schedule>>* fits) {
-  std::vector<std::vector<SplitOption>> joint(options);
-  auto withLinear = [&](size_t i, SplitOption* o) {
-    const double lin = opt.linearSecondsPerToken * double(lens[i]) / o->split.G;
-    o->seconds += lin;
-    o->backward += 2 * lin;
-  };
-  // The same tail, with the linear layers (the floor holds: they only add).
-  OptionTail jointTail = tail;
-  jointTail.option = [&](size_t i, int G, SplitOption* out) {
-    if (!tail.option(i, G, out)) return false;
-    withLinear(i, out);
-    return true;
-  };
-  double total = 0;
-  for (size_t i = 0; i < lens.size(); ++i) {
-    for (SplitOption& o : joint[i]) withLinear(i, &o);
-    total += joint[i][0].seconds;
-  }
-  const double mean = total / c.ranks();
-  // Without a remap the nodes' tokens need not be even: node-level token
-  // balance would only keep sequences off the ranks with time for them.
-  PlanOptions o = opt;
-  o.nodeTokenBalance = false;
-  const double targets[] = {1.0, 1.025, 1.05, 1.075, 1.1, 1.15};
-  std::vector<double> forward(lens.size()), backward(lens.size());
-  // Past the best target, larger ones only leave more idle: the search
-  // stops once two in a row are no better (when not thorough, one).
-  double best = 0;
-  for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
-    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork, &jointTail);
-    const double score = quick(s);
-    worse = k == 0 || score < best ? 0 : worse + 1;
-    best = k == 0 ? score : std::min(best, score);
-    // The plan's makespans are attention's alone (plan.h): its rings' own
-    // times, run in the order scheduled.
-    for (size_t i = 0; i < lens.size(); ++i) {
-      const int G = int(s.first[i + 1] - s.first[i]);
-      auto stored = std::find_if(options[i].begin(), options[i].end(),
-                                 [&](const SplitOption& so) { return so.split.G == G; });
-      SplitOption so{};
-      if (stored != options[i].end()) so = *stored;
-      else tail.option(i, G, &so);  // a ring past the stored options, made by the tail
-      forward[i] = so.seconds, backward[i] = so.backward;
-    }
-    retime(&s, forward, backward, c.ranks());
-    fits->push_back({score, std::move(s)});
-  }
-}
-
 // The caps' candidates of planBatch: the cap on the time one rank spends on
 // a sequence sets its split (pickSplit); each cap's splits are scheduled
 // (schedule.cc) and screened by quick(), once per distinct set of splits.
@@ -775,9 +717,13 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   // a larger group still helps (past the best size, groups only communicate
   // more and run shorter kernels).
   double bestGroup = 0;
+  std::map<int, std::pair<Schedule, std::vector<int>>> screened;  // each size's schedule and groups
   for (int g = 1, worse = 0; g <= n && n % g == 0 && worse < 2; g *= 2) {
-    // Scored without its rings, which only the candidates kept need.
-    const double score = quick(groupSchedule(lens, causal, shape, c, opt, g, false, byLength));
+    // Scored without its rings, which only the candidates kept need (made
+    // from its groups, groupRanks, not by scheduling again).
+    auto& [sized, groupOf] = screened[g];
+    sized = groupSchedule(lens, causal, shape, c, opt, g, false, byLength, &groupOf);
+    const double score = quick(sized);
     worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
     groupSizes.push_back({score, g});
@@ -785,7 +731,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   scoreCallersCandidates(opt.candidates, &bestPlan);
   scoreFinalists(
       caps, fits, joints, groupSizes, thorough,
-      [&](int g) { return groupSchedule(lens, causal, shape, c, opt, g, true, byLength); },
+      [&](int g) {
+        Schedule s = screened.at(g).first;
+        groupRanks(&s, lens, causal, g, screened.at(g).second);
+        return s;
+      },
       [&] { capSearch.scheduleDeferred(); },
       &bestPlan);
   scoreLateCandidates(&bestPlan);

@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <queue>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace zp::plan {
@@ -368,15 +371,18 @@ class Slots {
   }
 
   void placeWhole(const Whole& w, double seconds, int64_t len) {
+    const int nd = w.rank / rpn_;
+    nodeTokens_[nd] += double(len);
+    // The node's place among the nodes is set once, with its new tokens
+    // (and, off a gap, its new least free time).
     if (w.gap != gaps_.end()) {
       gaps_.fill(w.gap, seconds);
-      if (!dirty_[w.rank / rpn_]) dirtyNodes_.push_back(w.rank / rpn_), dirty_[w.rank / rpn_] = 1;  // its tokens
+      if (!dirty_[nd]) dirtyNodes_.push_back(nd), dirty_[nd] = 1;  // its tokens
+      nodeOrder_.set(nd, nodeMin_[nd], nodeTokens_[nd]);
     } else {
       freeAt_[w.rank] = w.at + seconds;
-      touched(w.rank / rpn_);
+      touched(nd);
     }
-    nodeTokens_[w.rank / rpn_] += double(len);
-    nodeOrder_.set(w.rank / rpn_, nodeMin_[w.rank / rpn_], nodeTokens_[w.rank / rpn_]);
     probing_ = false;
   }
 
@@ -422,8 +428,11 @@ class Slots {
       gaps_.wait(r, freeAt_[r], at);
       freeAt_[r] = at + seconds;
       nodeTokens_[r / rpn_] += double(len) / sp.G;
-      touched(r / rpn_);
     }
+    // Each of the ring's nodes once, once all its ranks have their work
+    // (its ranks are consecutive in the ring): not once per rank.
+    for (size_t j = first; j < ring->size(); ++j)
+      if (j + 1 == ring->size() || (*ring)[j + 1] / rpn_ != (*ring)[j] / rpn_) touched((*ring)[j] / rpn_);
     return at;
   }
 
@@ -586,6 +595,65 @@ void retime(Schedule* s, const std::vector<double>& forward, const std::vector<d
   s->backward = orderMakespan(*s, backward, n, /*reversed=*/true);
 }
 
+// Candidates for a plan that keeps the linear layers on its attention
+// layout (no remap): rings sized to a target as scheduleToTarget does, with
+// every option's time per rank including the linear layers of the tokens it
+// leaves there (forward once, backward twice), so that each rank's attention
+// and linear layers together fill the target. Targets from the mean of that
+// sum; scored in full like the other fits (with and without the remap).
+void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+               const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
+               const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
+               std::vector<std::pair<double, Schedule>>* fits) {
+  std::vector<std::vector<SplitOption>> joint(options);
+  auto withLinear = [&](size_t i, SplitOption* o) {
+    const double lin = opt.linearSecondsPerToken * double(lens[i]) / o->split.G;
+    o->seconds += lin;
+    o->backward += 2 * lin;
+  };
+  // The same tail, with the linear layers (the floor holds: they only add).
+  OptionTail jointTail = tail;
+  jointTail.option = [&](size_t i, int G, SplitOption* out) {
+    if (!tail.option(i, G, out)) return false;
+    withLinear(i, out);
+    return true;
+  };
+  double total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (SplitOption& o : joint[i]) withLinear(i, &o);
+    total += joint[i][0].seconds;
+  }
+  const double mean = total / c.ranks();
+  // Without a remap the nodes' tokens need not be even: node-level token
+  // balance would only keep sequences off the ranks with time for them.
+  PlanOptions o = opt;
+  o.nodeTokenBalance = false;
+  const double targets[] = {1.0, 1.025, 1.05, 1.075, 1.1, 1.15};
+  std::vector<double> forward(lens.size()), backward(lens.size());
+  // Past the best target, larger ones only leave more idle: the search
+  // stops once two in a row are no better (when not thorough, one).
+  double best = 0;
+  for (size_t k = 0, worse = 0; k < std::size(targets) && worse < (thorough ? 2u : 1u); k += thorough ? 1 : 2) {
+    Schedule s = scheduleToTarget(lens, c, o, joint, mean * targets[k], byWork, &jointTail);
+    const double score = quick(s);
+    worse = k == 0 || score < best ? 0 : worse + 1;
+    best = k == 0 ? score : std::min(best, score);
+    // The plan's makespans are attention's alone (plan.h): its rings' own
+    // times, run in the order scheduled.
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const int G = int(s.first[i + 1] - s.first[i]);
+      auto stored = std::find_if(options[i].begin(), options[i].end(),
+                                 [&](const SplitOption& so) { return so.split.G == G; });
+      SplitOption so{};
+      if (stored != options[i].end()) so = *stored;
+      else tail.option(i, G, &so);  // a ring past the stored options, made by the tail
+      forward[i] = so.seconds, backward[i] = so.backward;
+    }
+    retime(&s, forward, backward, c.ranks());
+    fits->push_back({score, std::move(s)});
+  }
+}
+
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's
 // packed rings run it): n / g groups of g consecutive ranks, every sequence
 // of a group on the group's ring (the driver runs them as one group).
@@ -595,16 +663,44 @@ void retime(Schedule* s, const std::vector<double>& forward, const std::vector<d
 //
 // byLength: the sequences longest first, ties in index order (planBatch sorts
 // them once for every group size).
+namespace {
+
+// A sequence too short for the whole ring runs on its first ranks; its ring
+// crosses nodes only if they do.
+int groupRing(int64_t len, bool causal, int g) {
+  return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
+}
+
+}  // namespace
+
+void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf) {
+  Schedule& out = *s;
+  const size_t m = lens.size();
+  out.first.assign(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) out.first[i + 1] = out.first[i] + size_t(groupRing(lens[i], causal, g));
+  out.ranks.resize(out.first[m]);
+  for (size_t i = 0; i < m; ++i)
+    std::iota(out.ranks.data() + out.first[i], out.ranks.data() + out.first[i + 1], groupOf[i] * g);
+  // The sequences by group, in index order within one (a stable sort by
+  // group, counted).
+  int groups = 0;
+  for (int k : groupOf) groups = std::max(groups, k + 1);
+  std::vector<size_t> at(size_t(groups) + 1, 0);
+  for (int k : groupOf) ++at[size_t(k) + 1];
+  for (size_t k = 1; k < at.size(); ++k) at[k] += at[k - 1];
+  out.order.resize(m);
+  for (size_t i = 0; i < m; ++i) out.order[at[size_t(groupOf[i])]++] = int64_t(i);
+}
+
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength) {
+                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength,
+                       std::vector<int>* groupsOut) {
   const int groups = c.ranks() / g;
   std::vector<double> cost(lens.size());
   for (size_t i = 0; i < lens.size(); ++i)
     cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
               opt.linearSecondsPerToken * double(lens[i]);
-  // A sequence too short for the whole ring runs on its first ranks; its
-  // ring crosses nodes only if they do.
-  auto ringOf = [&](size_t i) { return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? lens[i] / 2 : lens[i]))); };
+  auto ringOf = [&](size_t i) { return groupRing(lens[i], causal, g); };
   // Largest cost first. The cost grows with the length for any efficiency
   // table that does not fall with the chunk length, so byLength is the guess.
   std::vector<size_t> order = byLength;
@@ -627,19 +723,13 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
-  if (withRanks) out.first.assign(1, 0);
-  for (size_t i = 0; i < lens.size() && withRanks; ++i) {
-    for (int r = groupOf[i] * g; r < groupOf[i] * g + ringOf(i); ++r) out.ranks.push_back(r);
-    out.first.push_back(out.ranks.size());
-    out.order.push_back(int64_t(i));
-  }
-  if (withRanks)
-    std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return groupOf[a] < groupOf[b]; });
+  if (withRanks) groupRanks(&out, lens, causal, g, groupOf);
   out.forward = *std::max_element(attn.begin(), attn.end());
   out.backward = *std::max_element(back.begin(), back.end());
   const double meanTokens = std::accumulate(tokens.begin(), tokens.end(), 0.0) / groups;
   out.linearExcess = (opt.forwardPasses + 2) * opt.linearSecondsPerToken *
                      (*std::max_element(tokens.begin(), tokens.end()) - meanTokens);
+  if (groupsOut) *groupsOut = std::move(groupOf);
   return out;
 }
 

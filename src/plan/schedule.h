@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "src/plan/cost_model.h"
@@ -126,9 +127,23 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
 // reversed, backward) with these seconds per sequence: a ring starts when
 // the last of its ranks is free.
 void retime(Schedule* s, const std::vector<double>& forward, const std::vector<double>& backward, int n);
+// Candidates for a plan that keeps the linear layers on its attention
+// layout: rings sized to targets as scheduleToTarget does, with each
+// option's time including the linear layers of the tokens it leaves on its
+// ranks; each with its screening score (quick) into *fits (schedule.cc).
+void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const PlanOptions& opt,
+               const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
+               const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
+               std::vector<std::pair<double, Schedule>>* fits);
 // Fixed groups of g ranks, sequences whole in a group (DP x CP placement).
-// withRanks: also the ranks of each sequence (else only the makespans).
+// withRanks: also the ranks of each sequence (else only the makespans);
+// groupOf: each sequence's group, for groupRanks.
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength);
+                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength,
+                       std::vector<int>* groupOf = nullptr);
+// A group schedule's ranks and order (what withRanks adds) from each
+// sequence's group: the planner screens group sizes without them and adds
+// them to the few it scores in full.
+void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf);
 
 }  // namespace zp::plan

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "src/plan/growing_min.h"
+#include "src/plan/schedule.h"
 #include "src/sim/step_model.h"
 
 namespace zp::sim {
@@ -26,14 +27,21 @@ bool fasterFeasible(const StrategyResult& r, const StrategyResult& best) {
   return (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds);
 }
 
-// Sequence indexes by a key, largest first (ties in input order).
+// Sequence indexes by a key, largest first (ties in input order). guess:
+// an order that is often the answer (checked first, plan::stableSortFromGuess).
 template <class Key>
-std::vector<size_t> largestFirst(size_t count, Key key) {
-  std::vector<size_t> order(count);
+std::vector<size_t> largestFirst(size_t count, Key key, const std::vector<size_t>* guess = nullptr) {
   std::vector<double> keys(count);  // each key once, not once per comparison
   for (size_t i = 0; i < count; ++i) keys[i] = key(i);
+  auto before = [&](size_t a, size_t b) { return keys[a] > keys[b]; };
+  if (guess && guess->size() == count) {
+    std::vector<size_t> order = *guess;
+    plan::stableSortFromGuess(order, before);
+    return order;
+  }
+  std::vector<size_t> order(count);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+  std::stable_sort(order.begin(), order.end(), before);
   return order;
 }
 
@@ -55,12 +63,19 @@ class RingComputes {
     if (made[i] < 0) made[i] = ringStep(lens_[i], cfg_.causal, R, Link::Intra, cfg_.model.attn, c_).compute;
     return R * made[i] / u;
   }
+  // The sequences longest first (ties in index order), made once: the
+  // guess of assignGroups' order (a group's cost grows with the length).
+  const std::vector<size_t>& byLength() {
+    if (byLength_.size() != lens_.size()) byLength_ = largestFirst(lens_.size(), [&](size_t i) { return double(lens_[i]); });
+    return byLength_;
+  }
 
  private:
   const std::vector<int64_t>& lens_;
   const StepConfig& cfg_;
   const ClusterModel& c_;
   std::vector<std::vector<double>> byPositions_;  // [R][i]; < 0: not made yet
+  std::vector<size_t> byLength_;
 };
 
 // A lower bound of the step of any placement that runs every sequence i on
@@ -106,7 +121,7 @@ struct GroupAssignment {
 };
 
 GroupAssignment assignGroups(const std::vector<int64_t>& lens, int g, int64_t cap, const StepConfig& cfg,
-                             const ClusterModel& c) {
+                             const ClusterModel& c, const std::vector<size_t>& byLength) {
   const int groups = c.ranks() / g;
   auto cost = [&](size_t i) {
     return attnComputeSeconds(attnFlops(lens[i], cfg.causal, cfg.model.attn), double(lens[i]) / g, c) +
@@ -119,7 +134,7 @@ GroupAssignment assignGroups(const std::vector<int64_t>& lens, int g, int64_t ca
   a.ids.resize(size_t(groups));
   std::vector<int64_t>& tokens = a.tokens;
   RoomTree<int64_t> byLoad(groups);  // the least loaded group with room for a sequence's tokens
-  for (size_t i : largestFirst(lens.size(), cost)) {
+  for (size_t i : largestFirst(lens.size(), cost, &byLength)) {
     int any = -1;
     int best = byLoad.least(lens[i], int64_t(g) * cap, &any);
     if (best < 0) {  // no room anywhere: the emptiest group, and the plan is infeasible
@@ -206,7 +221,7 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
           stepFloor(lens, computes, [g](size_t) { return g; }, cfg, c, u) >= beat)
         continue;
       auto at = assigned.find(g);
-      if (at == assigned.end()) at = assigned.emplace(g, assignGroups(lens, g, cap, cfg, c)).first;
+      if (at == assigned.end()) at = assigned.emplace(g, assignGroups(lens, g, cap, cfg, c, computes.byLength())).first;
       Placement pl = groupPlacement(at->second, g, kind == GroupKind::AllGather, c, u);
       StrategyResult r = evaluate(name, pl, cfg, c);
       r.group = g;
