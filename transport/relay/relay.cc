@@ -16,6 +16,7 @@ Relay::Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTranspor
   p2pSends_.assign(ctx_.nranks, 0);
   p2pRecvs_.assign(ctx_.nranks, 0);
   for (int r = 0; r < ctx_.nranks; r++) local_.push_back(ctx_.sameNode(r, ctx_.rank));
+  cameVia_.assign(ctx_.nranks, -1);
 }
 
 void Relay::post(Op* op) {
@@ -161,6 +162,7 @@ bool Relay::pickChunks(int dst, uint64_t bytes, std::vector<RouteChunk>* chunks,
 void Relay::queueChunk(std::unique_ptr<Chunk> ch, int srcProxy, int dstProxy) {
   const int me = ctx_.rank;
   ch->hdr.dstProxy = dstProxy;
+  ch->hdr.srcProxy = srcProxy;
   ch->srcProxy = srcProxy;
   ch->firstHop = srcProxy == me ? dstProxy : srcProxy;
   if (ch->sx) ch->sx->inBuffer++;
@@ -172,7 +174,7 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   std::string payload = kControlMark + text;
   std::vector<RouteChunk> chunks;
   std::string why;
-  if (!pickChunks(peer, payload.size(), &chunks, &why) || chunks.size() != 1) {
+  if (!pathBack(peer, &chunks) && (!pickChunks(peer, payload.size(), &chunks, &why) || chunks.size() != 1)) {
     ZP_INFO(kSubNet, "rank %d: no path for a control message to rank %d: %s", ctx_.rank, peer, why.c_str());
     return;
   }
@@ -190,6 +192,29 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   ch->data = ch->own.get();
   queueChunk(std::move(ch), chunks[0].srcProxy, chunks[0].dstProxy);
   pump();
+}
+
+// Back to a rank with no working NIC through the proxy that carried its
+// latest chunk here (cameVia_). A proxy that carries a rank's chunk stays
+// until that chunk is acknowledged (onPathThrough), so the acknowledgement
+// finds it there even when every proxy of that node has said it is
+// leaving, which new paths avoid (a path through one that has already gone
+// would lose the message: nothing acknowledges a control message). From
+// this rank if its own path to that proxy works, else from a local rank
+// still here whose path does.
+bool Relay::pathBack(int peer, std::vector<RouteChunk>* chunks) const {
+  const int proxy = cameVia_[peer];
+  if (proxy < 0 || isLocal(proxy)) return false;
+  int from = -1;
+  if (routing_->pathUp(ctx_.rank, proxy)) from = ctx_.rank;
+  for (int r = 0; r < ctx_.nranks && from < 0; r++)
+    if (r != ctx_.rank && isLocal(r) && !left_.count(r) && routing_->pathUp(r, proxy)) from = r;
+  if (from < 0) return false;
+  RouteChunk c;
+  c.srcProxy = from;
+  c.dstProxy = proxy;
+  chunks->assign(1, c);
+  return true;
 }
 
 Relay::~Relay() = default;
@@ -416,6 +441,7 @@ bool Relay::placeChunk(Chunk* ch) {
 
 void Relay::onHeader(const RelayHeader& h, int from, InRecv* standing) {
   if (h.magic != kRelayMagic || h.src < 0 || h.src >= ctx_.nranks || h.dst < 0 || h.dst >= ctx_.nranks ||
+      h.srcProxy < 0 || h.srcProxy >= ctx_.nranks ||
       h.hop != (from == kAnyRemotePeer ? h.hop : from) || h.bytes > chunkBytes_ || h.offset + h.bytes > h.total) {
     ctx_.sink->setAsyncError(zpInternalError, "rank " + std::to_string(ctx_.rank) + ": a corrupt relay header came from rank " +
                                            std::to_string(h.hop));
@@ -445,6 +471,7 @@ void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   }
   std::unique_ptr<Chunk> mine = std::move(*it);
   chunks_.erase(it);
+  if (h.srcProxy != h.src) cameVia_[h.src] = h.srcProxy;
   if (h.kind == (uint32_t)OpKind::kControl) {
     if (h.bytes >= 1 && ch->data[0] == kControlMark)
       ctx_.sink->onStatus(h.src, h.xfer, (zpResult_t)h.status, std::string(ch->data + 1, h.bytes - 1));

@@ -74,6 +74,7 @@ struct RelayHeader {
   int32_t src, dst;  // the transfer's ends
   int32_t hop;       // who sent this message
   int32_t dstProxy;  // who takes the chunk off the network on dst's node
+  int32_t srcProxy;  // who puts it on the network on src's node
   int32_t status;    // kControl: the status message's status
   uint64_t xfer;     // the transfer's id among (src, dst, kind)'s transfers
   uint64_t total;    // the transfer's bytes
@@ -152,6 +153,8 @@ class Relay : public Transport {
   // A status message to a rank with no working network path to this one,
   // relayed like a one-chunk transfer.
   void sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text);
+  // sendControl's path back to peer through the proxy its chunks came by, if one works.
+  bool pathBack(int peer, std::vector<RouteChunk>* chunks) const;
   // Acknowledgements from a destination (a kSeqRelayAck message).
   void onAck(int from, const std::string& payload);
   // Acts on NIC news: the router leaves the NIC out from now on, peers
@@ -225,6 +228,10 @@ class Relay : public Transport {
   std::vector<char> local_;         // by rank: on this node
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
+  // By rank: the proxy on its node that put its latest chunk here on the
+  // network, when that was not the rank itself (-1: none): sendControl's
+  // way back to a rank with no working NIC (its acknowledgements above all).
+  std::vector<int> cameVia_;
   std::map<int, uint64_t> leftSent_;  // of those: the point-to-point transfers each sent this rank
   std::set<int> owedDone_;            // of those: still to be sent kSeqLeftDone
   std::set<int> doneFrom_;            // ranks that sent this one kSeqLeftDone
