@@ -16,7 +16,7 @@ Relay::Relay(const TransportContext& ctx, CarrierTransport* shm, CarrierTranspor
   p2pSends_.assign(ctx_.nranks, 0);
   p2pRecvs_.assign(ctx_.nranks, 0);
   for (int r = 0; r < ctx_.nranks; r++) local_.push_back(ctx_.sameNode(r, ctx_.rank));
-  cameVia_.assign(ctx_.nranks, -1);
+  cameVia_.assign(ctx_.nranks, Way{});
 }
 
 void Relay::post(Op* op) {
@@ -194,25 +194,20 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
   pump();
 }
 
-// Back to a rank with no working NIC through the proxy that carried its
-// latest chunk here (cameVia_). A proxy that carries a rank's chunk stays
-// until that chunk is acknowledged (onPathThrough), so the acknowledgement
-// finds it there even when every proxy of that node has said it is
-// leaving, which new paths avoid (a path through one that has already gone
-// would lose the message: nothing acknowledges a control message). From
-// this rank if its own path to that proxy works, else from a local rank
-// still here whose path does.
+// To a rank with no direct path, back the way its latest chunk came
+// (cameVia_): both of that path's proxies stay until the chunk is
+// acknowledged (the source answers neither's leaving message before,
+// onPathThrough), so an acknowledgement finds them there even when every
+// other rank of either node has come to destroy. New paths avoid every
+// proxy that said it is leaving, and with all of a node's proxies leaving
+// there was none, or one already gone: the message was lost, and nothing
+// acknowledges a control message.
 bool Relay::pathBack(int peer, std::vector<RouteChunk>* chunks) const {
-  const int proxy = cameVia_[peer];
-  if (proxy < 0 || isLocal(proxy)) return false;
-  int from = -1;
-  if (routing_->pathUp(ctx_.rank, proxy)) from = ctx_.rank;
-  for (int r = 0; r < ctx_.nranks && from < 0; r++)
-    if (r != ctx_.rank && isLocal(r) && !left_.count(r) && routing_->pathUp(r, proxy)) from = r;
-  if (from < 0) return false;
+  const Way& came = cameVia_[peer];
+  if (came.srcProxy < 0 || !routing_->pathUp(came.dstProxy, came.srcProxy)) return false;
   RouteChunk c;
-  c.srcProxy = from;
-  c.dstProxy = proxy;
+  c.srcProxy = came.dstProxy;  // this rank, or the local proxy that brought the chunk here
+  c.dstProxy = came.srcProxy;  // the peer, or the proxy that took its chunk onto the network
   chunks->assign(1, c);
   return true;
 }
@@ -471,7 +466,7 @@ void Relay::chunkArrived(std::list<std::unique_ptr<Chunk>>::iterator it) {
   }
   std::unique_ptr<Chunk> mine = std::move(*it);
   chunks_.erase(it);
-  if (h.srcProxy != h.src) cameVia_[h.src] = h.srcProxy;
+  cameVia_[h.src] = Way{h.srcProxy, h.dstProxy};
   if (h.kind == (uint32_t)OpKind::kControl) {
     if (h.bytes >= 1 && ch->data[0] == kControlMark)
       ctx_.sink->onStatus(h.src, h.xfer, (zpResult_t)h.status, std::string(ch->data + 1, h.bytes - 1));

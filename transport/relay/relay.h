@@ -153,7 +153,7 @@ class Relay : public Transport {
   // A status message to a rank with no working network path to this one,
   // relayed like a one-chunk transfer.
   void sendControl(int peer, uint64_t seq, zpResult_t status, const std::string& text);
-  // sendControl's path back to peer through the proxy its chunks came by, if one works.
+  // sendControl's path to peer: back the way its latest chunk came, if that works.
   bool pathBack(int peer, std::vector<RouteChunk>* chunks) const;
   // Acknowledgements from a destination (a kSeqRelayAck message).
   void onAck(int from, const std::string& payload);
@@ -228,10 +228,12 @@ class Relay : public Transport {
   std::vector<char> local_;         // by rank: on this node
   bool leaving_ = false;            // stayFor: this rank's leaving messages went out
   std::set<int> left_;              // ranks that came to destroy
-  // By rank: the proxy on its node that put its latest chunk here on the
-  // network, when that was not the rank itself (-1: none): sendControl's
-  // way back to a rank with no working NIC (its acknowledgements above all).
-  std::vector<int> cameVia_;
+  // By rank: the path its latest chunk here came by (-1: none yet), the
+  // way back for sendControl to a rank with no direct path (pathBack).
+  struct Way {
+    int srcProxy = -1, dstProxy = -1;
+  };
+  std::vector<Way> cameVia_;
   std::map<int, uint64_t> leftSent_;  // of those: the point-to-point transfers each sent this rank
   std::set<int> owedDone_;            // of those: still to be sent kSeqLeftDone
   std::set<int> doneFrom_;            // ranks that sent this one kSeqLeftDone
