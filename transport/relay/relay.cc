@@ -195,19 +195,25 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
 }
 
 // To a rank with no direct path, back the way its latest chunk came
-// (cameVia_): both of that path's proxies stay until the chunk is
-// acknowledged (the source answers neither's leaving message before,
-// onPathThrough), so an acknowledgement finds them there even when every
-// other rank of either node has come to destroy. New paths avoid every
-// proxy that said it is leaving, and with all of a node's proxies leaving
-// there was none, or one already gone: the message was lost, and nothing
-// acknowledges a control message.
+// (cameVia_): to the proxy that took it onto the network on the peer's
+// node (or the peer itself), from this rank where its own NIC reaches that
+// proxy, else (this rank's NIC is down) from the local proxy that brought
+// the chunk here, which the peer then reaches directly. The peer answers
+// neither proxy's leaving message while the chunk is unacknowledged
+// (onPathThrough), so both wait for it in zpCommDestroy, and the
+// acknowledgement finds them even when every other rank of both nodes has
+// come to destroy. New paths avoid every proxy that said it is leaving:
+// with all of a node's leaving there was no path, or one through a rank
+// already gone, and the message was lost (nothing acknowledges a control
+// message).
 bool Relay::pathBack(int peer, std::vector<RouteChunk>* chunks) const {
   const Way& came = cameVia_[peer];
-  if (came.srcProxy < 0 || !routing_->pathUp(came.dstProxy, came.srcProxy)) return false;
+  if (came.srcProxy < 0) return false;
   RouteChunk c;
-  c.srcProxy = came.dstProxy;  // this rank, or the local proxy that brought the chunk here
-  c.dstProxy = came.srcProxy;  // the peer, or the proxy that took its chunk onto the network
+  c.dstProxy = came.srcProxy;
+  if (routing_->pathUp(ctx_.rank, came.srcProxy)) c.srcProxy = ctx_.rank;
+  else if (came.dstProxy != ctx_.rank && routing_->pathUp(came.dstProxy, came.srcProxy)) c.srcProxy = came.dstProxy;
+  else return false;
   chunks->assign(1, c);
   return true;
 }
