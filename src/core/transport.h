@@ -44,7 +44,9 @@ const char* opKindName(OpKind kind);
 // receives stand ready at all times (they are no work: busy() and the wait
 // statistics leave them out) and may match any rank of another node
 // (kAnyRemotePeer), so that its messages never wait for a receive their
-// hop has not posted yet.
+// hop has not posted yet; a receive on it from a named rank is posted only
+// for a message that rank has announced there, so it completes even after
+// that rank's goodbye.
 constexpr int kLanes = 2;
 constexpr uint8_t kLaneCalls = 0, kLaneStanding = 1;
 

@@ -486,6 +486,10 @@ void UcxTransport::finishOp(Op* op, zpResult_t st, const std::string& err) {
 
 bool UcxTransport::completesAfterBye(const Op* op) const {
   const Peer& p = peers_[op->peer];
+  // A named receive on the standing lane is for a message its peer has
+  // announced on the lane, so sent before its goodbye, which may overtake
+  // it on another lane of the endpoint (kLaneStanding).
+  if (op->lane == kLaneStanding) return !op->isSend;
   return op->lane == kLaneCalls && op->seq < (op->isSend ? p.peerReceivedEnd : p.peerSentEnd);
 }
 
