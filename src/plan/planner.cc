@@ -722,7 +722,7 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
     // Scored without its rings, which only the candidates kept need (made
     // from its groups, groupRanks, not by scheduling again).
     auto& [sized, groupOf] = screened[g];
-    sized = groupSchedule(lens, causal, shape, c, opt, g, false, byLength, &groupOf);
+    sized = groupSchedule(lens, causal, shape, c, opt, g, byLength, &groupOf);
     const double score = quick(sized);
     worse = g > 1 && score >= bestGroup ? worse + 1 : 0;
     bestGroup = g > 1 ? std::min(bestGroup, score) : score;
@@ -732,8 +732,9 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
   scoreFinalists(
       caps, fits, joints, groupSizes, thorough,
       [&](int g) {
-        Schedule s = screened.at(g).first;
-        groupRanks(&s, lens, causal, g, screened.at(g).second);
+        const auto& [sized, groupOf] = screened.at(g);
+        Schedule s = sized;
+        groupRanks(&s, lens, causal, g, groupOf);
         return s;
       },
       [&] { capSearch.scheduleDeferred(); },

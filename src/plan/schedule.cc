@@ -693,14 +693,12 @@ void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int 
 }
 
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength,
-                       std::vector<int>* groupsOut) {
+                       const PlanOptions& opt, int g, const std::vector<size_t>& byLength, std::vector<int>* groupOf) {
   const int groups = c.ranks() / g;
   std::vector<double> cost(lens.size());
   for (size_t i = 0; i < lens.size(); ++i)
     cost[i] = attnComputeSeconds(attnFlops(lens[i], causal, shape), double(lens[i]) / g, c) +
               opt.linearSecondsPerToken * double(lens[i]);
-  auto ringOf = [&](size_t i) { return groupRing(lens[i], causal, g); };
   // Largest cost first. The cost grows with the length for any efficiency
   // table that does not fall with the chunk length, so byLength is the guess.
   std::vector<size_t> order = byLength;
@@ -708,13 +706,14 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
   // (load, group): in index order to begin with (all zero, already a heap).
   LoadHeap heap;
   for (int k = 0; k < groups; ++k) heap.v.push_back({0.0, k});
-  std::vector<int> groupOf(lens.size());
+  std::vector<int>& groupAt = *groupOf;
+  groupAt.assign(lens.size(), 0);
   std::vector<double> attn(groups, 0.0), back(groups, 0.0), tokens(groups, 0.0);
   for (size_t i : order) {
     const auto [load, k] = heap.top();
     heap.replaceTop({load + cost[i], k});
-    groupOf[i] = k;
-    const int G = ringOf(i), first = k * g;
+    groupAt[i] = k;
+    const int G = groupRing(lens[i], causal, g), first = k * g;
     const bool crosses = first / c.ranksPerNode != (first + G - 1) / c.ranksPerNode;
     const RingSeconds t =
         ringBothSeconds(lens[i], causal, G, linkOf(crosses ? SeqClass::InterNode : SeqClass::IntraNode, c), shape, c);
@@ -723,13 +722,11 @@ Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const Attn
     tokens[k] += double(lens[i]) / g;
   }
   Schedule out;
-  if (withRanks) groupRanks(&out, lens, causal, g, groupOf);
   out.forward = *std::max_element(attn.begin(), attn.end());
   out.backward = *std::max_element(back.begin(), back.end());
   const double meanTokens = std::accumulate(tokens.begin(), tokens.end(), 0.0) / groups;
   out.linearExcess = (opt.forwardPasses + 2) * opt.linearSecondsPerToken *
                      (*std::max_element(tokens.begin(), tokens.end()) - meanTokens);
-  if (groupsOut) *groupsOut = std::move(groupOf);
   return out;
 }
 

@@ -135,15 +135,14 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
                const std::vector<std::vector<SplitOption>>& options, const std::vector<size_t>& byWork,
                const OptionTail& tail, bool thorough, const std::function<double(const Schedule&)>& quick,
                std::vector<std::pair<double, Schedule>>* fits);
-// Fixed groups of g ranks, sequences whole in a group (DP x CP placement).
-// withRanks: also the ranks of each sequence (else only the makespans);
-// groupOf: each sequence's group, for groupRanks.
+// Fixed groups of g ranks, sequences whole in a group (DP x CP placement):
+// the makespans, and each sequence's group into *groupOf; the ranks and
+// order only by groupRanks.
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
-                       const PlanOptions& opt, int g, bool withRanks, const std::vector<size_t>& byLength,
-                       std::vector<int>* groupOf = nullptr);
-// A group schedule's ranks and order (what withRanks adds) from each
-// sequence's group: the planner screens group sizes without them and adds
-// them to the few it scores in full.
+                       const PlanOptions& opt, int g, const std::vector<size_t>& byLength, std::vector<int>* groupOf);
+// A group schedule's ranks and order from each sequence's group: the
+// planner screens group sizes without them and adds them to the few it
+// scores in full.
 void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf);
 
 }  // namespace zp::plan
