@@ -1183,6 +1183,41 @@ int nicDownMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   return 0;
 }
 
+// ZP_TEST_MODE=nicdownleave: node 0's last NIC is down, so its rank (the
+// last of node 0) reaches node 1 only through its node's other ranks. It
+// exchanges ZP_TEST_BYTES with a rank of node 1 (ZP_TEST_PARTNER, node 1's
+// first by default) while every other rank calls zpCommDestroy
+// ZP_TEST_LEAVE_MS into the exchange: the proxies the exchange needs must
+// stay until it is done.
+int nicDownLeaveMode(zpComm_t comm, int rank, int n, uint64_t seed) {
+  const int rpn = envInt("ZP_LOCAL_NRANKS", 1), nics = envInt("ZP_NICS_PER_NODE", 1);
+  const int leaveMs = envInt("ZP_TEST_LEAVE_MS", 50);
+  const size_t bytes = (size_t)envInt("ZP_TEST_BYTES", 64 << 20);
+  const int lonely = rpn - 1, partner = envInt("ZP_TEST_PARTNER", rpn);
+  std::string err;
+  if (rank == 0 && system(("ip link set zpnic" + std::to_string(nics - 1) + " down").c_str()) != 0)
+    err = "could not take the NIC down";
+  // Every rank learns of the NIC before the exchange: its own check finds
+  // it (node 0) or node 0's ranks tell it, and an alltoallv goes around it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (err.empty())
+    err = zptest::alltoallvError(comm, rank, zptest::randomCounts(n, seed, 20000, 0.2), zpFloat32, seed);
+  if (err.empty() && (rank == lonely || rank == partner)) {
+    const int peer = rank == lonely ? partner : lonely;
+    zptest::GuardedBuffer out(bytes, 1), in(bytes, 3);
+    out.fill(seed, rank, peer);
+    zpGroupStart();
+    zpSend(out.data(), bytes, zpUint8, peer, comm, nullptr);
+    zpRecv(in.data(), bytes, zpUint8, peer, comm, nullptr);
+    if (zpGroupEnd() != zpSuccess) err = std::string("exchange: ") + zpGetLastError(comm);
+    else if (in.wrongBytes(seed, peer, rank)) err = "wrong bytes";
+    else if (in.guardBytesWritten()) err = "guard bytes written";
+  } else if (err.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(leaveMs));
+  }
+  return destroyAndReport(comm, rank, n, err);
+}
+
 #ifdef ZP_TEST_DOUBLE
 int deviceMode(zpComm_t comm, int rank, int n, uint64_t seed) {
   std::string err;
@@ -1594,6 +1629,7 @@ int runRank() {
   }
   if (mode == "refusal") return refusalMode(comm, rank, n, seed);
   if (mode == "nicdown") return nicDownMode(comm, rank, n, seed);
+  if (mode == "nicdownleave") return nicDownLeaveMode(comm, rank, n, seed);
   if (mode == "rails") return railsMode(comm, rank, n, seed);
   if (mode == "lag") return lagMode(comm, rank, n, seed);
   if (mode == "skew") return skewMode(comm, rank, n, seed);

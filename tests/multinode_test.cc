@@ -94,6 +94,18 @@ TEST_F(Multinode, NicDownInTheMiddleOfARoutedTransfer) {
   }
 }
 
+// Node 0's last NIC is down, so its rank reaches node 1 only through the
+// node's other ranks; they (and node 1's other ranks) destroy the
+// communicator 50 ms into a 64 MiB exchange between it and node 1's first
+// rank. They must stay for it: the exchange completes, every byte checked,
+// and every rank's destroy succeeds (they used to leave at once: the
+// exchange then had no path and both ends waited until ZP_TIMEOUT).
+TEST_F(Multinode, ProxiesStayForARankWithoutANicWhenTheyLeave) {
+  CommandResult r = zprun(2, 4, 4, "ZP_TEST_MODE=nicdownleave ZP_TIMEOUT=20");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(countLines(r.output, " of 8: ok"), 8u) << r.output;
+}
+
 // Every NIC of a node fails during a transfer: no path is left, and every
 // rank returns an error within the timeout instead of hanging.
 TEST_F(Multinode, NoPathLeftGivesAnErrorOnEveryRank) {

@@ -126,6 +126,10 @@ class Routing {
   // (no NIC it depends on is down); the same between ranks a and b.
   virtual bool directAlive(int peer) const = 0;
   virtual bool pathUp(int a, int b) const = 0;
+  // Rank r lacks a direct path to some rank of another node: its traffic
+  // with that rank needs proxies (those of its node stay for it when they
+  // come to destroy the communicator, and pickPath keeps them).
+  virtual bool reliesOnProxies(int r) const = 0;
   // True if every NIC of the node is down.
   virtual bool nodeCut(int node) const = 0;
   // Looks at this rank's NIC (every few ms); news of it going down is queued.
@@ -168,7 +172,9 @@ class Routing {
   virtual bool pickPath(int src, int dst, uint64_t bytes, const std::vector<uint64_t>& extraByRail,
                         std::vector<RouteChunk>* chunks, std::string* why) = 0;
   // rank came to destroy the communicator: pickPath makes it no proxy from
-  // now on (its NIC carries no new chunk unless another rank owns it too).
+  // now on (its NIC carries no new chunk unless another rank owns it too),
+  // except for a path whose source or destination is a rank of its node
+  // that relies on proxies (reliesOnProxies): for that rank it stays.
   virtual void proxyLeft(int rank) = 0;
   // The router's plan for a collective whose inter-node demand is `bytes`
   // ([src][dst]), with the NICs' rates scaled by every rank's railReport

@@ -30,6 +30,13 @@ bool NicHealth::pathUp(int a, int b) const {
   return nicUp(node[a], rail[a]) && nicUp(node[b], rail[b]) && nicUp(node[a], rail[b]) && nicUp(node[b], rail[a]);
 }
 
+bool NicHealth::reliesOnProxies(int r) const {
+  const std::vector<int>& node = comm_.nodeOf();
+  for (int p = 0; p < (int)node.size(); p++)
+    if (node[p] != node[r] && !pathUp(r, p)) return true;
+  return false;
+}
+
 bool NicHealth::directAlive(int peer) const {
   if (comm_.isLocal(peer)) return true;
   return pathUp(comm_.rank(), peer);

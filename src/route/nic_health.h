@@ -33,6 +33,9 @@ class NicHealth {
   bool directAlive(int peer) const;
   // The same for the network path between ranks a and b of different nodes.
   bool pathUp(int a, int b) const;
+  // Rank r has no direct network path to some rank of another node (a NIC
+  // it depends on is down): it reaches that rank only through proxies.
+  bool reliesOnProxies(int r) const;
 
   using Down = NicDown;
   // Looks at this rank's NIC (every few ms); down: the news is queued.

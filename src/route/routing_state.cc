@@ -191,7 +191,7 @@ bool RoutingState::pickPath(int src, int dst, uint64_t bytes, const std::vector<
     res = zp::pickPath(health_.topology(), src, dst, bytes, queued, params_, &pieces, why);
   } else {
     const ClusterTopology topo = rails_.anySlow() ? ratedForPath(comm_.nodeOf()[dst]) : health_.topology();
-    res = zp::pickPath(withoutLeft(topo), src, dst, bytes, queued, params_, &pieces, why);
+    res = zp::pickPath(withoutLeft(topo, src, dst), src, dst, bytes, queued, params_, &pieces, why);
   }
   if (res != zpSuccess) return false;
   *chunks = scheduleChunks(pieces, params_.chunkBytes);
@@ -202,9 +202,15 @@ void RoutingState::proxyLeft(int rank) {
   if (std::find(left_.begin(), left_.end(), rank) == left_.end()) left_.push_back(rank);
 }
 
-ClusterTopology RoutingState::withoutLeft(ClusterTopology topo) const {
+ClusterTopology RoutingState::withoutLeft(ClusterTopology topo, int src, int dst) const {
   // A rank with no NIC owns none: the router's proxies are owners of NICs.
-  for (int r : left_) topo.rankNic[r] = -1;
+  // A leaving rank stays in destroy for a rank of its node that relies on
+  // proxies until that rank comes to destroy too (Relay::stayFor), so a
+  // path from or to such a rank may use it: it may be the only one left.
+  const std::vector<int>& node = comm_.nodeOf();
+  const bool keepSrcNode = health_.reliesOnProxies(src), keepDstNode = health_.reliesOnProxies(dst);
+  for (int r : left_)
+    if (!(keepSrcNode && node[r] == node[src]) && !(keepDstNode && node[r] == node[dst])) topo.rankNic[r] = -1;
   return topo;
 }
 

@@ -26,6 +26,7 @@ class RoutingState : public Routing {
   const std::vector<int>& rails() const override { return comm_.rail(); }
   bool directAlive(int peer) const override { return health_.directAlive(peer); }
   bool pathUp(int a, int b) const override { return health_.pathUp(a, b); }
+  bool reliesOnProxies(int r) const override { return health_.reliesOnProxies(r); }
   bool nodeCut(int node) const override { return health_.nodeCut(node); }
   void checkNic() override { health_.check(); }
   void heardNicDown(const std::string& text) override { health_.heard(text); }
@@ -53,8 +54,9 @@ class RoutingState : public Routing {
   // rates of slow rails scaled (by this rank's verdicts, on this node and
   // farNode, for a point-to-point path; by every rank's reports for a plan).
   ClusterTopology ratedForPath(int farNode) const;
-  // The same without the ranks that left as NIC owners (proxyLeft).
-  ClusterTopology withoutLeft(ClusterTopology topo) const;
+  // The same without the ranks that left as NIC owners (proxyLeft), but
+  // for those that stay for src or dst (proxyLeft).
+  ClusterTopology withoutLeft(ClusterTopology topo, int src, int dst) const;
   ClusterTopology ratedByReports(const std::vector<uint64_t>& reports) const;
   // The rail whose counters a chunk leaving from srcProxy goes in (-1:
   // none: estimates off, no shared words, or a rail beyond those measured).

@@ -138,10 +138,17 @@ std::vector<int> Relay::stayFor() {
   const int me = ctx_.rank;
   sayLeaving();
   // Ranks that may still send a chunk through this one, else those it
-  // still relays for.
+  // still relays for. A rank of this node that relies on proxies (a NIC it
+  // needs is down) may have no path but through this one and needs it until
+  // it comes to destroy too, whatever it has on a path now: NCCL makes
+  // ncclCommDestroy an intra-node collective for the same reason; here only
+  // the ranks that need it are waited for, so with every NIC up ranks that
+  // finish early still leave at once.
   std::vector<int> out;
   for (int p = 0; p < ctx_.nranks; p++)
-    if (p != me && routing_->directAlive(p) && !doneFrom_.count(p)) out.push_back(p);
+    if (p != me && routing_->directAlive(p) &&
+        (!doneFrom_.count(p) || (local_[p] && !left_.count(p) && routing_->reliesOnProxies(p))))
+      out.push_back(p);
   if (out.empty()) out = holdingFor();
   if (out.empty()) out = shm_->waitingOn(kLaneStanding);
   return out;
