@@ -67,7 +67,8 @@ double modelParams(const ModelShape& m) {
 const std::vector<std::string>& strategyNames() {
   static const std::vector<std::string> names = {"zeppelin", "zeppelin_noremap", "zeppelin_intranode",
                                                  "zeppelin_noroute", "dp_cp", "allgather_cp",
-                                                 "dynamic_cp", "hybrid_dp", "hier_cp", "usp_cp", "ring_all", "ideal"};
+                                                 "dynamic_cp", "hybrid_dp", "hier_cp", "usp_cp", "ring_all", "ideal",
+                                                 "bound"};
   return names;
 }
 
@@ -650,8 +651,9 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const
   for (const Tuned& t : baselines) r.push_back(t.result);
   r.push_back(ringAll(lens, cfg, c));
   r.push_back(ideal(lens, cfg, c));
+  r.push_back(spreadBound(lens, cfg, c));
   for (auto& s : r) {
-    s.reference = s.name == "ring_all" || s.name == "ideal";
+    s.reference = s.name == "ring_all" || s.name == "ideal" || s.name == "bound";
     s.baseline = s.name.rfind("zeppelin", 0) != 0 && !s.reference;
   }
   return r;

@@ -120,10 +120,12 @@ struct StrategyResult {
 
 // zeppelin, zeppelin_noremap, zeppelin_intranode, zeppelin_noroute,
 // dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp, ring_all,
-// ideal: the order of
-// simulateStep's results. ring_all and ideal (the lower bound: linear layers
-// token-balanced, attention balanced at whole-sequence kernel efficiency, no
-// communication, remap or idle) are references, never a baseline.
+// ideal, bound: the order of simulateStep's results. ring_all, ideal (the
+// whole-sequence bound: linear layers token-balanced, attention balanced at
+// whole-sequence kernel efficiency, no communication, remap or idle) and
+// bound (the lower bound: ideal tightened by what spreading a long sequence
+// costs, below the step of any placement the step model evaluates;
+// src/sim/bound.cc) are references, never a baseline.
 const std::vector<std::string>& strategyNames();
 
 // The plan of the "zeppelin" strategy: planBatch with this step model

@@ -127,6 +127,10 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
                                   bool expressible = false, double beat = kNoBound);
 // Transformer Engine's ring over all ranks: a reference, not a competitor.
 StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
+// The lower bound "bound" (bound.cc, which says why it is one): `ideal`
+// tightened by what spreading a long sequence over several ranks costs, for
+// the sequences that would otherwise make one rank slower than the mean.
+StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
 // a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in
