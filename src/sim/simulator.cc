@@ -549,6 +549,10 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
             (cfg.headSplit || cand.ulysses.empty()))
           out.push_back(std::move(cand));
       }
+      // Placements that balance each pass (balanced.cc).
+      if (cfg.balancedCandidates)
+        for (PlanOptions::Candidate& cand : balancedCandidates(lens, cfg, c, opt.maxRingNodes))
+          out.push_back(std::move(cand));
       return out;
     };
   o.forwardPasses = cfg.recompute ? 2 : 1;

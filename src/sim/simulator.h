@@ -72,6 +72,10 @@ struct StepConfig {
   // PlanOptions::headSplits, and usp_cp's placements among the candidates);
   // false: as before, for comparison and tests.
   bool headSplit = true;
+  // Candidates that balance each pass (forward and backward) rather than
+  // their sum, spreading long sequences over rings that split heads
+  // (src/sim/balanced.cc); false: as before, for comparison and tests.
+  bool balancedCandidates = true;
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it

@@ -131,6 +131,13 @@ StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, 
 // tightened by what spreading a long sequence over several ranks costs, for
 // the sequences that would otherwise make one rank slower than the mean.
 StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
+// Zeppelin's candidates that balance each pass, not only their sum
+// (balanced.cc): for targets of a half, three quarters and all of the mean
+// backward pass per rank, with every head on every rank and (with
+// cfg.headSplit) with rings that may split heads; rings inside a node where
+// maxRingNodes is 1.
+std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
+                                                             const ClusterModel& c, int maxRingNodes);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
 // a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in

@@ -50,7 +50,7 @@ struct Options {
   int batches = 16, seeds = 5;
   uint64_t seed = 1;
   bool full = false, json = false, noRecompute = false, noNodeBalance = false, legacyPlanner = false,
-       noHeadSplit = false;
+       noHeadSplit = false, noBalanced = false;
   std::string preset = "a800", calibrationFile, modelName = "llama-8b", writeCalibration;
   // Options given, applied over the preset, calibration file and model in
   // the order they stand.
@@ -156,6 +156,7 @@ void defineOptions(CLI::App& app, Options* o) {
   zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
   zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
   zp::cli::addFlag(app, "--no-head-split", &o->noHeadSplit, "Zeppelin's plans split no heads (Ulysses inside a\nnode; to see what splitting them does). Head splits\nare modelled only: the attention driver does not run\nthem");
+  zp::cli::addFlag(app, "--no-balanced-candidates", &o->noBalanced, "Zeppelin's plans without the candidates that balance\neach pass (forward and backward) rather than their sum\n(for comparison)");
   zp::cli::addFlag(app, "--legacy-planner", &o->legacyPlanner, "Zeppelin's rows with the planner before idle-aware\nscheduling (for comparison)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
   zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
@@ -228,6 +229,7 @@ int setUp(const Options& opt, Calibration* cal, StepConfig* cfg) {
   cfg->nodeTokenBalance = !opt.noNodeBalance;
   cfg->legacyPlanner = opt.legacyPlanner;
   cfg->headSplit = !opt.noHeadSplit;
+  cfg->balancedCandidates = !opt.noBalanced;
   cfg->linearEfficiency = cal->linearEfficiency;
   cfg->memoryBytes = cal->memoryGiB * double(1 << 30);
   return 0;
