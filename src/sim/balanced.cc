@@ -45,6 +45,43 @@ struct Loads {
   }
 };
 
+// The blocks of u consecutive ranks (node-aligned) for each degree u, in
+// the order a ring takes them: by when the rings over several ranks on
+// them end (their latest rank's), then by load (their most loaded rank's),
+// then by index; kept in order as ranks change, so that placing a ring
+// does not look at every rank.
+class Blocks {
+ public:
+  using Entry = std::tuple<double, double, int>;
+  Blocks(const std::vector<int>& us, int n) : us_(us), sets_(us.size()), vals_(us.size()) {
+    for (size_t d = 0; d < us.size(); ++d)
+      for (int k = 0; k < n / us[d]; ++k) {
+        vals_[d].push_back({0.0, 0.0, k});
+        sets_[d].insert(vals_[d].back());
+      }
+  }
+  // Rank r's ring end (ringAt) or load changed.
+  void update(int r, const std::vector<double>& ringAt, const Loads& ld) {
+    for (size_t d = 0; d < us_.size(); ++d) {
+      const int u = us_[d], k = r / u;
+      Entry& e = vals_[d][size_t(k)];
+      sets_[d].erase(e);
+      double at = 0, w = 0;
+      for (int j = k * u; j < (k + 1) * u; ++j) at = std::max(at, ringAt[size_t(j)]), w = std::max(w, ld.key(j));
+      e = {at, w, k};
+      sets_[d].insert(e);
+    }
+  }
+  const std::set<Entry>& ordered(int u) const { return sets_[degree(u)]; }
+  const Entry& block(int u, int k) const { return vals_[degree(u)][size_t(k)]; }
+
+ private:
+  size_t degree(int u) const { return size_t(std::find(us_.begin(), us_.end(), u) - us_.begin()); }
+  std::vector<int> us_;
+  std::vector<std::set<Entry>> sets_;
+  std::vector<std::vector<Entry>> vals_;
+};
+
 // The cheapest spread of a sequence whose backward share per rank (attention,
 // all-to-alls, its tokens' linear layers) is within `target`, the ring
 // within maxRanks; the widest ring if none is.
@@ -74,8 +111,14 @@ Spread spreadFor(int64_t len, double target, double linPerToken, int maxRanks, c
 
 // One candidate: every sequence's spread for this target, then the
 // sequences largest first, each on the ranks that add least to the step.
+// *floor: a lower bound of the candidate's step (its score, remapped or
+// not): each pass takes at least any rank's attention compute, all-to-all
+// waits and linear layers, on its attention tokens (at least l / G - 2 of a
+// sequence on G ranks: zigzag chunks of whole tokens) or on the balanced
+// layout (at least the mean - 1), the remap aside.
 PlanOptions::Candidate balancedCandidate(const std::vector<int64_t>& lens, double target, int maxRingNodes,
-                                         const std::vector<int>& us, const StepConfig& cfg, const ClusterModel& c) {
+                                         const std::vector<int>& us, const StepConfig& cfg, const ClusterModel& c,
+                                         double* floor) {
   const int n = c.ranks(), rpn = std::max(1, c.ranksPerNode);
   const double linPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
   const double passes = cfg.recompute ? 2 : 1;
@@ -94,16 +137,32 @@ PlanOptions::Candidate balancedCandidate(const std::vector<int64_t>& lens, doubl
   ld.passes = passes;
   std::set<std::pair<double, int>> byKey;  // the ranks, least loaded first
   for (int r = 0; r < n; ++r) byKey.insert({0.0, r});
+  std::vector<double> ringAt(size_t(n), 0.0);  // per rank: when its rings over several ranks end, forward
+  Blocks blocks(us, n);
+  std::set<std::pair<double, int>> nodes;  // where rings stay in one node: by the sum of their ranks' ringAt
+  std::vector<double> nodeAt(size_t(n / rpn), 0.0);
+  if (maxRingNodes == 1)
+    for (int node = 0; node < n / rpn; ++node) nodes.insert({0.0, node});
+  // Ranks whose blocks are out of order: refreshed before a ring is placed
+  // (most of the rings come first, the whole sequences after them).
+  std::vector<char> stale(size_t(n), 0);
+  std::vector<int> staleRanks;
   auto place = [&](int r, double f, double b) {
     byKey.erase({ld.key(r), r});
     ld.add(r, f, b);
     byKey.insert({ld.key(r), r});
+    if (!stale[size_t(r)]) stale[size_t(r)] = 1, staleRanks.push_back(r);
   };
   PlanOptions::Candidate cand;
   cand.rings.resize(lens.size());
   std::vector<int> ulysses(lens.size(), 1);
-  std::vector<double> ringAt(size_t(n), 0.0);  // per rank: when its rings over several ranks end, forward
   std::vector<int64_t> spreadOrder;
+  std::vector<double> comp(size_t(n), 0.0), waits(size_t(n), 0.0), held(size_t(n), 0.0);  // for *floor
+  auto hold = [&](int r, const Spread& s, int64_t len) {
+    comp[size_t(r)] += s.compute / s.ranks();
+    waits[size_t(r)] += s.a2a / s.ranks();
+    held[size_t(r)] += std::max(0.0, double(len) / s.ranks() - (s.ranks() > 1 ? 2 : 0));
+  };
   for (int64_t i : order) {
     const Spread& s = sp[size_t(i)];
     const double l = double(lens[size_t(i)]), G = s.ranks();
@@ -122,40 +181,42 @@ PlanOptions::Candidate balancedCandidate(const std::vector<int64_t>& lens, doubl
       }
       ring.push_back(best);
       place(best, f, b);
+      hold(best, s, lens[size_t(i)]);
       continue;
     }
     // R blocks of u ranks (node-aligned, u divides the node's ranks): those
     // whose rings over several ranks end first (a ring starts when all its
     // ranks are free), then the least loaded; inside one node, the one
     // whose ranks' rings end first, where rings stay in one.
-    int first = 0, last = n / s.u;
+    for (int r : staleRanks) blocks.update(r, ringAt, ld), stale[size_t(r)] = 0;
+    staleRanks.clear();
+    std::vector<Blocks::Entry> chosen;
     if (maxRingNodes == 1) {
-      int bestNode = 0;
-      double bestAt = -1;
-      for (int node = 0; node < n / rpn; ++node) {
-        double at = 0;
-        for (int r = node * rpn; r < (node + 1) * rpn; ++r) at += ringAt[size_t(r)];
-        if (bestAt < 0 || at < bestAt) bestAt = at, bestNode = node;
-      }
-      first = bestNode * rpn / s.u, last = (bestNode + 1) * rpn / s.u;
+      const int node = nodes.begin()->second;
+      for (int k = node * rpn / s.u; k < (node + 1) * rpn / s.u; ++k) chosen.push_back(blocks.block(s.u, k));
+      std::partial_sort(chosen.begin(), chosen.begin() + s.R, chosen.end());
+      chosen.resize(size_t(s.R));
+    } else {
+      for (auto it = blocks.ordered(s.u).begin(); int(chosen.size()) < s.R; ++it) chosen.push_back(*it);
     }
-    std::vector<std::tuple<double, double, int>> blocks;
-    for (int k = first; k < last; ++k) {
-      double at = 0, w = 0;
-      for (int j = 0; j < s.u; ++j) at = std::max(at, ringAt[size_t(k * s.u + j)]), w = std::max(w, ld.key(k * s.u + j));
-      blocks.emplace_back(at, w, k);
-    }
-    std::partial_sort(blocks.begin(), blocks.begin() + s.R, blocks.end());
     double begin = 0;
-    for (int p = 0; p < s.R; ++p) {
-      begin = std::max(begin, std::get<0>(blocks[size_t(p)]));
-      for (int j = 0; j < s.u; ++j) ring.push_back(std::get<2>(blocks[size_t(p)]) * s.u + j);
+    for (const Blocks::Entry& e : chosen) {
+      begin = std::max(begin, std::get<0>(e));
+      for (int j = 0; j < s.u; ++j) ring.push_back(std::get<2>(e) * s.u + j);
     }
     std::sort(ring.begin(), ring.end());
     const double ringFwd = (s.compute + s.a2a) / G;
     for (int r : ring) {
-      place(r, f + begin - ringAt[size_t(r)], b);  // its wait for the ring's other ranks
+      const double wait = begin - ringAt[size_t(r)];  // for the ring's other ranks
+      if (maxRingNodes == 1) {
+        const int node = r / rpn;
+        nodes.erase({nodeAt[size_t(node)], node});
+        nodeAt[size_t(node)] += begin + ringFwd - ringAt[size_t(r)];
+        nodes.insert({nodeAt[size_t(node)], node});
+      }
       ringAt[size_t(r)] = begin + ringFwd;
+      place(r, f + wait, b);
+      hold(r, s, lens[size_t(i)]);
     }
     ulysses[size_t(i)] = s.u;
     spreadOrder.push_back(i);
@@ -167,13 +228,23 @@ PlanOptions::Candidate balancedCandidate(const std::vector<int64_t>& lens, doubl
   order = std::move(spreadOrder);
   cand.order = std::move(order);
   if (std::any_of(ulysses.begin(), ulysses.end(), [](int u) { return u > 1; })) cand.ulysses = std::move(ulysses);
+  const double mean = std::max(0.0, std::accumulate(lens.begin(), lens.end(), 0.0) / n - 1);
+  double flat[2] = {0, 0}, remapped[2] = {0, 0};  // forward, backward
+  for (int r = 0; r < n; ++r) {
+    const double a = comp[size_t(r)], w = waits[size_t(r)], t = held[size_t(r)];
+    flat[0] = std::max(flat[0], a + w + linPerToken * t);
+    flat[1] = std::max(flat[1], kAttnBackwardFlops * a + w + 2 * linPerToken * t);
+    remapped[0] = std::max(remapped[0], a + w + linPerToken * mean);
+    remapped[1] = std::max(remapped[1], kAttnBackwardFlops * a + w + 2 * linPerToken * mean);
+  }
+  *floor = cfg.model.layers * std::min(passes * flat[0] + flat[1], passes * remapped[0] + remapped[1]) * (1 - 1e-9);
   return cand;
 }
 
 }  // namespace
 
 std::vector<PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
-                                                       const ClusterModel& c, int maxRingNodes) {
+                                                       const ClusterModel& c, int maxRingNodes, double beat) {
   std::vector<PlanOptions::Candidate> out;
   const int n = c.ranks();
   if (lens.empty() || n < 1) return out;
@@ -196,7 +267,11 @@ std::vector<PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t
   }
   const double meanBwd = (kAttnBackwardFlops * attn + 2 * linPerToken * tokens) / n;
   for (const std::vector<int>& us : degrees)
-    for (double f : {0.5, 0.75, 1.0}) out.push_back(balancedCandidate(lens, f * meanBwd, maxRingNodes, us, cfg, c));
+    for (double f : {0.5, 0.75, 1.0}) {
+      double floor = 0;
+      PlanOptions::Candidate cand = balancedCandidate(lens, f * meanBwd, maxRingNodes, us, cfg, c, &floor);
+      if (floor < beat) out.push_back(std::move(cand));  // else it cannot beat the best plan so far
+    }
   return out;
 }
 

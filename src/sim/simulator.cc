@@ -551,7 +551,8 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       }
       // Placements that balance each pass (balanced.cc).
       if (cfg.balancedCandidates)
-        for (PlanOptions::Candidate& cand : balancedCandidates(lens, cfg, c, opt.maxRingNodes))
+        for (PlanOptions::Candidate& cand :
+             balancedCandidates(lens, cfg, c, opt.maxRingNodes, best.fits ? best.seconds : kNoBound))
           out.push_back(std::move(cand));
       return out;
     };

@@ -135,9 +135,12 @@ StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& c
 // (balanced.cc): for targets of a half, three quarters and all of the mean
 // backward pass per rank, with every head on every rank and (with
 // cfg.headSplit) with rings that may split heads; rings inside a node where
-// maxRingNodes is 1.
+// maxRingNodes is 1. Those whose step is at least `beat` by a lower bound
+// (every pass takes at least any rank's compute, all-to-alls and linear
+// layers) are left out: they cannot beat a plan of that step.
 std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
-                                                             const ClusterModel& c, int maxRingNodes);
+                                                             const ClusterModel& c, int maxRingNodes,
+                                                             double beat = kNoBound);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
 // a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in
