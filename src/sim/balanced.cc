@@ -247,7 +247,11 @@ std::vector<PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t
                                                        const ClusterModel& c, int maxRingNodes, double beat) {
   std::vector<PlanOptions::Candidate> out;
   const int n = c.ranks();
-  if (lens.empty() || n < 1) return out;
+  // Above this many sequences they are not made: their greedy, plans and
+  // scores would take half again a plan's time at 4,096 ranks (8,304
+  // sequences), where the planner's own candidates are lighter too, and
+  // they gained least there (docs/simulator.md, "Planning time").
+  if (lens.empty() || n < 1 || lens.size() > kBalancedMaxSeqs) return out;
   // Rings with every head on every rank; and, where plans may split heads,
   // rings that may (the step counts what the estimates here leave out: ring
   // transfers not hidden, waits).

@@ -135,9 +135,11 @@ StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& c
 // (balanced.cc): for targets of a half, three quarters and all of the mean
 // backward pass per rank, with every head on every rank and (with
 // cfg.headSplit) with rings that may split heads; rings inside a node where
-// maxRingNodes is 1. Those whose step is at least `beat` by a lower bound
+// maxRingNodes is 1; none for a batch of over kBalancedMaxSeqs sequences.
+// Those whose step is at least `beat` by a lower bound
 // (every pass takes at least any rank's compute, all-to-alls and linear
 // layers) are left out: they cannot beat a plan of that step.
+constexpr size_t kBalancedMaxSeqs = 4000;  // none for batches of more sequences
 std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
                                                              const ClusterModel& c, int maxRingNodes,
                                                              double beat = kNoBound);
