@@ -282,4 +282,57 @@ std::vector<PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t
   return out;
 }
 
+PlanOptions::Candidate wholeRebalanced(const BatchPlan& plan, const StepConfig& cfg, const ClusterModel& c) {
+  const int n = c.ranks();
+  const AttnShape& sh = cfg.model.attn;
+  const double linPerToken = linearFlopsPerToken(cfg.model) / (c.tflops * 1e12 * cfg.linearEfficiency);
+  const double passes = cfg.recompute ? 2 : 1;
+  const double qkvo = 2.0 * sh.headDim * sh.elemBytes * (double(sh.qHeads) + sh.kvHeads);
+  Loads ld;
+  ld.fwd.assign(size_t(n), 0.0);
+  ld.bwd.assign(size_t(n), 0.0);
+  ld.passes = passes;
+  PlanOptions::Candidate cand;
+  cand.rings.resize(plan.seqs.size());
+  cand.ulysses.assign(plan.seqs.size(), 1);
+  std::vector<size_t> whole;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqPlacement& s = plan.seqs[i];
+    const int G = int(s.ranks.size()), u = std::max(1, s.ulysses), R = G / u;
+    cand.rings[i] = s.ranks;
+    cand.ulysses[i] = u;
+    if (G == 1) {
+      whole.push_back(i);
+      continue;
+    }
+    // The ring as the step model costs it (ringCost): compute, all-to-alls.
+    const double compute = R * ringStep(s.len, cfg.causal, R, Link::Intra, sh, c).compute / u;
+    const double a2a = u > 1 ? double(s.len) / G * qkvo * (u - 1) / u / linkBytesPerSec(Link::Intra, c) : 0;
+    const double tokens = double(s.len) / G;
+    for (int r : s.ranks) ld.add(r, compute + a2a + linPerToken * tokens, kAttnBackwardFlops * compute + a2a + 2 * linPerToken * tokens);
+  }
+  std::stable_sort(whole.begin(), whole.end(), [&](size_t a, size_t b) { return plan.seqs[a].len > plan.seqs[b].len; });
+  std::set<std::pair<double, int>> byKey;
+  for (int r = 0; r < n; ++r) byKey.insert({ld.key(r), r});
+  for (size_t i : whole) {
+    const int64_t len = plan.seqs[i].len;
+    const double compute = attnComputeSeconds(attnFlops(len, cfg.causal, sh), double(len), c);
+    const double f = compute + linPerToken * double(len), b = kAttnBackwardFlops * compute + 2 * linPerToken * double(len);
+    int best = -1, k = 0;
+    double bestStep = 0;
+    for (auto it = byKey.begin(); it != byKey.end() && k < 256; ++it, ++k) {
+      const int r = it->second;
+      const double step = passes * std::max(ld.maxFwd, ld.fwd[size_t(r)] + f) + std::max(ld.maxBwd, ld.bwd[size_t(r)] + b);
+      if (best < 0 || step < bestStep) best = r, bestStep = step;
+    }
+    byKey.erase({ld.key(best), best});
+    ld.add(best, f, b);
+    byKey.insert({ld.key(best), best});
+    cand.rings[i] = {best};
+  }
+  cand.order = plan.order;
+  if (std::all_of(cand.ulysses.begin(), cand.ulysses.end(), [](int u) { return u == 1; })) cand.ulysses.clear();
+  return cand;
+}
+
 }  // namespace zp::sim

@@ -520,6 +520,33 @@ PlanOptions::Scores PlanScorer::scores(const RingCosts& costs) {
 
 namespace {
 
+// The plan with its whole sequences placed again (wholeRebalanced), on the
+// layout that scores better, where that is faster (fitting first): the
+// planner's plans balance one load per rank, the step each pass's slowest.
+void rebalanceWhole(BatchPlan* p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
+  const PlanOptions::Candidate cand = wholeRebalanced(*p, cfg, c);
+  std::vector<int64_t> lens(p->seqs.size());
+  for (size_t i = 0; i < lens.size(); ++i) lens[i] = p->seqs[i].len;
+  BatchPlan q = planFromRings(lens, cfg.causal, cand.rings, c.ranks(), c.ranksPerNode);
+  setOrder(&q, cand.order);
+  if (!cand.ulysses.empty()) setHeadSplit(&q, cand.ulysses, c.ranksPerNode, cfg.model.attn);
+  auto better = [](const StrategyResult& a, const StrategyResult& b) {
+    return (a.feasible && !b.feasible) || (a.feasible == b.feasible && a.stepSeconds < b.stepSeconds);
+  };
+  const StrategyResult was = evaluate("", placementOf(*p, cfg, c, remap), cfg, c);
+  StrategyResult best = evaluate("", placementOf(q, cfg, c, remap), cfg, c);
+  q.linearOnAttention = true;
+  const StrategyResult flat = evaluate("", placementOf(q, cfg, c, false), cfg, c);
+  q.linearOnAttention = better(flat, best);
+  if (q.linearOnAttention) best = flat, q.linear = Layout();  // no copy of the attention layout
+  if (!better(best, was)) return;
+  if (cand.ulysses.empty()) {
+    q.plannedForward = attnMakespan(q, cfg.model.attn, c);
+    q.plannedBackward = attnMakespan(q, cfg.model.attn, c, true);
+  }
+  *p = std::move(q);
+}
+
 // Zeppelin: the planner's plan, ranked among its candidates by this step
 // model (a plan whose linear layout is its attention layout runs without a
 // remap); with `remap` false the linear layers always run on the attention
@@ -588,7 +615,10 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       return (remap ? std::min(step(true), step(false)) : step(true)) * (1 - 1e-6);
     };
   }
-  return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
+  BatchPlan p = planBatch(lens, cfg.causal, cfg.model.attn, c, o);
+  if (cfg.balancedCandidates && cfg.rebalanceWhole && !o.legacy && lens.size() <= kBalancedMaxSeqs)
+    rebalanceWhole(&p, cfg, c, remap);
+  return p;
 }
 
 StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,

@@ -76,6 +76,10 @@ struct StepConfig {
   // their sum, spreading long sequences over rings that split heads
   // (src/sim/balanced.cc); false: as before, for comparison and tests.
   bool balancedCandidates = true;
+  // With balancedCandidates: the plan's whole sequences placed again the
+  // same way where that is faster (src/sim/simulator.cc, rebalanceWhole);
+  // false: not, for comparison and tests.
+  bool rebalanceWhole = true;
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it

@@ -139,6 +139,13 @@ StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& c
 // Those whose step is at least `beat` by a lower bound
 // (every pass takes at least any rank's compute, all-to-alls and linear
 // layers) are left out: they cannot beat a plan of that step.
+// A plan's rings over several ranks kept, its whole sequences placed again
+// as balancedCandidates places them (each, longest first, on the rank of
+// the 256 least loaded that adds least to passes x max forward + max
+// backward), in the plan's order: its per-pass imbalance reduced where
+// the whole sequences allow.
+plan::PlanOptions::Candidate wholeRebalanced(const plan::BatchPlan& plan, const StepConfig& cfg,
+                                             const ClusterModel& c);
 constexpr size_t kBalancedMaxSeqs = 4000;  // none for batches of more sequences
 std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
                                                              const ClusterModel& c, int maxRingNodes,
