@@ -156,7 +156,7 @@ void defineOptions(CLI::App& app, Options* o) {
   zp::cli::addFlag(app, "--no-recompute", &o->noRecompute, "keep every layer's activations (default: full\nrecomputation)");
   zp::cli::addFlag(app, "--no-node-balance", &o->noNodeBalance, "the planner balances no tokens across nodes (to\nsee what that balance does)");
   zp::cli::addFlag(app, "--no-head-split", &o->noHeadSplit, "Zeppelin's plans split no heads (Ulysses inside a\nnode; to see what splitting them does). Head splits\nare modelled only: the attention driver does not run\nthem");
-  zp::cli::addFlag(app, "--no-balanced-candidates", &o->noBalanced, "Zeppelin's plans without the candidates that balance\neach pass (forward and backward) rather than their sum\n(for comparison)");
+  zp::cli::addFlag(app, "--no-balanced-candidates", &o->noBalanced, "Zeppelin's plans without the candidates that balance\neach pass (forward and backward) rather than their sum,\nnor their whole sequences placed again so (for\ncomparison)");
   zp::cli::addFlag(app, "--legacy-planner", &o->legacyPlanner, "Zeppelin's rows with the planner before idle-aware\nscheduling (for comparison)");
   zp::cli::addFlag(app, "--full", &o->full, "non-causal attention (default causal)");
   zp::cli::addFlag(app, "--json", &o->json, "JSON output (keys in docs/simulator.md)");
