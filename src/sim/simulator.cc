@@ -67,7 +67,8 @@ double modelParams(const ModelShape& m) {
 const std::vector<std::string>& strategyNames() {
   static const std::vector<std::string> names = {"zeppelin", "zeppelin_noremap", "zeppelin_intranode",
                                                  "zeppelin_noroute", "dp_cp", "allgather_cp",
-                                                 "dynamic_cp", "hybrid_dp", "hier_cp", "usp_cp", "ring_all", "ideal"};
+                                                 "dynamic_cp", "hybrid_dp", "hier_cp", "usp_cp", "ring_all", "ideal",
+                                                 "bound"};
   return names;
 }
 
@@ -519,6 +520,33 @@ PlanOptions::Scores PlanScorer::scores(const RingCosts& costs) {
 
 namespace {
 
+// The plan with its whole sequences placed again (wholeRebalanced), on the
+// layout that scores better, where that is faster (fitting first): the
+// planner's plans balance one load per rank, the step each pass's slowest.
+void rebalanceWhole(BatchPlan* p, const StepConfig& cfg, const ClusterModel& c, bool remap) {
+  const PlanOptions::Candidate cand = wholeRebalanced(*p, cfg, c);
+  std::vector<int64_t> lens(p->seqs.size());
+  for (size_t i = 0; i < lens.size(); ++i) lens[i] = p->seqs[i].len;
+  BatchPlan q = planFromRings(lens, cfg.causal, cand.rings, c.ranks(), c.ranksPerNode);
+  setOrder(&q, cand.order);
+  if (!cand.ulysses.empty()) setHeadSplit(&q, cand.ulysses, c.ranksPerNode, cfg.model.attn);
+  auto better = [](const StrategyResult& a, const StrategyResult& b) {
+    return (a.feasible && !b.feasible) || (a.feasible == b.feasible && a.stepSeconds < b.stepSeconds);
+  };
+  const StrategyResult was = evaluate("", placementOf(*p, cfg, c, remap), cfg, c);
+  StrategyResult best = evaluate("", placementOf(q, cfg, c, remap), cfg, c);
+  q.linearOnAttention = true;
+  const StrategyResult flat = evaluate("", placementOf(q, cfg, c, false), cfg, c);
+  q.linearOnAttention = better(flat, best);
+  if (q.linearOnAttention) best = flat, q.linear = Layout();  // no copy of the attention layout
+  if (!better(best, was)) return;
+  if (cand.ulysses.empty()) {
+    q.plannedForward = attnMakespan(q, cfg.model.attn, c);
+    q.plannedBackward = attnMakespan(q, cfg.model.attn, c, true);
+  }
+  *p = std::move(q);
+}
+
 // Zeppelin: the planner's plan, ranked among its candidates by this step
 // model (a plan whose linear layout is its attention layout runs without a
 // remap); with `remap` false the linear layers always run on the attention
@@ -548,6 +576,11 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
             (cfg.headSplit || cand.ulysses.empty()))
           out.push_back(std::move(cand));
       }
+      // Placements that balance each pass (balanced.cc).
+      if (cfg.balancedCandidates)
+        for (PlanOptions::Candidate& cand :
+             balancedCandidates(lens, cfg, c, opt.maxRingNodes, best.fits ? best.seconds : kNoBound))
+          out.push_back(std::move(cand));
       return out;
     };
   o.forwardPasses = cfg.recompute ? 2 : 1;
@@ -582,7 +615,10 @@ BatchPlan planWithStepModel(const std::vector<int64_t>& lens, const StepConfig& 
       return (remap ? std::min(step(true), step(false)) : step(true)) * (1 - 1e-6);
     };
   }
-  return planBatch(lens, cfg.causal, cfg.model.attn, c, o);
+  BatchPlan p = planBatch(lens, cfg.causal, cfg.model.attn, c, o);
+  if (cfg.balancedCandidates && cfg.rebalanceWhole && !o.legacy && lens.size() <= kBalancedMaxSeqs)
+    rebalanceWhole(&p, cfg, c, remap);
+  return p;
 }
 
 StrategyResult zeppelin(const std::string& name, const std::vector<int64_t>& lens, const StepConfig& cfg,
@@ -650,8 +686,9 @@ std::vector<StrategyResult> simulateStep(const std::vector<int64_t>& lens, const
   for (const Tuned& t : baselines) r.push_back(t.result);
   r.push_back(ringAll(lens, cfg, c));
   r.push_back(ideal(lens, cfg, c));
+  r.push_back(spreadBound(lens, cfg, c));
   for (auto& s : r) {
-    s.reference = s.name == "ring_all" || s.name == "ideal";
+    s.reference = s.name == "ring_all" || s.name == "ideal" || s.name == "bound";
     s.baseline = s.name.rfind("zeppelin", 0) != 0 && !s.reference;
   }
   return r;

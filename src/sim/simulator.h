@@ -72,6 +72,14 @@ struct StepConfig {
   // PlanOptions::headSplits, and usp_cp's placements among the candidates);
   // false: as before, for comparison and tests.
   bool headSplit = true;
+  // Candidates that balance each pass (forward and backward) rather than
+  // their sum, spreading long sequences over rings that split heads
+  // (src/sim/balanced.cc); false: as before, for comparison and tests.
+  bool balancedCandidates = true;
+  // With balancedCandidates: the plan's whole sequences placed again the
+  // same way where that is faster (src/sim/simulator.cc, rebalanceWhole);
+  // false: not, for comparison and tests.
+  bool rebalanceWhole = true;
 };
 
 // Bytes one rank needs: model states, stored activations of the tokens it
@@ -120,10 +128,12 @@ struct StrategyResult {
 
 // zeppelin, zeppelin_noremap, zeppelin_intranode, zeppelin_noroute,
 // dp_cp, allgather_cp, dynamic_cp, hybrid_dp, hier_cp, usp_cp, ring_all,
-// ideal: the order of
-// simulateStep's results. ring_all and ideal (the lower bound: linear layers
-// token-balanced, attention balanced at whole-sequence kernel efficiency, no
-// communication, remap or idle) are references, never a baseline.
+// ideal, bound: the order of simulateStep's results. ring_all, ideal (the
+// whole-sequence bound: linear layers token-balanced, attention balanced at
+// whole-sequence kernel efficiency, no communication, remap or idle) and
+// bound (the lower bound: ideal tightened by what spreading a long sequence
+// costs, below the step of any placement the step model evaluates;
+// src/sim/bound.cc) are references, never a baseline.
 const std::vector<std::string>& strategyNames();
 
 // The plan of the "zeppelin" strategy: planBatch with this step model

@@ -127,6 +127,29 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
                                   bool expressible = false, double beat = kNoBound);
 // Transformer Engine's ring over all ranks: a reference, not a competitor.
 StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
+// The lower bound "bound" (bound.cc, which says why it is one): `ideal`
+// tightened by what spreading a long sequence over several ranks costs, for
+// the sequences that would otherwise make one rank slower than the mean.
+StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
+// Zeppelin's candidates that balance each pass, not only their sum
+// (balanced.cc): for targets of a half, three quarters and all of the mean
+// backward pass per rank, with every head on every rank and (with
+// cfg.headSplit) with rings that may split heads; rings inside a node where
+// maxRingNodes is 1; none for a batch of over kBalancedMaxSeqs sequences.
+// Those whose step is at least `beat` by a lower bound
+// (every pass takes at least any rank's compute, all-to-alls and linear
+// layers) are left out: they cannot beat a plan of that step.
+// A plan's rings over several ranks kept, its whole sequences placed again
+// as balancedCandidates places them (each, longest first, on the rank of
+// the 256 least loaded that adds least to passes x max forward + max
+// backward), in the plan's order: its per-pass imbalance reduced where
+// the whole sequences allow.
+plan::PlanOptions::Candidate wholeRebalanced(const plan::BatchPlan& plan, const StepConfig& cfg,
+                                             const ClusterModel& c);
+constexpr size_t kBalancedMaxSeqs = 4000;  // none for batches of more sequences
+std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
+                                                             const ClusterModel& c, int maxRingNodes,
+                                                             double beat = kNoBound);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
 // a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in
