@@ -23,6 +23,9 @@
 //            and the communicator must still work (an alltoallv, every byte
 //            checked) and close cleanly. Rank 0 prints the bandwidth after
 //            the failure as a share of the other NICs' rate.
+//   nicdownleave  node 0's last NIC down, its rank exchanges with a rank of
+//            node 1 while the others destroy the communicator
+//            (nicDownLeaveMode).
 //   rails    a routed send/recv pair, round after round, and the rails'
 //            report at the end (railsMode);
 //   skew     zipf-skewed zpAlltoallvs back to back, the rails' and the
