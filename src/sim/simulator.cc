@@ -227,7 +227,7 @@ RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterMod
 
 // evaluate() with the rings' costs made (ringCosts of the same rings).
 StrategyResult evaluateCosted(const std::string& name, const Placement& pl, const StepConfig& cfg,
-                              const ClusterModel& c, const RingCosts& costs) {
+                              const ClusterModel& c, const RingCosts& costs, bool stepOnly) {
   const int n = c.ranks();
   const ModelShape& m = cfg.model;
   const double h = m.hidden, q = double(m.attn.qHeads) * m.attn.headDim, kv = double(m.attn.kvHeads) * m.attn.headDim;
@@ -263,6 +263,10 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
       const int* end = costs.ranks.data() + costs.firstRank[i + 1];
       double start = 0;
       for (const int* r = begin; r != end; ++r) start = std::max(start, ready[*r]);
+      if (stepOnly) {
+        for (const int* r = begin; r != end; ++r) ready[*r] = start + cost.total();
+        continue;
+      }
       for (const int* r = begin; r != end; ++r) {
         ready[*r] = start + cost.total();
         attn[*r] += cost.compute;
@@ -273,25 +277,30 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
     linear(backward ? preFlops : postFlops);
     return *std::max_element(ready.begin(), ready.end());
   };
-  double layer = pass(false);
-  if (cfg.recompute) layer += pass(false);
+  // The recomputed forward pass takes what the first took (each pass starts
+  // from ready ranks); run again only for the parts it adds to.
+  const double forward = pass(false);
+  double layer = forward;
+  if (cfg.recompute) layer += stepOnly ? forward : pass(false);
   layer += pass(true);
 
   StrategyResult res;
   res.name = name;
   res.stepSeconds = layer * m.layers;
-  res.remapSeconds = remapPhase * m.layers;
-  std::vector<double> attnPlus(n);
-  for (int r = 0; r < n; ++r) {
-    res.parts.attn += attn[r] * m.layers / n;
-    res.parts.comm += comm[r] * m.layers / n;
-    res.parts.linear += lin[r] * m.layers / n;
-    attnPlus[r] = attn[r] + comm[r];
+  if (!stepOnly) {
+    res.remapSeconds = remapPhase * m.layers;
+    std::vector<double> attnPlus(n);
+    for (int r = 0; r < n; ++r) {
+      res.parts.attn += attn[r] * m.layers / n;
+      res.parts.comm += comm[r] * m.layers / n;
+      res.parts.linear += lin[r] * m.layers / n;
+      attnPlus[r] = attn[r] + comm[r];
+    }
+    res.parts.remap = res.remapSeconds;
+    res.parts.idle = std::max(0.0, res.stepSeconds - res.parts.attn - res.parts.comm - res.parts.linear - res.parts.remap);
+    res.attnImbalance = imbalance(attnPlus);
+    res.linearImbalance = imbalance(pl.linTokens);
   }
-  res.parts.remap = res.remapSeconds;
-  res.parts.idle = std::max(0.0, res.stepSeconds - res.parts.attn - res.parts.comm - res.parts.linear - res.parts.remap);
-  res.attnImbalance = imbalance(attnPlus);
-  res.linearImbalance = imbalance(pl.linTokens);
 
   // Memory of every rank.
   const double states = stateBytesPerRank(cfg, n), act = activationBytesPerToken(cfg);
@@ -507,13 +516,13 @@ bool PlanScorer::variantCosts(const BatchPlan& p) {
 // no remap (placementOf with remap false). evaluateCosted reads of the
 // rings only their ranks, which a variant keeps.
 PlanOptions::Scores PlanScorer::scores(const RingCosts& costs) {
-  const StrategyResult asIs = evaluateCosted("", pl_, cfg_, c_, costs);
+  const StrategyResult asIs = evaluateCosted("", pl_, cfg_, c_, costs, true);
   Placement flat;
   std::swap(flat.rings, pl_.rings);
   flat.linTokens = pl_.attnTokens;
   flat.attnTokens = pl_.attnTokens;
   flat.infeasibleAssignment = pl_.infeasibleAssignment;
-  const StrategyResult f = evaluateCosted("", flat, cfg_, c_, costs);
+  const StrategyResult f = evaluateCosted("", flat, cfg_, c_, costs, true);
   std::swap(flat.rings, pl_.rings);
   return PlanOptions::Scores{{asIs.stepSeconds, asIs.feasible}, {f.stepSeconds, f.feasible}};
 }

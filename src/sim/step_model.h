@@ -67,9 +67,11 @@ struct RingCosts {
   double nicBytes = 0, intraBytes = 0;
 };
 RingCosts ringCosts(const Placement& pl, const StepConfig& cfg, const ClusterModel& c, bool traffic = true);
-// evaluate() with the rings' costs made (ringCosts of the same rings).
+// evaluate() with the rings' costs made (ringCosts of the same rings). With
+// `stepOnly`, only stepSeconds, the memory and feasible are set (the
+// planner's score reads no more; the parts are left at zero).
 StrategyResult evaluateCosted(const std::string& name, const Placement& pl, const StepConfig& cfg,
-                              const ClusterModel& c, const RingCosts& costs);
+                              const ClusterModel& c, const RingCosts& costs, bool stepOnly = false);
 
 // The step model's score of the planner's candidates (PlanOptions::score):
 // a plan as it runs, remapped (unless `remap` is false or the plan keeps
