@@ -507,7 +507,9 @@ TEST(WaitReport, AWaitThatRecordsNothingLeavesNoEntryForTheNextReceive) {
       int nEntries = -1, nCalls = -1;
       ZP_ASSERT_OK(zpCommGetWaitReport(comm, e, 2, &nEntries, &nCalls));
       EXPECT_EQ(nCalls, kCalls);
-      for (int i = 0; i < nEntries; i++) EXPECT_LT(e[i].totalWaitSec, 0.005) << "rank " << e[i].rank;
+      // The stale entry charged about 15 ms a call (0.45 s in all); a rank
+      // descheduled on a loaded machine a few ms in all.
+      for (int i = 0; i < nEntries; i++) EXPECT_LT(e[i].totalWaitSec, 0.1) << "rank " << e[i].rank;
     }
     ZP_EXPECT_OK(zpCommDestroy(comm));
   });
