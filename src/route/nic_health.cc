@@ -31,10 +31,15 @@ bool NicHealth::pathUp(int a, int b) const {
 }
 
 bool NicHealth::reliesOnProxies(int r) const {
+  // Asked for each rank of the node at every pass of a destroy and for
+  // every routed send after a rank left: worked out once per rank and set of NICs.
   const std::vector<int>& node = comm_.nodeOf();
-  for (int p = 0; p < (int)node.size(); p++)
-    if (node[p] != node[r] && !pathUp(r, p)) return true;
-  return false;
+  if (relies_.empty()) relies_.assign(node.size(), -1);
+  if (relies_[r] < 0) {
+    relies_[r] = 0;
+    for (int p = 0; p < (int)node.size() && !relies_[r]; p++) relies_[r] = node[p] != node[r] && !pathUp(r, p);
+  }
+  return relies_[r] > 0;
 }
 
 bool NicHealth::directAlive(int peer) const {
@@ -79,6 +84,7 @@ std::vector<NicHealth::Down> NicHealth::apply() {
     std::vector<Nic>& nics = topo_.node[d.node].nics;
     if (d.rail >= (int)nics.size() || nics[d.rail].down) continue;
     nics[d.rail].down = true;
+    relies_.clear();
     fresh.push_back(std::move(d));
   }
   return fresh;

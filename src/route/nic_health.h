@@ -55,6 +55,7 @@ class NicHealth {
   int probeFd_ = -1;
   uint64_t checkedMs_ = 0;
   std::vector<Down> news_;  // heard, not yet acted on
+  mutable std::vector<signed char> relies_;  // reliesOnProxies by rank (-1: to work out)
 };
 
 }  // namespace zp
