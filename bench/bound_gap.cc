@@ -19,22 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "src/plan/planner.h"
 #include "src/sim/calibration.h"
 #include "src/sim/simulator.h"
 #include "src/sim/step_model.h"
 
 using namespace zp;
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
+using zpbench::median;
 
 int main(int argc, char** argv) {
   if (argc < 5) {

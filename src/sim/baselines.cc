@@ -22,11 +22,6 @@ using plan::RoomTree;
 
 namespace {
 
-// A setting's result beats the best so far: feasible first, then faster.
-bool fasterFeasible(const StrategyResult& r, const StrategyResult& best) {
-  return (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds);
-}
-
 // Sequence indexes by a key, largest first (ties in input order). guess:
 // an order that is often the answer (checked first, plan::stableSortFromGuess).
 template <class Key>

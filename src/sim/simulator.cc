@@ -539,16 +539,13 @@ void rebalanceWhole(BatchPlan* p, const StepConfig& cfg, const ClusterModel& c, 
   BatchPlan q = planFromRings(lens, cfg.causal, cand.rings, c.ranks(), c.ranksPerNode);
   setOrder(&q, cand.order);
   if (!cand.ulysses.empty()) setHeadSplit(&q, cand.ulysses, c.ranksPerNode, cfg.model.attn);
-  auto better = [](const StrategyResult& a, const StrategyResult& b) {
-    return (a.feasible && !b.feasible) || (a.feasible == b.feasible && a.stepSeconds < b.stepSeconds);
-  };
   const StrategyResult was = evaluate("", placementOf(*p, cfg, c, remap), cfg, c);
   StrategyResult best = evaluate("", placementOf(q, cfg, c, remap), cfg, c);
   q.linearOnAttention = true;
   const StrategyResult flat = evaluate("", placementOf(q, cfg, c, false), cfg, c);
-  q.linearOnAttention = better(flat, best);
+  q.linearOnAttention = fasterFeasible(flat, best);
   if (q.linearOnAttention) best = flat, q.linear = Layout();  // no copy of the attention layout
-  if (!better(best, was)) return;
+  if (!fasterFeasible(best, was)) return;
   if (cand.ulysses.empty()) {
     q.plannedForward = attnMakespan(q, cfg.model.attn, c);
     q.plannedBackward = attnMakespan(q, cfg.model.attn, c, true);

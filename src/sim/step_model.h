@@ -127,6 +127,10 @@ constexpr double kNoBound = std::numeric_limits<double>::infinity();
 // which is its tuned setting whenever that could be faster than `beat`.
 std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c,
                                   bool expressible = false, double beat = kNoBound);
+// A result beats the best so far: feasible first, then faster.
+inline bool fasterFeasible(const StrategyResult& r, const StrategyResult& best) {
+  return (r.feasible && !best.feasible) || (r.feasible == best.feasible && r.stepSeconds < best.stepSeconds);
+}
 // Transformer Engine's ring over all ranks: a reference, not a competitor.
 StrategyResult ringAll(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c);
 // The lower bound "bound" (bound.cc, which says why it is one): `ideal`
@@ -141,6 +145,10 @@ StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& c
 // Those whose step is at least `beat` by a lower bound
 // (every pass takes at least any rank's compute, all-to-alls and linear
 // layers) are left out: they cannot beat a plan of that step.
+constexpr size_t kBalancedMaxSeqs = 4000;  // none for batches of more sequences
+std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
+                                                             const ClusterModel& c, int maxRingNodes,
+                                                             double beat = kNoBound);
 // A plan's rings over several ranks kept, its whole sequences placed again
 // as balancedCandidates places them (each, longest first, on the rank of
 // the 256 least loaded that adds least to passes x max forward + max
@@ -148,10 +156,6 @@ StrategyResult spreadBound(const std::vector<int64_t>& lens, const StepConfig& c
 // the whole sequences allow.
 plan::PlanOptions::Candidate wholeRebalanced(const plan::BatchPlan& plan, const StepConfig& cfg,
                                              const ClusterModel& c);
-constexpr size_t kBalancedMaxSeqs = 4000;  // none for batches of more sequences
-std::vector<plan::PlanOptions::Candidate> balancedCandidates(const std::vector<int64_t>& lens, const StepConfig& cfg,
-                                                             const ClusterModel& c, int maxRingNodes,
-                                                             double beat = kNoBound);
 // A baseline's placement as a plan's candidate (PlanOptions::Candidate):
 // false when a plan cannot express it (all-gather), or when its rings leave
 // a node and maxRingNodes is 1. Head splits (Ring::ulysses) are named in
