@@ -209,10 +209,10 @@ void Relay::sendControl(int peer, uint64_t seq, zpResult_t status, const std::st
 // neither proxy's leaving message while the chunk is unacknowledged
 // (onPathThrough), so both wait for it in zpCommDestroy, and the
 // acknowledgement finds them even when every other rank of both nodes has
-// come to destroy. New paths avoid every proxy that said it is leaving:
-// with all of a node's leaving there was no path, or one through a rank
-// already gone, and the message was lost (nothing acknowledges a control
-// message).
+// come to destroy. New paths avoid every proxy that said it is leaving
+// (but for a rank that relies on proxies, for which its node's stay): with
+// all of a node's leaving there was no path, or one through a rank already
+// gone, and the message was lost (nothing acknowledges a control message).
 bool Relay::pathBack(int peer, std::vector<RouteChunk>* chunks) const {
   const Way& came = cameVia_[peer];
   if (came.srcProxy < 0) return false;
