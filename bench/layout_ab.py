@@ -12,6 +12,13 @@ program, each build's own zprun) with each library in alternated, shuffled
 rounds, and prints per layout the 10th percentile and the median of the
 rounds at each size.
 
+Relinking whole objects leaves each object's functions where the compiler
+put them, and code that only moves inside an object moves the figure as
+much. With --shuffle-functions the builds must have been compiled with
+-ffunction-sections (CMAKE_CXX_FLAGS); each layout is then linked by lld
+with every function's section placed by the layout's seed
+(--shuffle-sections), so the layouts sample where each function lands.
+
   python3 bench/layout_ab.py --build build --build /path/to/other/build
 """
 import argparse
@@ -24,13 +31,19 @@ import subprocess
 import tempfile
 
 
-def relink(build, seed, out_dir):
-    """libzeppelin.so.0 of `build` with its objects in the order of `seed` (0: as built)."""
+def relink(build, seed, out_dir, shuffle_functions):
+    """libzeppelin.so.0 of `build` with its objects in the order of `seed`
+    (0: as built), or with its functions in that order."""
     link_txt = os.path.join(build, "CMakeFiles/zeppelin.dir/link.txt")
     cmd = shlex.split(open(link_txt).read().splitlines()[0])
     objs = [a for a in cmd if a.endswith(".o")]
     rest = [a for a in cmd if not a.endswith(".o")]
-    if seed:
+    if shuffle_functions:
+        if not any(".text." in l for l in subprocess.run(["objdump", "-h", os.path.join(build, objs[0])],
+                                                          capture_output=True, text=True).stdout.splitlines()):
+            raise SystemExit(f"{build}: not compiled with -ffunction-sections")
+        rest[1:1] = ["-fuse-ld=lld", f"-Wl,--shuffle-sections=.text.*={seed + 1}"]
+    elif seed:
         random.Random(seed).shuffle(objs)
     at = rest.index("-o")
     os.makedirs(out_dir, exist_ok=True)
@@ -47,7 +60,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--sizes", default="4K,32K", help="sendrecv_perf's -b and -e")
+    ap.add_argument("--factor", type=int, default=8, help="sendrecv_perf's -f (sizes from -b to -e by this factor)")
     ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--shuffle-functions", action="store_true",
+                    help="place every function by the layout's seed (builds compiled with -ffunction-sections)")
     args = ap.parse_args()
     lo, hi = args.sizes.split(",")
     tmp = tempfile.mkdtemp(prefix="zp-layouts-")
@@ -55,14 +71,14 @@ def main():
     for b, build in enumerate(args.build):
         build = os.path.abspath(build)
         for seed in range(args.layouts):
-            lib = relink(build, seed, os.path.join(tmp, f"b{b}-{seed}"))
+            lib = relink(build, seed, os.path.join(tmp, f"b{b}-{seed}"), args.shuffle_functions)
             variants.append((f"build{b + 1} layout {seed}", lib, os.path.join(build, "zprun")))
     times = {v[0]: {} for v in variants}
     for r in range(args.rounds):
         order = variants[:]
         random.Random(r).shuffle(order)
         for name, lib, zprun in order:
-            cmd = [zprun, "-n", str(args.ranks), os.path.abspath(args.bench), "-b", lo, "-e", hi, "-f", "8",
+            cmd = [zprun, "-n", str(args.ranks), os.path.abspath(args.bench), "-b", lo, "-e", hi, "-f", str(args.factor),
                    "-n", str(args.iters), "-w", str(args.iters // 10), "-c", "0"]
             env = dict(os.environ, LD_LIBRARY_PATH=lib)
             out = subprocess.run(cmd, env=env, capture_output=True, text=True).stdout

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <random>
 #include <vector>
 
 #include "transport/shm/shm_layout.h"
@@ -133,3 +134,26 @@ TEST(ShmRing, TheWriterNeverOverrunsTheReader) {
 }
 
 }  // namespace
+
+// ringCopy copies a record's bytes in pieces up to kRingCopyPiecesMax and
+// whole above it: every byte of every size around the pieces' edges and the
+// limit, from and to every offset within a line, lands where it should and
+// nothing past either end is written.
+TEST(ShmRing, RingCopyWritesExactlyTheBytesAtEverySizeAndOffset) {
+  std::vector<size_t> sizes = {0, 1, 63, 64, kRingCopyPiece - 1, kRingCopyPiece, kRingCopyPiece + 1,
+                               2 * kRingCopyPiece + 17, kRingCopyPiecesMax - 1, kRingCopyPiecesMax,
+                               kRingCopyPiecesMax + 1, kRingCopyPiecesMax + kRingCopyPiece + 5};
+  std::mt19937_64 rng(std::random_device{}());
+  for (size_t n : sizes)
+    for (size_t from : {0, 8, 16, 33}) {
+      const size_t to = (from * 7 + n) % 64;
+      std::vector<unsigned char> src(n + 128), dst(n + 128, 0xA5);
+      for (auto& b : src) b = (unsigned char)rng();
+      ringCopy(dst.data() + to, src.data() + from, n);
+      for (size_t i = 0; i < dst.size(); i++) {
+        const bool inside = i >= to && i < to + n;
+        ASSERT_EQ(dst[i], inside ? src[from + i - to] : 0xA5) << "size " << n << " from " << from << " to " << to
+                                                               << ": byte " << i;
+      }
+    }
+}

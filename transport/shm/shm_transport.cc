@@ -591,7 +591,7 @@ bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
   h->metaLen = metaLen;
   if (!whole) h->offset = op->progressed;
   if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
-  if (len) memcpy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
+  if (len) ringCopy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
   ringPublish(l.out);
   op->metaBytes = 0;
   op->progressed += len;
@@ -605,7 +605,7 @@ void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t me
   if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
     op->reduce->fn((char*)op->buf + at, (const char*)op->reduceSrc + at, data, dataLen);
   else if (dataLen)
-    memcpy((char*)op->buf + at, data, dataLen);  // buf may be NULL when empty
+    ringCopy((char*)op->buf + at, data, dataLen);  // buf may be NULL when empty
   op->progressed += dataLen;
   if (ringPop(l.in, h)) p.wake = true;
 }
