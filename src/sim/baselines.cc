@@ -251,20 +251,24 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
   for (size_t i = 0; i < lens.size(); ++i) cp[i] = dynamicCpSize(lens[i], split, n);
   auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
   std::vector<double> w(n, 0), tokens(n, 0);
-  std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> sequences
   Placement pl;
   // Per power-of-two level d: the aligned blocks of d ranks, each with its
-  // busiest rank's workload and tokens, the blocks by workload. A placement
-  // on a block raises every rank of it by the same amounts: the blocks
-  // inside it rise by them, those around it to at least its new values.
+  // busiest rank's workload and tokens, the blocks by workload with their
+  // tokens (the least loaded block with room for a sequence's share, a
+  // tree search rather than a heap's pops and pushes). A placement on a
+  // block raises every rank of it by the same amounts: the blocks inside
+  // it rise by them, those around it to at least its new values.
   std::vector<int> levels;
   for (int d = 1; d <= n; d *= 2) levels.push_back(d);
   std::vector<std::vector<double>> blockW(levels.size()), blockT(levels.size());
-  std::vector<GrowingMin> byW;
+  std::vector<RoomTree<double>> byW;
+  // Each block's sequences (a group: its ranks run them as one ring).
+  std::vector<std::vector<std::vector<int64_t>>> groups(levels.size());
   for (size_t l = 0; l < levels.size(); ++l) {
     blockW[l].assign(size_t(n / levels[l]), 0.0);
     blockT[l].assign(size_t(n / levels[l]), 0.0);
     byW.emplace_back(size_t(n / levels[l]));
+    groups[l].resize(size_t(n / levels[l]));
   }
   // Only the levels some sequence's group size asks about are kept (the
   // others are never read).
@@ -275,7 +279,7 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     const size_t level = size_t(std::log2(d) + 0.5);
     const double share = double(lens[i]) / d;
     int anyBlock = -1;
-    int block = byW[level].least([&](int b) { return blockT[level][b] + share <= cap; }, &anyBlock);
+    int block = byW[level].least(share, double(cap), &anyBlock);
     if (block < 0) block = anyBlock, pl.infeasibleAssignment = true;
     const int best = block * d;
     for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
@@ -286,25 +290,30 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
         for (int b = best / L; b < (best + d) / L; ++b) {
           blockW[l][b] += work(i);
           blockT[l][b] += share;
-          byW[l].raise(b, blockW[l][b]);
+          byW[l].set(b, blockW[l][b], blockT[l][b]);
         }
       } else if ((best / L + 1) * L <= n) {
         const int b = best / L;
+        const double wasW = blockW[l][b], wasT = blockT[l][b];
         blockW[l][b] = std::max(blockW[l][b], blockW[level][block]);
         blockT[l][b] = std::max(blockT[l][b], blockT[level][block]);
-        if (byW[l].key(b) != blockW[l][b]) byW[l].raise(b, blockW[l][b]);
+        if (blockW[l][b] != wasW || blockT[l][b] != wasT) byW[l].set(b, blockW[l][b], blockT[l][b]);
       }
     }
-    groups[{-d, best}].push_back(int64_t(i));  // larger groups first
+    groups[level][size_t(block)].push_back(int64_t(i));
   }
-  for (auto& [key, members] : groups) {
-    Ring ring;
-    ring.seqs = members;
-    for (int64_t i : members) ring.lens.push_back(lens[i]);
-    for (int r = key.second; r < key.second - key.first; ++r) ring.ranks.push_back(r);
-    ring.link = -key.first > c.ranksPerNode ? Link::Inter : Link::Intra;
-    pl.rings.push_back(ring);
-  }
+  // Larger groups first, each level's by their first rank.
+  for (size_t l = levels.size(); l-- > 0;)
+    for (size_t b = 0; b < groups[l].size(); ++b) {
+      if (groups[l][b].empty()) continue;
+      const int first = int(b) * levels[l];
+      Ring ring;
+      ring.seqs = std::move(groups[l][b]);
+      for (int64_t i : ring.seqs) ring.lens.push_back(lens[i]);
+      for (int r = first; r < first + levels[l]; ++r) ring.ranks.push_back(r);
+      ring.link = levels[l] > c.ranksPerNode ? Link::Inter : Link::Intra;
+      pl.rings.push_back(std::move(ring));
+    }
   pl.linTokens = tokens;
   pl.attnTokens = tokens;
   StrategyResult r = evaluate("dynamic_cp", pl, cfg, c);
