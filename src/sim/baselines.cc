@@ -49,14 +49,17 @@ class RingComputes {
  public:
   RingComputes(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c)
       : lens_(lens), cfg_(cfg), c_(c), byPositions_(size_t(c.ranks()) + 1) {}
-  // splitRingCompute(lens[i], causal, G, u): G / u steps of the ring over
-  // the positions, 1/u of the heads each.
-  double perRank(size_t i, int G, int u) {
-    const int R = G / u;
+  // The figures of rings over R positions (< 0: not made yet), for a
+  // caller that asks for many sequences at one size.
+  std::vector<double>& positions(int R) {
     std::vector<double>& made = byPositions_[size_t(R)];
     if (made.empty()) made.assign(lens_.size(), -1.0);
+    return made;
+  }
+  // Sequence i's step compute on a ring over R positions (made: positions(R)).
+  double compute(size_t i, int R, std::vector<double>& made) {
     if (made[i] < 0) made[i] = ringStep(lens_[i], cfg_.causal, R, Link::Intra, cfg_.model.attn, c_).compute;
-    return R * made[i] / u;
+    return made[i];
   }
   // The sequences longest first (ties in index order), made once: the
   // guess of assignGroups' order (a group's cost grows with the length).
@@ -86,11 +89,19 @@ template <class Size>
 double stepFloor(const std::vector<int64_t>& lens, RingComputes& computes, Size size, const StepConfig& cfg,
                  const ClusterModel& c, int u = 1) {
   double sum = 0, most = 0, tokens = 0;
+  // The ring size of the sequence before and its figures: most sequences
+  // share their size with the one before (every one, for a group size).
+  int lastG = 0, uG = 1, R = 1;
+  std::vector<double>* made = nullptr;
   for (size_t i = 0; i < lens.size(); ++i) {
     const int G = size(i);
+    if (G != lastG) {
+      lastG = G, uG = G == 1 ? 1 : u, R = G / uG;
+      made = &computes.positions(R);
+    }
     // What each rank of the ring computes: G / u steps of u^2/G^2 of the
-    // FLOPs, 1/u of the heads.
-    const double perRank = computes.perRank(i, G, G == 1 ? 1 : u);
+    // FLOPs, 1/u of the heads (RingComputes::perRank).
+    const double perRank = R * computes.compute(i, R, *made) / uG;
     sum += G * perRank;
     most = std::max(most, perRank);
     tokens += double(lens[i]);
@@ -270,10 +281,13 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     byW.emplace_back(size_t(n / levels[l]));
     groups[l].resize(size_t(n / levels[l]));
   }
-  // Only the levels some sequence's group size asks about are kept (the
-  // others are never read).
-  std::vector<char> asked(levels.size(), 0);
-  for (size_t i = 0; i < lens.size(); ++i) asked[size_t(std::log2(cp[i]) + 0.5)] = 1;
+  // Only the levels some sequence still to place asks about are kept (the
+  // others are never read again; the sequence placed counts until its
+  // level's blocks are set, the levels above take theirs from them): the
+  // sequences come largest first, so once the long ones are placed only
+  // the smallest blocks are.
+  std::vector<size_t> left(levels.size(), 0);
+  for (size_t i = 0; i < lens.size(); ++i) ++left[size_t(std::log2(cp[i]) + 0.5)];
   for (size_t i : largestFirst(lens.size(), work)) {
     const int d = cp[i];
     const size_t level = size_t(std::log2(d) + 0.5);
@@ -285,7 +299,7 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
     for (size_t l = 0; l < levels.size(); ++l) {
       const int L = levels[l];
-      if (!asked[l]) continue;
+      if (left[l] == 0) continue;
       if (L <= d) {
         for (int b = best / L; b < (best + d) / L; ++b) {
           blockW[l][b] += work(i);
@@ -300,6 +314,7 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
         if (blockW[l][b] != wasW || blockT[l][b] != wasT) byW[l].set(b, blockW[l][b], blockT[l][b]);
       }
     }
+    --left[level];
     groups[level][size_t(block)].push_back(int64_t(i));
   }
   // Larger groups first, each level's by their first rank.
