@@ -654,6 +654,10 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   }
 }
 
+int groupRing(int64_t len, bool causal, int g) {
+  return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
+}
+
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's
 // packed rings run it): n / g groups of g consecutive ranks, every sequence
 // of a group on the group's ring (the driver runs them as one group).
@@ -663,15 +667,6 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
 //
 // byLength: the sequences longest first, ties in index order (planBatch sorts
 // them once for every group size).
-namespace {
-
-// A sequence too short for the whole ring runs on its first ranks; its ring
-// crosses nodes only if they do.
-int groupRing(int64_t len, bool causal, int g) {
-  return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
-}
-
-}  // namespace
 
 void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf) {
   Schedule& out = *s;
