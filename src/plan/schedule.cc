@@ -52,11 +52,60 @@ namespace {
 
 constexpr double kEps = 1e-12;
 
+// The nodes of one tree container (the idle gaps, the nodes by when they
+// are free), kept when freed for the next it makes: a schedule inserts and
+// erases thousands, each a malloc and a free otherwise. Holds blocks of the
+// one size its container asks for one at a time.
+class NodePool {
+ public:
+  NodePool() = default;
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+  ~NodePool() {
+    for (void* p : free_) ::operator delete(p);
+  }
+  void* take(size_t bytes) {
+    if (free_.empty()) return ::operator new(bytes);
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void give(void* p) { free_.push_back(p); }
+
+ private:
+  std::vector<void*> free_;
+};
+
+// A container's allocator drawing its nodes from a NodePool (which must
+// outlive the container).
+template <class T>
+struct Pooled {
+  using value_type = T;
+  NodePool* pool;
+  explicit Pooled(NodePool* p) : pool(p) {}
+  template <class U>
+  Pooled(const Pooled<U>& o) : pool(o.pool) {}
+  T* allocate(size_t n) { return static_cast<T*>(n == 1 ? pool->take(sizeof(T)) : ::operator new(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) {
+    if (n == 1) pool->give(p);
+    else ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const Pooled<U>& o) const { return pool == o.pool; }
+  template <class U>
+  bool operator!=(const Pooled<U>& o) const { return pool != o.pool; }
+};
+
+// Entries in order (the nodes by when all their ranks are free), their
+// tree's nodes from a pool.
+using EntrySet = std::set<Entry, std::less<Entry>, Pooled<Entry>>;
+
 // The idle gaps rings leave, by length, so that a whole sequence takes the
 // smallest one it fits (schedule() and scheduleToTarget() alike).
 class IdleGaps {
  public:
-  using Iter = std::multimap<double, Gap>::iterator;
+  using Map = std::multimap<double, Gap, std::less<double>, Pooled<std::pair<const double, Gap>>>;
+  using Iter = Map::iterator;
   // Rank r, free from `freeAt`, waits until a ring starts at `at`.
   void wait(int r, double freeAt, double at) {
     if (at > freeAt + kEps) gaps_.insert({at - freeAt, {r, freeAt, at}});
@@ -79,7 +128,8 @@ class IdleGaps {
   }
 
  private:
-  std::multimap<double, Gap> gaps_;
+  NodePool pool_;  // before gaps_, which gives its nodes back to it
+  Map gaps_{Map::allocator_type(&pool_)};
 };
 
 // An intra-node ring of G ranks starting at `at` on `node`: of the node's
@@ -101,7 +151,7 @@ void latestFree(const std::vector<double>& freeAt, int node, int rpn, double at,
 // network. byAllFree: the nodes by when all their ranks are free (ties: the
 // lower node); the chosen ones are taken out of it. Writes the ring's ranks;
 // returns when they are all free.
-double placeAcrossNodes(std::set<Entry>& byAllFree, int rpn, int G, int* ring) {
+double placeAcrossNodes(EntrySet& byAllFree, int rpn, int G, int* ring) {
   const int k = G / rpn;
   std::vector<int> chosen;
   double at = 0;
@@ -188,7 +238,8 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
   std::vector<double> nodeTokens(c.nodes, 0.0);
   // While inter-node rings are placed (they come first): the nodes by when
   // all their ranks are free.
-  std::set<Entry> byAllFree;
+  NodePool allFreePool;
+  EntrySet byAllFree{EntrySet::allocator_type(&allFreePool)};
   const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
   const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   auto hasRoom = [&](int nd, int64_t len) { return !balanceNodes || nodeTokens[nd] + len <= nodeQuota; };
@@ -507,9 +558,10 @@ class Slots {
   // O(log nodes) where a sorted list moved it past every node in between.
   // front_: its first entries as read since it last changed (the probes
   // and placeRing read only its front), frontNext_ the next to read.
-  std::set<Entry> byAllFree_;
+  NodePool allFreePool_;  // before byAllFree_, which gives its nodes back to it
+  EntrySet byAllFree_{EntrySet::allocator_type(&allFreePool_)};
   std::vector<Entry> front_;
-  std::set<Entry>::const_iterator frontNext_;
+  EntrySet::const_iterator frontNext_;
   std::vector<Entry> eligible_;
   RoomTree<double> nodeOrder_;  // the nodes by nodeMin_, with their tokens
   NodeTree tree_;                 // the nodes by each G-th free time, with their room
