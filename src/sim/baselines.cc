@@ -58,7 +58,7 @@ class RingComputes {
   }
   // Sequence i's step compute on a ring over R positions (made: positions(R)).
   double compute(size_t i, int R, std::vector<double>& made) {
-    if (made[i] < 0) made[i] = ringStep(lens_[i], cfg_.causal, R, Link::Intra, cfg_.model.attn, c_).compute;
+    if (made[i] < 0) made[i] = ringStepCompute(lens_[i], cfg_.causal, R, cfg_.model.attn, c_);
     return made[i];
   }
   // The sequences longest first (ties in index order), made once: the
