@@ -1,5 +1,6 @@
 #include "src/plan/schedule.h"
 #include "src/plan/growing_min.h"
+#include "src/plan/node_pool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,16 +29,42 @@ struct LoadHeap {
     v.push_back(e);
     std::push_heap(v.begin(), v.end(), std::greater<Entry>());
   }
-  void replaceTop(Entry e) {
+  void replaceTop(Entry e) { replaceTopOf(v.data(), v.size(), e); }
+  // The same on the heap of `size` entries at `heap`.
+  static void replaceTopOf(Entry* heap, size_t size, Entry e) {
     size_t at = 0;
-    for (size_t child = 1; child < v.size(); child = 2 * at + 1) {
-      if (child + 1 < v.size() && v[child + 1] < v[child]) ++child;
-      if (!(v[child] < e)) break;
-      v[at] = v[child];
+    for (size_t child = 1; child < size; child = 2 * at + 1) {
+      if (child + 1 < size && heap[child + 1] < heap[child]) ++child;
+      if (!(heap[child] < e)) break;
+      heap[at] = heap[child];
       at = child;
     }
-    v[at] = e;
+    heap[at] = e;
   }
+};
+
+// Each node's ranks as a LoadHeap, side by side in one array (node nd's at
+// [nd * rpn, (nd + 1) * rpn)): a schedule makes one per node, and a vector
+// each was four allocations each as it grew.
+class NodeHeaps {
+ public:
+  bool empty() const { return v_.empty(); }
+  // Node by node, each heap as pushing its ranks in order would make it.
+  void build(const std::vector<double>& freeAt, int rpn) {
+    rpn_ = size_t(rpn);
+    v_.resize(freeAt.size());
+    for (size_t r = 0; r < v_.size(); ++r) {
+      const size_t first = r / rpn_ * rpn_;
+      v_[r] = {freeAt[r], int(r)};
+      std::push_heap(v_.begin() + std::ptrdiff_t(first), v_.begin() + std::ptrdiff_t(r + 1), std::greater<Entry>());
+    }
+  }
+  const Entry& top(int nd) const { return v_[size_t(nd) * rpn_]; }
+  void replaceTop(int nd, Entry e) { LoadHeap::replaceTopOf(&v_[size_t(nd) * rpn_], rpn_, e); }
+
+ private:
+  std::vector<Entry> v_;
+  size_t rpn_ = 1;
 };
 
 }  // namespace
@@ -51,50 +78,6 @@ struct Gap {
 namespace {
 
 constexpr double kEps = 1e-12;
-
-// The nodes of one tree container (the idle gaps, the nodes by when they
-// are free), kept when freed for the next it makes: a schedule inserts and
-// erases thousands, each a malloc and a free otherwise. Holds blocks of the
-// one size its container asks for one at a time.
-class NodePool {
- public:
-  NodePool() = default;
-  NodePool(const NodePool&) = delete;
-  NodePool& operator=(const NodePool&) = delete;
-  ~NodePool() {
-    for (void* p : free_) ::operator delete(p);
-  }
-  void* take(size_t bytes) {
-    if (free_.empty()) return ::operator new(bytes);
-    void* p = free_.back();
-    free_.pop_back();
-    return p;
-  }
-  void give(void* p) { free_.push_back(p); }
-
- private:
-  std::vector<void*> free_;
-};
-
-// A container's allocator drawing its nodes from a NodePool (which must
-// outlive the container).
-template <class T>
-struct Pooled {
-  using value_type = T;
-  NodePool* pool;
-  explicit Pooled(NodePool* p) : pool(p) {}
-  template <class U>
-  Pooled(const Pooled<U>& o) : pool(o.pool) {}
-  T* allocate(size_t n) { return static_cast<T*>(n == 1 ? pool->take(sizeof(T)) : ::operator new(n * sizeof(T))); }
-  void deallocate(T* p, size_t n) {
-    if (n == 1) pool->give(p);
-    else ::operator delete(p);
-  }
-  template <class U>
-  bool operator==(const Pooled<U>& o) const { return pool == o.pool; }
-  template <class U>
-  bool operator!=(const Pooled<U>& o) const { return pool != o.pool; }
-};
 
 // Entries in order (the nodes by when all their ranks are free), their
 // tree's nodes from a pool.
@@ -231,7 +214,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     }
   };
   LoadHeap heap;
-  std::vector<LoadHeap> nodeHeaps;  // per node, with node-level token balance
+  NodeHeaps nodeHeaps;  // per node, with node-level token balance
   // The nodes by their least load (the top of their heap), with their
   // tokens: the least loaded node with room for a sequence.
   RoomTree<double> nodeOrder(size_t(c.nodes));
@@ -310,15 +293,14 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         // the batch, so the remap to the token-balanced linear layout stays
         // inside nodes (NVLink) instead of crossing NICs.
         if (nodeHeaps.empty()) {
-          nodeHeaps.resize(c.nodes);
-          for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({freeAt[r], r});
-          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
+          nodeHeaps.build(freeAt, rpn);
+          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.set(nd, nodeHeaps.top(nd).first, nodeTokens[nd]);
         }
         int any = -1;  // when no node has room: the least loaded
         const int found = nodeOrder.least(double(lens[i]), nodeQuota, &any);
         const int nd = found >= 0 ? found : any;
-        const int r = nodeHeaps[nd].top().second;
-        nodeHeaps[nd].replaceTop({freeAt[r] + piece[i], r});
+        const int r = nodeHeaps.top(nd).second;
+        nodeHeaps.replaceTop(nd, {freeAt[r] + piece[i], r});
         ring[0] = r;
         occupy(i, freeAt[r]);
       }
@@ -326,7 +308,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     for (int j = 0; j < s.G; ++j) nodeTokens[ring[j] / rpn] += double(lens[i]) / s.G;
     if (!nodeHeaps.empty()) {
       const int nd = ring[0] / rpn;  // a whole sequence's node: its tokens and least load changed
-      nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
+      nodeOrder.set(nd, nodeHeaps.top(nd).first, nodeTokens[nd]);
     }
   }
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
