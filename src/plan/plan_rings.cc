@@ -5,11 +5,11 @@
 #include "src/plan/schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <unordered_set>
 
 namespace zp::plan {
 
@@ -128,33 +128,31 @@ void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take,
 void layAttention(BatchPlan* plan) {
   const std::vector<SeqPlacement>& seqs = plan->seqs;
   const size_t m = seqs.size();
-  // Each sequence's ring by its first sequence (rings compared by ranks).
+  // Each sequence's ring by its first sequence (rings compared by ranks),
+  // in an open-addressed table of the first sequences (no node per ring).
   // The hash reads a ring's size and three of its ranks, not all of them
   // (a group of 64 names 64 for every sequence): rings that differ only
   // elsewhere share a hash and are told apart by their ranks.
-  struct RingHash {
-    const std::vector<SeqPlacement>* seqs;
-    size_t operator()(size_t i) const {
-      const std::vector<int>& ranks = (*seqs)[i].ranks;
-      uint64_t h = (1469598103934665603ull ^ ranks.size()) * 1099511628211ull;
-      for (int r : {ranks.front(), ranks[ranks.size() / 2], ranks.back()})
-        h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
-      return size_t(h);
-    }
+  auto hashOf = [&](size_t i) {
+    const std::vector<int>& ranks = seqs[i].ranks;
+    uint64_t h = (1469598103934665603ull ^ ranks.size()) * 1099511628211ull;
+    for (int r : {ranks.front(), ranks[ranks.size() / 2], ranks.back()}) h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
+    return h ^ (h >> 29);
   };
-  struct SameRing {
-    const std::vector<SeqPlacement>* seqs;
-    bool operator()(size_t a, size_t b) const { return (*seqs)[a].ranks == (*seqs)[b].ranks; }
-  };
-  std::unordered_set<size_t, RingHash, SameRing> firsts(m, RingHash{&seqs}, SameRing{&seqs});
+  size_t slots = 1;
+  while (slots < m + m / 2 + 1) slots *= 2;  // at most two thirds full
+  constexpr uint32_t kEmpty = UINT32_MAX;    // no sequence (planFromRings takes fewer)
+  std::vector<uint32_t> firsts(slots, kEmpty);
   std::vector<size_t> groupOf(m), start;  // start: each group's first place in members
   for (size_t i = 0; i < m; ++i) {
-    const auto [it, fresh] = firsts.insert(i);
-    if (fresh) {
+    size_t h = size_t(hashOf(i)) & (slots - 1);
+    while (firsts[h] != kEmpty && seqs[firsts[h]].ranks != seqs[i].ranks) h = (h + 1) & (slots - 1);
+    if (firsts[h] == kEmpty) {
+      firsts[h] = uint32_t(i);
       groupOf[i] = start.size();
       start.push_back(0);
     } else {
-      groupOf[i] = groupOf[*it];
+      groupOf[i] = groupOf[firsts[h]];
     }
   }
   // The sequences of each group, in sequence order; groups by their first.
@@ -269,6 +267,7 @@ void buildLinear(BatchPlan* plan, int ranksPerNode) {
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
                         int n, int ranksPerNode, bool linear) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
+  if (lens.size() >= size_t(UINT32_MAX)) throw std::invalid_argument("planFromRings: 2^32 - 1 sequences or more");
   if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
   validateLengths(lens, "planFromRings");
   if (ranksPerNode < 1) ranksPerNode = n;
