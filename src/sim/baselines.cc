@@ -324,8 +324,10 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
       const int first = int(b) * levels[l];
       Ring ring;
       ring.seqs = std::move(groups[l][b]);
+      ring.lens.reserve(ring.seqs.size());
       for (int64_t i : ring.seqs) ring.lens.push_back(lens[i]);
-      for (int r = first; r < first + levels[l]; ++r) ring.ranks.push_back(r);
+      ring.ranks.resize(size_t(levels[l]));
+      std::iota(ring.ranks.begin(), ring.ranks.end(), first);
       ring.link = levels[l] > c.ranksPerNode ? Link::Inter : Link::Intra;
       pl.rings.push_back(std::move(ring));
     }
