@@ -64,11 +64,15 @@ double nicShareBytesPerSec(const ClusterModel& cluster) {
   return cluster.nicsPerNode * cluster.nicGbps * 1e9 / 8.0 / cluster.ranksPerNode;
 }
 
+double ringStepCompute(int64_t len, bool causal, int G, const AttnShape& shape, const ClusterModel& cluster) {
+  const double g = G;
+  return attnComputeSeconds(attnFlops(len, causal, shape) / (g * g), double(len) / G, cluster);
+}
+
 RingStep ringStep(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                   const ClusterModel& cluster) {
   RingStep st;
-  double g = G;
-  st.compute = attnComputeSeconds(attnFlops(len, causal, shape) / (g * g), double(len) / G, cluster);
+  st.compute = ringStepCompute(len, causal, G, shape, cluster);
   // The largest chunk a rank holds decides how long its hop takes.
   int64_t chunk = (len + G - 1) / G;
   st.transfer = G > 1 ? linkLatency(link, cluster) + kvBytes(chunk, shape) / linkBytesPerSec(link, cluster) : 0.0;

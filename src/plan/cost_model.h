@@ -98,6 +98,8 @@ struct RingStep {
 // and their gradients (twice the bytes): backwardStep.
 RingStep ringStep(int64_t len, bool causal, int G, Link link, const AttnShape& shape,
                   const ClusterModel& cluster);
+// Its compute alone (the same figure), for a caller that needs no transfer.
+double ringStepCompute(int64_t len, bool causal, int G, const AttnShape& shape, const ClusterModel& cluster);
 RingStep backwardStep(const RingStep& forward, double latency);
 constexpr double kAttnBackwardFlops = 2.5;
 // True when every step's compute hides its transfer.

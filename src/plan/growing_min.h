@@ -250,16 +250,15 @@ class NodeTree {
     tokens_[v] = tokens;
     parked_[size_t(nd)] = 0;  // a parked node comes back: its room changed
     for (int g = 0; g < rpn_; ++g) key(g, v) = all(g, v) = sorted[g];
-    // Above a subtree whose summary did not change, none does.
+    // Above a subtree whose summary did not change, none does. A tree
+    // node's times of every ring size lie together, so each level is one
+    // pass over a few contiguous values (no branch per ring size).
     for (bool changed = true; changed && (v /= 2) >= 1;) {
       const double t = std::min(tokens_[2 * v], tokens_[2 * v + 1]);
       changed = t != tokens_[v];
       tokens_[v] = t;
-      for (int g = 0; g < rpn_; ++g) {
-        const double k = std::min(key(g, 2 * v), key(g, 2 * v + 1)), a = std::min(all(g, 2 * v), all(g, 2 * v + 1));
-        changed = changed || k != key(g, v) || a != all(g, v);
-        key(g, v) = k, all(g, v) = a;
-      }
+      changed |= pullTimes(&key(0, v), &key(0, 2 * v), &key(0, 2 * v + 1));
+      changed |= pullTimes(&all(0, v), &all(0, 2 * v), &all(0, 2 * v + 1));
     }
   }
   // The soonest g-th (0-based) free time of a node with room for `share`
@@ -301,8 +300,20 @@ class NodeTree {
   void exclude(int nd) { set(nd, never_.data(), tokens_[size_t(size_ + nd)]); }
 
  private:
-  double& key(int g, size_t v) { return key_[size_t(g) * 2 * size_ + v]; }
-  double& all(int g, size_t v) { return all_[size_t(g) * 2 * size_ + v]; }
+  // Tree node v's time for ring size g + 1: a node's times side by side.
+  double& key(int g, size_t v) { return key_[v * size_t(rpn_) + size_t(g)]; }
+  double& all(int g, size_t v) { return all_[v * size_t(rpn_) + size_t(g)]; }
+  // A tree node's times (every ring size) from its children's: whether any
+  // changed.
+  bool pullTimes(double* parent, const double* left, const double* right) const {
+    bool changed = false;
+    for (int g = 0; g < rpn_; ++g) {
+      const double t = std::min(left[g], right[g]);
+      changed |= t != parent[g];
+      parent[g] = t;
+    }
+    return changed;
+  }
   int lowestIn(int g, double latest, size_t v) {
     if (!(all(g, v) <= latest)) return -1;
     if (v >= size_t(size_)) return int(v - size_t(size_));
@@ -365,17 +376,15 @@ class NodeTree {
     refreshKeys(nd, false);
   }
   void refreshKeys(int nd, bool out) {
-    for (int g = 0; g < rpn_; ++g) {
-      size_t v = size_t(size_ + nd);
-      key(g, v) = out ? 1e300 : all(g, v);
-      for (v /= 2; v >= 1; v /= 2) key(g, v) = std::min(key(g, 2 * v), key(g, 2 * v + 1));
-    }
+    size_t v = size_t(size_ + nd);
+    for (int g = 0; g < rpn_; ++g) key(g, v) = out ? 1e300 : all(g, v);
+    for (v /= 2; v >= 1; v /= 2) pullTimes(&key(0, v), &key(0, 2 * v), &key(0, 2 * v + 1));
   }
 
   int rpn_, size_ = 1;
   double quota_;
   std::vector<double> tokens_;
-  std::vector<double> key_;  // per ring size, the subtrees' soonest, parked nodes left out
+  std::vector<double> key_;  // per tree node and ring size, the subtree's soonest, parked nodes left out
   std::vector<double> all_;  // the same with every node
   std::vector<char> parked_;
   // Parked nodes by their tokens, fewest first (a node back in the tree may

@@ -71,7 +71,7 @@ bool splitHeadsBy(BatchPlan* plan, int u, int ranksPerNode) {
 
 double splitRingCompute(int64_t len, bool causal, int G, int u, const AttnShape& shape, const ClusterModel& c) {
   const int R = G / u;
-  return R * ringStep(len, causal, R, Link::Intra, shape, c).compute / u;
+  return R * ringStepCompute(len, causal, R, shape, c) / u;
 }
 
 }  // namespace zp::plan

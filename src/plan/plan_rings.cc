@@ -5,11 +5,11 @@
 #include "src/plan/schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <unordered_set>
 
 namespace zp::plan {
 
@@ -128,28 +128,31 @@ void walkBalanced(const Layout& attn, int ranksPerNode, Keep keep, Take take,
 void layAttention(BatchPlan* plan) {
   const std::vector<SeqPlacement>& seqs = plan->seqs;
   const size_t m = seqs.size();
-  // Each sequence's ring by its first sequence (rings compared by ranks).
-  struct RingHash {
-    const std::vector<SeqPlacement>* seqs;
-    size_t operator()(size_t i) const {
-      uint64_t h = 1469598103934665603ull;
-      for (int r : (*seqs)[i].ranks) h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
-      return size_t(h);
-    }
+  // Each sequence's ring by its first sequence (rings compared by ranks),
+  // in an open-addressed table of the first sequences (no node per ring).
+  // The hash reads a ring's size and three of its ranks, not all of them
+  // (a group of 64 names 64 for every sequence): rings that differ only
+  // elsewhere share a hash and are told apart by their ranks.
+  auto hashOf = [&](size_t i) {
+    const std::vector<int>& ranks = seqs[i].ranks;
+    uint64_t h = (1469598103934665603ull ^ ranks.size()) * 1099511628211ull;
+    for (int r : {ranks.front(), ranks[ranks.size() / 2], ranks.back()}) h = (h ^ uint64_t(uint32_t(r))) * 1099511628211ull;
+    return h ^ (h >> 29);
   };
-  struct SameRing {
-    const std::vector<SeqPlacement>* seqs;
-    bool operator()(size_t a, size_t b) const { return (*seqs)[a].ranks == (*seqs)[b].ranks; }
-  };
-  std::unordered_set<size_t, RingHash, SameRing> firsts(m, RingHash{&seqs}, SameRing{&seqs});
+  size_t slots = 1;
+  while (slots < m + m / 2 + 1) slots *= 2;  // at most two thirds full
+  constexpr uint32_t kEmpty = UINT32_MAX;    // no sequence (planFromRings takes fewer)
+  std::vector<uint32_t> firsts(slots, kEmpty);
   std::vector<size_t> groupOf(m), start;  // start: each group's first place in members
   for (size_t i = 0; i < m; ++i) {
-    const auto [it, fresh] = firsts.insert(i);
-    if (fresh) {
+    size_t h = size_t(hashOf(i)) & (slots - 1);
+    while (firsts[h] != kEmpty && seqs[firsts[h]].ranks != seqs[i].ranks) h = (h + 1) & (slots - 1);
+    if (firsts[h] == kEmpty) {
+      firsts[h] = uint32_t(i);
       groupOf[i] = start.size();
       start.push_back(0);
     } else {
-      groupOf[i] = groupOf[*it];
+      groupOf[i] = groupOf[firsts[h]];
     }
   }
   // The sequences of each group, in sequence order; groups by their first.
@@ -164,7 +167,10 @@ void layAttention(BatchPlan* plan) {
   // Chunk boundaries (plan.h: chunk c starts at c * len / C) by sequence of
   // a block of the group, made without a division per chunk: the divisions
   // of ringChunks were most of laying out a group of 64 ranks.
-  std::vector<int64_t> bound;
+  std::vector<int64_t> bound, seqOf;
+  // A rank's segments of one block, written here first and appended at
+  // once: a push_back per segment checks the list's room every time.
+  std::vector<Segment> run;
   constexpr size_t kBlockBounds = size_t(1) << 16;  // a block's table stays in cache
   for (size_t g = 0; g + 1 < start.size(); ++g) {
     const std::vector<int>& ring = seqs[members[start[g]]].ranks;
@@ -174,7 +180,9 @@ void layAttention(BatchPlan* plan) {
     for (size_t from = start[g]; from < start[g + 1]; from += block) {
       const size_t to = std::min(start[g + 1], from + block);
       bound.resize((to - from) * per);
+      seqOf.resize(to - from);
       for (size_t k = from; k < to; ++k) {
+        seqOf[k - from] = seqs[members[k]].seq;
         // c * len / C, exactly: quotient and remainder grow by len's.
         const int64_t len = seqs[members[k]].len, q = len / C, rem = len % C;
         int64_t* b = &bound[(k - from) * per];
@@ -185,16 +193,21 @@ void layAttention(BatchPlan* plan) {
           if (left >= C) ++at, left -= C;
         }
       }
+      run.resize(2 * (to - from));
       for (int j = 0; j < G; ++j) {
         std::vector<Segment>& segs = out[size_t(ring[j])];
         if (!segs.empty() && segs.back().seq > int64_t(members[from])) unsorted[size_t(ring[j])] = 1;
-        for (size_t k = from; k < to; ++k) {
-          const int64_t* b = &bound[(k - from) * per];
-          const int64_t seq = seqs[members[k]].seq;
-          if (b[j + 1] > b[j]) segs.push_back({seq, b[j], b[j + 1] - b[j]});
-          const int64_t d = C - 1 - j;  // causal: the zigzag's second chunk
-          if (C != G && b[d + 1] > b[d]) segs.push_back({seq, b[d], b[d + 1] - b[d]});
+        const int64_t d = C - 1 - j;  // causal: the zigzag's second chunk
+        Segment* at = run.data();
+        for (size_t k = 0; k < to - from; ++k) {
+          const int64_t* b = &bound[k * per];
+          if (b[j + 1] > b[j]) *at++ = {seqOf[k], b[j], b[j + 1] - b[j]};
+          if (C == G) continue;
+          if (b[d + 1] > b[d]) *at++ = {seqOf[k], b[d], b[d + 1] - b[d]};
         }
+        // Resized, then copied: insert would copy a Segment (not trivial:
+        // its fields have initializers) one at a time.
+        segs.insert(segs.end(), run.data(), at);
       }
     }
   }
@@ -254,6 +267,7 @@ void buildLinear(BatchPlan* plan, int ranksPerNode) {
 BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vector<std::vector<int>> rings,
                         int n, int ranksPerNode, bool linear) {
   if (rings.size() != lens.size()) throw std::invalid_argument("planFromRings: one ring per sequence");
+  if (lens.size() >= size_t(UINT32_MAX)) throw std::invalid_argument("planFromRings: 2^32 - 1 sequences or more");
   if (n < 1 || n > kMaxPlanRanks) throw std::invalid_argument("planFromRings: " + std::to_string(n) + " ranks (1 to 2^22)");
   validateLengths(lens, "planFromRings");
   if (ranksPerNode < 1) ranksPerNode = n;
@@ -273,12 +287,13 @@ BatchPlan planFromRings(const std::vector<int64_t>& lens, bool causal, std::vect
     auto where = [i] { return "sequence " + std::to_string(i) + ": "; };
     if (lens[i] < 1) throw std::invalid_argument(where() + "length " + std::to_string(lens[i]) + " is below 1");
     if (rings[i].empty()) throw std::invalid_argument(where() + "a ring of no ranks");
+    const size_t chunks = causal && rings[i].size() > 1 ? 2 : 1;  // per rank of the ring
     for (int r : rings[i]) {
-      if (r < 0 || r >= n)
+      if (uint32_t(r) >= uint32_t(n))  // r < 0 or r >= n (n >= 1)
         throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
       if (seenIn[r] == int64_t(i)) throw std::invalid_argument(where() + "rank " + std::to_string(r) + " is twice in its ring");
       seenIn[r] = int64_t(i);
-      segsOf[r] += causal && rings[i].size() > 1 ? 2 : 1;
+      segsOf[r] += chunks;
     }
   }
   for (size_t i = 0; i < lens.size(); ++i) {

@@ -198,6 +198,16 @@ BatchPlan planLegacy(const std::vector<int64_t>& lens, bool causal, const AttnSh
   return p;
 }
 
+// Consecutive ranks as a ring's [begin, end) (BestPlan::bounded reads a
+// ring through such a pair).
+struct RankCount {
+  int rank;
+  int operator*() const { return rank; }
+  RankCount& operator++() { return ++rank, *this; }
+  bool operator!=(RankCount o) const { return rank != o.rank; }
+  int operator-(RankCount o) const { return rank - o.rank; }
+};
+
 // The best of planBatch's candidates so far. The planner's own model:
 // attention's forward and backward makespans and the remaps;
 // PlanOptions::score replaces it.
@@ -304,10 +314,24 @@ struct BestPlan {
     return !better({opt.scoreBound(attn, tokens), true});
   }
 
+  // bounded() for DP x CP groups of g ranks (groupRanks' rings, sequence i
+  // on the first groupRing ranks of group groupOf[i]) without their ranks
+  // made: a group names every one of its ranks for every sequence.
+  bool boundedGroups(int g, const std::vector<int>& groupOf) const {
+    return bounded(
+        [&](size_t i) {
+          const int first = groupOf[i] * g;
+          return std::make_pair(RankCount{first}, RankCount{first + groupRing(lens[i], causal, g)});
+        },
+        nullptr, true);
+  }
+
   // Scores a candidate fully, keeping it if it is the best so far. A plan is
   // moved, not copied, into `best`: the plan of a DP x CP candidate has a
   // segment on every rank of its group for every sequence.
-  Seen consider(const Schedule& s) {
+  // boundChecked: the caller found that the lower bound does not rule it
+  // out (boundedGroups).
+  Seen consider(const Schedule& s, bool boundChecked = false) {
     const int n = c.ranks();
     // The planner's own model adds the remaps' non-negative seconds to the
     // makespans, so a candidate whose makespans alone are no better cannot
@@ -315,7 +339,8 @@ struct BestPlan {
     if (!opt.score && !better({opt.forwardPasses * s.forward + s.backward, true})) return Seen::Bounded;
     // Nor, with a step model, one that its lower bound rules out (only
     // against a best that fits: one over memory loses to any that fits).
-    if (bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); }, nullptr, true))
+    if (!boundChecked &&
+        bounded([&](size_t i) { return std::make_pair(s.ringBegin(i), s.ringEnd(i)); }, nullptr, true))
       return Seen::Bounded;
     BatchPlan p = planFromRings(lens, causal, s.rings(), n, c.ranksPerNode, false);
     p.order = s.order;
@@ -418,14 +443,14 @@ void scoreLateCandidates(BestPlan* best) {
 // The last stage of planBatch: of the candidates screened (caps: a cap's
 // splits scheduled, fits: rings sized to a target, groupSizes: DP x CP
 // groups, each with its screening score), the finalists scored in full;
-// groupPlan(g) schedules groups of g ranks with their rings. Caps whose
+// scoreGroups(g) scores groups of g ranks (BestPlan::consider). Caps whose
 // schedules were deferred (their entry's score a lower bound, its schedule
 // empty: none of them can be a finalist, see planBatch) are scheduled by
 // scheduleDeferredCaps, which sets their entries, if the memory rule needs
 // the caps past the finalists.
 void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<std::pair<double, Schedule>>& fits,
                     std::vector<std::pair<double, Schedule>>& joints, std::vector<std::pair<double, int>>& groupSizes,
-                    bool thorough, const std::function<Schedule(int)>& groupPlan,
+                    bool thorough, const std::function<BestPlan::Seen(int)>& scoreGroups,
                     const std::function<void()>& scheduleDeferredCaps, BestPlan* best) {
   BestPlan& bestPlan = *best;
   // The best of each kind and its runner-up (when not thorough, only within
@@ -443,7 +468,7 @@ void scoreFinalists(std::vector<std::pair<double, Schedule>>& caps, std::vector<
     // (A deferred cap is never reached before it is scheduled; should one
     // be, it is scheduled then rather than scored empty.)
     if (f.schedule && f.schedule->first.empty() && scheduleDeferredCaps) scheduleDeferredCaps();
-    return f.schedule ? bestPlan.consider(*f.schedule) : bestPlan.consider(groupPlan(f.group));
+    return f.schedule ? bestPlan.consider(*f.schedule) : scoreGroups(f.group);
   };
   // Each kind's ranking: by score, ties in the order made.
   std::vector<std::vector<Finalist>> kinds(4);
@@ -733,9 +758,11 @@ BatchPlan planBatch(const std::vector<int64_t>& lens, bool causal, const AttnSha
       caps, fits, joints, groupSizes, thorough,
       [&](int g) {
         const auto& [sized, groupOf] = screened.at(g);
+        // Its rings are made only when the bound does not rule it out.
+        if (bestPlan.boundedGroups(g, groupOf)) return BestPlan::Seen::Bounded;
         Schedule s = sized;
         groupRanks(&s, lens, causal, g, groupOf);
-        return s;
+        return bestPlan.consider(s, true);
       },
       [&] { capSearch.scheduleDeferred(); },
       &bestPlan);

@@ -1,5 +1,6 @@
 #include "src/plan/schedule.h"
 #include "src/plan/growing_min.h"
+#include "src/plan/node_pool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,16 +29,42 @@ struct LoadHeap {
     v.push_back(e);
     std::push_heap(v.begin(), v.end(), std::greater<Entry>());
   }
-  void replaceTop(Entry e) {
+  void replaceTop(Entry e) { replaceTopOf(v.data(), v.size(), e); }
+  // The same on the heap of `size` entries at `heap`.
+  static void replaceTopOf(Entry* heap, size_t size, Entry e) {
     size_t at = 0;
-    for (size_t child = 1; child < v.size(); child = 2 * at + 1) {
-      if (child + 1 < v.size() && v[child + 1] < v[child]) ++child;
-      if (!(v[child] < e)) break;
-      v[at] = v[child];
+    for (size_t child = 1; child < size; child = 2 * at + 1) {
+      if (child + 1 < size && heap[child + 1] < heap[child]) ++child;
+      if (!(heap[child] < e)) break;
+      heap[at] = heap[child];
       at = child;
     }
-    v[at] = e;
+    heap[at] = e;
   }
+};
+
+// Each node's ranks as a LoadHeap, side by side in one array (node nd's at
+// [nd * rpn, (nd + 1) * rpn)): a schedule makes one per node, and a vector
+// each was four allocations each as it grew.
+class NodeHeaps {
+ public:
+  bool empty() const { return v_.empty(); }
+  // Node by node, each heap as pushing its ranks in order would make it.
+  void build(const std::vector<double>& freeAt, int rpn) {
+    rpn_ = size_t(rpn);
+    v_.resize(freeAt.size());
+    for (size_t r = 0; r < v_.size(); ++r) {
+      const size_t first = r / rpn_ * rpn_;
+      v_[r] = {freeAt[r], int(r)};
+      std::push_heap(v_.begin() + std::ptrdiff_t(first), v_.begin() + std::ptrdiff_t(r + 1), std::greater<Entry>());
+    }
+  }
+  const Entry& top(int nd) const { return v_[size_t(nd) * rpn_]; }
+  void replaceTop(int nd, Entry e) { LoadHeap::replaceTopOf(&v_[size_t(nd) * rpn_], rpn_, e); }
+
+ private:
+  std::vector<Entry> v_;
+  size_t rpn_ = 1;
 };
 
 }  // namespace
@@ -52,11 +79,16 @@ namespace {
 
 constexpr double kEps = 1e-12;
 
+// Entries in order (the nodes by when all their ranks are free), their
+// tree's nodes from a pool.
+using EntrySet = std::set<Entry, std::less<Entry>, Pooled<Entry>>;
+
 // The idle gaps rings leave, by length, so that a whole sequence takes the
 // smallest one it fits (schedule() and scheduleToTarget() alike).
 class IdleGaps {
  public:
-  using Iter = std::multimap<double, Gap>::iterator;
+  using Map = std::multimap<double, Gap, std::less<double>, Pooled<std::pair<const double, Gap>>>;
+  using Iter = Map::iterator;
   // Rank r, free from `freeAt`, waits until a ring starts at `at`.
   void wait(int r, double freeAt, double at) {
     if (at > freeAt + kEps) gaps_.insert({at - freeAt, {r, freeAt, at}});
@@ -79,7 +111,8 @@ class IdleGaps {
   }
 
  private:
-  std::multimap<double, Gap> gaps_;
+  NodePool pool_;  // before gaps_, which gives its nodes back to it
+  Map gaps_{Map::allocator_type(&pool_)};
 };
 
 // An intra-node ring of G ranks starting at `at` on `node`: of the node's
@@ -101,7 +134,7 @@ void latestFree(const std::vector<double>& freeAt, int node, int rpn, double at,
 // network. byAllFree: the nodes by when all their ranks are free (ties: the
 // lower node); the chosen ones are taken out of it. Writes the ring's ranks;
 // returns when they are all free.
-double placeAcrossNodes(std::set<Entry>& byAllFree, int rpn, int G, int* ring) {
+double placeAcrossNodes(EntrySet& byAllFree, int rpn, int G, int* ring) {
   const int k = G / rpn;
   std::vector<int> chosen;
   double at = 0;
@@ -181,14 +214,15 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     }
   };
   LoadHeap heap;
-  std::vector<LoadHeap> nodeHeaps;  // per node, with node-level token balance
+  NodeHeaps nodeHeaps;  // per node, with node-level token balance
   // The nodes by their least load (the top of their heap), with their
   // tokens: the least loaded node with room for a sequence.
   RoomTree<double> nodeOrder(size_t(c.nodes));
   std::vector<double> nodeTokens(c.nodes, 0.0);
   // While inter-node rings are placed (they come first): the nodes by when
   // all their ranks are free.
-  std::set<Entry> byAllFree;
+  NodePool allFreePool;
+  EntrySet byAllFree{EntrySet::allocator_type(&allFreePool)};
   const bool balanceNodes = opt.nodeTokenBalance && c.nodes > 1;
   const double nodeQuota = std::accumulate(lens.begin(), lens.end(), 0.0) / c.nodes * (1 + 1e-9) + 1;
   auto hasRoom = [&](int nd, int64_t len) { return !balanceNodes || nodeTokens[nd] + len <= nodeQuota; };
@@ -259,15 +293,14 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
         // the batch, so the remap to the token-balanced linear layout stays
         // inside nodes (NVLink) instead of crossing NICs.
         if (nodeHeaps.empty()) {
-          nodeHeaps.resize(c.nodes);
-          for (int r = 0; r < n; ++r) nodeHeaps[r / rpn].push({freeAt[r], r});
-          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
+          nodeHeaps.build(freeAt, rpn);
+          for (int nd = 0; nd < c.nodes; ++nd) nodeOrder.set(nd, nodeHeaps.top(nd).first, nodeTokens[nd]);
         }
         int any = -1;  // when no node has room: the least loaded
         const int found = nodeOrder.least(double(lens[i]), nodeQuota, &any);
         const int nd = found >= 0 ? found : any;
-        const int r = nodeHeaps[nd].top().second;
-        nodeHeaps[nd].replaceTop({freeAt[r] + piece[i], r});
+        const int r = nodeHeaps.top(nd).second;
+        nodeHeaps.replaceTop(nd, {freeAt[r] + piece[i], r});
         ring[0] = r;
         occupy(i, freeAt[r]);
       }
@@ -275,7 +308,7 @@ Schedule schedule(const std::vector<int64_t>& lens, const ClusterModel& c, const
     for (int j = 0; j < s.G; ++j) nodeTokens[ring[j] / rpn] += double(lens[i]) / s.G;
     if (!nodeHeaps.empty()) {
       const int nd = ring[0] / rpn;  // a whole sequence's node: its tokens and least load changed
-      nodeOrder.set(nd, nodeHeaps[nd].top().first, nodeTokens[nd]);
+      nodeOrder.set(nd, nodeHeaps.top(nd).first, nodeTokens[nd]);
     }
   }
   out.forward = *std::max_element(freeAt.begin(), freeAt.end());
@@ -507,9 +540,10 @@ class Slots {
   // O(log nodes) where a sorted list moved it past every node in between.
   // front_: its first entries as read since it last changed (the probes
   // and placeRing read only its front), frontNext_ the next to read.
-  std::set<Entry> byAllFree_;
+  NodePool allFreePool_;  // before byAllFree_, which gives its nodes back to it
+  EntrySet byAllFree_{EntrySet::allocator_type(&allFreePool_)};
   std::vector<Entry> front_;
-  std::set<Entry>::const_iterator frontNext_;
+  EntrySet::const_iterator frontNext_;
   std::vector<Entry> eligible_;
   RoomTree<double> nodeOrder_;  // the nodes by nodeMin_, with their tokens
   NodeTree tree_;                 // the nodes by each G-th free time, with their room
@@ -654,6 +688,10 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
   }
 }
 
+int groupRing(int64_t len, bool causal, int g) {
+  return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
+}
+
 // A baseline's placement as a candidate (DP x CP, as Transformer Engine's
 // packed rings run it): n / g groups of g consecutive ranks, every sequence
 // of a group on the group's ring (the driver runs them as one group).
@@ -663,15 +701,6 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
 //
 // byLength: the sequences longest first, ties in index order (planBatch sorts
 // them once for every group size).
-namespace {
-
-// A sequence too short for the whole ring runs on its first ranks; its ring
-// crosses nodes only if they do.
-int groupRing(int64_t len, bool causal, int g) {
-  return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
-}
-
-}  // namespace
 
 void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf) {
   Schedule& out = *s;

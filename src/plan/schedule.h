@@ -140,6 +140,10 @@ void jointFits(const std::vector<int64_t>& lens, const ClusterModel& c, const Pl
 // order only by groupRanks.
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
                        const PlanOptions& opt, int g, const std::vector<size_t>& byLength, std::vector<int>* groupOf);
+// The ring a sequence takes in a group of g ranks: the group's first
+// groupRing ranks (a sequence too short for the whole ring runs on its
+// first ranks; its ring crosses nodes only if they do).
+int groupRing(int64_t len, bool causal, int g);
 // A group schedule's ranks and order from each sequence's group: the
 // planner screens group sizes without them and adds them to the few it
 // scores in full.

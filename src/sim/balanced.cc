@@ -306,7 +306,7 @@ PlanOptions::Candidate wholeRebalanced(const BatchPlan& plan, const StepConfig& 
       continue;
     }
     // The ring as the step model costs it (ringCost): compute, all-to-alls.
-    const double compute = R * ringStep(s.len, cfg.causal, R, Link::Intra, sh, c).compute / u;
+    const double compute = R * ringStepCompute(s.len, cfg.causal, R, sh, c) / u;
     const double a2a = u > 1 ? double(s.len) / G * qkvo * (u - 1) / u / linkBytesPerSec(Link::Intra, c) : 0;
     const double tokens = double(s.len) / G;
     for (int r : s.ranks) ld.add(r, compute + a2a + linPerToken * tokens, kAttnBackwardFlops * compute + a2a + 2 * linPerToken * tokens);

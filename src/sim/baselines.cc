@@ -49,14 +49,17 @@ class RingComputes {
  public:
   RingComputes(const std::vector<int64_t>& lens, const StepConfig& cfg, const ClusterModel& c)
       : lens_(lens), cfg_(cfg), c_(c), byPositions_(size_t(c.ranks()) + 1) {}
-  // splitRingCompute(lens[i], causal, G, u): G / u steps of the ring over
-  // the positions, 1/u of the heads each.
-  double perRank(size_t i, int G, int u) {
-    const int R = G / u;
+  // The figures of rings over R positions (< 0: not made yet), for a
+  // caller that asks for many sequences at one size.
+  std::vector<double>& positions(int R) {
     std::vector<double>& made = byPositions_[size_t(R)];
     if (made.empty()) made.assign(lens_.size(), -1.0);
-    if (made[i] < 0) made[i] = ringStep(lens_[i], cfg_.causal, R, Link::Intra, cfg_.model.attn, c_).compute;
-    return R * made[i] / u;
+    return made;
+  }
+  // Sequence i's step compute on a ring over R positions (made: positions(R)).
+  double compute(size_t i, int R, std::vector<double>& made) {
+    if (made[i] < 0) made[i] = ringStepCompute(lens_[i], cfg_.causal, R, cfg_.model.attn, c_);
+    return made[i];
   }
   // The sequences longest first (ties in index order), made once: the
   // guess of assignGroups' order (a group's cost grows with the length).
@@ -86,11 +89,19 @@ template <class Size>
 double stepFloor(const std::vector<int64_t>& lens, RingComputes& computes, Size size, const StepConfig& cfg,
                  const ClusterModel& c, int u = 1) {
   double sum = 0, most = 0, tokens = 0;
+  // The ring size of the sequence before and its figures: most sequences
+  // share their size with the one before (every one, for a group size).
+  int lastG = 0, uG = 1, R = 1;
+  std::vector<double>* made = nullptr;
   for (size_t i = 0; i < lens.size(); ++i) {
     const int G = size(i);
+    if (G != lastG) {
+      lastG = G, uG = G == 1 ? 1 : u, R = G / uG;
+      made = &computes.positions(R);
+    }
     // What each rank of the ring computes: G / u steps of u^2/G^2 of the
-    // FLOPs, 1/u of the heads.
-    const double perRank = computes.perRank(i, G, G == 1 ? 1 : u);
+    // FLOPs, 1/u of the heads (RingComputes::perRank).
+    const double perRank = R * computes.compute(i, R, *made) / uG;
     sum += G * perRank;
     most = std::max(most, perRank);
     tokens += double(lens[i]);
@@ -251,60 +262,75 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
   for (size_t i = 0; i < lens.size(); ++i) cp[i] = dynamicCpSize(lens[i], split, n);
   auto work = [&](size_t i) { return double(lens[i]) * lens[i] / cp[i]; };
   std::vector<double> w(n, 0), tokens(n, 0);
-  std::map<std::pair<int, int>, std::vector<int64_t>> groups;  // (cp, start) -> sequences
   Placement pl;
   // Per power-of-two level d: the aligned blocks of d ranks, each with its
-  // busiest rank's workload and tokens, the blocks by workload. A placement
-  // on a block raises every rank of it by the same amounts: the blocks
-  // inside it rise by them, those around it to at least its new values.
+  // busiest rank's workload and tokens, the blocks by workload with their
+  // tokens (the least loaded block with room for a sequence's share, a
+  // tree search rather than a heap's pops and pushes). A placement on a
+  // block raises every rank of it by the same amounts: the blocks inside
+  // it rise by them, those around it to at least its new values.
   std::vector<int> levels;
   for (int d = 1; d <= n; d *= 2) levels.push_back(d);
   std::vector<std::vector<double>> blockW(levels.size()), blockT(levels.size());
-  std::vector<GrowingMin> byW;
+  std::vector<RoomTree<double>> byW;
+  // Each block's sequences (a group: its ranks run them as one ring).
+  std::vector<std::vector<std::vector<int64_t>>> groups(levels.size());
   for (size_t l = 0; l < levels.size(); ++l) {
     blockW[l].assign(size_t(n / levels[l]), 0.0);
     blockT[l].assign(size_t(n / levels[l]), 0.0);
     byW.emplace_back(size_t(n / levels[l]));
+    groups[l].resize(size_t(n / levels[l]));
   }
-  // Only the levels some sequence's group size asks about are kept (the
-  // others are never read).
-  std::vector<char> asked(levels.size(), 0);
-  for (size_t i = 0; i < lens.size(); ++i) asked[size_t(std::log2(cp[i]) + 0.5)] = 1;
+  // Only the levels some sequence still to place asks about are kept (the
+  // others are never read again; the sequence placed counts until its
+  // level's blocks are set, the levels above take theirs from them): the
+  // sequences come largest first, so once the long ones are placed only
+  // the smallest blocks are.
+  std::vector<size_t> left(levels.size(), 0);
+  for (size_t i = 0; i < lens.size(); ++i) ++left[size_t(std::log2(cp[i]) + 0.5)];
   for (size_t i : largestFirst(lens.size(), work)) {
     const int d = cp[i];
     const size_t level = size_t(std::log2(d) + 0.5);
     const double share = double(lens[i]) / d;
     int anyBlock = -1;
-    int block = byW[level].least([&](int b) { return blockT[level][b] + share <= cap; }, &anyBlock);
+    int block = byW[level].least(share, double(cap), &anyBlock);
     if (block < 0) block = anyBlock, pl.infeasibleAssignment = true;
     const int best = block * d;
     for (int r = best; r < best + d; ++r) w[r] += work(i), tokens[r] += share;
     for (size_t l = 0; l < levels.size(); ++l) {
       const int L = levels[l];
-      if (!asked[l]) continue;
+      if (left[l] == 0) continue;
       if (L <= d) {
         for (int b = best / L; b < (best + d) / L; ++b) {
           blockW[l][b] += work(i);
           blockT[l][b] += share;
-          byW[l].raise(b, blockW[l][b]);
+          byW[l].set(b, blockW[l][b], blockT[l][b]);
         }
       } else if ((best / L + 1) * L <= n) {
         const int b = best / L;
+        const double wasW = blockW[l][b], wasT = blockT[l][b];
         blockW[l][b] = std::max(blockW[l][b], blockW[level][block]);
         blockT[l][b] = std::max(blockT[l][b], blockT[level][block]);
-        if (byW[l].key(b) != blockW[l][b]) byW[l].raise(b, blockW[l][b]);
+        if (blockW[l][b] != wasW || blockT[l][b] != wasT) byW[l].set(b, blockW[l][b], blockT[l][b]);
       }
     }
-    groups[{-d, best}].push_back(int64_t(i));  // larger groups first
+    --left[level];
+    groups[level][size_t(block)].push_back(int64_t(i));
   }
-  for (auto& [key, members] : groups) {
-    Ring ring;
-    ring.seqs = members;
-    for (int64_t i : members) ring.lens.push_back(lens[i]);
-    for (int r = key.second; r < key.second - key.first; ++r) ring.ranks.push_back(r);
-    ring.link = -key.first > c.ranksPerNode ? Link::Inter : Link::Intra;
-    pl.rings.push_back(ring);
-  }
+  // Larger groups first, each level's by their first rank.
+  for (size_t l = levels.size(); l-- > 0;)
+    for (size_t b = 0; b < groups[l].size(); ++b) {
+      if (groups[l][b].empty()) continue;
+      const int first = int(b) * levels[l];
+      Ring ring;
+      ring.seqs = std::move(groups[l][b]);
+      ring.lens.reserve(ring.seqs.size());
+      for (int64_t i : ring.seqs) ring.lens.push_back(lens[i]);
+      ring.ranks.resize(size_t(levels[l]));
+      std::iota(ring.ranks.begin(), ring.ranks.end(), first);
+      ring.link = levels[l] > c.ranksPerNode ? Link::Inter : Link::Intra;
+      pl.rings.push_back(std::move(ring));
+    }
   pl.linTokens = tokens;
   pl.attnTokens = tokens;
   StrategyResult r = evaluate("dynamic_cp", pl, cfg, c);

@@ -144,8 +144,7 @@ void ringCost(const Ring& ring, const StepConfig& cfg, const ClusterModel& c, Co
   RingStep st;
   double bytes = 0;
   for (int64_t l : ring.lens) {
-    RingStep s = ringStep(l, cfg.causal, R, ring.link, sh, c);
-    st.compute += s.compute / u;
+    st.compute += ringStepCompute(l, cfg.causal, R, sh, c) / u;  // (the step's transfer is the ring's, below)
     if (R > 1) bytes += kvBytes((l + R - 1) / R, sh) / u;
   }
   // One message per step carries every sequence's chunk.
@@ -236,17 +235,20 @@ StrategyResult evaluateCosted(const std::string& name, const Placement& pl, cons
   const double postFlops = linearFlopsPerToken(m) - preFlops;
   const std::vector<Cost>& fwdCost = costs.fwd;
   const std::vector<Cost>& bwdCost = costs.bwd;
-  std::vector<double> attn(n, 0), comm(n, 0), lin(n, 0);
+  // Each rank's parts (not kept with stepOnly) and when it is ready, made
+  // once for every pass.
+  const size_t parts = stepOnly ? 0 : size_t(n);
+  std::vector<double> attn(parts, 0), comm(parts, 0), lin(parts, 0), ready(n);
   double remapPhase = 0;
   // One pass (forward or backward) of one layer; returns its time.
   auto pass = [&](bool backward) {
     const double mult = backward ? 2.0 : 1.0;
-    std::vector<double> ready(n, 0);
+    std::fill(ready.begin(), ready.end(), 0.0);
     auto linear = [&](double flopsPerToken) {
       for (int r = 0; r < n; ++r) {
         double t = mult * pl.linTokens[r] * flopsPerToken / linRate;
         ready[r] += t;
-        lin[r] += t;
+        if (!stepOnly) lin[r] += t;
       }
     };
     auto barrier = [&](double t) {
