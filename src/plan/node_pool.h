@@ -10,7 +10,8 @@
 namespace zp::plan {
 
 // The nodes of one container: blocks of the one size it asks for one at a
-// time, kept when it frees them for the next it makes.
+// time (the first size asked for; any other is not kept), kept when it frees
+// them for the next it makes.
 class NodePool {
  public:
   NodePool() = default;
@@ -20,14 +21,19 @@ class NodePool {
     for (void* p : free_) ::operator delete(p);
   }
   void* take(size_t bytes) {
-    if (free_.empty()) return ::operator new(bytes);
+    if (!bytes_) bytes_ = bytes;
+    if (bytes != bytes_ || free_.empty()) return ::operator new(bytes);
     void* p = free_.back();
     free_.pop_back();
     return p;
   }
-  void give(void* p) { free_.push_back(p); }
+  void give(void* p, size_t bytes) {
+    if (bytes == bytes_) free_.push_back(p);
+    else ::operator delete(p);
+  }
 
  private:
+  size_t bytes_ = 0;
   std::vector<void*> free_;
 };
 
@@ -42,7 +48,7 @@ struct Pooled {
   Pooled(const Pooled<U>& o) : pool(o.pool) {}
   T* allocate(size_t n) { return static_cast<T*>(n == 1 ? pool->take(sizeof(T)) : ::operator new(n * sizeof(T))); }
   void deallocate(T* p, size_t n) {
-    if (n == 1) pool->give(p);
+    if (n == 1) pool->give(p, sizeof(T));
     else ::operator delete(p);
   }
   template <class U>
