@@ -155,8 +155,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "attn_perf: needs at least 2 ranks (a ring)\n");
     return 2;
   }
-  const char* rpnEnv = getenv("ZP_LOCAL_NRANKS");
-  const int rpn = rpnEnv ? atoi(rpnEnv) : n;
+  const int rpn = zpbench::settingInt("ZP_LOCAL_NRANKS", n);
   std::vector<int> ring(n);
   for (int i = 0; i < n; i++) ring[i] = i;
 

@@ -70,8 +70,9 @@ int main(int argc, char** argv) {
   // The rank's GPU, as a trainer picks it (zprun's local rank).
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  const char* local = getenv("ZP_LOCAL_RANK");
-  cudaCheck(cudaSetDevice((local ? atoi(local) : 0) % devices), "cudaSetDevice");
+  const char* local = nullptr;  // the library's reading of it (zpGetParam)
+  zpGetParam("ZP_LOCAL_RANK", &local);
+  cudaCheck(cudaSetDevice((local && *local ? atoi(local) : 0) % devices), "cudaSetDevice");
 
   zpConfig_t localCfg = ZP_CONFIG_INITIALIZER, fullCfg = ZP_CONFIG_INITIALIZER;
   localCfg.checkMode = zpCheckLocal;

@@ -139,6 +139,8 @@ int main(int argc, char** argv) {
     // On an emulated cluster, each NIC's transmitted bytes over the timed
     // calls, read by the first rank of each node (its namespace's NICs).
     const NicInfo nic = nicInfo();
+    // zprun's description of the emulated cluster, from the environment:
+    // this source is built against MPI too (mpi_*_perf), which links no Zeppelin.
     const int nics = getenv("ZP_NICS_PER_NODE") ? atoi(getenv("ZP_NICS_PER_NODE")) : 0;
     const bool nicReader = nics > 0 && rank % nic.ranksPerNode == 0;
     const std::vector<uint64_t> tx0 = nicReader ? nicTxBytes(nics) : std::vector<uint64_t>();

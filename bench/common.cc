@@ -586,6 +586,8 @@ double nicPercent(const NicInfo& nic, double bytes, double timeUs) {
 }
 
 void printRunHeader(const char* prog, const std::string& library, const std::string& params, const NicInfo& nic) {
+  // The environment as the run was given it, whichever library runs (the
+  // MPI programs print this header too and link no Zeppelin).
   const char* proto = getenv("ZP_SHM_PROTO");
   printf("# %s: %s\n", prog, library.c_str());
   printf("# %s  ZP_SHM_PROTO %s\n#\n", params.c_str(), proto ? proto : "(unset)");

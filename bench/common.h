@@ -9,10 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "include/zeppelin.h"
 
 namespace CLI {
 class App;
@@ -67,6 +70,20 @@ Options parseOptions(int argc, char** argv, const char* prog, bool withPattern);
 // The rank a launcher (zprun, mpirun, torchrun) gave this process, or 0:
 // lets code that runs before the communicator exists print only once.
 int launcherRank();
+// A ZP_* setting as the library reads it (zpGetParam: the environment's
+// value, else the library's default), so no program keeps its own copy of a
+// default; "" for a setting without one. settingInt: as a number, or
+// `otherwise` where it is empty. Inline: only programs that link Zeppelin
+// call them (the MPI and copy-limit programs share this header).
+inline std::string setting(const char* name) {
+  const char* v = nullptr;
+  if (zpGetParam(name, &v) != zpSuccess || v == nullptr) return "";
+  return v;
+}
+inline int settingInt(const char* name, int otherwise) {
+  const std::string v = setting(name);
+  return v.empty() ? otherwise : atoi(v.c_str());
+}
 
 // ---- The command line: CLI11, through src/util/cli.h ----
 // Every benchmark reads its flags this way: -h prints the help (on the

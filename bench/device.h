@@ -36,8 +36,7 @@ inline void useLocalDevice() {
 #ifdef ZP_BENCH_CUDA
   int count = 0;
   cudaCheck(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  const char* local = getenv("ZP_LOCAL_RANK");
-  if (count > 0) cudaCheck(cudaSetDevice((local ? atoi(local) : 0) % count), "cudaSetDevice");
+  if (count > 0) cudaCheck(cudaSetDevice(settingInt("ZP_LOCAL_RANK", 0) % count), "cudaSetDevice");
 #endif
 }
 

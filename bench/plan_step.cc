@@ -381,8 +381,7 @@ int main(int argc, char** argv) {
   int n, rank;
   zpCommCount(comm, &n);
   zpCommUserRank(comm, &rank);
-  const char* local = getenv("ZP_LOCAL_NRANKS");
-  const int rpn = ranksPerNode > 0 ? int(ranksPerNode) : local ? std::max(1, atoi(local)) : n;
+  const int rpn = ranksPerNode > 0 ? int(ranksPerNode) : std::max(1, zpbench::settingInt("ZP_LOCAL_NRANKS", n));
   if (n % rpn != 0) {
     if (rank == 0) fprintf(stderr, "plan_step: %d ranks per node do not divide the %d ranks\n", rpn, n);
     zpCommDestroy(comm);

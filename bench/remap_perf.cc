@@ -120,8 +120,7 @@ int main(int argc, char** argv) {
     lens.push_back(l);
     used += l;
   }
-  const char* nn = getenv("ZP_NNODES");
-  int nodes = nn ? atoi(nn) : 1;
+  int nodes = zpbench::settingInt("ZP_NNODES", 1);
   if (nodes < 1 || n % nodes) nodes = 1;
   zpAttnShape_t shape = {32, 8, 128, 2, 1};
   zpClusterModel_t cluster = {nodes, n / nodes, 4, 200, 200, 312, 0.5};

@@ -51,8 +51,7 @@ int main(int argc, char** argv) {
   int n, rank;
   zpCommCount(comm, &n);
   zpCommUserRank(comm, &rank);
-  const char* rpnEnv = getenv("ZP_LOCAL_NRANKS");
-  int rpn = rpnEnv ? atoi(rpnEnv) : n;
+  int rpn = zpbench::settingInt("ZP_LOCAL_NRANKS", n);
   if (rpn < 1 || n % rpn) rpn = n;
   int nodes = n / rpn, node = rank / rpn;  // zprun numbers ranks node by node
   struct Kind {

@@ -223,6 +223,8 @@ int main(int argc, char** argv) {
   gN = comms[0].nranks();
   zpbench::NicInfo nic = zpbench::nicInfo();
   const int rpn = nic.ranksPerNode, nodes = gN / rpn;
+  // zprun's description of the emulated cluster, from the environment:
+  // this source is built against MPI too (mpi_route_perf), which links no Zeppelin.
   const int nics = std::max(1, atoi(getenv("ZP_NICS_PER_NODE") ? getenv("ZP_NICS_PER_NODE") : "1"));
   if (nodes < 2 || gN % rpn) die("setup", "needs at least 2 nodes of equal size (zprun --nodes)");
   const bool reportsNics = gRank % rpn == 0;  // one rank per node reads its node's counters

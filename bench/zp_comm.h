@@ -55,10 +55,9 @@ class ZpBenchComm {
     zpGetVersion(&v);
     // The routing mode applies across nodes with several rails, host and
     // device buffers alike; the header says which one this run asked for.
-    const char* routing = getenv("ZP_ROUTING");
     char buf[128];
     snprintf(buf, sizeof buf, "Zeppelin %d.%d.%d (ZP_ROUTING=%s)", v / 10000, v / 100 % 100, v % 100,
-             routing && *routing ? routing : "balanced, the default");
+             setting("ZP_ROUTING").c_str());
     return buf;
   }
 
