@@ -36,12 +36,12 @@ constexpr uint64_t kRecord = 64;  // records are multiples of this
 // Copies a message's bytes into or out of a ring record. glibc's memcpy
 // (2.36) copies from 2,112 bytes on with `rep movsb` where the CPU reports
 // fast strings (`ld.so --list-tunables`: x86_rep_movsb_threshold), and on
-// this project's AMD EPYC machines that ran a 2-rank 4 KiB send/recv about
-// 10% slower than memcpy's own vector loop, by how the record's payload
-// sat in its lines (docs/benchmarks.md, "Ring copies"). So a record of up to
-// kRingCopyPiecesMax bytes is copied in pieces of kRingCopyPiece, each below
-// every default threshold of glibc's; larger fragments (the copy protocol's,
-// up to 256 KiB) keep memcpy's choice, which was as fast or faster there.
+// AMD EPYC that copies a ring record slower than memcpy's own vector loop,
+// by how the record's payload sits in its lines (docs/benchmarks.md, "Ring
+// copies"). So a record of up to kRingCopyPiecesMax bytes is copied in
+// pieces of kRingCopyPiece, each below every default threshold of glibc's;
+// larger fragments (the copy protocol's, up to 256 KiB) keep memcpy's
+// choice, which was as fast or faster there.
 constexpr size_t kRingCopyPiece = 2048;
 constexpr size_t kRingCopyPiecesMax = 32 << 10;
 inline void ringCopy(void* to, const void* from, size_t n) {
