@@ -692,16 +692,6 @@ int groupRing(int64_t len, bool causal, int g) {
   return int(std::min<int64_t>(g, std::max<int64_t>(1, causal ? len / 2 : len)));
 }
 
-// A baseline's placement as a candidate (DP x CP, as Transformer Engine's
-// packed rings run it): n / g groups of g consecutive ranks, every sequence
-// of a group on the group's ring (the driver runs them as one group).
-// Sequences go largest first to the group with the least load: attention at
-// the group's chunk length, plus the linear layers' time of their tokens when
-// the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
-//
-// byLength: the sequences longest first, ties in index order (planBatch sorts
-// them once for every group size).
-
 void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int g, const std::vector<int>& groupOf) {
   Schedule& out = *s;
   const size_t m = lens.size();
@@ -721,6 +711,15 @@ void groupRanks(Schedule* s, const std::vector<int64_t>& lens, bool causal, int 
   for (size_t i = 0; i < m; ++i) out.order[at[size_t(groupOf[i])]++] = int64_t(i);
 }
 
+// A baseline's placement as a candidate (DP x CP, as Transformer Engine's
+// packed rings run it): n / g groups of g consecutive ranks, every sequence
+// of a group on the group's ring (the driver runs them as one group).
+// Sequences go largest first to the group with the least load: attention at
+// the group's chunk length, plus the linear layers' time of their tokens when
+// the caller gave its rate (WLB-LLM's assignment, as the simulator's dp_cp).
+//
+// byLength: the sequences longest first, ties in index order (planBatch sorts
+// them once for every group size).
 Schedule groupSchedule(const std::vector<int64_t>& lens, bool causal, const AttnShape& shape, const ClusterModel& c,
                        const PlanOptions& opt, int g, const std::vector<size_t>& byLength, std::vector<int>* groupOf) {
   const int groups = c.ranks() / g;

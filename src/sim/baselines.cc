@@ -100,7 +100,7 @@ double stepFloor(const std::vector<int64_t>& lens, RingComputes& computes, Size 
       made = &computes.positions(R);
     }
     // What each rank of the ring computes: G / u steps of u^2/G^2 of the
-    // FLOPs, 1/u of the heads (RingComputes::perRank).
+    // FLOPs, 1/u of the heads (splitRingCompute's figure, from the cache).
     const double perRank = R * computes.compute(i, R, *made) / uG;
     sum += G * perRank;
     most = std::max(most, perRank);
