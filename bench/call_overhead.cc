@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common.h"
 #include "include/zeppelin.h"
 
 namespace {
@@ -70,9 +71,7 @@ int main(int argc, char** argv) {
   // The rank's GPU, as a trainer picks it (zprun's local rank).
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  const char* local = nullptr;  // the library's reading of it (zpGetParam)
-  zpGetParam("ZP_LOCAL_RANK", &local);
-  cudaCheck(cudaSetDevice((local && *local ? atoi(local) : 0) % devices), "cudaSetDevice");
+  cudaCheck(cudaSetDevice(zpbench::settingInt("ZP_LOCAL_RANK", 0) % devices), "cudaSetDevice");
 
   zpConfig_t localCfg = ZP_CONFIG_INITIALIZER, fullCfg = ZP_CONFIG_INITIALIZER;
   localCfg.checkMode = zpCheckLocal;
