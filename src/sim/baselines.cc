@@ -625,18 +625,28 @@ bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRing
   out->rings.assign(seqs, {});
   out->order.clear();
   out->ulysses.clear();
-  for (const Ring& ring : pl.rings) {
+  // Each sequence's ring, its ranks copied once all are known, sequence by
+  // sequence: the planner reads a candidate's rings by sequence (its bound,
+  // the plan's checks and layout), and rings copied ring by ring lay them
+  // out in memory by group instead.
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  std::vector<size_t> ringOf(seqs, kNone);
+  for (size_t k = 0; k < pl.rings.size(); ++k) {
+    const Ring& ring = pl.rings[k];
     if (ring.allgather || ring.seqs.size() != ring.lens.size()) return false;
     if (maxRingNodes == 1 && ring.ranks.front() / ranksPerNode != ring.ranks.back() / ranksPerNode) return false;
     // Head splits are named only by a placement that has them.
     if (ring.ulysses > 1 && out->ulysses.empty()) out->ulysses.assign(seqs, 1);
     for (int64_t i : ring.seqs) {
-      if (i < 0 || size_t(i) >= seqs || !out->rings[i].empty()) return false;
-      out->rings[i] = ring.ranks;
+      // (A sequence is on a ring already once it has its ranks.)
+      if (i < 0 || size_t(i) >= seqs || (ringOf[i] != kNone && !pl.rings[ringOf[i]].ranks.empty())) return false;
+      ringOf[i] = k;
       out->order.push_back(i);
       if (ring.ulysses > 1) out->ulysses[i] = ring.ulysses;
     }
   }
+  for (size_t i = 0; i < seqs; ++i)
+    if (ringOf[i] != kNone) out->rings[i] = pl.rings[ringOf[i]].ranks;
   return out->order.size() == seqs;
 }
 
