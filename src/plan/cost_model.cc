@@ -20,7 +20,13 @@ double attnEfficiencyAt(double chunk, const ClusterModel& c) {
   size_t i = 1;
   while (t[i].first < chunk) ++i;
   // Kernel efficiency grows roughly with the logarithm of the tile count.
-  double f = std::log(chunk / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
+  // The log of a step's width is kept for the step asked about last: the
+  // planner asks for the chunks of every sequence of every candidate, mostly
+  // in one or two steps of the table.
+  thread_local double lastLo = 0, lastHi = 0, lastWidth = 0;
+  if (t[i - 1].first != lastLo || t[i].first != lastHi)
+    lastLo = t[i - 1].first, lastHi = t[i].first, lastWidth = std::log(t[i].first / t[i - 1].first);
+  double f = std::log(chunk / t[i - 1].first) / lastWidth;
   return t[i - 1].second + f * (t[i].second - t[i - 1].second);
 }
 

@@ -568,13 +568,20 @@ Schedule scheduleToTarget(const std::vector<int64_t>& lens, const ClusterModel& 
   std::vector<size_t> at(m, 0), size(m, 1);
   placed.reserve(m);
   SplitOption next{};  // the option probed
+  // Each sequence's first option (whole), read in sequence order, as the
+  // lists lie in memory: the loop below visits the sequences by work and
+  // reads the rest of a list only for a sequence that a whole rank cannot
+  // fit by the target (a read of every list in that order missed the cache
+  // twice per sequence).
+  std::vector<SplitOption> firsts(m);
+  for (size_t i = 0; i < m; ++i) firsts[i] = options[i][0];
   for (size_t i : byWork) {
-    const std::vector<SplitOption>& opts = options[i];
-    const Slots::Whole whole = slots.whole(lens[i], opts[0].seconds);
+    const Slots::Whole whole = slots.whole(lens[i], firsts[i].seconds);
     // The cheapest option that ends by the target, else the one ending first.
-    SplitOption o = opts[0];
-    double pickAt = whole.at, pickEnd = whole.at + opts[0].seconds;
+    SplitOption o = firsts[i];
+    double pickAt = whole.at, pickEnd = whole.at + o.seconds;
     for (size_t k = 1; pickEnd > target; ++k) {
+      const std::vector<SplitOption>& opts = options[i];
       // Past the stored options, rings over one more node each.
       const int G = k < opts.size() ? opts[k].split.G
                                     : (k == opts.size() ? opts.back().split.G : next.split.G) + c.ranksPerNode;

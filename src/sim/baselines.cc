@@ -67,6 +67,31 @@ class RingComputes {
     if (byLength_.size() != lens_.size()) byLength_ = largestFirst(lens_.size(), [&](size_t i) { return double(lens_[i]); });
     return byLength_;
   }
+  // Every sequence's figure at R positions, made: the most of them and
+  // their sum (in sequence order), made once.
+  struct Totals {
+    double most = -1, sum = 0;
+  };
+  const Totals& totals(int R) {
+    Totals& t = totals_[size_t(R)];
+    if (t.most < 0) {
+      std::vector<double>& made = positions(R);
+      t.most = 0;
+      for (size_t i = 0; i < lens_.size(); ++i) {
+        t.most = std::max(t.most, compute(i, R, made));
+        t.sum += made[i];
+      }
+    }
+    return t;
+  }
+  // The batch's tokens, summed as stepFloor sums them (made once).
+  double tokens() {
+    if (tokens_ < 0) {
+      tokens_ = 0;
+      for (int64_t l : lens_) tokens_ += double(l);
+    }
+    return tokens_;
+  }
 
  private:
   const std::vector<int64_t>& lens_;
@@ -74,7 +99,18 @@ class RingComputes {
   const ClusterModel& c_;
   std::vector<std::vector<double>> byPositions_;  // [R][i]; < 0: not made yet
   std::vector<size_t> byLength_;
+  std::vector<Totals> totals_ = std::vector<Totals>(byPositions_.size());  // [R]
+  double tokens_ = -1;
 };
+
+// The floor of a step whose every pass of a layer takes at least the
+// ranks' mean attention compute and linear layers, and at least `most`
+// (stepFloor, below). It grows with each of them.
+double floorOf(double attn, double linear, double most, const StepConfig& cfg) {
+  const double fwd = std::max(attn + linear, most), bwd = std::max(kAttnBackwardFlops * attn + 2 * linear,
+                                                                   kAttnBackwardFlops * most);
+  return cfg.model.layers * ((cfg.recompute ? 2 : 1) * fwd + bwd) * (1 - 1e-6);
+}
 
 // A lower bound of the step of any placement that runs every sequence i on
 // a ring of size(i) ranks with its heads split u ways (1: no Ulysses), a
@@ -107,10 +143,42 @@ double stepFloor(const std::vector<int64_t>& lens, RingComputes& computes, Size 
     tokens += double(lens[i]);
   }
   const int n = c.ranks();
-  const double attn = sum / n, linear = linearSeconds(1, cfg, c) * tokens / n;
-  const double fwd = std::max(attn + linear, most), bwd = std::max(kAttnBackwardFlops * attn + 2 * linear,
-                                                                   kAttnBackwardFlops * most);
-  return cfg.model.layers * ((cfg.recompute ? 2 : 1) * fwd + bwd) * (1 - 1e-6);
+  return floorOf(sum / n, linearSeconds(1, cfg, c) * tokens / n, most, cfg);
+}
+
+// Whether stepFloor of groups of g ranks, heads split u ways, reaches
+// `beat` (never, with kNoBound). Asked first of a bound made from the
+// figures' totals at the groups' positions, without a pass over the
+// sequences: stepFloor's `most` exactly (R * x / uG grows with x), and its
+// sum of g * perRank less far more than the rounding of summing it in
+// another order; no more than the floor, and at or above `beat` for most
+// of the settings ruled out.
+bool groupFloorReaches(const std::vector<int64_t>& lens, RingComputes& computes, int g, int u, double beat,
+                       const StepConfig& cfg, const ClusterModel& c) {
+  if (!(beat < kNoBound)) return false;
+  const int uG = g == 1 ? 1 : u, R = g / uG, n = c.ranks();
+  const RingComputes::Totals& t = computes.totals(R);
+  const double sum = g * (R * t.sum / uG) * (1 - 1e-6), most = R * t.most / uG;
+  if (floorOf(sum / n, linearSeconds(1, cfg, c) * computes.tokens() / n, most, cfg) >= beat) return true;
+  return stepFloor(lens, computes, [g](size_t) { return g; }, cfg, c, u) >= beat;
+}
+
+// Whether stepFloor reaches `beat` (never, with kNoBound). The longest
+// sequence's ring alone (its compute on each of its ranks, one term of the
+// floor's `most`) is asked first: floorOf of it, with no mean, is no more
+// than the floor, and reaches `beat` for most of the settings ruled out
+// without a pass over every sequence (and without their figures made).
+template <class Size>
+bool floorReaches(const std::vector<int64_t>& lens, RingComputes& computes, Size size, double beat,
+                  const StepConfig& cfg, const ClusterModel& c, int u = 1) {
+  if (!(beat < kNoBound)) return false;
+  if (!lens.empty()) {
+    const size_t i = computes.byLength().front();
+    const int G = size(i), uG = G == 1 ? 1 : u, R = G / uG;
+    const double perRank = R * computes.compute(i, R, computes.positions(R)) / uG;  // as stepFloor makes it
+    if (floorOf(0, 0, perRank, cfg) >= beat) return true;
+  }
+  return stepFloor(lens, computes, size, cfg, c, u) >= beat;
 }
 
 // DP x CP(g): n / g groups of g consecutive ranks, each running one packed
@@ -223,8 +291,7 @@ Tuned bestGroup(const std::string& name, const std::vector<int64_t>& lens, Group
     if (kind == GroupKind::Usp) degrees.insert(degrees.end(), all.begin(), all.end());
     if (kind == GroupKind::Hierarchical && !all.empty()) degrees = {all.back()};
     for (int u : degrees) {
-      if ((kind == GroupKind::Ring || kind == GroupKind::Usp) && beat < kNoBound &&
-          stepFloor(lens, computes, [g](size_t) { return g; }, cfg, c, u) >= beat)
+      if ((kind == GroupKind::Ring || kind == GroupKind::Usp) && groupFloorReaches(lens, computes, g, u, beat, cfg, c))
         continue;
       auto at = assigned.find(g);
       if (at == assigned.end()) at = assigned.emplace(g, assignGroups(lens, g, cap, cfg, c, computes.byLength())).first;
@@ -273,12 +340,22 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
   for (int d = 1; d <= n; d *= 2) levels.push_back(d);
   std::vector<std::vector<double>> blockW(levels.size()), blockT(levels.size());
   std::vector<RoomTree<double>> byW;
+  // Each level's blocks changed since its tree was last asked (each once):
+  // the tree is set from them when it is next asked, as its answers depend
+  // only on its current values. Most placements change a block of every
+  // level above theirs, which only the few longer sequences ask about.
+  std::vector<std::vector<char>> changed(levels.size());
+  std::vector<std::vector<int>> changes(levels.size());
+  auto change = [&](size_t l, int b) {
+    if (!changed[l][size_t(b)]) changed[l][size_t(b)] = 1, changes[l].push_back(b);
+  };
   // Each block's sequences (a group: its ranks run them as one ring).
   std::vector<std::vector<std::vector<int64_t>>> groups(levels.size());
   for (size_t l = 0; l < levels.size(); ++l) {
     blockW[l].assign(size_t(n / levels[l]), 0.0);
     blockT[l].assign(size_t(n / levels[l]), 0.0);
     byW.emplace_back(size_t(n / levels[l]));
+    changed[l].assign(size_t(n / levels[l]), 0);
     groups[l].resize(size_t(n / levels[l]));
   }
   // Only the levels some sequence still to place asks about are kept (the
@@ -292,6 +369,11 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
     const int d = cp[i];
     const size_t level = size_t(std::log2(d) + 0.5);
     const double share = double(lens[i]) / d;
+    for (int b : changes[level]) {
+      byW[level].set(b, blockW[level][size_t(b)], blockT[level][size_t(b)]);
+      changed[level][size_t(b)] = 0;
+    }
+    changes[level].clear();
     int anyBlock = -1;
     int block = byW[level].least(share, double(cap), &anyBlock);
     if (block < 0) block = anyBlock, pl.infeasibleAssignment = true;
@@ -304,14 +386,14 @@ Tuned dynamicCpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, 
         for (int b = best / L; b < (best + d) / L; ++b) {
           blockW[l][b] += work(i);
           blockT[l][b] += share;
-          byW[l].set(b, blockW[l][b], blockT[l][b]);
+          change(l, b);
         }
       } else if ((best / L + 1) * L <= n) {
         const int b = best / L;
         const double wasW = blockW[l][b], wasT = blockT[l][b];
         blockW[l][b] = std::max(blockW[l][b], blockW[level][block]);
         blockT[l][b] = std::max(blockT[l][b], blockT[level][block]);
-        if (blockW[l][b] != wasW || blockT[l][b] != wasT) byW[l].set(b, blockW[l][b], blockT[l][b]);
+        if (blockW[l][b] != wasW || blockT[l][b] != wasT) change(l, b);
       }
     }
     --left[level];
@@ -471,15 +553,15 @@ Tuned hybridDpAt(const std::vector<int64_t>& lens, int64_t split, int64_t cap, c
 // more ranks. Tuned per batch like dp_cp's group: the capacity, halved down
 // to 1024 tokens, the fastest feasible kept. Every rank still holds at most
 // the capacity.
-// A split length whose floor(limit) is at least `beat` is not run (none
-// run: an empty result, name unset).
-template <class Run, class Floor>
-Tuned bestLimit(int64_t cap, Run run, double beat, Floor floor) {
+// A split length whose floor reaches the best so far (ruledOut(split):
+// floorReaches) is not run (none run: an empty result, name unset).
+template <class Run, class RuledOut>
+Tuned bestLimit(int64_t cap, Run run, RuledOut ruledOut) {
   Tuned best;
   bool have = false;
   for (int64_t limit = cap, first = 1; limit >= 1024 || first; limit /= 2, first = 0) {
     const int64_t split = std::max<int64_t>(limit, 1);
-    if (beat < kNoBound && floor(split) >= beat) continue;
+    if (ruledOut(split)) continue;
     Tuned t = run(split);
     t.result.limitTokens = limit;
     if (!have || fasterFeasible(t.result, best.result)) {
@@ -515,17 +597,17 @@ std::vector<Tuned> tunedBaselines(const std::vector<int64_t>& lens, const StepCo
   const int n = c.ranks(), rpn = c.ranksPerNode;
   RingComputes computes(lens, cfg, c);  // for the floors
   std::map<int, GroupAssignment> assigned;
-  auto floorOf = [&](auto size) { return stepFloor(lens, computes, size, cfg, c); };
+  auto ruledOut = [&](auto size) { return floorReaches(lens, computes, size, beat, cfg, c); };
   std::vector<Tuned> out;
   out.push_back(bestGroup("dp_cp", lens, GroupKind::Ring, cap, cfg, c, assigned, computes, beat));
   if (!expressible)
     out.push_back(bestGroup("allgather_cp", lens, GroupKind::AllGather, cap, cfg, c, assigned, computes));
   out.push_back(bestLimit(
-      cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); }, beat,
-      [&](int64_t split) { return floorOf([&](size_t i) { return dynamicCpSize(lens[i], split, n); }); }));
+      cap, [&](int64_t split) { return dynamicCpAt(lens, split, cap, cfg, c); },
+      [&](int64_t split) { return ruledOut([&](size_t i) { return dynamicCpSize(lens[i], split, n); }); }));
   out.push_back(bestLimit(
-      cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); }, beat,
-      [&](int64_t split) { return floorOf([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
+      cap, [&](int64_t split) { return hybridDpAt(lens, split, cap, cfg, c); },
+      [&](int64_t split) { return ruledOut([&](size_t i) { return hybridRingSize(lens[i], split, n, rpn); }); }));
   // usp_cp's settings include hier_cp's (and dp_cp's, u = 1): a plan that
   // splits heads expresses both, usp_cp's tuned one is the faster.
   if (!expressible)
@@ -543,18 +625,28 @@ bool candidateOf(const Placement& pl, size_t seqs, int ranksPerNode, int maxRing
   out->rings.assign(seqs, {});
   out->order.clear();
   out->ulysses.clear();
-  for (const Ring& ring : pl.rings) {
+  // Each sequence's ring, its ranks copied once all are known, sequence by
+  // sequence: the planner reads a candidate's rings by sequence (its bound,
+  // the plan's checks and layout), and rings copied ring by ring lay them
+  // out in memory by group instead.
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  std::vector<size_t> ringOf(seqs, kNone);
+  for (size_t k = 0; k < pl.rings.size(); ++k) {
+    const Ring& ring = pl.rings[k];
     if (ring.allgather || ring.seqs.size() != ring.lens.size()) return false;
     if (maxRingNodes == 1 && ring.ranks.front() / ranksPerNode != ring.ranks.back() / ranksPerNode) return false;
     // Head splits are named only by a placement that has them.
     if (ring.ulysses > 1 && out->ulysses.empty()) out->ulysses.assign(seqs, 1);
     for (int64_t i : ring.seqs) {
-      if (i < 0 || size_t(i) >= seqs || !out->rings[i].empty()) return false;
-      out->rings[i] = ring.ranks;
+      // (A sequence is on a ring already once it has its ranks.)
+      if (i < 0 || size_t(i) >= seqs || (ringOf[i] != kNone && !pl.rings[ringOf[i]].ranks.empty())) return false;
+      ringOf[i] = k;
       out->order.push_back(i);
       if (ring.ulysses > 1) out->ulysses[i] = ring.ulysses;
     }
   }
+  for (size_t i = 0; i < seqs; ++i)
+    if (ringOf[i] != kNone) out->rings[i] = pl.rings[ringOf[i]].ranks;
   return out->order.size() == seqs;
 }
 

@@ -468,7 +468,10 @@ PlanOptions::Scores PlanScorer::operator()(const BatchPlan& p, bool sameLayouts)
   // The last plan's rings give their vectors' room to this one's. A
   // head-split variant of the plan scored last has its layouts, and their
   // tokens and remap (addLayouts) are taken from it.
-  for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
+  // (Handed over whole when none are spare: a plan has a ring for each of
+  // its tens of thousands of whole sequences.)
+  if (spare_.empty()) std::swap(spare_, pl_.rings);
+  else for (Ring& r : pl_.rings) spare_.push_back(std::move(r));
   pl_.rings.clear();
   if (!sameLayouts) {
     pl_ = Placement();
