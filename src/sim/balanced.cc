@@ -298,7 +298,7 @@ PlanOptions::Candidate wholeRebalanced(const BatchPlan& plan, const StepConfig& 
   std::vector<size_t> whole;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqPlacement& s = plan.seqs[i];
-    const int G = int(s.ranks.size()), u = std::max(1, s.ulysses), R = G / u;
+    const int G = int(s.ranks.size()), u = std::max(1, s.ulysses);
     cand.rings[i] = s.ranks;
     cand.ulysses[i] = u;
     if (G == 1) {
@@ -306,7 +306,7 @@ PlanOptions::Candidate wholeRebalanced(const BatchPlan& plan, const StepConfig& 
       continue;
     }
     // The ring as the step model costs it (ringCost): compute, all-to-alls.
-    const double compute = R * ringStepCompute(s.len, cfg.causal, R, sh, c) / u;
+    const double compute = splitRingCompute(s.len, cfg.causal, G, u, sh, c);
     const double a2a = u > 1 ? double(s.len) / G * qkvo * (u - 1) / u / linkBytesPerSec(Link::Intra, c) : 0;
     const double tokens = double(s.len) / G;
     for (int r : s.ranks) ld.add(r, compute + a2a + linPerToken * tokens, kAttnBackwardFlops * compute + a2a + 2 * linPerToken * tokens);
