@@ -149,11 +149,10 @@ zpResult_t gatherCounts(Comm* c, uint64_t seq, std::vector<uint64_t>* rows) {
   }
   // Each peer's row is its first message of the call: when it came is when
   // the peer entered (the wait statistics, as a collective's header round).
-  std::vector<int> arrived;
-  Arrivals arrivals(c, arrived, ptrs);
+  markArrivals(c, ptrs);
   const zpResult_t res = c->runOps(ptrs);
   const std::vector<uint64_t> outside = timesOutside(*rows, n, true);
-  arrivals.record(res, &outside, false);  // the call goes on (alltoallv stamps its end)
+  recordArrivals(c, ptrs, res, &outside, false);  // the call goes on (alltoallv stamps its end)
   return res;
 }
 
@@ -536,14 +535,13 @@ zpResult_t alltoallv(Comm* c, const void* sendbuff, const size_t sendcounts[], c
   }
   // When each peer's first bytes (or its counts, ahead of them) came: the
   // wait statistics.
-  std::vector<int> arrived;
-  Arrivals arrivals(c, arrived, ptrs);
+  markArrivals(c, ptrs);
   zpResult_t res = c->runOps(ptrs);
   if (res != zpSuccess && res != zpInvalidUsage) return res;  // the communicator is broken
   if (c->asyncError() != zpSuccess) return res;
   std::vector<uint64_t> outside;
   if (inBand) outside = timesOutside(rows, n, false);
-  arrivals.record(res, inBand ? &outside : nullptr);
+  recordArrivals(c, ptrs, res, inBand ? &outside : nullptr);
   if (inBand) {
     ZP_CHECK(settleRefusals(c, seq, rows, zpSuccess, std::string()));
     ZP_CHECK(checkCounts(c, rows));

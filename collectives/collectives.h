@@ -27,79 +27,50 @@ constexpr size_t kMaxCallBytes = size_t(1) << 48;
 inline size_t maxElements(size_t ts) { return kMaxCallBytes >> __builtin_ctzll(ts); }
 
 // The wait statistics of a call's receives on one communicator (wait_stats.h):
-// when each peer's message began to arrive, against when this rank entered.
-// A call without a receive learns nothing (a send cannot tell when its peer
-// entered) and is not recorded; nor does a receive from any source (its
-// peer is not known until it matches). The stamps go to the communicator's
-// WaitStats::callArrivals(), and only the call's receive peers are read and
-// zeroed again: a receive costs the same on 4,096 ranks as on 2. Made and
-// recorded under the communicator's lock.
-struct Arrivals {
-  Comm* comm = nullptr;
-  std::vector<uint64_t>* at = nullptr;  // comm's callArrivals(), while this call holds it
-  std::vector<int>& peers;              // the call's receive peers (lent storage, kept from call to call)
-  // Every op of the call is small: its receives' arrivals are noted as
-  // they finish (Op::kArrivalAtFinishMax), so the last of them and the
-  // entry bound the call's end within a small message's copy, and the end
-  // needs no clock read of its own (a read is a tenth of a small send/recv).
-  bool small = true;
-  Arrivals(Comm* c, std::vector<int>& peerStorage, const std::vector<Op*>& ops) : comm(c), peers(peerStorage) {
-    peers.clear();
-    for (const Op* op : ops) {
-      if (stamped(op)) peers.push_back(op->peer);
-      small &= op->bytes <= Op::kArrivalAtFinishMax;
-    }
-    if (peers.empty()) return;
-    at = &c->waitStats().callArrivals();
-    for (Op* op : ops)
-      if (stamped(op)) {
-        op->arrivedUs = &(*at)[op->peer];
-        op->enteredUs = &(*at)[c->rank()];  // stamped where this rank waits (Op::enteredUs)
-      }
-  }
-  Arrivals(Arrivals&& o) noexcept : comm(o.comm), at(o.at), peers(o.peers), small(o.small) { o.at = nullptr; }
-  Arrivals(const Arrivals&) = delete;
-  Arrivals& operator=(const Arrivals&) = delete;
-  ~Arrivals() { clear(); }
-  // After the call ran (with the communicator's lock still held); outside:
-  // each peer's time outside the library before the call, if the call
-  // carries it (WaitStats::record). endsCall: the call ends here (its end
-  // starts this rank's time outside until the next).
-  // A call in which this rank never waited (its entry was never stamped,
-  // Op::enteredUs) charges nobody and needs no time: it is counted as clean,
-  // and its end is not stamped (its sub-microsecond length counts as time
-  // outside before the next call, which can only charge this rank more).
-  void record(zpResult_t res, const std::vector<uint64_t>* outside = nullptr, bool endsCall = true) {
-    if (!at) return;
-    WaitStats& stats = comm->waitStats();
-    const uint64_t entered = (*at)[comm->rank()];
-    if (entered == 0) {
-      if (res == zpSuccess) stats.noteClean();
-    } else {
-      if (res == zpSuccess) recordWaits(stats, comm->rank(), *at, peers, outside);
-      if (endsCall) stats.callEnded(small ? lastStamp(entered) : stampUs());
-    }
-    clear();
-  }
+// when each peer's message began to arrive, against when this rank began to
+// wait. A call without such a receive learns nothing (a send cannot tell
+// when its peer entered) and is not recorded; nor does a receive from any
+// source (its peer is not known until it matches). Whoever makes a call's
+// ops marks the receives that count (Op::stampsArrival); the transports
+// stamp them in the ops; when the call has run, recordArrivals reads the
+// stamps. A call in which this rank never waited (no receive's entry was
+// stamped) charges nobody: it is counted clean, at the cost of a pass over
+// its ops, and nothing is set up before it runs.
 
- private:
-  // A host receive from a known peer other than this rank: the ops whose
-  // arrival the call stamps.
-  bool stamped(const Op* op) const {
-    return !op->isSend && op->peer >= 0 && op->peer != comm->rank() && !op->stream;
-  }
-  // The latest of the call's entry and its peers' arrivals.
-  uint64_t lastStamp(uint64_t entered) const {
-    for (int p : peers) entered = std::max(entered, (*at)[p]);
-    return entered;
-  }
-  void clear() {
-    if (!at) return;
-    (*at)[comm->rank()] = 0;
-    for (int p : peers) (*at)[p] = 0;
-    at = nullptr;
-  }
-};
+// A host receive from a known peer other than this rank: an op whose
+// arrival the statistics use.
+inline bool stampsArrival(const Comm* c, const Op& op) {
+  return !op.isSend && op.peer >= 0 && op.peer != c->rank() && !op.stream;
+}
+// Marks a call's ops made without marking them one by one.
+inline void markArrivals(const Comm* c, const std::vector<Op*>& ops) {
+  for (Op* op : ops) op->stampsArrival = stampsArrival(c, *op);
+}
+// recordArrivals' work for a call in which this rank waited (entered: its
+// earliest entry stamp); p2p.cc.
+void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResult_t res,
+                  const std::vector<uint64_t>* outside, bool endsCall);
+// After a call whose ops were marked ran, with the communicator's lock
+// still held. outside: each peer's time outside the library before the
+// call, if the call carries it (WaitStats::record). endsCall: the call ends
+// here (its end starts this rank's time outside until the next; a clean
+// call's end is not stamped: its sub-microsecond length counts as time
+// outside before the next call, which can only charge this rank more).
+inline void recordArrivals(Comm* c, const std::vector<Op*>& ops, zpResult_t res,
+                           const std::vector<uint64_t>* outside = nullptr, bool endsCall = true) {
+  uint64_t entered = 0;
+  bool stamped = false;
+  for (const Op* op : ops)
+    if (op->stampsArrival) {
+      stamped = true;
+      if (op->enteredUs && (!entered || op->enteredUs < entered)) entered = op->enteredUs;
+    }
+  if (!stamped) return;
+  if (entered)
+    recordWaited(c, ops, entered, res, outside, endsCall);
+  else if (res == zpSuccess)
+    c->waitStats().noteClean();
+}
 
 // stream: null for host buffers (the executor moves them before returning);
 // a CUDA stream for device buffers (enqueued on the StreamTransport).

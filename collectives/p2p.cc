@@ -27,7 +27,6 @@ struct Group {
   std::vector<std::pair<Comm*, Op>> running;
   std::vector<Op*> ops;
   std::vector<Op*> single;  // a call outside a group: its one op
-  std::vector<std::vector<int>> arrived;  // per communicator of a call: its Arrivals' receive peers
 };
 Group& tlsGroup() { return PerThread<Group>::get(); }
 
@@ -108,10 +107,8 @@ zpResult_t groupEnd(bool* ended) {
   }
   if (only && single) {
     Comm::Call call(only, "zpGroupEnd");
-    g.arrived.resize(1);
-    Arrivals arrivals(only, g.arrived[0], ops);
     zpResult_t r = call.status() == zpSuccess ? only->runOps(ops) : call.status();
-    if (call.status() == zpSuccess) arrivals.record(r);
+    if (call.status() == zpSuccess) recordArrivals(only, ops, r);
     if (res == zpSuccess) res = r;
   } else if (only) {
     std::vector<Comm::Work> work;
@@ -134,13 +131,9 @@ zpResult_t groupEnd(bool* ended) {
       calls.push_back(std::make_unique<Comm::Call>(c, "zpGroupEnd"));
       if (r == zpSuccess) r = calls.back()->status();
     }
-    std::vector<Arrivals> arrivals;
-    g.arrived.resize(work.size());  // sized first: each Arrivals holds its vector
-    arrivals.reserve(work.size());
-    for (size_t k = 0; k < work.size() && r == zpSuccess; k++)
-      arrivals.emplace_back(work[k].comm, g.arrived[k], work[k].ops);
-    if (r == zpSuccess && !work.empty()) r = Comm::runOps(work);
-    for (Arrivals& a : arrivals) a.record(r);
+    const bool ran = r == zpSuccess;
+    if (ran && !work.empty()) r = Comm::runOps(work);
+    for (size_t k = 0; k < work.size() && ran; k++) recordArrivals(work[k].comm, work[k].ops, r);
     calls.clear();
     if (res == zpSuccess) res = r;
   }
@@ -177,11 +170,13 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
     op.typeSize = ts;
     op.stream = stream;
     op.source = any ? source : nullptr;
+    op.stampsArrival = stampsArrival(comm, op);
     return zpSuccess;
   }
   Op op(OpKind::kP2P, isSend, peer, buf, count * ts, ts);
   op.stream = stream;
   op.source = any ? source : nullptr;
+  op.stampsArrival = stampsArrival(comm, op);
   Comm::Call call(comm, fn);
   ZP_CHECK(call.status());
   std::vector<Op*>& ops = g.single;
@@ -189,11 +184,41 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
   // On a stream, as in NCCL: a send alone waits (on the device) for its
   // receive, so two ranks that both send first deadlock; use a group.
   if (stream) return comm->enqueueOnStreams(ops);
-  g.arrived.resize(1);
-  Arrivals arrivals(comm, g.arrived[0], ops);
   const zpResult_t res = comm->runOps(ops);
-  arrivals.record(res);
+  recordArrivals(comm, ops, res);
   return res;
+}
+
+void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResult_t res,
+                  const std::vector<uint64_t>* outside, bool endsCall) {
+  // The stamps by peer: a peer's first message of the call is its earliest
+  // stamp (a larger message whose start no transport saw has none).
+  WaitStats& stats = c->waitStats();
+  std::vector<uint64_t>& at = stats.callArrivals();
+  std::vector<int>& peers = stats.callPeers();
+  peers.clear();
+  // Every op small: its receives' arrivals were noted as they finished
+  // (Op::kArrivalAtFinishMax), so the last of them and the entry bound the
+  // call's end within a small message's copy, with no clock read (a read
+  // is a tenth of a small send/recv).
+  bool small = true;
+  for (const Op* op : ops) {
+    small &= op->bytes <= Op::kArrivalAtFinishMax;
+    if (!op->stampsArrival) continue;
+    peers.push_back(op->peer);
+    uint64_t& slot = at[op->peer];
+    if (op->arrivedUs && (!slot || op->arrivedUs < slot)) slot = op->arrivedUs;
+  }
+  const int me = c->rank();
+  at[me] = entered;
+  if (res == zpSuccess) recordWaits(stats, me, at, peers, outside);
+  if (endsCall) {
+    uint64_t end = entered;
+    for (int p : peers) end = std::max(end, at[p]);
+    stats.callEnded(small ? end : stampUs());
+  }
+  at[me] = 0;
+  for (int p : peers) at[p] = 0;
 }
 
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {

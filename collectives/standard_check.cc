@@ -144,12 +144,14 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine, const size_t*
 }
 
 zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
+  for (Op& op : ops) op.stampsArrival = !op.isSend;
+  const uint64_t entered = stampUs();  // this rank's entry
+  const zpResult_t r = run(c, ops, id);
   std::vector<uint64_t>& arrived = headerLists().arrivedUs;
   arrived.assign(c->nranks(), 0);
-  for (Op& op : ops)
-    if (!op.isSend) op.arrivedUs = &arrived[op.peer];
-  arrived[c->rank()] = stampUs();  // this rank's entry
-  const zpResult_t r = run(c, ops, id);
+  for (const Op& op : ops)
+    if (!op.isSend) arrived[op.peer] = op.arrivedUs;
+  arrived[c->rank()] = entered;
   if (r != zpSuccess) return r;
   recordWaits(c->waitStats(), c->rank(), arrived);
   return r;

@@ -234,10 +234,11 @@ class Comm : public TransportSink {
   // runOps' work: n lists of ops on comms (each list's communicator).
   static zpResult_t runWork(Work* work, size_t n, const std::vector<Comm*>& comms, FunctionRef<bool()> until);
   std::vector<Comm*> self_;  // {this}: runOps' list of one communicator
-  // The running call's wait-statistics entry (Op::enteredUs, shared by its
-  // receives), while runWork waits: progressUntil stamps it when it first
-  // finds the call waiting (its first look at the clock), then forgets it.
-  uint64_t* waitEntry_ = nullptr;
+  // The running call's first receive that stamps the wait statistics'
+  // entry (Op::enteredUs), while runWork waits: progressUntil stamps it
+  // when it first finds the call waiting (its first look at the clock),
+  // then forgets it.
+  Op* waitEntry_ = nullptr;
 
   int rank_ = 0;
   int nranks_ = 0;

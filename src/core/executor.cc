@@ -97,7 +97,7 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
       lastMove = lastAsked = started = now;
       for (Comm* c : comms)
         if (c->waitEntry_) {
-          if (!*c->waitEntry_) *c->waitEntry_ = stamp;
+          c->waitEntry_->noteEntered(stamp);
           c->waitEntry_ = nullptr;
         }
     }
@@ -238,8 +238,8 @@ zpResult_t Comm::runWork(Work* work, size_t n, const std::vector<Comm*>& comms, 
   // enter together).
   for (size_t k = 0; k < n; k++)
     for (Op* op : work[k].ops)
-      if (op->enteredUs) {
-        work[k].comm->waitEntry_ = op->enteredUs;
+      if (op->stampsArrival) {
+        work[k].comm->waitEntry_ = op;
         break;
       }
   auto allDone = [&] {

@@ -132,35 +132,41 @@ struct Op {
   // Receives from any source (kAnySource) only: where to write the rank
   // it was matched with (zpRecvFrom), or null.
   int* source = nullptr;
-  // Receives only: where to note, in stampUs(), when the peer's message
-  // began to arrive (the per-peer wait statistics, WaitStats: the moment
-  // the peer entered the call). A transport that sees a message's first
-  // bytes or its meta says so (noteArrival); otherwise finishing notes it
-  // if the message is small enough that its end is its arrival. A larger
-  // message whose start no transport saw stays 0 (charged nothing): its
-  // end would charge the peer for the transfer, not for a late start.
-  uint64_t* arrivedUs = nullptr;
-  // Receives with arrivedUs: where to note when this rank began to wait for
-  // it (its entry, for the same statistics), if nothing has yet. Shared
-  // memory's shortcut (moveNow) stamps it at its first look at the clock,
-  // after the call's sends went out, and the executor's general path where
-  // a pass over the transports after posting left the call waiting
-  // (Comm::waitEntry_): a call whose messages are there by then reads no
-  // clock for it and is counted clean. Shared by a call's receives.
-  uint64_t* enteredUs = nullptr;
+  // Receives whose arrival the per-peer wait statistics use (WaitStats:
+  // a host receive from a known peer other than this rank), marked by
+  // whoever makes the op. The transports stamp only these, in the op
+  // itself, and the caller reads the stamps when the call has run: a call
+  // that never waited costs no set-up before it runs.
+  bool stampsArrival = false;
+  // When, in stampUs(), the peer's message began to arrive (the moment the
+  // peer entered the call), 0 if not seen. A transport that sees a
+  // message's first bytes or its meta says so (noteArrival); otherwise
+  // finishing notes it if the message is small enough that its end is its
+  // arrival. A larger message whose start no transport saw stays 0
+  // (charged nothing): its end would charge the peer for the transfer, not
+  // for a late start.
+  uint64_t arrivedUs = 0;
+  // When this rank began to wait for it (its entry, for the same
+  // statistics), 0 if it never did. Shared memory's shortcut (moveNow)
+  // stamps the receive it polls for at its first look at the clock, after
+  // the call's sends went out, and the executor's general path a call's
+  // first stamped receive where a pass over the transports after posting
+  // left the call waiting (Comm::waitEntry_): a call whose messages are
+  // there by then reads no clock for it and is counted clean.
+  uint64_t enteredUs = 0;
   void noteEntered(uint64_t us) {
-    if (enteredUs && !*enteredUs) *enteredUs = us;
+    if (stampsArrival && !enteredUs) enteredUs = us;
   }
   static constexpr size_t kArrivalAtFinishMax = 64 * 1024;
   void noteArrival() {
-    if (arrivedUs && !*arrivedUs) *arrivedUs = stampUs();
+    if (stampsArrival && !arrivedUs) arrivedUs = stampUs();
   }
   // The same with a time the transport read already (stampUs()), or
   // kArrivedAtOnce: the message was there before this rank waited for it
   // measurably (earlier than any entry: charged nothing).
   static constexpr uint64_t kArrivedAtOnce = 1;
   void noteArrival(uint64_t us) {
-    if (arrivedUs && !*arrivedUs) *arrivedUs = us;
+    if (stampsArrival && !arrivedUs) arrivedUs = us;
   }
 
   void finish(zpResult_t st, std::string err = {}) {

@@ -31,7 +31,7 @@ struct Listed {
   const std::vector<int>& peers;
   template <class F>
   void each(F f) const {
-    for (int p : peers) f(p);  // checked by the caller (Arrivals lists receive peers)
+    for (int p : peers) f(p);  // checked by the caller (recordWaited lists receive peers)
   }
 };
 }  // namespace

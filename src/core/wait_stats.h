@@ -63,15 +63,17 @@ class WaitStats {
   // of thousands of ranks costs as much as on two.
   int record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
              const std::vector<uint64_t>* outsideUs = nullptr);
-  // Where a call's transports stamp its arrivals (Op::arrivedUs,
-  // Op::enteredUs point into it): one slot per rank, 0 outside a call. Kept
-  // here, so that a call neither allocates nor clears a vector of every
-  // rank; whoever stamps in it zeroes what it used when the call ends
-  // (Arrivals, collectives.h). Under the communicator's lock, one call at a time.
+  // Where a call that waited gathers its ops' stamps (Op::arrivedUs,
+  // Op::enteredUs) by peer: one slot per rank, 0 outside a call; and the
+  // peers it heard from. Kept here, so that a call neither allocates nor
+  // clears a vector of every rank; whoever fills them zeroes the slots it
+  // used (recordWaited, collectives.h). Under the communicator's lock, one
+  // call at a time.
   std::vector<uint64_t>& callArrivals() {
     if (callArrivals_.empty()) callArrivals_.assign(nranks_, 0);
     return callArrivals_;
   }
+  std::vector<int>& callPeers() { return callPeers_; }
   // One call in which this rank never waited (every message was there when
   // it looked): nobody is charged. Counted here and entered into the window
   // at the next record or report, so that such a call (most small
@@ -119,6 +121,7 @@ class WaitStats {
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
   uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
   std::vector<uint64_t> callArrivals_;  // callArrivals()
+  std::vector<int> callPeers_;          // callPeers()
 };
 
 // The latest of a call's times (its entry and its peers' arrivals): where

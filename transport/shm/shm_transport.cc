@@ -335,10 +335,10 @@ bool ShmTransport::progress() {
   uint64_t passUs = 0;
   for (Peer& p : peers_)
     for (Lane& l : p.lane)
-      if (!p.gone && !l.recvq.empty() && l.recvq.front()->arrivedUs && !*l.recvq.front()->arrivedUs &&
+      if (!p.gone && !l.recvq.empty() && l.recvq.front()->stampsArrival && !l.recvq.front()->arrivedUs &&
           ringPeek(l.in)) {
         if (!passUs) passUs = stampUs();
-        *l.recvq.front()->arrivedUs = passUs;
+        l.recvq.front()->arrivedUs = passUs;
       }
   for (Peer& p : peers_) {
     for (int l = 0; l < kLanes && !p.gone; l++) {
