@@ -94,16 +94,24 @@ struct Op {
   // a move copies the whole Op, its error string included.
   Op(OpKind k, bool send, int to, void* b, size_t n, size_t ts) noexcept
       : isSend(send), peer(to), kind(k), buf(b), bytes(n), typeSize(ts) {}
+  // The small fields first, side by side: an Op is made for every call,
+  // and padding between them would be bytes to write each time.
   bool isSend = false;
   uint8_t lane = kLaneCalls;  // the channel it travels on (seq counts per lane)
+  bool done = false;
+  // Receives whose arrival the per-peer wait statistics use (WaitStats:
+  // a host receive from a known peer other than this rank), marked by
+  // whoever makes the op. The transports stamp only these (arrivedUs,
+  // enteredUs below), and the caller reads the stamps when the call has
+  // run: a call that never waited costs no set-up before it runs.
+  bool stampsArrival = false;
   int peer = -1;  // a rank, kAnyRemotePeer, or kAnySource until the executor matches it
   OpKind kind = OpKind::kP2P;
+  zpResult_t status = zpSuccess;
   void* buf = nullptr;  // for sends, read only
   size_t bytes = 0;
   size_t typeSize = 1;  // to report mismatches in elements
   uint64_t seq = 0;     // position among this pair's messages of its lane, set when posted
-  bool done = false;
-  zpResult_t status = zpSuccess;
   std::string error;
   size_t progressed = 0;  // bytes moved so far
   // Optional metadata sent ahead of the data (a send's `meta`, copied into
@@ -132,17 +140,11 @@ struct Op {
   // Receives from any source (kAnySource) only: where to write the rank
   // it was matched with (zpRecvFrom), or null.
   int* source = nullptr;
-  // Receives whose arrival the per-peer wait statistics use (WaitStats:
-  // a host receive from a known peer other than this rank), marked by
-  // whoever makes the op. The transports stamp only these, in the op
-  // itself, and the caller reads the stamps when the call has run: a call
-  // that never waited costs no set-up before it runs.
-  bool stampsArrival = false;
-  // When, in stampUs(), the peer's message began to arrive (the moment the
-  // peer entered the call), 0 if not seen. A transport that sees a
-  // message's first bytes or its meta says so (noteArrival); otherwise
-  // finishing notes it if the message is small enough that its end is its
-  // arrival. A larger message whose start no transport saw stays 0
+  // Receives with stampsArrival: when, in stampUs(), the peer's message
+  // began to arrive (the moment the peer entered the call), 0 if not seen.
+  // A transport that sees a message's first bytes or its meta says so
+  // (noteArrival); otherwise finishing notes it if the message is small
+  // enough that its end is its arrival. A larger message whose start no transport saw stays 0
   // (charged nothing): its end would charge the peer for the transfer, not
   // for a late start.
   uint64_t arrivedUs = 0;
