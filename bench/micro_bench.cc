@@ -26,6 +26,7 @@
 #include "src/sim/calibration.h"
 #include "src/sim/simulator.h"
 #include "src/route/router.h"
+#include "src/util/heap.h"
 
 namespace {
 
@@ -216,6 +217,20 @@ void BM_AttnRefCausal(benchmark::State& state) {
   state.counters["flops"] = benchmark::Counter(2.0 * chunk * chunk * qHeads * dim, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttnRefCausal)->Arg(16)->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+// BM_PlanPresetH800 in a process that keeps its freed heap, as zpplan's
+// does (keepFreedHeap, src/util/heap.h). The setting is the process's and
+// lasts, so this case is registered, and runs, after every other.
+void BM_PlanPresetH800KeptHeap(benchmark::State& state) {
+  zp::keepFreedHeap();
+  BM_PlanPresetH800(state);
+}
+BENCHMARK(BM_PlanPresetH800KeptHeap)
+    ->Arg(256)
+    ->Arg(4096)
+    ->Arg(16384)
+    ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime();
 
 }  // namespace
 

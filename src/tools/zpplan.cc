@@ -31,6 +31,7 @@
 #include "src/plan/planner.h"
 #include "src/sim/simulator.h"
 #include "src/util/cli.h"
+#include "src/util/heap.h"
 #include "src/util/strings.h"
 
 using namespace zp::plan;
@@ -457,6 +458,7 @@ void printRankCount(const Options& opt, const RankCount& rc) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zp::keepFreedHeap();  // it plans batch after batch, and charges the time
   Options opt;
   CLI::App app("", "zpplan");
   defineOptions(app, &opt);
