@@ -184,11 +184,10 @@ zpResult_t Comm::runOps(std::vector<Work>& work, FunctionRef<bool()> until) {
 
 zpResult_t Comm::runOps(std::vector<Op*>& ops, FunctionRef<bool()> until) {
   // On one node, shared memory first moves what it can at once (small
-  // messages: Transport::moveNow); a call it finishes whole ends here.
-  // Not with a receive from any source, which has no peer yet.
-  bool anySource = false;
-  for (const Op* op : ops) anySource |= op->peer == kAnySource;
-  if (!until && !anySource && transports_.size() == 1 && transports_[0] == doorbell_ && asyncError_ == zpSuccess &&
+  // messages: Transport::moveNow); a call it finishes whole ends here. Its
+  // receives stop at one from any source (no peer yet), so the ones held
+  // behind that (holdBehindAnySource) are left to the general path.
+  if (!until && transports_.size() == 1 && transports_[0] == doorbell_ && asyncError_ == zpSuccess &&
       !left_ && !abortRequested_.load(std::memory_order_relaxed)) {
     doorbell_->moveNow(ops, sendSeq_, recvSeq_);
     bool all = true;

@@ -220,7 +220,8 @@ class Transport {
   // the order the ops come, and leaves the others untouched for post().
   // An op it finishes gets its seq from sendSeq / recvSeq (by peer), which
   // it advances; after an op it leaves, it leaves every later op of the
-  // same direction too, so that each pair's messages keep their order. It
+  // same direction too, so that each pair's messages keep their order (a
+  // receive from any source, which has no peer yet, is always left). It
   // finishes ops with success only: anything unusual is post()'s to handle.
   virtual void moveNow(const std::vector<Op*>& /*ops*/, std::vector<uint64_t>& /*sendSeq*/,
                        std::vector<uint64_t>& /*recvSeq*/) {}

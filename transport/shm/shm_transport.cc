@@ -668,7 +668,7 @@ void ShmTransport::moveNow(const std::vector<Op*>& ops, std::vector<uint64_t>& s
       i++;
       continue;
     }
-    Peer* p = peer(op->peer);
+    Peer* p = peer(op->peer);  // null for a receive from any source: the receives stop there
     if (!usable(p, op)) break;
     if (MsgHdr* h = ringPeek(p->lane[0].in)) {
       if (!takeWhole(*p, op, h, recvSeq[op->peer], lastLook)) break;
