@@ -144,7 +144,7 @@ zpResult_t checkHeaders(Comm* c, uint64_t seq, const Header& mine, const size_t*
 }
 
 zpResult_t runHeaderRound(Comm* c, std::vector<Op>& ops, uint64_t id) {
-  for (Op& op : ops) op.stampsArrival = !op.isSend;
+  for (Op& op : ops) op.stampsArrival = stampsArrival(c, op);
   const uint64_t entered = stampUs();  // this rank's entry
   const zpResult_t r = run(c, ops, id);
   std::vector<uint64_t>& arrived = headerLists().arrivedUs;
