@@ -191,34 +191,46 @@ zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void*
 
 void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResult_t res,
                   const std::vector<uint64_t>* outside, bool endsCall) {
-  // The stamps by peer: a peer's first message of the call is its earliest
-  // stamp (a larger message whose start no transport saw has none).
   WaitStats& stats = c->waitStats();
-  std::vector<uint64_t>& at = stats.callArrivals();
-  std::vector<int>& peers = stats.callPeers();
-  peers.clear();
+  const int me = c->rank();
   // Every op small: its receives' arrivals were noted as they finished
   // (Op::kArrivalAtFinishMax), so the last of them and the entry bound the
   // call's end within a small message's copy, with no clock read (a read
   // is a tenth of a small send/recv).
   bool small = true;
+  // A peer's first message of the call is its earliest stamp (a larger
+  // message whose start no transport saw has none). Most calls that wait
+  // hear from one peer: its stamp is kept here, not in a slot per rank.
+  int one = -1;
+  bool several = false;
+  uint64_t first = 0;
   for (const Op* op : ops) {
     small &= op->bytes <= Op::kArrivalAtFinishMax;
     if (!op->stampsArrival) continue;
-    peers.push_back(op->peer);
-    uint64_t& slot = at[op->peer];
-    if (op->arrivedUs && (!slot || op->arrivedUs < slot)) slot = op->arrivedUs;
+    if (one >= 0 && op->peer != one) several = true;
+    one = op->peer;
+    if (op->arrivedUs && (!first || op->arrivedUs < first)) first = op->arrivedUs;
   }
-  const int me = c->rank();
-  at[me] = entered;
-  if (res == zpSuccess) recordWaits(stats, me, at, peers, outside);
-  if (endsCall) {
-    uint64_t end = entered;
+  uint64_t end = std::max(entered, first);
+  if (!several) {
+    if (res == zpSuccess) recordWait(stats, me, one, first, entered, outside);
+  } else {
+    std::vector<uint64_t>& at = stats.callArrivals();
+    std::vector<int>& peers = stats.callPeers();
+    peers.clear();
+    for (const Op* op : ops) {
+      if (!op->stampsArrival) continue;
+      peers.push_back(op->peer);
+      uint64_t& slot = at[op->peer];
+      if (op->arrivedUs && (!slot || op->arrivedUs < slot)) slot = op->arrivedUs;
+    }
+    at[me] = entered;
+    if (res == zpSuccess) recordWaits(stats, me, at, peers, outside);
     for (int p : peers) end = std::max(end, at[p]);
-    stats.callEnded(small ? end : stampUs());
+    at[me] = 0;
+    for (int p : peers) at[p] = 0;
   }
-  at[me] = 0;
-  for (int p : peers) at[p] = 0;
+  if (endsCall) stats.callEnded(small ? end : stampUs());
 }
 
 void queueCollective(const std::shared_ptr<Comm>& comm, std::function<zpResult_t()> run) {

@@ -234,6 +234,52 @@ TEST(WaitStats, AListedCallIsTheFullCallWithTheOthersFirst) {
   }
 }
 
+// A call that heard from one peer, recorded without a vector of every
+// rank (recordOne, most receives), as the same call listed: the same
+// charges, names and report, with and without the time outside.
+TEST(WaitStats, AOnePeerCallIsTheListedCall) {
+  const int n = 6, self = 2;
+  zp::WaitStats listed(n, self, 10 * 1000), one(n, self, 10 * 1000);
+  std::mt19937_64 rng(std::random_device{}());
+  int named = 0;
+  for (int call = 0; call < 600; call++) {
+    // In the second half rank 4 lags in most calls: it is named.
+    const int p = call >= 300 && rng() % 4 ? 4 : (int)(rng() % n);
+    if (p == self) {  // a call that heard from nobody (the listed form has no peer)
+      EXPECT_EQ(listed.record(std::vector<uint64_t>(n, 0), std::vector<int>{}), one.recordOne(p, 0, 1000));
+      continue;
+    }
+    std::vector<uint64_t> at(n, 0), outside(n, zp::WaitStats::kUnknown);
+    at[p] = rng() % 8 ? 1000 + rng() % 100 + (p == 4 && call >= 300 ? 20 * 1000 : 0) : 0;  // 0: its start not seen
+    at[self] = 1000 + rng() % 200;
+    const bool withOutside = rng() % 2;
+    if (withOutside) {
+      outside[p] = rng() % (40 * 1000);
+      if (rng() % 2) outside[self] = rng() % (20 * 1000);
+    }
+    const int a = listed.record(at, std::vector<int>{p}, withOutside ? &outside : nullptr);
+    const int b = one.recordOne(p, at[p], at[self], withOutside ? &outside : nullptr);
+    ASSERT_EQ(a, b) << call;
+    named += a >= 0;
+    if (rng() % 4 == 0) {
+      listed.noteClean();
+      one.noteClean();
+    }
+  }
+  int callsListed = 0, callsOne = 0;
+  auto a = listed.report(&callsListed), b = one.report(&callsOne);
+  EXPECT_EQ(callsListed, callsOne);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); i++) {
+    EXPECT_EQ(a[i].rank, b[i].rank);
+    EXPECT_EQ(a[i].callsLast, b[i].callsLast);
+    EXPECT_EQ(a[i].totalUs, b[i].totalUs);
+    EXPECT_EQ(a[i].maxUs, b[i].maxUs);
+  }
+  EXPECT_GT(named, 0);  // the late half names someone: the names were compared, not only -1s
+}
+
 // ---- Real ranks ----
 
 // In a rank: its stderr, where the log goes, into a file of dir.

@@ -69,13 +69,18 @@ int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& p
   // This rank's own entry (arrivedUs[self]) counts as an arrival too: a
   // peer is charged only for what it came after everyone else, this rank
   // included (with one peer, after this rank entered).
-  int ref = self_;
-  uint64_t before = arrivedUs[self_];
-  if (second >= 0 && secondAt > before) {
-    ref = second;
-    before = secondAt;
-  }
-  uint64_t charged = lastAt > before ? lastAt - before : 0;
+  if (second >= 0 && secondAt > arrivedUs[self_]) return charge(last, lastAt, second, secondAt, outsideUs);
+  return charge(last, lastAt, self_, arrivedUs[self_], outsideUs);
+}
+
+int WaitStats::recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs) {
+  if (nranks_ < 2) return -1;
+  if (peer < 0 || peer >= nranks_ || peer == self_) return charge(-1, 0, self_, entryUs, outsideUs);  // heard from nobody
+  return charge(peer, arrivedUs, self_, entryUs, outsideUs);
+}
+
+int WaitStats::charge(int last, uint64_t lastAt, int ref, uint64_t refAt, const std::vector<uint64_t>* outsideUs) {
+  uint64_t charged = lastAt > refAt ? lastAt - refAt : 0;
   // Not more than it spent outside the library beyond what the one it is
   // compared with did: the rest it was busy in its previous call (wait_stats.h).
   if (outsideUs && last >= 0 && (int)outsideUs->size() == nranks_ && (*outsideUs)[last] != kUnknown) {
@@ -87,17 +92,17 @@ int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& p
   // Late by half the threshold or more: a call in which it came last by
   // microseconds is no evidence of lag, whatever one long wait adds to its
   // average.
-  const int charge = charged > 0 ? last : -1;
-  const bool late = charge >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
+  const int chargedTo = charged > 0 ? last : -1;
+  const bool late = chargedTo >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
   flushClean();
-  push(charge, charged, late);
+  push(chargedTo, charged, late);
   int named = -1;
-  if (charge >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
+  if (chargedTo >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
       2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
     named_[last] = true;
     named = last;
   }
-  if (charge >= 0 && charge != named) checkRecovered(charge);
+  if (chargedTo >= 0 && chargedTo != named) checkRecovered(chargedTo);
   return named;
 }
 
@@ -130,8 +135,20 @@ void WaitStats::checkRecovered(int p) {
 }
 
 void WaitStats::flushClean() {
-  // More than a window's worth leaves nothing but clean calls.
-  for (uint64_t i = std::min<uint64_t>(pendingClean_, kWindow); i > 0; i--) push(-1, 0, false);
+  // More than a window's worth leaves nothing but clean calls. A clean call
+  // takes the place of a clean one with nothing to count (most of them,
+  // between two ranks that keep pace): only a charged call's leaving goes
+  // through push.
+  for (uint64_t i = std::min<uint64_t>(pendingClean_, kWindow); i > 0; i--) {
+    Call& slot = window_[next_];
+    if (slot.last >= 0 && filled_ == kWindow) {
+      push(-1, 0, false);
+      continue;
+    }
+    slot = Call{};
+    next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
+    filled_ += filled_ < kWindow;
+  }
   pendingClean_ = 0;
 }
 
@@ -169,6 +186,11 @@ void warnIfNamed(WaitStats& stats, int rank, int lagging) {
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
                  const std::vector<uint64_t>* outsideUs) {
   warnIfNamed(stats, rank, stats.record(arrivedUs, outsideUs));
+}
+
+void recordWait(WaitStats& stats, int rank, int peer, uint64_t arrivedUs, uint64_t entryUs,
+                const std::vector<uint64_t>* outsideUs) {
+  warnIfNamed(stats, rank, stats.recordOne(peer, arrivedUs, entryUs, outsideUs));
 }
 
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,

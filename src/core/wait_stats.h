@@ -63,6 +63,10 @@ class WaitStats {
   // of thousands of ranks costs as much as on two.
   int record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
              const std::vector<uint64_t>* outsideUs = nullptr);
+  // The same for a call that heard from one peer only (most receives):
+  // `peer` arrived at arrivedUs, this rank entered at entryUs. No per-rank
+  // vector is read or written.
+  int recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs = nullptr);
   // Where a call that waited gathers its ops' stamps (Op::arrivedUs,
   // Op::enteredUs) by peer: one slot per rank, 0 outside a call; and the
   // peers it heard from. Kept here, so that a call neither allocates nor
@@ -107,6 +111,9 @@ class WaitStats {
   };
   template <class Peers>
   int recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& peers, const std::vector<uint64_t>* outsideUs);
+  // What every record ends with: `last` arrived at lastAt, after `ref` (the
+  // arrival before it, or this rank's entry) at refAt.
+  int charge(int last, uint64_t lastAt, int ref, uint64_t refAt, const std::vector<uint64_t>* outsideUs);
   void push(int last, uint64_t chargedUs, bool late);  // one call into the window
   void checkRecovered(int p);
   void flushClean();
@@ -138,6 +145,9 @@ inline uint64_t lastOf(const std::vector<uint64_t>& us) {
 // zpAlltoallv (its count rows, or its messages' first bytes), receives.
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
                  const std::vector<uint64_t>* outsideUs = nullptr);
+// The same for a call that heard from one peer (WaitStats::recordOne).
+void recordWait(WaitStats& stats, int rank, int peer, uint64_t arrivedUs, uint64_t entryUs,
+                const std::vector<uint64_t>* outsideUs);
 // The same for a call that heard only from `peers` (WaitStats::record).
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
                  const std::vector<uint64_t>* outsideUs = nullptr);
