@@ -578,6 +578,17 @@ bool ShmTransport::rendezvous(const Peer& p, const Op* op) const {
          !(op->reducedByPeer && op->bytes >= ctx_.cfg->shmReduceCopyFrom);
 }
 
+void ShmTransport::notify(Peer& p) {
+  const bool force = p.wake;
+  p.dirty = p.wake = false;
+  // The records written are published before `sleeping` is read, and a
+  // sleeper counts itself before it looks at its rings once more (sleep):
+  // either it sees the records or this rank sees it sleeping.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (force || p.seg->sleeping.load(std::memory_order_relaxed) || p.seg->pollers.load(std::memory_order_relaxed))
+    wakePeer(p);
+}
+
 bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
   // The first fragment carries the send's meta ahead of its data.
   const uint32_t metaLen = metaLenOf(op);  // 0 once sent
@@ -611,9 +622,12 @@ void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t me
 }
 
 bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t arrivedUs) {
-  const uint32_t metaLen = recordMetaLen(h);
-  if (!isData(h->type) || h->seq != seq || h->kind != (uint32_t)op->kind || recordOffset(h) != 0 ||
-      recordTotal(h) != op->bytes || h->len - metaLen != op->bytes)
+  // A kWhole record, or a data record that holds all of it.
+  const bool whole = h->type == kWhole;
+  if (!whole && h->type != kData) return false;
+  const uint32_t metaLen = h->metaLen;
+  if (h->seq != seq || h->kind != (uint32_t)op->kind || h->len - metaLen != op->bytes ||
+      (!whole && (h->offset != 0 || h->total != op->bytes)))
     return false;  // out of order, of another size, or in several records: progressRecv says what
   if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
   op->seq = seq++;

@@ -280,7 +280,10 @@ class ShmTransport : public CarrierTransport {
   // Fails and forgets every op queued with one peer.
   void failOps(Peer& p, zpResult_t code, const std::string& why);
   // Rings p's doorbell if it sleeps or waits for room; call after writing.
+  // Defined beside its callers (shm_transport.cc): the common case, a peer
+  // that neither sleeps nor polls, is a fence and two loads.
   void notify(Peer& p);
+  void wakePeer(Peer& p);  // the doorbell, the futex and the bell socket (shm_wait.cc)
   // The bell (shm_wait.cc): a datagram socket with an abstract name, bound
   // at init; bellWorks_ once every local peer is known to reach it.
   void openBell();

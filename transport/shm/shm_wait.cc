@@ -46,15 +46,7 @@ int runnableTasks() {
 
 }  // namespace
 
-void ShmTransport::notify(Peer& p) {
-  const bool force = p.wake;
-  p.dirty = p.wake = false;
-  // The records written are published before `sleeping` is read, and a
-  // sleeper counts itself before it looks at its rings once more (sleep):
-  // either it sees the records or this rank sees it sleeping.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!force && !p.seg->sleeping.load(std::memory_order_relaxed) && !p.seg->pollers.load(std::memory_order_relaxed))
-    return;
+void ShmTransport::wakePeer(Peer& p) {
   p.seg->doorbell.fetch_add(1, std::memory_order_seq_cst);
   if (p.seg->sleeping.load(std::memory_order_seq_cst))
     futex(&p.seg->doorbell, FUTEX_WAKE, INT32_MAX, nullptr);
