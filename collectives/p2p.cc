@@ -213,7 +213,12 @@ void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResu
   }
   uint64_t end = std::max(entered, first);
   if (!several) {
-    if (res == zpSuccess) recordWait(stats, me, one, first, entered, outside);
+    // A receive's (no time outside to keep): recorded when this rank next
+    // waits, off the way to the next call's messages.
+    if (res == zpSuccess && !outside)
+      stats.recordLater(one, first, entered);
+    else if (res == zpSuccess)
+      recordWait(stats, me, one, first, entered, outside);
   } else {
     std::vector<uint64_t>& at = stats.callArrivals();
     std::vector<int>& peers = stats.callPeers();

@@ -236,10 +236,13 @@ TEST(WaitStats, AListedCallIsTheFullCallWithTheOthersFirst) {
 
 // A call that heard from one peer, recorded without a vector of every
 // rank (recordOne, most receives), as the same call listed: the same
-// charges, names and report, with and without the time outside.
+// charges, names and report, with and without the time outside; and
+// recorded later (recordLater), the same report.
 TEST(WaitStats, AOnePeerCallIsTheListedCall) {
   const int n = 6, self = 2;
-  zp::WaitStats listed(n, self, 10 * 1000), one(n, self, 10 * 1000);
+  // later: the same calls through recordLater, made when "this rank next
+  // waits" (recordPending) at random, or before the next call or report.
+  zp::WaitStats listed(n, self, 10 * 1000), one(n, self, 10 * 1000), later(n, self, 10 * 1000);
   std::mt19937_64 rng(std::random_device{}());
   int named = 0;
   for (int call = 0; call < 600; call++) {
@@ -247,6 +250,7 @@ TEST(WaitStats, AOnePeerCallIsTheListedCall) {
     const int p = call >= 300 && rng() % 4 ? 4 : (int)(rng() % n);
     if (p == self) {  // a call that heard from nobody (the listed form has no peer)
       EXPECT_EQ(listed.record(std::vector<uint64_t>(n, 0), std::vector<int>{}), one.recordOne(p, 0, 1000));
+      later.recordOne(p, 0, 1000);
       continue;
     }
     std::vector<uint64_t> at(n, 0), outside(n, zp::WaitStats::kUnknown);
@@ -261,23 +265,51 @@ TEST(WaitStats, AOnePeerCallIsTheListedCall) {
     const int b = one.recordOne(p, at[p], at[self], withOutside ? &outside : nullptr);
     ASSERT_EQ(a, b) << call;
     named += a >= 0;
+    if (withOutside)
+      later.recordOne(p, at[p], at[self], &outside);
+    else
+      later.recordLater(p, at[p], at[self]);
+    if (rng() % 3 == 0) later.recordPending();
     if (rng() % 4 == 0) {
       listed.noteClean();
       one.noteClean();
+      later.noteClean();
     }
   }
-  int callsListed = 0, callsOne = 0;
-  auto a = listed.report(&callsListed), b = one.report(&callsOne);
+  int callsListed = 0, callsOne = 0, callsLater = 0;
+  auto a = listed.report(&callsListed), b = one.report(&callsOne), c = later.report(&callsLater);
   EXPECT_EQ(callsListed, callsOne);
+  EXPECT_EQ(callsListed, callsLater);
   ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), c.size());
   ASSERT_FALSE(a.empty());
   for (size_t i = 0; i < a.size(); i++) {
     EXPECT_EQ(a[i].rank, b[i].rank);
     EXPECT_EQ(a[i].callsLast, b[i].callsLast);
     EXPECT_EQ(a[i].totalUs, b[i].totalUs);
     EXPECT_EQ(a[i].maxUs, b[i].maxUs);
+    EXPECT_EQ(a[i].rank, c[i].rank);
+    EXPECT_EQ(a[i].callsLast, c[i].callsLast);
+    EXPECT_EQ(a[i].totalUs, c[i].totalUs);
+    EXPECT_EQ(a[i].maxUs, c[i].maxUs);
   }
   EXPECT_GT(named, 0);  // the late half names someone: the names were compared, not only -1s
+}
+
+// A call recorded later keeps its place: the clean calls after it come
+// after it in the window, so a window's worth of them pushes it out.
+TEST(WaitStats, ACallRecordedLaterKeepsItsPlaceBeforeLaterCalls) {
+  zp::WaitStats s(2, 0, 10 * 1000);
+  s.recordLater(1, 5000, 1000);  // rank 1 came 4 ms after this rank entered
+  for (int call = 0; call < zp::WaitStats::kWindow - 1; call++) s.noteClean();
+  int calls = 0;
+  auto report = s.report(&calls);
+  ASSERT_EQ(report.size(), 1u);  // still in the window: it is the oldest call
+  EXPECT_EQ(report[0].rank, 1);
+  EXPECT_EQ(report[0].totalUs, 4000u);
+  s.noteClean();
+  EXPECT_TRUE(s.report(&calls).empty());  // a window of calls after it
+  EXPECT_EQ(calls, zp::WaitStats::kWindow);
 }
 
 // ---- Real ranks ----

@@ -37,11 +37,13 @@ struct Listed {
 }  // namespace
 
 int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs) {
+  recordPending();
   return recordOver(arrivedUs, AllBut{nranks_, self_}, outsideUs);
 }
 
 int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
                       const std::vector<uint64_t>* outsideUs) {
+  recordPending();
   return recordOver(arrivedUs, Listed{peers}, outsideUs);
 }
 
@@ -74,6 +76,7 @@ int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& p
 }
 
 int WaitStats::recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs) {
+  recordPending();
   if (nranks_ < 2) return -1;
   if (peer < 0 || peer >= nranks_ || peer == self_) return charge(-1, 0, self_, entryUs, outsideUs);  // heard from nobody
   return charge(peer, arrivedUs, self_, entryUs, outsideUs);
@@ -153,6 +156,7 @@ void WaitStats::flushClean() {
 }
 
 std::vector<WaitStats::Entry> WaitStats::report(int* calls) {
+  recordPending();
   flushClean();
   std::vector<Entry> out;
   for (int p = 0; p < nranks_; p++) {
@@ -182,6 +186,12 @@ void warnIfNamed(WaitStats& stats, int rank, int lagging) {
 }
 
 }  // namespace
+
+void WaitStats::recordPendingNow() {
+  const Pending call = pending_;
+  pending_ = {};
+  warnIfNamed(*this, self_, recordOne(call.peer, call.arrivedUs, call.entryUs));
+}
 
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,
                  const std::vector<uint64_t>* outsideUs) {

@@ -67,6 +67,19 @@ class WaitStats {
   // `peer` arrived at arrivedUs, this rank entered at entryUs. No per-rank
   // vector is read or written.
   int recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs = nullptr);
+  // recordOne later: when this rank next waits (recordPending, from the
+  // executor's wait), or before the next record, clean call or report,
+  // whichever comes first, so the window sees the calls in their order.
+  // A call's record is then off the path between its end and the next
+  // call's messages, where a peer may be waiting for them; a peer it names
+  // is named (the WARN line) then.
+  void recordLater(int peer, uint64_t arrivedUs, uint64_t entryUs) {
+    recordPending();
+    pending_ = {peer, arrivedUs, entryUs};
+  }
+  void recordPending() {
+    if (pending_.peer >= 0) recordPendingNow();
+  }
   // Where a call that waited gathers its ops' stamps (Op::arrivedUs,
   // Op::enteredUs) by peer: one slot per rank, 0 outside a call; and the
   // peers it heard from. Kept here, so that a call neither allocates nor
@@ -82,7 +95,10 @@ class WaitStats {
   // it looked): nobody is charged. Counted here and entered into the window
   // at the next record or report, so that such a call (most small
   // send/recvs) costs an increment.
-  void noteClean() { pendingClean_++; }
+  void noteClean() {
+    recordPending();
+    pendingClean_++;
+  }
 
   // This rank's time outside the library before a call it enters at
   // entryUs: since the end of its last recorded call (kUnknown before the
@@ -117,6 +133,7 @@ class WaitStats {
   void push(int last, uint64_t chargedUs, bool late);  // one call into the window
   void checkRecovered(int p);
   void flushClean();
+  void recordPendingNow();
   int nranks_, self_;
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
@@ -127,6 +144,10 @@ class WaitStats {
   std::vector<bool> named_;         // per peer: named and not recovered since
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
   uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
+  struct Pending {
+    int peer = -1;  // -1: none
+    uint64_t arrivedUs = 0, entryUs = 0;
+  } pending_;                       // recordLater's call
   std::vector<uint64_t> callArrivals_;  // callArrivals()
   std::vector<int> callPeers_;          // callPeers()
 };
