@@ -171,10 +171,13 @@ struct Op {
     if (stampsArrival && !arrivedUs) arrivedUs = us;
   }
 
-  void finish(zpResult_t st, std::string err = {}) {
+  void finish(zpResult_t st) {  // without a string to make: most ops finish with zpSuccess
     if (bytes <= kArrivalAtFinishMax) noteArrival();
     done = true;
     status = st;
+  }
+  void finish(zpResult_t st, std::string err) {
+    finish(st);
     if (st != zpSuccess && error.empty()) error = std::move(err);
   }
 };

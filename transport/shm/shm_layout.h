@@ -238,8 +238,10 @@ inline MsgHdr* claimOpRecord(Ring& r, uint64_t bytes, uint32_t type, const Op* o
   h->type = type;
   h->len = 0;
   h->seq = op->seq;
-  h->total = op->bytes;
-  h->offset = 0;
+  if (type != kWhole) {  // a kWhole record's payload starts where these would be
+    h->total = op->bytes;
+    h->offset = 0;
+  }
   h->kind = (uint32_t)op->kind;
   h->status = 0;
   return h;

@@ -601,8 +601,9 @@ bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
   h->len = (uint32_t)(metaLen + len);
   h->metaLen = metaLen;
   if (!whole) h->offset = op->progressed;
-  if (metaLen) memcpy(payloadOf(h), op->meta, op->metaBytes);
-  if (len) ringCopy(payloadOf(h) + metaLen, (const char*)op->buf + op->progressed, len);
+  char* payload = (char*)h + (whole ? kWholePayload : kPayload);
+  if (metaLen) memcpy(payload, op->meta, op->metaBytes);
+  if (len) ringCopy(payload + metaLen, (const char*)op->buf + op->progressed, len);
   ringPublish(l.out);
   op->metaBytes = 0;
   op->progressed += len;
