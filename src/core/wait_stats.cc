@@ -12,10 +12,7 @@ WaitStats::WaitStats(int nranks, int self, uint64_t thresholdUs)
       self_(self),
       thresholdUs_(thresholdUs),
       window_(kWindow),
-      callsLast_(nranks, 0),
-      lateCalls_(nranks, 0),
-      totalUs_(nranks, 0),
-      named_(nranks, false) {}
+      peers_(nranks) {}
 
 namespace {
 // Every rank but this one, as recordOver walks a call's peers.
@@ -100,9 +97,9 @@ int WaitStats::charge(int last, uint64_t lastAt, int ref, uint64_t refAt, const 
   flushClean();
   push(chargedTo, charged, late);
   int named = -1;
-  if (chargedTo >= 0 && thresholdUs_ > 0 && !named_[last] && filled_ >= kWindow / 5 &&
-      2 * lateCalls_[last] > filled_ && totalUs_[last] > thresholdUs_ * (uint64_t)callsLast_[last]) {
-    named_[last] = true;
+  if (chargedTo >= 0 && thresholdUs_ > 0 && !peers_[last].named && filled_ >= kWindow / 5 &&
+      2 * peers_[last].lateCalls > filled_ && peers_[last].totalUs > thresholdUs_ * (uint64_t)peers_[last].callsLast) {
+    peers_[last].named = true;
     named = last;
   }
   if (chargedTo >= 0 && chargedTo != named) checkRecovered(chargedTo);
@@ -113,17 +110,17 @@ void WaitStats::push(int last, uint64_t chargedUs, bool late) {
   Call& slot = window_[next_];
   const int left = filled_ == kWindow ? slot.last : -1;
   if (left >= 0) {  // the oldest call leaves the window
-    callsLast_[left]--;
-    totalUs_[left] -= slot.chargedUs;
-    lateCalls_[left] -= slot.late;
+    peers_[left].callsLast--;
+    peers_[left].totalUs -= slot.chargedUs;
+    peers_[left].lateCalls -= slot.late;
   }
   slot.last = last;
   slot.chargedUs = chargedUs;
   slot.late = late;
   if (last >= 0) {
-    callsLast_[last]++;
-    totalUs_[last] += chargedUs;
-    lateCalls_[last] += late;
+    peers_[last].callsLast++;
+    peers_[last].totalUs += chargedUs;
+    peers_[last].lateCalls += late;
   }
   next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
   filled_ += filled_ < kWindow;
@@ -133,8 +130,8 @@ void WaitStats::push(int last, uint64_t chargedUs, bool late) {
 void WaitStats::checkRecovered(int p) {
   // Recovered (named again if it lags again): it comes last in under a
   // quarter of the window, or by under half the threshold on average.
-  if (named_[p] && (4 * callsLast_[p] < filled_ || 2 * totalUs_[p] < thresholdUs_ * (uint64_t)callsLast_[p]))
-    named_[p] = false;
+  if (peers_[p].named && (4 * peers_[p].callsLast < filled_ || 2 * peers_[p].totalUs < thresholdUs_ * (uint64_t)peers_[p].callsLast))
+    peers_[p].named = false;
 }
 
 void WaitStats::flushClean() {
@@ -160,11 +157,11 @@ std::vector<WaitStats::Entry> WaitStats::report(int* calls) {
   flushClean();
   std::vector<Entry> out;
   for (int p = 0; p < nranks_; p++) {
-    if (totalUs_[p] == 0) continue;
+    if (peers_[p].totalUs == 0) continue;
     uint64_t most = 0;
     for (int i = 0; i < filled_; i++)
       if (window_[i].last == p) most = std::max(most, window_[i].chargedUs);
-    out.push_back({p, callsLast_[p], totalUs_[p], most});
+    out.push_back({p, peers_[p].callsLast, peers_[p].totalUs, most});
   }
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
     return a.totalUs != b.totalUs ? a.totalUs > b.totalUs : a.rank < b.rank;

@@ -121,9 +121,18 @@ class WaitStats {
 
  private:
   struct Call {
-    int last = -1;  // the peer charged the most in this call, or -1
-    uint64_t chargedUs = 0;
+    int32_t last = -1;  // the peer charged the most in this call, or -1
     bool late = false;  // by half the threshold or more
+    uint64_t chargedUs = 0;
+  };
+  // A peer's tallies over the window, side by side: a call charged to it
+  // touches one line of them (after a large message's copy, every line a
+  // record touches is a miss in the first-level cache).
+  struct PeerTally {
+    int callsLast = 0;       // calls it came last in
+    int lateCalls = 0;       // calls it came last in by half the threshold or more
+    uint64_t totalUs = 0;    // charged
+    bool named = false;      // named and not recovered since
   };
   template <class Peers>
   int recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& peers, const std::vector<uint64_t>* outsideUs);
@@ -138,10 +147,7 @@ class WaitStats {
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
   int next_ = 0, filled_ = 0;
-  std::vector<int> callsLast_;      // per peer, over the window
-  std::vector<int> lateCalls_;      // per peer, over the window: calls it came last in by half the threshold or more
-  std::vector<uint64_t> totalUs_;   // per peer, over the window
-  std::vector<bool> named_;         // per peer: named and not recovered since
+  std::vector<PeerTally> peers_;
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
   uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
   struct Pending {
