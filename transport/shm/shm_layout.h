@@ -324,11 +324,15 @@ inline bool processExited(pid_t pid, int pidfd) {
   return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
-                             const std::string& text = {}, uint32_t lane = 0) {
-  size_t len = std::min<size_t>(text.size(), 512);
-  std::vector<char> rec(recordBytes(len), 0);
-  MsgHdr* h = (MsgHdr*)rec.data();
+// A control record's text is cut to this many bytes.
+constexpr size_t kCtrlTextMax = 512;
+inline size_t ctrlTextLen(const std::string& text) { return std::min(text.size(), kCtrlTextMax); }
+// Fills a control record (a fin, status, goodbye or abort) at h, its header
+// zeroed first; its stamp is left to ringPublish.
+inline void fillCtrlRecord(MsgHdr* h, uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
+                           const std::string& text, uint32_t lane) {
+  memset((char*)h + sizeof(h->stamp), 0, kPayload - sizeof(h->stamp));
+  const size_t len = ctrlTextLen(text);
   h->type = type;
   h->len = (uint32_t)len;
   h->seq = seq;
@@ -336,6 +340,12 @@ inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status,
   h->collSeq = collSeq;
   h->lane = lane;
   memcpy(payloadOf(h), text.data(), len);
+}
+
+inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
+                                    const std::string& text = {}, uint32_t lane = 0) {
+  std::vector<char> rec(recordBytes(ctrlTextLen(text)), 0);
+  fillCtrlRecord((MsgHdr*)rec.data(), type, seq, status, collSeq, text, lane);
   return rec;
 }
 

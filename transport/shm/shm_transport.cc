@@ -111,7 +111,7 @@ bool ShmTransport::runGroups() {
     // how (an arrived member's sender waits for its FIN).
     for (const GroupMember& m : w.in) {
       Peer* p = peer(m.rank);
-      if (!p->gone) pushCtrl(*p, makeRecord(kFin, m.seq, status, 0, why, m.lane));
+      if (!p->gone) sendCtrl(*p, kFin, m.seq, status, 0, why, m.lane);
     }
     for (Op* op : w.ops) {
       if (op->done) continue;
@@ -202,15 +202,22 @@ std::vector<int> ShmTransport::waitingOn(int lane) {
 
 void ShmTransport::sendStatus(int rank, uint64_t collSeq, zpResult_t status, const std::string& text) {
   if (Peer* p = peer(rank))
-    if (!p->gone) pushCtrl(*p, makeRecord(kStatus, 0, status, collSeq, text));
+    if (!p->gone) sendCtrl(*p, kStatus, 0, status, collSeq, text);
 }
 
-bool ShmTransport::pushCtrl(Peer& p, std::vector<char> record) {
-  if (p.ctrlBacklog.empty() && ringPush(p.outCtrl, record)) {
-    p.dirty = true;
-    return true;
+bool ShmTransport::sendCtrl(Peer& p, uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,
+                            const std::string& text, uint32_t lane) {
+  // Straight into the ring when nothing waits before it (every single-copy
+  // receive sends a fin: no allocation for it); else behind the backlog.
+  if (p.ctrlBacklog.empty()) {
+    if (MsgHdr* h = ringClaim(p.outCtrl, recordBytes(ctrlTextLen(text)))) {
+      fillCtrlRecord(h, type, seq, status, collSeq, text, lane);
+      ringPublish(p.outCtrl);
+      p.dirty = true;
+      return true;
+    }
   }
-  p.ctrlBacklog.push_back(std::move(record));
+  p.ctrlBacklog.push_back(makeRecord(type, seq, status, collSeq, text, lane));
   flushCtrl(p);
   return p.ctrlBacklog.empty();
 }
@@ -445,7 +452,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
                         std::to_string(ctx_.rank) + " but rank " + std::to_string(ctx_.rank) +
                         " expects " + std::to_string(op->bytes / op->typeSize);
       if (h->type == kRts) {
-        pushCtrl(p, makeRecord(kFin, h->seq, zpInvalidUsage, 0, why, lane));
+        sendCtrl(p, kFin, h->seq, zpInvalidUsage, 0, why, lane);
       } else {
         uint64_t left = recordTotal(h) - dataLen;
         if (left) {
@@ -500,10 +507,10 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       if (err) {
         std::string why;
         const zpResult_t status = readFailed(p, op->bytes, err, &why);
-        pushCtrl(p, makeRecord(kFin, seq, zpSystemError, 0, why, lane));
+        sendCtrl(p, kFin, seq, zpSystemError, 0, why, lane);
         op->finish(status, why);
       } else {
-        pushCtrl(p, makeRecord(kFin, seq, zpSuccess, 0, {}, lane));
+        sendCtrl(p, kFin, seq, zpSuccess, 0, {}, lane);
         op->progressed = op->bytes;
         op->finish(zpSuccess);
       }

@@ -268,7 +268,10 @@ class ShmTransport : public CarrierTransport {
   // moveNow's receive: op's record if it is the whole message op expects
   // (true, op finished); false, touching nothing, for anything else.
   bool takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t arrivedUs);
-  bool pushCtrl(Peer& p, std::vector<char> record);
+  // Sends a control record (makeRecord's fields) to p, behind any that wait
+  // for room; true if it is in the ring now.
+  bool sendCtrl(Peer& p, uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq, const std::string& text = {},
+                uint32_t lane = 0);
   // Writes the control records waiting for room; true if any went.
   bool flushCtrl(Peer& p);
   // A single-copy read of `bytes` from p failed with errno err: why says so;
