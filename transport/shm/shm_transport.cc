@@ -280,7 +280,7 @@ void ShmTransport::failOps(Peer& p, zpResult_t code, const std::string& why) {
   for (Lane& l : p.lane) {
     for (Op* op : l.sendq) op->finish(code, why);
     for (Op* op : l.recvq) op->finish(code, why);
-    for (auto& kv : l.finWait) kv.second->finish(code, why);
+    for (Op* op : l.finWait) op->finish(code, why);
     l.sendq.clear();
     l.recvq.clear();
     l.finWait.clear();
@@ -369,10 +369,12 @@ bool ShmTransport::drainCtrl(Peer& p) {
     std::string text(payloadOf(h), std::min<uint32_t>(h->len, 512));
     switch (h->type) {
       case kFin: {
-        std::map<uint64_t, Op*>& finWait = p.lane[h->lane < kLanes ? h->lane : 0].finWait;
-        auto it = finWait.find(h->seq);
+        std::deque<Op*>& finWait = p.lane[h->lane < kLanes ? h->lane : 0].finWait;
+        auto it = !finWait.empty() && finWait.front()->seq == h->seq
+                      ? finWait.begin()
+                      : std::find_if(finWait.begin(), finWait.end(), [&](const Op* op) { return op->seq == h->seq; });
         if (it != finWait.end()) {
-          Op* op = it->second;
+          Op* op = *it;
           finWait.erase(it);
           op->progressed = op->bytes;
           op->finish((zpResult_t)h->status, text);
@@ -389,7 +391,7 @@ bool ShmTransport::drainCtrl(Peer& p) {
         p.goneWhy = text;
         for (Lane& l : p.lane) {
           for (Op* op : l.sendq) op->finish(zpRemoteError, text);
-          for (auto& kv : l.finWait) kv.second->finish(zpRemoteError, text);
+          for (Op* op : l.finWait) op->finish(zpRemoteError, text);
           l.sendq.clear();
           l.finWait.clear();
         }
@@ -553,7 +555,7 @@ bool ShmTransport::progressSend(Peer& p, int lane) {
       h->addr = (uint64_t)(uintptr_t)op->buf;
       ringPublish(l.out);
       gSingleCopySends++;
-      l.finWait[op->seq] = op;
+      l.finWait.push_back(op);
       l.sendq.pop_front();
       p.dirty = did = true;
       continue;

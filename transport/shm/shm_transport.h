@@ -71,7 +71,9 @@ struct Ring {
 struct Lane {
   Ring out, in;  // out: in the peer's segment, written here; in: the reverse
   std::deque<Op*> sendq, recvq;
-  std::map<uint64_t, Op*> finWait;  // cma sends waiting for the receiver's FIN, by seq
+  // Single-copy sends waiting for the receiver's FIN, in seq order: fins
+  // come in that order (a reduced group's may not: they are looked up).
+  std::deque<Op*> finWait;
   // A mismatched message being skipped: the bytes still to skip.
   bool discarding = false;
   uint64_t discardLeft = 0;
