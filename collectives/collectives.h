@@ -25,6 +25,17 @@ constexpr size_t kMaxCallBytes = size_t(1) << 48;
 // call may name: a shift, not a division (a 64-bit divide was a tenth of a
 // small send's call).
 inline size_t maxElements(size_t ts) { return kMaxCallBytes >> __builtin_ctzll(ts); }
+// A datatype's size in bytes, 0 for none (zpTypeSize returns this): here,
+// so that a call's path reads it without a call into the library's table.
+inline size_t typeSize(zpDataType_t t) {
+  switch (t) {
+    case zpInt8: case zpUint8: return 1;
+    case zpFloat16: case zpBfloat16: return 2;
+    case zpInt32: case zpUint32: case zpFloat32: return 4;
+    case zpInt64: case zpUint64: case zpFloat64: return 8;
+    default: return 0;
+  }
+}
 
 // The wait statistics of a call's receives on one communicator (wait_stats.h):
 // when each peer's message began to arrive, against when this rank began to
@@ -60,11 +71,11 @@ inline void recordArrivals(Comm* c, const std::vector<Op*>& ops, zpResult_t res,
                            const std::vector<uint64_t>* outside = nullptr, bool endsCall = true) {
   uint64_t entered = 0;
   bool stamped = false;
-  for (const Op* op : ops)
-    if (op->stampsArrival) {
-      stamped = true;
-      if (op->enteredUs && (!entered || op->enteredUs < entered)) entered = op->enteredUs;
-    }
+  for (const Op* op : ops) {
+    stamped |= op->stampsArrival;
+    // Only a stamped op has an entry stamp (Op::noteEntered).
+    if (op->enteredUs && (!entered || op->enteredUs < entered)) entered = op->enteredUs;
+  }
   if (!stamped) return;
   if (entered)
     recordWaited(c, ops, entered, res, outside, endsCall);

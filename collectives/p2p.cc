@@ -147,7 +147,7 @@ zpResult_t groupEnd(bool* ended) {
 
 zpResult_t enqueueP2P(Comm* comm, std::shared_ptr<Comm> hold, bool isSend, void* buf, size_t count,
                       zpDataType_t dtype, int peer, void* stream, int* source) {
-  size_t ts = zpTypeSize(dtype);
+  const size_t ts = typeSize(dtype);
   const char* fn = isSend ? "zpSend" : "zpRecv";
   const bool any = !isSend && peer == kAnySource;
   if (!any && (peer < 0 || peer >= comm->nranks()))

@@ -157,7 +157,7 @@ inline zpResult_t checkDataCall(const char* fn, zp::Comm* c, zpDataType_t dtype,
                                 std::initializer_list<NamedBuffer> buffers) {
   // Host buffers on a communicator without a device: nothing to look up
   // (every small host call comes this way).
-  if (!stream && !c->streamTransport() && zpTypeSize(dtype) != 0) return zpSuccess;
+  if (!stream && !c->streamTransport() && zp::typeSize(dtype) != 0) return zpSuccess;
   return checkBuffers(fn, c, dtype, stream, buffers);
 }
 
@@ -260,15 +260,7 @@ zpResult_t zpGetParam(const char* name, const char** value) try {
   return zp::failFromException("zpGetParam");
 }
 
-size_t zpTypeSize(zpDataType_t t) {
-  switch (t) {
-    case zpInt8: case zpUint8: return 1;
-    case zpFloat16: case zpBfloat16: return 2;
-    case zpInt32: case zpUint32: case zpFloat32: return 4;
-    case zpInt64: case zpUint64: case zpFloat64: return 8;
-    default: return 0;
-  }
-}
+size_t zpTypeSize(zpDataType_t t) { return zp::typeSize(t); }
 
 zpResult_t zpGetUniqueId(zpUniqueId* id) try {
   if (!id) return zp::fail(zpInvalidArgument, "zpGetUniqueId: uniqueId is NULL");

@@ -523,7 +523,7 @@ bool ShmTransport::progressRecv(Peer& p, int lane) {
       peerGone(p, zpInternalError, "corrupt fragment from rank " + std::to_string(p.rank), true);
       return true;
     }
-    takeFragment(p, l, op, h, metaLen);
+    takeFragment(p, l, op, h, payloadOf(h) + metaLen, dataLen, recordOffset(h));
     if (op->progressed == op->bytes) {
       l.recvq.pop_front();
       op->finish(zpSuccess);
@@ -619,10 +619,7 @@ bool ShmTransport::writeFragment(Lane& l, Op* op, uint64_t* need) {
   return true;
 }
 
-void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen) {
-  const uint32_t dataLen = h->len - metaLen;
-  const char* data = payloadOf(h) + metaLen;
-  const uint64_t at = recordOffset(h);
+void ShmTransport::takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, const char* data, uint32_t dataLen, uint64_t at) {
   if (dataLen && op->reduce)  // fragments hold whole elements (fragMax_ and metaLen are multiples of 8)
     op->reduce->fn((char*)op->buf + at, (const char*)op->reduceSrc + at, data, dataLen);
   else if (dataLen)
@@ -639,10 +636,11 @@ bool ShmTransport::takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t
   if (h->seq != seq || h->kind != (uint32_t)op->kind || h->len - metaLen != op->bytes ||
       (!whole && (h->offset != 0 || h->total != op->bytes)))
     return false;  // out of order, of another size, or in several records: progressRecv says what
-  if (metaLen && op->metaBytes) memcpy(op->meta, payloadOf(h), std::min<uint32_t>(metaLen, op->metaBytes));
+  const char* payload = (const char*)h + (whole ? kWholePayload : kPayload);
+  if (metaLen && op->metaBytes) memcpy(op->meta, payload, std::min<uint32_t>(metaLen, op->metaBytes));
   op->seq = seq++;
   op->noteArrival(arrivedUs);
-  takeFragment(p, p.lane[0], op, h, metaLen);
+  takeFragment(p, p.lane[0], op, h, payload + metaLen, (uint32_t)op->bytes, 0);
   op->finish(zpSuccess);
   countMovedNow();
   return true;

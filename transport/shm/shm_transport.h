@@ -264,9 +264,10 @@ class ShmTransport : public CarrierTransport {
   // Writes op's next fragment (its meta first, in the first) into the ring;
   // false if there is no room for the `*need` bytes it takes.
   bool writeFragment(Lane& l, Op* op, uint64_t* need);
-  // Takes a data fragment of op's (its meta, if any, copied already) into
-  // op's buffer, reducing if op reduces, and frees its record.
-  void takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, uint32_t metaLen);
+  // Takes a data fragment of op's (its meta, if any, copied already: the
+  // dataLen bytes at data, for op's buffer at `at`) into op's buffer,
+  // reducing if op reduces, and frees its record h.
+  void takeFragment(Peer& p, Lane& l, Op* op, MsgHdr* h, const char* data, uint32_t dataLen, uint64_t at);
   // moveNow's receive: op's record if it is the whole message op expects
   // (true, op finished); false, touching nothing, for anything else.
   bool takeWhole(Peer& p, Op* op, MsgHdr* h, uint64_t& seq, uint64_t arrivedUs);
