@@ -339,7 +339,7 @@ inline void fillCtrlRecord(MsgHdr* h, uint32_t type, uint64_t seq, int32_t statu
   h->status = status;
   h->collSeq = collSeq;
   h->lane = lane;
-  memcpy(payloadOf(h), text.data(), len);
+  if (len) memcpy(payloadOf(h), text.data(), len);
 }
 
 inline std::vector<char> makeRecord(uint32_t type, uint64_t seq, int32_t status, uint64_t collSeq,

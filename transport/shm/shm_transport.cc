@@ -370,12 +370,18 @@ bool ShmTransport::drainCtrl(Peer& p) {
     switch (h->type) {
       case kFin: {
         std::deque<Op*>& finWait = p.lane[h->lane < kLanes ? h->lane : 0].finWait;
-        auto it = !finWait.empty() && finWait.front()->seq == h->seq
-                      ? finWait.begin()
-                      : std::find_if(finWait.begin(), finWait.end(), [&](const Op* op) { return op->seq == h->seq; });
-        if (it != finWait.end()) {
-          Op* op = *it;
-          finWait.erase(it);
+        Op* op = nullptr;
+        if (!finWait.empty() && finWait.front()->seq == h->seq) {
+          op = finWait.front();
+          finWait.pop_front();
+        } else {
+          auto it = std::find_if(finWait.begin(), finWait.end(), [&](const Op* o) { return o->seq == h->seq; });
+          if (it != finWait.end()) {
+            op = *it;
+            finWait.erase(it);
+          }
+        }
+        if (op) {
           op->progressed = op->bytes;
           op->finish((zpResult_t)h->status, text);
         }
