@@ -213,8 +213,7 @@ void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResu
   }
   uint64_t end = std::max(entered, first);
   if (!several) {
-    // A receive's (no time outside to keep): recorded when this rank next
-    // waits, off the way to the next call's messages.
+    // A receive's (no time outside to keep): recorded in a batch.
     if (res == zpSuccess && !outside)
       stats.recordLater(one, first, entered);
     else if (res == zpSuccess)

@@ -240,8 +240,8 @@ TEST(WaitStats, AListedCallIsTheFullCallWithTheOthersFirst) {
 // recorded later (recordLater), the same report.
 TEST(WaitStats, AOnePeerCallIsTheListedCall) {
   const int n = 6, self = 2;
-  // later: the same calls through recordLater, made when "this rank next
-  // waits" (recordPending) at random, or before the next call or report.
+  // later: the same calls through recordLater, its batch entered at
+  // random (recordPending), when full, or before the next call or report.
   zp::WaitStats listed(n, self, 10 * 1000), one(n, self, 10 * 1000), later(n, self, 10 * 1000);
   std::mt19937_64 rng(std::random_device{}());
   int named = 0;
@@ -310,6 +310,24 @@ TEST(WaitStats, ACallRecordedLaterKeepsItsPlaceBeforeLaterCalls) {
   s.noteClean();
   EXPECT_TRUE(s.report(&calls).empty());  // a window of calls after it
   EXPECT_EQ(calls, zp::WaitStats::kWindow);
+}
+
+// A late call (by half the threshold or more) waits for no batch: its
+// peer is named (the WARN line) at the call that names it, as recordOne
+// says at once.
+TEST(WaitStats, ALateCallRecordedLaterNamesItsPeerAtOnce) {
+  zp::WaitStats one(2, 0, 10 * 1000), later(2, 0, 10 * 1000);
+  int namings = 0;
+  for (int call = 0; call < 60; call++) {
+    const uint64_t entry = 1000 + 100 * 1000 * (uint64_t)call, arrival = entry + 20 * 1000;  // rank 1: 20 ms late
+    const bool named = one.recordOne(1, arrival, entry) == 1;
+    testing::internal::CaptureStderr();
+    later.recordLater(1, arrival, entry);
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(named, log.find("rank 1 came last") != std::string::npos) << call << ": " << log;
+    namings += named;
+  }
+  EXPECT_EQ(namings, 1);
 }
 
 // ---- Real ranks ----

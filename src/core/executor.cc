@@ -140,10 +140,6 @@ zpResult_t Comm::progressUntil(const std::vector<Comm*>& comms, FunctionRef<bool
         return fail(zpSystemError, "rank %d: %s", comms[0]->rank_, msg.c_str());
       }
     }
-    // Idle until a peer answers: a call's deferred record is made here
-    // (WaitStats::recordLater), in time that is waiting anyway.
-    for (Comm* c : comms)
-      if (c->waitStats_) c->waitStats_->recordPending();
     if (comms.size() == 1) {
       int sliceMs = (int)std::min<uint64_t>(100, timeoutMs - (now - lastMove) + 1);
       comms[0]->wait(token, std::max(sliceMs, 1));

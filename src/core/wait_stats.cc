@@ -185,9 +185,10 @@ void warnIfNamed(WaitStats& stats, int rank, int lagging) {
 }  // namespace
 
 void WaitStats::recordPendingNow() {
-  const Pending call = pending_;
-  pending_ = {};
-  warnIfNamed(*this, self_, recordOne(call.peer, call.arrivedUs, call.entryUs));
+  const int n = pendingCount_;
+  pendingCount_ = 0;  // recordOne records nothing pending first
+  for (int i = 0; i < n; i++)
+    warnIfNamed(*this, self_, recordOne(pending_[i].peer, pending_[i].arrivedUs, pending_[i].entryUs));
 }
 
 void recordWaits(WaitStats& stats, int rank, const std::vector<uint64_t>& arrivedUs,

@@ -67,18 +67,23 @@ class WaitStats {
   // `peer` arrived at arrivedUs, this rank entered at entryUs. No per-rank
   // vector is read or written.
   int recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs = nullptr);
-  // recordOne later: when this rank next waits (recordPending, from the
-  // executor's wait), or before the next record, clean call or report,
-  // whichever comes first, so the window sees the calls in their order.
-  // A call's record is then off the path between its end and the next
-  // call's messages, where a peer may be waiting for them; a peer it names
-  // is named (the WARN line) then.
+  // recordOne later: receives' records wait in a batch of up to kBatch
+  // calls, entered into the window together when the batch is full, at
+  // once for a late call (by half the threshold or more: it may name its
+  // peer), and before any other record, clean call or report, so the
+  // window sees the calls in their order. A batch touches the window and
+  // the tallies once: after a large message's copy each of their lines is
+  // a cache miss, and every one is on the way to the next call. A peer is
+  // named (the WARN line) when its late call comes, as with recordOne;
+  // recovery is seen up to a batch later.
+  static constexpr int kBatch = 16;
   void recordLater(int peer, uint64_t arrivedUs, uint64_t entryUs) {
-    recordPending();
-    pending_ = {peer, arrivedUs, entryUs};
+    if (pendingCount_ == kBatch) recordPendingNow();
+    pending_[pendingCount_++] = {peer, arrivedUs, entryUs};
+    if (thresholdUs_ > 0 && arrivedUs > entryUs && 2 * (arrivedUs - entryUs) >= thresholdUs_) recordPendingNow();
   }
   void recordPending() {
-    if (pending_.peer >= 0) recordPendingNow();
+    if (pendingCount_) recordPendingNow();
   }
   // Where a call that waited gathers its ops' stamps (Op::arrivedUs,
   // Op::enteredUs) by peer: one slot per rank, 0 outside a call; and the
@@ -151,9 +156,11 @@ class WaitStats {
   uint64_t lastEndUs_ = 0;          // when this rank's last recorded call ended (0: none yet)
   uint64_t pendingClean_ = 0;       // clean calls not yet in the window (noteClean)
   struct Pending {
-    int peer = -1;  // -1: none
-    uint64_t arrivedUs = 0, entryUs = 0;
-  } pending_;                       // recordLater's call
+    int peer;
+    uint64_t arrivedUs, entryUs;
+  };
+  int pendingCount_ = 0;
+  Pending pending_[kBatch];  // recordLater's calls, oldest first
   std::vector<uint64_t> callArrivals_;  // callArrivals()
   std::vector<int> callPeers_;          // callPeers()
 };
