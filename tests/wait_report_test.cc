@@ -198,6 +198,22 @@ TEST(WaitStats, ThresholdZeroNamesNobodyButStillReports) {
   EXPECT_EQ(report[0].rank, 1);
 }
 
+// Two statistics that saw the same calls: the same window, the same
+// peers charged, the same tallies.
+void expectSameReports(zp::WaitStats& x, zp::WaitStats& y) {
+  int callsX = 0, callsY = 0;
+  auto a = x.report(&callsX), b = y.report(&callsY);
+  EXPECT_EQ(callsX, callsY);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); i++) {
+    EXPECT_EQ(a[i].rank, b[i].rank);
+    EXPECT_EQ(a[i].callsLast, b[i].callsLast);
+    EXPECT_EQ(a[i].totalUs, b[i].totalUs);
+    EXPECT_EQ(a[i].maxUs, b[i].maxUs);
+  }
+}
+
 // A call that heard from some peers only (a receive's sources), listed,
 // as the same call with every other peer's arrival 0: the same charges,
 // the same names. A peer listed twice (two receives from it) is one arrival.
@@ -221,17 +237,7 @@ TEST(WaitStats, AListedCallIsTheFullCallWithTheOthersFirst) {
     std::vector<uint64_t> others0 = at;
     ASSERT_EQ(full.record(others0), listed.record(at, peers)) << call;
   }
-  int callsFull = 0, callsListed = 0;
-  auto a = full.report(&callsFull), b = listed.report(&callsListed);
-  EXPECT_EQ(callsFull, callsListed);
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  for (size_t i = 0; i < a.size(); i++) {
-    EXPECT_EQ(a[i].rank, b[i].rank);
-    EXPECT_EQ(a[i].callsLast, b[i].callsLast);
-    EXPECT_EQ(a[i].totalUs, b[i].totalUs);
-    EXPECT_EQ(a[i].maxUs, b[i].maxUs);
-  }
+  expectSameReports(full, listed);
 }
 
 // A call that heard from one peer, recorded without a vector of every
@@ -276,23 +282,8 @@ TEST(WaitStats, AOnePeerCallIsTheListedCall) {
       later.noteClean();
     }
   }
-  int callsListed = 0, callsOne = 0, callsLater = 0;
-  auto a = listed.report(&callsListed), b = one.report(&callsOne), c = later.report(&callsLater);
-  EXPECT_EQ(callsListed, callsOne);
-  EXPECT_EQ(callsListed, callsLater);
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_EQ(a.size(), c.size());
-  ASSERT_FALSE(a.empty());
-  for (size_t i = 0; i < a.size(); i++) {
-    EXPECT_EQ(a[i].rank, b[i].rank);
-    EXPECT_EQ(a[i].callsLast, b[i].callsLast);
-    EXPECT_EQ(a[i].totalUs, b[i].totalUs);
-    EXPECT_EQ(a[i].maxUs, b[i].maxUs);
-    EXPECT_EQ(a[i].rank, c[i].rank);
-    EXPECT_EQ(a[i].callsLast, c[i].callsLast);
-    EXPECT_EQ(a[i].totalUs, c[i].totalUs);
-    EXPECT_EQ(a[i].maxUs, c[i].maxUs);
-  }
+  expectSameReports(listed, one);
+  expectSameReports(listed, later);
   EXPECT_GT(named, 0);  // the late half names someone: the names were compared, not only -1s
 }
 
