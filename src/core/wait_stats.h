@@ -64,18 +64,18 @@ class WaitStats {
   int record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
              const std::vector<uint64_t>* outsideUs = nullptr);
   // The same for a call that heard from one peer only (most receives):
-  // `peer` arrived at arrivedUs, this rank entered at entryUs. No per-rank
-  // vector is read or written.
+  // `peer` arrived at arrivedUs, this rank entered at entryUs. No vector
+  // of every rank is filled or cleared for it.
   int recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs = nullptr);
   // recordOne later: receives' records wait in a batch of up to kBatch
   // calls, entered into the window together when the batch is full, at
   // once for a late call (by half the threshold or more: it may name its
   // peer), and before any other record, clean call or report, so the
   // window sees the calls in their order. A batch touches the window and
-  // the tallies once: after a large message's copy each of their lines is
-  // a cache miss, and every one is on the way to the next call. A peer is
-  // named (the WARN line) when its late call comes, as with recordOne;
-  // recovery is seen up to a batch later.
+  // the tallies once rather than each call (whatever a call's record
+  // touches is on the way to the next call). A peer is named (the WARN
+  // line) when its late call comes, as with recordOne; recovery is seen up
+  // to a batch later.
   static constexpr int kBatch = 16;
   void recordLater(int peer, uint64_t arrivedUs, uint64_t entryUs) {
     if (pendingCount_ == kBatch) recordPendingNow();
@@ -99,7 +99,8 @@ class WaitStats {
   // One call in which this rank never waited (every message was there when
   // it looked): nobody is charged. Counted here and entered into the window
   // at the next record or report, so that such a call (most small
-  // send/recvs) costs an increment.
+  // send/recvs) costs an increment (a batch of receives' records before it
+  // enters first: the window keeps the calls' order).
   void noteClean() {
     recordPending();
     pendingClean_++;
@@ -131,8 +132,7 @@ class WaitStats {
     uint64_t chargedUs = 0;
   };
   // A peer's tallies over the window, side by side: a call charged to it
-  // touches one line of them (after a large message's copy, every line a
-  // record touches is a miss in the first-level cache).
+  // touches one line of them, not four vectors.
   struct PeerTally {
     int callsLast = 0;       // calls it came last in
     int lateCalls = 0;       // calls it came last in by half the threshold or more
