@@ -213,11 +213,11 @@ void recordWaited(Comm* c, const std::vector<Op*>& ops, uint64_t entered, zpResu
   }
   uint64_t end = std::max(entered, first);
   if (!several) {
-    // A receive's (no time outside to keep): recorded in a batch.
-    if (res == zpSuccess && !outside)
-      stats.recordLater(one, first, entered);
-    else if (res == zpSuccess)
+    // A receive's (no time outside to keep) waits in a batch.
+    if (res == zpSuccess && outside)
       recordWait(stats, me, one, first, entered, outside);
+    else if (res == zpSuccess)
+      stats.recordLater(one, first, entered);
   } else {
     std::vector<uint64_t>& at = stats.callArrivals();
     std::vector<int>& peers = stats.callPeers();

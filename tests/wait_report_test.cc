@@ -303,6 +303,28 @@ TEST(WaitStats, ACallRecordedLaterKeepsItsPlaceBeforeLaterCalls) {
   EXPECT_EQ(calls, zp::WaitStats::kWindow);
 }
 
+// A report, and a call recorded at once, see the calls waiting in a batch
+// first: nothing recorded is left out of what the report counts.
+TEST(WaitStats, ABatchedCallIsInTheNextReport) {
+  zp::WaitStats s(3, 0, 10 * 1000);
+  s.recordLater(1, 5000, 1000);  // rank 1 came 4 ms after this rank entered
+  int calls = 0;
+  auto report = s.report(&calls);
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].rank, 1);
+  EXPECT_EQ(report[0].totalUs, 4000u);
+  s.recordLater(1, 3000, 1000);
+  s.recordOne(2, 4000, 1000);  // after the batched call: both are in the window
+  report = s.report(&calls);
+  EXPECT_EQ(calls, 3);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0].rank, 1);
+  EXPECT_EQ(report[0].totalUs, 6000u);
+  EXPECT_EQ(report[1].rank, 2);
+  EXPECT_EQ(report[1].totalUs, 3000u);
+}
+
 // A late call (by half the threshold or more) waits for no batch: its
 // peer is named (the WARN line) at the call that names it, as recordOne
 // says at once.

@@ -34,13 +34,11 @@ struct Listed {
 }  // namespace
 
 int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<uint64_t>* outsideUs) {
-  recordPending();
   return recordOver(arrivedUs, AllBut{nranks_, self_}, outsideUs);
 }
 
 int WaitStats::record(const std::vector<uint64_t>& arrivedUs, const std::vector<int>& peers,
                       const std::vector<uint64_t>* outsideUs) {
-  recordPending();
   return recordOver(arrivedUs, Listed{peers}, outsideUs);
 }
 
@@ -73,7 +71,6 @@ int WaitStats::recordOver(const std::vector<uint64_t>& arrivedUs, const Peers& p
 }
 
 int WaitStats::recordOne(int peer, uint64_t arrivedUs, uint64_t entryUs, const std::vector<uint64_t>* outsideUs) {
-  recordPending();
   if (nranks_ < 2) return -1;
   if (peer < 0 || peer >= nranks_ || peer == self_) return charge(-1, 0, self_, entryUs, outsideUs);  // heard from nobody
   return charge(peer, arrivedUs, self_, entryUs, outsideUs);
@@ -94,7 +91,7 @@ int WaitStats::charge(int last, uint64_t lastAt, int ref, uint64_t refAt, const 
   // average.
   const int chargedTo = charged > 0 ? last : -1;
   const bool late = chargedTo >= 0 && thresholdUs_ > 0 && 2 * charged >= thresholdUs_;
-  flushClean();
+  catchUp();
   push(chargedTo, charged, late);
   int named = -1;
   if (chargedTo >= 0 && thresholdUs_ > 0 && !peers_[last].named && filled_ >= kWindow / 5 &&
@@ -122,8 +119,7 @@ void WaitStats::push(int last, uint64_t chargedUs, bool late) {
     peers_[last].totalUs += chargedUs;
     peers_[last].lateCalls += late;
   }
-  next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
-  filled_ += filled_ < kWindow;
+  advance();
   if (left >= 0 && left != last) checkRecovered(left);
 }
 
@@ -132,6 +128,12 @@ void WaitStats::checkRecovered(int p) {
   // quarter of the window, or by under half the threshold on average.
   if (peers_[p].named && (4 * peers_[p].callsLast < filled_ || 2 * peers_[p].totalUs < thresholdUs_ * (uint64_t)peers_[p].callsLast))
     peers_[p].named = false;
+}
+
+void WaitStats::catchUp() {
+  // The batch first: noteClean entered it before counting the clean calls after it.
+  recordPending();
+  flushClean();
 }
 
 void WaitStats::flushClean() {
@@ -146,15 +148,13 @@ void WaitStats::flushClean() {
       continue;
     }
     slot = Call{};
-    next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
-    filled_ += filled_ < kWindow;
+    advance();
   }
   pendingClean_ = 0;
 }
 
 std::vector<WaitStats::Entry> WaitStats::report(int* calls) {
-  recordPending();
-  flushClean();
+  catchUp();
   std::vector<Entry> out;
   for (int p = 0; p < nranks_; p++) {
     if (peers_[p].totalUs == 0) continue;
@@ -186,7 +186,7 @@ void warnIfNamed(WaitStats& stats, int rank, int lagging) {
 
 void WaitStats::recordPendingNow() {
   const int n = pendingCount_;
-  pendingCount_ = 0;  // recordOne records nothing pending first
+  pendingCount_ = 0;  // emptied first: each recordOne catches the window up
   for (int i = 0; i < n; i++)
     warnIfNamed(*this, self_, recordOne(pending_[i].peer, pending_[i].arrivedUs, pending_[i].entryUs));
 }

@@ -146,8 +146,15 @@ class WaitStats {
   int charge(int last, uint64_t lastAt, int ref, uint64_t refAt, const std::vector<uint64_t>* outsideUs);
   void push(int last, uint64_t chargedUs, bool late);  // one call into the window
   void checkRecovered(int p);
+  // Enters what waits before a call into the window, in the calls' order:
+  // recordLater's batch, then the clean calls counted after it.
+  void catchUp();
   void flushClean();
   void recordPendingNow();
+  void advance() {  // the ring's next slot
+    next_ = next_ + 1 == kWindow ? 0 : next_ + 1;
+    filled_ += filled_ < kWindow;
+  }
   int nranks_, self_;
   uint64_t thresholdUs_;
   std::vector<Call> window_;  // a ring of kWindow calls
